@@ -1,0 +1,81 @@
+"""Fixtures for the qualification suites, which run on every rank under torchrun.
+
+The rank plugin (`harness.dist.plugin`, registered as "dcpqual-rank") initializes the process
+group before collection; these fixtures only read it. Outside the runner (a developer launching
+torchrun by hand) they initialize it themselves from torchrun's environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness.capture.records import CaptureRecord
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    size: int
+    backend: str
+    device: torch.device
+
+
+def _ensure_process_group() -> None:
+    if dist.is_initialized():
+        return
+    if "RANK" not in os.environ:
+        pytest.exit("suites/ must run under torchrun (use `dcpqual run`)", returncode=2)
+    backend = os.environ.get("DCPQUAL_BACKEND", "gloo")
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=120))
+
+
+@pytest.fixture(scope="session")
+def world() -> World:
+    _ensure_process_group()
+    backend = str(dist.get_backend())
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        device = torch.device("cpu")
+    return World(rank=dist.get_rank(), size=dist.get_world_size(), backend=backend, device=device)
+
+
+@pytest.fixture(scope="session")
+def subgroups(world: World) -> Callable[[int], dist.ProcessGroup]:
+    """`subgroups(n)` -> this rank's group of n consecutive ranks (created once per size).
+
+    Every rank must ask for the same sizes in the same order (session fixtures and identical
+    test order guarantee that), because creating groups is collective.
+    """
+    cache: dict[int, dist.ProcessGroup] = {}
+
+    def get(size: int) -> dist.ProcessGroup:
+        if world.size % size:
+            pytest.skip(f"world size {world.size} cannot be split into groups of {size}")
+        if size not in cache:
+            cache[size] = dist.new_subgroups(group_size=size)[0]
+        return cache[size]
+
+    return get
+
+
+@pytest.fixture
+def record_capture(request: pytest.FixtureRequest) -> Callable[[CaptureRecord], None]:
+    """Hand a capture record to the rank plugin for records/rank-NN.json."""
+    plugin = request.config.pluginmanager.get_plugin("dcpqual-rank")
+    if plugin is None:
+        return lambda record: None  # run by hand, outside `dcpqual run`
+    return plugin.add_capture
+
+
+@pytest.fixture(scope="session")
+def warm_impl_name() -> str:
+    """Which warm implementation the run qualifies (`dcpqual run --warm-impl`)."""
+    return os.environ.get("DCPQUAL_WARM_IMPL", "vendored")
