@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from harness import __version__
 from harness.errors import DcpqualError
@@ -25,8 +26,15 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse prints usage plus the error; we print one line (usage stays in --help)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="dcpqual",
         description="Qualify B12X DCP transport warmup on multi-rank torchrun jobs.",
     )

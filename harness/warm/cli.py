@@ -1,0 +1,84 @@
+"""`dcpqual signatures`: build a stand-in model and print the transport signatures warmup needs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from harness.models.backends import BACKEND_CHOICES
+from harness.models.builders import MODEL_CHOICES, ModelSpec, build_model
+from harness.warm.discovery import Discovery, discover
+from harness.warm.recognizers import RECOGNIZER_SETS, WarmContext, recognizer_set
+from harness.warm.signature import DEFAULT_MAX_TOKENS, DTYPES
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "signatures",
+        help="print the B12X DCP transport signatures of a stand-in model",
+        description=(
+            "Build the stand-in model at the given geometry, run the vendored discovery and "
+            "print the distinct transport signatures."
+        ),
+    )
+    p.add_argument("--model", required=True, choices=MODEL_CHOICES)
+    p.add_argument("--tp", required=True, type=int)
+    p.add_argument("--dcp", required=True, type=int)
+    p.add_argument("--backend", default="b12x", choices=BACKEND_CHOICES)
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    p.add_argument("--num-layers", type=int, default=None)
+    p.add_argument(
+        "--recognizers",
+        default="vendored",
+        choices=sorted(RECOGNIZER_SETS),
+        help="recognizer set: 'vendored' (after the Kimi fix) or 'before-kimi'",
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON list")
+    p.set_defaults(func=run_signatures)
+
+
+def signature_rows(model: str, found: Discovery) -> list[dict[str, Any]]:
+    rows = []
+    for sig in found.signatures:
+        row = {"model": model, **sig.to_json()}
+        row["kinds"] = list(found.kinds_by_signature[sig])
+        row["layers"] = sum(1 for layer in found.layers if layer.signature == sig)
+        rows.append(row)
+    return rows
+
+
+def run_signatures(args: argparse.Namespace) -> int:
+    spec = ModelSpec(
+        model=args.model,
+        tp=args.tp,
+        dcp=args.dcp,
+        backend=args.backend,
+        dtype=args.dtype,
+        num_layers=args.num_layers,
+    )
+    built = build_model(spec)
+    context = WarmContext(dtype=args.dtype, max_tokens=args.max_tokens, dcp_world_size=args.dcp)
+    found = discover(
+        built.model,
+        context=context,
+        recognizers=recognizer_set(args.recognizers),
+        static_forward_context=built.static_forward_context,
+    )
+    rows = signature_rows(args.model, found)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(
+        f"{args.model} tp={args.tp} dcp={args.dcp} backend={args.backend} dtype={args.dtype}: "
+        f"{len(rows)} signature(s)"
+    )
+    for row in rows:
+        print(
+            f"  {row['total_heads']} heads ({row['local_heads']} local x dcp "
+            f"{row['dcp_world_size']}) x {row['query_head_dim']} -> {row['output_head_dim']}, "
+            f"{row['dtype']}, max_tokens={row['max_tokens']}, {row['layers']} layer(s): "
+            f"{', '.join(row['kinds'])}"
+        )
+    return 0

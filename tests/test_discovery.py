@@ -1,0 +1,153 @@
+"""Vendored discovery: the seed change's behaviour, and what it must leave unchanged."""
+
+from __future__ import annotations
+
+import pytest
+from torch import nn
+
+from harness.models import build
+from harness.models.backends import B12XMLABackend
+from harness.models.layers import MultiHeadLatentAttention
+from harness.warm.discovery import discover
+from harness.warm.recognizers import (
+    RECOGNIZER_SETS,
+    WarmContext,
+    backend_name,
+    recognizer_set,
+)
+from harness.warm.signature import TransportSignature
+
+
+def signatures(model, tp, dcp, *, backend="b12x", recognizers="vendored", dtype="bf16", **kw):
+    built = build(model, tp=tp, dcp=dcp, backend=backend, dtype=dtype, **kw)
+    return discover(
+        built.model,
+        context=WarmContext(dtype=dtype, max_tokens=64, dcp_world_size=dcp),
+        recognizers=recognizer_set(recognizers),
+        static_forward_context=built.static_forward_context,
+    )
+
+
+def shape(sig: TransportSignature) -> tuple[int, int, int]:
+    return (sig.total_heads, sig.query_head_dim, sig.output_head_dim)
+
+
+def test_kimi_k3_tp16_dcp16_yields_exactly_one_96x576x512_signature():
+    found = signatures("kimi-k3", 16, 16)
+    assert [shape(s) for s in found.signatures] == [(96, 576, 512)]
+    (sig,) = found.signatures
+    assert (sig.local_heads, sig.dcp_world_size, sig.dtype) == (6, 16, "bf16")
+    assert found.per_kind == {"kimi-k3": 15}  # 61 layers, MLA on every fourth
+
+
+@pytest.mark.parametrize(
+    "tp, dcp, expected",
+    [
+        (16, 16, (96, 576, 512)),
+        (8, 8, (96, 576, 512)),
+        (16, 4, (24, 576, 512)),
+        (16, 2, (12, 576, 512)),
+    ],
+)
+def test_kimi_k3_geometries(tp, dcp, expected):
+    assert [shape(s) for s in signatures("kimi-k3", tp, dcp).signatures] == [expected]
+
+
+def test_tp8_dcp8_has_twelve_local_heads():
+    (sig,) = signatures("kimi-k3", 8, 8).signatures
+    assert sig.local_heads == 12
+
+
+@pytest.mark.parametrize("model", ["kimi-k3", "deepseek-v4", "generic-mla", "mixed"])
+def test_dcp1_gives_no_signature(model):
+    assert signatures(model, 16, 1).signatures == ()
+
+
+@pytest.mark.parametrize("backend", ["flashmla", "triton-mla", "flashinfer-mla", "b12x-paged"])
+@pytest.mark.parametrize("model", ["kimi-k3", "deepseek-v4", "generic-mla"])
+def test_non_b12x_dense_mla_backends_give_no_signature(model, backend):
+    assert signatures(model, 16, 16, backend=backend).signatures == ()
+
+
+@pytest.mark.parametrize("model", ["deepseek-v4", "generic-mla"])
+@pytest.mark.parametrize("tp, dcp", [(16, 16), (16, 4), (8, 2)])
+def test_other_families_are_unchanged_by_the_kimi_recognizer(model, tp, dcp):
+    after = signatures(model, tp, dcp, recognizers="vendored")
+    before = signatures(model, tp, dcp, recognizers="before-kimi")
+    assert after.signatures == before.signatures != ()
+
+
+def test_deepseek_v4_and_generic_mla_signatures():
+    assert [shape(s) for s in signatures("deepseek-v4", 16, 16).signatures] == [(128, 512, 512)]
+    assert [shape(s) for s in signatures("generic-mla", 16, 16).signatures] == [(128, 576, 512)]
+
+
+def test_before_kimi_set_finds_no_kimi_signature():
+    assert signatures("kimi-k3", 16, 16, recognizers="before-kimi").signatures == ()
+    mixed = signatures("mixed", 16, 16, recognizers="before-kimi")
+    assert (96, 576, 512) not in [shape(s) for s in mixed.signatures]
+    assert "kimi-k3" not in {r.kind for r in RECOGNIZER_SETS["before-kimi"]}
+
+
+def test_mixed_model_signatures_are_sorted_and_distinct():
+    found = signatures("mixed", 16, 16)
+    assert list(found.signatures) == sorted(set(found.signatures))
+    assert [shape(s) for s in found.signatures] == [
+        (96, 576, 512),
+        (128, 512, 512),
+        (128, 576, 512),
+    ]
+
+
+def test_duplicates_never_add_a_layer_or_signature():
+    built = build("kimi-k3", tp=16, dcp=16, num_layers=8)
+    ctx = WarmContext(dcp_world_size=16)
+    plain = discover(built.model, context=ctx, recognizers=recognizer_set("vendored"))
+    with_context = discover(
+        built.model,
+        context=ctx,
+        recognizers=recognizer_set("vendored"),
+        static_forward_context=built.static_forward_context,
+    )
+    # Two MLA layers, one of them also referenced by the MTP head and twice in the context.
+    assert len(plain.layers) == len(with_context.layers) == 2
+    assert plain.signatures == with_context.signatures
+    assert with_context.duplicates_skipped >= 1 + len(built.static_forward_context)
+
+
+def test_kda_layers_are_never_recognized_even_with_b12x_backend():
+    built = build("kimi-k3", tp=16, dcp=16, num_layers=3)  # KDA only
+    kda = built.model.layers[0].self_attn
+    kda.attn_backend = B12XMLABackend  # even a KDA layer on the B12X MLA backend is not MLA
+    found = discover(
+        built.model, context=WarmContext(dcp_world_size=16), recognizers=recognizer_set("vendored")
+    )
+    assert found.signatures == ()
+
+
+def test_subclasses_of_recognized_classes_are_recognized():
+    class PatchedKimiAttention(MultiHeadLatentAttention):
+        pass
+
+    built = build("kimi-k3", tp=16, dcp=16, num_layers=4)
+    built.model.layers[3].self_attn.__class__ = PatchedKimiAttention
+    found = discover(
+        built.model, context=WarmContext(dcp_world_size=16), recognizers=recognizer_set("vendored")
+    )
+    assert [shape(s) for s in found.signatures] == [(96, 576, 512)]
+
+
+def test_layer_without_backend_is_ignored():
+    layer = nn.Linear(2, 2, device="meta")
+    assert backend_name(layer) is None
+
+
+def test_dtype_and_max_tokens_flow_into_signatures():
+    built = build("kimi-k3", tp=16, dcp=16, num_layers=4, dtype="fp16")
+    found = discover(
+        built.model,
+        context=WarmContext(dtype="fp16", max_tokens=8192, dcp_world_size=16),
+        recognizers=recognizer_set("vendored"),
+    )
+    (sig,) = found.signatures
+    assert (sig.dtype, sig.max_tokens) == ("fp16", 8192)

@@ -1,0 +1,77 @@
+"""TransportSignature: validated at birth, hashable, ordered, JSON round-trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from harness.errors import GeometryError, UsageError
+from harness.warm.signature import TransportSignature, dtype_name
+
+KIMI = dict(
+    dtype="bf16", total_heads=96, query_head_dim=576, output_head_dim=512, dcp_world_size=16
+)
+
+
+def test_kimi_signature_derives_six_local_heads():
+    sig = TransportSignature(**KIMI)
+    assert sig.local_heads == 6
+    assert sig.torch_dtype is torch.bfloat16
+    assert "96 heads x 576 -> 512" in sig.describe()
+
+
+def test_equal_signatures_hash_equal_and_dedupe_in_a_set():
+    assert len({TransportSignature(**KIMI), TransportSignature(**KIMI)}) == 1
+
+
+def test_json_round_trip_keeps_every_field():
+    sig = TransportSignature(**KIMI, max_tokens=8192, device_type="cuda")
+    data = json.loads(json.dumps(sig.to_json()))
+    assert data["local_heads"] == 6
+    assert TransportSignature.from_json(data) == sig
+
+
+def test_from_json_rejects_inconsistent_local_heads():
+    data = TransportSignature(**KIMI).to_json() | {"local_heads": 5}
+    with pytest.raises(UsageError, match="local_heads=5"):
+        TransportSignature.from_json(data)
+
+
+def test_from_json_names_missing_fields():
+    with pytest.raises(UsageError, match="total_heads"):
+        TransportSignature.from_json({"dtype": "bf16"})
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"total_heads": 0}, "total_heads must be a positive integer, got 0"),
+        ({"dcp_world_size": -2}, "dcp_world_size must be a positive integer, got -2"),
+        ({"total_heads": 90}, "total_heads=90 is not divisible by dcp_world_size=16"),
+        ({"max_tokens": 0}, "max_tokens must be a positive integer"),
+        ({"device_type": "tpu"}, "device_type"),
+        ({"query_head_dim": True}, "query_head_dim"),
+    ],
+)
+def test_invalid_signatures_name_the_offending_value(change, message):
+    with pytest.raises(GeometryError, match=message):
+        TransportSignature(**(KIMI | change))
+
+
+def test_unknown_dtype_is_a_usage_error():
+    with pytest.raises(UsageError, match="unknown dtype 'int8'"):
+        TransportSignature(**(KIMI | {"dtype": "int8"}))
+
+
+def test_dtype_names_cover_torch_dtypes():
+    assert dtype_name(torch.float16) == "fp16"
+    with pytest.raises(UsageError):
+        dtype_name(torch.int8)
+
+
+def test_sort_order_is_deterministic():
+    a = TransportSignature(**KIMI)
+    b = TransportSignature(**(KIMI | {"total_heads": 128, "query_head_dim": 512}))
+    assert sorted([b, a]) == [a, b]
