@@ -31,7 +31,13 @@ def tests(session: nox.Session) -> None:
     """Run the harness's own tests (single process per test, pytest-xdist)."""
     install_harness(session, "dev")
     session.run(
-        "pytest", "-n", "auto", "--dist", "loadgroup", "-p", "no:cacheprovider",
+        "pytest",
+        "-n",
+        "auto",
+        "--dist",
+        "loadgroup",
+        "-p",
+        "no:cacheprovider",
         *session.posargs,
     )
 
