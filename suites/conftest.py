@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from harness.capture.records import CaptureRecord
+from harness.warm.geometry import ParallelGeometry
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,38 @@ def subgroups(world: World) -> Callable[[int], dist.ProcessGroup]:
         return cache[size]
 
     return get
+
+
+@dataclass(frozen=True)
+class Qualification:
+    """The geometry a run qualifies, and this rank's DCP group for it.
+
+    tp and dcp come from `dcpqual run --tp/--dcp` (env DCPQUAL_TP / DCPQUAL_DCP); by default
+    tp=16 and dcp = min(world size, 16), so 16 ranks qualify Kimi-K3 TP16/DCP16 and smaller
+    test runs keep a real, smaller DCP group (e.g. 4 ranks: TP16/DCP4).
+    """
+
+    geometry: ParallelGeometry
+    dcp_group: dist.ProcessGroup
+
+    @property
+    def tp(self) -> int:
+        return self.geometry.tp
+
+    @property
+    def dcp(self) -> int:
+        return self.geometry.dcp
+
+
+@pytest.fixture(scope="session")
+def qualification(world: World, subgroups: Callable[[int], dist.ProcessGroup]) -> Qualification:
+    tp = int(os.environ.get("DCPQUAL_TP", "16"))
+    dcp = int(os.environ.get("DCPQUAL_DCP", str(min(world.size, 16))))
+    geometry = ParallelGeometry(tp=tp, dcp=dcp)
+    if world.size % dcp:
+        pytest.fail(f"world size {world.size} cannot be split into DCP groups of {dcp}")
+    group = dist.group.WORLD if dcp == world.size else subgroups(dcp)
+    return Qualification(geometry=geometry, dcp_group=group)
 
 
 @pytest.fixture
