@@ -1,0 +1,314 @@
+"""Adapter over b12x's PCIe DCP transport (`PCIeDCPA2APool`): CUDA sm_12x with b12x only.
+
+What b12x 1.5.1 expects (read from `b12x/comm/pcie/pcie_dcp_a2a.py`, `_dcp_preparation.py`):
+- `PCIeDCPA2APool.from_process_group(process_group=, device=, max_batch_size=, total_heads=,
+  head_dim=, query_head_dim=)` is collective (IPC slab, handle exchange).
+- Eager use of a distributed pool needs a named logical channel, prepared collectively:
+  `pool.prepare_channels((id,))`, then calls with `channel_id=id`.
+- Every call takes a prepared `Plan`: `query_from_runtime(channel, surface=, call=)` ->
+  `b12x.comm.pcie.plan(query, runtime=channel)` -> prepared by `prepare_default(plan.request(
+  name=, prepare_call=))` (compiles the launchers, then primes them with a real, collective call).
+  The compiled launchers depend on (world size, rank, dtype, threads), not on the batch, and a
+  prepared state checks only the channel identity, so one plan per surface (and per LSE base for
+  the reduction), declared at creation with max_tokens-shaped tensors, serves every batch up to
+  max_tokens: nothing is planned or compiled after creation.
+
+The argument mapping lives in pure functions (`pool_kwargs`, `gather_call`, `reduce_call`,
+`gather_kwargs`, `reduce_kwargs`, `check_pool_geometry`), so unit tests check it without a GPU,
+and a binding check can `inspect.signature(...).bind(**kwargs)` them against real b12x. The
+library calls go through a `B12xApi` value; tests pass fakes to check the lifecycle.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.errors import GeometryError
+from harness.transport.allocator import Allocator
+from harness.transport.checks import check_gather, check_reduce
+from harness.transport.errors import BackendUnavailableError, RegistryClosedError
+from harness.warm.signature import TransportSignature
+
+# Mirrors b12x 1.5.1 `pcie_dcp_a2a.SUPPORTED_WORLD_SIZES` / `SUPPORTED_DTYPES` (a compat test
+# compares them with the installed b12x).
+SUPPORTED_WORLD_SIZES: tuple[int, ...] = (2, 4, 8, 9, 10, 12, 16)
+SUPPORTED_DTYPES: tuple[str, ...] = ("bf16", "fp16")
+CHANNEL_ID = "dcpqual-dcp"
+GATHER_SURFACE = "DcpAllToAllPool.all_gather_heads"
+REDUCE_SURFACE = "DcpAllToAllPool.lse_reduce_scatter"
+THREADS = 256
+BLOCK_LIMIT = 16
+# b12x 1.5.1 slab layout constants (pcie_dcp_a2a._SIGNAL_BYTES, pcie_oneshot.IPC_SLAB_ALIGNMENT)
+_SIGNAL_BYTES = (64 * 16 + 2 * 64 * 16 * 32) * 4
+_IPC_ALIGN = 256
+
+
+def b12x_available(device: torch.device | str | None = None) -> tuple[bool, str]:
+    """(usable, reason): whether the b12x backend can run here, and why not, for `limitations`."""
+    try:
+        import b12x.comm.pcie.pcie_dcp_a2a  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install failing at import
+        return False, f"b12x is not importable ({type(exc).__name__}: {exc})"
+    if not torch.cuda.is_available():
+        return False, f"CUDA is not available (torch {torch.__version__}); b12x needs sm_12x GPUs"
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    if dev.type != "cuda":
+        return False, f"b12x runs on CUDA devices, got {dev}"
+    major, minor = torch.cuda.get_device_capability(dev)
+    name = torch.cuda.get_device_name(dev)
+    if major != 12:
+        return False, f"{name} is sm_{major}{minor}; b12x PCIe DCP kernels need sm_12x"
+    if torch.cuda.device_count() < 2:
+        return False, "b12x PCIe collectives need at least 2 visible CUDA devices"
+    return True, f"b12x {_b12x_version()} on {name} (sm_{major}{minor})"
+
+
+def _b12x_version() -> str:
+    try:
+        return importlib.metadata.version("b12x")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# -- pure argument mapping ------------------------------------------------------------------
+
+
+def check_pool_geometry(signature: TransportSignature) -> None:
+    """Reject signatures b12x's pool cannot take, before any collective or CUDA work."""
+    sig = signature
+    if sig.dcp_world_size not in SUPPORTED_WORLD_SIZES:
+        raise GeometryError(
+            f"b12x DCP supports world sizes {SUPPORTED_WORLD_SIZES}, got dcp={sig.dcp_world_size}"
+        )
+    if sig.dtype not in SUPPORTED_DTYPES:
+        raise GeometryError(f"b12x DCP reduction supports {SUPPORTED_DTYPES}, got {sig.dtype}")
+    for name in ("query_head_dim", "output_head_dim"):
+        if getattr(sig, name) % 8:
+            raise GeometryError(f"b12x DCP needs {name} % 8 == 0, got {getattr(sig, name)}")
+    if sig.device_type != "cuda":
+        raise GeometryError(f"b12x DCP runs on CUDA, signature is for {sig.device_type}")
+
+
+def pool_kwargs(
+    signature: TransportSignature, *, process_group: Any, device: torch.device | str | int
+) -> dict[str, Any]:
+    """Keyword arguments of `PCIeDCPA2APool.from_process_group` for a signature."""
+    return {
+        "process_group": process_group,
+        "device": device,
+        "max_batch_size": signature.max_tokens,
+        "total_heads": signature.total_heads,
+        "head_dim": signature.output_head_dim,
+        "query_head_dim": signature.query_head_dim,
+    }
+
+
+def gather_call(local_input: torch.Tensor, out: torch.Tensor | None = None) -> dict[str, Any]:
+    """The `call` metadata of the gather surface (`query_from_runtime` and plan priming)."""
+    return {"local_input": local_input, "out": out, "threads": THREADS, "block_limit": BLOCK_LIMIT}
+
+
+def reduce_call(
+    partial_output: torch.Tensor,
+    partial_lse: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    base_e: bool = True,
+) -> dict[str, Any]:
+    """The `call` metadata of the reduction surface."""
+    return {
+        "partial_output": partial_output,
+        "partial_lse": partial_lse,
+        "out": out,
+        "is_lse_base_on_e": base_e,
+        "threads": THREADS,
+        "block_limit": BLOCK_LIMIT,
+    }
+
+
+def gather_kwargs(
+    local_input: torch.Tensor, *, plan: Any, out: torch.Tensor | None = None
+) -> dict[str, Any]:
+    """Keyword arguments of `PCIeDCPA2APool.all_gather_heads`."""
+    return {**gather_call(local_input, out), "plan": plan, "channel_id": CHANNEL_ID}
+
+
+def reduce_kwargs(
+    partial_output: torch.Tensor,
+    partial_lse: torch.Tensor,
+    *,
+    plan: Any,
+    out: torch.Tensor | None = None,
+    base_e: bool = True,
+) -> dict[str, Any]:
+    """Keyword arguments of `PCIeDCPA2APool.lse_reduce_scatter`."""
+    call = reduce_call(partial_output, partial_lse, out, base_e=base_e)
+    return {**call, "plan": plan, "channel_id": CHANNEL_ID}
+
+
+def query_kwargs(surface: str, call: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of `b12x.comm.pcie.query_from_runtime(channel, **kwargs)`."""
+    return {"surface": surface, "call": dict(call)}
+
+
+def slab_bytes(signature: TransportSignature) -> int:
+    """The IPC slab one b12x 1.5.1 DCP channel allocates (its `_staging_layout`), for counting."""
+
+    def up(n: int) -> int:
+        return (n + _IPC_ALIGN - 1) // _IPC_ALIGN * _IPC_ALIGN
+
+    sig = signature
+    width = max(sig.output_head_dim, sig.query_head_dim)
+    output_bytes = up(sig.max_tokens * sig.total_heads * width * 2)
+    lse_bytes = up(sig.max_tokens * sig.total_heads * 4)
+    slot = up(output_bytes + lse_bytes)
+    return up(_SIGNAL_BYTES) + 2 * slot
+
+
+# -- the library seam -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class B12xApi:
+    """The b12x entry points the adapter uses; `load_b12x_api()` binds the real ones."""
+
+    pool_from_process_group: Callable[..., Any]
+    query_from_runtime: Callable[..., Any]
+    plan: Callable[..., Any]
+    prepare: Callable[[Any, Mapping[str, Any]], None]
+
+
+def load_b12x_api() -> B12xApi:
+    """Import b12x's DCP pool, planning and preparation; raise a clear error where absent."""
+    try:
+        from b12x.comm.pcie._dcp_preparation import prepare_call
+        from b12x.comm.pcie.api import plan, query_from_runtime
+        from b12x.comm.pcie.pcie_dcp_a2a import PCIeDCPA2APool
+        from b12x.preparation import prepare_default
+    except Exception as exc:
+        raise BackendUnavailableError(f"b12x backend unavailable: {exc}") from exc
+
+    def prepare(plan_: Any, call: Mapping[str, Any]) -> None:
+        request = plan_.request(
+            name=f"dcpqual:{plan_.query.surface}",
+            prepare_call=lambda state: prepare_call(state, **call),
+        )
+        prepare_default(request)
+
+    return B12xApi(
+        pool_from_process_group=PCIeDCPA2APool.from_process_group,
+        query_from_runtime=query_from_runtime,
+        plan=plan,
+        prepare=prepare,
+    )
+
+
+class B12xDCPTransport:
+    """One b12x DCP pool for a signature, with its plans prepared at creation (collective)."""
+
+    backend = "b12x"
+    strategy = "fused"
+
+    def __init__(
+        self,
+        signature: TransportSignature,
+        group: dist.ProcessGroup | None,
+        *,
+        allocator: Allocator,
+        api: B12xApi | None = None,
+    ) -> None:
+        check_pool_geometry(signature)
+        if api is None:
+            usable, reason = b12x_available(allocator.device)
+            if not usable:
+                raise BackendUnavailableError(
+                    f"cannot create b12x transport [{signature.describe()}]: {reason}"
+                )
+            api = load_b12x_api()
+        self.signature = signature
+        self.group = group if group is not None else dist.group.WORLD
+        self.device = allocator.device
+        self.closed = False
+        self._api = api
+        self.pool = api.pool_from_process_group(
+            **pool_kwargs(signature, process_group=self.group, device=self.device)
+        )
+        try:
+            allocator.record_external(slab_bytes(signature), owner=signature, name="b12x_ipc_slab")
+            self.pool.prepare_channels((CHANNEL_ID,))
+            self._declare_plans(allocator)
+        except BaseException:
+            self.pool.close()
+            self.closed = True
+            raise
+
+    def _declare_plans(self, allocator: Allocator) -> None:
+        sig, t = self.signature, self.signature.max_tokens
+        channel = self.pool.for_stream(None, channel_id=CHANNEL_ID)
+
+        def buf(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            return allocator.empty(shape, dtype, owner=sig, name=name).zero_()
+
+        q = buf("plan_query", (t, sig.local_heads, sig.query_head_dim), sig.torch_dtype)
+        gathered = buf("plan_gathered", (t, sig.total_heads, sig.query_head_dim), sig.torch_dtype)
+        part = buf("plan_partial", (t, sig.total_heads, sig.output_head_dim), sig.torch_dtype)
+        lse = buf("plan_lse", (t, sig.total_heads), torch.float32)
+        reduced = buf("plan_reduced", (t, sig.local_heads, sig.output_head_dim), sig.torch_dtype)
+        self.gather_plan = self._plan(channel, GATHER_SURFACE, gather_call(q, gathered))
+        self.reduce_plans: dict[bool, Any] = {}
+        for base_e in (True, False):  # the LSE base is part of b12x's query metadata
+            call = reduce_call(part, lse, reduced, base_e=base_e)
+            self.reduce_plans[base_e] = self._plan(channel, REDUCE_SURFACE, call)
+
+    def _plan(self, channel: Any, surface: str, call: Mapping[str, Any]) -> Any:
+        query = self._api.query_from_runtime(channel, **query_kwargs(surface, call))
+        plan = self._api.plan(query, runtime=channel)
+        self._api.prepare(plan, call)
+        return plan
+
+    def _live(self) -> None:
+        if self.closed:
+            raise RegistryClosedError(f"b12x transport [{self.signature.describe()}] is closed")
+
+    def gather_queries(
+        self, q_local: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[B, h, qdim] -> [B, h*dcp, qdim] through b12x's `all_gather_heads` (rank-major)."""
+        self._live()
+        check_gather(self.signature, q_local, out, self.device)
+        return self.pool.all_gather_heads(
+            **gather_kwargs(q_local.contiguous(), plan=self.gather_plan, out=out)
+        )
+
+    def reduce_outputs(
+        self,
+        partial_out: torch.Tensor,
+        partial_lse: torch.Tensor,
+        out: torch.Tensor | None = None,
+        *,
+        base_e: bool = True,
+    ) -> torch.Tensor:
+        """[B, H, odim] + fp32 [B, H] -> [B, H/dcp, odim] through `lse_reduce_scatter`."""
+        self._live()
+        check_reduce(self.signature, partial_out, partial_lse, out, self.device)
+        return self.pool.lse_reduce_scatter(
+            **reduce_kwargs(
+                partial_out,
+                partial_lse.contiguous(),
+                plan=self.reduce_plans[bool(base_e)],
+                out=out,
+                base_e=base_e,
+            )
+        )
+
+    def close(self) -> None:
+        """Close the pool (collective in b12x: every rank must close together); idempotent."""
+        if not self.closed:
+            self.closed = True
+            self.pool.close()

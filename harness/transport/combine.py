@@ -1,0 +1,132 @@
+"""The DCP output combine: LSE-weighted sum of per-rank partial attention outputs.
+
+This is the oracle every transport is checked against, and also the local step of the A2A
+strategy. The math is domain.md section 1, written as small named steps so the unit tests can
+break each one on purpose and show that the adversarial cases catch it:
+
+- `sanitize_lse`: NaN or +inf counts as -inf (an empty shard);
+- `reference_max`: m = max_n l_n, and 0 where every shard is empty (so no -inf - -inf);
+- `combine_weights`: L = m + log sum_n exp(l_n - m), w_n = exp(l_n - L), all zero where every
+  shard is empty;
+- `mask_zero_weight`: w_n * O_n, and exactly 0 where w_n is 0 (even if O_n is NaN).
+
+Everything runs in fp32 (fp64 when an input is fp64) and is cast to the output dtype at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "CombineWeights",
+    "combine_local",
+    "combine_weights",
+    "compute_dtype",
+    "lse_combine",
+    "mask_zero_weight",
+    "reference_max",
+    "sanitize_lse",
+]
+
+
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """fp64 if any input is fp64, else fp32: the combine never accumulates in 16 bits."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def sanitize_lse(lse: torch.Tensor) -> torch.Tensor:
+    """NaN and +inf become -inf: a shard that reports them is treated as empty."""
+    bad = torch.isnan(lse) | torch.isposinf(lse)
+    return torch.where(bad, -torch.inf, lse)
+
+
+def reference_max(lse: torch.Tensor) -> torch.Tensor:
+    """max over ranks (dim 0) of sanitized LSEs; 0 where every rank is empty, so no NaN later."""
+    m = lse.amax(dim=0)
+    return torch.where(torch.isfinite(m), m, 0.0)
+
+
+def mask_zero_weight(outputs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`weights[..., None] * outputs`, exactly 0 where the weight is 0 (0 * NaN would be NaN)."""
+    w = weights.unsqueeze(-1)
+    return torch.where(w > 0, outputs * w, 0.0)
+
+
+@dataclass(frozen=True)
+class CombineWeights:
+    """Per-rank weights `[W, ...]` (sum 1, or all 0 when every shard is empty) and merged LSE."""
+
+    weights: torch.Tensor
+    lse: torch.Tensor
+
+
+def combine_weights(lses: torch.Tensor, *, base_e: bool = True) -> CombineWeights:
+    """Weights of the W partials stacked on dim 0; `base_e=False` for log2 LSEs (exp2/log2)."""
+    exp, log = (torch.exp, torch.log) if base_e else (torch.exp2, torch.log2)
+    lse = sanitize_lse(lses.to(compute_dtype(lses)))
+    m = reference_max(lse)
+    total = m + log(exp(lse - m).sum(dim=0))  # -inf exactly where every shard is empty
+    weights = exp(lse - total)
+    weights = torch.where(torch.isfinite(total), weights, 0.0)
+    return CombineWeights(weights=weights, lse=total)
+
+
+def combine_local(
+    outputs: torch.Tensor,
+    lses: torch.Tensor,
+    *,
+    base_e: bool = True,
+    out_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Combine partials already sliced to one rank's heads: `[W, B, h, D]` + `[W, B, h]`.
+
+    Returns `[B, h, D]` in `out_dtype` (default: the outputs' dtype), written into `out` if given.
+    """
+    if outputs.dim() != 4 or lses.shape != outputs.shape[:-1]:
+        raise ValueError(
+            f"combine_local expects outputs [W, B, h, D] and lses [W, B, h], got "
+            f"{tuple(outputs.shape)} and {tuple(lses.shape)}"
+        )
+    acc = compute_dtype(outputs, lses)
+    weights = combine_weights(lses, base_e=base_e).weights.to(acc)
+    result = mask_zero_weight(outputs.to(acc), weights).sum(dim=0)
+    if out is not None:
+        out.copy_(result)
+        return out
+    return result.to(out_dtype or outputs.dtype)
+
+
+def lse_combine(
+    partial_outputs: torch.Tensor,
+    partial_lses: torch.Tensor,
+    rank: int,
+    *,
+    base_e: bool = True,
+) -> torch.Tensor:
+    """The reference reduction: `[W, B, H, D]` + `[W, B, H]` -> rank's heads `[B, H/W, D]`.
+
+    Rank r receives heads `[r*H/W, (r+1)*H/W)`, the order of `reduce_outputs` and of b12x's
+    `lse_reduce_scatter_reference` (same signature, `base_e` for `is_lse_base_on_e`).
+    """
+    if partial_outputs.dim() != 4:
+        raise ValueError(
+            f"partial_outputs must be [W, B, H, D], got shape {tuple(partial_outputs.shape)}"
+        )
+    if partial_lses.shape != partial_outputs.shape[:-1]:
+        raise ValueError(
+            f"partial_lses must be [W, B, H] = {tuple(partial_outputs.shape[:-1])}, "
+            f"got {tuple(partial_lses.shape)}"
+        )
+    if not partial_lses.is_floating_point() or partial_lses.element_size() < 4:
+        raise ValueError(f"partial_lses must be fp32 or fp64, got {partial_lses.dtype}")
+    world, _, heads, _ = partial_outputs.shape
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside the world of {world} partials")
+    if heads % world:
+        raise ValueError(f"{heads} heads cannot be split over {world} ranks")
+    h = heads // world
+    own = slice(rank * h, (rank + 1) * h)
+    return combine_local(partial_outputs[:, :, own], partial_lses[:, :, own], base_e=base_e)

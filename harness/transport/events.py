@@ -1,0 +1,117 @@
+"""What the transport registry reports to its subscribers, as values.
+
+The capture window (issue 4) subscribes to a registry and turns these into `LazyEvent`s. Every
+event carries `frozen`: whether it happened while the registry was frozen (inside a capture
+window), so a subscriber does not have to track window state itself.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.warm.signature import TransportSignature
+
+_THIS_PACKAGE = str(Path(__file__).resolve().parent)
+
+
+def short_stack(limit: int = 8) -> str:
+    """The caller's last `limit` frames outside harness/transport/, formatted for a reviewer."""
+    frames = [
+        f
+        for f in traceback.extract_stack()
+        if not str(Path(f.filename).resolve()).startswith(_THIS_PACKAGE)
+    ]
+    return "".join(traceback.format_list(frames[-limit:]))
+
+
+@dataclass(frozen=True)
+class TransportCreated:
+    """A transport was built for `signature` (after its buffers, before it is registered)."""
+
+    signature: TransportSignature
+    stack: str
+    rank: int = 0
+    backend: str = "torch"
+    strategy: str = ""
+    frozen: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "transport-created",
+            "signature": self.signature.to_json(),
+            "rank": self.rank,
+            "backend": self.backend,
+            "strategy": self.strategy,
+            "frozen": self.frozen,
+            "stack": self.stack,
+        }
+
+
+@dataclass(frozen=True)
+class BufferAllocated:
+    """A buffer went through the registry's allocator (staging at creation, or anything else)."""
+
+    signature: TransportSignature | None
+    name: str
+    nbytes: int
+    stack: str
+    rank: int = 0
+    frozen: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "buffer-allocated",
+            "signature": None if self.signature is None else self.signature.to_json(),
+            "name": self.name,
+            "nbytes": self.nbytes,
+            "rank": self.rank,
+            "frozen": self.frozen,
+            "stack": self.stack,
+        }
+
+
+@dataclass(frozen=True)
+class RegistryMiss:
+    """`get` or `get_or_create` was asked for a signature the registry does not hold."""
+
+    signature: TransportSignature
+    op: str = "get"
+    stack: str = ""
+    rank: int = 0
+    frozen: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "registry-miss",
+            "signature": self.signature.to_json(),
+            "op": self.op,
+            "rank": self.rank,
+            "frozen": self.frozen,
+            "stack": self.stack,
+        }
+
+
+RegistryEvent = TransportCreated | BufferAllocated | RegistryMiss
+
+
+@dataclass(frozen=True)
+class RegistryCounters:
+    """A snapshot of what a registry has done so far (counts never go down, even on close)."""
+
+    creations: int = 0
+    buffer_allocations: int = 0
+    buffer_bytes: int = 0
+    misses: int = 0
+    hits: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "creations": self.creations,
+            "buffer_allocations": self.buffer_allocations,
+            "buffer_bytes": self.buffer_bytes,
+            "misses": self.misses,
+            "hits": self.hits,
+        }

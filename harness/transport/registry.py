@@ -1,0 +1,293 @@
+"""The transport registry: one transport per signature, created collectively, observable.
+
+`get_or_create(signature, group)` is collective over `group` on every call, hit or miss: the
+ranks first exchange (signature, backend, strategy, whether they already hold it) with
+`all_gather_object`, and any disagreement raises `SignatureMismatchError` naming the differing
+values and ranks, on every rank of the group (they all hold the same gathered list), instead of
+a hang in the creation collectives that would follow. Non-collective lookups use `get`.
+
+Observability (for the capture window and its detectors):
+- `subscribe(callback) -> unsubscribe`: callbacks get `RegistryMiss`, `BufferAllocated` and
+  `TransportCreated` values, in that order for a creation. A callback that raises stops the
+  operation and its exception propagates out of `get`/`get_or_create`/`allocator.empty` (on
+  `TransportCreated`, the new transport is closed and not registered).
+- `frozen()`: a context manager marking everything that happens inside it as `frozen=True`.
+  The registry still works while frozen; detectors decide what a frozen event means.
+- `allocator`: the `CountingAllocator` through which transports allocate, so an allocation
+  anywhere (even one a test makes on purpose) is counted and reported.
+- `counters`: creations, buffer allocations and bytes, misses, hits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.errors import GeometryError, UsageError
+from harness.transport.allocator import CountingAllocator
+from harness.transport.errors import RegistryClosedError, SignatureMismatchError
+from harness.transport.events import (
+    BufferAllocated,
+    RegistryCounters,
+    RegistryEvent,
+    RegistryMiss,
+    TransportCreated,
+    short_stack,
+)
+from harness.transport.torch_backend import REDUCE_SCATTER_IMPLS, STRATEGIES, TorchDCPTransport
+from harness.warm.protocols import DCPTransport
+from harness.warm.signature import TransportSignature
+
+BACKENDS: tuple[str, ...] = ("torch", "b12x")
+
+Subscriber = Callable[[RegistryEvent], None]
+
+
+def _global_rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+class TransportRegistry:
+    """Creates (collectively) and looks up DCP transports by signature; see the module doc.
+
+    `backend="torch"` takes `strategy` "ag_rs" (default) or "a2a" and `reduce_scatter` "native"
+    or "all_to_all"; `backend="b12x"` takes neither (its reduction is one fused kernel).
+    """
+
+    def __init__(
+        self,
+        backend: str = "torch",
+        strategy: str | None = None,
+        device: torch.device | str = "cpu",
+        *,
+        reduce_scatter: str = "native",
+    ) -> None:
+        if backend not in BACKENDS:
+            raise UsageError(f"unknown transport backend {backend!r}; expected one of {BACKENDS}")
+        if backend == "torch":
+            strategy = strategy or "ag_rs"
+            if strategy not in STRATEGIES:
+                raise UsageError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+            if reduce_scatter not in REDUCE_SCATTER_IMPLS:
+                raise UsageError(
+                    f"unknown reduce_scatter {reduce_scatter!r}; expected {REDUCE_SCATTER_IMPLS}"
+                )
+        elif strategy not in (None, "fused"):
+            raise UsageError(f"backend 'b12x' has one fused strategy; got strategy={strategy!r}")
+        else:
+            strategy = "fused"
+        self.backend = backend
+        self.strategy = strategy
+        self.reduce_scatter = reduce_scatter
+        self.device = torch.device(device)
+        self._transports: dict[TransportSignature, DCPTransport] = {}
+        self._subscribers: list[Subscriber] = []
+        self._frozen_depth = 0
+        self._closed = False
+        self._creations = 0
+        self._misses = 0
+        self._hits = 0
+        self.allocator = CountingAllocator(
+            self.device, self._emit_allocation, rank=_global_rank, frozen=lambda: self.is_frozen
+        )
+
+    # -- observability ----------------------------------------------------------------------
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Deliver every future event to `callback`; returns a function that unsubscribes."""
+        self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            if callback in self._subscribers:
+                self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def _emit(self, event: RegistryEvent) -> None:
+        for callback in tuple(self._subscribers):
+            callback(event)
+
+    def _emit_allocation(self, event: BufferAllocated) -> None:
+        self._emit(event)
+
+    @contextmanager
+    def frozen(self) -> Iterator[TransportRegistry]:
+        """Mark everything inside as happening while frozen (nestable)."""
+        self._frozen_depth += 1
+        try:
+            yield self
+        finally:
+            self._frozen_depth -= 1
+
+    @property
+    def is_frozen(self) -> bool:
+        return self._frozen_depth > 0
+
+    @property
+    def counters(self) -> RegistryCounters:
+        return RegistryCounters(
+            creations=self._creations,
+            buffer_allocations=self.allocator.allocations,
+            buffer_bytes=self.allocator.nbytes,
+            misses=self._misses,
+            hits=self._hits,
+        )
+
+    # -- lookup and creation ----------------------------------------------------------------
+
+    def get(self, signature: TransportSignature) -> DCPTransport | None:
+        """The transport for `signature`, or None (after a `RegistryMiss` event). Local."""
+        self._check_open()
+        transport = self._transports.get(signature)
+        if transport is None:
+            self._miss(signature, "get")
+        else:
+            self._hits += 1
+        return transport
+
+    def get_or_create(
+        self, signature: TransportSignature, group: dist.ProcessGroup | None = None
+    ) -> DCPTransport:
+        """The transport for `signature` on `group` (default: the world), created if missing.
+
+        Collective over `group` on every call; see the module doc.
+        """
+        self._check_open()
+        if not isinstance(signature, TransportSignature):
+            raise UsageError(f"expected a TransportSignature, got {type(signature).__name__}")
+        existing = self._transports.get(signature)
+        if existing is None:
+            self._miss(signature, "get_or_create")
+        self._agree(signature, group, existing)
+        if existing is not None:
+            self._hits += 1
+            return existing
+        transport = self._create(signature, group)
+        try:
+            self._emit(
+                TransportCreated(
+                    signature=signature,
+                    stack=short_stack(),
+                    rank=_global_rank(),
+                    backend=self.backend,
+                    strategy=self.strategy,
+                    frozen=self.is_frozen,
+                )
+            )
+        except BaseException:
+            transport.close()  # type: ignore[attr-defined]
+            raise
+        self._transports[signature] = transport
+        self._creations += 1
+        return transport
+
+    def _miss(self, signature: TransportSignature, op: str) -> None:
+        self._misses += 1
+        self._emit(
+            RegistryMiss(
+                signature=signature,
+                op=op,
+                stack=short_stack(),
+                rank=_global_rank(),
+                frozen=self.is_frozen,
+            )
+        )
+
+    def _agree(
+        self,
+        signature: TransportSignature,
+        group: dist.ProcessGroup | None,
+        existing: DCPTransport | None,
+    ) -> None:
+        """Exchange what each rank asks for; raise the same error on every rank if they differ."""
+        if existing is None:
+            held = "absent"
+        elif getattr(existing, "group", group) is group:
+            held = "present"
+        else:
+            held = "present on another group"
+        mine: tuple[Any, ...] = (signature, self.backend, self.strategy, held)
+        size = dist.get_world_size(group)
+        gathered: list[Any] = [None] * size
+        dist.all_gather_object(gathered, mine, group=group)
+        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))
+        for index, (label, render) in enumerate(
+            (
+                ("signatures", lambda s: s.describe()),
+                ("backends", str),
+                ("strategies", str),
+                ("registry states", str),
+            )
+        ):
+            values: dict[str, list[int]] = {}
+            for rank, entry in zip(ranks, gathered, strict=True):
+                values.setdefault(render(entry[index]), []).append(rank)
+            if len(values) > 1:
+                detail = "; ".join(f"ranks {r}: {v}" for v, r in values.items())
+                raise SignatureMismatchError(
+                    f"ranks of one DCP group disagree on transport {label} in get_or_create "
+                    f"(rank {_global_rank()} asked for [{signature.describe()}]): {detail}"
+                )
+        if held == "present on another group":
+            raise SignatureMismatchError(
+                f"transport [{signature.describe()}] already exists on another process group; "
+                "a signature names one DCP group per rank"
+            )
+        if signature.dcp_world_size != size:
+            raise GeometryError(
+                f"transport [{signature.describe()}] needs a DCP group of "
+                f"{signature.dcp_world_size} ranks, get_or_create got a group of {size}"
+            )
+
+    def _create(self, signature: TransportSignature, group: dist.ProcessGroup | None) -> Any:
+        if self.backend == "torch":
+            return TorchDCPTransport(
+                signature,
+                group,
+                allocator=self.allocator,
+                strategy=self.strategy,
+                reduce_scatter=self.reduce_scatter,
+            )
+        from harness.transport.b12x_backend import B12xDCPTransport
+
+        return B12xDCPTransport(signature, group, allocator=self.allocator)
+
+    # -- listing and teardown ---------------------------------------------------------------
+
+    def signatures(self) -> tuple[TransportSignature, ...]:
+        """Signatures held, sorted (deterministic across ranks)."""
+        return tuple(sorted(self._transports))
+
+    @property
+    def created(self) -> tuple[TransportSignature, ...]:
+        """Signatures held, in creation order."""
+        return tuple(self._transports)
+
+    def __contains__(self, signature: object) -> bool:
+        return signature in self._transports
+
+    def __len__(self) -> int:
+        return len(self._transports)
+
+    def close(self) -> None:
+        """Close every transport (b12x pools are collective to close); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        transports, self._transports = list(self._transports.values()), {}
+        for transport in transports:
+            transport.close()  # type: ignore[attr-defined]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RegistryClosedError("the transport registry is closed")
+
+    def __enter__(self) -> TransportRegistry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

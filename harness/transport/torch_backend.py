@@ -1,0 +1,278 @@
+"""The DCP transport on torch.distributed (gloo on CPU, NCCL on GPU), one per signature.
+
+Query gather: one `all_gather_single` of the local heads into a rank-major staging buffer,
+reordered to `[B, h*dcp, qdim]` (rank r's heads at `[r*h, (r+1)*h)`).
+
+Output reduction, two strategies (domain.md section 1):
+- `ag_rs`: all-gather the fp32 LSEs to `[dcp, B, H]`; each rank computes the combine weights
+  (the same `combine_weights` as the oracle) and rescales its own partial for all heads, with
+  weight-0 entries forced to exactly 0; then a sum reduce-scatter over heads. The rescaled
+  partials and the reduce-scatter stay in fp32 (16-bit sums of 16 ranks would not hold the 2e-2
+  tolerance reliably); the cast to the output dtype happens once, at the end.
+- `a2a`: one `all_to_all_single` of byte-packed chunks (each destination's head slice of the
+  output in its own dtype, then its fp32 LSEs, 8-byte aligned), then `combine_local`, the
+  oracle's own code, on the received `[dcp, B, h, *]`.
+
+Which collectives: torch 2.13's gloo supports all_gather, reduce_scatter and all_to_all on CPU
+tensors (checked with a 2-rank probe); torch 2.13 names them `all_gather_single` and
+`reduce_scatter_single` and warns (FutureWarning) on the old `*_into_tensor`/`*_tensor` names,
+so the new names are used when present. Where a process group has no reduce-scatter (older
+gloo builds), `reduce_scatter="all_to_all"` gives an exact equivalent: an all-to-all of the
+per-destination chunks followed by a local fp32 sum (one extra `[dcp, B, h, odim]` fp32 staging
+buffer). The suite runs both implementations and checks they agree.
+
+Staging buffers are sized for `signature.max_tokens` and allocated once, at creation, through
+the registry's allocator; a larger batch raises `CapacityError`. Outputs go into `out=` when
+given, else into a fresh tensor (caller-owned, so earlier results are never overwritten).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from harness.errors import GeometryError
+from harness.transport.allocator import Allocator
+from harness.transport.checks import check_gather, check_reduce
+from harness.transport.combine import combine_local, combine_weights, mask_zero_weight
+from harness.transport.errors import RegistryClosedError, TransportUsageError
+from harness.warm.signature import TransportSignature
+
+Strategy = Literal["ag_rs", "a2a"]
+ReduceScatterImpl = Literal["native", "all_to_all"]
+STRATEGIES: tuple[str, ...] = ("ag_rs", "a2a")
+REDUCE_SCATTER_IMPLS: tuple[str, ...] = ("native", "all_to_all")
+
+_ALIGN = 8  # bytes; keeps the fp32 LSE region of a packed A2A chunk viewable as float32
+
+
+def _first_collective(*names: str) -> Callable[..., object] | None:
+    for name in names:
+        fn = getattr(dist, name, None)
+        if fn is not None:
+            return fn
+    return None
+
+
+_all_gather_flat = _first_collective("all_gather_single", "all_gather_into_tensor")
+_reduce_scatter_flat = _first_collective("reduce_scatter_single", "reduce_scatter_tensor")
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+@dataclass(frozen=True)
+class A2ALayout:
+    """Byte layout of one destination's chunk in the packed A2A exchange, for a batch size."""
+
+    out_bytes: int
+    lse_offset: int
+    lse_bytes: int
+    chunk_bytes: int
+
+    @classmethod
+    def for_batch(cls, batch: int, local_heads: int, odim: int, elsize: int) -> A2ALayout:
+        out_bytes = batch * local_heads * odim * elsize
+        lse_offset = _align(out_bytes)
+        lse_bytes = batch * local_heads * 4
+        return cls(out_bytes, lse_offset, lse_bytes, lse_offset + _align(lse_bytes))
+
+
+def reduce_scatter_via_all_to_all(
+    out: torch.Tensor, inp: torch.Tensor, scratch: torch.Tensor, group: dist.ProcessGroup | None
+) -> None:
+    """Sum reduce-scatter of `inp` ([W*n], chunk r for rank r) into `out` ([n]) by all-to-all.
+
+    Exact equivalent of a native reduce-scatter for groups that lack one; `scratch` is [W*n].
+    """
+    world = dist.get_world_size(group)
+    dist.all_to_all_single(scratch, inp, group=group)
+    torch.sum(scratch.view(world, -1), dim=0, out=out)
+
+
+class TorchDCPTransport:
+    """Query gather and LSE-weighted reduction over one DCP process group (see module doc)."""
+
+    backend = "torch"
+
+    def __init__(
+        self,
+        signature: TransportSignature,
+        group: dist.ProcessGroup | None,
+        *,
+        allocator: Allocator,
+        strategy: str = "ag_rs",
+        reduce_scatter: str = "native",
+    ) -> None:
+        if strategy not in STRATEGIES:
+            raise GeometryError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+        if reduce_scatter not in REDUCE_SCATTER_IMPLS:
+            raise GeometryError(
+                f"unknown reduce_scatter {reduce_scatter!r}; expected {REDUCE_SCATTER_IMPLS}"
+            )
+        if reduce_scatter == "native" and _reduce_scatter_flat is None:
+            reduce_scatter = "all_to_all"  # this torch has no flat reduce-scatter at all
+        self.signature = signature
+        self.group = group
+        self.strategy = strategy
+        self.reduce_scatter = reduce_scatter
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.device = allocator.device
+        if self.world != signature.dcp_world_size:
+            raise GeometryError(
+                f"transport [{signature.describe()}] needs a DCP group of "
+                f"{signature.dcp_world_size} ranks, got a group of {self.world}"
+            )
+        if self.device.type != signature.device_type:
+            raise GeometryError(
+                f"transport [{signature.describe()}] is for {signature.device_type}, "
+                f"the registry allocates on {self.device}"
+            )
+        self.closed = False
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._allocate(allocator)
+
+    # -- creation ---------------------------------------------------------------------------
+
+    def _allocate(self, allocator: Allocator) -> None:
+        sig, w = self.signature, self.world
+        t, h, big_h = sig.max_tokens, sig.local_heads, sig.total_heads
+        q, o, dt, f32 = sig.query_head_dim, sig.output_head_dim, sig.torch_dtype, torch.float32
+
+        def buf(name: str, numel: int, dtype: torch.dtype) -> None:
+            self._buffers[name] = allocator.empty((numel,), dtype, owner=sig, name=name)
+
+        buf("gather_send", t * h * q, dt)
+        buf("gather_recv", w * t * h * q, dt)
+        if self.strategy == "ag_rs":
+            buf("lse_send", t * big_h, f32)
+            buf("lse_recv", w * t * big_h, f32)
+            buf("rs_send", t * big_h * o, f32)
+            buf("rs_recv", t * h * o, f32)
+            if self.reduce_scatter == "all_to_all":
+                buf("rs_scratch", w * t * h * o, f32)
+        else:
+            chunk = A2ALayout.for_batch(t, h, o, dt.itemsize).chunk_bytes
+            buf("a2a_send", w * chunk, torch.uint8)
+            buf("a2a_recv", w * chunk, torch.uint8)
+
+    @property
+    def buffers(self) -> Mapping[str, int]:
+        """Staging buffer name -> bytes (what creation allocated)."""
+        return MappingProxyType({k: v.nbytes for k, v in self._buffers.items()})
+
+    def close(self) -> None:
+        """Drop the staging buffers; any later call raises."""
+        self._buffers.clear()
+        self.closed = True
+
+    def _live(self) -> None:
+        if self.closed:
+            raise RegistryClosedError(f"transport [{self.signature.describe()}] is closed")
+
+    @staticmethod
+    def _out(out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        if out is None:
+            return torch.empty(shape, dtype=like.dtype, device=like.device)
+        if not out.is_contiguous():
+            raise TransportUsageError("out must be contiguous")
+        return out
+
+    # -- query gather -----------------------------------------------------------------------
+
+    def gather_queries(
+        self, q_local: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[B, h, qdim] -> [B, h*dcp, qdim], rank r's heads at [r*h, (r+1)*h); bit-exact."""
+        self._live()
+        sig, w = self.signature, self.world
+        b = check_gather(sig, q_local, out, self.device)
+        h, q = sig.local_heads, sig.query_head_dim
+        n = b * h * q
+        send = self._buffers["gather_send"][:n]
+        send.view(b, h, q).copy_(q_local)
+        recv = self._buffers["gather_recv"][: w * n]
+        _all_gather_flat(recv, send, group=self.group)
+        result = self._out(out, (b, sig.total_heads, q), send)
+        result.view(b, w, h, q).copy_(recv.view(w, b, h, q).transpose(0, 1))
+        return result
+
+    # -- output reduction -------------------------------------------------------------------
+
+    def reduce_outputs(
+        self,
+        partial_out: torch.Tensor,
+        partial_lse: torch.Tensor,
+        out: torch.Tensor | None = None,
+        *,
+        base_e: bool = True,
+    ) -> torch.Tensor:
+        """[B, H, odim] + fp32 [B, H] -> this rank's combined heads [B, H/dcp, odim].
+
+        `base_e=False` when the LSEs are log2 (exp2/log2 combine).
+        """
+        self._live()
+        sig = self.signature
+        b = check_reduce(sig, partial_out, partial_lse, out, self.device)
+        shape = (b, sig.local_heads, sig.output_head_dim)
+        result = self._out(out, shape, partial_out)
+        if self.strategy == "ag_rs":
+            self._reduce_ag_rs(partial_out, partial_lse, result, b, base_e)
+        else:
+            self._reduce_a2a(partial_out, partial_lse, result, b, base_e)
+        return result
+
+    def _reduce_ag_rs(
+        self, part: torch.Tensor, lse: torch.Tensor, result: torch.Tensor, b: int, base_e: bool
+    ) -> None:
+        sig, w, bufs = self.signature, self.world, self._buffers
+        h, big_h, o = sig.local_heads, sig.total_heads, sig.output_head_dim
+        lse_send = bufs["lse_send"][: b * big_h]
+        lse_send.view(b, big_h).copy_(lse)
+        lse_recv = bufs["lse_recv"][: w * b * big_h]
+        _all_gather_flat(lse_recv, lse_send, group=self.group)
+        weights = combine_weights(lse_recv.view(w, b, big_h), base_e=base_e).weights[self.rank]
+        scaled = mask_zero_weight(part.to(torch.float32), weights.to(torch.float32))
+        rs_send = bufs["rs_send"][: b * big_h * o]
+        rs_send.view(w, b, h, o).copy_(scaled.view(b, w, h, o).transpose(0, 1))
+        rs_recv = bufs["rs_recv"][: b * h * o]
+        if self.reduce_scatter == "native":
+            assert _reduce_scatter_flat is not None
+            _reduce_scatter_flat(rs_recv, rs_send, group=self.group)
+        else:
+            scratch = bufs["rs_scratch"][: w * b * h * o]
+            reduce_scatter_via_all_to_all(rs_recv, rs_send, scratch, self.group)
+        result.copy_(rs_recv.view(b, h, o))
+
+    def _reduce_a2a(
+        self, part: torch.Tensor, lse: torch.Tensor, result: torch.Tensor, b: int, base_e: bool
+    ) -> None:
+        sig, w, dt = self.signature, self.world, self.signature.torch_dtype
+        h, o = sig.local_heads, sig.output_head_dim
+        lay = A2ALayout.for_batch(b, h, o, dt.itemsize)
+        send = self._buffers["a2a_send"][: w * lay.chunk_bytes]
+        recv = self._buffers["a2a_recv"][: w * lay.chunk_bytes]
+        self._outputs_of(send, lay, b).copy_(part.reshape(b, w, h, o).transpose(0, 1))
+        self._lses_of(send, lay, b).copy_(lse.reshape(b, w, h).transpose(0, 1))
+        dist.all_to_all_single(recv, send, group=self.group)
+        outputs, lses = self._outputs_of(recv, lay, b), self._lses_of(recv, lay, b)
+        combine_local(outputs, lses, base_e=base_e, out=result)
+
+    def _outputs_of(self, packed: torch.Tensor, lay: A2ALayout, b: int) -> torch.Tensor:
+        sig = self.signature
+        chunks = packed.view(self.world, lay.chunk_bytes)[:, : lay.out_bytes]
+        return chunks.view(sig.torch_dtype).view(
+            self.world, b, sig.local_heads, sig.output_head_dim
+        )
+
+    def _lses_of(self, packed: torch.Tensor, lay: A2ALayout, b: int) -> torch.Tensor:
+        chunks = packed.view(self.world, lay.chunk_bytes)
+        region = chunks[:, lay.lse_offset : lay.lse_offset + lay.lse_bytes]
+        return region.view(torch.float32).view(self.world, b, self.signature.local_heads)
