@@ -159,6 +159,7 @@ class TransportRegistry:
         self._check_open()
         if not isinstance(signature, TransportSignature):
             raise UsageError(f"expected a TransportSignature, got {type(signature).__name__}")
+        group = group if group is not None else dist.group.WORLD  # one identity for "the world"
         existing = self._transports.get(signature)
         if existing is None:
             self._miss(signature, "get_or_create")
@@ -214,7 +215,7 @@ class TransportRegistry:
         size = dist.get_world_size(group)
         gathered: list[Any] = [None] * size
         dist.all_gather_object(gathered, mine, group=group)
-        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))
+        ranks = dist.get_process_group_ranks(group)
         for index, (label, render) in enumerate(
             (
                 ("signatures", lambda s: s.describe()),

@@ -1,0 +1,240 @@
+"""The combine oracle against an independent per-element float64 reference, on every adversarial
+LSE case of domain.md, and proof that the checks catch a wrong combine (deliberate mutations)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from harness.transport import combine
+from harness.transport.combine import combine_local, lse_combine
+from harness.transport.testing import (
+    ADVERSARIAL,
+    PATTERNS,
+    assert_matches,
+    bit_equal,
+    make_partials,
+)
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def naive_combine(outputs: torch.Tensor, lses: torch.Tensor, rank: int, base_e: bool):
+    """domain.md section 1, one (token, head) at a time, in Python floats (float64)."""
+    world, batch, heads, dim = outputs.shape
+    h = heads // world
+    exp = math.exp if base_e else (lambda x: 2.0**x)
+    log = math.log if base_e else math.log2
+    result = torch.zeros(batch, h, dim, dtype=torch.float64)
+    for b in range(batch):
+        for j in range(h):
+            head = rank * h + j
+            ls = [float(lses[n, b, head]) for n in range(world)]
+            ls = [-math.inf if math.isnan(v) or v == math.inf else v for v in ls]
+            m = max(ls)
+            m = 0.0 if m == -math.inf else m
+            s = sum(exp(v - m) for v in ls)
+            if s == 0.0:
+                continue  # every shard empty: zeros
+            total = m + log(s)
+            for n in range(world):
+                w = exp(ls[n] - total)
+                if w > 0.0:
+                    result[b, j] += w * outputs[n, b, head].double()
+    return result
+
+
+def check_all_cases(fn: Callable[..., torch.Tensor]) -> None:
+    """Every pattern, both LSE bases, two world sizes, every rank: `fn` must match the naive
+    reference. Raises AssertionError naming the first case that does not."""
+    for world in (2, 4):
+        for pattern in PATTERNS:
+            parts = make_partials(world, 2, 2 * world, 8, torch.float32, pattern=pattern, seed=7)
+            for base_e in (True, False):
+                for rank in range(world):
+                    expected = naive_combine(parts.outputs, parts.lses, rank, base_e)
+                    actual = fn(parts.outputs, parts.lses, rank, base_e=base_e)
+                    what = f"world={world} pattern={pattern} base_e={base_e} rank={rank}"
+                    assert_matches(actual, expected.float(), what=what)
+                check_weights(parts.lses, base_e=base_e, what=f"world={world} {pattern}")
+
+
+def check_weights(lses: torch.Tensor, *, base_e: bool, what: str) -> None:
+    """The weights AG+RS uses directly: finite, in [0, 1], summing to 1 (0 if all empty)."""
+    weights = combine.combine_weights(lses, base_e=base_e).weights
+    assert torch.isfinite(weights).all(), f"{what}: non-finite weights"
+    assert ((weights >= 0) & (weights <= 1)).all(), f"{what}: weights outside [0, 1]"
+    sums = weights.sum(dim=0)
+    any_live = torch.isfinite(combine.sanitize_lse(lses)).any(dim=0)
+    expected = torch.where(any_live, 1.0, 0.0)
+    assert torch.allclose(sums, expected, atol=1e-5), f"{what}: weight sums {sums}"
+
+
+def test_every_case_matches_the_naive_reference() -> None:
+    check_all_cases(lse_combine)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+def test_pattern_dtype_base(pattern: str, dtype: torch.dtype, base_e: bool) -> None:
+    parts = make_partials(4, 3, 8, 16, dtype, pattern=pattern, seed=11)
+    for rank in range(4):
+        got = lse_combine(parts.outputs, parts.lses, rank, base_e=base_e)
+        assert got.dtype == dtype
+        want = naive_combine(parts.outputs, parts.lses, rank, base_e).to(dtype)
+        assert_matches(got, want, what=f"{pattern} rank {rank}")
+
+
+def test_all_empty_gives_exact_zeros_without_nan() -> None:
+    parts = make_partials(4, 2, 8, 8, torch.bfloat16, pattern="all_empty", seed=3)
+    assert not torch.isfinite(parts.lses).any()
+    assert torch.isnan(parts.outputs).any()
+    for rank in range(4):
+        got = lse_combine(parts.outputs, parts.lses, rank)
+        assert bit_equal(got, torch.zeros_like(got))
+
+
+def test_weight_zero_rank_contributes_exactly_zero_even_if_nan() -> None:
+    out = torch.randn(3, 1, 3, 4)
+    lse = torch.tensor([[[0.5, 1.0, 2.0]], [[0.25, 3.0, 1.0]], [[0.0, 0.0, 0.0]]])
+    expected = combine_local(out[:2, :, :1], lse[:2, :, :1])  # ranks 0 and 1 only, head 0
+    # Rank 2: weight 0 by -inf, by NaN, by +inf, by underflow; its output is NaN every time.
+    for dead in (-math.inf, math.nan, math.inf, -1e5):
+        bad_out, bad_lse = out.clone(), lse.clone()
+        bad_out[2] = math.nan
+        bad_lse[2] = dead
+        assert bit_equal(lse_combine(bad_out, bad_lse, 0), expected), dead
+
+
+def test_one_hot_returns_the_live_rank_exactly() -> None:
+    parts = make_partials(4, 2, 8, 8, torch.bfloat16, pattern="one_hot", seed=5)
+    for rank in range(4):
+        got = lse_combine(parts.outputs, parts.lses, rank)
+        own = parts.lses[:, :, rank * 2 : rank * 2 + 2]
+        alive = torch.isfinite(own).int().argmax(dim=0)  # [B, h]
+        src = parts.outputs[:, :, rank * 2 : rank * 2 + 2]
+        picked = torch.gather(src, 0, alive[None, :, :, None].expand(1, -1, -1, 8))[0]
+        assert bit_equal(got, picked)
+        assert torch.equal(got[..., 0].float(), alive.float() + 1)  # channel 0 = source rank + 1
+
+
+def test_huge_offset_stays_finite() -> None:
+    parts = make_partials(4, 2, 8, 8, torch.float32, pattern="random", seed=9)
+    shifted = parts.lses + 10000.0
+    got = lse_combine(parts.outputs, shifted, 1)
+    assert torch.isfinite(got).all()
+    assert_matches(got, naive_combine(parts.outputs, shifted, 1, True).float(), what="1e4")
+
+
+def test_base_2_equals_base_e_after_conversion() -> None:
+    parts = make_partials(4, 2, 8, 8, torch.float64, pattern="mixed", seed=13)
+    lses = parts.lses.double()  # fp64, so the conversion itself does not round
+    for rank in range(4):
+        assert_matches(
+            lse_combine(parts.outputs, lses / math.log(2.0), rank, base_e=False),
+            lse_combine(parts.outputs, lses, rank, base_e=True),
+            what=f"rank {rank}",
+        )
+
+
+def test_sixteen_ranks_kimi_geometry() -> None:
+    parts = make_partials(16, 1, 96, 512, torch.bfloat16, pattern="mixed", seed=1)
+    for rank in (0, 7, 15):
+        got = lse_combine(parts.outputs, parts.lses, rank)
+        assert got.shape == (1, 6, 512)
+        want = naive_combine(parts.outputs[:, :, :, :4], parts.lses, rank, True).to(got.dtype)
+        assert_matches(got[..., :4], want, what=f"rank {rank}")
+
+
+def test_fp64_inputs_are_combined_in_fp64() -> None:
+    parts = make_partials(2, 1, 2, 4, torch.float64, pattern="random", seed=2)
+    got = lse_combine(parts.outputs, parts.lses.double(), 0)
+    assert got.dtype == torch.float64
+    want = naive_combine(parts.outputs, parts.lses.double(), 0, True)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("outputs", "lses", "rank", "message"),
+    [
+        (torch.zeros(2, 1, 4), torch.zeros(2, 1), 0, "must be \\[W, B, H, D\\]"),
+        (torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 3), 0, "partial_lses must be"),
+        (torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 4, dtype=torch.bfloat16), 0, "fp32 or fp64"),
+        (torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 4), 2, "outside the world"),
+        (torch.zeros(3, 1, 4, 3), torch.zeros(3, 1, 4), 0, "cannot be split"),
+    ],
+)
+def test_bad_inputs_are_rejected(outputs, lses, rank, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        lse_combine(outputs, lses, rank)
+
+
+def test_patterns_are_what_they_claim() -> None:
+    w = 4
+    for pattern in PATTERNS:
+        parts = make_partials(w, 4, 8, 4, torch.float32, pattern=pattern, seed=17)
+        finite = torch.isfinite(parts.lses)
+        if pattern == "all_empty":
+            assert not finite.any()
+        if pattern == "one_hot":
+            assert torch.equal(finite.sum(0), torch.ones(4, 8, dtype=torch.long))
+        if pattern == "nan_inf":
+            assert torch.isnan(parts.lses).any() and torch.isposinf(parts.lses).any()
+        if pattern == "underflow_nan_output":
+            assert finite.all() and torch.isnan(parts.outputs).any()
+        if pattern == "huge_offset":
+            assert (parts.lses > 4000).all()
+        if pattern == "mixed":
+            assert (~finite).any() and finite.any()
+    assert set(ADVERSARIAL) == set(PATTERNS) - {"random"}
+
+
+# -- mutations: each wrong combine must fail the checks above ------------------------------------
+
+
+def _no_max_subtraction(lse: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(lse.amax(dim=0))
+
+
+def _no_empty_mask(lse: torch.Tensor) -> torch.Tensor:
+    return lse
+
+
+def _no_zero_weight_mask(outputs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    return outputs * weights.unsqueeze(-1)
+
+
+def _no_all_empty_guard(weights: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    return weights
+
+
+MUTATIONS = {
+    "drop max subtraction": ("reference_max", _no_max_subtraction),
+    "drop empty-shard mask (NaN/+inf kept)": ("sanitize_lse", _no_empty_mask),
+    "drop zero-weight mask (0 * NaN)": ("mask_zero_weight", _no_zero_weight_mask),
+    "drop all-empty guard": ("all_empty_guard", _no_all_empty_guard),
+}
+
+
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_a_wrong_combine_fails_the_checks(mutation: str, monkeypatch) -> None:
+    name, broken = MUTATIONS[mutation]
+    monkeypatch.setattr(combine, name, broken)
+    with pytest.raises(AssertionError):
+        check_all_cases(lse_combine)
+
+
+def test_a_wrong_base_or_head_slice_fails_the_checks() -> None:
+    def ignores_base(outputs, lses, rank, *, base_e=True):
+        return lse_combine(outputs, lses, rank)
+
+    def off_by_one_rank(outputs, lses, rank, *, base_e=True):
+        return lse_combine(outputs, lses, (rank + 1) % outputs.shape[0], base_e=base_e)
+
+    for wrong in (ignores_base, off_by_one_rank):
+        with pytest.raises(AssertionError):
+            check_all_cases(wrong)
