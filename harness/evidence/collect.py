@@ -1,0 +1,348 @@
+"""Read what the ranks left (`records/rank-NN.json`) and reduce it to receipt values.
+
+Rules decided here, and why:
+- A rank is *killed* when its record is missing, unreadable or not `complete`: only a rank whose
+  pytest session finished marks its record complete.
+- Signatures are merged over ranks and over the non-negative-control capture windows that
+  reported them: `warmed` is true only if every report said warmed (a transport is collective:
+  one rank without it creates it lazily), `used_in_capture` is true if any report said used. Both
+  lean towards showing the failure this harness exists to catch: used, but not warmed everywhere.
+  Negative-control windows leave lazy work on purpose and are kept out of the table.
+- The root cause is the earliest failure in test order (each rank's `collected` order, which is
+  the same on every rank), a rank that left no record at all being earliest of all; at the same
+  test, a primary test failure beats a killed rank, which beats lazy events, missed negative
+  controls and unwarmed signatures, and lower ranks come first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.capture.records import CaptureRecord
+from harness.dist.records import RankRecord, rank_record_path
+from harness.evidence.schema import (
+    Capture,
+    CaptureEvent,
+    NegativeControl,
+    RootCause,
+    RootCauseKind,
+    SignatureRow,
+)
+
+# Priority of root-cause kinds found at the same test position (lower wins).
+_PRIORITY: dict[str, int] = {
+    "killed": 1,
+    "test": 0,
+    "lazy-event": 2,
+    "negative-control": 3,
+    "signature": 4,
+    "follow-on": 5,
+}
+
+
+@dataclass(frozen=True)
+class RankFiles:
+    """The rank records found for the expected ranks."""
+
+    world_size: int
+    records: dict[int, RankRecord] = field(default_factory=dict)
+    unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why
+
+    @property
+    def killed(self) -> list[int]:
+        return [
+            r
+            for r in range(self.world_size)
+            if r not in self.records or not self.records[r].complete
+        ]
+
+    @property
+    def complete(self) -> int:
+        return sum(1 for rec in self.records.values() if rec.complete)
+
+    def captures(self) -> list[CaptureRecord]:
+        return [c for r in sorted(self.records) for c in self.records[r].captures]
+
+
+def load_records(out_dir: Path, world_size: int) -> RankFiles:
+    """Read `records/rank-NN.json` for ranks 0..world_size-1; unreadable files are noted."""
+    records: dict[int, RankRecord] = {}
+    unreadable: dict[int, str] = {}
+    for rank in range(world_size):
+        path = rank_record_path(out_dir / "records", rank)
+        if not path.exists():
+            continue
+        try:
+            record = RankRecord.read(path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            unreadable[rank] = f"{type(exc).__name__}: {exc}"
+            continue
+        if record.rank != rank:
+            unreadable[rank] = f"file of rank {rank} holds the record of rank {record.rank}"
+            continue
+        records[rank] = record
+    return RankFiles(world_size, records, unreadable)
+
+
+def in_progress(record: RankRecord) -> str | None:
+    """The test an incomplete rank was running when it died: first collected, not reported."""
+    done = {t.nodeid for t in record.tests}
+    return next((nodeid for nodeid in record.collected if nodeid not in done), None)
+
+
+def transports(ranks: RankFiles) -> list[str]:
+    """Transport backends the ranks say they ran (record `extra["transport"]` or
+    `extra["transports"]`), e.g. "torch-dist" or "b12x"."""
+    seen: set[str] = set()
+    for record in ranks.records.values():
+        one = record.extra.get("transport")
+        if isinstance(one, str):
+            seen.add(one)
+        many = record.extra.get("transports")
+        if isinstance(many, list):
+            seen.update(str(t) for t in many)
+    return sorted(seen)
+
+
+def merge_signatures(captures: Iterable[CaptureRecord]) -> list[SignatureRow]:
+    """The signature table (see the module docstring for the merge rule)."""
+    reports: dict[tuple[Any, ...], dict[int, list[tuple[bool, bool]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for capture in captures:
+        if capture.negative_control:
+            continue
+        for use in capture.signatures:
+            sig = use.signature
+            key = (
+                use.model,
+                sig.total_heads,
+                sig.query_head_dim,
+                sig.output_head_dim,
+                sig.dtype,
+                sig.dcp_world_size,
+                sig.max_tokens,
+                sig.device_type,
+            )
+            reports[key][capture.rank].append((use.warmed, use.used_in_capture))
+    rows = []
+    for key in sorted(reports):
+        by_rank = reports[key]
+        per_rank = {
+            rank: (all(w for w, _ in uses), any(u for _, u in uses))
+            for rank, uses in by_rank.items()
+        }
+        model, heads, qdim, odim, dtype, dcp, max_tokens, device_type = key
+        rows.append(
+            SignatureRow(
+                model=model,
+                total_heads=heads,
+                query_head_dim=qdim,
+                output_head_dim=odim,
+                dtype=dtype,
+                warmed=all(w for w, _ in per_rank.values()),
+                used_in_capture=any(u for _, u in per_rank.values()),
+                dcp_world_size=dcp,
+                max_tokens=max_tokens,
+                device_type=device_type,
+                ranks=sorted(per_rank),
+                consistent=len(set(per_rank.values())) == 1,
+            )
+        )
+    return rows
+
+
+def summarize_capture(ranks: RankFiles) -> tuple[Capture, NegativeControl]:
+    """Lazy events of the real capture windows, and the negative-control windows apart."""
+    windows = [c for c in ranks.captures() if not c.negative_control]
+    controls = [c for c in ranks.captures() if c.negative_control]
+    events = [
+        CaptureEvent(
+            rank=e.rank,
+            test=c.test,
+            detector=e.detector,
+            what=e.what,
+            signature=None if e.signature is None else e.signature.describe(),
+        )
+        for c in windows
+        for e in c.events
+    ]
+    per_rank = dict.fromkeys(sorted(ranks.records), 0)
+    for event in events:
+        per_rank[event.rank] = per_rank.get(event.rank, 0) + 1
+    capture = Capture(
+        lazy_events=len(events),
+        by_detector=dict(sorted(Counter(e.detector for e in events).items())),
+        per_rank=per_rank,
+        windows=len(windows),
+        paths=dict(sorted(Counter(c.path for c in windows).items())),
+        events=events,
+    )
+    control_events = [e for c in controls for e in c.events]
+    negative = NegativeControl(
+        expected=len(controls),
+        detected=sum(1 for c in controls if c.detected),
+        lazy_events=len(control_events),
+        by_detector=dict(sorted(Counter(e.detector for e in control_events).items())),
+        missed=[f"rank {c.rank}: {c.test}" for c in controls if not c.detected],
+    )
+    return capture, negative
+
+
+@dataclass(frozen=True, order=True)
+class _Candidate:
+    position: int
+    priority: int
+    rank: int
+    test: str | None = field(compare=False)
+    message: str = field(compare=False)
+    kind: RootCauseKind = field(compare=False)
+
+
+def _position(record: RankRecord, nodeid: str | None) -> int:
+    if nodeid is not None and nodeid in record.collected:
+        return record.collected.index(nodeid)
+    if nodeid is not None:
+        done = [t.nodeid for t in record.tests]
+        if nodeid in done:
+            return len(record.collected) + done.index(nodeid)
+    return len(record.collected) + len(record.tests)
+
+
+def _candidates(ranks: RankFiles, timed_out: bool) -> list[_Candidate]:
+    found: list[_Candidate] = []
+    why_dead = "killed at the run's timeout" if timed_out else "died"
+    for rank in ranks.killed:
+        record = ranks.records.get(rank)
+        if record is None:
+            note = ranks.unreadable.get(rank)
+            detail = f"its record is unreadable ({note})" if note else "it left no record"
+            found.append(
+                _Candidate(-1, 0, rank, None, f"rank {rank} {why_dead}: {detail}", "killed")
+            )
+            continue
+        test = in_progress(record)
+        where = f"while running {test}" if test else "after its last test"
+        message = f"rank {rank} {why_dead} {where} (record not complete)"
+        if record.abort_reason:
+            message += f": {record.abort_reason}"
+        found.append(
+            _Candidate(_position(record, test), _PRIORITY["killed"], rank, test, message, "killed")
+        )
+    for rank, record in sorted(ranks.records.items()):
+        for outcome in record.tests:
+            if outcome.outcome not in ("failed", "error"):
+                continue
+            message = outcome.message or f"{outcome.outcome} on rank {rank}"
+            position = _position(record, outcome.nodeid)
+            if outcome.primary:
+                found.append(
+                    _Candidate(position, _PRIORITY["test"], rank, outcome.nodeid, message, "test")
+                )
+            else:
+                blamed = outcome.failing_ranks[0] if outcome.failing_ranks else rank
+                found.append(
+                    _Candidate(
+                        position,
+                        _PRIORITY["follow-on"],
+                        blamed,
+                        outcome.nodeid,
+                        f"follow-on failure on rank {rank}: {message}",
+                        "test",
+                    )
+                )
+        for capture in record.captures:
+            position = _position(record, capture.test)
+            if capture.negative_control:
+                if not capture.detected:
+                    seen = sorted({e.detector for e in capture.events})
+                    found.append(
+                        _Candidate(
+                            position,
+                            _PRIORITY["negative-control"],
+                            rank,
+                            capture.test,
+                            "negative control not detected: expected detectors "
+                            f"{list(capture.expected_detectors)}, saw {seen}",
+                            "negative-control",
+                        )
+                    )
+                continue
+            if capture.events:
+                event = capture.events[0]
+                found.append(
+                    _Candidate(
+                        position,
+                        _PRIORITY["lazy-event"],
+                        rank,
+                        capture.test,
+                        f"lazy specialization during capture: {event.detector}: {event.what}",
+                        "lazy-event",
+                    )
+                )
+            for use in capture.signatures:
+                if use.used_in_capture and not use.warmed:
+                    found.append(
+                        _Candidate(
+                            position,
+                            _PRIORITY["signature"],
+                            rank,
+                            capture.test,
+                            f"{use.model}: signature {use.signature.describe()} was used in "
+                            "capture but not warmed",
+                            "signature",
+                        )
+                    )
+    return found
+
+
+def find_root_cause(
+    ranks: RankFiles,
+    *,
+    timed_out: bool,
+    torchrun_error: dict[str, Any] | None,
+    junit_failures: Iterable[tuple[int, str, str]] = (),
+    reasons: Iterable[str] = (),
+) -> RootCause | None:
+    """The earliest failure, or None when nothing failed (see the module docstring).
+
+    Falls back, in order, to torchrun's error file, the first failing JUnit testcase of a rank
+    without a record, and the first verdict reason (e.g. "torchrun exited with code 1").
+    """
+    torchrun_rank, torchrun_message = _torchrun_error(torchrun_error)
+    candidates = sorted(_candidates(ranks, timed_out))
+    if candidates:
+        best = candidates[0]
+        message = best.message
+        if torchrun_message and torchrun_rank == best.rank:
+            message += f" [torchrun: {torchrun_message}]"
+        return RootCause(rank=best.rank, test=best.test, message=message, kind=best.kind)
+    if torchrun_message:
+        return RootCause(rank=torchrun_rank, test=None, message=torchrun_message, kind="torchrun")
+    for rank, test, message in junit_failures:
+        return RootCause(rank=rank, test=test, message=message, kind="junit")
+    for reason in reasons:
+        return RootCause(rank=None, test=None, message=reason, kind="run")
+    return None
+
+
+def _torchrun_error(error: dict[str, Any] | None) -> tuple[int | None, str | None]:
+    """(rank, message) from torchrun's error file contents, in either of its shapes."""
+    if not error:
+        return None, None
+    rank = error.get("rank")
+    message: Any = error.get("message")
+    if isinstance(message, dict):  # raw TORCHELASTIC_ERROR_FILE: {"message": {"message": ...}}
+        message = message.get("message") or json.dumps(message, sort_keys=True)
+    try:
+        rank = None if rank is None else int(rank)
+    except (TypeError, ValueError):
+        rank = None
+    if rank is not None and rank < 0:
+        rank = None
+    return rank, None if message is None else str(message)

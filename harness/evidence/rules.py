@@ -1,0 +1,185 @@
+"""The policy: when a run passes, which status word it earns, and what it must admit.
+
+One place for these rules, used by the writer to fill the receipt and by `dcpqual verify` to
+check that a receipt's verdict, status and limitations follow from its own facts.
+
+- Verdict `pass` needs: torchrun exit 0, no timeout, every rank complete, no failed or erroring
+  test, at least one passed test, no lazy event outside negative controls, every negative-control
+  window detected, and no signature used in capture without being warmed on every rank.
+- Status: `not-qualified` for a failing run; `qualified` only for a passing run on NCCL, on a
+  host with GPUs, whose every capture window was a real CUDA graph, inside an image identified
+  by its digest;
+  `source-qualified` for any other passing run (a CPU run, or a GPU run outside a locked image).
+- Limitations are strings "<key>: <text>"; `required_keys` are the ones verify insists on.
+"""
+
+from __future__ import annotations
+
+from harness.evidence.schema import (
+    Capture,
+    Environment,
+    Geometry,
+    Image,
+    NegativeControl,
+    Ranks,
+    Run,
+    SignatureRow,
+    Source,
+    Status,
+    Tally,
+    Verdict,
+)
+
+GPU_PATH = "cuda-graph"
+
+
+def failure_reasons(
+    *,
+    suites: dict[str, Tally],
+    capture: Capture,
+    negative_control: NegativeControl,
+    signatures: list[SignatureRow],
+    ranks: Ranks,
+    run: Run,
+) -> list[str]:
+    """Every reason the run fails; empty means pass."""
+    reasons: list[str] = []
+    if run.timed_out:
+        reasons.append("the run timed out and was killed")
+    if run.exit_code != 0:
+        reasons.append(f"torchrun exited with code {run.exit_code}")
+    if ranks.killed:
+        reasons.append(f"ranks {ranks.killed} did not finish (no complete record)")
+    failed = sum(t.failed for t in suites.values())
+    errors = sum(t.errors for t in suites.values())
+    if failed or errors:
+        bad = sorted(name for name, t in suites.items() if t.failed or t.errors)
+        reasons.append(f"{failed} failed and {errors} erroring tests (suites: {', '.join(bad)})")
+    if sum(t.passed for t in suites.values()) == 0:
+        reasons.append("no test passed")
+    if capture.lazy_events:
+        reasons.append(f"{capture.lazy_events} lazy events during capture")
+    if negative_control.detected < negative_control.expected:
+        missed = negative_control.expected - negative_control.detected
+        reasons.append(
+            f"{missed} of {negative_control.expected} negative-control windows went undetected"
+        )
+    unwarmed = [s for s in signatures if s.used_in_capture and not s.warmed]
+    if unwarmed:
+        reasons.append(f"{len(unwarmed)} signatures used in capture but not warmed on every rank")
+    return reasons
+
+
+def verdict_of(reasons: list[str]) -> Verdict:
+    return "fail" if reasons else "pass"
+
+
+def gpu_capture_only(capture: Capture) -> bool:
+    """True when capture windows ran and every one was a real CUDA graph."""
+    return capture.windows > 0 and capture.paths.get(GPU_PATH, 0) == capture.windows
+
+
+def status_of(
+    verdict: Verdict,
+    geometry: Geometry,
+    image: Image | None,
+    capture: Capture,
+    environment: Environment,
+) -> Status:
+    if verdict != "pass":
+        return "not-qualified"
+    locked = image is not None and image.digest is not None
+    on_gpus = bool(environment.gpus)
+    if geometry.backend == "nccl" and locked and on_gpus and gpu_capture_only(capture):
+        return "qualified"
+    return "source-qualified"
+
+
+def required_limitations(
+    *,
+    geometry: Geometry,
+    image: Image | None,
+    capture: Capture,
+    negative_control: NegativeControl,
+    transports: list[str],
+    ranks: Ranks,
+    sources: dict[str, Source],
+) -> dict[str, str]:
+    """{key: text} for every path that did not run; verify checks that each key is listed."""
+    out: dict[str, str] = {}
+    if not gpu_capture_only(capture):
+        if capture.windows == 0:
+            out["gpu-capture"] = "no capture window ran, so no capture was checked at all"
+        else:
+            simulated = capture.windows - capture.paths.get(GPU_PATH, 0)
+            out["gpu-capture"] = (
+                f"GPU CUDA-graph capture did not run for {simulated} of {capture.windows} "
+                "capture windows (cpu-simulated); lazy work only a GPU shows (device memory "
+                "growth, NCCL communicator init, Triton/b12x JIT) was not observed there"
+            )
+    if geometry.backend != "nccl":
+        out["nccl"] = f"NCCL did not run: the backend was {geometry.backend}"
+    if "b12x" not in transports:
+        ran = ", ".join(transports) or "none reported"
+        out["b12x-transport"] = (
+            f"the b12x PCIe transport did not run (transports: {ran}); its pool creation, IPC "
+            "handle exchange and kernel compilation were not exercised"
+        )
+    if image is None:
+        out["image"] = (
+            "no image: the run used a source checkout; the image build and the in-image "
+            "identity check (torch, CUDA, NCCL, component commits and trees) did not run"
+        )
+    elif image.digest is None:
+        out["image"] = f"image {image.reference or '(unnamed)'} has no digest; its identity is open"
+    if geometry.nnodes == 1:
+        out["multi-node"] = "single node: multi-node rendezvous (c10d) was not exercised"
+    if negative_control.expected == 0:
+        out["negative-control"] = (
+            "no negative-control window ran: the lazy-work detectors were not shown to fire"
+        )
+    if ranks.killed or ranks.missing_junit:
+        parts = []
+        if ranks.killed:
+            parts.append(f"ranks {ranks.killed} did not finish, their records are partial or gone")
+        if ranks.missing_junit:
+            parts.append(
+                f"ranks {ranks.missing_junit} left no readable JUnit report; their cases in "
+                "junit/merged.xml were rebuilt from their records"
+            )
+        out["ranks"] = "; ".join(parts)
+    harness = sources.get("dcpqual")
+    if harness is None or harness.commit is None:
+        out["sources"] = "the harness is not a git checkout: no commit or tree identifies it"
+    elif harness.dirty:
+        shown = ", ".join(harness.dirty_paths[:3])
+        out["sources"] = (
+            f"the harness checkout was dirty (e.g. {shown}): commit and tree do not fully "
+            "identify the code that ran"
+        )
+    return out
+
+
+def advisory_limitations(
+    *, sources: dict[str, Source], warm_impl: str, backend: str, nvml: bool, notes: list[str]
+) -> dict[str, str]:
+    """{key: text} worth a reviewer's attention that verify does not insist on."""
+    out: dict[str, str] = {}
+    if "vllm" not in sources:
+        out["vllm"] = "vLLM is not installed: stand-in model classes were used, not vLLM's own"
+    if warm_impl != "vllm":
+        out["warm-impl"] = f"the warm code qualified is the {warm_impl!r} copy, not vLLM's own"
+    if backend == "nccl" and not nvml:
+        out["gpu-facts"] = "nvidia-ml-py was not importable: GPU UUIDs and driver not from NVML"
+    if notes:
+        out["junit"] = "; ".join(notes)
+    return out
+
+
+def render_limitations(*parts: dict[str, str]) -> list[str]:
+    return [f"{key}: {text}" for part in parts for key, text in part.items()]
+
+
+def missing_limitations(limitations: list[str], required: dict[str, str]) -> list[str]:
+    """Required keys that no limitation line starts with."""
+    return [key for key in required if not any(s.startswith(f"{key}: ") for s in limitations)]

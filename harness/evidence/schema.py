@@ -1,0 +1,278 @@
+"""The receipt (`receipt.json`, schema "dcpqual-receipt/v1") as pydantic models.
+
+The field names of design.md are the contract and are kept exactly; fields marked "extension"
+below were added after it (extending is allowed, renaming is not). Models are frozen and forbid
+unknown keys, so `dcpqual verify` rejects a receipt that was edited to say more than the writer
+wrote. Values are validated where they are born: geometry and digests check themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+
+from harness.evidence.files import is_sha256
+
+SCHEMA = "dcpqual-receipt/v1"
+
+Verdict = Literal["pass", "fail"]
+Status = Literal["qualified", "source-qualified", "not-qualified"]
+Backend = Literal["gloo", "nccl"]
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Geometry(_Model):
+    """The parallel geometry qualified; one receipt is about one geometry."""
+
+    world_size: PositiveInt
+    nnodes: PositiveInt
+    nproc_per_node: PositiveInt
+    backend: Backend
+    tp: PositiveInt
+    dcp: PositiveInt
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Geometry:
+        if self.world_size != self.nnodes * self.nproc_per_node:
+            raise ValueError(
+                f"world_size={self.world_size} != nnodes={self.nnodes} x "
+                f"nproc_per_node={self.nproc_per_node}"
+            )
+        if self.tp % self.dcp:
+            raise ValueError(f"dcp={self.dcp} does not divide tp={self.tp}")
+        return self
+
+
+class Gpu(_Model):
+    index: NonNegativeInt
+    name: str
+    uuid: str | None = None
+    memory_total_mib: NonNegativeInt | None = None
+
+
+class Environment(_Model):
+    """Where the run happened. `env` holds only NCCL_/VLLM_/B12X_/TORCH_/CUDA_ variables,
+    with secret-looking ones (names in `redacted`) replaced by "<redacted>"."""
+
+    torch: str
+    cuda: str | None  # torch.version.cuda; None for a CPU build
+    nccl: str | None
+    device_names: list[str]  # one per visible GPU, or ["cpu"]
+    python: str
+    host: str
+    # extensions
+    hosts: list[str] = Field(default_factory=list)  # hostnames the rank records report
+    platform: str = ""
+    cpu_count: NonNegativeInt | None = None
+    torch_git: str | None = None
+    cuda_available: bool = False
+    driver: str | None = None
+    gpus: list[Gpu] = Field(default_factory=list)
+    nvml: bool = False  # GPU facts came from nvidia-ml-py
+    env: dict[str, str] = Field(default_factory=dict)
+    redacted: list[str] = Field(default_factory=list)
+
+
+class Image(BaseModel):
+    """Identity of the image the run used. Owned by the image issue, so unknown keys are kept."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    reference: str | None = None
+    digest: str | None = Field(default=None, pattern=DIGEST_PATTERN)
+    source_lock_sha256: str | None = None
+
+
+class Source(_Model):
+    """One component's identity: commit and git tree (never a branch), or a package version."""
+
+    version: str | None = None
+    commit: str | None = None
+    tree: str | None = None
+    dirty: bool | None = None
+    dirty_paths: list[str] = Field(default_factory=list)  # first few, for a reviewer
+
+
+class Tally(_Model):
+    """Outcomes of one suite, counted per test over all ranks (see harness.evidence.junit)."""
+
+    passed: NonNegativeInt = 0
+    failed: NonNegativeInt = 0
+    skipped: NonNegativeInt = 0
+    errors: NonNegativeInt = 0
+    rank_cases: NonNegativeInt = 0  # extension: testcases in junit/merged.xml, all ranks
+
+
+class SignatureRow(_Model):
+    """One transport signature of one model, merged over ranks (see harness.evidence.collect)."""
+
+    model: str
+    total_heads: PositiveInt
+    query_head_dim: PositiveInt
+    output_head_dim: PositiveInt
+    dtype: str
+    warmed: bool
+    used_in_capture: bool
+    # extensions
+    dcp_world_size: PositiveInt = 1
+    max_tokens: PositiveInt = 1
+    device_type: str = "cpu"
+    ranks: list[NonNegativeInt] = Field(default_factory=list)  # ranks that reported it
+    consistent: bool = True  # every reporting rank said the same warmed/used
+
+
+class CaptureEvent(_Model):
+    rank: NonNegativeInt
+    test: str
+    detector: str
+    what: str
+    signature: str | None = None
+
+
+class Capture(_Model):
+    """Lazy work seen in capture windows, negative-control windows excluded."""
+
+    lazy_events: NonNegativeInt
+    by_detector: dict[str, NonNegativeInt]
+    per_rank: dict[int, NonNegativeInt]
+    # extensions
+    windows: NonNegativeInt = 0
+    paths: dict[str, NonNegativeInt] = Field(default_factory=dict)  # cuda-graph | cpu-simulated
+    events: list[CaptureEvent] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _sums(self) -> Capture:
+        for name, total in (
+            ("by_detector", sum(self.by_detector.values())),
+            ("per_rank", sum(self.per_rank.values())),
+            ("events", len(self.events)),
+        ):
+            if total != self.lazy_events:
+                raise ValueError(f"lazy_events={self.lazy_events} but {name} adds up to {total}")
+        paths = sum(self.paths.values())
+        if paths != self.windows:
+            raise ValueError(f"windows={self.windows} but paths add up to {paths}")
+        return self
+
+
+class NegativeControl(_Model):
+    """Windows that provoke lazy work on purpose: each must be seen by its expected detectors."""
+
+    expected: NonNegativeInt  # negative-control windows run
+    detected: NonNegativeInt  # of those, windows where every expected detector fired
+    lazy_events: NonNegativeInt
+    # extensions
+    by_detector: dict[str, NonNegativeInt] = Field(default_factory=dict)
+    missed: list[str] = Field(default_factory=list)  # "rank N: test" of windows not detected
+
+    @model_validator(mode="after")
+    def _counts(self) -> NegativeControl:
+        if self.detected > self.expected:
+            raise ValueError(f"detected={self.detected} > expected={self.expected}")
+        if len(self.missed) != self.expected - self.detected:
+            raise ValueError(
+                f"{len(self.missed)} missed windows listed, expected - detected = "
+                f"{self.expected - self.detected}"
+            )
+        return self
+
+
+RootCauseKind = Literal[
+    "test", "killed", "lazy-event", "negative-control", "signature", "torchrun", "junit", "run"
+]
+
+
+class RootCause(_Model):
+    rank: NonNegativeInt | None
+    test: str | None
+    message: str
+    kind: RootCauseKind = "test"  # extension: where the cause was found
+
+
+class Ranks(_Model):
+    """extension: which ranks left what. A killed rank left no record or an incomplete one."""
+
+    expected: PositiveInt
+    reported: NonNegativeInt
+    complete: NonNegativeInt
+    killed: list[NonNegativeInt] = Field(default_factory=list)
+    missing_junit: list[NonNegativeInt] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _counts(self) -> Ranks:
+        if not self.complete <= self.reported <= self.expected:
+            raise ValueError(
+                f"need complete <= reported <= expected, got {self.complete}, "
+                f"{self.reported}, {self.expected}"
+            )
+        if len(self.killed) != self.expected - self.complete:
+            raise ValueError(
+                f"{len(self.killed)} killed ranks listed, expected - complete = "
+                f"{self.expected - self.complete}"
+            )
+        return self
+
+
+class Run(_Model):
+    """extension: how the run was launched and how it ended."""
+
+    command: list[str] = Field(default_factory=list)
+    pytest_args: list[str] = Field(default_factory=list)
+    exit_code: int = 0
+    timed_out: bool = False
+    started_at: str = ""
+    finished_at: str = ""
+
+
+class Receipt(_Model):
+    schema_: Literal["dcpqual-receipt/v1"] = Field(alias="schema")
+    verdict: Verdict
+    status: Status
+    geometry: Geometry
+    environment: Environment
+    image: Image | None
+    sources: dict[str, Source]
+    suites: dict[str, Tally]
+    signatures: list[SignatureRow]
+    capture: Capture
+    negative_control: NegativeControl
+    root_cause: RootCause | None
+    limitations: list[str]
+    # extensions
+    failures: list[str] = Field(default_factory=list)  # every reason the verdict is fail
+    warm_impl: str = "vendored"
+    transports: list[str] = Field(default_factory=list)  # transport backends ranks reported
+    ranks: Ranks
+    run: Run = Field(default_factory=Run)
+    generated_by: str = ""
+    created_at: str = ""
+    scrubbed_files: list[str] = Field(default_factory=list)  # files a secret was removed from
+    # sha256 of every bundle file except receipt.json, summary.md and SHA256SUMS: a second
+    # witness, so that verify can tell an edited file from an edited SHA256SUMS line.
+    files: dict[str, str] = Field(default_factory=dict)
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _files(self) -> Receipt:
+        bad = sorted(rel for rel, digest in self.files.items() if not is_sha256(digest))
+        if bad:
+            raise ValueError(f"files entries that are not sha256 hex digests: {bad}")
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Receipt:
+        return cls.model_validate(data)
+
+    def dumps(self) -> str:
+        """The exact text of receipt.json (stable key order, trailing newline)."""
+        return json.dumps(self.to_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"

@@ -1,0 +1,159 @@
+"""`summary.md`: the receipt as Markdown, ready to paste into a pull request.
+
+It ends with the sha256 of receipt.json, so a pasted summary names the exact receipt it came
+from, and so `dcpqual verify` has a second witness for receipt.json besides SHA256SUMS.
+"""
+
+from __future__ import annotations
+
+import re
+
+from harness.evidence.schema import Receipt
+
+RECEIPT_SHA_LINE = "receipt.json sha256: `{}`"
+_RECEIPT_SHA = re.compile(r"^receipt\.json sha256: `([0-9a-f]{64})`$", re.MULTILINE)
+
+
+def receipt_sha256_in(summary: str) -> str | None:
+    """The receipt sha256 a summary names, or None."""
+    found = _RECEIPT_SHA.findall(summary)
+    return found[0] if len(found) == 1 else None
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list[object]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _fence(text: str) -> list[str]:
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + "text", text, fence]
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "**no**"
+
+
+def render_summary(receipt: Receipt, receipt_sha256: str) -> str:
+    r = receipt
+    g = r.geometry
+    env = r.environment
+    lines = [f"# dcpqual: {r.verdict.upper()} ({r.status})", ""]
+    image = "none (source checkout)"
+    if r.image is not None:
+        image = f"{r.image.reference or '(unnamed)'} @ {r.image.digest or 'no digest'}"
+    sources = []
+    for name, src in sorted(r.sources.items()):
+        ident = src.version or ""
+        if src.commit:
+            ident += f" commit `{src.commit[:12]}`"
+        if src.tree:
+            ident += f" tree `{src.tree[:12]}`"
+        if src.dirty:
+            ident += " (dirty)"
+        sources.append(f"{name} {ident.strip()}")
+    gpus = ", ".join(sorted(set(env.device_names)))
+    overview = [
+        ["verdict", f"**{r.verdict}**"],
+        ["status", f"`{r.status}`"],
+        [
+            "geometry",
+            f"{g.world_size} ranks ({g.nnodes} node x {g.nproc_per_node}), backend {g.backend}, "
+            f"TP{g.tp} / DCP{g.dcp}",
+        ],
+        ["warm code", r.warm_impl],
+        ["image", image],
+        ["sources", "; ".join(sources) or "unknown"],
+        [
+            "environment",
+            f"torch {env.torch}, CUDA {env.cuda or '-'}, NCCL {env.nccl or '-'}, "
+            f"Python {env.python}, host {env.host}",
+        ],
+        ["devices", f"{len(env.gpus)} x {gpus}, driver {env.driver or '?'}" if env.gpus else gpus],
+        ["ranks", f"{r.ranks.complete}/{r.ranks.expected} complete, killed {r.ranks.killed}"],
+        [
+            "run",
+            f"exit {r.run.exit_code}{', timed out' if r.run.timed_out else ''}, "
+            f"{r.run.started_at or '?'} -> {r.run.finished_at or '?'}",
+        ],
+    ]
+    lines += _table(["", ""], overview)
+
+    lines += ["", "## Transport signatures", ""]
+    if r.signatures:
+        rows: list[list[object]] = [
+            [
+                s.model,
+                s.total_heads,
+                s.query_head_dim,
+                s.output_head_dim,
+                s.dtype,
+                s.dcp_world_size,
+                _yes(s.warmed),
+                "yes" if s.used_in_capture else "no",
+                len(s.ranks),
+            ]
+            for s in r.signatures
+        ]
+        lines += _table(
+            ["model", "heads", "q dim", "out dim", "dtype", "dcp", "warmed", "used", "ranks"], rows
+        )
+    else:
+        lines.append("No capture window reported a signature.")
+
+    c = r.capture
+    nc = r.negative_control
+    paths = ", ".join(f"{n} {p}" for p, n in sorted(c.paths.items())) or "none"
+    lines += ["", "## Capture", ""]
+    lines.append(f"- lazy events: **{c.lazy_events}** over {c.windows} windows ({paths})")
+    if c.by_detector:
+        lines.append(
+            "- by detector: " + ", ".join(f"{d} {n}" for d, n in sorted(c.by_detector.items()))
+        )
+    for event in c.events[:10]:
+        what = _cell(event.what)
+        lines.append(f"  - rank {event.rank}, `{event.test}`: {event.detector}: {what}")
+    if len(c.events) > 10:
+        lines.append(f"  - ... {len(c.events) - 10} more in receipt.json")
+    lines.append(
+        f"- negative control: {nc.detected}/{nc.expected} windows detected, "
+        f"{nc.lazy_events} provoked events"
+    )
+
+    lines += ["", "## Suites", ""]
+    tally_rows: list[list[object]] = [
+        [name, t.passed, t.failed, t.skipped, t.errors, t.rank_cases]
+        for name, t in sorted(r.suites.items())
+    ]
+    lines += _table(["suite", "passed", "failed", "skipped", "errors", "rank cases"], tally_rows)
+
+    lines += ["", "## Root cause", ""]
+    if r.root_cause is None:
+        lines.append("None: the run passed.")
+    else:
+        rc = r.root_cause
+        where = "rank ?" if rc.rank is None else f"rank {rc.rank}"
+        test = f", `{rc.test}`" if rc.test else ""
+        lines += [f"{where}{test} ({rc.kind}):", "", *_fence(rc.message)]
+        if len(r.failures) > 1:
+            lines += ["", "All reasons the run failed:", ""]
+            lines += [f"- {_cell(reason)}" for reason in r.failures]
+
+    lines += ["", "## Limitations", ""]
+    lines += [f"- {_cell(item)}" for item in r.limitations] or ["- none"]
+    lines += [
+        "",
+        "---",
+        "",
+        "Check the bundle with `dcpqual verify DIR`.",
+        "",
+        RECEIPT_SHA_LINE.format(receipt_sha256),
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,241 @@
+"""`dcpqual verify DIR`: is this bundle intact, well-formed and honest with itself?
+
+Three layers, each problem one line that starts with the file it is about:
+1. Files: every file hashes to its `SHA256SUMS` entry; nothing is missing or extra. Each file but
+   receipt.json, summary.md and SHA256SUMS has a second witness (the receipt's `files` map), and
+   receipt.json has one in summary.md, so an edited file and an edited SHA256SUMS line are told
+   apart. summary.md has only SHA256SUMS: an edit there names both.
+2. Schema: receipt.json validates as "dcpqual-receipt/v1".
+3. Consistency: tallies equal junit/merged.xml; verdict, status, root cause and required
+   limitations follow from the receipt's own facts (harness.evidence.rules).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from harness.errors import UsageError
+from harness.evidence import rules
+from harness.evidence.files import SUMS_NAME, parse_sums, sha256_file, walk
+from harness.evidence.junit import read_merged, tallies
+from harness.evidence.schema import SCHEMA, Receipt
+from harness.evidence.summary import receipt_sha256_in
+from harness.evidence.writer import MERGED_JUNIT, RECEIPT_NAME, SUMMARY_NAME
+
+REQUIRED = (RECEIPT_NAME, SUMMARY_NAME, MERGED_JUNIT, SUMS_NAME)
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    bundle: Path
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_bundle(bundle: Path) -> VerifyResult:
+    """Check a bundle; raises UsageError only when `bundle` is not a folder at all."""
+    bundle = Path(bundle)
+    if not bundle.exists():
+        raise UsageError(f"{bundle} does not exist")
+    if not bundle.is_dir():
+        raise UsageError(f"{bundle} is not a folder")
+    problems: list[str] = []
+    receipt_data = _load_json(bundle / RECEIPT_NAME, problems)
+    receipt = _validate(receipt_data, problems)
+    problems += _check_files(bundle, receipt, receipt_data)
+    if receipt is not None:
+        problems += _check_consistency(bundle, receipt)
+    return VerifyResult(bundle, tuple(problems))
+
+
+def _load_json(path: Path, problems: list[str]) -> object | None:
+    if not path.is_file():
+        return None  # reported by the file check
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        problems.append(f"{RECEIPT_NAME}: not valid JSON: {exc}")
+        return None
+
+
+def _validate(data: object | None, problems: list[str]) -> Receipt | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        problems.append(f"{RECEIPT_NAME}: schema is {found!r}, expected {SCHEMA!r}")
+        return None
+    try:
+        return Receipt.model_validate(data)
+    except ValidationError as exc:
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error["loc"]) or "(top)"
+            problems.append(f"{RECEIPT_NAME}: schema: {where}: {error['msg']}")
+        return None
+
+
+def _witnesses(bundle: Path, receipt: Receipt | None, data: object | None) -> dict[str, str]:
+    """Second opinions on file hashes: the receipt's `files`, summary.md's receipt hash."""
+    witness: dict[str, str] = {}
+    if receipt is not None:
+        witness.update(receipt.files)
+    elif isinstance(data, dict) and isinstance(data.get("files"), dict):
+        witness.update({k: v for k, v in data["files"].items() if isinstance(v, str)})
+    summary = bundle / SUMMARY_NAME
+    if summary.is_file():
+        named = receipt_sha256_in(summary.read_text(encoding="utf-8", errors="replace"))
+        if named:
+            witness[RECEIPT_NAME] = named
+    return witness
+
+
+def _check_files(bundle: Path, receipt: Receipt | None, data: object | None) -> list[str]:
+    problems: list[str] = []
+    entries = {e.relpath: e for e in walk(bundle)}
+    for rel, entry in entries.items():
+        if entry.kind != "file":
+            problems.append(f"{rel}: is a {entry.kind}, not a file")
+    for rel in REQUIRED:
+        if rel not in entries:
+            problems.append(f"{rel}: missing")
+    sums_path = bundle / SUMS_NAME
+    if SUMS_NAME not in entries or entries[SUMS_NAME].kind != "file":
+        return problems
+    try:
+        parsed = parse_sums(sums_path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        return [*problems, f"{SUMS_NAME}: not UTF-8 text"]
+    problems += [f"{SUMS_NAME}: {p}" for p in parsed.problems]
+    listed = parsed.entries
+    actual = {
+        rel: sha256_file(e.path)
+        for rel, e in entries.items()
+        if e.kind == "file" and rel != SUMS_NAME
+    }
+    witness = _witnesses(bundle, receipt, data)
+    witnessed = receipt is not None
+    for rel in sorted(set(listed) | set(actual)):
+        problem = _judge(rel, listed.get(rel), actual.get(rel), witness.get(rel), witnessed)
+        if problem and not (problem.endswith(": missing") and rel in REQUIRED):
+            problems.append(problem)
+    if receipt is not None:
+        for rel in sorted(set(receipt.files) - set(listed) - set(actual)):
+            problems.append(f"{rel}: missing (listed in {RECEIPT_NAME} files)")
+    return problems
+
+
+def _judge(
+    rel: str, listed: str | None, actual: str | None, witness: str | None, witnessed: bool
+) -> str | None:
+    """One file's verdict from its SHA256SUMS entry, its real hash and its second witness.
+
+    `witnessed` says the receipt's `files` map could be read, so a file it does not name was
+    never part of the bundle.
+    """
+    if listed is not None and actual is None:
+        if witnessed and witness is None and rel not in REQUIRED:
+            return f"{SUMS_NAME}: lists {rel}, which is not in the bundle"
+        return f"{rel}: missing"
+    if listed is None:
+        if witness == actual:
+            return f"{SUMS_NAME}: does not list {rel} ({RECEIPT_NAME} does)"
+        return f"{rel}: not listed in {SUMS_NAME} (added after the bundle was written?)"
+    if listed == actual:
+        if witness is not None and witness != actual:
+            holder = SUMMARY_NAME if rel == RECEIPT_NAME else RECEIPT_NAME
+            return (
+                f"{holder}: names sha256 {witness[:12]}... for {rel}, which hashes {actual[:12]}..."
+            )
+        return None
+    if witness is None:
+        return f"{rel}: does not match its {SUMS_NAME} entry ({rel} or {SUMS_NAME} was modified)"
+    if witness == actual:
+        return f"{SUMS_NAME}: the entry for {rel} was modified ({rel} matches its other witness)"
+    return f"{rel}: modified (sha256 {actual[:12]}..., recorded {listed[:12]}...)"
+
+
+def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
+    problems: list[str] = []
+    merged_path = bundle / MERGED_JUNIT
+    if merged_path.is_file():
+        try:
+            cases = read_merged(merged_path)
+        except ValueError as exc:
+            problems.append(f"{MERGED_JUNIT}: {exc}")
+        else:
+            recount = tallies(cases)
+            for suite in sorted(set(recount) | set(receipt.suites)):
+                mine, theirs = receipt.suites.get(suite), recount.get(suite)
+                if mine != theirs:
+                    problems.append(
+                        f"{RECEIPT_NAME}: suites.{suite} is {_tally(mine)} but {MERGED_JUNIT} "
+                        f"counts {_tally(theirs)}"
+                    )
+            bad_ranks = sorted({c.rank for c in cases if c.rank >= receipt.geometry.world_size})
+            if bad_ranks:
+                problems.append(f"{MERGED_JUNIT}: cases of ranks {bad_ranks} beyond world size")
+
+    reasons = rules.failure_reasons(
+        suites=receipt.suites,
+        capture=receipt.capture,
+        negative_control=receipt.negative_control,
+        signatures=receipt.signatures,
+        ranks=receipt.ranks,
+        run=receipt.run,
+    )
+    verdict = rules.verdict_of(reasons)
+    if receipt.verdict != verdict:
+        why = "; ".join(reasons) or "nothing failed"
+        problems.append(
+            f"{RECEIPT_NAME}: verdict is {receipt.verdict} but its facts say {verdict} ({why})"
+        )
+    status = rules.status_of(
+        receipt.verdict, receipt.geometry, receipt.image, receipt.capture, receipt.environment
+    )
+    if receipt.status != status:
+        digest = receipt.image.digest if receipt.image else None
+        problems.append(
+            f"{RECEIPT_NAME}: status {receipt.status} is not allowed here: a {receipt.verdict} "
+            f"run on {receipt.geometry.backend}, {len(receipt.environment.gpus)} GPUs, image "
+            f"digest {digest}, capture paths {receipt.capture.paths} is {status}"
+        )
+    if (receipt.root_cause is None) != (receipt.verdict == "pass"):
+        state = "missing" if receipt.root_cause is None else "present"
+        problems.append(f"{RECEIPT_NAME}: root_cause is {state} for a {receipt.verdict} verdict")
+    cause = receipt.root_cause
+    if cause is not None and cause.rank is not None and cause.rank >= receipt.geometry.world_size:
+        problems.append(
+            f"{RECEIPT_NAME}: root_cause.rank {cause.rank} is outside world "
+            f"size {receipt.geometry.world_size}"
+        )
+    if receipt.ranks.expected != receipt.geometry.world_size:
+        problems.append(
+            f"{RECEIPT_NAME}: ranks.expected {receipt.ranks.expected} != geometry.world_size "
+            f"{receipt.geometry.world_size}"
+        )
+    required = rules.required_limitations(
+        geometry=receipt.geometry,
+        image=receipt.image,
+        capture=receipt.capture,
+        negative_control=receipt.negative_control,
+        transports=receipt.transports,
+        ranks=receipt.ranks,
+        sources=receipt.sources,
+    )
+    for key in rules.missing_limitations(receipt.limitations, required):
+        problems.append(f"{RECEIPT_NAME}: limitations do not name '{key}': {required[key]}")
+    return problems
+
+
+def _tally(t: object) -> str:
+    if t is None:
+        return "absent"
+    data = t.model_dump()  # type: ignore[attr-defined]
+    return "{" + ", ".join(f"{k} {v}" for k, v in data.items()) + "}"

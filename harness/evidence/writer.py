@@ -1,0 +1,232 @@
+"""Turn a finished run's out folder into an evidence bundle, and prepare that folder.
+
+`finalize_bundle` is a pipeline of small steps: refuse to overwrite -> scrub secrets from what
+the ranks and torchrun left -> read records and JUnit reports -> derive verdict, status, root
+cause and limitations -> write junit/merged.xml, receipt.json, summary.md -> write SHA256SUMS
+over every other file. Every write is atomic. A bundle is never overwritten: a folder that
+already holds receipt.json or SHA256SUMS is refused before anything is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from harness import __version__
+from harness.errors import UsageError
+from harness.evidence import rules
+from harness.evidence.collect import (
+    find_root_cause,
+    load_records,
+    merge_signatures,
+    summarize_capture,
+    transports,
+)
+from harness.evidence.environment import capture_environment, scrub, secret_forms, secret_values
+from harness.evidence.files import (
+    SUMS_NAME,
+    atomic_write_bytes,
+    hash_files,
+    render_sums,
+    sha256_bytes,
+    unsafe_name,
+    walk,
+)
+from harness.evidence.junit import merge_junit, tallies
+from harness.evidence.run_context import RunContext
+from harness.evidence.schema import SCHEMA, Geometry, Image, Ranks, Receipt, Run
+from harness.evidence.sources import capture_sources
+from harness.evidence.summary import render_summary
+
+RECEIPT_NAME = "receipt.json"
+SUMMARY_NAME = "summary.md"
+MERGED_JUNIT = "junit/merged.xml"
+# Files the receipt's `files` map cannot cover: itself, and what is written after it.
+UNWITNESSED = frozenset({RECEIPT_NAME, SUMMARY_NAME, SUMS_NAME})
+
+
+def default_out_dir(root: Path = Path("evidence")) -> Path:
+    """`evidence/<UTC timestamp>-<short id>/` (not created)."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return root / f"{stamp}-{uuid.uuid4().hex[:8]}"
+
+
+def prepare_out_dir(path: Path) -> Path:
+    """Create the out folder for a run; refuse one that exists and is not empty.
+
+    Returns the absolute path. Nothing is touched when it refuses.
+    """
+    path = Path(path).absolute()
+    if path.exists() or path.is_symlink():
+        if not path.is_dir() or path.is_symlink():
+            raise UsageError(f"evidence folder {path} exists and is not a folder")
+        entries = sorted(p.name for p in path.iterdir())
+        if entries:
+            shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+            raise UsageError(
+                f"evidence folder {path} is not empty ({len(entries)} entries: {shown}); "
+                "evidence is never overwritten, choose another --out"
+            )
+        return path
+    path.mkdir(parents=True)
+    return path
+
+
+def _check_writable_bundle(out_dir: Path) -> None:
+    if not out_dir.is_dir():
+        raise UsageError(f"evidence folder {out_dir} does not exist or is not a folder")
+    for name in (RECEIPT_NAME, SUMS_NAME):
+        if (out_dir / name).exists():
+            raise UsageError(
+                f"{out_dir / name} already exists: {out_dir} already holds a bundle, and a "
+                "bundle is never overwritten"
+            )
+    for entry in walk(out_dir):
+        if entry.kind != "file":
+            raise UsageError(f"{entry.path} is a {entry.kind}, not a file; a bundle holds files")
+        if unsafe_name(entry.relpath):
+            raise UsageError(f"{entry.path!r}: a bundle cannot list a name with '\\' or newline")
+
+
+def _scrub_files(out_dir: Path, forms: tuple[bytes, ...]) -> list[str]:
+    """Remove secret values from every file already in the folder; the files changed."""
+    changed = []
+    if not forms:
+        return changed
+    for entry in walk(out_dir):
+        data = entry.path.read_bytes()
+        clean, hits = scrub(data, forms)
+        if hits:
+            atomic_write_bytes(entry.path, clean)
+            changed.append(entry.relpath)
+    return changed
+
+
+def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
+    """Write receipt.json, junit/merged.xml, summary.md and SHA256SUMS into `out_dir`.
+
+    Reads `records/rank-NN.json`, `junit/rank-NN.xml`, `torchrun/` and `stacks/` as the launcher
+    left them; keeps every one of those files (scrubbed of secret values) in the bundle.
+    """
+    out_dir = Path(out_dir)
+    _check_writable_bundle(out_dir)
+    forms = secret_forms(secret_values(os.environ))
+    scrubbed = _scrub_files(out_dir, forms)
+
+    geometry = Geometry(
+        world_size=ctx.world_size,
+        nnodes=ctx.nnodes,
+        nproc_per_node=ctx.nproc_per_node,
+        backend=ctx.backend,  # type: ignore[arg-type]
+        tp=ctx.tp,
+        dcp=ctx.dcp,
+    )
+    rank_files = load_records(out_dir, ctx.world_size)
+    merged = merge_junit(out_dir, rank_files)
+    suites = tallies(merged.cases)
+    capture, negative = summarize_capture(rank_files)
+    signatures = merge_signatures(rank_files.captures())
+    ranks = Ranks(
+        expected=ctx.world_size,
+        reported=len(rank_files.records),
+        complete=rank_files.complete,
+        killed=rank_files.killed,
+        missing_junit=list(merged.missing),
+    )
+    run = Run(
+        command=list(ctx.command),
+        pytest_args=list(ctx.pytest_args),
+        exit_code=ctx.exit_code,
+        timed_out=ctx.timed_out,
+        started_at=ctx.started_at,
+        finished_at=ctx.finished_at,
+    )
+    reasons = rules.failure_reasons(
+        suites=suites,
+        capture=capture,
+        negative_control=negative,
+        signatures=signatures,
+        ranks=ranks,
+        run=run,
+    )
+    verdict = rules.verdict_of(reasons)
+    root_cause = None
+    if verdict == "fail":
+        root_cause = find_root_cause(
+            rank_files,
+            timed_out=ctx.timed_out,
+            torchrun_error=ctx.torchrun_error,
+            junit_failures=merged.failures(),
+            reasons=reasons,
+        )
+    image = None if ctx.image is None else Image.model_validate(ctx.image)
+    environment = capture_environment(hosts=(r.hostname for r in rank_files.records.values()))
+    sources = capture_sources()
+    used_transports = transports(rank_files)
+    limitations = rules.render_limitations(
+        rules.required_limitations(
+            geometry=geometry,
+            image=image,
+            capture=capture,
+            negative_control=negative,
+            transports=used_transports,
+            ranks=ranks,
+            sources=sources,
+        ),
+        rules.advisory_limitations(
+            sources=sources,
+            warm_impl=ctx.warm_impl,
+            backend=geometry.backend,
+            nvml=environment.nvml,
+            notes=[*merged.notes, *_unreadable_notes(rank_files.unreadable)],
+        ),
+    )
+
+    merged_xml, hits = scrub(merged.xml, forms)
+    atomic_write_bytes(out_dir / MERGED_JUNIT, merged_xml)
+    if hits:
+        scrubbed.append(MERGED_JUNIT)
+    witnessed = [e.relpath for e in walk(out_dir) if e.relpath not in UNWITNESSED]
+
+    receipt = Receipt(
+        schema=SCHEMA,
+        verdict=verdict,
+        status=rules.status_of(verdict, geometry, image, capture, environment),
+        geometry=geometry,
+        environment=environment,
+        image=image,
+        sources=sources,
+        suites=suites,
+        signatures=signatures,
+        capture=capture,
+        negative_control=negative,
+        root_cause=root_cause,
+        limitations=limitations,
+        failures=reasons,
+        warm_impl=ctx.warm_impl,
+        transports=used_transports,
+        ranks=ranks,
+        run=run,
+        generated_by=f"dcpqual {__version__}",
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        scrubbed_files=sorted(set(scrubbed)),
+        files=hash_files(out_dir, witnessed),
+    )
+    # Messages, commands and paths in the receipt may carry a secret too: scrub the text and
+    # read the receipt back from it, so what we return is exactly what is on disk.
+    receipt_bytes, _ = scrub(receipt.dumps().encode("utf-8"), forms)
+    receipt = Receipt.model_validate_json(receipt_bytes)
+    atomic_write_bytes(out_dir / RECEIPT_NAME, receipt_bytes)
+
+    summary, _ = scrub(render_summary(receipt, sha256_bytes(receipt_bytes)).encode(), forms)
+    atomic_write_bytes(out_dir / SUMMARY_NAME, summary)
+
+    listed = [e.relpath for e in walk(out_dir) if e.relpath != SUMS_NAME]
+    atomic_write_bytes(out_dir / SUMS_NAME, render_sums(hash_files(out_dir, listed)).encode())
+    return receipt
+
+
+def _unreadable_notes(unreadable: dict[int, str]) -> list[str]:
+    return [f"records/rank-{r:02d}.json is unreadable: {why}" for r, why in unreadable.items()]
