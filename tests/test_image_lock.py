@@ -1,0 +1,301 @@
+"""The source lock: schema (good and bad locks), `lock check`, `lock pin` against a real git repo."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.cli import main
+from harness.errors import UsageError
+from harness.image.lock import (
+    LockError,
+    check_lock,
+    load_lock,
+    load_pinned_lock,
+    lock_sha256,
+    pin_component,
+)
+
+TEMPLATE = Path(__file__).resolve().parent.parent / "images/kimi-k3-cu133-torch213/source.lock.json"
+
+
+def _hex(seed: str, n: int = 40) -> str:
+    return hashlib.sha256(seed.encode()).hexdigest()[:n]
+
+
+def pinned_lock_data() -> dict[str, Any]:
+    """The shipped template with every placeholder replaced by a well-formed pin."""
+    data = json.loads(TEMPLATE.read_text())
+    data["base_image"]["digest"] = "sha256:" + _hex("base", 64)
+    data["versions"]["nccl"] = "2.28.9"
+    for name, comp in data["components"].items():
+        src = comp["source"]
+        src["commit"], src["tree"] = _hex(f"{name}-commit"), _hex(f"{name}-tree")
+        if "<" in src["repository"]:
+            src["repository"] = f"https://example.org/{name}.git"
+        if "<" in src["ref"]:
+            src["ref"] = "refs/tags/v2.28.9-1" if name == "nccl" else "refs/heads/dcp-warmup"
+        if comp["upstream_base"]:
+            comp["upstream_base"]["commit"] = _hex(f"{name}-base")
+    return data
+
+
+def write_lock(path: Path, data: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def git(repo: Path, *args: str) -> str:
+    cmd = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    cmd += ["-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false", *args]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def make_repo(path: Path, files: dict[str, str]) -> Path:
+    path.mkdir(parents=True)
+    git(path, "init", "-q", "-b", "main")
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    git(path, "add", ".")
+    git(path, "commit", "-q", "-m", "init")
+    return path
+
+
+# --- schema and check ------------------------------------------------------------------------
+
+
+def test_shipped_template_loads_but_does_not_pin() -> None:
+    load_lock(TEMPLATE)  # the shape is right, so `lock pin` can fill it
+    problems = check_lock(TEMPLATE)
+    assert problems, "the template must fail lock check until pinned"
+    assert all("\n" not in p for p in problems)
+    paths = [p.split(":", 1)[0] for p in problems]
+    assert len(paths) == len(set(paths)), "one line per field"
+    for where in (
+        "base_image.digest",
+        "versions.nccl",
+        "components.pytorch.source.commit",
+        "components.pytorch.source.tree",
+        "components.vllm.source.repository",
+    ):
+        assert where in paths
+    with pytest.raises(LockError):
+        load_pinned_lock(TEMPLATE)
+
+
+def test_pinned_lock_passes(tmp_path: Path) -> None:
+    path = write_lock(tmp_path / "source.lock.json", pinned_lock_data())
+    assert check_lock(path) == []
+    lock = load_pinned_lock(path)
+    assert lock.base_image.pinned.startswith("nvidia/cuda:13.3.0-")
+    assert "@sha256:" in lock.base_image.pinned
+    assert set(lock.components) == {"nccl", "pytorch", "vllm", "b12x"}
+
+
+def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node: Any = data
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+
+
+_DELETE = object()
+GOOD_PR = {"number": 7, "head": _hex("h"), "merge_commit": None, "title": "Warm Kimi-K3 MLA"}
+
+BAD_LOCKS = [
+    ("components.pytorch.source.commit", "abc123", "components.pytorch.source.commit", "40-hex"),
+    ("components.nccl.source.tree", _hex("t").upper(), "components.nccl.source.tree", "40-hex"),
+    ("base_image.digest", "", "base_image.digest", "has no sha256: digest"),
+    ("base_image.digest", "sha256:abc", "base_image.digest", "has no sha256: digest"),
+    ("base_image.digest", _DELETE, "base_image.digest", "Field required"),
+    ("base_image.reference", "nvidia/cuda:12.9.1-devel-ubuntu24.04", "base_image.reference",
+     "not a CUDA 13.3"),
+    ("components.vllm.source.ref", "main", "components.vllm.source.ref", "ambiguous"),
+    ("components.pytorch.source.ref", "refs/tags/v2.12.0", "components.pytorch.source.ref",
+     "not refs/tags/v2.13.0"),
+    ("components.nccl.source.ref", "refs/tags/v2.27.3-1", "components.nccl.source.ref",
+     "not the tag of NCCL 2.28.9"),
+    ("components.vllm.source.repository", "/home/me/vllm", "components.vllm.source.repository",
+     "not an https://"),
+    ("components.b12x.source_patches", ["fix.patch"], "components.b12x.source_patches",
+     "carry changes as commits"),
+    ("components.vllm.pull_requests", [{**GOOD_PR, "head": "abc"}],
+     "components.vllm.pull_requests.0.head", "40-hex"),
+    ("components.vllm.pull_requests", [{**GOOD_PR, "number": 0}],
+     "components.vllm.pull_requests.0.number", "greater than or equal to 1"),
+    ("versions.cuda", "13.2", "versions.cuda", "CUDA 13.3"),
+    ("versions.torch", "2.12.0", "versions.torch", "PyTorch 2.13.0"),
+    ("versions.nccl", "2.28", "versions.nccl", "MAJOR.MINOR.PATCH"),
+    ("torch_cuda_arch_list", "9.0;12.0", "torch_cuda_arch_list", "12.0a"),
+    ("components.b12x", _DELETE, "components.b12x", "missing"),
+    ("components.vllm.source.extra", "x", "components.vllm.source.extra", "Extra inputs"),
+    ("schema", "dcpqual-source-lock/v0", "schema", "Input should be"),
+    ("components.vllm.source.title", "TODO", "components.vllm.source.title", "Extra inputs"),
+]
+
+
+@pytest.mark.parametrize(("where", "value", "path", "needle"), BAD_LOCKS)
+def test_bad_lock_is_reported_on_one_line(
+    tmp_path: Path, where: str, value: Any, path: str, needle: str
+) -> None:
+    data = pinned_lock_data()
+    _set(data, where, value)
+    problems = check_lock(write_lock(tmp_path / "source.lock.json", data))
+    assert problems, f"{where}={value!r} must be a problem"
+    hits = [p for p in problems if p.startswith(f"{path}:")]
+    assert hits and needle in hits[0], problems
+    assert all("\n" not in p for p in problems)
+
+
+def test_branch_ref_without_commit_is_branch_only(tmp_path: Path) -> None:
+    data = pinned_lock_data()
+    data["components"]["vllm"]["source"].update(ref="refs/heads/main", commit="")
+    problems = check_lock(write_lock(tmp_path / "source.lock.json", data))
+    assert any("is a branch and no commit pins it" in p for p in problems)
+
+
+def test_placeholder_anywhere_is_a_problem(tmp_path: Path) -> None:
+    data = pinned_lock_data()
+    data["components"]["vllm"]["pull_requests"] = [{**GOOD_PR, "title": "TODO"}]
+    problems = check_lock(write_lock(tmp_path / "source.lock.json", data))
+    assert problems == [
+        "components.vllm.pull_requests.0.title: placeholder 'TODO' is not pinned"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [("{not json", "not valid JSON: line 1"), ("[1, 2]", "must be a JSON object")],
+)
+def test_unreadable_lock(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "source.lock.json"
+    path.write_text(text)
+    problems = check_lock(path)
+    assert len(problems) == 1 and needle in problems[0]
+
+
+def test_lock_sha256_is_over_the_bytes(tmp_path: Path) -> None:
+    path = write_lock(tmp_path / "source.lock.json", pinned_lock_data())
+    assert lock_sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_cli_lock_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lock", "check", str(TEMPLATE)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == len(check_lock(TEMPLATE)) + 1
+    assert err[-1].startswith("dcpqual lock: error:") and "problem(s)" in err[-1]
+    good = write_lock(tmp_path / "source.lock.json", pinned_lock_data())
+    assert main(["lock", "check", str(good)]) == 0
+    assert f"ok (sha256 {lock_sha256(good)})" in capsys.readouterr().out
+    assert main(["lock", "check", str(tmp_path / "absent.json")]) == 2
+
+
+# --- pin -------------------------------------------------------------------------------------
+
+
+def test_pin_fills_commit_tree_and_ref_from_a_checkout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = tmp_path / "source.lock.json"
+    lock.write_bytes(TEMPLATE.read_bytes())
+    repo = make_repo(tmp_path / "b12x", {"pyproject.toml": "[project]\nname='b12x'\n"})
+    git(repo, "remote", "add", "origin", "https://example.org/b12x.git")
+    git(repo, "tag", "v1.5.1")
+    before = json.loads(lock.read_text())
+
+    assert main(["lock", "pin", "--component", "b12x", "--repo", str(repo), "--lock", str(lock)]) == 0
+    after = json.loads(lock.read_text())
+    src = after["components"]["b12x"]["source"]
+    assert src["commit"] == git(repo, "rev-parse", "HEAD")
+    assert src["tree"] == git(repo, "rev-parse", "HEAD^{tree}")
+    assert src["ref"] == "refs/tags/v1.5.1"
+    assert src["repository"] == "https://example.org/b12x.git"
+    # Nothing else moved.
+    expected = copy.deepcopy(before)
+    expected["components"]["b12x"]["source"] = src
+    assert after == expected
+    out = capsys.readouterr().out
+    assert "filled components.b12x.source.commit" in out
+    assert not [p for p in check_lock(lock) if p.startswith("components.b12x")]
+
+
+def test_pin_nccl_reads_its_version_and_the_branch(tmp_path: Path) -> None:
+    lock = tmp_path / "source.lock.json"
+    lock.write_bytes(TEMPLATE.read_bytes())
+    version_mk = "NCCL_MAJOR   := 2\nNCCL_MINOR   := 28\nNCCL_PATCH   := 9\nNCCL_SUFFIX  :=\n"
+    repo = make_repo(tmp_path / "nccl", {"makefiles/version.mk": version_mk})
+    result = pin_component(lock, "nccl", repo)
+    data = json.loads(lock.read_text())
+    assert data["versions"]["nccl"] == "2.28.9"
+    assert data["components"]["nccl"]["source"]["ref"] == "refs/heads/main"
+    assert "versions.nccl" in result.filled
+
+
+def test_pin_vllm_fills_upstream_merge_base(tmp_path: Path) -> None:
+    lock = tmp_path / "source.lock.json"
+    lock.write_bytes(TEMPLATE.read_bytes())
+    repo = make_repo(tmp_path / "vllm", {"README": "upstream\n"})
+    git(repo, "tag", "v0.32.0")
+    base = git(repo, "rev-parse", "HEAD")
+    (repo / "kimi.py").write_text("# fork change\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "fork")
+    pin_component(lock, "vllm", repo)
+    assert json.loads(lock.read_text())["components"]["vllm"]["upstream_base"]["commit"] == base
+
+
+def test_pin_refuses_a_dirty_checkout_and_writes_nothing(tmp_path: Path) -> None:
+    lock = tmp_path / "source.lock.json"
+    lock.write_bytes(TEMPLATE.read_bytes())
+    repo = make_repo(tmp_path / "b12x", {"a.py": "x = 1\n"})
+    (repo / "a.py").write_text("x = 2\n")
+    with pytest.raises(UsageError, match="uncommitted"):
+        pin_component(lock, "b12x", repo)
+    assert lock.read_bytes() == TEMPLATE.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b12x", "source.lock.json"]
+
+
+def test_pin_refuses_head_that_is_not_the_locked_ref(tmp_path: Path) -> None:
+    lock = tmp_path / "source.lock.json"
+    lock.write_bytes(TEMPLATE.read_bytes())
+    repo = make_repo(tmp_path / "pytorch", {"version.txt": "2.13.0a0\n"})
+    git(repo, "tag", "v2.13.0")
+    (repo / "x").write_text("later\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "later")
+    with pytest.raises(UsageError, match="check out refs/tags/v2.13.0 first"):
+        pin_component(lock, "pytorch", repo)
+    assert lock.read_bytes() == TEMPLATE.read_bytes()
+
+
+def test_pin_refuses_a_pytorch_of_another_version(tmp_path: Path) -> None:
+    lock = tmp_path / "source.lock.json"
+    lock.write_bytes(TEMPLATE.read_bytes())
+    repo = make_repo(tmp_path / "pytorch", {"version.txt": "2.12.0a0\n"})
+    with pytest.raises(UsageError, match="pytorch 2.12.0"):
+        pin_component(lock, "pytorch", repo)
+
+
+def test_pin_unknown_component_or_not_a_repo(tmp_path: Path) -> None:
+    lock = tmp_path / "source.lock.json"
+    lock.write_bytes(TEMPLATE.read_bytes())
+    repo = make_repo(tmp_path / "r", {"a": "a\n"})
+    with pytest.raises(UsageError, match="no component 'flashinfer'"):
+        pin_component(lock, "flashinfer", repo)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    code = main(["lock", "pin", "--component", "b12x", "--repo", str(plain), "--lock", str(lock)])
+    assert code == 2
+    assert lock.read_bytes() == TEMPLATE.read_bytes()
