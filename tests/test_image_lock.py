@@ -1,4 +1,4 @@
-"""The source lock: schema (good and bad locks), `lock check`, `lock pin` against a real git repo."""
+"""The source lock: schema (good and bad locks), `lock check`, `lock pin` on a real git repo."""
 
 from __future__ import annotations
 
@@ -120,21 +120,49 @@ BAD_LOCKS = [
     ("base_image.digest", "", "base_image.digest", "has no sha256: digest"),
     ("base_image.digest", "sha256:abc", "base_image.digest", "has no sha256: digest"),
     ("base_image.digest", _DELETE, "base_image.digest", "Field required"),
-    ("base_image.reference", "nvidia/cuda:12.9.1-devel-ubuntu24.04", "base_image.reference",
-     "not a CUDA 13.3"),
+    (
+        "base_image.reference",
+        "nvidia/cuda:12.9.1-devel-ubuntu24.04",
+        "base_image.reference",
+        "not a CUDA 13.3",
+    ),
     ("components.vllm.source.ref", "main", "components.vllm.source.ref", "ambiguous"),
-    ("components.pytorch.source.ref", "refs/tags/v2.12.0", "components.pytorch.source.ref",
-     "not refs/tags/v2.13.0"),
-    ("components.nccl.source.ref", "refs/tags/v2.27.3-1", "components.nccl.source.ref",
-     "not the tag of NCCL 2.28.9"),
-    ("components.vllm.source.repository", "/home/me/vllm", "components.vllm.source.repository",
-     "not an https://"),
-    ("components.b12x.source_patches", ["fix.patch"], "components.b12x.source_patches",
-     "carry changes as commits"),
-    ("components.vllm.pull_requests", [{**GOOD_PR, "head": "abc"}],
-     "components.vllm.pull_requests.0.head", "40-hex"),
-    ("components.vllm.pull_requests", [{**GOOD_PR, "number": 0}],
-     "components.vllm.pull_requests.0.number", "greater than or equal to 1"),
+    (
+        "components.pytorch.source.ref",
+        "refs/tags/v2.12.0",
+        "components.pytorch.source.ref",
+        "not refs/tags/v2.13.0",
+    ),
+    (
+        "components.nccl.source.ref",
+        "refs/tags/v2.27.3-1",
+        "components.nccl.source.ref",
+        "not the tag of NCCL 2.28.9",
+    ),
+    (
+        "components.vllm.source.repository",
+        "/home/me/vllm",
+        "components.vllm.source.repository",
+        "not an https://",
+    ),
+    (
+        "components.b12x.source_patches",
+        ["fix.patch"],
+        "components.b12x.source_patches",
+        "carry changes as commits",
+    ),
+    (
+        "components.vllm.pull_requests",
+        [{**GOOD_PR, "head": "abc"}],
+        "components.vllm.pull_requests.0.head",
+        "40-hex",
+    ),
+    (
+        "components.vllm.pull_requests",
+        [{**GOOD_PR, "number": 0}],
+        "components.vllm.pull_requests.0.number",
+        "greater than or equal to 1",
+    ),
     ("versions.cuda", "13.2", "versions.cuda", "CUDA 13.3"),
     ("versions.torch", "2.12.0", "versions.torch", "PyTorch 2.13.0"),
     ("versions.nccl", "2.28", "versions.nccl", "MAJOR.MINOR.PATCH"),
@@ -170,9 +198,7 @@ def test_placeholder_anywhere_is_a_problem(tmp_path: Path) -> None:
     data = pinned_lock_data()
     data["components"]["vllm"]["pull_requests"] = [{**GOOD_PR, "title": "TODO"}]
     problems = check_lock(write_lock(tmp_path / "source.lock.json", data))
-    assert problems == [
-        "components.vllm.pull_requests.0.title: placeholder 'TODO' is not pinned"
-    ]
+    assert problems == ["components.vllm.pull_requests.0.title: placeholder 'TODO' is not pinned"]
 
 
 @pytest.mark.parametrize(
@@ -215,7 +241,8 @@ def test_pin_fills_commit_tree_and_ref_from_a_checkout(
     git(repo, "tag", "v1.5.1")
     before = json.loads(lock.read_text())
 
-    assert main(["lock", "pin", "--component", "b12x", "--repo", str(repo), "--lock", str(lock)]) == 0
+    argv = ["lock", "pin", "--component", "b12x", "--repo", str(repo), "--lock", str(lock)]
+    assert main(argv) == 0
     after = json.loads(lock.read_text())
     src = after["components"]["b12x"]["source"]
     assert src["commit"] == git(repo, "rev-parse", "HEAD")
@@ -275,7 +302,7 @@ def test_pin_refuses_head_that_is_not_the_locked_ref(tmp_path: Path) -> None:
     (repo / "x").write_text("later\n")
     git(repo, "add", ".")
     git(repo, "commit", "-q", "-m", "later")
-    with pytest.raises(UsageError, match="check out refs/tags/v2.13.0 first"):
+    with pytest.raises(UsageError, match=r"check out refs/tags/v2\.13\.0 first"):
         pin_component(lock, "pytorch", repo)
     assert lock.read_bytes() == TEMPLATE.read_bytes()
 
@@ -284,7 +311,7 @@ def test_pin_refuses_a_pytorch_of_another_version(tmp_path: Path) -> None:
     lock = tmp_path / "source.lock.json"
     lock.write_bytes(TEMPLATE.read_bytes())
     repo = make_repo(tmp_path / "pytorch", {"version.txt": "2.12.0a0\n"})
-    with pytest.raises(UsageError, match="pytorch 2.12.0"):
+    with pytest.raises(UsageError, match=r"pytorch 2\.12\.0"):
         pin_component(lock, "pytorch", repo)
 
 
