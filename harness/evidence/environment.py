@@ -72,6 +72,7 @@ def secret_forms(secrets: Iterable[str]) -> tuple[bytes, ...]:
             escape(value),
             quoteattr(value)[1:-1],
             escape(value, {'"': "&quot;", "'": "&apos;"}),
+            value.replace("&", "&amp;").replace("<", "&lt;"),  # writers that leave '>' alone
         ):
             if text:
                 forms.add(text.encode("utf-8"))

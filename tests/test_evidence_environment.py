@@ -1,0 +1,97 @@
+"""Environment capture: kept prefixes, redaction, secret scrubbing, source identity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from harness.evidence.environment import (
+    REDACTED,
+    SCRUBBED,
+    capture_environment,
+    filtered_env,
+    scrub,
+    secret_forms,
+    secret_values,
+)
+from harness.evidence.sources import capture_sources, git_source
+
+ENV = {
+    "NCCL_DEBUG": "INFO",
+    "NCCL_IB_DISABLE": "1",
+    "VLLM_API_KEY": "sk-live-0123456789",
+    "B12X_CACHE": "/tmp/b12x",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "CUDA_VISIBLE_DEVICES": "0,1",
+    "HF_TOKEN": "hf_abcdefghijklmnop",
+    "AWS_SECRET_ACCESS_KEY": "aws/secret+value==",
+    "DB_PASSWORD": "short",
+    "HOME": "/root",
+    "PATH": "/usr/bin",
+}
+
+
+def test_filtered_env_keeps_prefixes_and_redacts_secret_names() -> None:
+    kept, redacted = filtered_env(ENV)
+    assert kept == {
+        "B12X_CACHE": "/tmp/b12x",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "NCCL_DEBUG": "INFO",
+        "NCCL_IB_DISABLE": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "VLLM_API_KEY": REDACTED,
+    }
+    assert redacted == ["VLLM_API_KEY"]
+
+
+def test_secret_values_are_every_secret_looking_variable_long_enough() -> None:
+    assert set(secret_values(ENV)) == {
+        "sk-live-0123456789",
+        "hf_abcdefghijklmnop",
+        "aws/secret+value==",
+    }  # "short" is too short to scrub safely; it is still never kept in `env`
+
+
+def test_scrub_catches_raw_json_and_xml_forms() -> None:
+    secret = 'p"a<s>s&w/o\\rd-123'
+    forms = secret_forms([secret])
+    for text in (
+        f"token={secret}",
+        json.dumps({"t": secret}),
+        f"<x a={json.dumps(secret)}>{secret.replace('&', '&amp;').replace('<', '&lt;')}</x>",
+    ):
+        data = text.encode()
+        clean, hits = scrub(data, forms)
+        assert hits >= 1 and SCRUBBED in clean
+        assert b"rd-123" not in clean, clean
+
+
+def test_capture_environment_on_this_machine(monkeypatch) -> None:
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
+    monkeypatch.setenv("TORCH_SECRET_SAUCE", "x" * 12)
+    env = capture_environment(hosts=["node1", "node0", "node1", ""])
+    assert env.torch == torch.__version__
+    assert env.cuda == torch.version.cuda
+    assert env.env["NCCL_SOCKET_IFNAME"] == "lo"
+    assert env.env["TORCH_SECRET_SAUCE"] == REDACTED
+    assert env.hosts == ["node0", "node1"]
+    if not torch.cuda.is_available():
+        assert env.device_names == ["cpu"] and env.gpus == [] and env.nccl is None
+
+
+def test_git_source_names_commit_and_tree(repo_root: Path) -> None:
+    source = git_source(repo_root)
+    assert source.commit is not None and len(source.commit) == 40
+    assert source.tree is not None and len(source.tree) == 40 and source.tree != source.commit
+    assert source.dirty is not None
+
+
+def test_git_source_outside_git_is_unknown(tmp_path: Path) -> None:
+    source = git_source(tmp_path, version="1.0")
+    assert (source.version, source.commit, source.tree, source.dirty) == ("1.0", None, None, None)
+
+
+def test_capture_sources_always_has_the_harness() -> None:
+    assert "dcpqual" in capture_sources()

@@ -1,0 +1,177 @@
+"""Verdict, status and limitation rules, and the root-cause order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_evidence_factory import (
+    CAPTURE_TEST,
+    COMBINE_TEST,
+    NODES,
+    SIGNATURE_TEST,
+    failed,
+    passed,
+    write_rank,
+)
+
+from harness.evidence import rules
+from harness.evidence.collect import find_root_cause, load_records
+from harness.evidence.schema import (
+    Capture,
+    Environment,
+    Geometry,
+    Gpu,
+    Image,
+    NegativeControl,
+    Ranks,
+    Run,
+    Tally,
+)
+
+CPU = Environment(torch="2.13.0", cuda=None, nccl=None, device_names=["cpu"], python="3", host="h")
+GPU = CPU.model_copy(update={"gpus": [Gpu(index=0, name="RTX PRO 6000")]})
+NCCL = Geometry(world_size=16, nnodes=1, nproc_per_node=16, backend="nccl", tp=16, dcp=16)
+GLOO = NCCL.model_copy(update={"backend": "gloo"})
+LOCKED = Image(reference="img", digest="sha256:" + "a" * 64)
+GRAPHS = Capture(lazy_events=0, by_detector={}, per_rank={}, windows=2, paths={"cuda-graph": 2})
+MIXED = Capture(
+    lazy_events=0,
+    by_detector={},
+    per_rank={},
+    windows=2,
+    paths={"cuda-graph": 1, "cpu-simulated": 1},
+)
+
+
+@pytest.mark.parametrize(
+    "verdict, geometry, image, capture, env, status",
+    [
+        ("pass", NCCL, LOCKED, GRAPHS, GPU, "qualified"),
+        ("fail", NCCL, LOCKED, GRAPHS, GPU, "not-qualified"),
+        ("pass", GLOO, LOCKED, GRAPHS, GPU, "source-qualified"),
+        ("pass", NCCL, None, GRAPHS, GPU, "source-qualified"),
+        ("pass", NCCL, Image(reference="img"), GRAPHS, GPU, "source-qualified"),
+        ("pass", NCCL, LOCKED, MIXED, GPU, "source-qualified"),
+        ("pass", NCCL, LOCKED, GRAPHS, CPU, "source-qualified"),
+        ("pass", GLOO, None, MIXED, CPU, "source-qualified"),
+    ],
+)
+def test_status_words(verdict, geometry, image, capture, env, status) -> None:
+    assert rules.status_of(verdict, geometry, image, capture, env) == status
+
+
+def reasons(**changes: object) -> list[str]:
+    facts: dict[str, object] = dict(
+        suites={"capture": Tally(passed=3)},
+        capture=GRAPHS,
+        negative_control=NegativeControl(expected=1, detected=1, lazy_events=1),
+        signatures=[],
+        ranks=Ranks(expected=16, reported=16, complete=16),
+        run=Run(),
+    )
+    facts.update(changes)
+    return rules.failure_reasons(**facts)  # type: ignore[arg-type]
+
+
+def test_a_clean_run_has_no_failure_reasons() -> None:
+    assert reasons() == [] and rules.verdict_of([]) == "pass"
+
+
+@pytest.mark.parametrize(
+    "changes, reason",
+    [
+        ({"run": Run(exit_code=1)}, "torchrun exited with code 1"),
+        ({"run": Run(timed_out=True)}, "timed out"),
+        ({"ranks": Ranks(expected=16, reported=15, complete=15, killed=[3])}, "ranks [3]"),
+        ({"suites": {"capture": Tally(passed=1, failed=1)}}, "1 failed and 0 erroring"),
+        ({"suites": {"capture": Tally(passed=1, errors=2)}}, "0 failed and 2 erroring"),
+        ({"suites": {"capture": Tally(skipped=4)}}, "no test passed"),
+        ({"suites": {}}, "no test passed"),
+        (
+            {
+                "negative_control": NegativeControl(
+                    expected=2, detected=1, lazy_events=1, missed=["r"]
+                )
+            },
+            "1 of 2 negative-control windows went undetected",
+        ),
+    ],
+)
+def test_each_failure_is_a_reason(changes: dict[str, object], reason: str) -> None:
+    found = reasons(**changes)
+    assert any(reason in r for r in found), found
+    assert rules.verdict_of(found) == "fail"
+
+
+def test_required_limitations_follow_the_facts() -> None:
+    def required(**changes: object) -> set[str]:
+        facts: dict[str, object] = dict(
+            geometry=NCCL.model_copy(update={"nnodes": 2, "nproc_per_node": 8}),
+            image=LOCKED,
+            capture=GRAPHS,
+            negative_control=NegativeControl(expected=1, detected=1, lazy_events=1),
+            transports=["b12x"],
+            ranks=Ranks(expected=16, reported=16, complete=16),
+            sources={},
+        )
+        facts.update(changes)
+        return set(rules.required_limitations(**facts))  # type: ignore[arg-type]
+
+    assert required() == {"sources"}  # no git identity for the harness in this fake
+    assert "gpu-capture" in required(capture=MIXED)
+    assert "nccl" in required(geometry=GLOO.model_copy(update={"nnodes": 2, "nproc_per_node": 8}))
+    assert "b12x-transport" in required(transports=["torch-dist"])
+    assert "image" in required(image=None)
+    assert "image" in required(image=Image(reference="img"))
+    assert "multi-node" in required(geometry=NCCL)
+    assert "negative-control" in required(
+        negative_control=NegativeControl(expected=0, detected=0, lazy_events=0)
+    )
+    missing = rules.missing_limitations(["nccl: x", "image: y"], {"nccl": "", "b12x-transport": ""})
+    assert missing == ["b12x-transport"]
+
+
+def test_root_cause_is_the_earliest_primary_failure(tmp_path: Path) -> None:
+    # rank 3 fails the combine test (2nd) on its own; rank 1 fails the capture test (3rd) later;
+    # peers of rank 3 report follow-on failures that must not be blamed on themselves.
+    for rank in range(4):
+        tests = [passed(n) for n in NODES]
+        if rank == 3:
+            tests[1] = failed(COMBINE_TEST, "primary")
+        else:
+            tests[1] = failed(COMBINE_TEST, "peer 3 failed", primary=False, by=[3])
+        if rank == 1:
+            tests[2] = failed(CAPTURE_TEST, "later")
+        write_rank(tmp_path, rank, 4, tests=tests)
+    cause = find_root_cause(load_records(tmp_path, 4), timed_out=False, torchrun_error=None)
+    assert cause is not None
+    assert (cause.rank, cause.test, cause.message) == (3, COMBINE_TEST, "primary")
+
+
+def test_killed_rank_before_a_later_failure_is_the_root_cause(tmp_path: Path) -> None:
+    for rank in range(2):
+        tests = [passed(n) for n in NODES]
+        tests[3] = failed(NODES[3], "late failure")
+        write_rank(tmp_path, rank, 3, tests=tests)
+    write_rank(tmp_path, 2, 3, tests=[passed(SIGNATURE_TEST)], complete=False, junit=False)
+    error = {"rank": 2, "message": {"message": "RuntimeError: boom", "extraInfo": {}}}
+    cause = find_root_cause(load_records(tmp_path, 3), timed_out=False, torchrun_error=error)
+    assert cause is not None and (cause.rank, cause.test, cause.kind) == (2, COMBINE_TEST, "killed")
+    assert "RuntimeError: boom" in cause.message
+
+
+def test_root_cause_falls_back_to_torchrun_then_junit_then_reasons(tmp_path: Path) -> None:
+    for rank in range(2):
+        write_rank(tmp_path, rank, 2)
+    ranks = load_records(tmp_path, 2)
+    error = {"rank": 1, "message": "exit code 3"}
+    cause = find_root_cause(ranks, timed_out=False, torchrun_error=error)
+    assert cause is not None and (cause.rank, cause.kind) == (1, "torchrun")
+    cause = find_root_cause(
+        ranks, timed_out=False, torchrun_error=None, junit_failures=[(0, "m::t", "bad")]
+    )
+    assert cause is not None and (cause.rank, cause.test, cause.kind) == (0, "m::t", "junit")
+    cause = find_root_cause(ranks, timed_out=False, torchrun_error=None, reasons=["exit 1"])
+    assert cause is not None and (cause.rank, cause.message, cause.kind) == (None, "exit 1", "run")
+    assert find_root_cause(ranks, timed_out=False, torchrun_error=None) is None

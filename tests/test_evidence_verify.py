@@ -1,0 +1,284 @@
+"""`dcpqual verify`: tamper detection over every file of a bundle, truncation, consistency
+checks, and exit codes through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_evidence_factory import failing_run, passing_run
+
+from harness.cli import main
+from harness.evidence.files import render_sums, sha256_bytes, sha256_file
+from harness.evidence.verify import verify_bundle
+from harness.evidence.writer import finalize_bundle
+
+REPO = Path(__file__).resolve().parent.parent
+# Every file a 2-rank passing bundle holds; a test below keeps this list honest.
+BUNDLE_FILES = (
+    "SHA256SUMS",
+    "junit/merged.xml",
+    "junit/rank-00.xml",
+    "junit/rank-01.xml",
+    "receipt.json",
+    "records/rank-00.json",
+    "records/rank-01.json",
+    "summary.md",
+    "torchrun/run-1/attempt_0/0/stdout.log",
+    "torchrun/run-1/attempt_0/1/stdout.log",
+)
+WHERE = ("first", "middle", "last")
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("pristine") / "bundle"
+    finalize_bundle(out, passing_run(out, world=2))
+    return out
+
+
+@pytest.fixture
+def bundle(pristine: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "bundle"
+    shutil.copytree(pristine, copy)
+    return copy
+
+
+def flip(path: Path, where: str) -> None:
+    data = bytearray(path.read_bytes())
+    index = {"first": 0, "middle": len(data) // 2, "last": len(data) - 1}[where]
+    data[index] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def reseal(bundle: Path) -> None:
+    """Re-hash after an edit of receipt.json, as a forger would: only consistency can catch it."""
+    receipt = (bundle / "receipt.json").read_bytes()
+    summary = bundle / "summary.md"
+    lines = summary.read_text().splitlines(keepends=True)
+    summary.write_text(
+        "".join(
+            f"receipt.json sha256: `{sha256_bytes(receipt)}`\n"
+            if line.startswith("receipt.json sha256:")
+            else line
+            for line in lines
+        )
+    )
+    files = sorted(
+        p.relative_to(bundle).as_posix()
+        for p in bundle.rglob("*")
+        if p.is_file() and p.name != "SHA256SUMS"
+    )
+    sums = {rel: sha256_file(bundle / rel) for rel in files}
+    (bundle / "SHA256SUMS").write_text(render_sums(sums))
+
+
+def edit_receipt(bundle: Path, change) -> None:
+    data = json.loads((bundle / "receipt.json").read_text())
+    change(data)
+    (bundle / "receipt.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    reseal(bundle)
+
+
+def test_pristine_bundle_is_valid(pristine: Path) -> None:
+    result = verify_bundle(pristine)
+    assert result.ok, result.problems
+
+
+def test_bundle_files_list_is_complete(pristine: Path) -> None:
+    found = sorted(p.relative_to(pristine).as_posix() for p in pristine.rglob("*") if p.is_file())
+    assert tuple(found) == BUNDLE_FILES
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("rel", BUNDLE_FILES)
+def test_editing_any_byte_of_any_file_is_caught_and_named(bundle: Path, rel: str, where: str):
+    flip(bundle / rel, where)
+    result = verify_bundle(bundle)
+    assert not result.ok
+    assert any(rel in problem for problem in result.problems), result.problems
+
+
+@pytest.mark.parametrize(
+    "rel", [r for r in BUNDLE_FILES if r not in ("SHA256SUMS", "summary.md", "receipt.json")]
+)
+def test_an_edited_file_is_blamed_not_sha256sums(bundle: Path, rel: str) -> None:
+    flip(bundle / rel, "middle")
+    problems = verify_bundle(bundle).problems
+    assert any(p.startswith(f"{rel}: modified") for p in problems), problems
+    assert not any(p.startswith("SHA256SUMS") for p in problems), problems
+
+
+@pytest.mark.parametrize("rel", ["records/rank-01.json", "junit/merged.xml", "receipt.json"])
+def test_an_edited_sha256sums_line_is_blamed_on_sha256sums(bundle: Path, rel: str) -> None:
+    sums = bundle / "SHA256SUMS"
+    lines = sums.read_text().splitlines(keepends=True)
+    index = next(i for i, line in enumerate(lines) if line.endswith(f"  {rel}\n"))
+    digit = lines[index][10]
+    lines[index] = lines[index][:10] + ("0" if digit != "0" else "1") + lines[index][11:]
+    sums.write_text("".join(lines))
+    problems = verify_bundle(bundle).problems
+    assert problems and all(p.startswith("SHA256SUMS: ") for p in problems), problems
+    assert rel in problems[0]
+
+
+def test_missing_extra_and_truncated_files_are_named(bundle: Path) -> None:
+    (bundle / "records" / "rank-01.json").unlink()
+    (bundle / "torchrun" / "late.log").write_text("written after the bundle\n")
+    problems = verify_bundle(bundle).problems
+    assert "records/rank-01.json: missing" in problems
+    assert any(p.startswith("torchrun/late.log: not listed in SHA256SUMS") for p in problems)
+
+
+def test_truncated_bundle_names_every_required_file(bundle: Path) -> None:
+    for name in ("receipt.json", "summary.md", "SHA256SUMS"):
+        (bundle / name).unlink()
+    problems = verify_bundle(bundle).problems
+    for name in ("receipt.json", "summary.md", "SHA256SUMS"):
+        assert f"{name}: missing" in problems
+
+
+def test_truncated_file_is_named(bundle: Path) -> None:
+    path = bundle / "junit" / "merged.xml"
+    path.write_bytes(path.read_bytes()[:100])
+    problems = verify_bundle(bundle).problems
+    assert any(p.startswith("junit/merged.xml: modified") for p in problems)
+    assert any(p.startswith("junit/merged.xml: not valid JUnit XML") for p in problems)
+
+
+def test_link_in_bundle_is_a_problem(bundle: Path) -> None:
+    (bundle / "torchrun" / "link.log").symlink_to(bundle / "summary.md")
+    problems = verify_bundle(bundle).problems
+    assert "torchrun/link.log: is a symlink, not a file" in problems
+
+
+def test_schema_violation_is_reported_per_field(bundle: Path) -> None:
+    def change(data: dict) -> None:
+        data["verdict"] = "maybe"
+        data["geometry"]["dcp"] = 3
+        data["surprise"] = 1
+
+    edit_receipt(bundle, change)
+    problems = verify_bundle(bundle).problems
+    assert any(p.startswith("receipt.json: schema: verdict:") for p in problems), problems
+    assert any(p.startswith("receipt.json: schema: geometry:") for p in problems), problems
+    assert any(p.startswith("receipt.json: schema: surprise:") for p in problems), problems
+
+
+def test_wrong_schema_version_is_reported(bundle: Path) -> None:
+    edit_receipt(bundle, lambda d: d.update(schema="dcpqual-receipt/v0"))
+    assert verify_bundle(bundle).problems == (
+        "receipt.json: schema is 'dcpqual-receipt/v0', expected 'dcpqual-receipt/v1'",
+    )
+
+
+def test_tallies_must_equal_merged_junit(bundle: Path) -> None:
+    edit_receipt(bundle, lambda d: d["suites"]["capture"].update(passed=5))
+    problems = verify_bundle(bundle).problems
+    assert len(problems) == 1 and problems[0].startswith("receipt.json: suites.capture is")
+
+
+def test_verdict_must_follow_from_failures(tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    finalize_bundle(out, failing_run(out, world=2, bad_rank=1))
+    assert verify_bundle(out).ok
+
+    def whitewash(data: dict) -> None:
+        data.update(verdict="pass", status="source-qualified", root_cause=None)
+
+    edit_receipt(out, whitewash)
+    problems = verify_bundle(out).problems
+    assert any(
+        p.startswith("receipt.json: verdict is pass but its facts say fail") for p in problems
+    )
+
+
+def test_lazy_events_make_a_pass_inconsistent(bundle: Path) -> None:
+    def add_event(data: dict) -> None:
+        event = {"rank": 0, "test": "t", "detector": "jit", "what": "compiled", "signature": None}
+        data["capture"].update(lazy_events=1, by_detector={"jit": 1}, events=[event])
+        data["capture"]["per_rank"]["0"] = 1
+
+    edit_receipt(bundle, add_event)
+    problems = verify_bundle(bundle).problems
+    assert any("1 lazy events during capture" in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda d: d.update(status="qualified"), "status qualified is not allowed"),
+        (lambda d: d.update(status="not-qualified"), "status not-qualified is not allowed"),
+        (
+            lambda d: d.update(root_cause={"rank": 0, "test": None, "message": "x"}),
+            "root_cause is present for a pass verdict",
+        ),
+        (
+            lambda d: d.update(limitations=[x for x in d["limitations"] if "NCCL" not in x]),
+            "limitations do not name 'nccl'",
+        ),
+        (
+            lambda d: d.update(transports=["b12x"], limitations=d["limitations"][:2]),
+            "limitations do not name 'image'",
+        ),
+        (lambda d: d["ranks"].update(expected=4), "schema: ranks:"),
+    ],
+)
+def test_consistency_problems_are_reported(bundle: Path, change, expected: str) -> None:
+    edit_receipt(bundle, change)
+    problems = verify_bundle(bundle).problems
+    assert any(expected in p for p in problems), problems
+
+
+def test_qualified_needs_nccl_gpus_and_an_image_digest(bundle: Path) -> None:
+    def claim(data: dict) -> None:
+        data["status"] = "qualified"
+        data["image"] = {"reference": "x", "digest": "sha256:" + "0" * 64}
+
+    edit_receipt(bundle, claim)
+    problems = verify_bundle(bundle).problems
+    assert any(p.startswith("receipt.json: status qualified is not allowed") for p in problems)
+
+
+def test_cli_exit_codes(bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify", str(bundle)]) == 0
+    assert "valid" in capsys.readouterr().out
+
+    flip(bundle / "records" / "rank-00.json", "middle")
+    flip(bundle / "summary.md", "first")
+    assert main(["verify", str(bundle)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("records/rank-00.json: modified") for line in lines)
+    assert any(line.startswith("summary.md: ") for line in lines)
+
+    assert main(["verify", str(tmp_path / "nowhere")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "plain").write_text("x")
+    assert main(["verify", str(tmp_path / "plain")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def test_cli_as_a_program(bundle: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def verify(target: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "harness", "verify", str(target)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+
+    assert verify(bundle).returncode == 0
+    (bundle / "summary.md").unlink()
+    done = verify(bundle)
+    assert done.returncode == 1 and "summary.md: missing" in done.stdout.splitlines()
+    assert verify(tmp_path / "missing").returncode == 2
