@@ -169,8 +169,9 @@ class TorchDCPTransport:
         return MappingProxyType({k: v.nbytes for k, v in self._buffers.items()})
 
     def close(self) -> None:
-        """Drop the staging buffers; any later call raises."""
+        """Drop the staging buffers and the group reference; any later call raises."""
         self._buffers.clear()
+        self.group = None
         self.closed = True
 
     def _live(self) -> None:
