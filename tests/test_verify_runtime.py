@@ -1,0 +1,117 @@
+"""The in-image identity check: honest mismatches here (CPU torch, no CUDA), a pass on a match."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_image_lock import TEMPLATE, pinned_lock_data, write_lock
+
+from harness.image import verify_runtime
+from harness.image.lock import load_pinned_lock
+from harness.image.verify_runtime import Observed, compare, expected_from, verify
+
+
+def fake_image_root(root: Path, lock_file: Path) -> Path:
+    """Provenance files and build.json exactly as the Dockerfile writes them."""
+    data = json.loads(lock_file.read_text())
+    (root / "sources").mkdir(parents=True)
+    for name, comp in data["components"].items():
+        src = comp["source"]
+        record = {"name": name, "repository": src["repository"], "commit": src["commit"],
+                  "tree": src["tree"]}  # fmt: skip
+        (root / "sources" / f"{name}.json").write_text(json.dumps(record))
+    sha = hashlib.sha256(lock_file.read_bytes()).hexdigest()
+    build = {"lock_sha256": sha, "harness": {"commit": "c" * 40, "tree": "d" * 40, "dirty": False}}
+    (root / "build.json").write_text(json.dumps(build))
+    return root
+
+
+def test_here_it_reports_cpu_torch_and_no_cuda(tmp_path: Path) -> None:
+    report = verify(TEMPLATE, image_root=tmp_path / "no-image")
+    assert report.ok is False
+    text = "\n".join(report.mismatches)
+    assert f"torch: expected 2.13.0, found {torch.__version__}" in text
+    assert "cuda: expected 13.3, found none" in text
+    assert "cuda arch: expected only sm_120a, found none" in text
+    assert "source pytorch: no provenance in the image" in text
+    assert "lock: base_image.digest" in text  # the template lock itself is not pinned
+    assert report.observed.cuda is None and report.observed.cuda_available is False
+
+
+def test_pinned_lock_with_matching_provenance_still_fails_on_cpu_torch(tmp_path: Path) -> None:
+    lock_file = write_lock(tmp_path / "source.lock.json", pinned_lock_data())
+    root = fake_image_root(tmp_path / "image", lock_file)
+    report = verify(lock_file, image_root=root)
+    assert report.ok is False
+    assert not [m for m in report.mismatches if m.startswith(("source ", "lock"))]
+    assert any(m.startswith("torch: ") for m in report.mismatches)
+    assert any(m.startswith("nccl: expected 2.28.9, found none") for m in report.mismatches)
+    assert report.image_lock_sha256 == report.lock_sha256
+
+
+def _matching(lock_file: Path) -> tuple[dict, Observed]:
+    expected = expected_from(load_pinned_lock(lock_file))
+    observed = Observed(
+        torch="2.13.0",
+        torch_commit=expected["torch_commit"],
+        cuda="13.3",
+        nccl="2.28.9",
+        arch=("sm_120a",),
+        cuda_available=True,
+        devices=("NVIDIA RTX PRO 6000 Blackwell Server Edition",) * 16,
+        packages={"vllm": "0.32.1.dev0", "b12x": "1.5.1"},
+        sources={k: dict(v) for k, v in expected["sources"].items()},
+        image_lock_sha256="a" * 64,
+        harness=None,
+    )
+    return expected, observed
+
+
+def test_compare_passes_only_when_everything_matches(tmp_path: Path) -> None:
+    expected, good = _matching(write_lock(tmp_path / "source.lock.json", pinned_lock_data()))
+    assert compare(expected, good, "a" * 64) == []
+    wrong_tree = {**good.sources, "b12x": {**good.sources["b12x"], "tree": "0" * 40}}
+    cases = {
+        "torch: expected 2.13.0, found 2.13.0+cu133": {"torch": "2.13.0+cu133"},
+        "torch commit: expected": {"torch_commit": "0" * 40},
+        "cuda: expected 13.3, found 13.0": {"cuda": "13.0"},
+        "nccl: expected 2.28.9, found 2.27.3": {"nccl": "2.27.3"},
+        "cuda arch: expected only sm_120a, found sm_90 sm_120a": {"arch": ("sm_90", "sm_120a")},
+        "source b12x: tree expected": {"sources": wrong_tree},
+        "package vllm: not installed": {"packages": {"vllm": None, "b12x": "1.5.1"}},
+        "lock sha256: expected": {"image_lock_sha256": "b" * 64},
+    }
+    for needle, change in cases.items():
+        got = compare(expected, dataclasses.replace(good, **change), "a" * 64)
+        assert len(got) == 1 and got[0].startswith(needle), (needle, got)
+
+
+def test_cli_json_report_and_exit_codes(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.image.verify_runtime", "--json", "--lock", str(TEMPLATE),
+         "--image-root", str(tmp_path)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert report["schema"] == "dcpqual-image-runtime/v1" and report["ok"] is False
+    assert report["observed"]["torch"] == torch.__version__
+    assert report["mismatches"] and done.stderr.count("mismatch: ") == len(report["mismatches"])
+    missing = verify_runtime.main(["--lock", str(tmp_path / "absent.json")])
+    assert missing == 2
+
+
+def test_default_lock_is_the_image_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DCPQUAL_LOCK", raising=False)
+    assert verify_runtime.default_lock_path() == Path(
+        "images/kimi-k3-cu133-torch213/source.lock.json"
+    )
+    monkeypatch.setenv("DCPQUAL_LOCK", "/x/source.lock.json")
+    assert verify_runtime.default_lock_path() == Path("/x/source.lock.json")
