@@ -1,0 +1,253 @@
+"""The 16-GPU run: the docker run spec, GPU preflight, and failing closed without hardware."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_image_lock import pinned_lock_data, write_lock
+
+from harness.cli import main
+from harness.errors import UsageError
+from harness.image import gpu_run
+from harness.image.gpu_run import GpuInfo, GpuUnavailable
+from harness.image.identity import (
+    IDENTITY_ENV,
+    ImageIdentity,
+    image_for_run,
+    qualification_blockers,
+)
+from harness.image.lock import lock_sha256
+
+IMAGE_ID = "sha256:" + "e" * 64
+RTX = GpuInfo(0, "NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "590.10")
+
+
+def make_identity(lock_file: Path, runtime_ok: bool = True) -> ImageIdentity:
+    return ImageIdentity(
+        reference="dcpqual/kimi-k3-cu133-torch213:lock-0123456789ab",
+        image_id=IMAGE_ID,
+        digest=IMAGE_ID,
+        repo_digests=(),
+        image="kimi-k3-cu133-torch213",
+        lock_path=str(lock_file),
+        lock_sha256=lock_sha256(lock_file),
+        base_image="nvidia/cuda:13.3.0-cudnn-devel-ubuntu24.04@sha256:" + "1" * 64,
+        versions={"cuda": "13.3", "torch": "2.13.0", "nccl": "2.28.9"},
+        torch_cuda_arch_list="12.0a",
+        sources={
+            "pytorch": {
+                "repository": "r",
+                "ref": "refs/tags/v2.13.0",
+                "commit": "a" * 40,
+                "tree": "b" * 40,
+            }
+        },
+        harness={"commit": "c" * 40, "tree": "d" * 40, "dirty": False},
+        labels={"io.dcpqual.lock.sha256": lock_sha256(lock_file)},
+        built_at="2026-01-01T00:00:00Z",
+        runtime={
+            "ok": runtime_ok,
+            "lock_sha256": lock_sha256(lock_file),
+            "mismatches": [] if runtime_ok else ["cuda: expected 13.3, found none"],
+        },
+    )
+
+
+@pytest.fixture
+def lock_file(tmp_path: Path) -> Path:
+    return write_lock(tmp_path / "source.lock.json", pinned_lock_data())
+
+
+@pytest.fixture
+def identity(lock_file: Path) -> ImageIdentity:
+    return make_identity(lock_file)
+
+
+# --- the container spec ----------------------------------------------------------------------
+
+
+def test_spec_follows_the_rules(identity: ImageIdentity, tmp_path: Path) -> None:
+    spec = gpu_run.gpu16_container_spec(identity, tmp_path / "evidence", "RUN", ["-k", "warm"])
+    assert spec.image == IMAGE_ID, "started by digest, never by tag"
+    assert spec.privileged is False
+    assert spec.ipc_mode == "host"
+    assert spec.memlock == -1
+    assert spec.gpus == "all"
+    assert spec.mounts == (gpu_run.Mount(str((tmp_path / "evidence").resolve()), "/evidence"),)
+    assert spec.environment["NCCL_P2P_LEVEL"] == "SYS"
+    assert spec.environment["NCCL_IB_DISABLE"] == "1"
+    assert json.loads(spec.environment[IDENTITY_ENV]) == identity.to_json()
+    assert spec.command == (
+        "dcpqual", "run", "--nproc-per-node", "16", "--backend", "nccl",
+        "--out", "/evidence/RUN", "--", "-k", "warm",
+    )  # fmt: skip
+
+
+def test_spec_as_sdk_kwargs(identity: ImageIdentity, tmp_path: Path) -> None:
+    kw = gpu_run.gpu16_container_spec(identity, tmp_path, "RUN", user="1000:1000").to_sdk_kwargs()
+    assert kw["privileged"] is False and kw["ipc_mode"] == "host" and kw["detach"] is True
+    (request,) = kw["device_requests"]
+    assert request["Count"] == -1 and request["Capabilities"] == [["gpu"]]
+    limits = {u["Name"]: (u["Soft"], u["Hard"]) for u in kw["ulimits"]}
+    assert limits["memlock"] == (-1, -1)
+    assert kw["volumes"] == {str(tmp_path.resolve()): {"bind": "/evidence", "mode": "rw"}}
+    assert kw["user"] == "1000:1000" and kw["working_dir"] == "/opt/dcpqual/src"
+    assert "cap_add" not in kw and "devices" not in kw
+
+
+def test_spec_as_docker_run_line(identity: ImageIdentity, tmp_path: Path) -> None:
+    argv = gpu_run.gpu16_container_spec(identity, tmp_path, "RUN").to_cli_argv()
+    assert "--privileged" not in argv
+    assert argv[:4] == ["docker", "run", "--rm", "--gpus"] and argv[4] == "all"
+    assert "--ipc=host" in argv
+    assert argv[argv.index("--ulimit") + 1] == "memlock=-1:-1"
+    assert f"{tmp_path.resolve()}:/evidence:rw" in argv
+    assert "NCCL_P2P_LEVEL=SYS" in argv and "NCCL_IB_DISABLE=1" in argv
+    assert f"{IDENTITY_ENV}=..." in argv  # the identity JSON is passed, not printed
+    assert argv[argv.index(IMAGE_ID) + 1 :][:2] == ["dcpqual", "run"]
+
+
+def test_evidence_name_is_dated_and_names_the_digest(identity: ImageIdentity) -> None:
+    now = dt.datetime(2026, 5, 1, 12, 30, 5, tzinfo=dt.UTC)
+    assert gpu_run.evidence_name(now, identity) == "20260501T123005Z-gpu16-eeeeeeeeeeee"
+    assert gpu_run.evidence_name(now, None) == "20260501T123005Z-gpu16-host"
+
+
+# --- GPU preflight ---------------------------------------------------------------------------
+
+
+def test_parse_nvidia_smi() -> None:
+    text = "0, NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887, 590.10\n" * 2
+    gpus = gpu_run.parse_nvidia_smi(text)
+    assert len(gpus) == 2 and gpus[0].memory_mib == 97887 and gpus[0].driver == "590.10"
+    with pytest.raises(GpuUnavailable, match="cannot read nvidia-smi"):
+        gpu_run.parse_nvidia_smi("garbage\n")
+
+
+def test_require_gpus_names_what_it_found() -> None:
+    gpu_run.require_gpus(16, [RTX] * 16)
+    with pytest.raises(GpuUnavailable, match=r"found 1 NVIDIA GPU\(s\) \(NVIDIA H200\); .*16"):
+        gpu_run.require_gpus(16, [GpuInfo(0, "NVIDIA H200", 143771, "570")])
+    with pytest.raises(GpuUnavailable, match="found 0 NVIDIA GPU"):
+        gpu_run.require_gpus(16, [])
+
+
+def test_query_gpus_without_a_driver() -> None:
+    def no_binary(*_: Any, **__: Any) -> Any:
+        raise FileNotFoundError("nvidia-smi")
+
+    with pytest.raises(GpuUnavailable, match="nvidia-smi not found"):
+        gpu_run.query_gpus(run=no_binary)
+
+    def failing(*_: Any, **__: Any) -> Any:
+        return subprocess.CompletedProcess([], 9, "", "NVIDIA-SMI has failed\nno driver\n")
+
+    with pytest.raises(GpuUnavailable, match="nvidia-smi failed: NVIDIA-SMI has failed no driver"):
+        gpu_run.query_gpus(run=failing)
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has a driver")
+def test_gpu16_host_fails_closed_here(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["gpu16", "--no-image", "--evidence-root", str(tmp_path / "ev")])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["dcpqual gpu16: error: no NVIDIA driver here: nvidia-smi not found"]
+    assert not (tmp_path / "ev").exists()
+
+
+def test_gpu16_host_refuses_fewer_than_16(tmp_path: Path) -> None:
+    with pytest.raises(GpuUnavailable, match="needs 16"):
+        gpu_run.gpu16_on_host(tmp_path / "ev", [], print, gpus=lambda: [RTX] * 8)
+    assert not (tmp_path / "ev").exists()
+
+
+# --- image preflight: everything before an engine ---------------------------------------------
+
+
+def _write_identity(path: Path, identity: ImageIdentity) -> Path:
+    path.write_text(json.dumps(identity.to_json()))
+    return path
+
+
+def test_gpu16_without_an_identity_says_build_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["gpu16", "--identity", str(tmp_path / "none.json")])
+    assert code == 2
+    assert "build the image first (nox -s image)" in capsys.readouterr().err
+
+
+def test_gpu16_refuses_an_image_of_another_lock(
+    tmp_path: Path, identity: ImageIdentity, lock_file: Path
+) -> None:
+    ident = _write_identity(tmp_path / "identity.json", identity)
+    lock_file.write_text(lock_file.read_text() + " ")
+    with pytest.raises(UsageError, match="rebuild with nox -s image"):
+        gpu_run.gpu16_in_image(ident, lock_file, tmp_path / "ev", [], print, gpus=lambda: [RTX])
+
+
+def test_gpu16_refuses_an_image_that_failed_its_check(tmp_path: Path, lock_file: Path) -> None:
+    ident = _write_identity(tmp_path / "identity.json", make_identity(lock_file, False))
+    with pytest.raises(UsageError, match="failed its in-image identity check: cuda"):
+        gpu_run.gpu16_in_image(ident, lock_file, tmp_path / "ev", [], print, gpus=lambda: [RTX])
+
+
+def test_gpu16_in_image_needs_16_gpus_then_an_engine(
+    tmp_path: Path, identity: ImageIdentity, lock_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ident = _write_identity(tmp_path / "identity.json", identity)
+    with pytest.raises(GpuUnavailable, match="found 1 NVIDIA GPU"):
+        gpu_run.gpu16_in_image(ident, lock_file, tmp_path / "ev", [], print, gpus=lambda: [RTX])
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    with pytest.raises(UsageError, match="no Docker engine reachable"):
+        gpu_run.gpu16_in_image(
+            ident, lock_file, tmp_path / "ev", [], print, gpus=lambda: [RTX] * 16
+        )
+    assert not (tmp_path / "ev").exists()
+
+
+# --- identity: round trip, what a receipt may claim -------------------------------------------
+
+
+def test_identity_round_trip_and_bad_schema(identity: ImageIdentity) -> None:
+    assert ImageIdentity.from_json(json.loads(json.dumps(identity.to_json()))) == identity
+    with pytest.raises(UsageError, match="not an image identity"):
+        ImageIdentity.from_json({"schema": "other"})
+    broken = identity.to_json()
+    del broken["digest"]
+    with pytest.raises(UsageError, match="digest"):
+        ImageIdentity.from_json(broken)
+
+
+def test_qualification_blockers(identity: ImageIdentity, lock_file: Path) -> None:
+    assert qualification_blockers(identity.to_json()) == []
+    assert qualification_blockers(None) == ["no image: the run did not use a source-locked image"]
+    failed = make_identity(lock_file, runtime_ok=False).to_json()
+    assert qualification_blockers(failed) == [
+        "the in-image identity check failed: cuda: expected 13.3, found none"
+    ]
+    dirty = {**identity.to_json(), "harness": {"dirty": True}, "runtime": None}
+    assert qualification_blockers(dirty) == [
+        "image was built from a dirty harness tree",
+        "the in-image identity check did not run",
+    ]
+
+
+def test_image_for_run_is_none_outside_an_image_and_honest_inside(
+    identity: ImageIdentity, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(IDENTITY_ENV, raising=False)
+    assert image_for_run() is None
+    monkeypatch.setenv(IDENTITY_ENV, json.dumps(identity.to_json()))
+    monkeypatch.setenv("DCPQUAL_LOCK", identity.lock_path)
+    monkeypatch.setenv("DCPQUAL_IMAGE_ROOT", str(tmp_path))
+    image = image_for_run()
+    assert image is not None and image["digest"] == IMAGE_ID
+    assert image["runtime"]["ok"] is False  # CPU torch here: the fresh check says so
+    assert qualification_blockers(image)
