@@ -51,3 +51,31 @@ def lint(session: nox.Session) -> None:
     session.run("python", "-m", "compileall", "-q", "harness", "suites", "tests", "noxfile.py")
     session.run("git", "diff", "--check", external=True)
     session.run("git", "diff", "--cached", "--check", external=True)
+
+
+# --- GPU qualification (issue 7): hardware sessions, never in nox.options.sessions ------------
+# The logic lives in harness/image/ (`dcpqual image build`, `dcpqual gpu16`); these stay thin.
+# Each fails closed with one line where there is no Docker engine or fewer than 16 GPUs.
+
+
+@nox.session(default=False)
+def image(session: nox.Session) -> None:
+    """Build the source-locked CUDA 13.3 / PyTorch 2.13 image (needs a pinned lock, an engine)."""
+    install_harness(session)
+    # No posargs: `nox -s gpu16 -- ARGS` hands its ARGS to this required session as well.
+    session.run("dcpqual", "image", "build")
+
+
+@nox.session(default=False, requires=["image"])
+def gpu16(session: nox.Session) -> None:
+    """Run the suites on 16 GPUs with NCCL inside the image; posargs go to pytest."""
+    install_harness(session)
+    session.run("dcpqual", "gpu16", *(["--", *session.posargs] if session.posargs else []))
+
+
+@nox.session(default=False)
+def gpu16_host(session: nox.Session) -> None:
+    """The 16-GPU NCCL run on the host directly, no image (its receipt is never qualified)."""
+    install_harness(session)
+    posargs = ["--", *session.posargs] if session.posargs else []
+    session.run("dcpqual", "gpu16", "--no-image", *posargs)
