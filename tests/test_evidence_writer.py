@@ -178,6 +178,7 @@ def test_timed_out_run_fails_with_the_hang_as_root_cause(tmp_path: Path) -> None
     cause = receipt.root_cause
     assert cause is not None and (cause.rank, cause.test) == (0, CAPTURE_TEST)
     assert "timeout" in cause.message
+    assert "(stack dump: stacks/rank-00.txt)" in cause.message
     assert "stacks/rank-02.txt" in parse_sums((out / "SHA256SUMS").read_text()).entries
     assert verify_bundle(out).ok
 
@@ -356,6 +357,25 @@ def test_finalize_interrupted_leaves_no_partial_file_and_can_be_rerun(
     monkeypatch.setattr(os, "replace", real_replace)
     finalize_bundle(out, ctx)
     assert verify_bundle(out).ok
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"dcp": 3}, "dcp=3 does not divide tp=4"),
+        ({"backend": "mpi"}, "backend"),
+        ({"image": {"reference": "x", "digest": "latest"}}, "digest"),
+    ],
+)
+def test_finalize_refuses_a_context_it_cannot_describe(
+    tmp_path: Path, changes: dict[str, object], message: str
+) -> None:
+    out = tmp_path / "bundle"
+    passing_run(out)
+    before = snapshot(out)
+    with pytest.raises(UsageError, match=message):
+        finalize_bundle(out, context(4, **changes))
+    assert snapshot(out) == before
 
 
 def test_finalize_refuses_links(tmp_path: Path) -> None:

@@ -125,6 +125,8 @@ def _nvml_gpus() -> tuple[list[Gpu], str | None] | None:
                 )
             )
         return gpus, driver
+    except Exception:  # a GPU that NVML cannot read must not cost us the bundle
+        return None
     finally:
         pynvml.nvmlShutdown()
 

@@ -43,7 +43,10 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 def git_source(root: Path = HARNESS_ROOT, version: str | None = None) -> Source:
-    """Commit, tree and dirtiness of the git checkout at `root` (all None outside git)."""
+    """Commit, tree and dirtiness of the git checkout whose top is `root` (else all None)."""
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top is None or Path(top.strip()).resolve() != root.resolve():
+        return Source(version=version)  # e.g. installed into a venv that sits inside a repo
     commit = _git(root, "rev-parse", "--verify", "HEAD")
     tree = _git(root, "rev-parse", "--verify", "HEAD^{tree}")
     status = _git(root, "status", "--porcelain=v1", "--untracked-files=normal")

@@ -14,6 +14,8 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from harness import __version__
 from harness.errors import UsageError
 from harness.evidence import rules
@@ -36,7 +38,7 @@ from harness.evidence.files import (
 )
 from harness.evidence.junit import merge_junit, tallies
 from harness.evidence.run_context import RunContext
-from harness.evidence.schema import SCHEMA, Geometry, Image, Ranks, Receipt, Run
+from harness.evidence.schema import SCHEMA, Geometry, Image, Ranks, Receipt, RootCause, Run
 from harness.evidence.sources import capture_sources
 from harness.evidence.summary import render_summary
 
@@ -112,17 +114,10 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     """
     out_dir = Path(out_dir)
     _check_writable_bundle(out_dir)
+    geometry, image = _validated(ctx)  # before anything is touched
     forms = secret_forms(secret_values(os.environ))
     scrubbed = _scrub_files(out_dir, forms)
 
-    geometry = Geometry(
-        world_size=ctx.world_size,
-        nnodes=ctx.nnodes,
-        nproc_per_node=ctx.nproc_per_node,
-        backend=ctx.backend,  # type: ignore[arg-type]
-        tp=ctx.tp,
-        dcp=ctx.dcp,
-    )
     rank_files = load_records(out_dir, ctx.world_size)
     merged = merge_junit(out_dir, rank_files)
     suites = tallies(merged.cases)
@@ -161,7 +156,7 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
             junit_failures=merged.failures(),
             reasons=reasons,
         )
-    image = None if ctx.image is None else Image.model_validate(ctx.image)
+        root_cause = _with_stack_dump(out_dir, root_cause)
     environment = capture_environment(hosts=(r.hostname for r in rank_files.records.values()))
     sources = capture_sources()
     used_transports = transports(rank_files)
@@ -226,6 +221,39 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     listed = [e.relpath for e in walk(out_dir) if e.relpath != SUMS_NAME]
     atomic_write_bytes(out_dir / SUMS_NAME, render_sums(hash_files(out_dir, listed)).encode())
     return receipt
+
+
+def _validated(ctx: RunContext) -> tuple[Geometry, Image | None]:
+    """The run's geometry and image as receipt values; a launcher bug becomes a usage error."""
+    try:
+        geometry = Geometry(
+            world_size=ctx.world_size,
+            nnodes=ctx.nnodes,
+            nproc_per_node=ctx.nproc_per_node,
+            backend=ctx.backend,  # type: ignore[arg-type]
+            tp=ctx.tp,
+            dcp=ctx.dcp,
+        )
+        image = None if ctx.image is None else Image.model_validate(ctx.image)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'geometry'}: {e['msg']}" for e in exc.errors()
+        )
+        raise UsageError(f"cannot write a receipt for this run: {problems}") from None
+    return geometry, image
+
+
+def _with_stack_dump(out_dir: Path, cause: RootCause | None) -> RootCause | None:
+    """Point the root cause at the faulthandler dump of its rank, when the launcher left one."""
+    if cause is None or cause.rank is None or not (out_dir / "stacks").is_dir():
+        return cause
+    dumps = sorted(
+        e.relpath for e in walk(out_dir / "stacks") if f"rank-{cause.rank:02d}" in e.relpath
+    )
+    if not dumps:
+        return cause
+    where = ", ".join(f"stacks/{d}" for d in dumps)
+    return cause.model_copy(update={"message": f"{cause.message} (stack dump: {where})"})
 
 
 def _unreadable_notes(unreadable: dict[int, str]) -> list[str]:
