@@ -175,3 +175,13 @@ def test_root_cause_falls_back_to_torchrun_then_junit_then_reasons(tmp_path: Pat
     cause = find_root_cause(ranks, timed_out=False, torchrun_error=None, reasons=["exit 1"])
     assert cause is not None and (cause.rank, cause.message, cause.kind) == (None, "exit 1", "run")
     assert find_root_cause(ranks, timed_out=False, torchrun_error=None) is None
+
+
+def test_at_the_same_test_a_primary_failure_beats_a_killed_rank(tmp_path: Path) -> None:
+    tests = [passed(n) for n in NODES]
+    tests[2] = failed(CAPTURE_TEST, "lazy transport")
+    write_rank(tmp_path, 0, 2, tests=tests)
+    write_rank(tmp_path, 1, 2, tests=tests[:2], complete=False, junit=False)  # died in it
+    cause = find_root_cause(load_records(tmp_path, 2), timed_out=False, torchrun_error=None)
+    assert cause is not None
+    assert (cause.rank, cause.test, cause.kind) == (0, CAPTURE_TEST, "test")
