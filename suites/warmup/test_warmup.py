@@ -1,0 +1,101 @@
+"""Warmup on every rank: the vendored discovery agrees across ranks and creates each transport once.
+
+These run the warm implementation the run qualifies (`--warm-impl`) against the real transport
+registry on the run's DCP group, at the run's geometry (TP16/DCP16 on 16 ranks).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from harness.models import build
+from harness.transport.registry import TransportRegistry
+from harness.warm.discovery import discover
+from harness.warm.impls import resolve_warm_impl
+from harness.warm.recognizers import WarmContext, recognizer_set
+
+MODELS = ("kimi-k3", "deepseek-v4", "generic-mla", "mixed")
+# A few layers are enough: discovery is per module, the signature does not depend on depth.
+NUM_LAYERS = {"kimi-k3": 8, "deepseek-v4": 2, "generic-mla": 2, "mixed": 12}
+
+
+def all_ranks_agree(value: object, group: dist.ProcessGroup | None = None) -> list[object]:
+    gathered: list[object] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, value, group=group)
+    return gathered
+
+
+def context_for(qualification, world) -> WarmContext:
+    return WarmContext(
+        dtype="bf16", max_tokens=8, device_type=world.device.type, dcp_world_size=qualification.dcp
+    )
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_rank_discovers_the_same_signatures(model, qualification, world):
+    built = build(model, tp=qualification.tp, dcp=qualification.dcp, num_layers=NUM_LAYERS[model])
+    found = discover(
+        built.model,
+        context=context_for(qualification, world),
+        recognizers=recognizer_set("vendored"),
+        static_forward_context=built.static_forward_context,
+    )
+    mine = [s.to_json() for s in found.signatures]
+    assert all(theirs == mine for theirs in all_ranks_agree(mine)), "ranks disagree"
+    expected = {"kimi-k3": 1, "deepseek-v4": 1, "generic-mla": 1, "mixed": 3}[model]
+    assert len(found.signatures) == (expected if qualification.dcp > 1 else 0)
+
+
+def test_kimi_k3_signature_at_the_run_geometry(qualification, world):
+    built = build("kimi-k3", tp=qualification.tp, dcp=qualification.dcp, num_layers=8)
+    found = discover(
+        built.model,
+        context=context_for(qualification, world),
+        recognizers=recognizer_set("vendored"),
+        static_forward_context=built.static_forward_context,
+    )
+    if qualification.dcp == 1:
+        assert found.signatures == ()
+        return
+    (sig,) = found.signatures
+    local = 96 // qualification.tp
+    assert (sig.total_heads, sig.query_head_dim, sig.output_head_dim) == (
+        local * qualification.dcp,
+        576,
+        512,
+    )
+    if (qualification.tp, qualification.dcp) == (16, 16):
+        assert (sig.total_heads, sig.local_heads) == (96, 6)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_warmup_creates_each_signature_once_and_is_idempotent(
+    model, qualification, world, warm_impl_name
+):
+    warm_fn = resolve_warm_impl(warm_impl_name).fn
+    built = build(model, tp=qualification.tp, dcp=qualification.dcp, num_layers=NUM_LAYERS[model])
+    context = context_for(qualification, world)
+    with TransportRegistry(backend="torch", device=world.device) as registry:
+        report = warm_fn(
+            built.model,
+            registry=registry,
+            context=context,
+            group=qualification.dcp_group,
+            static_forward_context=built.static_forward_context,
+        )
+        after_first = registry.counters
+        assert after_first.creations == report.count == len(registry.signatures())
+        allocations = after_first.buffer_allocations
+        # A second warmup (vLLM warms again after profiling) finds every transport ready.
+        warm_fn(
+            built.model,
+            registry=registry,
+            context=context,
+            group=qualification.dcp_group,
+            static_forward_context=built.static_forward_context,
+        )
+        assert registry.counters.creations == after_first.creations
+        assert registry.counters.buffer_allocations == allocations
+    counts = all_ranks_agree(report.count)
+    assert len(set(counts)) == 1, f"ranks warmed different numbers of signatures: {counts}"
