@@ -36,8 +36,8 @@ from harness.evidence.schema import (
 
 # Priority of root-cause kinds found at the same test position (lower wins).
 _PRIORITY: dict[str, int] = {
-    "killed": 1,
     "test": 0,
+    "killed": 1,
     "lazy-event": 2,
     "negative-control": 3,
     "signature": 4,
