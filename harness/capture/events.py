@@ -14,7 +14,8 @@ class LazyEvent:
 
     `detector` is the detector's registered name (e.g. "transport-registry"), `what` a short
     description ("created transport 96 heads x 576 -> 512 ..."), `stack` a few frames of where it
-    happened, so a reviewer can find the code that did it.
+    happened, so a reviewer can find the code that did it. `phase` says whether it happened in the
+    window's warm-up iterations ("warmup") or in the capture itself ("capture").
     """
 
     detector: str
@@ -22,6 +23,7 @@ class LazyEvent:
     what: str
     signature: TransportSignature | None = None
     stack: str = ""
+    phase: str = "capture"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -30,6 +32,7 @@ class LazyEvent:
             "what": self.what,
             "signature": None if self.signature is None else self.signature.to_json(),
             "stack": self.stack,
+            "phase": self.phase,
         }
 
     @classmethod
@@ -41,6 +44,7 @@ class LazyEvent:
             what=data["what"],
             signature=None if sig is None else TransportSignature.from_json(sig),
             stack=data.get("stack", ""),
+            phase=data.get("phase", "capture"),
         )
 
 

@@ -10,6 +10,27 @@ from harness.warm.signature import TransportSignature
 
 
 @dataclass(frozen=True)
+class DetectorStatus:
+    """Whether one detector watched a window on this machine, and if not, why.
+
+    A detector that cannot run here (no CUDA for `cuda-memory`, Triton or b12x not importable)
+    is listed with its reason instead of silently passing; the evidence turns these reasons into
+    `limitations`.
+    """
+
+    name: str
+    active: bool
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "active": self.active, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DetectorStatus:
+        return cls(name=data["name"], active=bool(data["active"]), reason=data.get("reason", ""))
+
+
+@dataclass(frozen=True)
 class SignatureUse:
     """A transport signature of a model: was it warmed, and did the captured step use it?"""
 
@@ -43,6 +64,8 @@ class CaptureRecord:
     `negative_control` marks windows where lazy work was provoked on purpose; their events are
     expected (`expected_detectors`) and are reported apart from the real capture checks.
     `path` says which capture ran: "cuda-graph" (real torch.cuda.graph) or "cpu-simulated".
+    `detectors` lists every detector of the window, active or not (with the reason it could not
+    run here); `replays` counts the replays with fresh inputs that matched the eager results.
     """
 
     test: str
@@ -54,6 +77,16 @@ class CaptureRecord:
     events: tuple[LazyEvent, ...] = ()
     negative_control: bool = False
     expected_detectors: tuple[str, ...] = field(default=())
+    detectors: tuple[DetectorStatus, ...] = ()
+    replays: int = 0
+
+    @property
+    def by_detector(self) -> dict[str, int]:
+        """Lazy events per detector name (sorted), for the receipt's `capture.by_detector`."""
+        counts: dict[str, int] = {}
+        for event in self.events:
+            counts[event.detector] = counts.get(event.detector, 0) + 1
+        return dict(sorted(counts.items()))
 
     @property
     def detected(self) -> bool:
@@ -72,6 +105,9 @@ class CaptureRecord:
             "events": [e.to_json() for e in self.events],
             "negative_control": self.negative_control,
             "expected_detectors": list(self.expected_detectors),
+            "detectors": [d.to_json() for d in self.detectors],
+            "replays": self.replays,
+            "by_detector": self.by_detector,
         }
 
     @classmethod
@@ -86,4 +122,6 @@ class CaptureRecord:
             events=tuple(LazyEvent.from_json(e) for e in data.get("events", [])),
             negative_control=bool(data.get("negative_control", False)),
             expected_detectors=tuple(data.get("expected_detectors", [])),
+            detectors=tuple(DetectorStatus.from_json(d) for d in data.get("detectors", [])),
+            replays=int(data.get("replays", 0)),
         )
