@@ -1,0 +1,312 @@
+"""The detectors that run on every machine: transport registry, transport buffers, process
+groups, dynamo compiles. The GPU-only ones live in `gpu_detectors`.
+
+Each detector reports live through a hook (a registry subscription, a wrapped function, a dynamo
+callback) and checks a counter at stop as a backstop, so lazy work that went around the hook
+(code holding the original `new_group`, a registry event nobody delivered) still shows up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from harness.capture.detector import Detector, short_stack
+from harness.transport.events import BufferAllocated, RegistryMiss, TransportCreated
+
+# -- transport registry ---------------------------------------------------------------------
+
+
+@runtime_checkable
+class ObservableRegistry(Protocol):
+    """What the registry detectors need: `TransportRegistry` satisfies it, so do test fakes."""
+
+    def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]: ...
+
+    @property
+    def counters(self) -> Any: ...
+
+
+class _RegistryDetector(Detector):
+    """Subscribes to one registry while the window is open."""
+
+    def __init__(self, registry: ObservableRegistry) -> None:
+        super().__init__()
+        self.registry = registry
+        self._unsubscribe: Callable[[], None] | None = None
+        self._before: Any = None
+
+    def _install(self) -> None:
+        self._before = self.registry.counters
+        self._unsubscribe = self.registry.subscribe(self._on_event)
+
+    def _uninstall(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    def _on_event(self, event: object) -> None:
+        raise NotImplementedError
+
+    def _count(self, kind: str) -> int:
+        return sum(1 for e in self.events if e.what.startswith(kind))
+
+    def _delta(self, counter: str) -> int:
+        return int(getattr(self.registry.counters, counter)) - int(getattr(self._before, counter))
+
+
+class TransportRegistryDetector(_RegistryDetector):
+    """A transport looked up but not warmed (a miss), or created, while the window is open.
+
+    A miss is reported before the registry goes on to create anything, so in strict mode the
+    error stops the lazy creation itself (and, since every rank misses the same signature, no
+    rank enters the creation collective).
+    """
+
+    name = "transport-registry"
+
+    def _on_event(self, event: object) -> None:
+        if isinstance(event, RegistryMiss):
+            self.report(
+                f"registry miss in {event.op}: this transport was not warmed and would be "
+                "created lazily inside capture",
+                signature=event.signature,
+                stack=event.stack or None,
+            )
+        elif isinstance(event, TransportCreated):
+            self.report(
+                f"transport created lazily inside capture ({event.backend}/{event.strategy})",
+                signature=event.signature,
+                stack=event.stack or None,
+            )
+
+    def _collect(self) -> None:
+        for counter, kind in (("misses", "registry miss"), ("creations", "transport created")):
+            unseen = self._delta(counter) - self._count(kind)
+            if unseen > 0:
+                self.report(
+                    f"{kind}: the registry counted {unseen} more {counter} in the window than "
+                    "its events reported"
+                )
+
+
+class TransportBufferDetector(_RegistryDetector):
+    """A buffer allocated through the registry's allocator while the window is open.
+
+    On CPU this is the simulation's memory-growth signal (domain.md section 4); on GPU it also
+    catches lazy staging that the graph's private memory pool would hide from
+    `torch.cuda.memory_stats()` deltas.
+    """
+
+    name = "transport-buffers"
+
+    def _on_event(self, event: object) -> None:
+        if isinstance(event, BufferAllocated):
+            self.report(
+                f"buffer allocation {event.name!r} of {event.nbytes} bytes through the transport "
+                "registry's allocator",
+                signature=event.signature,
+                stack=event.stack or None,
+            )
+
+    def _collect(self) -> None:
+        unseen = self._delta("buffer_allocations") - self._count("buffer allocation")
+        if unseen > 0:
+            self.report(
+                f"buffer allocation: the registry's allocator counted {unseen} more allocations "
+                "in the window than its events reported"
+            )
+
+
+# -- process groups -------------------------------------------------------------------------
+
+GROUP_FACTORIES: tuple[str, ...] = (
+    "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "split_group",
+)
+
+
+def _describe_call(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    parts = [repr(a) for a in args[:2]]
+    for key in ("ranks", "group_size", "ranks_per_subgroup_list", "split_ranks", "backend"):
+        if key in kwargs:
+            parts.append(f"{key}={kwargs[key]!r}")
+    text = ", ".join(parts)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def c10d_groups(c10d: ModuleType | None = None) -> tuple[int, int]:
+    """(group counter, groups held) of c10d's world: a new group moves one or both (the
+    counter names unnamed groups; locally synchronized groups only enter the map)."""
+    if c10d is None:
+        import torch.distributed.distributed_c10d as c10d
+    world = getattr(c10d, "_world", None)
+    return int(getattr(world, "group_count", 0)), len(getattr(world, "pg_map", None) or {})
+
+
+class ProcessGroupDetector(Detector):
+    """`torch.distributed.new_group` (and `new_subgroups`, `new_subgroups_by_enumeration`,
+    `split_group`) called while the window is open: a new communicator (NCCL init on GPU).
+
+    The factories are wrapped in `torch.distributed` and in `distributed_c10d` for the duration
+    of the window; nested calls (`new_subgroups` calling `new_group`) are reported once. In
+    strict mode the error is raised before the group is created, on every rank that asked.
+    The c10d group counter is the backstop for groups created through a reference taken
+    before the window opened.
+    """
+
+    name = "process-groups"
+
+    def __init__(self, modules: Sequence[ModuleType] | None = None) -> None:
+        super().__init__()
+        if modules is None:
+            import torch.distributed as dist
+            import torch.distributed.distributed_c10d as c10d
+
+            modules = (dist, c10d)
+        self._modules = tuple(modules)
+        self._patched: list[tuple[ModuleType, str, Callable[..., Any]]] = []
+        self._depth = 0
+        self._before = (0, 0)
+
+    def unavailable_reason(self) -> str | None:
+        if not torch.distributed.is_available():
+            return "torch.distributed is not available in this torch build"
+        return None
+
+    @property
+    def _c10d(self) -> ModuleType | None:
+        return next((m for m in self._modules if hasattr(m, "_world")), None)
+
+    def _install(self) -> None:
+        self._depth = 0
+        self._before = c10d_groups(self._c10d)
+        wrapped: dict[int, Callable[..., Any]] = {}
+        for module in self._modules:
+            for name in GROUP_FACTORIES:
+                original = getattr(module, name, None)
+                if original is None:
+                    continue
+                if id(original) not in wrapped:
+                    wrapped[id(original)] = self._wrap(name, original)
+                self._patched.append((module, name, original))
+                setattr(module, name, wrapped[id(original)])
+
+    def _uninstall(self) -> None:
+        for module, name, original in reversed(self._patched):
+            setattr(module, name, original)
+        self._patched.clear()
+
+    def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if self._depth == 0:
+                self.report(
+                    f"torch.distributed.{name}({_describe_call(args, kwargs)}) inside the capture "
+                    "window: a new process group and communicator"
+                )
+            self._depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._depth -= 1
+
+        return wrapper
+
+    def _collect(self) -> None:
+        after = c10d_groups(self._c10d)
+        created = max(a - b for a, b in zip(after, self._before, strict=True))
+        if created > 0 and not self.events:
+            self.report(
+                f"{created} process group(s) created inside the capture window without going "
+                "through a wrapped factory (seen by the c10d group counter)",
+                stack="",
+            )
+
+
+# -- dynamo ---------------------------------------------------------------------------------
+
+_COMPILE_ID = re.compile(r"(\d+)/(\d+)")
+
+
+def describe_compile(compile_id: str, trigger: str) -> str:
+    """'0/0' -> a first compile of frame 0, '0/2' -> its second recompile."""
+    match = _COMPILE_ID.search(compile_id)
+    if match and int(match.group(2)) > 0:
+        kind = f"recompile #{match.group(2)} of frame {match.group(1)}"
+    elif match:
+        kind = f"first compile of frame {match.group(1)}"
+    else:
+        kind = "compile"
+    return f"dynamo {kind} (compile id {compile_id}, trigger {trigger}) inside the capture window"
+
+
+class DynamoDetector(Detector):
+    """torch.compile work while the window is open: dynamo compiles and recompiles.
+
+    Live: dynamo's compile-start callback (`torch._dynamo.callback.callback_handler`); it runs
+    inside dynamo, which wraps any exception it raises, so events are held and reported when
+    the window closes (strict mode raises then). Backstop: the `frames.total` counter of
+    `torch._dynamo.utils.counters`.
+    """
+
+    name = "dynamo"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending: list[tuple[str, str, str, str]] = []
+        self._before = 0
+        self._handler: Any = None
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            import torch._dynamo.callback
+            import torch._dynamo.utils  # noqa: F401
+        except Exception as exc:  # an import that fails for any reason means no detector
+            return f"torch._dynamo is not importable ({type(exc).__name__}: {exc})"
+        return None
+
+    @staticmethod
+    def _frames() -> int:
+        from torch._dynamo.utils import counters
+
+        return int(counters["frames"]["total"])
+
+    def _install(self) -> None:
+        from torch._dynamo.callback import callback_handler
+
+        self._pending = []
+        self._before = self._frames()
+        self._handler = callback_handler
+        callback_handler.register_start_callback(self._on_start)
+
+    def _uninstall(self) -> None:
+        if self._handler is not None:
+            with contextlib.suppress(ValueError):  # already removed: nothing left to undo
+                self._handler.remove_start_callback(self._on_start)
+            self._handler = None
+
+    def _on_start(self, args: Any) -> None:
+        trigger = getattr(getattr(args, "callback_trigger", None), "name", "unknown")
+        compile_id = str(getattr(args, "compile_id", "?"))
+        self._pending.append((compile_id, trigger, short_stack(), self._phase))
+
+    def _collect(self) -> None:
+        pending, self._pending = self._pending, []
+        for compile_id, trigger, stack, phase in pending:
+            self.report(describe_compile(compile_id, trigger), stack=stack, phase=phase)
+        compiled = self._frames() - self._before
+        if compiled > 0 and not pending:
+            self.report(
+                f"dynamo compiled {compiled} frame(s) in the window that no callback reported "
+                "(frames.total counter)",
+                stack="",
+            )
