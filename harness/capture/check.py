@@ -1,0 +1,122 @@
+"""Pieces the capture suite assembles on every rank: the default detector set, the per-rank
+record, and the cross-rank agreement that keeps one rank from passing alone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from harness.capture.detector import Detector
+from harness.capture.detectors import (
+    DynamoDetector,
+    ObservableRegistry,
+    ProcessGroupDetector,
+    TransportBufferDetector,
+    TransportRegistryDetector,
+)
+from harness.capture.events import LazyEvent
+from harness.capture.gpu_detectors import (
+    B12xKernelResolutionDetector,
+    CudaMemoryDetector,
+    TritonJitDetector,
+)
+from harness.capture.records import CaptureRecord, DetectorStatus, SignatureUse
+from harness.warm.signature import TransportSignature
+
+DETECTOR_NAMES: tuple[str, ...] = (
+    TransportRegistryDetector.name,
+    TransportBufferDetector.name,
+    ProcessGroupDetector.name,
+    DynamoDetector.name,
+    CudaMemoryDetector.name,
+    TritonJitDetector.name,
+    B12xKernelResolutionDetector.name,
+)
+
+
+def default_detectors(
+    registry: ObservableRegistry, *, device: torch.device | str | None = None
+) -> list[Detector]:
+    """Every detector, in `DETECTOR_NAMES` order; those that cannot run here say why."""
+    return [
+        TransportRegistryDetector(registry),
+        TransportBufferDetector(registry),
+        ProcessGroupDetector(),
+        DynamoDetector(),
+        CudaMemoryDetector(device),
+        TritonJitDetector(),
+        B12xKernelResolutionDetector(),
+    ]
+
+
+def signature_uses(
+    model: str,
+    warmed: Iterable[TransportSignature],
+    used: Iterable[TransportSignature],
+) -> tuple[SignatureUse, ...]:
+    """One entry per signature that was warmed or used inside capture, sorted."""
+    warmed, used = set(warmed), set(used)
+    return tuple(
+        SignatureUse(model=model, signature=s, warmed=s in warmed, used_in_capture=s in used)
+        for s in sorted(warmed | used)
+    )
+
+
+def capture_record(
+    *,
+    test: str,
+    model: str,
+    rank: int,
+    path: str,
+    warm_impl: str,
+    events: Sequence[LazyEvent],
+    statuses: Sequence[DetectorStatus],
+    signatures: Sequence[SignatureUse] = (),
+    negative_control: bool = False,
+    expected_detectors: Sequence[str] = (),
+    replays: int = 0,
+) -> CaptureRecord:
+    return CaptureRecord(
+        test=test,
+        model=model,
+        rank=rank,
+        path=path,
+        warm_impl=warm_impl,
+        signatures=tuple(signatures),
+        events=tuple(events),
+        negative_control=negative_control,
+        expected_detectors=tuple(expected_detectors),
+        detectors=tuple(statuses),
+        replays=replays,
+    )
+
+
+def gather_ints(value: int, *, device: torch.device | str = "cpu") -> tuple[int, ...]:
+    """Every rank's `value`, in rank order (one all_gather over the world)."""
+    mine = torch.tensor([int(value)], dtype=torch.int64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return tuple(int(t.item()) for t in every)
+
+
+def ranks_failing(ok: bool, *, device: torch.device | str = "cpu") -> tuple[int, ...]:
+    """The ranks (in the world) whose local check failed; every rank gets the same answer."""
+    flags = gather_ints(0 if ok else 1, device=device)
+    return tuple(rank for rank, bad in enumerate(flags) if bad)
+
+
+def first_mismatch(
+    actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], **tolerance: float
+) -> str | None:
+    """None when every pair of outputs is close (`torch.testing.assert_close`), else the first
+    mismatch as text: suites collect it and agree across ranks before failing."""
+    if len(actual) != len(expected):
+        return f"{len(actual)} outputs, expected {len(expected)}"
+    for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        try:
+            torch.testing.assert_close(a.float().cpu(), e.float().cpu(), **tolerance)
+        except AssertionError as exc:
+            return f"output {i}: {exc}"
+    return None
