@@ -1,0 +1,91 @@
+"""Shared setup of the capture suite: build, warm and step one model at the run's geometry.
+
+Geometry: tp and dcp come from the `qualification` fixture (DCPQUAL_TP / DCPQUAL_DCP, else tp=16
+and dcp = min(world size, 16)), so 16 ranks qualify Kimi-K3 TP16/DCP16 (96 heads x 576 -> 512),
+4 ranks TP16/DCP4 (24 heads) and 2 ranks TP16/DCP2 (12 heads): the same six local Kimi heads
+per rank, a real DCP group at every size. Models stay small (few layers, batch 2, max_tokens 8)
+so 16 gloo ranks on 2 cores finish the suite in well under two minutes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from harness.capture.check import default_detectors, ranks_failing
+from harness.capture.decode import DecodeStep
+from harness.capture.detector import Detector
+from harness.models import BuiltModel, build
+from harness.transport.registry import TransportRegistry
+from harness.warm.impls import resolve_warm_impl
+from harness.warm.recognizers import WarmContext
+from harness.warm.warmup import WarmReport
+
+# Few layers, every kind kept: Kimi-K3 has MLA on layers 3 and 7 (KDA elsewhere) plus the MTP
+# head's re-reference; the mixed model cycles Kimi, DeepSeek-V4 and generic MLA.
+NUM_LAYERS = {"kimi-k3": 8, "deepseek-v4": 2, "generic-mla": 2, "mixed": 12}
+MAX_TOKENS = 8
+DTYPE = "bf16"
+
+
+@dataclass
+class Prepared:
+    """One model, warmed by one warm implementation, with its decode step."""
+
+    model: str
+    built: BuiltModel
+    registry: TransportRegistry
+    context: WarmContext
+    report: WarmReport
+    step: DecodeStep
+    warm_impl: str
+
+    def detectors(self) -> list[Detector]:
+        return default_detectors(self.registry, device=self.registry.device)
+
+
+@pytest.fixture
+def prepare(world, qualification) -> Iterator[Callable[[str, str], Prepared]]:
+    """`prepare(model, warm_impl)`: build at the run's geometry, warm, make the decode step."""
+    registries: list[TransportRegistry] = []
+
+    def make(model: str, warm_impl: str) -> Prepared:
+        built = build(
+            model, tp=qualification.tp, dcp=qualification.dcp, num_layers=NUM_LAYERS[model]
+        )
+        context = WarmContext(
+            dtype=DTYPE,
+            max_tokens=MAX_TOKENS,
+            device_type=world.device.type,
+            dcp_world_size=qualification.dcp,
+        )
+        registry = TransportRegistry("torch", device=world.device)
+        registries.append(registry)
+        impl = resolve_warm_impl(warm_impl)
+        report = impl.fn(
+            built.model,
+            registry=registry,
+            context=context,
+            group=qualification.dcp_group,
+            static_forward_context=built.static_forward_context,
+        )
+        step = DecodeStep(built, registry=registry, context=context, group=qualification.dcp_group)
+        return Prepared(model, built, registry, context, report, step, impl.name)
+
+    yield make
+    for registry in registries:
+        registry.close()
+
+
+@pytest.fixture
+def agree(world) -> Callable[[bool, str], None]:
+    """`agree(ok, what)`: every rank contributes its verdict; all fail unless all passed."""
+
+    def check(ok: bool, what: str) -> None:
+        failing = ranks_failing(ok, device=world.device)
+        if failing:
+            pytest.fail(f"{what}: failed on rank(s) {list(failing)} of {world.size}")
+
+    return check

@@ -1,0 +1,168 @@
+"""Negative controls: lazy work done on purpose inside a window must be reported, on every rank.
+
+- The seed control is the bug the seed change fixed: warm Kimi-K3 with the recognizer set from
+  before the change ("before-kimi", whatever `--warm-impl` the run qualifies), and its transport
+  is created lazily inside capture. Strict mode must stop at it with an error naming the
+  signature (6 x dcp heads, 576 -> 512; 96 heads at TP16/DCP16); record mode must see the
+  creation through the registry and buffer detectors, and see nothing once those two are
+  removed, although the registry counts the creation.
+- One control per detector (`harness.capture.controls`), in record mode: the detector reports
+  it; with that one detector removed, no detector reports anything although the control's own
+  counter shows the work was done. A detector that cannot run on this machine is skipped with
+  its reason (also listed as a limitation in every capture record).
+
+These tests pass under every `--warm-impl`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.capture.check import DETECTOR_NAMES, capture_record, default_detectors
+from harness.capture.controls import CONTROLS, ControlContext
+from harness.capture.detector import without
+from harness.capture.events import LazySpecializationError
+from harness.capture.window import CaptureWindow
+from harness.transport.registry import TransportRegistry
+from harness.warm.signature import TransportSignature
+
+SEED_DETECTORS = ("transport-registry", "transport-buffers")
+KIMI_HEADS, KIMI_QDIM, KIMI_ODIM = 96, 576, 512
+
+
+def kimi_signature(qualification, context) -> TransportSignature:
+    """The transport the seed change warms: Kimi-K3's local heads x dcp, 576 -> 512."""
+    local = KIMI_HEADS // qualification.tp
+    return TransportSignature(
+        dtype=context.dtype,
+        total_heads=local * qualification.dcp,
+        query_head_dim=KIMI_QDIM,
+        output_head_dim=KIMI_ODIM,
+        dcp_world_size=qualification.dcp,
+        max_tokens=context.max_tokens,
+        device_type=context.device_type,
+    )
+
+
+def _record(record_capture, request, world, window, *, model, warm_impl, path, expected):
+    record_capture(
+        capture_record(
+            test=request.node.nodeid,
+            model=model,
+            rank=world.rank,
+            path=path,
+            warm_impl=warm_impl,
+            events=window.events,
+            statuses=window.statuses,
+            negative_control=True,
+            expected_detectors=expected,
+        )
+    )
+
+
+def _path(world) -> str:
+    return "cuda-graph" if world.device.type == "cuda" else "cpu-simulated"
+
+
+def test_seed_control_strict_names_the_kimi_signature(
+    world, qualification, prepare, agree, record_capture, request
+):
+    prepared = prepare("kimi-k3", "before-kimi")
+    expected = kimi_signature(qualification, prepared.context)
+    window = CaptureWindow(prepared.detectors(), registry=prepared.registry, mode="strict")
+    error: LazySpecializationError | None = None
+    try:
+        window.capture(prepared.step, prepared.step.make_inputs(seed=20))
+    except LazySpecializationError as exc:
+        error = exc
+    _record(
+        record_capture,
+        request,
+        world,
+        window,
+        model="kimi-k3",
+        warm_impl=prepared.warm_impl,
+        path=_path(world),
+        expected=("transport-registry",),
+    )
+    message = str(error)
+    ok = (
+        error is not None
+        and error.event.detector == "transport-registry"
+        and error.event.signature == expected
+        and f"{expected.total_heads} heads x {KIMI_QDIM} -> {KIMI_ODIM}" in message
+        and expected not in prepared.report.signatures
+    )
+    agree(ok, f"strict window names the lazily created Kimi transport (got: {message})")
+
+
+@pytest.mark.parametrize("removed", [False, True], ids=["detected", "detectors-removed"])
+def test_seed_control_record(
+    removed, world, qualification, prepare, agree, record_capture, request
+):
+    prepared = prepare("kimi-k3", "before-kimi")
+    expected = kimi_signature(qualification, prepared.context)
+    detectors = prepared.detectors()
+    if removed:
+        detectors = without(detectors, *SEED_DETECTORS)
+    window = CaptureWindow(detectors, registry=prepared.registry, mode="record")
+    before = prepared.registry.counters.creations
+    captured = window.capture(prepared.step, prepared.step.make_inputs(seed=21))
+    created = prepared.registry.counters.creations - before
+    if removed:
+        ok = created == 1 and not window.events
+        agree(ok, f"with {SEED_DETECTORS} removed the lazy creation goes unseen ({created=})")
+        return
+    _record(
+        record_capture,
+        request,
+        world,
+        window,
+        model="kimi-k3",
+        warm_impl=prepared.warm_impl,
+        path=captured.path,
+        expected=SEED_DETECTORS,
+    )
+    seen = {e.detector for e in window.events}
+    lazily_created = [e.signature for e in window.events if e.what.startswith("transport created")]
+    ok = created == 1 and set(SEED_DETECTORS) <= seen and lazily_created == [expected]
+    agree(ok, f"record window sees the Kimi transport created lazily ({seen=}, {created=})")
+
+
+@pytest.mark.parametrize("removed", [False, True], ids=["detected", "detector-removed"])
+@pytest.mark.parametrize("detector", DETECTOR_NAMES)
+def test_detector_control(detector, removed, world, agree, record_capture, request):
+    with TransportRegistry("torch", device=world.device) as registry:
+        detectors = default_detectors(registry, device=world.device)
+        status = next(d.status() for d in detectors if d.name == detector)
+        if not status.active:
+            pytest.skip(f"{detector} cannot run here: {status.reason}")
+        control = CONTROLS[detector](ControlContext(registry, world.device, world.rank, world.size))
+        control.setup()
+        if removed:
+            detectors = without(detectors, detector)
+        window = CaptureWindow(detectors, registry=registry, mode="record", warmup_iters=0)
+
+        def step(inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            control.provoke()
+            return inputs[0] * 2
+
+        before = control.happened()
+        captured = window.capture(step, torch.ones(4, device=world.device))
+        done = control.happened() - before
+        seen = sorted({e.detector for e in window.events})
+        if removed:
+            agree(done > 0 and not seen, f"{detector} removed: its control goes unseen ({seen=})")
+            return
+        _record(
+            record_capture,
+            request,
+            world,
+            window,
+            model="none",
+            warm_impl="none",
+            path=captured.path,
+            expected=(detector,),
+        )
+        agree(done > 0 and seen == [detector], f"{detector} reports its control ({seen=})")
