@@ -118,6 +118,34 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     forms = secret_forms(secret_values(os.environ))
     scrubbed = _scrub_files(out_dir, forms)
 
+    receipt, merged_xml = assemble_receipt(out_dir, ctx, geometry, image)
+
+    merged_xml, hits = scrub(merged_xml, forms)
+    atomic_write_bytes(out_dir / MERGED_JUNIT, merged_xml)
+    if hits:
+        scrubbed.append(MERGED_JUNIT)
+    witnessed = [e.relpath for e in walk(out_dir) if e.relpath not in UNWITNESSED]
+    receipt = receipt.model_copy(
+        update={"scrubbed_files": sorted(set(scrubbed)), "files": hash_files(out_dir, witnessed)}
+    )
+    # Messages, commands and paths in the receipt may carry a secret too: scrub the text and
+    # read the receipt back from it, so what we return is exactly what is on disk.
+    receipt_bytes, _ = scrub(receipt.dumps().encode("utf-8"), forms)
+    receipt = Receipt.model_validate_json(receipt_bytes)
+    atomic_write_bytes(out_dir / RECEIPT_NAME, receipt_bytes)
+
+    summary, _ = scrub(render_summary(receipt, sha256_bytes(receipt_bytes)).encode(), forms)
+    atomic_write_bytes(out_dir / SUMMARY_NAME, summary)
+
+    listed = [e.relpath for e in walk(out_dir) if e.relpath != SUMS_NAME]
+    atomic_write_bytes(out_dir / SUMS_NAME, render_sums(hash_files(out_dir, listed)).encode())
+    return receipt
+
+
+def assemble_receipt(
+    out_dir: Path, ctx: RunContext, geometry: Geometry, image: Image | None
+) -> tuple[Receipt, bytes]:
+    """The receipt (without its `files` witness) and merged JUnit bytes; writes nothing."""
     rank_files = load_records(out_dir, ctx.world_size)
     merged = merge_junit(out_dir, rank_files)
     suites = tallies(merged.cases)
@@ -178,13 +206,6 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
             notes=[*merged.notes, *_unreadable_notes(rank_files.unreadable)],
         ),
     )
-
-    merged_xml, hits = scrub(merged.xml, forms)
-    atomic_write_bytes(out_dir / MERGED_JUNIT, merged_xml)
-    if hits:
-        scrubbed.append(MERGED_JUNIT)
-    witnessed = [e.relpath for e in walk(out_dir) if e.relpath not in UNWITNESSED]
-
     receipt = Receipt(
         schema=SCHEMA,
         verdict=verdict,
@@ -206,21 +227,8 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
         run=run,
         generated_by=f"dcpqual {__version__}",
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        scrubbed_files=sorted(set(scrubbed)),
-        files=hash_files(out_dir, witnessed),
     )
-    # Messages, commands and paths in the receipt may carry a secret too: scrub the text and
-    # read the receipt back from it, so what we return is exactly what is on disk.
-    receipt_bytes, _ = scrub(receipt.dumps().encode("utf-8"), forms)
-    receipt = Receipt.model_validate_json(receipt_bytes)
-    atomic_write_bytes(out_dir / RECEIPT_NAME, receipt_bytes)
-
-    summary, _ = scrub(render_summary(receipt, sha256_bytes(receipt_bytes)).encode(), forms)
-    atomic_write_bytes(out_dir / SUMMARY_NAME, summary)
-
-    listed = [e.relpath for e in walk(out_dir) if e.relpath != SUMS_NAME]
-    atomic_write_bytes(out_dir / SUMS_NAME, render_sums(hash_files(out_dir, listed)).encode())
-    return receipt
+    return receipt, merged.xml
 
 
 def _validated(ctx: RunContext) -> tuple[Geometry, Image | None]:
