@@ -108,13 +108,10 @@ class RankRecord:
     extra: dict[str, Any] = field(default_factory=dict)
     # Extensions (issue 5), all defaulted. `current_test`: the test running at the last write
     # (None between tests). `abort_primary`: the abort was this rank's own fault (collection
-    # mismatch, bootstrap failure), not a follow-on. `aborted_at`: unix time of the abort, or of
-    # the last sign of life for a killed rank. `killed`: set by the launcher for a rank that
-    # left no complete report and no abort of its own (it died).
+    # mismatch, bootstrap failure), not a follow-on. `aborted_at`: unix time of the abort.
     current_test: str | None = None
     abort_primary: bool = False
     aborted_at: float | None = None
-    killed: bool = False
 
     def with_test(self, outcome: TestOutcome) -> RankRecord:
         return replace(self, tests=(*self.tests, outcome))
@@ -145,7 +142,6 @@ class RankRecord:
             "current_test": self.current_test,
             "abort_primary": self.abort_primary,
             "aborted_at": self.aborted_at,
-            "killed": self.killed,
         }
 
     @classmethod
@@ -173,7 +169,6 @@ class RankRecord:
             current_test=data.get("current_test"),
             abort_primary=bool(data.get("abort_primary", False)),
             aborted_at=data.get("aborted_at"),
-            killed=bool(data.get("killed", False)),
         )
 
     def write(self, path: Path) -> None:

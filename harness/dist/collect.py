@@ -1,0 +1,155 @@
+"""After torchrun exits: what the launcher adds to the ranks' own files for the evidence writer.
+
+The writer reads records, junit and logs from the folder itself (and decides killed ranks and the
+root cause from them). The launcher contributes what only it knows: torchrun's exit status,
+whether the run timed out, the command, and torchrun's own root-cause view from its error files
+(the ranks write TORCHELASTIC_ERROR_FILE on a primary failure; the agent may copy the first into
+its own). Everything becomes one `RunContext`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.dist.nodes import NodeMarker
+from harness.dist.plan import RunPlan
+from harness.evidence.run_context import RunContext
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """How the one torchrun launch ended. `leftovers`: pids the launcher had to kill after
+    torchrun exited (should be empty; reported so a leak is visible)."""
+
+    exit_code: int
+    timed_out: bool
+    started_at: str
+    finished_at: str
+    elapsed_s: float
+    leftovers: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "exit_code": self.exit_code,
+            "timed_out": self.timed_out,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "leftovers": list(self.leftovers),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LaunchResult:
+        return cls(
+            exit_code=int(data["exit_code"]),
+            timed_out=bool(data["timed_out"]),
+            started_at=data["started_at"],
+            finished_at=data["finished_at"],
+            elapsed_s=float(data["elapsed_s"]),
+            leftovers=tuple(data.get("leftovers", [])),
+        )
+
+
+@dataclass(frozen=True)
+class TorchrunError:
+    """One error file: who failed, when, and what torchrun would print as the root cause."""
+
+    rank: int | None
+    message: str
+    time: float
+    file: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "message": self.message,
+            "timestamp": self.time,
+            "file": self.file,
+        }
+
+
+def parse_error_file(path: Path, root: Path) -> TorchrunError | None:
+    """Read a TORCHELASTIC_ERROR_FILE in torch's format; None when absent or not that format."""
+    try:
+        data = json.loads(path.read_text())
+        message = data["message"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if isinstance(message, str):
+        return TorchrunError(None, message, float(data.get("timestamp", 0)), _rel(path, root))
+    extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
+    ours = extra.get("dcpqual") or {}
+    rank = ours.get("rank")
+    when = ours.get("time", extra.get("timestamp", 0))
+    try:
+        return TorchrunError(
+            rank=None if rank is None else int(rank),
+            message=str(message.get("message", "")),
+            time=float(when),
+            file=_rel(path, root),
+        )
+    except (TypeError, ValueError):
+        return None
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def first_torchrun_error(out_dir: Path) -> TorchrunError | None:
+    """The earliest error file under torchrun/ (every node's agent and worker files)."""
+    found = [
+        err
+        for path in sorted((out_dir / "torchrun").rglob("*.json"))
+        if (err := parse_error_file(path, out_dir)) is not None
+    ]
+    if not found:
+        return None
+    return min(found, key=lambda e: (e.time, e.rank is None, e.rank or 0))
+
+
+def run_context(
+    plan: RunPlan,
+    result: LaunchResult,
+    *,
+    nodes: dict[int, NodeMarker | None] | None = None,
+) -> RunContext:
+    """The hand-off to `finalize_bundle`. With several nodes, the run failed if any node's
+    torchrun did, and a node that never reported counts as a failure too."""
+    options = plan.options
+    exit_code, timed_out = result.exit_code, result.timed_out
+    extra: dict[str, Any] = {"launch": result.to_json()}
+    if nodes is not None:
+        extra["nodes"] = {str(k): None if m is None else m.to_json() for k, m in nodes.items()}
+        for marker in nodes.values():
+            if marker is None or marker.state != "finished":
+                exit_code = exit_code or 1
+                continue
+            timed_out = timed_out or marker.timed_out
+            if marker.exit_code:
+                exit_code = exit_code or int(marker.exit_code)
+    error = first_torchrun_error(plan.out_dir)
+    return RunContext(
+        world_size=options.world_size,
+        nproc_per_node=options.nproc_per_node,
+        nnodes=options.nnodes,
+        node_rank=options.node_rank,
+        backend=options.backend,
+        tp=options.tp,
+        dcp=options.resolved_dcp,
+        warm_impl=options.warm_impl,
+        command=plan.argv,
+        pytest_args=plan.targets,
+        exit_code=exit_code,
+        timed_out=timed_out,
+        started_at=result.started_at,
+        finished_at=result.finished_at,
+        torchrun_error=None if error is None else error.to_json(),
+        extra=extra,
+    )

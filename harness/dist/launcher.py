@@ -1,0 +1,214 @@
+"""`dcpqual run` as a pipeline of small steps (nox's habit):
+
+    prepare the out folder -> plan the torchrun command -> launch it once -> collect what only
+    the launcher knows -> finalize the evidence bundle -> verify it -> exit 0 only on a pass.
+
+`launch` owns the process tree: torchrun runs in its own session, the launcher remembers every
+process below it, enforces the overall `--timeout` by ending the whole tree, and after torchrun
+exits ends anything still alive, so no rank outlives a run. The evidence functions are reached
+through `Evidence`, imported lazily, so tests can swap them for fakes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from harness.dist import nodes
+from harness.dist.collect import LaunchResult, run_context
+from harness.dist.plan import SHUTDOWN_TIMEOUT_S, RunOptions, RunPlan, build_plan
+from harness.dist.proctree import Tracker
+from harness.dist.progress import Progress, make_progress, poller, snapshot
+from harness.evidence.run_context import RunContext
+
+# How long node 0 waits for the other nodes' "finished" markers after its own torchrun exits,
+# and how long they wait for its receipt. Their torchruns end within seconds of each other.
+NODE_WAIT_S = 120.0
+# How long node K waits for node 0 to create the shared out folder.
+JOIN_WAIT_S = 120.0
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The evidence writer's entry points, as the launcher uses them."""
+
+    prepare_out_dir: Callable[[Path], Path]
+    default_out_dir: Callable[[], Path]
+    finalize_bundle: Callable[[Path, RunContext], Any]
+    verify_bundle: Callable[[Path], list[str]]
+
+    @classmethod
+    def load(cls) -> Evidence:
+        from harness.evidence.verify import verify_bundle
+        from harness.evidence.writer import default_out_dir, finalize_bundle, prepare_out_dir
+
+        def problems(path: Path) -> list[str]:
+            result = verify_bundle(path)
+            return list(getattr(result, "problems", result))
+
+        return cls(prepare_out_dir, default_out_dir, finalize_bundle, problems)
+
+
+def launch(
+    plan: RunPlan,
+    *,
+    tick: Callable[[float], None] | None = None,
+    tick_s: float = 0.5,
+) -> LaunchResult:
+    """Run the planned torchrun once; end its whole tree at the overall timeout or on ^C."""
+    plan.log_dir.mkdir(parents=True, exist_ok=True)
+    timeout_s = plan.options.timeout_s
+    started_at, t0 = _now(), time.monotonic()
+    with plan.agent_log.open("wb") as log:
+        proc = subprocess.Popen(
+            plan.argv,
+            env=plan.child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # ^C at the terminal reaches the launcher, not the ranks
+        )
+    tracker = Tracker(proc.pid)
+    timed_out = False
+    try:
+        while True:
+            try:
+                proc.wait(timeout=tick_s)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            tracker.scan()
+            elapsed = time.monotonic() - t0
+            if tick is not None:
+                tick(elapsed)
+            if elapsed > timeout_s:
+                timed_out = True
+                tracker.end_all(grace_s=SHUTDOWN_TIMEOUT_S + 5)
+                proc.wait()
+                break
+    except BaseException:
+        tracker.end_all(grace_s=5.0)
+        proc.wait()
+        raise
+    leftovers = tracker.survivors()
+    if leftovers:
+        tracker.end_all(grace_s=3.0)
+    return LaunchResult(
+        exit_code=int(proc.returncode),
+        timed_out=timed_out,
+        started_at=started_at,
+        finished_at=_now(),
+        elapsed_s=time.monotonic() - t0,
+        leftovers=tuple(p.pid for p in leftovers),
+    )
+
+
+def prepare(options: RunOptions, evidence: Evidence) -> Path:
+    """The out folder: node 0 creates it (refusing a non-empty one), others join node 0's."""
+    if options.node_rank == 0:
+        out = options.out_dir if options.out_dir is not None else evidence.default_out_dir()
+        return Path(evidence.prepare_out_dir(Path(out))).absolute()
+    assert options.out_dir is not None and options.rdzv_endpoint is not None
+    return nodes.join_out_dir(
+        options.out_dir,
+        nnodes=options.nnodes,
+        endpoint=options.rdzv_endpoint,
+        wait_s=JOIN_WAIT_S,
+    )
+
+
+def _say(stream: TextIO, text: str) -> None:
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def report(stream: TextIO, out_dir: Path, receipt: Any, problems: list[str]) -> None:
+    """A few lines for the person at the terminal; the bundle has the rest."""
+    verdict = str(getattr(receipt, "verdict", "fail")).upper()
+    _say(stream, f"dcpqual run: verdict {verdict} (status {getattr(receipt, 'status', '?')})")
+    cause = getattr(receipt, "root_cause", None)
+    if cause is not None:
+        where = f" in {cause.test}" if getattr(cause, "test", None) else ""
+        who = "?" if cause.rank is None else cause.rank
+        _say(stream, f"  root cause: rank {who}{where}: {cause.message}")
+    for problem in problems:
+        _say(stream, f"  bundle problem: {problem}")
+    _say(stream, f"  evidence: {out_dir}  (summary.md, receipt.json)")
+
+
+def run(
+    options: RunOptions,
+    *,
+    evidence: Evidence | None = None,
+    stream: TextIO | None = None,
+    progress: Progress | None = None,
+) -> int:
+    """The whole `dcpqual run`; returns the process exit code (0 only on a verified pass)."""
+    stream = sys.stdout if stream is None else stream
+    evidence = Evidence.load() if evidence is None else evidence
+    out_dir = prepare(options, evidence)
+    plan = build_plan(options, out_dir)
+    endpoint = options.rdzv_endpoint or ""
+    marker = nodes.NodeMarker.here(options.node_rank, options.nnodes, endpoint, _now())
+    if options.multi_node:
+        nodes.write_marker(out_dir, marker)
+    _say(
+        stream,
+        f"dcpqual run: {options.world_size} ranks ({options.nnodes} node(s) x "
+        f"{options.nproc_per_node}), backend {options.backend}, evidence -> {out_dir}",
+    )
+    progress = make_progress(stream) if progress is None else progress
+    records = out_dir / "records"
+    try:
+        result = launch(plan, tick=poller(records, options.world_size, progress))
+    except BaseException:
+        progress.close()
+        raise
+    progress.close(snapshot(records, options.world_size, result.elapsed_s))
+    if options.multi_node:
+        finished = nodes.NodeMarker(
+            **{
+                **marker.to_json(),
+                "state": "finished",
+                "exit_code": result.exit_code,
+                "timed_out": result.timed_out,
+                "finished_at": result.finished_at,
+            }
+        )
+        nodes.write_marker(out_dir, finished)
+    _say(
+        stream,
+        f"dcpqual run: torchrun exited {result.exit_code} after {result.elapsed_s:.1f}s"
+        + (" (timed out: whole tree ended)" if result.timed_out else ""),
+    )
+    if options.node_rank != 0:
+        return _follow_node0(stream, out_dir, result)
+    markers = (
+        nodes.wait_for_nodes(out_dir, options.nnodes, NODE_WAIT_S) if options.multi_node else None
+    )
+    ctx = run_context(plan, result, nodes=markers)
+    receipt = evidence.finalize_bundle(out_dir, ctx)
+    problems = evidence.verify_bundle(out_dir)
+    report(stream, out_dir, receipt, problems)
+    passed = getattr(receipt, "verdict", None) == "pass"
+    return 0 if passed and not problems and ctx.exit_code == 0 and not ctx.timed_out else 1
+
+
+def _follow_node0(stream: TextIO, out_dir: Path, result: LaunchResult) -> int:
+    receipt = nodes.wait_for_receipt(out_dir, NODE_WAIT_S)
+    if receipt is None:
+        _say(stream, f"dcpqual run: node 0 wrote no bundle in {out_dir} within {NODE_WAIT_S:g}s")
+        return 1
+    verdict = receipt.get("verdict")
+    _say(stream, f"dcpqual run: node 0's bundle says {str(verdict).upper()}: {out_dir}")
+    return 0 if verdict == "pass" and result.exit_code == 0 else 1

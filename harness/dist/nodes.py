@@ -1,0 +1,157 @@
+"""Multi-node runs: how several `dcpqual run` agents share one out folder and one bundle.
+
+Design: every node is given the same `--out`, on a folder all nodes can reach (trivially so for
+two agents on one host; NFS or similar across hosts). Node 0 owns the folder: it refuses a
+non-empty one, creates it and writes `nodes/node-00.json` ("started"). Other nodes touch nothing
+until that marker appears (so node 0's emptiness check cannot trip over them), then run their
+ranks, which write `records/`, `junit/`, `stacks/` under their global rank numbers and torchrun
+logs under `torchrun/node-KK/`. When its torchrun exits, each node rewrites its marker as
+"finished" with torchrun's exit status. Node 0 waits for every node's "finished" marker, then
+writes the one bundle (all ranks) and verifies it; the other nodes wait for `receipt.json` and
+exit with its verdict, so every node's exit code tells the same story.
+
+Without a shared folder node K never sees node 0's marker and stops with a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from harness.errors import UsageError
+
+NODES_DIR = "nodes"
+RECEIPT = "receipt.json"
+State = Literal["started", "finished"]
+
+
+@dataclass(frozen=True)
+class NodeMarker:
+    """One node's state in the shared out folder."""
+
+    node_rank: int
+    nnodes: int
+    rdzv_endpoint: str
+    state: State
+    hostname: str = ""
+    pid: int = 0
+    exit_code: int | None = None
+    timed_out: bool = False
+    started_at: str = ""
+    finished_at: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node_rank": self.node_rank,
+            "nnodes": self.nnodes,
+            "rdzv_endpoint": self.rdzv_endpoint,
+            "state": self.state,
+            "hostname": self.hostname,
+            "pid": self.pid,
+            "exit_code": self.exit_code,
+            "timed_out": self.timed_out,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NodeMarker:
+        return cls(
+            node_rank=int(data["node_rank"]),
+            nnodes=int(data["nnodes"]),
+            rdzv_endpoint=str(data["rdzv_endpoint"]),
+            state=data["state"],
+            hostname=data.get("hostname", ""),
+            pid=int(data.get("pid", 0)),
+            exit_code=data.get("exit_code"),
+            timed_out=bool(data.get("timed_out", False)),
+            started_at=data.get("started_at", ""),
+            finished_at=data.get("finished_at", ""),
+        )
+
+    @classmethod
+    def here(cls, node_rank: int, nnodes: int, endpoint: str, started_at: str) -> NodeMarker:
+        return cls(
+            node_rank=node_rank,
+            nnodes=nnodes,
+            rdzv_endpoint=endpoint,
+            state="started",
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=started_at,
+        )
+
+
+def marker_path(out_dir: Path, node_rank: int) -> Path:
+    return out_dir / NODES_DIR / f"node-{node_rank:02d}.json"
+
+
+def write_marker(out_dir: Path, marker: NodeMarker) -> None:
+    path = marker_path(out_dir, marker.node_rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(marker.to_json(), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_marker(out_dir: Path, node_rank: int) -> NodeMarker | None:
+    try:
+        return NodeMarker.from_json(json.loads(marker_path(out_dir, node_rank).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def join_out_dir(out_dir: Path, *, nnodes: int, endpoint: str, wait_s: float) -> Path:
+    """Node K > 0: wait for node 0 to own `out_dir` for this very rendezvous, then join it."""
+    out_dir = out_dir.absolute()
+    deadline = time.monotonic() + wait_s
+    while True:
+        if (out_dir / RECEIPT).exists():
+            raise UsageError(f"--out {out_dir} already holds a finished bundle")
+        marker = read_marker(out_dir, 0)
+        if marker is not None:
+            if (marker.rdzv_endpoint, marker.nnodes) != (endpoint, nnodes):
+                raise UsageError(
+                    f"--out {out_dir} belongs to another run (node 0 uses rendezvous "
+                    f"{marker.rdzv_endpoint} with {marker.nnodes} nodes, this node "
+                    f"{endpoint} with {nnodes})"
+                )
+            if marker.state != "started":
+                raise UsageError(f"--out {out_dir}: node 0 of that run already finished")
+            return out_dir
+        if time.monotonic() >= deadline:
+            raise UsageError(
+                f"--out {out_dir}: node 0 did not start a run there within {wait_s:g}s; "
+                "multi-node runs need --out on a folder shared by every node, and node 0 running"
+            )
+        time.sleep(0.2)
+
+
+def wait_for_nodes(out_dir: Path, nnodes: int, wait_s: float) -> dict[int, NodeMarker | None]:
+    """Node 0: every node's marker once all say "finished", or what was there at the deadline."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        markers = {k: read_marker(out_dir, k) for k in range(nnodes)}
+        if all(m is not None and m.state == "finished" for m in markers.values()):
+            return markers
+        if time.monotonic() >= deadline:
+            return markers
+        time.sleep(0.2)
+
+
+def wait_for_receipt(out_dir: Path, wait_s: float) -> dict[str, Any] | None:
+    """Node K > 0: node 0's receipt once it and SHA256SUMS are written, else None."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if (out_dir / "SHA256SUMS").exists():
+            try:
+                return dict(json.loads((out_dir / RECEIPT).read_text()))
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.2)
+    return None

@@ -1,0 +1,215 @@
+"""Step one of `dcpqual run`: validated options -> the exact torchrun command and environment.
+
+Pure: nothing here starts a process or touches the disk, so every flag the ranks get is checked
+by unit tests. Options are validated where they are born (`RunOptions.__post_init__`), with the
+offending values in the message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.errors import UsageError
+
+BACKENDS: tuple[str, ...] = ("gloo", "nccl")
+RDZV_ID = "dcpqual"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_ENDPOINT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
+# Seconds torchrun's agent waits after SIGTERM before it SIGKILLs a rank. Ranks answer SIGTERM
+# from their watchdog within a second; this only bounds a rank stuck holding the GIL.
+SHUTDOWN_TIMEOUT_S = 10
+
+
+def default_targets() -> tuple[str, ...]:
+    """The repository's suites/ (next to the harness package in a source checkout)."""
+    suites = REPO_ROOT / "suites"
+    if not suites.is_dir():
+        raise UsageError(
+            f"no suites/ folder at {suites} (harness installed without its repository?); "
+            "give the pytest targets after --"
+        )
+    return (str(suites),)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What the user asked `dcpqual run` for. Invalid combinations never get past here."""
+
+    nproc_per_node: int
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    backend: str = "gloo"
+    out_dir: Path | None = None
+    timeout_s: float = 3600.0
+    test_timeout_s: float | None = None  # default: min(300 s, half of --timeout)
+    warm_impl: str = "vendored"
+    tp: int = 16
+    dcp: int | None = None  # default: min(world size, 16), as the suites' fixture assumes
+    pytest_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("nproc_per_node", "nnodes", "tp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(
+                    f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}"
+                )
+        if self.dcp is not None and (isinstance(self.dcp, bool) or self.dcp < 1):
+            raise UsageError(f"--dcp must be an integer >= 1, got {self.dcp!r}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise UsageError(
+                f"--node-rank must be in 0..{self.nnodes - 1} for --nnodes {self.nnodes}, "
+                f"got {self.node_rank}"
+            )
+        if self.backend not in BACKENDS:
+            raise UsageError(f"unknown --backend {self.backend!r}; expected gloo or nccl")
+        if self.nnodes > 1:
+            if not self.rdzv_endpoint:
+                raise UsageError(f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT")
+            if self.out_dir is None:
+                raise UsageError(
+                    "--nnodes > 1 needs an explicit --out on a folder every node can reach "
+                    "(node 0 writes the bundle from all nodes' files)"
+                )
+        if self.rdzv_endpoint is not None:
+            match = _ENDPOINT.match(self.rdzv_endpoint)
+            if match is None or not 0 < int(match["port"]) < 65536:
+                raise UsageError(
+                    f"--rdzv-endpoint must be HOST:PORT with a port in 1..65535, "
+                    f"got {self.rdzv_endpoint!r}"
+                )
+        for flag, value in (("--timeout", self.timeout_s), ("--test-timeout", self.test_timeout_s)):
+            if value is not None and not value > 0:
+                raise UsageError(f"{flag} must be a number of seconds > 0, got {value!r}")
+        if self.test_timeout_s is not None and self.test_timeout_s >= self.timeout_s:
+            raise UsageError(
+                f"--test-timeout {self.test_timeout_s:g} must be below --timeout "
+                f"{self.timeout_s:g}, or a hang is only caught by the whole run's timeout"
+            )
+        from harness.warm.geometry import ParallelGeometry  # validates tp/dcp, GeometryError
+
+        ParallelGeometry(tp=self.tp, dcp=self.resolved_dcp)
+        if self.world_size % self.resolved_dcp:
+            raise UsageError(
+                f"world size {self.world_size} cannot be split into DCP groups of "
+                f"{self.resolved_dcp} (--dcp)"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def resolved_test_timeout(self) -> float:
+        if self.test_timeout_s is not None:
+            return self.test_timeout_s
+        return min(300.0, self.timeout_s / 2)
+
+    @property
+    def resolved_dcp(self) -> int:
+        return self.dcp if self.dcp is not None else min(self.world_size, 16)
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nnodes > 1
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything `launch` needs: argv, the environment it adds, and where files go."""
+
+    options: RunOptions
+    out_dir: Path
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    targets: tuple[str, ...] = ()
+
+    @property
+    def log_dir(self) -> Path:
+        """This node's torchrun --log-dir (one per node, so two agents never collide)."""
+        return self.out_dir / "torchrun" / f"node-{self.options.node_rank:02d}"
+
+    @property
+    def agent_log(self) -> Path:
+        return self.log_dir / "agent.log"
+
+    @property
+    def agent_error_file(self) -> Path:
+        return self.log_dir / "agent-error.json"
+
+    def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        env.update(self.env)
+        return env
+
+
+def torchrun_args(options: RunOptions, log_dir: Path) -> list[str]:
+    """The launcher half of the command: how many ranks, how they meet, where logs go."""
+    args = [sys.executable, "-m", "torch.distributed.run"]
+    if options.multi_node:
+        args += [
+            f"--nnodes={options.nnodes}",
+            f"--node-rank={options.node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={options.rdzv_endpoint}",
+            f"--rdzv-id={RDZV_ID}",
+        ]
+    else:
+        args.append("--standalone")
+    args += [
+        f"--nproc-per-node={options.nproc_per_node}",
+        "--max-restarts=0",  # launch once: a restarted rank would hide the first failure
+        "--monitor-interval=0.1",
+        f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}",
+        f"--log-dir={log_dir}",
+        "--redirects=3",  # every rank's stdout/stderr to its own file under --log-dir
+    ]
+    return args
+
+
+def pytest_args(options: RunOptions, out_dir: Path, targets: tuple[str, ...]) -> list[str]:
+    """The rank half: pytest with the rank plugin, its settings, then the user's arguments."""
+    return [
+        "-m",
+        "pytest",
+        "-p",
+        "harness.dist.plugin",
+        "-p",
+        "no:cacheprovider",  # 16 ranks writing one .pytest_cache would race
+        f"--dcpqual-out={out_dir}",
+        f"--dcpqual-backend={options.backend}",
+        f"--dcpqual-test-timeout={options.resolved_test_timeout:g}",
+        *targets,
+    ]
+
+
+def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
+    """The torchrun invocation for this node. `out_dir` must be absolute (ranks chdir nowhere,
+    but torchrun's log paths and the ranks' files must not depend on the cwd)."""
+    if not out_dir.is_absolute():
+        raise ValueError(f"out_dir must be absolute, got {out_dir}")
+    targets = options.pytest_args or default_targets()
+    probe = RunPlan(options=options, out_dir=out_dir, argv=())
+    argv = (
+        *torchrun_args(options, probe.log_dir),
+        *pytest_args(options, out_dir, targets),
+    )
+    pythonpath = os.environ.get("PYTHONPATH", "")
+    env = {
+        "DCPQUAL_RANK_PLUGIN": "1",  # the root conftest collects suites/ only on ranks
+        "DCPQUAL_BACKEND": options.backend,
+        "DCPQUAL_WARM_IMPL": options.warm_impl,
+        "DCPQUAL_TP": str(options.tp),
+        "DCPQUAL_DCP": str(options.resolved_dcp),
+        "DCPQUAL_OUT": str(out_dir),
+        "TORCHELASTIC_ERROR_FILE": str(probe.agent_error_file),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), pythonpath) if p),
+        "PYTHONUNBUFFERED": "1",
+    }
+    return RunPlan(options=options, out_dir=out_dir, argv=argv, env=env, targets=targets)

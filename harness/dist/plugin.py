@@ -1,0 +1,304 @@
+"""The per-rank pytest plugin ("dcpqual-rank"), loaded on every rank with `-p harness.dist.plugin`.
+
+On each rank it: joins the process group before collection; checks over the side channel that
+every rank collected the same test ids in the same order (else every rank aborts and prints the
+diff, as xdist does); runs each test, then agrees with the other ranks on its outcome, so every
+rank reports the same verdict and the rank whose failure came first is primary; stops the
+session at the first failed test; keeps `records/rank-NN.json` current and writes
+`junit/rank-NN.xml` through pytest's own junitxml. A watchdog thread bounds every test and turns
+hangs, peer failures and SIGTERM into recorded outcomes (see `harness.dist.watchdog`).
+
+Rank-side only: never imports the launcher or the evidence writer. Inert when not under torchrun.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from harness.capture.records import CaptureRecord
+from harness.dist.agreement import LocalResult, agree, compare_collections
+from harness.dist.bootstrap import BootstrapError, RankEnv, init_process_group, teardown
+from harness.dist.rankfiles import RecordKeeper, dump_stacks, junit_path, write_error_file
+from harness.dist.records import Outcome, TestOutcome
+from harness.dist.sidechannel import SideChannel
+from harness.dist.watchdog import WatchConfig, Watchdog
+
+PLUGIN_NAME = "dcpqual-rank"
+MAX_MESSAGE = 2000
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("dcpqual-rank", "dcpqual rank plugin (set by `dcpqual run`)")
+    group.addoption("--dcpqual-out", default=None, help="the run's out folder")
+    group.addoption(
+        "--dcpqual-backend",
+        default=os.environ.get("DCPQUAL_BACKEND", "gloo"),
+        choices=("gloo", "nccl"),
+    )
+    group.addoption("--dcpqual-test-timeout", type=float, default=300.0, help="seconds; 0: none")
+    group.addoption("--dcpqual-abort-grace", type=float, default=3.0)
+    group.addoption("--dcpqual-collect-timeout", type=float, default=300.0)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Runs before junitxml's configure, so the per-rank junit path is in place in time."""
+    if not RankEnv.present() or config.pluginmanager.has_plugin(PLUGIN_NAME):
+        return
+    plugin = RankPlugin(config)
+    config.pluginmanager.register(plugin, PLUGIN_NAME)
+    plugin.start()
+
+
+def _short(report: pytest.TestReport | pytest.CollectReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = getattr(crash, "message", None) or report.longreprtext.strip().splitlines()[-1:]
+    if isinstance(text, list):
+        text = text[0] if text else report.outcome
+    return str(text)[:MAX_MESSAGE]
+
+
+def local_outcome(reports: list[pytest.TestReport]) -> tuple[Outcome, str | None]:
+    """One test's outcome on this rank from its setup/call/teardown reports."""
+    for rep in reports:
+        if rep.failed:
+            return ("failed" if rep.when == "call" else "error"), _short(rep)
+    if any(rep.skipped for rep in reports):
+        return "skipped", None
+    return "passed", None
+
+
+class RankPlugin:
+    """Registered as "dcpqual-rank"; suites reach it through `add_capture`."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.env = RankEnv.from_env()
+        out = config.getoption("dcpqual_out") or os.environ.get("DCPQUAL_OUT")
+        self.out_dir = Path(out) if out else Path(tempfile.gettempdir()) / "dcpqual-rank-out"
+        self.backend: str = config.getoption("dcpqual_backend")
+        self.watch_config = WatchConfig(
+            test_timeout_s=float(config.getoption("dcpqual_test_timeout")),
+            abort_grace_s=float(config.getoption("dcpqual_abort_grace")),
+        )
+        self.collect_timeout_s = float(config.getoption("dcpqual_collect_timeout"))
+        self.keeper: RecordKeeper | None = None
+        self.channel: SideChannel | None = None
+        self.watchdog: Watchdog | None = None
+        self._index: dict[int, int] = {}
+        self._root_cause: str | None = None
+        self._wakeup: tuple[int, int] | None = None
+        self._old_wakeup_fd = -1
+        self._old_sigterm: object = None
+        if config.option.xmlpath is None and not hasattr(config, "workerinput"):
+            config.option.xmlpath = str(junit_path(self.out_dir, self.env.rank))
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        env = self.env
+        self.keeper = RecordKeeper.start(
+            self.out_dir / "records",
+            rank=env.rank,
+            world_size=env.world_size,
+            local_rank=env.local_rank,
+            node_rank=env.node_rank,
+            backend=self.backend,
+            device="cuda" if self.backend == "nccl" else "cpu",
+            warm_impl=os.environ.get("DCPQUAL_WARM_IMPL", "vendored"),
+        )
+        test_timeout = self.watch_config.test_timeout_s
+        pg_timeout = timedelta(seconds=(test_timeout if test_timeout > 0 else 1800.0) + 60.0)
+        try:
+            device = init_process_group(self.backend, env, pg_timeout)
+        except BootstrapError as exc:
+            self.keeper.finish(abort_reason=f"bootstrap failed: {exc}", primary=True)
+            write_error_file(env.rank, None, f"bootstrap failed: {exc}")
+            raise pytest.UsageError(f"dcpqual rank {env.rank}: {exc}") from None
+        self.keeper.update(device=str(device))
+        self.channel = SideChannel.for_process_group(env.rank, env.world_size)
+        self.watchdog = Watchdog(
+            rank=env.rank,
+            world_size=env.world_size,
+            channel=self.channel.clone(),
+            keeper=self.keeper,
+            out_dir=self.out_dir,
+            config=self.watch_config,
+            wakeup_fd=self._install_sigterm(),
+        )
+        self.watchdog.start()
+
+    def _install_sigterm(self) -> int | None:
+        """Route SIGTERM to the watchdog through a wakeup pipe (works while main is in C++)."""
+        try:
+            read_fd, write_fd = os.pipe()
+            os.set_blocking(read_fd, False)
+            os.set_blocking(write_fd, False)
+            self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._old_wakeup_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        except (ValueError, OSError):  # not the main thread: rely on torchrun's SIGKILL
+            return None
+        self._wakeup = (read_fd, write_fd)
+        return read_fd
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        if self.watchdog is None or not self.watchdog.is_alive():
+            os._exit(128 + signum)
+        # else: the watchdog got the same signal through the wakeup pipe and handles it
+
+    def add_capture(self, record: CaptureRecord) -> None:
+        """Hand a capture window's record to this rank's record (suites' `record_capture`)."""
+        if self.keeper is not None:
+            self.keeper.add_capture(record)
+
+    # -- collection -------------------------------------------------------------------------
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed and self.keeper is not None:
+            message = _short(report)
+            self.keeper.add_test(
+                TestOutcome(
+                    nodeid=report.nodeid or "<collection>",
+                    outcome="error",
+                    message=f"collection error: {message}",
+                    failed_at=time.time(),
+                )
+            )
+            write_error_file(self.env.rank, report.nodeid, f"collection error: {message}")
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        assert self.keeper is not None and self.channel is not None
+        nodeids = tuple(item.nodeid for item in session.items)
+        self._index = {id(item): i for i, item in enumerate(session.items)}
+        self.keeper.collected(nodeids)
+        self.channel.post_collection(nodeids)
+        lists = self.channel.gather_collections(time.monotonic() + self.collect_timeout_s)
+        missing = [r for r in range(self.env.world_size) if r not in lists]
+        if missing:
+            reason = f"rank(s) {', '.join(map(str, missing))} never finished collection"
+            self._abort_collection(reason, primary=False)
+        mismatch = compare_collections(lists)
+        if mismatch is not None:
+            primary = self.env.rank in mismatch.odd_ranks
+            self._abort_collection(mismatch.describe(), primary=primary)
+
+    def _abort_collection(self, reason: str, *, primary: bool) -> None:
+        assert self.keeper is not None and self.channel is not None
+        sys.stderr.write(f"\ndcpqual rank {self.env.rank}: {reason}\n")
+        first_line = reason.splitlines()[0]
+        self.keeper.finish(abort_reason=first_line, primary=primary)
+        if primary:
+            write_error_file(self.env.rank, None, first_line, reason)
+        self.channel.signal_abort(f"rank {self.env.rank}: {first_line}")
+        pytest.exit(f"dcpqual: {first_line}", returncode=pytest.ExitCode.INTERRUPTED)
+
+    # -- tests ------------------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool:
+        from _pytest.runner import runtestprotocol
+
+        assert self.keeper is not None and self.channel is not None and self.watchdog is not None
+        index = self._index.get(id(item), -1)
+        item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        self.keeper.running(item.nodeid)
+        self.watchdog.begin_test(index, item.nodeid)
+        started = time.monotonic()
+        reports = runtestprotocol(item, nextitem=nextitem, log=False)
+        duration = time.monotonic() - started
+        if not self.watchdog.body_done():
+            self.watchdog.park()
+        outcome, message = local_outcome(reports)
+        failing = outcome in ("failed", "error")
+        mine = LocalResult(
+            rank=self.env.rank,
+            outcome=outcome,
+            message=message,
+            duration_s=duration,
+            failed_at=time.time() if failing else None,
+            fail_seq=self.channel.next_fail_seq(index) if failing else None,
+        )
+        self.channel.post_result(index, mine)
+        results = self.channel.gather_results(index, self.watchdog.test_deadline())
+        results[self.env.rank] = mine
+        agreement = agree(item.nodeid, results, self.env.world_size)
+        self.watchdog.idle()
+        if any(r.kind == "timeout" for r in results.values()):
+            dump_stacks(self.out_dir, self.env.rank, f"a peer timed out in {item.nodeid}")
+        recorded = agreement.outcome_for(mine)
+        self.keeper.add_test(recorded)
+        self._apply(reports, agreement.failed, recorded)
+        for rep in reports:
+            item.ihook.pytest_runtest_logreport(report=rep)
+        item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        if agreement.failed:
+            self._root_cause = f"{agreement.describe()} [{item.nodeid}]"
+            if recorded.primary:
+                text = next((r.longreprtext for r in reports if r.failed), message or "")
+                write_error_file(self.env.rank, item.nodeid, message or "failed", text)
+            item.session.shouldfail = f"dcpqual: stopping after {agreement.describe()}"
+        return True
+
+    @staticmethod
+    def _apply(reports: list[pytest.TestReport], failed: bool, recorded: TestOutcome) -> None:
+        """Make pytest's reports (and so junit) tell the agreed verdict on this rank too."""
+        if not failed:
+            return
+        local_failed = [r for r in reports if r.failed]
+        if local_failed:
+            if not recorded.primary:
+                ranks = ", ".join(map(str, recorded.failing_ranks))
+                for rep in local_failed:
+                    rep.sections.append(
+                        ("dcpqual", f"secondary failure: rank(s) {ranks} failed this test first")
+                    )
+            return
+        target = next((r for r in reports if r.when == "call"), reports[-1])
+        target.outcome = "failed"
+        target.longrepr = f"[dcpqual] {recorded.message}"
+        if hasattr(target, "wasxfail"):
+            del target.wasxfail
+
+    # -- end --------------------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.watchdog is not None:
+            self.watchdog.session_finishing()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """After junitxml wrote its file: the record becomes complete, then leave the group."""
+        if self.keeper is not None:
+            self.keeper.finish()
+        if self.watchdog is not None:
+            self.watchdog.session_finished()
+        try:
+            teardown()
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.stop()
+            self._restore_sigterm()
+
+    def _restore_sigterm(self) -> None:
+        if self._wakeup is None:
+            return
+        signal.set_wakeup_fd(self._old_wakeup_fd)
+        if callable(self._old_sigterm) or isinstance(self._old_sigterm, int):
+            signal.signal(signal.SIGTERM, self._old_sigterm)  # type: ignore[arg-type]
+        for fd in self._wakeup:
+            os.close(fd)
+        self._wakeup = None
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self._root_cause:
+            terminalreporter.write_sep("=", "dcpqual")
+            terminalreporter.write_line(f"root cause: {self._root_cause}")

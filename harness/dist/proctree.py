@@ -1,0 +1,107 @@
+"""Find and end every process a launch started, including ranks torchrun left behind.
+
+Why not just `killpg`: torchrun starts each rank in a new session (its own process group), so
+killing torchrun's group misses them, and once torchrun is gone the ranks are re-parented and
+no longer look like its children. The launcher therefore snapshots the tree while it is alive
+(`Tracker.scan`) and can end anything from the snapshot later. A process is identified by
+(pid, start time), so a recycled pid is never killed by mistake. Linux /proc only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    start_ticks: int
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks) of a live, non-zombie process."""
+    try:
+        raw = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[1]), int(fields[19])
+
+
+def identify(pid: int) -> Proc | None:
+    stat = _stat(pid)
+    return None if stat is None else Proc(pid, stat[1])
+
+
+def alive(proc: Proc) -> bool:
+    stat = _stat(proc.pid)
+    return stat is not None and stat[1] == proc.start_ticks
+
+
+def descendants(root: int) -> set[Proc]:
+    """Every live process below `root` now (one pass over /proc)."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _stat(int(entry.name))
+        if stat is not None:
+            children.setdefault(stat[0], []).append((int(entry.name), stat[1]))
+    found: set[Proc] = set()
+    todo = [root]
+    while todo:
+        for pid, start in children.get(todo.pop(), []):
+            found.add(Proc(pid, start))
+            todo.append(pid)
+    return found
+
+
+class Tracker:
+    """Remembers every process ever seen under one root (the torchrun agent)."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.seen: set[Proc] = set()
+        me = identify(root)
+        if me is not None:
+            self.seen.add(me)
+
+    def scan(self) -> None:
+        self.seen |= descendants(self.root)
+
+    def survivors(self) -> list[Proc]:
+        return sorted((p for p in self.seen if alive(p)), key=lambda p: p.pid)
+
+    def signal_all(self, sig: int) -> list[Proc]:
+        """Send `sig` to every remembered process still alive; returns those signalled."""
+        hit = []
+        for proc in self.survivors():
+            try:
+                os.kill(proc.pid, sig)
+                hit.append(proc)
+            except (ProcessLookupError, PermissionError):
+                continue
+        return hit
+
+    def end_all(self, grace_s: float) -> list[Proc]:
+        """SIGTERM, wait up to `grace_s`, then SIGKILL what is left; returns the SIGKILLed."""
+        self.scan()
+        if not self.signal_all(signal.SIGTERM):
+            return []
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and self.survivors():
+            time.sleep(0.1)
+        self.scan()
+        killed = self.signal_all(signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and self.survivors():
+            time.sleep(0.05)
+        return killed

@@ -1,0 +1,140 @@
+"""Progress for the person watching `dcpqual run`: tests done / total, ranks alive, elapsed.
+
+The ranks already keep `records/rank-NN.json` current after every test, so the launcher only
+polls those files; nothing extra travels between processes. On a terminal the line is a rich
+live display; when stdout is not a terminal, or CI=true, plain lines are printed, one per change
+of the counts and at least every `heartbeat_s`, so CI logs stay short and greppable.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TextIO
+
+from harness.dist.records import RankRecord, rank_record_path
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the ranks have reported so far. `done` counts tests every reporting rank finished."""
+
+    elapsed_s: float
+    world_size: int
+    reported: int = 0
+    alive: int = 0
+    done: int = 0
+    total: int = 0
+    failed: int = 0
+    current: str | None = None
+
+    def line(self) -> str:
+        total = str(self.total) if self.total else "?"
+        parts = [
+            f"[{self.elapsed_s:6.1f}s]",
+            f"tests {self.done}/{total}",
+            f"ranks alive {self.alive}/{self.world_size}",
+        ]
+        if self.failed:
+            parts.append(f"FAILED {self.failed}")
+        if self.current:
+            parts.append(f"running {self.current}")
+        return "  ".join(parts)
+
+
+def snapshot(records_dir: Path, world_size: int, elapsed_s: float) -> Snapshot:
+    """Read whatever records exist now; unreadable or missing ones count as not reported."""
+    records: list[RankRecord] = []
+    for rank in range(world_size):
+        try:
+            records.append(RankRecord.read(rank_record_path(records_dir, rank)))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    if not records:
+        return Snapshot(elapsed_s=elapsed_s, world_size=world_size)
+    alive = sum(1 for r in records if not r.complete and r.abort_reason is None)
+    failed = len({t.nodeid for r in records for t in r.tests if t.outcome in ("failed", "error")})
+    running = [r.current_test for r in records if r.current_test]
+    return Snapshot(
+        elapsed_s=elapsed_s,
+        world_size=world_size,
+        reported=len(records),
+        alive=alive,
+        done=min(len(r.tests) for r in records),
+        total=max(len(r.collected) for r in records),
+        failed=failed,
+        current=running[0].rsplit("/", 1)[-1] if running else None,
+    )
+
+
+class Progress(Protocol):
+    def update(self, snap: Snapshot) -> None: ...
+
+    def close(self, snap: Snapshot | None = None) -> None: ...
+
+
+class PlainProgress:
+    """One line per change (tests done, ranks alive, failures), plus a periodic heartbeat."""
+
+    def __init__(self, stream: TextIO, heartbeat_s: float = 30.0) -> None:
+        self.stream = stream
+        self.heartbeat_s = heartbeat_s
+        self._last_key: tuple[int, int, int, int] | None = None
+        self._last_time = 0.0
+
+    def update(self, snap: Snapshot) -> None:
+        key = (snap.done, snap.total, snap.alive, snap.failed)
+        now = time.monotonic()
+        if key != self._last_key or now - self._last_time >= self.heartbeat_s:
+            self.stream.write(f"dcpqual run {snap.line()}\n")
+            self.stream.flush()
+            self._last_key, self._last_time = key, now
+
+    def close(self, snap: Snapshot | None = None) -> None:
+        if snap is not None:
+            self._last_key = None
+            self.update(snap)
+
+
+class RichProgress:
+    """A single live line, redrawn in place (rich), for people at a terminal."""
+
+    def __init__(self, stream: TextIO) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self._console = Console(file=stream)
+        self._live = Live("", console=self._console, refresh_per_second=4, transient=False)
+        self._live.start()
+
+    def update(self, snap: Snapshot) -> None:
+        self._live.update(f"dcpqual run {snap.line()}")
+
+    def close(self, snap: Snapshot | None = None) -> None:
+        if snap is not None:
+            self.update(snap)
+        self._live.stop()
+
+
+def wants_plain(stream: TextIO, environ: dict[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    is_tty = getattr(stream, "isatty", lambda: False)()
+    return (not is_tty) or env.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def make_progress(stream: TextIO | None = None) -> Progress:
+    stream = sys.stdout if stream is None else stream
+    return PlainProgress(stream) if wants_plain(stream) else RichProgress(stream)
+
+
+def poller(records_dir: Path, world_size: int, progress: Progress) -> Callable[[float], None]:
+    """The launcher's per-tick callback: read the records, show the counts."""
+
+    def poll(elapsed_s: float) -> None:
+        progress.update(snapshot(records_dir, world_size, elapsed_s))
+
+    return poll

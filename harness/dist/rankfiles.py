@@ -1,0 +1,180 @@
+"""What a rank leaves in the out folder: its record, its stack dumps, torchrun's error file.
+
+Written from two threads (pytest's main thread and the watchdog), so every write goes through
+one lock, and the record is replaced atomically: a rank killed at any moment leaves either the
+previous record or the next one, never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import faulthandler
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from harness.capture.records import CaptureRecord
+from harness.dist.records import RankRecord, TestOutcome, rank_record_path
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def stacks_path(out_dir: Path, rank: int) -> Path:
+    return out_dir / "stacks" / f"rank-{rank:02d}.txt"
+
+
+def junit_path(out_dir: Path, rank: int) -> Path:
+    return out_dir / "junit" / f"rank-{rank:02d}.xml"
+
+
+class RecordKeeper:
+    """Owns this rank's `RankRecord`; every change is written to disk at once."""
+
+    def __init__(self, path: Path, record: RankRecord) -> None:
+        self.path = path
+        self._record = record
+        self._lock = threading.Lock()
+        self._sealed = False  # after a final write by the watchdog, main-thread writes stop
+        self._write(record)
+
+    @classmethod
+    def start(
+        cls,
+        records_dir: Path,
+        *,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        node_rank: int,
+        backend: str,
+        device: str,
+        warm_impl: str,
+    ) -> RecordKeeper:
+        record = RankRecord(
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            node_rank=node_rank,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            backend=backend,
+            device=device,
+            warm_impl=warm_impl,
+            started_at=utc_now(),
+        )
+        return cls(rank_record_path(records_dir, rank), record)
+
+    @property
+    def record(self) -> RankRecord:
+        return self._record
+
+    def _write(self, record: RankRecord) -> None:
+        self._record = record
+        record.write(self.path)
+
+    def update(self, **changes: object) -> None:
+        with self._lock:
+            if not self._sealed:
+                self._write(replace(self._record, **changes))  # type: ignore[arg-type]
+
+    def collected(self, nodeids: tuple[str, ...]) -> None:
+        self.update(collected=nodeids)
+
+    def running(self, nodeid: str | None) -> None:
+        self.update(current_test=nodeid)
+
+    def add_test(self, outcome: TestOutcome) -> None:
+        with self._lock:
+            if not self._sealed:
+                self._write(replace(self._record.with_test(outcome), current_test=None))
+
+    def add_capture(self, capture: CaptureRecord) -> None:
+        with self._lock:
+            if not self._sealed:
+                self._write(self._record.with_capture(capture))
+
+    def abort(self, reason: str, *, primary: bool, test: TestOutcome | None = None) -> None:
+        """Final words of a rank that leaves abnormally; later writes are ignored."""
+        with self._lock:
+            if self._sealed:
+                return
+            record = self._record
+            if test is not None and not any(t.nodeid == test.nodeid for t in record.tests):
+                record = record.with_test(test)
+            self._write(
+                replace(
+                    record,
+                    abort_reason=reason,
+                    abort_primary=primary,
+                    aborted_at=time.time(),
+                    finished_at=utc_now(),
+                )
+            )
+            self._sealed = True
+
+    def finish(self, *, abort_reason: str | None = None, primary: bool = False) -> None:
+        """The session ended on its own: the record is complete."""
+        with self._lock:
+            if self._sealed:
+                return
+            changes: dict[str, object] = {
+                "complete": True,
+                "finished_at": utc_now(),
+                "current_test": None,
+            }
+            if abort_reason is not None and self._record.abort_reason is None:
+                changes.update(abort_reason=abort_reason, abort_primary=primary)
+                changes["aborted_at"] = time.time()
+            self._write(replace(self._record, **changes))  # type: ignore[arg-type]
+            self._sealed = True
+
+    def heartbeat(self) -> None:
+        """Touch the record: its mtime is this rank's last sign of life for the launcher."""
+        with self._lock, contextlib.suppress(OSError):
+            os.utime(self.path)
+
+
+def dump_stacks(out_dir: Path, rank: int, reason: str) -> Path:
+    """Append every thread's Python stack to stacks/rank-NN.txt (faulthandler: no GIL games)."""
+    path = stacks_path(out_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fh.write(f"=== rank {rank} pid {os.getpid()} at {utc_now()}: {reason}\n")
+        fh.flush()
+        faulthandler.dump_traceback(file=fh, all_threads=True)
+        fh.write("\n")
+    return path
+
+
+def write_error_file(rank: int, test: str | None, message: str, callstack: str = "") -> None:
+    """Write torchrun's per-worker error file (TORCHELASTIC_ERROR_FILE), as `@record` would.
+
+    torchrun copies the earliest one into its own error file and prints it as the root cause,
+    so a failure is attributed even by someone reading only torchrun's output.
+    """
+    target = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not target or os.path.exists(target):
+        return
+    where = f" in {test}" if test else ""
+    data = {
+        "message": {
+            "message": f"rank {rank}{where}: {message}",
+            "extraInfo": {
+                "py_callstack": callstack or message,
+                "timestamp": str(int(time.time())),
+                "dcpqual": {"rank": rank, "test": test, "message": message, "time": time.time()},
+            },
+        }
+    }
+    try:
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        Path(target).write_text(json.dumps(data))
+    except OSError:
+        pass

@@ -1,0 +1,185 @@
+"""The ranks' side channel: a c10d store shared by all ranks, outside the process group.
+
+Why not a collective: a collective waits for every rank, forever (or gloo's timeout), so one dead
+or hung rank would hang the others. Store keys are posted and polled with deadlines, survive a
+rank's death (torchrun's agent hosts the store), and let a rank that fails tell its peers at
+once. Keys (under a per-run prefix):
+
+    col/<rank>          the test ids this rank collected (JSON list)
+    res/<i>/<rank>      this rank's `LocalResult` for test number i
+    failseq             global counter: order in which ranks observed failures
+    fails/<i>           how many ranks failed test i so far
+    abort               set by a rank leaving abnormally (SIGTERM, timeout, abort)
+
+Every read tolerates a lost store (the agent went away): callers get what was seen so far.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from harness.dist.agreement import LocalResult
+
+StoreLost = RuntimeError  # c10d raises RuntimeError subclasses (DistStoreError, DistNetworkError)
+
+
+def _clone(store: dist.Store) -> dist.Store:
+    """A new connection to the same store (own socket), or the store itself if it cannot."""
+    try:
+        return store.clone()
+    except (AttributeError, RuntimeError):
+        return store
+
+
+class SideChannel:
+    """Deadline-bounded exchanges over a c10d store. One instance per thread (see `clone`)."""
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        *,
+        poll_s: float = 0.02,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.poll_s = poll_s
+        self.clock = clock
+        self.lost = False
+
+    @classmethod
+    def for_process_group(cls, rank: int, world_size: int) -> SideChannel:
+        """A private connection to the default group's store, under this run's key prefix."""
+        base = _clone(dist.distributed_c10d._get_default_store())
+        run = os.environ.get("TORCHELASTIC_RUN_ID", "local")
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"dcpqual/{run}/{attempt}/", base)
+        store.set_timeout(timedelta(seconds=30))
+        return cls(store, rank, world_size)
+
+    def clone(self) -> SideChannel:
+        """A second connection for another thread (a store client is not shared across threads)."""
+        return SideChannel(
+            _clone(self.store), self.rank, self.world_size, poll_s=self.poll_s, clock=self.clock
+        )
+
+    # -- primitives -----------------------------------------------------------------------
+
+    def _set(self, key: str, value: Any) -> None:
+        try:
+            self.store.set(key, json.dumps(value))
+        except StoreLost:
+            self.lost = True
+
+    def _get_many(self, keys: Sequence[str]) -> list[Any] | None:
+        try:
+            if not self.store.check(list(keys)):
+                return None
+            return [json.loads(v) for v in self.store.multi_get(list(keys))]
+        except StoreLost:
+            self.lost = True
+            return None
+
+    def _present(self, keys: Sequence[str]) -> list[str]:
+        found = []
+        for key in keys:
+            try:
+                if self.store.check([key]):
+                    found.append(key)
+            except StoreLost:
+                self.lost = True
+                break
+        return found
+
+    def _counter(self, key: str, delta: int = 0) -> int:
+        try:
+            return int(self.store.add(key, delta))
+        except StoreLost:
+            self.lost = True
+            return 0
+
+    def _gather(
+        self, prefix: str, deadline: float, *, early: Callable[[], bool] | None = None
+    ) -> dict[int, Any]:
+        """Values of `prefix/<rank>` for every rank, or as many as arrived by `deadline`.
+
+        `early()` returning True (a peer aborted) ends the wait sooner, after a short grace
+        for stragglers that are still posting.
+        """
+        keys = [f"{prefix}/{r}" for r in range(self.world_size)]
+        cut = deadline
+        while not self.lost:
+            values = self._get_many(keys)
+            if values is not None:
+                return dict(enumerate(values))
+            now = self.clock()
+            if now >= cut:
+                break
+            if early is not None and cut == deadline and early():
+                cut = min(deadline, now + 2.0)
+            time.sleep(self.poll_s)
+        present = self._present(keys)
+        out: dict[int, Any] = {}
+        for key in present:
+            values = self._get_many([key])
+            if values is not None:
+                out[int(key.rsplit("/", 1)[1])] = values[0]
+        return out
+
+    # -- collection -----------------------------------------------------------------------
+
+    def post_collection(self, nodeids: Sequence[str]) -> None:
+        self._set(f"col/{self.rank}", list(nodeids))
+
+    def gather_collections(self, deadline: float) -> dict[int, list[str]]:
+        return {r: list(v) for r, v in self._gather("col", deadline, early=self.aborted).items()}
+
+    # -- per-test results -----------------------------------------------------------------
+
+    def next_fail_seq(self, index: int) -> int:
+        """Claim a place in the global failure order, and count a failure of test `index`."""
+        self._counter(f"fails/{index}", 1)
+        return self._counter("failseq", 1)
+
+    def failures_in(self, index: int) -> int:
+        return self._counter(f"fails/{index}")
+
+    def post_result(self, index: int, result: LocalResult) -> None:
+        self._set(f"res/{index}/{self.rank}", result.to_json())
+
+    def has_posted(self, index: int) -> bool:
+        return bool(self._present([f"res/{index}/{self.rank}"]))
+
+    def peer_results(self, index: int) -> dict[int, LocalResult]:
+        """Whatever results of test `index` are posted now (no waiting)."""
+        return self.gather_results(index, deadline=self.clock())
+
+    def gather_results(self, index: int, deadline: float) -> dict[int, LocalResult]:
+        raw = self._gather(f"res/{index}", deadline, early=self.aborted)
+        return {r: LocalResult.from_json(v) for r, v in raw.items()}
+
+    # -- aborts ---------------------------------------------------------------------------
+
+    def signal_abort(self, reason: str) -> None:
+        """Tell peers this rank is leaving abnormally; the first reason wins."""
+        try:
+            self.store.compare_set("abort", "", json.dumps({"rank": self.rank, "reason": reason}))
+        except StoreLost:
+            self.lost = True
+
+    def abort_info(self) -> dict[str, Any] | None:
+        values = self._get_many(["abort"])
+        return None if values is None else dict(values[0])
+
+    def aborted(self) -> bool:
+        return self.lost or bool(self._present(["abort"]))

@@ -1,0 +1,297 @@
+"""The rank's watchdog thread: per-test timeout, peer failures, SIGTERM, orphaning, heartbeat.
+
+Why a thread: the main thread may be blocked inside a gloo/NCCL call that no Python exception
+or signal handler can interrupt. The watchdog can still dump every thread's stack, post a result
+to the side channel, write the rank record and end the process, so one bad rank never holds the
+others and never leaves an unexplained gap.
+
+SIGTERM (torchrun stopping the job) reaches the watchdog through `signal.set_wakeup_fd`: the
+interpreter's C-level handler writes the signal number to a pipe the watchdog selects on, even
+while the main thread is stuck in C++.
+
+Exactly one thread decides a test's fate: the main thread by `body_done()`, or the watchdog by
+claiming the test first; whichever loses that race steps aside.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from harness.dist.agreement import Agreement, LocalResult, agree
+from harness.dist.bootstrap import collective_sequence_numbers
+from harness.dist.rankfiles import RecordKeeper, dump_stacks, write_error_file
+from harness.dist.sidechannel import SideChannel
+
+Phase = Literal["idle", "body", "agree", "finishing", "claimed"]
+EXIT_FAILED = 1
+EXIT_TERMINATED = 128 + signal.SIGTERM
+_DIST_DIR = f"{os.sep}torch{os.sep}distributed{os.sep}"
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    """Timing of the watchdog. `test_timeout_s <= 0` disables the per-test timeout."""
+
+    test_timeout_s: float = 300.0
+    abort_grace_s: float = 3.0  # a peer failed: how long this rank may still finish the test
+    exchange_grace_s: float = 5.0  # after a timeout: how long to wait for peers' reports
+    heartbeat_s: float = 1.0
+    tick_s: float = 0.1
+
+
+def main_thread_in_collective() -> bool:
+    """Is the main thread inside a torch.distributed call right now (waiting for peers)?"""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    while frame is not None:
+        if _DIST_DIR in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class Watchdog:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        channel: SideChannel,
+        keeper: RecordKeeper,
+        out_dir: Path,
+        config: WatchConfig,
+        wakeup_fd: int | None = None,
+        exit_fn: Callable[[int], None] = os._exit,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.channel = channel
+        self.keeper = keeper
+        self.out_dir = out_dir
+        self.config = config
+        self.wakeup_fd = wakeup_fd
+        self.exit_fn = exit_fn
+        self._lock = threading.Lock()
+        self._phase: Phase = "idle"
+        self._index = -1
+        self._nodeid = ""
+        self._test_started = 0.0
+        self._peer_failure_seen: float | None = None
+        self._stopping = threading.Event()
+        self._finished = threading.Event()
+        self._ppid = os.getppid()
+        self._thread = threading.Thread(target=self._run, name="dcpqual-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- called from the main thread ------------------------------------------------------
+
+    def begin_test(self, index: int, nodeid: str) -> None:
+        with self._lock:
+            self._phase, self._index, self._nodeid = "body", index, nodeid
+            self._test_started = time.monotonic()
+            self._peer_failure_seen = None
+
+    def body_done(self) -> bool:
+        """The test finished on this rank. False: the watchdog already took it over."""
+        with self._lock:
+            if self._phase == "claimed":
+                return False
+            self._phase = "agree"
+            return True
+
+    def idle(self) -> None:
+        with self._lock:
+            if self._phase != "claimed":
+                self._phase = "idle"
+
+    def session_finishing(self) -> None:
+        with self._lock:
+            if self._phase != "claimed":
+                self._phase = "finishing"
+
+    def session_finished(self) -> None:
+        self._finished.set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+
+    def test_deadline(self) -> float:
+        """Monotonic time by which every live peer has finished or timed out this test."""
+        timeout = self.config.test_timeout_s if self.config.test_timeout_s > 0 else 3600.0
+        return self._test_started + timeout + self.config.exchange_grace_s + 10.0
+
+    def park(self) -> None:
+        """The main thread lost the race: wait here until the watchdog ends the process."""
+        while True:
+            time.sleep(1.0)
+
+    # -- the thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        last_beat = 0.0
+        while not self._stopping.is_set():
+            if self._wait_for_signal(self.config.tick_s):
+                self._terminate("received SIGTERM (torchrun stopped the job or it was cancelled)")
+                return
+            now = time.monotonic()
+            if now - last_beat >= self.config.heartbeat_s:
+                self.keeper.heartbeat()
+                last_beat = now
+            if os.getppid() != self._ppid:
+                self._terminate("orphaned: the torchrun agent that started this rank is gone")
+                return
+            with self._lock:
+                phase, index, nodeid, started = (
+                    self._phase,
+                    self._index,
+                    self._nodeid,
+                    self._test_started,
+                )
+            if phase != "body":
+                continue
+            timeout = self.config.test_timeout_s
+            if timeout > 0 and now - started > timeout and self._claim(index):
+                self._on_timeout(index, nodeid, now - started)
+                return
+            if self._peer_failed(index, now) and self._claim(index):
+                self._on_peer_failure(index, nodeid)
+                return
+
+    def _wait_for_signal(self, timeout: float) -> bool:
+        if self.wakeup_fd is None:
+            self._stopping.wait(timeout)
+            return False
+        try:
+            ready, _, _ = select.select([self.wakeup_fd], [], [], timeout)
+        except (OSError, ValueError):
+            return False
+        if not ready:
+            return False
+        try:
+            data = os.read(self.wakeup_fd, 64)
+        except OSError:  # nothing to read, or the pipe is being closed at the end
+            return False
+        return signal.SIGTERM in data
+
+    def _claim(self, index: int) -> bool:
+        with self._lock:
+            if self._phase != "body" or self._index != index:
+                return False
+            self._phase = "claimed"
+            return True
+
+    def _peer_failed(self, index: int, now: float) -> bool:
+        if self._peer_failure_seen is None:
+            if self.channel.failures_in(index) or self.channel.aborted():
+                self._peer_failure_seen = now
+            return False
+        return now - self._peer_failure_seen >= self.config.abort_grace_s
+
+    def _probe(self) -> tuple[bool, dict[str, int]]:
+        return main_thread_in_collective(), collective_sequence_numbers()
+
+    # -- endings --------------------------------------------------------------------------
+
+    def _settle(self, index: int, nodeid: str, mine: LocalResult, wait_s: float) -> Agreement:
+        self.channel.post_result(index, mine)
+        results = self.channel.gather_results(index, time.monotonic() + wait_s)
+        results[self.rank] = mine
+        return agree(nodeid, results, self.world_size)
+
+    def _on_timeout(self, index: int, nodeid: str, elapsed: float) -> None:
+        stacks = dump_stacks(self.out_dir, self.rank, f"per-test timeout in {nodeid}")
+        in_collective, seqs = self._probe()
+        where = (
+            "blocked inside a torch.distributed call"
+            if in_collective
+            else "not inside a torch.distributed call"
+        )
+        mine = LocalResult(
+            rank=self.rank,
+            outcome="failed",
+            kind="timeout",
+            message=f"timed out after {elapsed:.0f}s, {where} (stacks: {stacks.name})",
+            duration_s=elapsed,
+            failed_at=time.time(),
+            fail_seq=self.channel.next_fail_seq(index),
+            in_collective=in_collective,
+            seqs=seqs,
+        )
+        agreement = self._settle(index, nodeid, mine, self.config.exchange_grace_s)
+        outcome = agreement.outcome_for(mine)
+        if outcome.primary:
+            write_error_file(self.rank, nodeid, mine.message or "", stacks.read_text())
+        self.keeper.abort(f"per-test timeout in {nodeid}", primary=outcome.primary, test=outcome)
+        self.channel.signal_abort(f"rank {self.rank} timed out in {nodeid}")
+        self.exit_fn(EXIT_FAILED)
+
+    def _on_peer_failure(self, index: int, nodeid: str) -> None:
+        dump_stacks(self.out_dir, self.rank, f"aborting {nodeid} after a peer failed")
+        in_collective, seqs = self._probe()
+        peers = self.channel.peer_results(index).items()
+        failed = sorted(r for r, res in peers if res.failing and res.kind != "aborted")
+        info = self.channel.abort_info()
+        if failed:
+            who = f"rank(s) {', '.join(map(str, failed))} failed it"
+        elif info:
+            who = f"rank {info.get('rank')} left the job ({info.get('reason')})"
+        else:
+            who = "a peer failed"
+        mine = LocalResult(
+            rank=self.rank,
+            outcome="error",
+            kind="aborted",
+            message=f"aborted: still in the test {self.config.abort_grace_s:g}s after {who}",
+            failed_at=time.time(),
+            in_collective=in_collective,
+            seqs=seqs,
+        )
+        agreement = self._settle(index, nodeid, mine, 2.0)
+        outcome = agreement.outcome_for(mine)
+        self.keeper.abort(f"aborted {nodeid}: {who}", primary=False, test=outcome)
+        self.channel.signal_abort(f"rank {self.rank} aborted {nodeid} after {who}")
+        self.exit_fn(EXIT_FAILED)
+
+    def _terminate(self, reason: str) -> None:
+        with self._lock:
+            phase, index, nodeid = self._phase, self._index, self._nodeid
+            if phase == "body":
+                self._phase = "claimed"
+        if phase == "finishing":
+            self._finished.wait(5.0)  # let pytest finish writing junit and the record
+        if self._finished.is_set():
+            self.exit_fn(EXIT_TERMINATED)
+            return
+        dump_stacks(self.out_dir, self.rank, reason)
+        test = None
+        if phase == "body":
+            in_collective, seqs = self._probe()
+            mine = LocalResult(
+                rank=self.rank,
+                outcome="error",
+                kind="aborted",
+                message=f"{reason}, while running this test",
+                failed_at=time.time(),
+                in_collective=in_collective,
+                seqs=seqs,
+            )
+            self.channel.post_result(index, mine)
+            test = Agreement(nodeid, "error", (), mine.message, complete=False).outcome_for(mine)
+        self.channel.signal_abort(f"rank {self.rank}: {reason}")
+        self.keeper.abort(reason, primary=False, test=test)
+        self.exit_fn(EXIT_TERMINATED)

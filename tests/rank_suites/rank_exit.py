@@ -1,0 +1,24 @@
+"""One rank dies (os._exit) in the middle of a test; peers are in a collective with it."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch.distributed as dist
+from _world import all_reduce_sum, fault_rank, rank
+
+
+def test_before():
+    assert all_reduce_sum(1.0) == dist.get_world_size()
+
+
+def test_fault():
+    if rank() == fault_rank():
+        time.sleep(0.3)
+        os._exit(1)
+    all_reduce_sum(1.0)
+
+
+def test_after():
+    dist.barrier()

@@ -1,0 +1,31 @@
+"""Every rank passes: collectives agree, one skip, one parametrized pair."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+from _world import all_reduce_sum
+
+
+def test_world_formed():
+    assert dist.is_initialized()
+    assert dist.get_world_size() >= 2
+
+
+def test_all_reduce():
+    world = dist.get_world_size()
+    assert all_reduce_sum(1.0) == world
+
+
+@pytest.mark.parametrize("value", [1.0, 2.5])
+def test_sum_of_ranks(value):
+    world = dist.get_world_size()
+    assert all_reduce_sum(value * dist.get_rank()) == value * world * (world - 1) / 2
+
+
+def test_skipped_everywhere():
+    pytest.skip("skips on every rank")
+
+
+def test_barrier_last():
+    dist.barrier()
