@@ -173,6 +173,19 @@ def test_bad_inputs_are_rejected(outputs, lses, rank, message) -> None:
         lse_combine(outputs, lses, rank)
 
 
+def test_partials_oracle_is_lse_combine_and_blocks_are_consistent() -> None:
+    parts = make_partials(4, 2, 8, 8, torch.bfloat16, pattern="mixed", seed=21)
+    whole = parts.outputs
+    for rank in range(4):
+        assert bit_equal(parts.expected(rank), lse_combine(whole, parts.lses, rank))
+        assert bit_equal(parts.head_block(rank)[0], whole[:, :, rank * 2 : rank * 2 + 2])
+        assert bit_equal(parts.of_rank(rank)[0], whole[rank])
+    clean = make_partials(4, 2, 8, 8, torch.bfloat16, pattern="random", seed=21).outputs
+    assert torch.equal(clean[:, 1, 5, 0].float(), torch.arange(4.0) + 1)  # source rank + 1
+    assert torch.equal(clean[2, 1, :, 1].float(), torch.arange(8.0) + 1)  # head + 1
+    assert torch.equal(clean[2, :, 5, 2].float(), torch.arange(2.0) + 1)  # token + 1
+
+
 def test_patterns_are_what_they_claim() -> None:
     w = 4
     for pattern in PATTERNS:

@@ -22,9 +22,13 @@ LSE patterns (domain.md section 1), per (token, head):
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import torch
+
+from harness.transport.combine import combine_local
+from harness.warm.signature import TransportSignature
 
 PATTERNS: tuple[str, ...] = (
     "random",
@@ -45,15 +49,69 @@ INF = float("inf")
 
 @dataclass(frozen=True)
 class Partials:
-    """The whole world's partial outputs `[W, B, H, D]` and fp32 LSEs `[W, B, H]`."""
+    """A world's partial outputs `[W, B, H, D]` and fp32 LSEs `[W, B, H]`, from one seed.
 
-    outputs: torch.Tensor
-    lses: torch.Tensor
+    The LSEs (small) are held whole; outputs are built per (source rank, head block of H/W
+    heads) from their own seed, so a rank of a 16-rank job builds only the 2W blocks it needs
+    (its own partial, and every rank's partial for its heads) instead of all W^2.
+    """
+
+    world: int
+    batch: int
+    total_heads: int
+    odim: int
+    dtype: torch.dtype
     pattern: str
+    seed: int
+    lses: torch.Tensor
+    garbage: torch.Tensor
+    flip: torch.Tensor
+
+    @property
+    def local_heads(self) -> int:
+        return self.total_heads // self.world
+
+    def block(self, src: int, index: int) -> torch.Tensor:
+        """Rank `src`'s partial output for head block `index`: `[B, H/W, D]`."""
+        h, b = self.local_heads, self.batch
+        heads = slice(index * h, (index + 1) * h)
+        gen = torch.Generator().manual_seed(_block_seed(self.seed, src, index))
+        out = torch.randn(b, h, self.odim, generator=gen)
+        shape = (b, h)
+        _encode(
+            out,
+            torch.full(shape, float(src)),
+            torch.arange(heads.start, heads.stop).float().expand(shape),
+            torch.arange(b).float().view(b, 1).expand(shape),
+        )
+        garbage = self.garbage[src, :, heads].unsqueeze(-1)
+        junk = torch.where(self.flip[src, :, heads], NAN, 1e30).unsqueeze(-1)
+        return torch.where(garbage, junk, out).to(self.dtype)
 
     def of_rank(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         """What rank `rank` hands to `reduce_outputs`: `[B, H, D]` and `[B, H]`."""
-        return self.outputs[rank].clone(), self.lses[rank].clone()
+        blocks = [self.block(rank, j) for j in range(self.world)]
+        return torch.cat(blocks, dim=1), self.lses[rank].clone()
+
+    def head_block(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every rank's partials for rank `rank`'s heads: `[W, B, h, D]` and `[W, B, h]`."""
+        h = self.local_heads
+        outputs = torch.stack([self.block(src, rank) for src in range(self.world)])
+        return outputs, self.lses[:, :, rank * h : (rank + 1) * h].clone()
+
+    @property
+    def outputs(self) -> torch.Tensor:
+        """The whole `[W, B, H, D]` (W^2 blocks: for unit tests and small worlds)."""
+        return torch.stack([self.of_rank(r)[0] for r in range(self.world)])
+
+    def expected(self, rank: int, *, base_e: bool = True) -> torch.Tensor:
+        """The oracle for rank `rank`: `lse_combine(outputs, lses, rank)` computed on its head
+        block only (`lse_combine` is exactly `combine_local` on that block)."""
+        return combine_local(*self.head_block(rank), base_e=base_e)
+
+
+def _block_seed(seed: int, src: int, index: int) -> int:
+    return zlib.crc32(f"{seed}/{src}/{index}".encode())
 
 
 def _encode(
@@ -131,12 +189,9 @@ def make_partials(
     """The whole world's partials for one LSE pattern (see the module doc)."""
     if odim < 3:
         raise ValueError(f"output head dim {odim} is too small to encode rank/head/token")
+    if total_heads % world:
+        raise ValueError(f"{total_heads} heads cannot be split over {world} ranks")
     gen = torch.Generator().manual_seed(seed)
-    out = torch.randn(world, batch, total_heads, odim, generator=gen)
-    rank = torch.arange(world).view(world, 1, 1).float().expand(world, batch, total_heads)
-    head = torch.arange(total_heads).view(1, 1, total_heads).float().expand_as(rank)
-    tok = torch.arange(batch).view(1, batch, 1).float().expand_as(rank)
-    _encode(out, rank, head, tok)
     shape = (batch, total_heads)
     if pattern == "mixed":
         choice = torch.randint(0, len(_SINGLE), shape, generator=gen)
@@ -149,9 +204,18 @@ def make_partials(
     else:
         lse, garbage = _lse_for(pattern, world, shape, gen)
     flip = torch.rand(world, *shape, generator=gen) < 0.5
-    junk = torch.where(flip, NAN, 1e30).unsqueeze(-1).expand_as(out)
-    out = torch.where(garbage.unsqueeze(-1), junk, out)
-    return Partials(outputs=out.to(dtype), lses=lse.to(torch.float32), pattern=pattern)
+    return Partials(
+        world=world,
+        batch=batch,
+        total_heads=total_heads,
+        odim=odim,
+        dtype=dtype,
+        pattern=pattern,
+        seed=seed,
+        lses=lse.to(torch.float32),
+        garbage=garbage,
+        flip=flip,
+    )
 
 
 TOLERANCES: dict[torch.dtype, float] = {
@@ -196,3 +260,47 @@ def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
+
+
+# -- suite geometries -------------------------------------------------------------------------
+
+# (strategy, reduce_scatter implementation) per name; "ag_rs_a2a" is AG+RS with the all-to-all
+# reduce-scatter equivalent used where a process group has no native reduce-scatter.
+IMPLS: dict[str, tuple[str, str]] = {
+    "ag_rs": ("ag_rs", "native"),
+    "ag_rs_a2a": ("ag_rs", "all_to_all"),
+    "a2a": ("a2a", "native"),
+}
+DCP_SIZES: tuple[int, ...] = (2, 4, 16)
+SUITE_MAX_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """Per-rank heads at TP16 and head widths; gathered heads = local_heads * dcp."""
+
+    name: str
+    local_heads: int
+    query_head_dim: int
+    output_head_dim: int
+
+    def signature(
+        self, dtype: str, dcp: int, device_type: str = "cpu", max_tokens: int = SUITE_MAX_TOKENS
+    ) -> TransportSignature:
+        return TransportSignature(
+            dtype=dtype,
+            total_heads=self.local_heads * dcp,
+            query_head_dim=self.query_head_dim,
+            output_head_dim=self.output_head_dim,
+            dcp_world_size=dcp,
+            max_tokens=max_tokens,
+            device_type=device_type,
+        )
+
+
+MODELS: dict[str, ModelGeometry] = {
+    # Kimi-K3 TP16: 96 heads / 16 = 6 per rank; 576-wide queries, 512-wide outputs.
+    "kimi-k3": ModelGeometry("kimi-k3", 6, 576, 512),
+    # DeepSeek-V4 B12X attention TP16: 128 heads / 16 = 8 per rank; 512 both ways.
+    "deepseek-v4": ModelGeometry("deepseek-v4", 8, 512, 512),
+}
