@@ -11,7 +11,7 @@ from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
 from harness.capture.events import LazyEvent
-from harness.capture.records import CaptureRecord, SignatureUse
+from harness.capture.records import CaptureRecord, DetectorStatus, SignatureUse
 from harness.dist.records import RankRecord, TestOutcome, rank_record_path
 from harness.evidence.junit import mangle
 from harness.evidence.run_context import RunContext
@@ -49,6 +49,8 @@ def capture(
     events: Iterable[LazyEvent] = (),
     warmed: bool = True,
     path: str = "cpu-simulated",
+    detectors: Iterable[DetectorStatus] = (),
+    replays: int = 2,
 ) -> CaptureRecord:
     return CaptureRecord(
         test=CAPTURE_TEST,
@@ -58,6 +60,8 @@ def capture(
         warm_impl="vendored",
         signatures=(SignatureUse("kimi-k3", KIMI, warmed=warmed, used_in_capture=True),),
         events=tuple(events),
+        detectors=tuple(detectors),
+        replays=replays,
     )
 
 

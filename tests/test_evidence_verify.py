@@ -227,6 +227,10 @@ def test_lazy_events_make_a_pass_inconsistent(bundle: Path) -> None:
             "limitations do not name 'image'",
         ),
         (lambda d: d["ranks"].update(expected=4), "schema: ranks:"),
+        (
+            lambda d: d["capture"].update(inactive_detectors={"triton-jit": "no triton"}),
+            "limitations do not name 'detectors'",
+        ),
     ],
 )
 def test_consistency_problems_are_reported(bundle: Path, change, expected: str) -> None:

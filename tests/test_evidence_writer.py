@@ -27,6 +27,7 @@ from test_evidence_factory import (
 )
 
 from harness.capture.events import LazyEvent
+from harness.capture.records import DetectorStatus
 from harness.errors import UsageError
 from harness.evidence import writer
 from harness.evidence.environment import REDACTED
@@ -198,6 +199,29 @@ def test_lazy_event_during_capture_fails_a_run_whose_tests_passed(tmp_path: Path
     assert receipt.capture.per_rank[3] == 1
     cause = receipt.root_cause
     assert cause is not None and (cause.rank, cause.kind) == (3, "lazy-event")
+    assert verify_bundle(out).ok
+
+
+def test_inactive_detectors_and_warmup_phase_events_are_reported(tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    out.mkdir()
+    statuses = (
+        DetectorStatus("transport-registry", active=True),
+        DetectorStatus("cuda-memory", active=False, reason="CUDA is not available"),
+    )
+    event = LazyEvent("dynamo", 0, "compiled step", phase="warmup")
+    for rank in range(2):
+        events = [event] if rank == 0 else []
+        caps = [capture(rank, events=events, detectors=statuses), control(rank)]
+        write_rank(out, rank, 2, captures=caps)
+    receipt = finalize_bundle(out, context(2))
+
+    assert receipt.capture.inactive_detectors == {"cuda-memory": "CUDA is not available"}
+    expected = "detectors: these detectors did not watch every capture window: cuda-memory"
+    assert f"{expected} (CUDA is not available)" in receipt.limitations
+    assert receipt.capture.replays == 4
+    assert [e.phase for e in receipt.capture.events] == ["warmup"]
+    assert receipt.verdict == "fail"  # lazy work in warm-up iterations still counts
     assert verify_bundle(out).ok
 
 

@@ -158,7 +158,11 @@ def merge_signatures(captures: Iterable[CaptureRecord]) -> list[SignatureRow]:
 
 
 def summarize_capture(ranks: RankFiles) -> tuple[Capture, NegativeControl]:
-    """Lazy events of the real capture windows, and the negative-control windows apart."""
+    """Lazy events of the real capture windows, and the negative-control windows apart.
+
+    Events count whatever their phase: lazy work in a window's warm-up iterations still means
+    warmup did not create what the step uses.
+    """
     windows = [c for c in ranks.captures() if not c.negative_control]
     controls = [c for c in ranks.captures() if c.negative_control]
     events = [
@@ -168,10 +172,16 @@ def summarize_capture(ranks: RankFiles) -> tuple[Capture, NegativeControl]:
             detector=e.detector,
             what=e.what,
             signature=None if e.signature is None else e.signature.describe(),
+            phase=e.phase,
         )
         for c in windows
         for e in c.events
     ]
+    inactive: dict[str, str] = {}
+    for window in windows:
+        for status in window.detectors:
+            if not status.active:
+                inactive.setdefault(status.name, status.reason or "not active")
     per_rank = dict.fromkeys(sorted(ranks.records), 0)
     for event in events:
         per_rank[event.rank] = per_rank.get(event.rank, 0) + 1
@@ -182,6 +192,8 @@ def summarize_capture(ranks: RankFiles) -> tuple[Capture, NegativeControl]:
         windows=len(windows),
         paths=dict(sorted(Counter(c.path for c in windows).items())),
         events=events,
+        replays=sum(c.replays for c in windows),
+        inactive_detectors=dict(sorted(inactive.items())),
     )
     control_events = [e for c in controls for e in c.events]
     negative = NegativeControl(

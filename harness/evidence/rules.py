@@ -117,6 +117,9 @@ def required_limitations(
                 "capture windows (cpu-simulated); lazy work only a GPU shows (device memory "
                 "growth, NCCL communicator init, Triton/b12x JIT) was not observed there"
             )
+    if capture.inactive_detectors:
+        named = "; ".join(f"{n} ({why})" for n, why in capture.inactive_detectors.items())
+        out["detectors"] = f"these detectors did not watch every capture window: {named}"
     if geometry.backend != "nccl":
         out["nccl"] = f"NCCL did not run: the backend was {geometry.backend}"
     if "b12x" not in transports:

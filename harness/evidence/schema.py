@@ -133,6 +133,7 @@ class CaptureEvent(_Model):
     detector: str
     what: str
     signature: str | None = None
+    phase: str = "capture"  # "warmup" iterations of the window, or the "capture" itself
 
 
 class Capture(_Model):
@@ -145,6 +146,10 @@ class Capture(_Model):
     windows: NonNegativeInt = 0
     paths: dict[str, NonNegativeInt] = Field(default_factory=dict)  # cuda-graph | cpu-simulated
     events: list[CaptureEvent] = Field(default_factory=list)
+    replays: NonNegativeInt = 0  # replays with fresh inputs that matched eager results
+    # Detectors that could not watch at least one window here, with the reason: their silence
+    # proves nothing, so each is named in `limitations`.
+    inactive_detectors: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _sums(self) -> Capture:
