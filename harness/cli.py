@@ -20,7 +20,8 @@ from harness.errors import DcpqualError
 COMMAND_MODULES: tuple[str, ...] = (
     "harness.dist.cli",  # run
     "harness.warm.cli",  # signatures
-    "harness.evidence.cli",  # verify, compare
+    "harness.evidence.cli",  # verify
+    "harness.qualify.cli",  # compare, nightly
     "harness.image.cli",  # lock check, lock pin, image build
     "harness.bench_cli",  # bench
 )

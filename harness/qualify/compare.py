@@ -1,0 +1,407 @@
+"""`dcpqual compare BASE_DIR HEAD_DIR`: what changed between two evidence bundles.
+
+Both bundles are verified first (`harness.evidence.verify`); a bundle that does not verify is
+unusable input, never a comparison. The comparison itself works on receipts only
+(`compare_receipts`), so it can be tested with synthetic receipts.
+
+HEAD regresses against BASE, and the exit code is 1, when any of these holds:
+- the verdict went from pass to fail, or the status word went down
+  (qualified > source-qualified > not-qualified);
+- a suite lost tests to failures or errors, or disappeared;
+- lazy work in capture grew for some (detector, signature);
+- a signature is used in capture without warmup in HEAD but was not in BASE;
+- negative-control windows went undetected that BASE detected.
+Everything else that differs (identity, environment, image, skips) is reported, not judged.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from harness.errors import UsageError
+from harness.evidence.files import SUMS_NAME, sha256_file
+from harness.evidence.schema import Receipt, SignatureRow, Tally
+
+COMPARE_SCHEMA = "dcpqual-compare/v1"
+RECEIPT_NAME = "receipt.json"
+STATUS_RANK = {"not-qualified": 0, "source-qualified": 1, "qualified": 2}
+NO_SIGNATURE = "(none)"
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A verified bundle: its receipt and the hashes a reviewer can quote."""
+
+    path: Path
+    receipt: Receipt
+    receipt_sha256: str
+    sums_sha256: str
+
+
+def load_bundle(path: Path, verify: Callable[[Path], Any] | None = None) -> Bundle:
+    """Verify a bundle and read its receipt; anything unusable is a UsageError (exit 2)."""
+    if verify is None:
+        from harness.evidence.verify import verify_bundle as verify
+    path = Path(path)
+    result = verify(path)  # raises UsageError when `path` is not a folder
+    if result.problems:
+        shown = "; ".join(result.problems[:3])
+        more = f" (+{len(result.problems) - 3} more)" if len(result.problems) > 3 else ""
+        raise UsageError(f"{path} is not a valid bundle: {shown}{more}")
+    receipt_path = path / RECEIPT_NAME
+    try:
+        receipt = Receipt.model_validate_json(receipt_path.read_bytes())
+    except (OSError, ValidationError) as exc:
+        raise UsageError(f"{receipt_path}: unreadable receipt: {exc}") from None
+    return Bundle(path, receipt, sha256_file(receipt_path), sha256_file(path / SUMS_NAME))
+
+
+@dataclass(frozen=True)
+class Change:
+    """One identity field that differs; None means absent on that side."""
+
+    field: str
+    base: str | None
+    head: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"field": self.field, "base": self.base, "head": self.head}
+
+
+@dataclass(frozen=True)
+class Count:
+    """A count on both sides, e.g. lazy events of one detector and signature."""
+
+    detector: str
+    signature: str
+    base: int
+    head: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "detector": self.detector,
+            "signature": self.signature,
+            "base": self.base,
+            "head": self.head,
+        }
+
+
+@dataclass(frozen=True)
+class SignatureUse:
+    warmed: bool
+    used_in_capture: bool
+
+    @property
+    def lazy(self) -> bool:
+        """Used by the captured step but not created by warmup: created lazily in capture."""
+        return self.used_in_capture and not self.warmed
+
+    def to_json(self) -> dict[str, bool]:
+        return {"warmed": self.warmed, "used_in_capture": self.used_in_capture}
+
+
+SignatureChange = Literal["new", "gone", "changed", "same"]
+
+
+@dataclass(frozen=True)
+class SignatureDelta:
+    model: str
+    signature: str  # TransportSignature.describe() form, as lazy events name it
+    base: SignatureUse | None
+    head: SignatureUse | None
+
+    @property
+    def change(self) -> SignatureChange:
+        if self.base is None:
+            return "new"
+        if self.head is None:
+            return "gone"
+        return "same" if self.base == self.head else "changed"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "signature": self.signature,
+            "change": self.change,
+            "base": None if self.base is None else self.base.to_json(),
+            "head": None if self.head is None else self.head.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class SuiteDelta:
+    name: str
+    base: Tally | None
+    head: Tally | None
+
+    def to_json(self) -> dict[str, Any]:
+        def side(t: Tally | None) -> dict[str, int] | None:
+            return None if t is None else t.model_dump(exclude={"rank_cases"})
+
+        return {"name": self.name, "base": side(self.base), "head": side(self.head)}
+
+
+@dataclass(frozen=True)
+class Side:
+    """What identifies one side of the comparison at a glance."""
+
+    path: str
+    receipt_sha256: str
+    sums_sha256: str
+    verdict: str
+    status: str
+    warm_impl: str
+    geometry: str
+    root_cause: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    base: Side
+    head: Side
+    signatures: tuple[SignatureDelta, ...]
+    lazy_events: tuple[Count, ...]
+    suites: tuple[SuiteDelta, ...]
+    identity: tuple[Change, ...]
+    regressions: tuple[str, ...]
+    improvements: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.regressions)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.regressed else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": COMPARE_SCHEMA,
+            "regressed": self.regressed,
+            "base": self.base.to_json(),
+            "head": self.head.to_json(),
+            "regressions": list(self.regressions),
+            "improvements": list(self.improvements),
+            "notes": list(self.notes),
+            "signatures": [s.to_json() for s in self.signatures],
+            "lazy_events": [c.to_json() for c in self.lazy_events],
+            "suites": [s.to_json() for s in self.suites],
+            "identity": [c.to_json() for c in self.identity],
+        }
+
+
+def describe_signature(row: SignatureRow) -> str:
+    """The same words as TransportSignature.describe(), so rows and lazy events line up."""
+    return (
+        f"{row.total_heads} heads x {row.query_head_dim} -> {row.output_head_dim} "
+        f"({row.dtype}, dcp={row.dcp_world_size}, max_tokens={row.max_tokens}, "
+        f"{row.device_type})"
+    )
+
+
+def describe_geometry(receipt: Receipt) -> str:
+    g = receipt.geometry
+    return (
+        f"{g.world_size} ranks ({g.nnodes} x {g.nproc_per_node}), {g.backend}, "
+        f"tp={g.tp} dcp={g.dcp}"
+    )
+
+
+def _side(receipt: Receipt, path: str, receipt_sha256: str, sums_sha256: str) -> Side:
+    rc = receipt.root_cause
+    cause = None
+    if rc is not None:
+        where = ", ".join(
+            p for p in (f"rank {rc.rank}" if rc.rank is not None else "", rc.test or "") if p
+        )
+        cause = f"{where}: {rc.message}" if where else rc.message
+    return Side(
+        path=path,
+        receipt_sha256=receipt_sha256,
+        sums_sha256=sums_sha256,
+        verdict=receipt.verdict,
+        status=receipt.status,
+        warm_impl=receipt.warm_impl,
+        geometry=describe_geometry(receipt),
+        root_cause=cause,
+    )
+
+
+def _signatures(base: Receipt, head: Receipt) -> tuple[SignatureDelta, ...]:
+    def table(r: Receipt) -> dict[tuple[str, str], SignatureUse]:
+        return {
+            (row.model, describe_signature(row)): SignatureUse(row.warmed, row.used_in_capture)
+            for row in r.signatures
+        }
+
+    b, h = table(base), table(head)
+    return tuple(
+        SignatureDelta(model, sig, b.get((model, sig)), h.get((model, sig)))
+        for model, sig in sorted(b.keys() | h.keys())
+    )
+
+
+def _lazy_counts(base: Receipt, head: Receipt) -> tuple[Count, ...]:
+    def counts(r: Receipt) -> Counter[tuple[str, str]]:
+        # The schema holds `events` to `lazy_events` and `by_detector`, so listing is counting.
+        return Counter((e.detector, e.signature or NO_SIGNATURE) for e in r.capture.events)
+
+    b, h = counts(base), counts(head)
+    return tuple(
+        Count(d, s, b.get((d, s), 0), h.get((d, s), 0)) for d, s in sorted(b.keys() | h.keys())
+    )
+
+
+def _suites(base: Receipt, head: Receipt) -> tuple[SuiteDelta, ...]:
+    names = sorted(base.suites.keys() | head.suites.keys())
+    return tuple(SuiteDelta(n, base.suites.get(n), head.suites.get(n)) for n in names)
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, str]) -> None:
+    if isinstance(value, Mapping):
+        for key in sorted(value):
+            _flatten(value[key], f"{prefix}.{key}" if prefix else str(key), out)
+    elif isinstance(value, list) and all(not isinstance(v, Mapping | list) for v in value):
+        out[prefix] = ", ".join(str(v) for v in value)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _flatten(item, f"{prefix}[{i}]", out)
+    elif value is not None:
+        out[prefix] = str(value)
+
+
+def identity_of(receipt: Receipt) -> dict[str, str]:
+    """The fields that say what ran and where, flattened to 'environment.torch' style keys."""
+    data = receipt.to_json()
+    env = {k: v for k, v in data["environment"].items() if k not in ("env", "redacted")}
+    out: dict[str, str] = {"warm_impl": receipt.warm_impl}
+    _flatten(data["geometry"], "geometry", out)
+    _flatten(env, "environment", out)
+    _flatten(data["image"] or {}, "image", out)
+    _flatten(data["sources"], "sources", out)
+    _flatten(data.get("transports", []), "transports", out)
+    return out
+
+
+def _identity(base: Receipt, head: Receipt) -> tuple[Change, ...]:
+    b, h = identity_of(base), identity_of(head)
+    return tuple(
+        Change(k, b.get(k), h.get(k)) for k in sorted(b.keys() | h.keys()) if b.get(k) != h.get(k)
+    )
+
+
+def _bad(t: Tally | None) -> int:
+    return 0 if t is None else t.failed + t.errors
+
+
+def _judge(
+    base: Receipt,
+    head: Receipt,
+    signatures: Iterable[SignatureDelta],
+    lazy: Iterable[Count],
+    suites: Iterable[SuiteDelta],
+) -> tuple[list[str], list[str], list[str]]:
+    worse: list[str] = []
+    better: list[str] = []
+    notes: list[str] = []
+    if base.verdict != head.verdict:
+        (worse if head.verdict == "fail" else better).append(
+            f"verdict {base.verdict} -> {head.verdict}"
+        )
+    if STATUS_RANK[head.status] != STATUS_RANK[base.status]:
+        (worse if STATUS_RANK[head.status] < STATUS_RANK[base.status] else better).append(
+            f"status {base.status} -> {head.status}"
+        )
+    for s in suites:
+        if s.head is None:
+            worse.append(f"suite {s.name}: missing in head")
+        elif s.base is None:
+            notes.append(f"suite {s.name}: new in head")
+        if s.base is None or s.head is None:
+            continue
+        b, h = _bad(s.base), _bad(s.head)
+        if b != h:
+            (worse if h > b else better).append(f"suite {s.name}: failed+errors {b} -> {h}")
+        if s.head.skipped != s.base.skipped:
+            notes.append(f"suite {s.name}: skipped {s.base.skipped} -> {s.head.skipped}")
+    for c in lazy:
+        if c.head != c.base:
+            (worse if c.head > c.base else better).append(
+                f"lazy events in capture ({c.detector}, {c.signature}): {c.base} -> {c.head}"
+            )
+    for d in signatures:
+        was = d.base is not None and d.base.lazy
+        now = d.head is not None and d.head.lazy
+        if now and not was:
+            worse.append(f"{d.model} {d.signature}: used in capture but not warmed")
+        elif was and not now:
+            better.append(f"{d.model} {d.signature}: no longer created lazily in capture")
+    b_missed, h_missed = _missed(base), _missed(head)
+    if b_missed != h_missed:
+        (worse if h_missed > b_missed else better).append(
+            f"negative controls not detected {b_missed} -> {h_missed}"
+        )
+    if base.geometry != head.geometry:
+        notes.append(
+            f"geometry differs ({describe_geometry(base)} vs {describe_geometry(head)}): "
+            "counts are not like for like"
+        )
+    return worse, better, notes
+
+
+def _missed(r: Receipt) -> int:
+    return r.negative_control.expected - r.negative_control.detected
+
+
+def compare_receipts(
+    base: Receipt | Mapping[str, Any],
+    head: Receipt | Mapping[str, Any],
+    *,
+    base_ref: tuple[str, str, str] = ("base", "", ""),
+    head_ref: tuple[str, str, str] = ("head", "", ""),
+) -> Comparison:
+    """Compare two receipts. `*_ref` is (path, receipt sha256, SHA256SUMS sha256) for display."""
+    b, h = _receipt(base, "base"), _receipt(head, "head")
+    signatures = _signatures(b, h)
+    lazy = _lazy_counts(b, h)
+    suites = _suites(b, h)
+    worse, better, notes = _judge(b, h, signatures, lazy, suites)
+    return Comparison(
+        base=_side(b, *base_ref),
+        head=_side(h, *head_ref),
+        signatures=signatures,
+        lazy_events=lazy,
+        suites=suites,
+        identity=_identity(b, h),
+        regressions=tuple(worse),
+        improvements=tuple(better),
+        notes=tuple(notes),
+    )
+
+
+def compare_bundles(base: Bundle, head: Bundle) -> Comparison:
+    return compare_receipts(
+        base.receipt,
+        head.receipt,
+        base_ref=(str(base.path), base.receipt_sha256, base.sums_sha256),
+        head_ref=(str(head.path), head.receipt_sha256, head.sums_sha256),
+    )
+
+
+def _receipt(value: Receipt | Mapping[str, Any], which: str) -> Receipt:
+    if isinstance(value, Receipt):
+        return value
+    try:
+        return Receipt.model_validate(dict(value))
+    except ValidationError as exc:
+        raise UsageError(f"{which} receipt does not validate: {exc}") from None
