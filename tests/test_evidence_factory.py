@@ -6,6 +6,7 @@ Records are written with the real `RankRecord.write`, JUnit reports in the shape
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
@@ -203,8 +204,15 @@ def killed_run(out: Path, world: int = 4, dead_rank: int = 1) -> RunContext:
         else:
             write_rank(out, rank, world)
     torchrun_logs(out, world)
-    error = {"rank": dead_rank, "message": "Signal 9 (SIGKILL) received by PID 1001"}
-    return context(world, exit_code=1, torchrun_error=error)
+    error = {
+        "rank": dead_rank,
+        "message": "Signal 9 (SIGKILL) received by PID 1001",
+        "timestamp": 1764439200.0,
+        "file": f"torchrun/run-1/attempt_0/{dead_rank}/error.json",
+    }
+    (out / error["file"]).write_text(json.dumps({"message": error["message"]}))
+    launch = {"exit_code": 1, "timed_out": False, "leftovers": [4242]}
+    return context(world, exit_code=1, torchrun_error=error, extra={"launch": launch})
 
 
 def timed_out_run(out: Path, world: int = 4) -> RunContext:

@@ -351,6 +351,8 @@ def _torchrun_error(error: dict[str, Any] | None) -> tuple[int | None, str | Non
     message: Any = error.get("message")
     if isinstance(message, dict):  # raw TORCHELASTIC_ERROR_FILE: {"message": {"message": ...}}
         message = message.get("message") or json.dumps(message, sort_keys=True)
+    if message is not None and error.get("file"):
+        message = f"{message} ({error['file']})"
     try:
         rank = None if rank is None else int(rank)
     except (TypeError, ValueError):

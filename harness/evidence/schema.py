@@ -233,6 +233,7 @@ class Run(_Model):
     timed_out: bool = False
     started_at: str = ""
     finished_at: str = ""
+    extra: dict[str, Any] = Field(default_factory=dict)  # the launcher's RunContext.extra
 
 
 class Receipt(_Model):

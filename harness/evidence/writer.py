@@ -165,6 +165,7 @@ def assemble_receipt(
         timed_out=ctx.timed_out,
         started_at=ctx.started_at,
         finished_at=ctx.finished_at,
+        extra=dict(ctx.extra),
     )
     reasons = rules.failure_reasons(
         suites=suites,
