@@ -21,7 +21,7 @@ class EngineUnavailable(UsageError):
     """No Docker engine answered: nothing can be built or run in a container here."""
 
 
-def _one_line(text: str, limit: int = 200) -> str:
+def _one_line(text: object, limit: int = 200) -> str:
     line = " ".join(str(text).split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
