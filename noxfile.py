@@ -47,7 +47,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check, ruff format --check, compileall and git diff --check."""
+    """ruff, compileall, git diff --check; actionlint and zizmor on the workflows."""
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
@@ -120,3 +120,13 @@ def gpu16_host(session: nox.Session) -> None:
     install_harness(session)
     posargs = ["--", *session.posargs] if session.posargs else []
     session.run("dcpqual", "gpu16", "--no-image", *posargs)
+
+
+# --- Nightly qualification (issue 11): logic in harness/qualify/nightly.py -------------------
+
+
+@nox.session(default=False)
+def nightly(session: nox.Session) -> None:
+    """image -> gpu16 -> verify -> compare with the newest bundle in --archive DIR (GPU host)."""
+    install_harness(session)
+    session.run("dcpqual", "nightly", *session.posargs)
