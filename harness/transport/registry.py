@@ -1,10 +1,11 @@
 """The transport registry: one transport per signature, created collectively, observable.
 
 `get_or_create(signature, group)` is collective over `group` on every call, hit or miss: the
-ranks first exchange (signature, backend, strategy, whether they already hold it) with
-`all_gather_object`, and any disagreement raises `SignatureMismatchError` naming the differing
-values and ranks, on every rank of the group (they all hold the same gathered list), instead of
-a hang in the creation collectives that would follow. Non-collective lookups use `get`.
+ranks first all-gather an 8-byte digest of (signature, backend, strategy, whether they already
+hold it); if the digests differ, every rank sees it and they all exchange the full values with
+`all_gather_object` and raise the same `SignatureMismatchError`, naming the differing values and
+ranks, instead of a hang in the creation collectives that would follow. Non-collective lookups
+use `get` (the one to use inside a CUDA graph capture).
 
 Observability (for the capture window and its detectors):
 - `subscribe(callback) -> unsubscribe`: callbacks get `RegistryMiss`, `BufferAllocated` and
@@ -20,6 +21,7 @@ Observability (for the capture window and its detectors):
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -38,7 +40,12 @@ from harness.transport.events import (
     TransportCreated,
     short_stack,
 )
-from harness.transport.torch_backend import REDUCE_SCATTER_IMPLS, STRATEGIES, TorchDCPTransport
+from harness.transport.torch_backend import (
+    REDUCE_SCATTER_IMPLS,
+    STRATEGIES,
+    TorchDCPTransport,
+    all_gather_flat,
+)
 from harness.warm.protocols import DCPTransport
 from harness.warm.signature import TransportSignature
 
@@ -213,6 +220,37 @@ class TransportRegistry:
             held = "present on another group"
         mine: tuple[Any, ...] = (signature, self.backend, self.strategy, held)
         size = dist.get_world_size(group)
+        if not self._digests_agree(mine, group, size):
+            self._raise_disagreement(signature, mine, group, size)
+        if held == "present on another group":
+            raise SignatureMismatchError(
+                f"transport [{signature.describe()}] already exists on another process group; "
+                "a signature names one DCP group per rank"
+            )
+        if signature.dcp_world_size != size:
+            raise GeometryError(
+                f"transport [{signature.describe()}] needs a DCP group of "
+                f"{signature.dcp_world_size} ranks, get_or_create got a group of {size}"
+            )
+
+    def _digests_agree(self, mine: tuple[Any, ...], group: dist.ProcessGroup, size: int) -> bool:
+        """One small all-gather of an 8-byte digest per rank: the cheap common case."""
+        text = repr((mine[0].describe(), *mine[1:])).encode()
+        digest = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big", signed=True)
+        local = torch.tensor([digest], dtype=torch.int64, device=self.device)
+        gathered = torch.empty(size, dtype=torch.int64, device=self.device)
+        all_gather_flat(gathered, local, group=group)
+        return bool((gathered == local).all())
+
+    def _raise_disagreement(
+        self,
+        signature: TransportSignature,
+        mine: tuple[Any, ...],
+        group: dist.ProcessGroup,
+        size: int,
+    ) -> None:
+        """Every rank of the group gets here together (they saw the same digests): exchange the
+        full values and raise the same error, naming what differs and on which ranks."""
         gathered: list[Any] = [None] * size
         dist.all_gather_object(gathered, mine, group=group)
         ranks = dist.get_process_group_ranks(group)
@@ -233,16 +271,7 @@ class TransportRegistry:
                     f"ranks of one DCP group disagree on transport {label} in get_or_create "
                     f"(rank {_global_rank()} asked for [{signature.describe()}]): {detail}"
                 )
-        if held == "present on another group":
-            raise SignatureMismatchError(
-                f"transport [{signature.describe()}] already exists on another process group; "
-                "a signature names one DCP group per rank"
-            )
-        if signature.dcp_world_size != size:
-            raise GeometryError(
-                f"transport [{signature.describe()}] needs a DCP group of "
-                f"{signature.dcp_world_size} ranks, get_or_create got a group of {size}"
-            )
+        raise AssertionError(f"digests differ but the values agree: {gathered}")
 
     def _create(self, signature: TransportSignature, group: dist.ProcessGroup | None) -> Any:
         if self.backend == "torch":

@@ -59,8 +59,8 @@ def _first_collective(*names: str) -> Callable[..., object] | None:
     return None
 
 
-_all_gather_flat = _first_collective("all_gather_single", "all_gather_into_tensor")
-_reduce_scatter_flat = _first_collective("reduce_scatter_single", "reduce_scatter_tensor")
+all_gather_flat = _first_collective("all_gather_single", "all_gather_into_tensor")
+reduce_scatter_flat = _first_collective("reduce_scatter_single", "reduce_scatter_tensor")
 
 
 def _align(n: int) -> int:
@@ -116,7 +116,7 @@ class TorchDCPTransport:
             raise GeometryError(
                 f"unknown reduce_scatter {reduce_scatter!r}; expected {REDUCE_SCATTER_IMPLS}"
             )
-        if reduce_scatter == "native" and _reduce_scatter_flat is None:
+        if reduce_scatter == "native" and reduce_scatter_flat is None:
             reduce_scatter = "all_to_all"  # this torch has no flat reduce-scatter at all
         self.signature = signature
         self.group = group
@@ -200,7 +200,7 @@ class TorchDCPTransport:
         send = self._buffers["gather_send"][:n]
         send.view(b, h, q).copy_(q_local)
         recv = self._buffers["gather_recv"][: w * n]
-        _all_gather_flat(recv, send, group=self.group)
+        all_gather_flat(recv, send, group=self.group)
         result = self._out(out, (b, sig.total_heads, q), send)
         result.view(b, w, h, q).copy_(recv.view(w, b, h, q).transpose(0, 1))
         return result
@@ -238,15 +238,15 @@ class TorchDCPTransport:
         lse_send = bufs["lse_send"][: b * big_h]
         lse_send.view(b, big_h).copy_(lse)
         lse_recv = bufs["lse_recv"][: w * b * big_h]
-        _all_gather_flat(lse_recv, lse_send, group=self.group)
+        all_gather_flat(lse_recv, lse_send, group=self.group)
         weights = combine_weights(lse_recv.view(w, b, big_h), base_e=base_e).weights[self.rank]
         scaled = mask_zero_weight(part.to(torch.float32), weights.to(torch.float32))
         rs_send = bufs["rs_send"][: b * big_h * o]
         rs_send.view(w, b, h, o).copy_(scaled.view(b, w, h, o).transpose(0, 1))
         rs_recv = bufs["rs_recv"][: b * h * o]
         if self.reduce_scatter == "native":
-            assert _reduce_scatter_flat is not None
-            _reduce_scatter_flat(rs_recv, rs_send, group=self.group)
+            assert reduce_scatter_flat is not None
+            reduce_scatter_flat(rs_recv, rs_send, group=self.group)
         else:
             scratch = bufs["rs_scratch"][: w * b * h * o]
             reduce_scatter_via_all_to_all(rs_recv, rs_send, scratch, self.group)
