@@ -36,7 +36,7 @@ def make_identity(lock_file: Path, runtime_ok: bool = True) -> ImageIdentity:
         repo_digests=(),
         image="kimi-k3-cu133-torch213",
         lock_path=str(lock_file),
-        lock_sha256=lock_sha256(lock_file),
+        source_lock_sha256=lock_sha256(lock_file),
         base_image="nvidia/cuda:13.3.0-cudnn-devel-ubuntu24.04@sha256:" + "1" * 64,
         versions={"cuda": "13.3", "torch": "2.13.0", "nccl": "2.28.9"},
         torch_cuda_arch_list="12.0a",
@@ -251,3 +251,13 @@ def test_image_for_run_is_none_outside_an_image_and_honest_inside(
     assert image is not None and image["digest"] == IMAGE_ID
     assert image["runtime"]["ok"] is False  # CPU torch here: the fresh check says so
     assert qualification_blockers(image)
+
+
+def test_identity_fits_the_receipt_image_schema(identity: ImageIdentity) -> None:
+    """The contract with the evidence writer: its `Image` model reads our dict as is."""
+    from harness.evidence.schema import Image
+
+    image = Image.model_validate(identity.to_json())
+    assert image.digest == IMAGE_ID
+    assert image.source_lock_sha256 == identity.source_lock_sha256
+    assert image.reference == identity.reference

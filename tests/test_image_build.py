@@ -301,7 +301,7 @@ def test_run_build_records_id_digest_labels_and_the_in_image_check(harness_repo:
 
     data = identity.to_json()
     assert data["image_id"] == data["digest"] == "sha256:" + "e" * 64
-    assert data["lock_sha256"] == plan.lock_sha256
+    assert data["source_lock_sha256"] == plan.lock_sha256
     assert data["sources"]["pytorch"]["commit"] == plan.args["SRC_PYTORCH_COMMIT"]
     assert data["harness"] == {
         "commit": plan.harness.commit,

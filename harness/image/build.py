@@ -256,7 +256,7 @@ def identity_from(
         repo_digests=repo_digests,
         image=plan.lock.image,
         lock_path=str(plan.lock_path),
-        lock_sha256=plan.lock_sha256,
+        source_lock_sha256=plan.lock_sha256,
         base_image=plan.lock.base_image.pinned,
         versions=plan.lock.versions.model_dump(),
         torch_cuda_arch_list=plan.lock.torch_cuda_arch_list,

@@ -211,9 +211,9 @@ def check_identity_current(identity: ImageIdentity, lock_path: Path) -> None:
     if not Path(lock_path).is_file():
         raise UsageError(f"no lock at {lock_path}")
     current = lock_sha256(lock_path)
-    if current != identity.lock_sha256:
+    if current != identity.source_lock_sha256:
         raise UsageError(
-            f"image {identity.digest} was built from lock sha256 {identity.lock_sha256}, "
+            f"image {identity.digest} was built from lock sha256 {identity.source_lock_sha256}, "
             f"{lock_path} is now {current}; rebuild with nox -s image"
         )
     runtime = identity.runtime or {}
@@ -260,10 +260,10 @@ def gpu16_in_image(
             f"{' '.join(str(exc).split())}; rebuild with nox -s image"
         ) from None
     labelled = ((found.get("Config") or {}).get("Labels") or {}).get("io.dcpqual.lock.sha256")
-    if labelled != identity.lock_sha256:
+    if labelled != identity.source_lock_sha256:
         raise UsageError(
             f"image {identity.image_id} is labelled lock {labelled}, not "
-            f"{identity.lock_sha256}; rebuild with nox -s image"
+            f"{identity.source_lock_sha256}; rebuild with nox -s image"
         )
     name = evidence_name(dt.datetime.now(dt.UTC), identity)
     evidence_root.mkdir(parents=True, exist_ok=True)

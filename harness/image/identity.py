@@ -9,7 +9,8 @@
   when the image was pushed, else `image_id`; runs start containers from it, never from the tag
 - `repo_digests`: `["repo@sha256:..."]`, empty for an image never pushed
 - `image`: the image's name in the lock (`kimi-k3-cu133-torch213`)
-- `lock_path`, `lock_sha256`: the source lock, and the sha256 of its bytes (also a label)
+- `lock_path`, `source_lock_sha256`: the source lock, and the sha256 of its bytes (also the
+  image label `io.dcpqual.lock.sha256`); the receipt schema's `image.source_lock_sha256`
 - `base_image`: the base reference with its digest (`repo:tag@sha256:...`)
 - `versions`: {`cuda`, `torch`, `nccl`} as locked; `torch_cuda_arch_list`: "12.0a"
 - `sources`: {component: {`repository`, `ref`, `commit`, `tree`}} as locked
@@ -47,7 +48,7 @@ class ImageIdentity:
     repo_digests: tuple[str, ...]
     image: str
     lock_path: str
-    lock_sha256: str
+    source_lock_sha256: str
     base_image: str
     versions: dict[str, str]
     torch_cuda_arch_list: str
@@ -67,7 +68,7 @@ class ImageIdentity:
             "repo_digests": list(self.repo_digests),
             "image": self.image,
             "lock_path": self.lock_path,
-            "lock_sha256": self.lock_sha256,
+            "source_lock_sha256": self.source_lock_sha256,
             "base_image": self.base_image,
             "versions": dict(self.versions),
             "torch_cuda_arch_list": self.torch_cuda_arch_list,
@@ -91,7 +92,7 @@ class ImageIdentity:
                 repo_digests=tuple(data["repo_digests"]),
                 image=data["image"],
                 lock_path=data["lock_path"],
-                lock_sha256=data["lock_sha256"],
+                source_lock_sha256=data["source_lock_sha256"],
                 base_image=data["base_image"],
                 versions=dict(data["versions"]),
                 torch_cuda_arch_list=data["torch_cuda_arch_list"],
@@ -133,7 +134,7 @@ def qualification_blockers(image: dict[str, Any] | None) -> list[str]:
         if not runtime.get("ok"):
             first = (runtime.get("mismatches") or ["(no detail)"])[0]
             blockers.append(f"the in-image identity check failed: {first}")
-        if runtime.get("lock_sha256") != image.get("lock_sha256"):
+        if runtime.get("lock_sha256") != image.get("source_lock_sha256"):
             blockers.append("the in-image check used a different lock than the build")
     return blockers
 
