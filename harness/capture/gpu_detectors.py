@@ -217,7 +217,7 @@ class TritonJitDetector(Detector):
 
     def _uninstall(self) -> None:
         runtime = self._load().runtime
-        if runtime.jit_post_compile_hook is self._hook:
+        if runtime.jit_post_compile_hook == self._hook:  # bound methods: equal, never identical
             runtime.jit_post_compile_hook = self._previous
         self._previous = None
 
@@ -295,7 +295,7 @@ class B12xKernelResolutionDetector(Detector):
 
     def _uninstall(self) -> None:
         rc = self._load()
-        if self._original is not None and rc.raise_if_kernel_resolution_frozen is self._checked:
+        if self._original is not None and rc.raise_if_kernel_resolution_frozen == self._checked:
             rc.raise_if_kernel_resolution_frozen = self._original
         self._original = None
         if self._guard is not None:

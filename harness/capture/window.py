@@ -235,7 +235,7 @@ class CaptureWindow:
         on_cuda = inputs[0].device.type == "cuda"
         if self.path == "auto":
             return CUDA_GRAPH if on_cuda else CPU_SIMULATED
-        if self.path == CUDA_GRAPH and not on_cuda:
+        if self.path == CUDA_GRAPH and not on_cuda and self._cuda is torch.cuda:
             raise UsageError(f"the cuda-graph path needs CUDA inputs, got {inputs[0].device}")
         return self.path
 
