@@ -1,0 +1,326 @@
+"""The detectors that run everywhere: each fires on its kind of lazy work, stays quiet
+otherwise, removes its hooks at stop, and raises through a strict sink at the lazy call.
+
+Single process, no process group: the registry detectors use a real `TransportRegistry`
+(lookups and allocations need no collective) or a fake one for creation events; the process
+group detector patches fake modules (and is checked to restore the real ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness.capture.detector import Detector, short_stack, without
+from harness.capture.detectors import (
+    DynamoDetector,
+    ProcessGroupDetector,
+    TransportBufferDetector,
+    TransportRegistryDetector,
+    describe_compile,
+)
+from harness.capture.events import LazyEvent, LazySpecializationError
+from harness.transport.events import BufferAllocated, RegistryMiss, TransportCreated
+from harness.transport.registry import TransportRegistry
+from harness.warm.signature import TransportSignature
+
+SIG = TransportSignature("bf16", 8, 576, 512, 2, max_tokens=4)
+
+
+class Strict:
+    """A sink that raises like a strict window."""
+
+    def __init__(self) -> None:
+        self.seen: list[LazyEvent] = []
+
+    def __call__(self, event: LazyEvent) -> None:
+        self.seen.append(event)
+        raise LazySpecializationError(event)
+
+
+@dataclass(frozen=True)
+class Counters:
+    creations: int = 0
+    misses: int = 0
+    buffer_allocations: int = 0
+
+
+class FakeRegistry:
+    """Delivers whatever events a test emits, with counters the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.subscribers: list[Any] = []
+        self.counters = Counters()
+
+    def subscribe(self, callback: Any) -> Any:
+        self.subscribers.append(callback)
+        return lambda: self.subscribers.remove(callback)
+
+    def emit(self, event: object) -> None:
+        for callback in tuple(self.subscribers):
+            callback(event)
+
+
+# -- base contract ----------------------------------------------------------------------------
+
+
+class Never(Detector):
+    name = "never"
+
+    def unavailable_reason(self) -> str | None:
+        return "not on this machine"
+
+    def _install(self) -> None:
+        raise AssertionError("an unavailable detector must never install")
+
+    def _uninstall(self) -> None:
+        pass
+
+
+def test_unavailable_detector_says_why_and_refuses_to_start() -> None:
+    status = Never().status()
+    assert not status.active and status.reason == "not on this machine"
+    with pytest.raises(RuntimeError, match="not on this machine"):
+        Never().start()
+
+
+def test_detector_cannot_start_twice_and_stop_is_idempotent() -> None:
+    detector = TransportRegistryDetector(TransportRegistry())
+    detector.start()
+    with pytest.raises(RuntimeError, match="already running"):
+        detector.start()
+    detector.stop()
+    detector.stop()
+    assert not detector.running
+
+
+def test_without_removes_by_name_and_rejects_unknown_names() -> None:
+    registry = TransportRegistry()
+    detectors = [TransportRegistryDetector(registry), TransportBufferDetector(registry)]
+    assert [d.name for d in without(detectors, "transport-registry")] == ["transport-buffers"]
+    with pytest.raises(ValueError, match="no detector named"):
+        without(detectors, "transport-regsitry")
+
+
+def test_short_stack_shows_the_caller_not_the_machinery() -> None:
+    stack = short_stack()
+    assert "test_short_stack_shows_the_caller" in stack
+    assert "harness/capture/detector.py" not in stack
+
+
+# -- transport registry -----------------------------------------------------------------------
+
+
+def test_registry_miss_is_reported_with_its_signature() -> None:
+    registry = TransportRegistry()
+    detector = TransportRegistryDetector(registry)
+    detector.start(rank=5)
+    assert registry.get(SIG) is None
+    detector.stop()
+    registry.get(SIG)  # after stop: not watched any more
+    [event] = detector.events
+    assert event.detector == "transport-registry" and event.rank == 5
+    assert event.signature == SIG and "registry miss in get" in event.what
+    assert "test_registry_miss_is_reported" in event.stack
+
+
+def test_strict_sink_stops_the_lookup_at_the_miss() -> None:
+    registry = TransportRegistry()
+    detector = TransportRegistryDetector(registry)
+    sink = Strict()
+    detector.start(sink)
+    with pytest.raises(LazySpecializationError, match="576 -> 512"):
+        registry.get(SIG)
+    detector.stop()
+    assert len(sink.seen) == 1
+
+
+def test_creation_is_reported_and_buffers_are_not_the_registry_detectors_job() -> None:
+    registry = FakeRegistry()
+    detector = TransportRegistryDetector(registry)
+    detector.start()
+    registry.emit(RegistryMiss(SIG, op="get_or_create"))
+    registry.emit(BufferAllocated(SIG, "gather_send", 16, "stack"))
+    registry.emit(TransportCreated(SIG, "stack", backend="torch", strategy="ag_rs"))
+    registry.counters = Counters(creations=1, misses=1, buffer_allocations=1)
+    detector.stop()
+    assert [e.what.split(":")[0] for e in detector.events] == [
+        "registry miss in get_or_create",
+        "transport created lazily inside capture (torch/ag_rs)",
+    ]
+    assert registry.subscribers == []
+
+
+def test_registry_counters_are_a_backstop_for_unreported_work() -> None:
+    registry = FakeRegistry()
+    detector = TransportRegistryDetector(registry)
+    detector.start()
+    registry.counters = Counters(creations=1, misses=2)  # nobody emitted an event
+    detector.stop()
+    whats = [e.what for e in detector.events]
+    assert any("2 more misses" in w for w in whats)
+    assert any("1 more creations" in w for w in whats)
+
+
+def test_quiet_registry_gives_no_events() -> None:
+    registry = TransportRegistry()
+    detectors = [TransportRegistryDetector(registry), TransportBufferDetector(registry)]
+    for detector in detectors:
+        detector.start()
+    for detector in detectors:
+        detector.stop()
+    assert all(d.events == [] for d in detectors)
+
+
+# -- transport buffers ------------------------------------------------------------------------
+
+
+def test_buffer_allocation_is_reported() -> None:
+    registry = TransportRegistry()
+    detector = TransportBufferDetector(registry)
+    detector.start()
+    registry.allocator.empty((4, 2), torch.float32, owner=SIG, name="staging")
+    detector.stop()
+    [event] = detector.events
+    assert "'staging' of 32 bytes" in event.what and event.signature == SIG
+
+
+def test_strict_sink_stops_the_allocation() -> None:
+    registry = TransportRegistry()
+    detector = TransportBufferDetector(registry)
+    detector.start(Strict())
+    with pytest.raises(LazySpecializationError, match="staging"):
+        registry.allocator.empty((4,), torch.uint8, owner=None, name="staging")
+    detector.stop()
+    assert registry.counters.buffer_allocations == 0
+
+
+def test_buffer_counter_is_a_backstop() -> None:
+    registry = FakeRegistry()
+    detector = TransportBufferDetector(registry)
+    detector.start()
+    registry.counters = replace(registry.counters, buffer_allocations=3)
+    detector.stop()
+    [event] = detector.events
+    assert "3 more allocations" in event.what
+
+
+# -- process groups ---------------------------------------------------------------------------
+
+
+def _fake_dist() -> tuple[SimpleNamespace, SimpleNamespace, list[str]]:
+    calls: list[str] = []
+    world = SimpleNamespace(group_count=0, pg_map={})
+
+    def new_group(ranks: Any = None, **kwargs: Any) -> str:
+        calls.append(f"new_group({ranks})")
+        world.group_count += 1
+        return "group"
+
+    def new_subgroups(group_size: int, **kwargs: Any) -> tuple[str, list[str]]:
+        calls.append(f"new_subgroups({group_size})")
+        return c10d.new_group([0]), [c10d.new_group([1])]
+
+    c10d = SimpleNamespace(_world=world, new_group=new_group, new_subgroups=new_subgroups)
+    public = SimpleNamespace(new_group=new_group, new_subgroups=new_subgroups)
+    return public, c10d, calls
+
+
+def test_new_group_is_reported_once_even_when_nested() -> None:
+    public, c10d, calls = _fake_dist()
+    detector = ProcessGroupDetector((public, c10d))
+    detector.start()
+    public.new_group(ranks=[0, 1])
+    public.new_subgroups(group_size=2)
+    detector.stop()
+    assert calls == ["new_group([0, 1])", "new_subgroups(2)", "new_group([0])", "new_group([1])"]
+    assert len(detector.events) == 2
+    assert "new_group(ranks=[0, 1])" in detector.events[0].what
+    assert "new_subgroups(group_size=2)" in detector.events[1].what
+
+
+def test_strict_sink_raises_before_the_group_is_created() -> None:
+    public, c10d, calls = _fake_dist()
+    detector = ProcessGroupDetector((public, c10d))
+    detector.start(Strict())
+    with pytest.raises(LazySpecializationError, match="new_group"):
+        public.new_group(ranks=[0])
+    detector.stop()
+    assert calls == []
+
+
+def test_group_counter_catches_a_factory_bound_before_the_window() -> None:
+    public, c10d, _ = _fake_dist()
+    bound = public.new_group  # taken before the window: the wrapper never sees it
+    detector = ProcessGroupDetector((public, c10d))
+    detector.start()
+    bound(ranks=[0])
+    detector.stop()
+    [event] = detector.events
+    assert "1 process group(s)" in event.what and "c10d group counter" in event.what
+
+
+def test_factories_are_restored_after_the_window() -> None:
+    originals = (dist.new_group, dist.new_subgroups, dist.distributed_c10d.new_group)
+    detector = ProcessGroupDetector()
+    detector.start()
+    assert dist.new_group is not originals[0]
+    assert dist.new_group is dist.distributed_c10d.new_group  # one wrapper per function
+    detector.stop()
+    assert (dist.new_group, dist.new_subgroups, dist.distributed_c10d.new_group) == originals
+    assert detector.events == []
+
+
+# -- dynamo -----------------------------------------------------------------------------------
+
+
+def test_describe_compile_tells_first_compiles_from_recompiles() -> None:
+    assert "first compile of frame 3" in describe_compile("3/0", "DYNAMO")
+    assert "recompile #2 of frame 3" in describe_compile("3/2", "DYNAMO")
+    assert "compile (compile id ?" in describe_compile("?", "unknown")
+
+
+@pytest.mark.slow
+def test_dynamo_reports_compiles_and_recompiles_inside_the_window_only() -> None:
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    fn = torch.compile(double, backend="eager", dynamic=False)
+    fn(torch.ones(2))  # compiled before the window: not lazy work
+    detector = DynamoDetector()
+    detector.start()
+    fn(torch.ones(2))  # cached: nothing
+    fn(torch.ones(3))  # recompile
+    detector.stop()
+    fn(torch.ones(4))  # after the window: not watched
+    [event] = detector.events
+    assert event.detector == "dynamo" and "recompile #1" in event.what
+    assert "test_dynamo_reports_compiles" in event.stack
+
+
+def test_dynamo_frame_counter_is_a_backstop(monkeypatch: pytest.MonkeyPatch) -> None:
+    frames = iter([10, 12])
+    monkeypatch.setattr(DynamoDetector, "_frames", staticmethod(lambda: next(frames)))
+    detector = DynamoDetector()
+    detector.start()
+    detector.stop()
+    [event] = detector.events
+    assert "2 frame(s)" in event.what
+
+
+def test_dynamo_events_wait_for_stop_even_with_a_strict_sink() -> None:
+    """Dynamo wraps exceptions raised in its callbacks, so the detector holds its events."""
+    detector = DynamoDetector()
+    sink = Strict()
+    detector.start(sink)
+    detector._on_start(SimpleNamespace(callback_trigger=SimpleNamespace(name="DYNAMO"),
+                                       compile_id="7/1"))  # fmt: skip
+    assert sink.seen == []
+    with pytest.raises(LazySpecializationError, match="recompile #1 of frame 7"):
+        detector.stop()
+    assert not detector.running
