@@ -1,0 +1,120 @@
+"""What the launcher hands the evidence writer: torchrun's error files, node results, progress."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from harness.dist.collect import (
+    LaunchResult,
+    first_torchrun_error,
+    parse_error_file,
+    run_context,
+)
+from harness.dist.nodes import NodeMarker
+from harness.dist.plan import RunOptions, build_plan
+from harness.dist.progress import PlainProgress, Snapshot, snapshot, wants_plain
+from harness.dist.records import RankRecord, TestOutcome, rank_record_path
+
+RESULT = LaunchResult(1, False, "2026-01-01T00:00:00+00:00", "2026-01-01T00:01:00+00:00", 60.0)
+
+
+def write_error(path: Path, rank: int | None, when: float, message: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    extra: dict = {"py_callstack": "tb", "timestamp": str(int(when))}
+    if rank is not None:
+        extra["dcpqual"] = {"rank": rank, "test": "t", "message": message, "time": when}
+    path.write_text(json.dumps({"message": {"message": message, "extraInfo": extra}}))
+
+
+def test_error_files_in_both_of_torchs_shapes(tmp_path):
+    ours = tmp_path / "torchrun/node-00/run/attempt_0/1/error.json"
+    write_error(ours, 1, 100.25, "rank 1 in t: boom")
+    err = parse_error_file(ours, tmp_path)
+    assert err is not None
+    assert (err.rank, err.message, err.time) == (1, "rank 1 in t: boom", 100.25)
+    assert err.file == "torchrun/node-00/run/attempt_0/1/error.json"
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"message": "SIGSEGV", "timestamp": 7}))
+    assert parse_error_file(plain, tmp_path).message == "SIGSEGV"  # type: ignore[union-attr]
+    (tmp_path / "junk.json").write_text("{not json")
+    assert parse_error_file(tmp_path / "junk.json", tmp_path) is None
+
+
+def test_first_error_is_the_earliest_over_every_node(tmp_path):
+    write_error(tmp_path / "torchrun/node-00/r/attempt_0/0/error.json", 0, 200.0, "later")
+    write_error(tmp_path / "torchrun/node-01/r/attempt_0/1/error.json", 3, 100.5, "first")
+    err = first_torchrun_error(tmp_path)
+    assert err is not None and (err.rank, err.message) == (3, "first")
+    assert first_torchrun_error(tmp_path / "nothing-here") is None
+
+
+def test_run_context_carries_the_launch_and_the_geometry(tmp_path):
+    plan = build_plan(RunOptions(nproc_per_node=4, warm_impl="before-kimi"), tmp_path)
+    write_error(tmp_path / "torchrun/node-00/r/attempt_0/1/error.json", 1, 5.0, "boom")
+    ctx = run_context(plan, RESULT)
+    assert (ctx.world_size, ctx.nproc_per_node, ctx.nnodes, ctx.tp, ctx.dcp) == (4, 4, 1, 16, 4)
+    assert ctx.warm_impl == "before-kimi" and ctx.backend == "gloo"
+    assert ctx.exit_code == 1 and not ctx.timed_out
+    assert ctx.command == plan.argv and ctx.pytest_args == plan.targets
+    assert ctx.torchrun_error is not None and ctx.torchrun_error["rank"] == 1
+    assert ctx.extra["launch"] == RESULT.to_json()
+    assert LaunchResult.from_json(RESULT.to_json()) == RESULT
+
+
+def marker(k: int, state: str = "finished", code: int | None = 0) -> NodeMarker:
+    return NodeMarker(k, 2, "h:1", state, exit_code=code)  # type: ignore[arg-type]
+
+
+def test_a_failing_or_silent_node_fails_the_multi_node_run(tmp_path):
+    options = RunOptions(nproc_per_node=2, nnodes=2, rdzv_endpoint="h:1", out_dir=tmp_path)
+    plan = build_plan(options, tmp_path)
+    ok = LaunchResult(0, False, "", "", 1.0)
+    assert run_context(plan, ok, nodes={0: marker(0), 1: marker(1)}).exit_code == 0
+    assert run_context(plan, ok, nodes={0: marker(0), 1: marker(1, code=1)}).exit_code == 1
+    assert run_context(plan, ok, nodes={0: marker(0), 1: None}).exit_code == 1
+    assert run_context(plan, ok, nodes={0: marker(0), 1: marker(1, "started")}).exit_code == 1
+
+
+def write_record(out: Path, rank: int, **kw) -> None:
+    rec = RankRecord(rank=rank, world_size=2, **kw)
+    rec.write(rank_record_path(out / "records", rank))
+
+
+def test_progress_snapshot_counts_tests_every_rank_finished(tmp_path):
+    assert snapshot(tmp_path / "records", 2, 1.0) == Snapshot(1.0, 2)
+    done = TestOutcome("a.py::t1", "passed")
+    write_record(tmp_path, 0, collected=("a.py::t1", "a.py::t2"), tests=(done,))
+    write_record(
+        tmp_path,
+        1,
+        collected=("a.py::t1", "a.py::t2"),
+        tests=(),
+        current_test="a.py::t1",
+    )
+    snap = snapshot(tmp_path / "records", 2, 3.0)
+    assert (snap.done, snap.total, snap.alive, snap.reported) == (0, 2, 2, 2)
+    assert snap.current == "a.py::t1"
+    assert "tests 0/2" in snap.line() and "ranks alive 2/2" in snap.line()
+
+
+def test_plain_progress_prints_only_on_change():
+    stream = io.StringIO()
+    progress = PlainProgress(stream, heartbeat_s=3600)
+    progress.update(Snapshot(1.0, 4, reported=4, alive=4, done=0, total=3))
+    progress.update(Snapshot(2.0, 4, reported=4, alive=4, done=0, total=3))
+    progress.update(Snapshot(3.0, 4, reported=4, alive=3, done=1, total=3, failed=1))
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2
+    assert "tests 1/3" in lines[1] and "FAILED 1" in lines[1]
+
+
+def test_plain_lines_when_not_a_terminal_or_on_ci():
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert wants_plain(io.StringIO(), {})
+    assert wants_plain(Tty(), {"CI": "true"})
+    assert not wants_plain(Tty(), {})

@@ -1,0 +1,86 @@
+"""launch(): the overall timeout ends the whole tree, and nothing a launch started survives it.
+
+A stand-in for torchrun (a small Python script) starts a child in a new session, as torchrun's
+agent does with its ranks, so a plain killpg would miss it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from harness.dist.launcher import launch
+from harness.dist.plan import RunOptions, build_plan
+from harness.dist.proctree import Proc, Tracker, alive, descendants, identify
+
+AGENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                         start_new_session=True)
+open(sys.argv[1], "w").write(str(child.pid))
+time.sleep(600 if sys.argv[2] == "hang" else 1.0)  # "exit": leave the child behind
+"""
+
+
+def fake_plan(tmp_path: Path, mode: str, timeout_s: float):
+    options = RunOptions(nproc_per_node=2, timeout_s=timeout_s, test_timeout_s=timeout_s / 2)
+    plan = build_plan(options, tmp_path / "out")
+    script = tmp_path / "agent.py"
+    script.write_text(AGENT)
+    pidfile = tmp_path / "child.pid"
+    return replace(plan, argv=(sys.executable, str(script), str(pidfile), mode)), pidfile
+
+
+def wait_for(path: Path) -> int:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text():
+            return int(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never written")
+
+
+def test_overall_timeout_ends_the_whole_tree(tmp_path):
+    plan, pidfile = fake_plan(tmp_path, "hang", timeout_s=3)
+    ticks: list[float] = []
+    started = time.monotonic()
+    result = launch(plan, tick=ticks.append, tick_s=0.1)
+    child = wait_for(pidfile)
+    assert result.timed_out
+    assert result.exit_code != 0
+    assert time.monotonic() - started < 30
+    assert ticks and ticks[-1] >= 3
+    assert identify(child) is None, "the agent's child (a rank) survived the timeout"
+    assert plan.agent_log.exists()
+
+
+def test_processes_left_behind_by_a_finished_agent_are_ended_and_reported(tmp_path):
+    plan, pidfile = fake_plan(tmp_path, "exit", timeout_s=60)
+    result = launch(plan, tick_s=0.05)
+    child = int(pidfile.read_text())
+    assert not result.timed_out and result.exit_code == 0
+    assert identify(child) is None
+    assert child in result.leftovers
+
+
+def test_tracker_sees_grandchildren_and_ignores_recycled_pids(tmp_path):
+    parent = subprocess.Popen(
+        [sys.executable, "-c", AGENT, str(tmp_path / "pid"), "hang"], start_new_session=True
+    )
+    try:
+        child = wait_for(tmp_path / "pid")
+        tracker = Tracker(parent.pid)
+        tracker.scan()
+        assert child in {p.pid for p in descendants(parent.pid)}
+        assert child in {p.pid for p in tracker.survivors()}
+        me = identify(child)
+        assert me is not None and alive(me)
+        assert not alive(Proc(child, me.start_ticks + 1))  # same pid, another process
+        tracker.end_all(grace_s=2)
+        assert tracker.survivors() == []
+    finally:
+        parent.kill()
+        parent.wait()

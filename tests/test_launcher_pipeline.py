@@ -1,0 +1,173 @@
+"""The `dcpqual run` pipeline with a fake launch and a fake evidence writer: exit codes follow the
+verdict, the bundle is verified, and multi-node runs share one folder through node markers."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from harness.dist import launcher, nodes
+from harness.dist.collect import LaunchResult
+from harness.dist.plan import RunOptions
+from harness.dist.progress import PlainProgress
+from harness.errors import UsageError
+
+
+@dataclass
+class FakeEvidence:
+    verdict: str = "pass"
+    problems: list[str] = field(default_factory=list)
+    contexts: list[Any] = field(default_factory=list)
+
+    def api(self) -> launcher.Evidence:
+        def prepare(path: Path) -> Path:
+            if path.exists() and any(path.iterdir()):
+                raise UsageError(f"evidence folder {path} is not empty")
+            path.mkdir(parents=True, exist_ok=True)
+            return path
+
+        def finalize(out: Path, ctx: Any) -> Any:
+            self.contexts.append(ctx)
+            (out / "receipt.json").write_text(json.dumps({"verdict": self.verdict}))
+            (out / "SHA256SUMS").write_text("")
+            cause = SimpleNamespace(rank=1, test="t", message="boom")
+            return SimpleNamespace(
+                verdict=self.verdict,
+                status="source-qualified" if self.verdict == "pass" else "not-qualified",
+                root_cause=None if self.verdict == "pass" else cause,
+            )
+
+        return launcher.Evidence(
+            prepare_out_dir=prepare,
+            default_out_dir=lambda: Path("unused"),
+            finalize_bundle=finalize,
+            verify_bundle=lambda out: list(self.problems),
+        )
+
+
+def fake_launch(exit_code: int = 0, timed_out: bool = False):
+    """A launch that returns at once, after every node has joined (torchrun's rendezvous)."""
+    calls: list[Any] = []
+
+    def run(plan, *, tick=None, tick_s=0.5):
+        calls.append(plan)
+        deadline = time.monotonic() + 20
+        everyone = range(plan.options.nnodes if plan.options.multi_node else 0)
+        while any(nodes.read_marker(plan.out_dir, k) is None for k in everyone):
+            assert time.monotonic() < deadline, "rendezvous never completed"
+            time.sleep(0.05)
+        if tick is not None:
+            tick(0.1)
+        return LaunchResult(exit_code, timed_out, "s", "f", 0.2)
+
+    return run, calls
+
+
+def run(options: RunOptions, evidence: FakeEvidence) -> tuple[int, str]:
+    stream = io.StringIO()
+    code = launcher.run(
+        options, evidence=evidence.api(), stream=stream, progress=PlainProgress(stream)
+    )
+    return code, stream.getvalue()
+
+
+@pytest.mark.parametrize(
+    "verdict, exit_code, problems, expected",
+    [
+        ("pass", 0, [], 0),
+        ("fail", 1, [], 1),
+        ("pass", 1, [], 1),  # fail closed: a pass with a failed torchrun is not trusted
+        ("pass", 0, ["SHA256SUMS: receipt.json hash mismatch"], 1),
+    ],
+)
+def test_exit_code_follows_the_verified_verdict(
+    tmp_path, monkeypatch, verdict, exit_code, problems, expected
+):
+    fake, calls = fake_launch(exit_code)
+    monkeypatch.setattr(launcher, "launch", fake)
+    evidence = FakeEvidence(verdict=verdict, problems=problems)
+    code, text = run(RunOptions(nproc_per_node=2, out_dir=tmp_path / "out"), evidence)
+    assert code == expected
+    [ctx] = evidence.contexts
+    assert ctx.exit_code == exit_code and ctx.world_size == 2
+    assert calls[0].out_dir == (tmp_path / "out").absolute()
+    assert f"verdict {verdict.upper()}" in text
+    assert str(tmp_path / "out") in text
+    if verdict == "fail":
+        assert "root cause: rank 1 in t: boom" in text
+
+
+def test_a_timed_out_run_never_exits_zero(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "launch", fake_launch(0, timed_out=True)[0])
+    code, _ = run(RunOptions(nproc_per_node=2, out_dir=tmp_path / "o"), FakeEvidence())
+    assert code == 1
+
+
+def test_a_non_empty_out_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    fake, calls = fake_launch()
+    monkeypatch.setattr(launcher, "launch", fake)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("old evidence")
+    with pytest.raises(UsageError, match="not empty"):
+        run(RunOptions(nproc_per_node=2, out_dir=out), FakeEvidence())
+    assert calls == [] and sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
+def test_two_nodes_share_one_folder_and_node0_finalizes_after_both(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "launch", fake_launch(0)[0])
+    monkeypatch.setattr(launcher, "JOIN_WAIT_S", 20.0)
+    monkeypatch.setattr(launcher, "NODE_WAIT_S", 20.0)
+    out = tmp_path / "shared"
+    evidence = FakeEvidence()
+    base = {"nproc_per_node": 2, "nnodes": 2, "rdzv_endpoint": "127.0.0.1:29999", "out_dir": out}
+    results: dict[int, tuple[int, str]] = {}
+
+    def node(k: int) -> None:
+        results[k] = run(RunOptions(node_rank=k, **base), evidence)
+
+    second = threading.Thread(target=node, args=(1,))
+    second.start()  # starts first and must wait for node 0 to own the folder
+    time.sleep(0.3)
+    node(0)
+    second.join(60)
+    assert results[0][0] == 0 and results[1][0] == 0
+    assert "node 0's bundle says PASS" in results[1][1]
+    [ctx] = evidence.contexts  # only node 0 wrote the bundle
+    assert sorted(ctx.extra["nodes"]) == ["0", "1"]
+    assert all(m["state"] == "finished" for m in ctx.extra["nodes"].values())
+
+
+def test_node_k_refuses_a_folder_of_another_run(tmp_path):
+    nodes.write_marker(tmp_path, nodes.NodeMarker(0, 2, "10.0.0.1:1", "started"))
+    with pytest.raises(UsageError, match="belongs to another run"):
+        nodes.join_out_dir(tmp_path, nnodes=2, endpoint="127.0.0.1:1", wait_s=1)
+
+
+def test_node_k_without_a_shared_folder_stops_with_a_clear_error(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(UsageError, match="shared by every node"):
+        nodes.join_out_dir(tmp_path / "nowhere", nnodes=2, endpoint="h:1", wait_s=0.5)
+    assert time.monotonic() - started < 5
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_node_k_refuses_a_finished_bundle(tmp_path):
+    (tmp_path / "receipt.json").write_text("{}")
+    with pytest.raises(UsageError, match="already holds a finished bundle"):
+        nodes.join_out_dir(tmp_path, nnodes=2, endpoint="h:1", wait_s=1)
+
+
+def test_node_markers_round_trip(tmp_path):
+    marker = nodes.NodeMarker(1, 2, "h:1", "finished", exit_code=3, timed_out=True)
+    nodes.write_marker(tmp_path, marker)
+    assert nodes.read_marker(tmp_path, 1) == marker
+    assert nodes.read_marker(tmp_path, 0) is None

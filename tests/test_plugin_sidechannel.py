@@ -1,0 +1,99 @@
+"""The side channel over an in-process c10d store: bounded waits, abort signals, lost stores."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch.distributed as dist
+
+from harness.dist.agreement import LocalResult
+from harness.dist.sidechannel import SideChannel
+
+
+def channels(world: int) -> list[SideChannel]:
+    store = dist.HashStore()
+    return [SideChannel(store, r, world, poll_s=0.005) for r in range(world)]
+
+
+def test_gather_returns_every_rank_once_all_posted():
+    chans = channels(3)
+    for c in chans:
+        c.post_result(0, LocalResult(rank=c.rank, outcome="passed"))
+    got = chans[0].gather_results(0, time.monotonic() + 5)
+    assert sorted(got) == [0, 1, 2]
+    assert all(r.outcome == "passed" for r in got.values())
+
+
+def test_gather_waits_for_a_late_rank():
+    chans = channels(2)
+    chans[0].post_result(4, LocalResult(rank=0, outcome="passed"))
+
+    def late():
+        time.sleep(0.2)
+        chans[1].post_result(4, LocalResult(rank=1, outcome="failed", fail_seq=1))
+
+    threading.Thread(target=late).start()
+    got = chans[0].gather_results(4, time.monotonic() + 5)
+    assert got[1].outcome == "failed"
+
+
+def test_gather_stops_at_the_deadline_with_what_arrived():
+    chans = channels(3)
+    chans[0].post_result(1, LocalResult(rank=0, outcome="passed"))
+    chans[2].post_result(1, LocalResult(rank=2, outcome="passed"))
+    started = time.monotonic()
+    got = chans[0].gather_results(1, started + 0.3)
+    assert sorted(got) == [0, 2]
+    assert time.monotonic() - started < 2
+
+
+def test_an_abort_cuts_a_long_wait_short():
+    chans = channels(3)
+    chans[0].post_result(2, LocalResult(rank=0, outcome="passed"))
+    chans[1].signal_abort("terminated")
+    started = time.monotonic()
+    got = chans[0].gather_results(2, started + 60)
+    assert sorted(got) == [0]
+    assert time.monotonic() - started < 5
+
+
+def test_first_abort_reason_wins():
+    chans = channels(2)
+    chans[1].signal_abort("first")
+    chans[0].signal_abort("second")
+    assert chans[0].abort_info() == {"rank": 1, "reason": "first"}
+    assert chans[0].aborted()
+
+
+def test_failure_order_is_global_and_counted_per_test():
+    chans = channels(3)
+    assert chans[2].next_fail_seq(7) == 1
+    assert chans[0].next_fail_seq(7) == 2
+    assert chans[1].next_fail_seq(8) == 3
+    assert (chans[0].failures_in(7), chans[0].failures_in(8), chans[0].failures_in(9)) == (2, 1, 0)
+
+
+def test_collections_are_exchanged():
+    chans = channels(2)
+    chans[0].post_collection(["a", "b"])
+    chans[1].post_collection(["a"])
+    assert chans[1].gather_collections(time.monotonic() + 5) == {0: ["a", "b"], 1: ["a"]}
+
+
+class DeadStore:
+    """A store whose server is gone: every call raises like a lost TCPStore connection."""
+
+    def __getattr__(self, name):
+        def fail(*args, **kwargs):
+            raise RuntimeError("Connection reset by peer")
+
+        return fail
+
+
+def test_a_lost_store_never_hangs_and_is_reported():
+    chan = SideChannel(DeadStore(), 0, 4, poll_s=0.005)  # type: ignore[arg-type]
+    chan.post_result(0, LocalResult(rank=0, outcome="passed"))
+    assert chan.gather_results(0, time.monotonic() + 30) == {}
+    assert chan.lost and chan.aborted()
+    assert chan.next_fail_seq(0) == 0

@@ -1,0 +1,167 @@
+"""The rank watchdog, in-process: timeouts, peer failures and SIGTERM end in recorded outcomes.
+
+The watchdog's `exit_fn` is replaced by one that records the code, so the test process survives
+what would end a rank.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from harness.dist.agreement import LocalResult
+from harness.dist.rankfiles import RecordKeeper
+from harness.dist.records import RankRecord
+from harness.dist.sidechannel import SideChannel
+from harness.dist.watchdog import EXIT_FAILED, EXIT_TERMINATED, WatchConfig, Watchdog
+
+NODEID = "suites/x/test_y.py::test_z"
+
+
+class Exits:
+    def __init__(self) -> None:
+        self.codes: list[int] = []
+        self.done = threading.Event()
+
+    def __call__(self, code: int) -> None:
+        self.codes.append(code)
+        self.done.set()
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    store = dist.HashStore()
+    chans = [SideChannel(store, r, 2, poll_s=0.005) for r in range(2)]
+    keeper = RecordKeeper.start(
+        tmp_path / "records",
+        rank=0,
+        world_size=2,
+        local_rank=0,
+        node_rank=0,
+        backend="gloo",
+        device="cpu",
+        warm_impl="vendored",
+    )
+    keeper.collected((NODEID,))
+    return tmp_path, chans, keeper
+
+
+def make(world, *, wakeup_fd=None, **config) -> tuple[Watchdog, Exits]:
+    out, chans, keeper = world
+    exits = Exits()
+    dog = Watchdog(
+        rank=0,
+        world_size=2,
+        channel=chans[0],
+        keeper=keeper,
+        out_dir=out,
+        config=WatchConfig(tick_s=0.02, exchange_grace_s=0.5, **config),
+        wakeup_fd=wakeup_fd,
+        exit_fn=exits,
+    )
+    dog.start()
+    return dog, exits
+
+
+def record(out: Path) -> RankRecord:
+    return RankRecord.read(out / "records" / "rank-00.json")
+
+
+def test_a_test_past_its_timeout_is_failed_with_stacks_and_the_rank_exits(world):
+    out, chans, _ = world
+    dog, exits = make(world, test_timeout_s=0.3)
+    chans[1].post_result(0, LocalResult(rank=1, outcome="passed"))  # the peer finished fine
+    dog.begin_test(0, NODEID)
+    assert exits.done.wait(10), "watchdog never fired"
+    assert exits.codes == [EXIT_FAILED]
+    assert dog.body_done() is False  # the main thread must step aside now
+    rec = record(out)
+    [test] = rec.tests
+    assert (test.nodeid, test.outcome, test.primary) == (NODEID, "failed", True)
+    assert "timed out after" in (test.message or "")
+    assert "not inside a torch.distributed call" in (test.message or "")
+    assert rec.abort_reason == f"per-test timeout in {NODEID}" and rec.abort_primary
+    assert not rec.complete
+    assert "per-test timeout" in (out / "stacks" / "rank-00.txt").read_text()
+    posted = chans[1].peer_results(0)[0]
+    assert posted.kind == "timeout" and posted.fail_seq == 1
+    assert chans[1].abort_info()["rank"] == 0
+
+
+def test_a_peer_failure_aborts_a_rank_still_in_the_test_after_the_grace(world):
+    out, chans, _ = world
+    dog, exits = make(world, test_timeout_s=60, abort_grace_s=0.2)
+    dog.begin_test(0, NODEID)
+    seq = chans[1].next_fail_seq(0)
+    chans[1].post_result(0, LocalResult(rank=1, outcome="failed", message="boom", fail_seq=seq))
+    assert exits.done.wait(10)
+    assert exits.codes == [EXIT_FAILED]
+    [test] = record(out).tests
+    assert (test.outcome, test.primary, test.failing_ranks) == ("error", False, (1,))
+    assert "after rank(s) 1 failed it" in (test.message or "")
+
+
+def test_a_rank_that_finishes_in_time_is_left_alone(world):
+    dog, exits = make(world, test_timeout_s=0.5)
+    dog.begin_test(0, NODEID)
+    assert dog.body_done() is True
+    dog.idle()
+    time.sleep(1.0)
+    assert exits.codes == []
+    dog.stop()
+
+
+def test_sigterm_through_the_wakeup_pipe_records_a_secondary_abort(world):
+    out, chans, _ = world
+    read_fd, write_fd = os.pipe()
+    try:
+        dog, exits = make(world, wakeup_fd=read_fd, test_timeout_s=60)
+        dog.begin_test(0, NODEID)
+        os.write(write_fd, bytes([signal.SIGTERM]))
+        assert exits.done.wait(10)
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    assert exits.codes == [EXIT_TERMINATED]
+    rec = record(out)
+    assert rec.abort_reason is not None and "SIGTERM" in rec.abort_reason
+    assert not rec.abort_primary
+    [test] = rec.tests
+    assert (test.outcome, test.primary, test.agreed) == ("error", False, False)
+    assert chans[1].peer_results(0)[0].kind == "aborted"
+
+
+def test_sigterm_after_the_session_finished_leaves_the_record_alone(world):
+    out, _, keeper = world
+    read_fd, write_fd = os.pipe()
+    try:
+        dog, exits = make(world, wakeup_fd=read_fd)
+        dog.session_finishing()
+        keeper.finish()
+        dog.session_finished()
+        os.write(write_fd, bytes([signal.SIGTERM]))
+        assert exits.done.wait(10)
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    assert exits.codes == [EXIT_TERMINATED]
+    rec = record(out)
+    assert rec.complete and rec.abort_reason is None
+
+
+def test_heartbeat_touches_the_record(world):
+    out, _, _ = world
+    path = out / "records" / "rank-00.json"
+    os.utime(path, (1_000_000, 1_000_000))
+    dog, _ = make(world, heartbeat_s=0.05)
+    deadline = time.monotonic() + 5
+    while path.stat().st_mtime < 2_000_000 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dog.stop()
+    assert path.stat().st_mtime > 2_000_000
