@@ -1,10 +1,9 @@
 """The b12x adapter without a GPU: argument mapping, geometry checks, availability reasons, and
-the lifecycle against a fake b12x. With the real b12x installed (`nox -s compat`), the kwargs
-are bound against its actual signatures."""
+the lifecycle against a fake b12x. Binding against the real b12x signatures, and the combine
+against b12x's reference, live in tests/compat/ (`nox -s compat`)."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 from harness.errors import GeometryError
 from harness.transport import b12x_backend as bb
 from harness.transport.errors import BackendUnavailableError, CapacityError, RegistryClosedError
-from harness.warm.signature import TransportSignature, dtype_name
+from harness.warm.signature import TransportSignature
 
 KIMI = TransportSignature("bf16", 96, 576, 512, 16, max_tokens=8, device_type="cuda")
 DSV4 = TransportSignature("fp16", 64, 512, 512, 8, max_tokens=4, device_type="cuda")
@@ -219,52 +218,3 @@ def test_failed_creation_closes_the_pool() -> None:
         api = fake_api(log, fail_prepare=True)
         bb.B12xDCPTransport(SMALL, object(), allocator=FakeAllocator(), api=api)
     assert log[-1] == ("close", None)
-
-
-# -- against the real b12x (nox -s compat) --------------------------------------------------
-
-
-@pytest.mark.compat
-def test_kwargs_bind_to_the_real_b12x() -> None:
-    pcie = pytest.importorskip("b12x.comm.pcie.pcie_dcp_a2a")
-    api = pytest.importorskip("b12x.comm.pcie.api")
-    pool = pcie.PCIeDCPA2APool
-    assert pcie.SUPPORTED_WORLD_SIZES == bb.SUPPORTED_WORLD_SIZES
-    assert {dtype_name(d) for d in pcie.SUPPORTED_DTYPES} == set(bb.SUPPORTED_DTYPES)
-    inspect.signature(pool.from_process_group).bind(
-        **bb.pool_kwargs(KIMI, process_group=None, device="cuda")
-    )
-    x = torch.zeros(1)
-    inspect.signature(pool.all_gather_heads).bind(None, **bb.gather_kwargs(x, plan=None))
-    inspect.signature(pool.lse_reduce_scatter).bind(None, **bb.reduce_kwargs(x, x, plan=None))
-    inspect.signature(api.query_from_runtime).bind(None, **bb.query_kwargs(bb.GATHER_SURFACE, {}))
-    inspect.signature(api.plan).bind(None, runtime=None)
-    layout = pcie._staging_layout(
-        signal_bytes=pcie._SIGNAL_BYTES,
-        world_size=16,
-        max_batch_size=KIMI.max_tokens,
-        total_heads=KIMI.total_heads,
-        head_dim=KIMI.output_head_dim,
-        query_head_dim=KIMI.query_head_dim,
-    )
-    assert layout.slab_bytes == bb.slab_bytes(KIMI)
-    bb.load_b12x_api()  # imports resolve
-
-
-@pytest.mark.compat
-def test_combine_agrees_with_b12x_reference() -> None:
-    pcie = pytest.importorskip("b12x.comm.pcie.pcie_dcp_a2a")
-    from harness.transport.combine import lse_combine
-    from harness.transport.testing import PATTERNS, assert_matches, make_partials
-
-    for pattern in PATTERNS:
-        if pattern in ("underflow_nan_output", "mixed"):
-            continue  # b12x's reference multiplies 0 * NaN there (see issue notes)
-        parts = make_partials(4, 2, 8, 16, torch.bfloat16, pattern=pattern, seed=3)
-        for base_e in (True, False):
-            for rank in range(4):
-                theirs = pcie.lse_reduce_scatter_reference(
-                    parts.outputs, parts.lses, rank, is_lse_base_on_e=base_e
-                )
-                ours = lse_combine(parts.outputs, parts.lses, rank, base_e=base_e)
-                assert_matches(ours, theirs, what=f"{pattern} base_e={base_e} rank={rank}")
