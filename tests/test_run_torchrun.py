@@ -1,0 +1,184 @@
+"""`dcpqual run` for real: torchrun, gloo ranks, the rank plugin, the evidence bundle.
+
+Small worlds (2-4 ranks) on tiny suites from tests/rank_suites. Each injected fault must end the
+run non-zero, with the right root-cause rank and test in the receipt, quickly (far below gloo's
+30-minute default timeout), and with no process of the run left alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.cli import main
+from harness.dist.records import RankRecord
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+
+SUITES = Path(__file__).resolve().parent / "rank_suites"
+FAST_S = 90.0  # an injected fault must end the run well inside this
+
+
+def run(out: Path, world: int, suite: str, *extra: str, nnodes: int = 1) -> tuple[int, float]:
+    argv = ["run", "--nproc-per-node", str(world), "--tp", str(world * nnodes), "--out", str(out)]
+    argv += [*extra, "--", str(SUITES / suite)]
+    started = time.monotonic()
+    code = main(argv)
+    return code, time.monotonic() - started
+
+
+def receipt(out: Path) -> dict[str, Any]:
+    return json.loads((out / "receipt.json").read_text())
+
+
+def records(out: Path) -> dict[int, RankRecord]:
+    return {
+        rec.rank: rec
+        for rec in (RankRecord.read(p) for p in sorted((out / "records").glob("rank-*.json")))
+    }
+
+
+def processes_of(out: Path) -> list[str]:
+    """Live processes whose command line names this run's out folder (torchrun and ranks)."""
+    needle = str(out).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in cmdline and state not in ("Z", "X"):
+            text = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{entry.name}: {text}")
+    return found
+
+
+def assert_fault(out: Path, code: int, elapsed: float, rank: int, test: str) -> dict[str, Any]:
+    assert code == 1
+    assert elapsed < FAST_S, f"fault took {elapsed:.0f}s to end the run"
+    assert processes_of(out) == []
+    data = receipt(out)
+    assert data["verdict"] == "fail"
+    cause = data["root_cause"]
+    assert cause["rank"] == rank, cause
+    assert cause["test"].endswith(f"::{test}"), cause
+    return data
+
+
+def test_all_ranks_pass_and_the_bundle_verifies(tmp_path):
+    out = tmp_path / "pass"
+    code, _ = run(out, 4, "rank_pass.py")
+    assert code == 0, (out / "summary.md").read_text() if (out / "summary.md").exists() else ""
+    data = receipt(out)
+    assert data["verdict"] == "pass" and data["root_cause"] is None
+    recs = records(out)
+    assert sorted(recs) == [0, 1, 2, 3]
+    assert all(r.complete and r.abort_reason is None for r in recs.values())
+    assert len({tuple((t.nodeid, t.outcome) for t in r.tests) for r in recs.values()}) == 1
+    assert [t.outcome for t in recs[0].tests].count("passed") == 5
+    assert sorted(p.name for p in (out / "junit").glob("rank-*.xml")) == [
+        f"rank-0{r}.xml" for r in range(4)
+    ]
+    assert main(["verify", str(out)]) == 0
+    assert processes_of(out) == []
+
+
+def test_an_assertion_on_one_rank_fails_every_rank_with_it_as_root_cause(tmp_path):
+    out = tmp_path / "assert"
+    code, elapsed = run(out, 2, "rank_assert.py")
+    assert_fault(out, code, elapsed, rank=1, test="test_fault")
+    recs = records(out)
+    [fault0] = [t for t in recs[0].tests if t.nodeid.endswith("::test_fault")]
+    [fault1] = [t for t in recs[1].tests if t.nodeid.endswith("::test_fault")]
+    assert (fault1.outcome, fault1.primary) == ("failed", True)
+    assert fault0.outcome in ("failed", "error") and not fault0.primary
+    assert fault0.failing_ranks == (1,)
+    assert not any(t.nodeid.endswith("::test_after") for r in recs.values() for t in r.tests)
+
+
+def test_a_rank_that_dies_is_the_root_cause_and_recorded_as_killed(tmp_path):
+    out = tmp_path / "exit"
+    code, elapsed = run(out, 2, "rank_exit.py")
+    data = assert_fault(out, code, elapsed, rank=1, test="test_fault")
+    assert 1 in data["ranks"]["killed"]
+    recs = records(out)
+    assert not recs[1].complete and recs[1].current_test.endswith("::test_fault")
+    assert recs[0].abort_reason is not None  # told to stop, and said so
+
+
+def test_a_hang_is_ended_by_the_per_test_timeout_with_stack_dumps(tmp_path):
+    out = tmp_path / "hang"
+    code, elapsed = run(out, 2, "rank_hang.py", "--test-timeout", "6")
+    assert_fault(out, code, elapsed, rank=1, test="test_fault")
+    stacks = (out / "stacks" / "rank-01.txt").read_text()
+    assert "rank_hang.py" in stacks and "test_fault" in stacks
+    assert (out / "stacks" / "rank-00.txt").exists()
+    recs = records(out)
+    [hung] = [t for t in recs[1].tests if t.nodeid.endswith("::test_fault")]
+    assert hung.primary and "not inside a torch.distributed call" in (hung.message or "")
+
+
+def test_ranks_that_collect_different_tests_all_abort_with_a_diff(tmp_path):
+    out = tmp_path / "collect"
+    code, elapsed = run(out, 2, "rank_collect.py")
+    assert code == 1 and elapsed < FAST_S
+    assert processes_of(out) == []
+    assert receipt(out)["root_cause"]["rank"] == 1
+    recs = records(out)
+    assert all("collected different tests" in (r.abort_reason or "") for r in recs.values())
+    assert [r.abort_primary for r in (recs[0], recs[1])] == [False, True]
+    log = "".join(p.read_text() for p in (out / "torchrun").rglob("stderr.log"))
+    assert "+tests/rank_suites/rank_collect.py::test_only_on_the_fault_rank" in log
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def two_nodes(out: Path, nproc: int, suite: str) -> tuple[int, int]:
+    endpoint = f"127.0.0.1:{free_port()}"
+    codes: dict[int, int] = {}
+
+    def node(k: int) -> None:
+        argv = ["run", "--nproc-per-node", str(nproc), "--nnodes", "2", "--node-rank", str(k)]
+        argv += ["--rdzv-endpoint", endpoint, "--tp", str(2 * nproc), "--out", str(out)]
+        codes[k] = main([*argv, "--", str(SUITES / suite)])
+
+    other = threading.Thread(target=node, args=(1,))
+    other.start()
+    node(0)
+    other.join(300)
+    return codes[0], codes[1]
+
+
+def test_two_agents_form_one_job_and_node0_writes_one_bundle(tmp_path):
+    out = tmp_path / "2x2"
+    assert two_nodes(out, 2, "rank_pass.py") == (0, 0)
+    data = receipt(out)
+    assert data["verdict"] == "pass"
+    assert data["geometry"]["world_size"] == 4 and data["geometry"]["nnodes"] == 2
+    recs = records(out)
+    assert sorted(recs) == [0, 1, 2, 3] and {r.node_rank for r in recs.values()} == {0, 1}
+    assert sorted(p.name for p in (out / "torchrun").iterdir()) == ["node-00", "node-01"]
+    assert processes_of(out) == []
+
+
+@pytest.mark.slow
+def test_two_agents_of_eight_ranks_form_a_16_rank_job(tmp_path):
+    out = tmp_path / "2x8"
+    assert two_nodes(out, 8, "rank_pass.py") == (0, 0)
+    assert receipt(out)["geometry"]["world_size"] == 16
+    assert len(records(out)) == 16
+    assert processes_of(out) == []
