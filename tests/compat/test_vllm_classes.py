@@ -335,10 +335,12 @@ def class_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+@functools.cache
 def class_source(cls: type) -> str:
     return textwrap.dedent(inspect.getsource(cls))
 
 
+@functools.cache
 def self_assignments(source: str) -> frozenset[str]:
     """Names `n` assigned as `self.n = ...` (also annotated, augmented, unpacked) in any method
     of the class in `source`; `cls.n`/the first parameter counts too (e.g. in `__new__`)."""
@@ -359,6 +361,7 @@ def self_assignments(source: str) -> frozenset[str]:
     return frozenset(names)
 
 
+@functools.cache
 def class_attributes(
     cls: type, *, source_of: Callable[[type], str] = class_source
 ) -> frozenset[str]:
