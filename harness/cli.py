@@ -23,7 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "harness.evidence.cli",  # verify
     "harness.qualify.cli",  # compare, nightly
     "harness.image.cli",  # lock check, lock pin, image build
-    "harness.bench_cli",  # bench
+    "harness.bench.cli",  # bench
 )
 
 

@@ -1,0 +1,77 @@
+"""`dcpqual bench` options: defaults are the issue's sizes, --quick, validation, fail closed."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.bench.cli import options_from_args, register
+from harness.bench.driver import QUICK, BenchOptions
+from harness.cli import COMMAND_MODULES, main
+from harness.errors import UsageError
+
+
+def parse(*argv: str) -> BenchOptions:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    return options_from_args(parser.parse_args(["bench", *argv]))
+
+
+def test_bench_is_a_dcpqual_command() -> None:
+    assert "harness.bench.cli" in COMMAND_MODULES
+
+
+def test_defaults_are_the_issues_sizes(tmp_path: Path) -> None:
+    options = parse("--out", str(tmp_path / "b.json"))
+    assert (options.nproc, options.batches, options.modules) == (16, (1, 8, 64), 100_000)
+    assert options.strategies == ("ag_rs", "a2a")
+    assert options.backend == "gloo" and not options.quick and options.skip == frozenset()
+
+
+def test_quick_keeps_explicit_knobs(tmp_path: Path) -> None:
+    options = parse(
+        "--out", str(tmp_path / "b.json"), "--quick", "--iters", "3", "--skip", "launch"
+    )
+    assert options.quick and options.iters == 3
+    assert options.nproc == QUICK["nproc"] and options.batches == QUICK["batches"]
+    assert options.skip == frozenset({"launch"})
+    assert options.to_json()["skip"] == ["launch"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--nproc-per-node", "5"], "divides its 96 heads"),
+        (["--batches", "1,x"], "comma-separated integers"),
+        (["--batches", "0"], "positive integers"),
+        (["--strategies", "ring"], "--strategies"),
+        (["--skip", "everything"], "unknown section"),
+        (["--iters", "0"], "--iters must be >= 1"),
+    ],
+)
+def test_bad_options_are_usage_errors(tmp_path: Path, argv: list[str], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        parse("--out", str(tmp_path / "b.json"), *argv)
+
+
+def test_existing_out_is_refused_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "b.json"
+    out.write_text("{}")
+    assert main(["bench", "--out", str(out), "--quick"]) == 2
+    assert "never overwritten" in capsys.readouterr().err
+    assert out.read_text() == "{}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine can run NCCL")
+def test_nccl_fails_closed_without_gpus(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "b.json"
+    assert main(["bench", "--backend", "nccl", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0  # one line
+    assert "--backend nccl needs CUDA GPUs" in err and "GPU node" in err
+    assert not out.exists()
