@@ -94,6 +94,47 @@ def find_actionlint(session: nox.Session) -> list[str] | None:
     return ["actionlint"]
 
 
+# --- CPU qualification (issue 5): logic in harness/dist/ (`dcpqual run`) ----------------------
+
+
+def _option_value(args: list[str], flag: str) -> str | None:
+    """The value of `flag` among dcpqual's own options (those before `--`), if given."""
+    own = args[: args.index("--")] if "--" in args else args
+    for i, arg in enumerate(own):
+        if arg == flag and i + 1 < len(own):
+            return own[i + 1]
+        if arg.startswith(f"{flag}="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+@nox.session(default=False)
+def cpu16(session: nox.Session) -> None:
+    """All suites on 16 CPU ranks over gloo in one torchrun launch; exit code follows the verdict."""
+    import json
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    install_harness(session)
+    args = list(session.posargs)
+    out = _option_value(args, "--out")
+    if out is None:
+        out = str(Path("evidence") / datetime.now(UTC).strftime("cpu16-%Y%m%dT%H%M%SZ"))
+        args = ["--out", out, *args]
+    # Exit 1 (verdict fail) still leaves a bundle worth printing; the verdict decides below.
+    session.run(
+        "dcpqual", "run", "--nproc-per-node", "16", "--backend", "gloo", *args,
+        success_codes=[0, 1],
+    )  # fmt: skip
+    summary, receipt = Path(out) / "summary.md", Path(out) / "receipt.json"
+    session.log(f"evidence: {Path(out).absolute()}")
+    if summary.is_file():
+        print(summary.read_text())
+    verdict = json.loads(receipt.read_text()).get("verdict") if receipt.is_file() else None
+    if verdict != "pass":
+        session.error(f"cpu16 verdict: {verdict or 'no receipt'} (evidence: {out})")
+
+
 # --- Real-peer compatibility (issue 8) ----------------------------------------------------------
 
 
@@ -150,3 +191,16 @@ def nightly(session: nox.Session) -> None:
     """image -> gpu16 -> verify -> compare with the newest bundle in --archive DIR (GPU host)."""
     install_harness(session)
     session.run("dcpqual", "nightly", *session.posargs)
+
+
+# --- Benchmarks (issue 9): logic in harness/bench/; method in bench/README.md ----------------
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Measure transport, launch, discovery, capture and memory costs into bench-results/."""
+    from datetime import UTC, datetime
+
+    install_harness(session, "dev")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    session.run("dcpqual", "bench", "--out", f"bench-results/bench-{stamp}.json", *session.posargs)
