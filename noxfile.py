@@ -110,7 +110,7 @@ def _option_value(args: list[str], flag: str) -> str | None:
 
 @nox.session(default=False)
 def cpu16(session: nox.Session) -> None:
-    """All suites on 16 CPU ranks over gloo in one torchrun launch; exit code follows the verdict."""
+    """All suites on 16 CPU ranks over gloo, one torchrun launch; exit code follows the verdict."""
     import json
     from datetime import UTC, datetime
     from pathlib import Path
