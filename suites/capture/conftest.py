@@ -30,6 +30,22 @@ MAX_TOKENS = 8
 DTYPE = "bf16"
 
 
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Negative controls before the capture checks, every rank alike.
+
+    `dcpqual run` stops at the first failed test. Under a broken warmup (`--warm-impl
+    before-kimi`) the Kimi-K3 capture check fails by design; the controls must have run by then
+    so the evidence still shows every detector firing. Items of other suites keep their places.
+    """
+    here = [i for i, item in enumerate(items) if item.nodeid.startswith("suites/capture/")]
+    mine = [items[i] for i in here]
+    ordered = sorted(mine, key=lambda item: "test_negative_controls.py" not in item.nodeid)
+    for index, item in zip(here, ordered, strict=True):
+        items[index] = item
+
+
 @dataclass
 class Prepared:
     """One model, warmed by one warm implementation, with its decode step."""

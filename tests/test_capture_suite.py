@@ -1,0 +1,64 @@
+"""Acceptance: the whole capture suite under `dcpqual run` at 2 gloo ranks, for both warm
+implementations. Vendored: everything passes. Before-kimi: every negative control passes first
+(they warm with before-kimi on purpose, or provoke their own lazy work), then the Kimi-K3
+capture check fails, naming its signature, and the runner stops there."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun"), pytest.mark.slow]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WORLD = 2
+KIMI_CAPTURE = "suites/capture/test_capture.py::test_capture_has_no_lazy_work[kimi-k3]"
+
+
+def run_suite(out: Path, warm_impl: str) -> tuple[int, dict[str, str], str]:
+    """(exit code, {nodeid: outcome} agreed by the ranks, output tail)."""
+    argv = [sys.executable, "-m", "harness", "run", "--nproc-per-node", str(WORLD)]
+    argv += ["--warm-impl", warm_impl, "--out", str(out), "--timeout", "400"]
+    argv += ["--", "suites/capture"]
+    done = subprocess.run(
+        argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=500, check=False
+    )
+    outcomes: dict[str, str] = {}
+    messages: list[str] = []
+    for rank in range(WORLD):
+        record = json.loads((out / "records" / f"rank-{rank:02d}.json").read_text())
+        for test in record["tests"]:
+            previous = outcomes.setdefault(test["nodeid"], test["outcome"])
+            assert previous == test["outcome"], f"ranks disagree on {test['nodeid']}"
+            if test["outcome"] == "failed":
+                messages.append(test["message"] or "")
+    return done.returncode, outcomes, "\n".join(messages) + done.stdout[-2000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, dict[str, str], str]]:
+    root = tmp_path_factory.mktemp("capture-suite")
+    return {impl: run_suite(root / impl, impl) for impl in ("vendored", "before-kimi")}
+
+
+def test_vendored_warmup_passes_the_whole_capture_suite(runs) -> None:
+    code, outcomes, tail = runs["vendored"]
+    assert code == 0, tail
+    failed = [t for t, o in outcomes.items() if o not in ("passed", "skipped")]
+    assert failed == [], tail
+    assert sum(o == "passed" for o in outcomes.values()) >= 14
+
+
+def test_before_kimi_fails_exactly_the_kimi_captures(runs) -> None:
+    code, outcomes, tail = runs["before-kimi"]
+    assert code == 1, tail
+    failed = [t for t, o in outcomes.items() if o == "failed"]
+    assert failed == [KIMI_CAPTURE], tail
+    assert f"{6 * WORLD} heads x 576 -> 512" in tail  # TP16/DCP2: 6 local heads x 2
+    controls = [t for t in outcomes if "test_negative_controls" in t]
+    assert len(controls) >= 17 and list(outcomes)[: len(controls)] == controls
+    assert all(outcomes[t] in ("passed", "skipped") for t in controls), tail
