@@ -11,8 +11,8 @@ Three registries holding the same warmed transport, used in the same iterations:
 
 Two things are timed per variant: an eager decode step (`registry.get` + gather + reduction, a
 collective, so every rank starts together) and registry lookups alone (a local loop of `get`
-hits, per call). If the capture package is not importable, `after_window` is left out and the
-reason is reported.
+hits, per call, on rank 0 only while the other ranks wait). If the capture package is not
+importable, `after_window` is left out and the reason is reported.
 """
 
 from __future__ import annotations
@@ -94,7 +94,12 @@ def measure_capture_overhead(
         x = Inputs.make(sig, batch, env.device, seed=7 + env.rank)
         sides = {name: {"step": step_op(reg, sig, x)} for name, reg in registries.items()}
         steps = run_interleaved(env, sides, warmup, iters)
-        lookups = lookup_rounds(registries, sig, lookup_rounds_n, lookup_loops)
+        # Lookups are local: only rank 0 loops, the others wait, so oversubscribed cores (16
+        # ranks on a small machine) do not turn descheduling into "lookup time".
+        lookups = (
+            lookup_rounds(registries, sig, lookup_rounds_n, lookup_loops) if env.rank == 0 else {}
+        )
+        env.barrier()
     finally:
         for registry in registries.values():
             registry.close()
