@@ -6,13 +6,19 @@ agent does with its ranks, so a plain killpg would miss it.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from harness.dist.launcher import launch
+import pytest
+
+from harness.dist import launcher as launcher_module
+from harness.dist.launcher import Terminated, launch
 from harness.dist.plan import RunOptions, build_plan
 from harness.dist.proctree import Proc, Tracker, alive, descendants, identify
 
@@ -84,3 +90,59 @@ def test_tracker_sees_grandchildren_and_ignores_recycled_pids(tmp_path):
     finally:
         parent.kill()
         parent.wait()
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="needs the main thread"
+)
+def test_sigterm_to_the_launcher_ends_the_tree_and_interrupts(tmp_path):
+    plan, pidfile = fake_plan(tmp_path, "hang", timeout_s=120)
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    with pytest.raises(Terminated):
+        launch(plan, tick_s=0.1)
+    assert identify(wait_for(pidfile)) is None
+    assert signal.getsignal(signal.SIGTERM) is not launcher_module._on_sigterm  # restored
+
+
+LAUNCHER = """
+import sys
+from dataclasses import replace
+from pathlib import Path
+from harness.dist.launcher import launch
+import pytest
+
+from harness.dist.plan import RunOptions, build_plan
+out = Path(sys.argv[1])
+plan = build_plan(RunOptions(nproc_per_node=2), out)
+launch(replace(plan, argv=(sys.executable, sys.argv[2], sys.argv[3], "hang")))
+"""
+
+
+def test_a_killed_launcher_takes_torchrun_down_with_it(tmp_path):
+    _, pidfile = fake_plan(tmp_path, "hang", timeout_s=120)
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            LAUNCHER,
+            str(tmp_path / "o"),
+            str(tmp_path / "agent.py"),
+            str(pidfile),
+        ]
+    )
+    try:
+        wait_for(pidfile)
+        agent = next(p for p in descendants(launcher.pid) if p.pid != int(pidfile.read_text()))
+        launcher.kill()  # SIGKILL: no cleanup code of the launcher runs
+        launcher.wait()
+        deadline = time.monotonic() + 20
+        while alive(agent) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(agent), "torchrun outlived a SIGKILLed launcher"
+    finally:
+        launcher.kill()
+        Tracker(os.getpid()).scan()
+        child = identify(int(pidfile.read_text())) if pidfile.exists() else None
+        if child is not None:
+            os.kill(child.pid, signal.SIGKILL)

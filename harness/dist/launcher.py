@@ -11,8 +11,12 @@ through `Evidence`, imported lazily, so tests can swap them for fakes.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,6 +63,23 @@ class Evidence:
         return cls(prepare_out_dir, default_out_dir, finalize_bundle, problems)
 
 
+class Terminated(KeyboardInterrupt):
+    """The launcher itself got SIGTERM (a cancelled CI job): end the tree like on ^C."""
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
+    """In torchrun's process: get SIGTERM if the launcher dies, even by SIGKILL (Linux prctl).
+
+    torchrun forwards SIGTERM to its ranks and exits, so a killed launcher leaves no job behind.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def launch(
     plan: RunPlan,
     *,
@@ -69,6 +90,10 @@ def launch(
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     timeout_s = plan.options.timeout_s
     started_at, t0 = _now(), time.monotonic()
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) or signal.SIG_DFL
+    if in_main:
+        signal.signal(signal.SIGTERM, _on_sigterm)
     with plan.agent_log.open("wb") as log:
         proc = subprocess.Popen(
             plan.argv,
@@ -77,6 +102,7 @@ def launch(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # ^C at the terminal reaches the launcher, not the ranks
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
     tracker = Tracker(proc.pid)
     timed_out = False
@@ -100,6 +126,9 @@ def launch(
         tracker.end_all(grace_s=5.0)
         proc.wait()
         raise
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
     leftovers = tracker.survivors()
     if leftovers:
         tracker.end_all(grace_s=3.0)
