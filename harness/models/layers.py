@@ -54,9 +54,16 @@ class MLAAttention(nn.Module):
         )
         self.kv_b_proj = _meta_linear(kv_lora_rank, num_heads * 256)
 
+    def get_attn_backend(self) -> type[AttentionBackend]:
+        return self.attn_backend
+
 
 class DeepseekV4Attention(nn.Module):
-    """DeepSeek-V4 attention: `n_local_heads` per TP rank, one 512-wide head for q and output."""
+    """DeepSeek-V4 attention: `n_local_heads` per TP rank, one 512-wide head for q and output.
+
+    vLLM's class is abstract: each platform subclass sets the `backend_cls` class attribute, which
+    `get_attn_backend()` returns (there is no `attn_backend` attribute).
+    """
 
     def __init__(
         self,
@@ -72,11 +79,11 @@ class DeepseekV4Attention(nn.Module):
         self.n_local_heads = n_heads // tp_size
         self.head_dim = head_dim
         self.prefix = prefix
-        self.attn_backend = backend
+        self.backend_cls = backend
         self.wo_a = _meta_linear(self.n_local_heads * head_dim, 1024)
 
     def get_attn_backend(self) -> type[AttentionBackend]:
-        return self.attn_backend
+        return self.backend_cls
 
 
 class MultiHeadLatentAttention(nn.Module):

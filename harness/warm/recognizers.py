@@ -149,7 +149,7 @@ GENERIC_MLA = Recognizer(
     "generic-mla",
     GENERIC_MLA_CLASSES,
     recognize_generic_mla,
-    reads=("attn_backend", "impl.dcp_world_size", "num_heads", "head_size", "kv_lora_rank"),
+    reads=("get_attn_backend", "impl.dcp_world_size", "num_heads", "head_size", "kv_lora_rank"),
 )
 DEEPSEEK_V4 = Recognizer(
     "deepseek-v4",

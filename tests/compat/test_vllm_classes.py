@@ -481,14 +481,7 @@ def public_assignments(cls: type) -> set[str]:
     [
         GENERIC_MLA,
         KIMI_K3,
-        pytest.param(
-            DEEPSEEK_V4,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="stand-in DeepseekV4Attention sets `attn_backend`; the real class has a "
-                "`backend_cls` class attribute per platform subclass (reported, issue 8)",
-            ),
-        ),
+        DEEPSEEK_V4,
     ],
     ids=lambda r: r.kind,
 )
@@ -530,14 +523,7 @@ REAL_B12X_LAYERS: dict[str, Callable[[], nn.Module]] = {
 @pytest.mark.parametrize(
     "recognizer",
     [
-        pytest.param(
-            GENERIC_MLA,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="GENERIC_MLA.reads declares `attn_backend`, but backend_name() calls "
-                "`get_attn_backend` first, which the real MLAAttention has (reported, issue 8)",
-            ),
-        ),
+        GENERIC_MLA,
         DEEPSEEK_V4,
         KIMI_K3,
     ],
