@@ -69,6 +69,7 @@ def assert_fault(out: Path, code: int, elapsed: float, rank: int, test: str) -> 
     assert processes_of(out) == []
     data = receipt(out)
     assert data["verdict"] == "fail"
+    assert data["run"]["exit_code"] != 0  # ranks exit non-zero, fast exit included
     cause = data["root_cause"]
     assert cause["rank"] == rank, cause
     assert cause["test"].endswith(f"::{test}"), cause
