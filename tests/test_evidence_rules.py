@@ -33,7 +33,21 @@ CPU = Environment(torch="2.13.0", cuda=None, nccl=None, device_names=["cpu"], py
 GPU = CPU.model_copy(update={"gpus": [Gpu(index=0, name="RTX PRO 6000")]})
 NCCL = Geometry(world_size=16, nnodes=1, nproc_per_node=16, backend="nccl", tp=16, dcp=16)
 GLOO = NCCL.model_copy(update={"backend": "gloo"})
-LOCKED = Image(reference="img", digest="sha256:" + "a" * 64)
+LOCK_SHA = "cd" * 32
+LOCKED = Image(
+    reference="img",
+    digest="sha256:" + "a" * 64,
+    source_lock_sha256=LOCK_SHA,
+    harness={"dirty": False},
+    runtime={"ok": True, "lock_sha256": LOCK_SHA, "mismatches": []},
+)
+DIRTY_BUILD = Image(**(LOCKED.model_dump() | {"harness": {"dirty": True}}))
+FAILED_CHECK = Image(
+    **(
+        LOCKED.model_dump()
+        | {"runtime": {"ok": False, "lock_sha256": LOCK_SHA, "mismatches": ["torch 2.12"]}}
+    )
+)
 GRAPHS = Capture(lazy_events=0, by_detector={}, per_rank={}, windows=2, paths={"cuda-graph": 2})
 MIXED = Capture(
     lazy_events=0,
@@ -52,6 +66,8 @@ MIXED = Capture(
         ("pass", GLOO, LOCKED, GRAPHS, GPU, "source-qualified"),
         ("pass", NCCL, None, GRAPHS, GPU, "source-qualified"),
         ("pass", NCCL, Image(reference="img"), GRAPHS, GPU, "source-qualified"),
+        ("pass", NCCL, DIRTY_BUILD, GRAPHS, GPU, "source-qualified"),
+        ("pass", NCCL, FAILED_CHECK, GRAPHS, GPU, "source-qualified"),
         ("pass", NCCL, LOCKED, MIXED, GPU, "source-qualified"),
         ("pass", NCCL, LOCKED, GRAPHS, CPU, "source-qualified"),
         ("pass", GLOO, None, MIXED, CPU, "source-qualified"),

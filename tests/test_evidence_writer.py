@@ -290,7 +290,13 @@ def gpu_run(out: Path, image: dict[str, object] | None) -> Receipt:
 
 def test_gpu_run_of_a_locked_image_is_qualified(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(writer, "capture_environment", gpu_environment)
-    image = {"reference": "dcpqual/gpu16:1", "digest": DIGEST, "source_lock_sha256": "cd" * 32}
+    image = {
+        "reference": "dcpqual/gpu16:1",
+        "digest": DIGEST,
+        "source_lock_sha256": "cd" * 32,
+        "harness": {"dirty": False},
+        "runtime": {"ok": True, "lock_sha256": "cd" * 32, "mismatches": []},
+    }
     receipt = gpu_run(tmp_path / "bundle", image)
 
     assert (receipt.verdict, receipt.status) == ("pass", "qualified")
@@ -311,7 +317,7 @@ def test_image_without_digest_is_named_as_a_limitation(tmp_path: Path, monkeypat
     receipt = gpu_run(tmp_path / "bundle", {"reference": "dcpqual/gpu16:dev"})
     assert receipt.status == "source-qualified"
     assert any(
-        item.startswith("image: image dcpqual/gpu16:dev has no digest")
+        item.startswith("image: image dcpqual/gpu16:dev cannot qualify: image digest is missing")
         for item in receipt.limitations
     )
 

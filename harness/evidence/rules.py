@@ -8,7 +8,7 @@ check that a receipt's verdict, status and limitations follow from its own facts
   window detected, and no signature used in capture without being warmed on every rank.
 - Status: `not-qualified` for a failing run; `qualified` only for a passing run on NCCL, on a
   host with GPUs, whose every capture window was a real CUDA graph, inside an image identified
-  by its digest;
+  by its digest whose build tree was clean and whose in-image identity check passed;
   `source-qualified` for any other passing run (a CPU run, or a GPU run outside a locked image).
 - Limitations are strings "<key>: <text>"; `required_keys` are the ones verify insists on.
 """
@@ -29,6 +29,7 @@ from harness.evidence.schema import (
     Tally,
     Verdict,
 )
+from harness.image.identity import qualification_blockers
 
 GPU_PATH = "cuda-graph"
 
@@ -74,6 +75,11 @@ def verdict_of(reasons: list[str]) -> Verdict:
     return "fail" if reasons else "pass"
 
 
+def image_blockers(image: Image) -> list[str]:
+    """Why this image cannot back `qualified` (digest, clean build tree, in-image check)."""
+    return qualification_blockers(image.model_dump(mode="json"))
+
+
 def gpu_capture_only(capture: Capture) -> bool:
     """True when capture windows ran and every one was a real CUDA graph."""
     return capture.windows > 0 and capture.paths.get(GPU_PATH, 0) == capture.windows
@@ -88,7 +94,7 @@ def status_of(
 ) -> Status:
     if verdict != "pass":
         return "not-qualified"
-    locked = image is not None and image.digest is not None
+    locked = image is not None and not image_blockers(image)
     on_gpus = bool(environment.gpus)
     if geometry.backend == "nccl" and locked and on_gpus and gpu_capture_only(capture):
         return "qualified"
@@ -133,8 +139,10 @@ def required_limitations(
             "no image: the run used a source checkout; the image build and the in-image "
             "identity check (torch, CUDA, NCCL, component commits and trees) did not run"
         )
-    elif image.digest is None:
-        out["image"] = f"image {image.reference or '(unnamed)'} has no digest; its identity is open"
+    elif blockers := image_blockers(image):
+        out["image"] = f"image {image.reference or '(unnamed)'} cannot qualify: " + "; ".join(
+            blockers
+        )
     if geometry.nnodes == 1:
         out["multi-node"] = "single node: multi-node rendezvous (c10d) was not exercised"
     if negative_control.expected == 0:
