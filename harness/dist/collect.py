@@ -17,6 +17,7 @@ from typing import Any
 from harness.dist.nodes import NodeMarker
 from harness.dist.plan import RunPlan
 from harness.evidence.run_context import RunContext
+from harness.image.identity import image_for_run
 
 
 @dataclass(frozen=True)
@@ -151,5 +152,6 @@ def run_context(
         started_at=result.started_at,
         finished_at=result.finished_at,
         torchrun_error=None if error is None else error.to_json(),
+        image=image_for_run(),
         extra=extra,
     )

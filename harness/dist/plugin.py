@@ -32,6 +32,7 @@ from harness.dist.rankfiles import RecordKeeper, dump_stacks, junit_path, write_
 from harness.dist.records import Outcome, TestOutcome
 from harness.dist.sidechannel import SideChannel
 from harness.dist.watchdog import WatchConfig, Watchdog
+from harness.transport.registry import transports_used
 
 PLUGIN_NAME = "dcpqual-rank"
 MAX_MESSAGE = 2000
@@ -288,6 +289,7 @@ class RankPlugin:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """After junitxml wrote its file: the record becomes complete, then leave the group."""
         if self.keeper is not None:
+            self.keeper.update(extra={**self.keeper.record.extra, "transports": transports_used()})
             self.keeper.finish()
         if self.watchdog is not None:
             self.watchdog.session_finished()

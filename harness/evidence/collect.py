@@ -97,7 +97,7 @@ def in_progress(record: RankRecord) -> str | None:
 
 def transports(ranks: RankFiles) -> list[str]:
     """Transport backends the ranks say they ran (record `extra["transport"]` or
-    `extra["transports"]`), e.g. "torch-dist" or "b12x"."""
+    `extra["transports"]`), e.g. "torch:ag_rs", "torch:a2a" or "b12x"."""
     seen: set[str] = set()
     for record in ranks.records.values():
         one = record.extra.get("transport")

@@ -49,6 +49,15 @@ from harness.transport.torch_backend import (
 from harness.warm.protocols import DCPTransport
 from harness.warm.signature import TransportSignature
 
+# Which transport implementations this process created ("torch:ag_rs", "torch:a2a", "b12x"),
+# so the rank record can say which paths ran and the evidence which did not.
+_TRANSPORTS_USED: set[str] = set()
+
+
+def transports_used() -> tuple[str, ...]:
+    return tuple(sorted(_TRANSPORTS_USED))
+
+
 BACKENDS: tuple[str, ...] = ("torch", "b12x")
 
 Subscriber = Callable[[RegistryEvent], None]
@@ -274,6 +283,7 @@ class TransportRegistry:
         raise AssertionError(f"digests differ but the values agree: {gathered}")
 
     def _create(self, signature: TransportSignature, group: dist.ProcessGroup | None) -> Any:
+        _TRANSPORTS_USED.add(self.backend if self.backend == "b12x" else f"torch:{self.strategy}")
         if self.backend == "torch":
             return TorchDCPTransport(
                 signature,
