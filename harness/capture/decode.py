@@ -27,7 +27,7 @@ from harness.errors import GeometryError, UsageError
 from harness.models import BuiltModel
 from harness.models.layers import DeepseekV4Attention, MLAAttention, MultiHeadLatentAttention
 from harness.warm.protocols import TransportRegistryLike
-from harness.warm.recognizers import WarmContext
+from harness.warm.recognizers import WarmContext, backend_name
 from harness.warm.signature import DTYPES, TransportSignature, dtype_name
 
 # Backends whose decode runs through the B12X DCP transport (see harness.models.backends).
@@ -44,16 +44,9 @@ class LayerGeometry:
     dcp_world_size: int | None  # what the layer says, None where it does not carry it
 
 
-def _backend_name(module: nn.Module) -> str | None:
-    getter = getattr(module, "get_attn_backend", None)
-    backend = getter() if callable(getter) else getattr(module, "attn_backend", None)
-    get_name = getattr(backend, "get_name", None)
-    return str(get_name()) if callable(get_name) else None
-
-
 def runtime_geometry(module: nn.Module) -> LayerGeometry | None:
     """The transport geometry a layer uses at runtime, or None if it uses no DCP transport."""
-    if _backend_name(module) not in TRANSPORT_BACKENDS:
+    if backend_name(module) not in TRANSPORT_BACKENDS:
         return None
     if isinstance(module, MultiHeadLatentAttention):
         geometry = LayerGeometry(
