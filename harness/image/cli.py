@@ -1,7 +1,7 @@
 """Sub-commands of the image concern: `lock check|pin`, `image build`, `gpu16`.
 
-- `dcpqual lock check FILE`: every problem on its own line (stderr), exit 2; `ok` and the lock's
-  sha256 on stdout, exit 0.
+- `dcpqual lock check FILE`: exit 2 with one line naming the problem, or every problem on its own
+  line (stderr) and a count when there are several; `ok` and the lock's sha256 on stdout, exit 0.
 - `dcpqual lock pin --component NAME --repo PATH [--lock FILE]`: fill commit and tree (and what
   else the checkout answers) from a clean local checkout; the lock is rewritten atomically.
 - `dcpqual image build [--lock FILE] [--context DIR] [--tag TAG] [--allow-dirty] [--out FILE]`:
@@ -31,9 +31,11 @@ def _console() -> Any:
 
 
 def cmd_lock_check(args: argparse.Namespace) -> int:
-    from harness.image.lock import check_lock, lock_sha256
+    from harness.image.lock import LockError, check_lock, lock_sha256
 
     problems = check_lock(args.file)
+    if len(problems) == 1:  # the error line itself names it: one line in all
+        raise LockError(args.file, problems)
     if problems:
         for line in problems:
             print(f"{args.file}: {line}", file=sys.stderr)
