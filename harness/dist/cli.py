@@ -84,6 +84,25 @@ def _check_warm_impl(name: str) -> None:
     resolve_warm_impl(name)
 
 
+def _check_suites_geometry(options: RunOptions) -> None:
+    """The default suites build every stand-in model at --tp: each model's heads must split.
+
+    With explicit pytest targets the user chose what runs, and the geometry is theirs to use.
+    """
+    if options.pytest_args:
+        return
+    from harness.errors import GeometryError
+    from harness.models.builders import FAMILIES
+    from harness.warm.geometry import ParallelGeometry
+
+    geometry = ParallelGeometry(tp=options.tp, dcp=options.resolved_dcp)
+    for model, family in FAMILIES.items():
+        try:
+            geometry.local_heads(family.num_heads, model=model)
+        except GeometryError as exc:
+            raise GeometryError(f"{exc}; the suites build every stand-in model at --tp") from None
+
+
 def options_from_args(args: argparse.Namespace) -> RunOptions:
     """Strings from argparse -> validated RunOptions (UsageError, one line, on bad input)."""
     return RunOptions(
@@ -106,6 +125,7 @@ def run_command(args: argparse.Namespace) -> int:
     from harness.dist import launcher
 
     options = options_from_args(args)
+    _check_suites_geometry(options)
     _check_backend_available(options.backend)
     _check_warm_impl(options.warm_impl)
     return launcher.run(options)
