@@ -1,0 +1,225 @@
+"""Faults injected into real `dcpqual run` launches (issue 10): contained, attributed, verifiable.
+
+One launch per fault, world 4 (the SIGKILL case also at 16, marked slow), with a non-default
+misbehaving rank (`DCPQUAL_FAULT_RANK`) so that attributing it is never a coincidence. Every
+fault is held to `assert_contained`: exit 1, over well before gloo's 30-minute default (a hang:
+by the per-test timeout, not the whole-run one), a `fail` receipt whose root cause names the
+faulty rank and test, every rank's record in the bundle with what it finished before the fault,
+a bundle `dcpqual verify` accepts, and no process of the run alive afterwards, found by the run's
+out folder in a process's command line *or environment* (so a helper a rank started, whose
+command line names nothing, is found too).
+
+The world-2 versions of the assertion, `os._exit`, plain hang and collection-mismatch faults live
+in tests/test_run_torchrun.py; its helpers are reused here.
+
+Shown to fail when the protection is removed (bottom of the file, in-process): the launcher's
+final kill of the process tree, and the rank watchdog's per-test timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_launcher_launch import fake_plan
+from test_plugin_watchdog import NODEID, make, record, world  # noqa: F401 - world: a fixture
+from test_run_torchrun import assert_fault, records, run
+
+from harness.cli import main
+from harness.dist.launcher import launch
+from harness.dist.proctree import Tracker, identify
+from harness.dist.records import RankRecord
+from harness.dist.watchdog import EXIT_FAILED, Watchdog
+
+TEST_TIMEOUT_S = 5  # the per-test timeout the hang case runs with
+
+
+def processes_of_run(out: Path) -> list[str]:
+    """Live processes whose command line or environment names the run's out folder.
+
+    Ranks and torchrun name it on their command line; anything they start inherits
+    DCPQUAL_OUT=<out> in its environment.
+    """
+    needle = str(out).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if state not in ("Z", "X") and (needle in cmdline or needle in environ):
+            command = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{entry.name}: {command}")
+    return found
+
+
+def fault_run(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    suite: str,
+    fault_rank: int,
+    *extra: str,
+    nranks: int = 4,
+) -> tuple[Path, int, float]:
+    monkeypatch.setenv("DCPQUAL_FAULT_RANK", str(fault_rank))
+    out = tmp_path / f"{Path(suite).stem}-w{nranks}-r{fault_rank}"
+    code, elapsed = run(out, nranks, suite, *extra)
+    return out, code, elapsed
+
+
+def assert_contained(
+    out: Path, code: int, elapsed: float, *, rank: int, nranks: int, test: str = "test_fault"
+) -> tuple[dict[str, Any], dict[int, RankRecord]]:
+    """What every injected fault must leave: see the module docstring."""
+    data = assert_fault(out, code, elapsed, rank=rank, test=test)
+    assert processes_of_run(out) == []
+    assert main(["verify", str(out)]) == 0, "dcpqual verify rejects the fault's bundle"
+    recs = records(out)
+    assert sorted(recs) == list(range(nranks)), "a rank's record is missing from the bundle"
+    for r, rec in recs.items():
+        assert rec.tests[0].nodeid.endswith("::test_before"), (r, rec.tests)
+        assert rec.tests[0].outcome == "passed", (r, rec.tests[0])
+    assert not any(t.nodeid.endswith("::test_after") for rec in recs.values() for t in rec.tests)
+    return data, recs
+
+
+def fault_of(rec: RankRecord) -> Any:
+    [test] = [t for t in rec.tests if t.nodeid.endswith("::test_fault")]
+    return test
+
+
+@pytest.mark.torchrun
+@pytest.mark.xdist_group("torchrun")
+def test_a_rank_raising_fails_every_rank_with_it_as_root_cause(tmp_path, monkeypatch):
+    out, code, elapsed = fault_run(tmp_path, monkeypatch, "rank_assert.py", 2)
+    data, recs = assert_contained(out, code, elapsed, rank=2, nranks=4)
+    assert data["root_cause"]["kind"] == "test"
+    assert "injected assertion on rank 2" in data["root_cause"]["message"]
+    assert recs[2].complete and 2 not in data["ranks"]["killed"]  # it failed; it did not die
+    assert (fault_of(recs[2]).outcome, fault_of(recs[2]).primary) == ("failed", True)
+    for r in (0, 1, 3):  # stuck in an all_reduce rank 2 never joins: aborted by their watchdog
+        assert not fault_of(recs[r]).primary and fault_of(recs[r]).failing_ranks == (2,)
+        assert "rank(s) 2 failed it" in (recs[r].abort_reason or ""), recs[r].abort_reason
+
+
+@pytest.mark.torchrun
+@pytest.mark.xdist_group("torchrun")
+def test_a_rank_calling_os_exit_is_recorded_killed_and_the_root_cause(tmp_path, monkeypatch):
+    out, code, elapsed = fault_run(tmp_path, monkeypatch, "rank_exit.py", 3)
+    data, recs = assert_contained(out, code, elapsed, rank=3, nranks=4)
+    assert data["root_cause"]["kind"] == "killed"
+    assert 3 in data["ranks"]["killed"]
+    dead = recs[3]
+    assert not dead.complete and dead.abort_reason is None  # died without last words
+    assert dead.current_test is not None and dead.current_test.endswith("::test_fault")
+    assert all(recs[r].abort_reason for r in (0, 1, 2)), "survivors say why they stopped"
+
+
+@pytest.mark.parametrize(
+    ("nranks", "fault_rank"),
+    [(4, 0), pytest.param(16, 13, marks=pytest.mark.slow, id="16-13")],
+    ids=["4-0", "16-13"],
+)
+@pytest.mark.torchrun
+@pytest.mark.xdist_group("torchrun")
+def test_a_sigkilled_rank_is_recorded_killed_and_leaves_nothing_running(
+    nranks, fault_rank, tmp_path, monkeypatch
+):
+    """rank_sigkill.py: the rank starts a helper in its own session, then SIGKILLs itself.
+
+    Checked by hand with the launcher's final kill (`launch`: `if leftovers: tracker.end_all`)
+    removed: the helper survives the run and `processes_of_run` names it (and see
+    `test_without_the_launchers_final_kill_an_orphan_outlives_the_run`)."""
+    out, code, elapsed = fault_run(
+        tmp_path, monkeypatch, "rank_sigkill.py", fault_rank, nranks=nranks
+    )
+    data, recs = assert_contained(out, code, elapsed, rank=fault_rank, nranks=nranks)
+    assert data["root_cause"]["kind"] == "killed"
+    assert fault_rank in data["ranks"]["killed"]
+    dead = recs[fault_rank]
+    assert not dead.complete and dead.abort_reason is None
+    assert dead.current_test is not None and dead.current_test.endswith("::test_fault")
+    # The orphaned helper outlived torchrun and was ended by the launcher (reported, not hidden).
+    leftovers = data["run"]["extra"]["launch"]["leftovers"]
+    assert len(leftovers) == 1 and identify(leftovers[0]) is None, leftovers
+
+
+@pytest.mark.torchrun
+@pytest.mark.xdist_group("torchrun")
+def test_a_rank_hung_in_a_collective_is_ended_by_the_per_test_timeout(tmp_path, monkeypatch):
+    """Ended by the rank watchdog's per-test timeout (`Watchdog._run`: `timeout > 0 and now -
+    started > timeout` -> `_on_timeout`). Checked by hand with that branch removed: the peers
+    give up on rank 2 only at their agreement deadline (timeout + 15 s), torchrun then stops it,
+    and the root cause becomes "never reported a result" instead of the timeout: this fails."""
+    extra = ("--timeout", "60", "--test-timeout", str(TEST_TIMEOUT_S))
+    out, code, elapsed = fault_run(tmp_path, monkeypatch, "rank_hang_collective.py", 2, *extra)
+    data, recs = assert_contained(out, code, elapsed, rank=2, nranks=4)
+    assert data["run"]["timed_out"] is False, "ended by the whole-run timeout, not the per-test one"
+    assert elapsed < TEST_TIMEOUT_S + 30, f"{elapsed:.0f}s for a {TEST_TIMEOUT_S}s timeout"
+    cause = data["root_cause"]["message"]
+    assert f"timed out after {TEST_TIMEOUT_S}s, blocked inside a torch.distributed call" in cause
+    assert "stacks/rank-02.txt" in cause
+    hung = (out / "stacks" / "rank-02.txt").read_text()
+    assert "rank_hang_collective.py" in hung and "all_reduce" in hung
+    assert sorted(p.name for p in (out / "stacks").iterdir()) == [
+        f"rank-0{r}.txt" for r in range(4)
+    ]  # the peers dumped theirs too, when they learned of the timeout
+    assert data["ranks"]["killed"] == [2]
+    for r in (0, 1, 3):
+        assert recs[r].complete and fault_of(recs[r]).failing_ranks == (2,)
+
+
+@pytest.mark.torchrun
+@pytest.mark.xdist_group("torchrun")
+def test_ranks_disagreeing_on_a_transport_signature_all_fail_clearly(tmp_path, monkeypatch):
+    """Every rank raises SignatureMismatchError at once; whichever was first is the root cause."""
+    out, code, elapsed = fault_run(tmp_path, monkeypatch, "rank_signature.py", 2)
+    first = json.loads((out / "receipt.json").read_text())["root_cause"]["rank"]
+    data, recs = assert_contained(out, code, elapsed, rank=first, nranks=4)
+    assert "disagree on transport signatures" in data["root_cause"]["message"]
+    assert data["ranks"]["killed"] == []
+    for r, rec in recs.items():
+        fault = fault_of(rec)
+        assert fault.outcome == "failed" and fault.agreed, (r, fault)
+        assert "SignatureMismatchError" in (fault.message or ""), (r, fault.message)
+        assert "ranks [2]: 8 heads x 24 -> 16 (fp16" in (fault.message or ""), (r, fault.message)
+
+
+# -- the protections, removed, let the fault through ------------------------------------------
+
+
+def test_without_the_launchers_final_kill_an_orphan_outlives_the_run(tmp_path, monkeypatch):
+    """The check `processes_of_run(out) == []` above can fail: a stand-in agent leaves a child
+    behind in its own session; with `Tracker.end_all` (the launcher's kill) patched away it
+    survives the launch and `processes_of_run` finds it, by its environment alone."""
+    plan, pidfile = fake_plan(tmp_path, "exit", timeout_s=60)
+    monkeypatch.setattr(Tracker, "end_all", lambda self, grace_s: [])
+    launch(plan, tick_s=0.05)
+    child = int(pidfile.read_text())
+    try:
+        leftover = processes_of_run(plan.out_dir)
+        assert [line.split(":")[0] for line in leftover] == [str(child)]
+        assert str(plan.out_dir) not in leftover[0], "found by its command line, not its env"
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_without_the_per_test_timeout_a_hang_is_never_ended(world, monkeypatch):  # noqa: F811
+    """The watchdog that ends the hung rank above, in-process: with its timeout handler
+    patched away, a test past its timeout is left running, with no dump and no record."""
+    out, _, _ = world
+    monkeypatch.setattr(Watchdog, "_on_timeout", lambda self, index, nodeid, elapsed: None)
+    dog, exits = make(world, test_timeout_s=0.2)
+    dog.begin_test(0, NODEID)
+    assert not exits.done.wait(1.0)
+    assert exits.codes == [] and EXIT_FAILED not in exits.codes
+    assert not (out / "stacks").exists() and record(out).tests == ()
+    dog.stop()
