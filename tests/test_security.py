@@ -1,0 +1,151 @@
+"""Security (issue 10): a planted secret never reaches the evidence of a real run; the gpu16
+container is started unprivileged. Each check is shown to fail when its protection is removed.
+
+The writer-level redaction rules (JSON/XML escaped forms, the receipt's `env`) are unit-tested in
+tests/test_evidence_writer.py and tests/test_evidence_environment.py; the container spec's own
+fields in tests/test_gpu_run.py. Here: the whole path, `dcpqual run` and `dcpqual gpu16`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from test_gpu_run import RTX, _write_identity, make_identity
+from test_image_lock import pinned_lock_data, write_lock
+from test_run_torchrun import run
+
+from harness.evidence import writer
+from harness.evidence.files import walk
+from harness.image import engine, gpu_run
+
+# -- a planted secret, through a real 2-rank `dcpqual run` -------------------------------------
+
+
+def leaks(root: Path, secret: str) -> list[str]:
+    """Files under `root` whose name or bytes hold `secret`."""
+    needle = secret.encode()
+    return [
+        e.relpath
+        for e in walk(root)
+        if secret in e.relpath or (e.kind == "file" and needle in e.path.read_bytes())
+    ]
+
+
+@pytest.mark.torchrun
+@pytest.mark.xdist_group("torchrun")
+def test_a_planted_token_never_reaches_the_evidence_of_a_real_run(tmp_path, monkeypatch):
+    """rank_secret.py spills HF_TOKEN into every kind of file a run leaves; the bundle holds none
+    of it. The raw folder is kept as the writer found it, and finalized a second time with
+    redaction removed (`writer.secret_values` -> nothing), to show the same check then fails."""
+    token = f"hf_dcpqual{uuid.uuid4().hex}"
+    monkeypatch.setenv("HF_TOKEN", token)
+    raw = tmp_path / "raw"
+    kept: dict[str, Any] = {}
+    finalize = writer.finalize_bundle
+
+    def keep_raw_then_finalize(out_dir: Path, ctx: Any) -> Any:
+        shutil.copytree(out_dir, raw)
+        kept["ctx"] = ctx
+        return finalize(out_dir, ctx)
+
+    monkeypatch.setattr(writer, "finalize_bundle", keep_raw_then_finalize)
+    out = tmp_path / "bundle"
+    code, _ = run(out, 2, "rank_secret.py")
+
+    assert code == 1  # rank 1 failed, as planned
+    spilled = leaks(raw, token)
+    for where in ("records/rank-01.json", "junit/rank-01.xml", "notes/rank-00.txt"):
+        assert where in spilled, f"the suite did not spill the token into {where}: {spilled}"
+    assert any(p.startswith("torchrun/") and p.endswith("stdout.log") for p in spilled), spilled
+    assert leaks(out, token) == []
+    receipt = json.loads((out / "receipt.json").read_text())
+    assert "[REDACTED]" in receipt["root_cause"]["message"]
+    assert "HF_TOKEN" not in receipt["environment"]["env"]
+    assert set(receipt["scrubbed_files"]) >= {"records/rank-01.json", "junit/rank-01.xml"}
+
+    monkeypatch.setattr(writer, "secret_values", lambda environ: ())  # redaction removed
+    finalize(raw, kept["ctx"])
+    unredacted = leaks(raw, token)
+    assert {"receipt.json", "summary.md", "junit/merged.xml"} <= set(unredacted), unredacted
+
+
+# -- the gpu16 container, as it reaches the engine ---------------------------------------------
+
+# Settings that hand the container the host, beyond the GPUs, IPC and memlock the run needs.
+ESCALATIONS = ("cap_add", "devices", "security_opt", "pid_mode", "network_mode", "userns_mode")
+
+
+def privilege_problems(started: dict[str, Any], logged: str) -> list[str]:
+    problems = []
+    if started.get("privileged") is not False:
+        problems.append(f"privileged={started.get('privileged')!r}")
+    if "--privileged" in logged.split():
+        problems.append("the logged docker run line has --privileged")
+    problems += [f"{key}={started[key]!r}" for key in ESCALATIONS if started.get(key)]
+    return problems
+
+
+class FakeEngine:
+    """Just enough of docker.DockerClient for `gpu16_in_image`: records what it is asked to run."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.started: list[dict[str, Any]] = []
+        self.api = SimpleNamespace(inspect_image=lambda ref: {"Config": {"Labels": labels}})
+        self.containers = SimpleNamespace(run=self._run)
+
+    def _run(self, **kwargs: Any) -> Any:
+        self.started.append(kwargs)
+        return SimpleNamespace(
+            logs=lambda stream, follow: iter([b"dcpqual run: verdict PASS\n"]),
+            wait=lambda: {"StatusCode": 0},
+            remove=lambda force: None,
+        )
+
+
+def start_gpu16(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], str]:
+    """`dcpqual gpu16` up to the engine: the kwargs it started the container with, and the
+    `docker run` line it logged."""
+    lock_file = write_lock(tmp_path / "source.lock.json", pinned_lock_data())
+    identity = make_identity(lock_file)
+    fake = FakeEngine(labels={"io.dcpqual.lock.sha256": identity.source_lock_sha256})
+    monkeypatch.setattr(engine, "connect", lambda purpose: fake)
+    lines: list[str] = []
+    code = gpu_run.gpu16_in_image(
+        _write_identity(tmp_path / "identity.json", identity),
+        lock_file,
+        tmp_path / "evidence",
+        [],
+        lines.append,
+        gpus=lambda: [RTX] * gpu_run.GPU_RANKS,
+    )
+    assert code == 0
+    [started] = fake.started
+    return started, next(line for line in lines if line.startswith("$ docker run"))
+
+
+def test_the_gpu16_container_is_started_unprivileged(tmp_path, monkeypatch):
+    started, logged = start_gpu16(tmp_path, monkeypatch)
+    assert privilege_problems(started, logged) == []
+    assert started["device_requests"] and started["ipc_mode"] == "host"  # what it does need
+
+
+def test_a_privileged_container_would_be_caught(tmp_path, monkeypatch):
+    """The same path with the spec's `privileged=False` flipped: the check above fails."""
+    spec_of = gpu_run.gpu16_container_spec
+    monkeypatch.setattr(
+        gpu_run,
+        "gpu16_container_spec",
+        lambda *args, **kwargs: replace(spec_of(*args, **kwargs), privileged=True),
+    )
+    started, logged = start_gpu16(tmp_path, monkeypatch)
+    assert privilege_problems(started, logged) == [
+        "privileged=True",
+        "the logged docker run line has --privileged",
+    ]
