@@ -11,7 +11,10 @@ Rules decided here, and why:
 - The root cause is the earliest failure in test order (each rank's `collected` order, which is
   the same on every rank), a rank that left no record at all being earliest of all; at the same
   test, a primary test failure beats a killed rank, which beats lazy events, missed negative
-  controls and unwarmed signatures, and lower ranks come first.
+  controls and unwarmed signatures, and lower ranks come first. A rank that did not finish but
+  whose record says why it was stopped (SIGTERM from torchrun, a peer's failure: a non-primary
+  `abort_reason`) comes last: it ended because of another rank, typically one that died
+  without a word, and must never win a tie against it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ _PRIORITY: dict[str, int] = {
     "negative-control": 3,
     "signature": 4,
     "follow-on": 5,
+    "stopped": 6,  # killed, but its record names why it was stopped: a consequence, not a cause
 }
 
 
@@ -243,9 +247,9 @@ def _candidates(ranks: RankFiles, timed_out: bool) -> list[_Candidate]:
         message = f"rank {rank} {why_dead} {where} (record not complete)"
         if record.abort_reason:
             message += f": {record.abort_reason}"
-        found.append(
-            _Candidate(_position(record, test), _PRIORITY["killed"], rank, test, message, "killed")
-        )
+        stopped = bool(record.abort_reason) and not record.abort_primary
+        priority = _PRIORITY["stopped" if stopped else "killed"]
+        found.append(_Candidate(_position(record, test), priority, rank, test, message, "killed"))
     for rank, record in sorted(ranks.records.items()):
         for outcome in record.tests:
             if outcome.outcome not in ("failed", "error"):
