@@ -1,13 +1,17 @@
 """Faults injected into real `dcpqual run` launches (issue 10): contained, attributed, verifiable.
 
-One launch per fault, world 4 (the SIGKILL case also at 16, marked slow), with a non-default
-misbehaving rank (`DCPQUAL_FAULT_RANK`) so that attributing it is never a coincidence. Every
+One launch per fault, world 4 (the SIGKILL case also at 16, marked slow), with a misbehaving
+rank other than the suites' default (`DCPQUAL_FAULT_RANK`), so attributing it is never luck. Every
 fault is held to `assert_contained`: exit 1, over well before gloo's 30-minute default (a hang:
 by the per-test timeout, not the whole-run one), a `fail` receipt whose root cause names the
 faulty rank and test, every rank's record in the bundle with what it finished before the fault,
 a bundle `dcpqual verify` accepts, and no process of the run alive afterwards, found by the run's
 out folder in a process's command line *or environment* (so a helper a rank started, whose
 command line names nothing, is found too).
+
+Not asserted: which survivors end with a complete record. Once one rank exits non-zero,
+torchrun SIGTERMs the rest, and a survivor that was between its test and the end of its session
+is stopped there; that timing is the scheduler's (the receipt's `ranks.killed` lists them too).
 
 The world-2 versions of the assertion, `os._exit`, plain hang and collection-mismatch faults live
 in tests/test_run_torchrun.py; its helpers are reused here.
@@ -103,7 +107,6 @@ def test_a_rank_raising_fails_every_rank_with_it_as_root_cause(tmp_path, monkeyp
     data, recs = assert_contained(out, code, elapsed, rank=2, nranks=4)
     assert data["root_cause"]["kind"] == "test"
     assert "injected assertion on rank 2" in data["root_cause"]["message"]
-    assert recs[2].complete and 2 not in data["ranks"]["killed"]  # it failed; it did not die
     assert (fault_of(recs[2]).outcome, fault_of(recs[2]).primary) == ("failed", True)
     for r in (0, 1, 3):  # stuck in an all_reduce rank 2 never joins: aborted by their watchdog
         assert not fault_of(recs[r]).primary and fault_of(recs[r]).failing_ranks == (2,)
@@ -172,9 +175,9 @@ def test_a_rank_hung_in_a_collective_is_ended_by_the_per_test_timeout(tmp_path, 
     assert sorted(p.name for p in (out / "stacks").iterdir()) == [
         f"rank-0{r}.txt" for r in range(4)
     ]  # the peers dumped theirs too, when they learned of the timeout
-    assert data["ranks"]["killed"] == [2]
+    assert 2 in data["ranks"]["killed"]  # ended by its watchdog, mid-test
     for r in (0, 1, 3):
-        assert recs[r].complete and fault_of(recs[r]).failing_ranks == (2,)
+        assert fault_of(recs[r]).failing_ranks == (2,), (r, fault_of(recs[r]))
 
 
 @pytest.mark.torchrun
@@ -185,7 +188,6 @@ def test_ranks_disagreeing_on_a_transport_signature_all_fail_clearly(tmp_path, m
     first = json.loads((out / "receipt.json").read_text())["root_cause"]["rank"]
     data, recs = assert_contained(out, code, elapsed, rank=first, nranks=4)
     assert "disagree on transport signatures" in data["root_cause"]["message"]
-    assert data["ranks"]["killed"] == []
     for r, rec in recs.items():
         fault = fault_of(rec)
         assert fault.outcome == "failed" and fault.agreed, (r, fault)
