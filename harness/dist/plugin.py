@@ -164,6 +164,13 @@ class RankPlugin:
             os._exit(128 + signum)
         # else: the watchdog got the same signal through the wakeup pipe and handles it
 
+    def _note_transports(self) -> None:
+        """Keep `extra["transports"]` current after every test, so even a rank that stops at a
+        failure (and never finishes its session) says which transports it created."""
+        used = list(transports_used())
+        if self.keeper is not None and self.keeper.record.extra.get("transports") != used:
+            self.keeper.update(extra={**self.keeper.record.extra, "transports": used})
+
     def add_capture(self, record: CaptureRecord) -> None:
         """Hand a capture window's record to this rank's record (suites' `record_capture`)."""
         if self.keeper is not None:
@@ -244,6 +251,7 @@ class RankPlugin:
         if any(r.kind == "timeout" for r in results.values()):
             dump_stacks(self.out_dir, self.env.rank, f"a peer timed out in {item.nodeid}")
         recorded = agreement.outcome_for(mine)
+        self._note_transports()
         self.keeper.add_test(recorded)
         self._apply(reports, agreement.failed, recorded)
         for rep in reports:
@@ -289,7 +297,7 @@ class RankPlugin:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """After junitxml wrote its file: the record becomes complete, then leave the group."""
         if self.keeper is not None:
-            self.keeper.update(extra={**self.keeper.record.extra, "transports": transports_used()})
+            self._note_transports()
             self.keeper.finish()
         if self.watchdog is not None:
             self.watchdog.session_finished()
