@@ -1,4 +1,4 @@
-"""Blame when a rank dies: the rank that died, never a survivor torchrun stopped because of it.
+"""When ranks are stopped: blame the rank that died, and keep the failure that explains the run.
 
 When a rank dies mid-test, its peers' gloo collective raises "Connection closed by peer" at once,
 and torchrun SIGTERMs them a moment later. If a survivor's test body finished (with that error)
@@ -10,21 +10,26 @@ won the tie. That race made the real-run fault tests flaky under load (the SIGKI
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from dataclasses import replace
 from pathlib import Path
 
-from test_evidence_factory import NODES, context, passed, torchrun_logs, write_rank
+from test_evidence_factory import NODES, context, failed, passed, torchrun_logs, write_rank
+from test_plugin_watchdog import NODEID, make, record, world  # noqa: F401 - world: a fixture
 
 from harness.dist.records import RankRecord, rank_record_path
+from harness.dist.watchdog import EXIT_TERMINATED
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
 
 SIGTERM_REASON = "received SIGTERM (torchrun stopped the job or it was cancelled)"
 
 
-def stopped_in(out: Path, rank: int, world: int, *, reason: str | None) -> None:
+def stopped_in(out: Path, rank: int, nranks: int, *, reason: str | None) -> None:
     """Rank `rank` passed the first test and ended inside the second, with or without words."""
-    write_rank(out, rank, world, tests=[passed(NODES[0])], captures=[], complete=False)
+    write_rank(out, rank, nranks, tests=[passed(NODES[0])], captures=[], complete=False)
     path = rank_record_path(out / "records", rank)
     if reason is not None:
         replace(RankRecord.read(path), abort_reason=reason, abort_primary=False).write(path)
@@ -32,11 +37,11 @@ def stopped_in(out: Path, rank: int, world: int, *, reason: str | None) -> None:
 
 def test_the_rank_that_died_is_blamed_not_the_lower_ranks_torchrun_stopped(tmp_path):
     out = tmp_path / "bundle"
-    world, dead = 4, 3
-    for rank in range(world):
-        stopped_in(out, rank, world, reason=None if rank == dead else SIGTERM_REASON)
-    torchrun_logs(out, world)
-    receipt = finalize_bundle(out, context(world, exit_code=1))
+    nranks, dead = 4, 3
+    for rank in range(nranks):
+        stopped_in(out, rank, nranks, reason=None if rank == dead else SIGTERM_REASON)
+    torchrun_logs(out, nranks)
+    receipt = finalize_bundle(out, context(nranks, exit_code=1))
 
     cause = receipt.root_cause
     assert cause is not None and cause.kind == "killed"
@@ -55,3 +60,34 @@ def test_ranks_all_stopped_alike_are_still_blamed_lowest_first(tmp_path):
     cause = finalize_bundle(out, context(2, exit_code=1)).root_cause
     assert cause is not None and (cause.rank, cause.test) == (0, NODES[1])
     assert SIGTERM_REASON in cause.message
+
+
+# -- a rank stopped while agreeing on its own failure keeps it --------------------------------
+
+
+def test_sigterm_while_agreeing_keeps_the_outcome_the_rank_is_about_to_record(world):  # noqa: F811
+    """The failing rank is agreeing with its peers when torchrun's SIGTERM arrives (the peers,
+    stuck in a collective it never joined, were aborted and exited first). Its own failure is
+    the run's root cause: the watchdog must let the main thread record it before sealing the
+    record, not seal it at once and lose the one message that explains the run."""
+    out, chans, keeper = world
+    read_fd, write_fd = os.pipe()
+    try:
+        dog, exits = make(world, wakeup_fd=read_fd, test_timeout_s=60)
+        dog.begin_test(0, NODEID)
+        assert dog.body_done()  # the test failed on this rank; agreement under way
+        os.write(write_fd, bytes([signal.SIGTERM]))
+        time.sleep(0.3)  # the main thread gets the peers' results a moment later
+        keeper.add_test(failed(NODEID, "AssertionError: the real cause"))
+        dog.idle()
+        assert exits.done.wait(10)
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    assert exits.codes == [EXIT_TERMINATED]
+    rec = record(out)
+    assert [(t.outcome, t.primary, t.message) for t in rec.tests] == [
+        ("failed", True, "AssertionError: the real cause")
+    ]
+    assert "SIGTERM" in (rec.abort_reason or "") and not rec.complete
+    assert chans[1].aborted(), "peers still waiting on this rank were told at once"

@@ -46,6 +46,9 @@ class WatchConfig:
     exchange_grace_s: float = 5.0  # after a timeout: how long to wait for peers' reports
     heartbeat_s: float = 1.0
     tick_s: float = 0.1
+    # After SIGTERM during agreement: how long the main thread may still take to record the
+    # test (its peers' wait is cut to 2 s by the abort). Well inside torchrun's shutdown timeout.
+    agree_wait_s: float = 3.0
 
 
 def main_thread_in_collective() -> bool:
@@ -267,11 +270,28 @@ class Watchdog:
         self.channel.signal_abort(f"rank {self.rank} aborted {nodeid} after {who}")
         self.exit_fn(EXIT_FAILED)
 
+    def _phase_after_agreement(self, reason: str) -> tuple[Phase, int, str]:
+        """The phase to end in; a test in its body is claimed. A rank stopped while agreeing on
+        a test's outcome (its own failure may be the run's root cause) first tells its peers,
+        which cuts the main thread's wait for them short, and gives it up to `agree_wait_s` to
+        record that outcome; otherwise the record is sealed without the one message that
+        explains the run."""
+        deadline = time.monotonic() + self.config.agree_wait_s
+        told = False
+        while True:
+            with self._lock:
+                phase, index, nodeid = self._phase, self._index, self._nodeid
+                if phase == "body":
+                    self._phase = "claimed"
+            if phase != "agree" or time.monotonic() >= deadline:
+                return phase, index, nodeid
+            if not told:
+                self.channel.signal_abort(f"rank {self.rank}: {reason}")
+                told = True
+            time.sleep(0.01)
+
     def _terminate(self, reason: str) -> None:
-        with self._lock:
-            phase, index, nodeid = self._phase, self._index, self._nodeid
-            if phase == "body":
-                self._phase = "claimed"
+        phase, index, nodeid = self._phase_after_agreement(reason)
         if phase == "finishing":
             self._finished.wait(5.0)  # let pytest finish writing junit and the record
         if self._finished.is_set():
