@@ -7,9 +7,13 @@ One table (issue 10's bad-input matrix). Each `Case` builds its inputs under a f
 invalid), exactly one line on stderr, the named problem in the output, no traceback, and every
 file and folder under the test's folder exactly as before (content hashes and mtimes).
 
-`test_removing_a_check_lets_bad_input_through` runs some cases in-process with the check that
-refuses them patched away, and shows `assert_refused` then fails: each row of the table is a test
-that can fail.
+`test_removing_a_check_lets_bad_input_through` runs cases in-process with the check that refuses
+them patched away (lock hex and digest patterns, the placeholder sweep, tp/dcp and head-count
+validation, the suites' geometry check, the refusal to reuse --out, verify's file check) and shows
+`assert_refused` then fails.
+
+`dcpqual lock check` with several problems prints each on its own line and then a count (tested
+in tests/test_image_lock.py); every lock case here has exactly one problem.
 """
 
 from __future__ import annotations
@@ -259,7 +263,9 @@ def snapshot(root: Path) -> dict[str, tuple[str, int]]:
     return found
 
 
-def assert_refused(case: Case, result: Result, before: dict[str, tuple[str, int]], root: Path):
+def assert_refused(
+    case: Case, result: Result, before: dict[str, tuple[str, int]], root: Path
+) -> None:
     lines = result.err.strip().splitlines()
     assert result.code == case.code, f"exit {result.code}, want {case.code}: {result.err}"
     assert len(lines) == 1, f"want one line on stderr, got {len(lines)}: {result.err!r}"

@@ -15,6 +15,7 @@ import signal
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from test_evidence_factory import NODES, context, failed, passed, torchrun_logs, write_rank
 from test_plugin_watchdog import NODEID, make, record, world  # noqa: F401 - world: a fixture
@@ -35,7 +36,7 @@ def stopped_in(out: Path, rank: int, nranks: int, *, reason: str | None) -> None
         replace(RankRecord.read(path), abort_reason=reason, abort_primary=False).write(path)
 
 
-def test_the_rank_that_died_is_blamed_not_the_lower_ranks_torchrun_stopped(tmp_path):
+def test_the_rank_that_died_is_blamed_not_the_lower_ranks_torchrun_stopped(tmp_path: Path) -> None:
     out = tmp_path / "bundle"
     nranks, dead = 4, 3
     for rank in range(nranks):
@@ -51,7 +52,7 @@ def test_the_rank_that_died_is_blamed_not_the_lower_ranks_torchrun_stopped(tmp_p
     assert verify_bundle(out).ok
 
 
-def test_ranks_all_stopped_alike_are_still_blamed_lowest_first(tmp_path):
+def test_ranks_all_stopped_alike_are_still_blamed_lowest_first(tmp_path: Path) -> None:
     """The whole run cancelled (every rank got SIGTERM): nothing tells them apart."""
     out = tmp_path / "bundle"
     for rank in range(2):
@@ -65,7 +66,9 @@ def test_ranks_all_stopped_alike_are_still_blamed_lowest_first(tmp_path):
 # -- a rank stopped while agreeing on its own failure keeps it --------------------------------
 
 
-def test_sigterm_while_agreeing_keeps_the_outcome_the_rank_is_about_to_record(world):  # noqa: F811
+def test_sigterm_while_agreeing_keeps_the_outcome_the_rank_is_about_to_record(
+    world: Any,  # noqa: F811
+) -> None:
     """The failing rank is agreeing with its peers when torchrun's SIGTERM arrives (the peers,
     stuck in a collective it never joined, were aborted and exited first). Its own failure is
     the run's root cause: the watchdog must let the main thread record it before sealing the

@@ -37,7 +37,7 @@ from test_run_torchrun import assert_fault, records, run
 from harness.cli import main
 from harness.dist.launcher import launch
 from harness.dist.proctree import Tracker, identify
-from harness.dist.records import RankRecord
+from harness.dist.records import RankRecord, TestOutcome
 from harness.dist.watchdog import EXIT_FAILED, Watchdog
 
 TEST_TIMEOUT_S = 4  # the per-test timeout the hang case runs with
@@ -96,14 +96,16 @@ def assert_contained(
     return data, recs
 
 
-def fault_of(rec: RankRecord) -> Any:
+def fault_of(rec: RankRecord) -> TestOutcome:
     [test] = [t for t in rec.tests if t.nodeid.endswith("::test_fault")]
     return test
 
 
 @pytest.mark.torchrun
 @pytest.mark.xdist_group("torchrun")
-def test_a_rank_raising_fails_every_rank_with_it_as_root_cause(tmp_path, monkeypatch):
+def test_a_rank_raising_fails_every_rank_with_it_as_root_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out, code, elapsed = fault_run(tmp_path, monkeypatch, "rank_assert.py", 2)
     data, recs = assert_contained(out, code, elapsed, rank=2, nranks=4)
     assert data["root_cause"]["kind"] == "test"
@@ -116,7 +118,9 @@ def test_a_rank_raising_fails_every_rank_with_it_as_root_cause(tmp_path, monkeyp
 
 @pytest.mark.torchrun
 @pytest.mark.xdist_group("torchrun")
-def test_a_rank_calling_os_exit_is_recorded_killed_and_the_root_cause(tmp_path, monkeypatch):
+def test_a_rank_calling_os_exit_is_recorded_killed_and_the_root_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out, code, elapsed = fault_run(tmp_path, monkeypatch, "rank_exit.py", 3)
     data, recs = assert_contained(out, code, elapsed, rank=3, nranks=4)
     assert data["root_cause"]["kind"] == "killed"
@@ -135,8 +139,8 @@ def test_a_rank_calling_os_exit_is_recorded_killed_and_the_root_cause(tmp_path, 
 @pytest.mark.torchrun
 @pytest.mark.xdist_group("torchrun")
 def test_a_sigkilled_rank_is_recorded_killed_and_leaves_nothing_running(
-    nranks, fault_rank, tmp_path, monkeypatch
-):
+    nranks: int, fault_rank: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """rank_sigkill.py: the rank starts a helper in its own session, then SIGKILLs itself.
 
     Checked by hand with the launcher's final kill (`launch`: `if leftovers: tracker.end_all`)
@@ -158,7 +162,9 @@ def test_a_sigkilled_rank_is_recorded_killed_and_leaves_nothing_running(
 
 @pytest.mark.torchrun
 @pytest.mark.xdist_group("torchrun")
-def test_a_rank_hung_in_a_collective_is_ended_by_the_per_test_timeout(tmp_path, monkeypatch):
+def test_a_rank_hung_in_a_collective_is_ended_by_the_per_test_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Ended by the rank watchdog's per-test timeout (`Watchdog._run`: `timeout > 0 and now -
     started > timeout` -> `_on_timeout`). Checked by hand with that branch removed: the peers
     give up on rank 2 only at their agreement deadline (timeout + 15 s), torchrun then stops it,
@@ -183,7 +189,9 @@ def test_a_rank_hung_in_a_collective_is_ended_by_the_per_test_timeout(tmp_path, 
 
 @pytest.mark.torchrun
 @pytest.mark.xdist_group("torchrun")
-def test_ranks_disagreeing_on_a_transport_signature_all_fail_clearly(tmp_path, monkeypatch):
+def test_ranks_disagreeing_on_a_transport_signature_all_fail_clearly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every rank raises SignatureMismatchError at once; whichever was first is the root cause."""
     out, code, elapsed = fault_run(tmp_path, monkeypatch, "rank_signature.py", 2)
     first = json.loads((out / "receipt.json").read_text())["root_cause"]["rank"]
@@ -199,7 +207,9 @@ def test_ranks_disagreeing_on_a_transport_signature_all_fail_clearly(tmp_path, m
 # -- the protections, removed, let the fault through ------------------------------------------
 
 
-def test_without_the_launchers_final_kill_an_orphan_outlives_the_run(tmp_path, monkeypatch):
+def test_without_the_launchers_final_kill_an_orphan_outlives_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The check `processes_of_run(out) == []` above can fail: a stand-in agent leaves a child
     behind in its own session; with `Tracker.end_all` (the launcher's kill) patched away it
     survives the launch and `processes_of_run` finds it, by its environment alone."""
@@ -215,7 +225,10 @@ def test_without_the_launchers_final_kill_an_orphan_outlives_the_run(tmp_path, m
         os.kill(child, signal.SIGKILL)
 
 
-def test_without_the_per_test_timeout_a_hang_is_never_ended(world, monkeypatch):  # noqa: F811
+def test_without_the_per_test_timeout_a_hang_is_never_ended(
+    world: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The watchdog that ends the hung rank above, in-process: with its timeout handler
     patched away, a test past its timeout is left running, with no dump and no record."""
     out, _, _ = world

@@ -40,7 +40,9 @@ def leaks(root: Path, secret: str) -> list[str]:
 
 @pytest.mark.torchrun
 @pytest.mark.xdist_group("torchrun")
-def test_a_planted_token_never_reaches_the_evidence_of_a_real_run(tmp_path, monkeypatch):
+def test_a_planted_token_never_reaches_the_evidence_of_a_real_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """rank_secret.py spills HF_TOKEN into every kind of file a run leaves; the bundle holds none
     of it. The raw folder is kept as the writer found it, and finalized a second time with
     redaction removed (`writer.secret_values` -> nothing), to show the same check then fails."""
@@ -130,13 +132,17 @@ def start_gpu16(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[s
     return started, next(line for line in lines if line.startswith("$ docker run"))
 
 
-def test_the_gpu16_container_is_started_unprivileged(tmp_path, monkeypatch):
+def test_the_gpu16_container_is_started_unprivileged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     started, logged = start_gpu16(tmp_path, monkeypatch)
     assert privilege_problems(started, logged) == []
     assert started["device_requests"] and started["ipc_mode"] == "host"  # what it does need
 
 
-def test_a_privileged_container_would_be_caught(tmp_path, monkeypatch):
+def test_a_privileged_container_would_be_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same path with the spec's `privileged=False` flipped: the check above fails."""
     spec_of = gpu_run.gpu16_container_spec
     monkeypatch.setattr(
