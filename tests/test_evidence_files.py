@@ -1,4 +1,4 @@
-"""Atomic writes, file walks and the SHA256SUMS format."""
+"""Atomic writes (harness.atomic), file walks and the SHA256SUMS format."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.atomic import atomic_write_bytes
 from harness.evidence.files import (
-    atomic_write_bytes,
     parse_sums,
     render_sums,
     sha256_file,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from harness.atomic import atomic_write_text
 from harness.errors import UsageError
 
 NODES_DIR = "nodes"
@@ -92,11 +93,8 @@ def marker_path(out_dir: Path, node_rank: int) -> Path:
 
 
 def write_marker(out_dir: Path, marker: NodeMarker) -> None:
-    path = marker_path(out_dir, marker.node_rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(marker.to_json(), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(marker.to_json(), indent=2, sort_keys=True) + "\n"
+    atomic_write_text(marker_path(out_dir, marker.node_rank), text, fsync=False)
 
 
 def read_marker(out_dir: Path, node_rank: int) -> NodeMarker | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from harness.atomic import atomic_write_text
 from harness.capture.records import CaptureRecord
 
 RANK_RECORD_SCHEMA = "dcpqual-rank-record/v1"
@@ -173,10 +174,8 @@ class RankRecord:
 
     def write(self, path: Path) -> None:
         """Write atomically (temp file + rename), so a reader never sees half a record."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        text = json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
+        atomic_write_text(path, text, fsync=False)
 
     @classmethod
     def read(cls, path: Path) -> RankRecord:

@@ -8,11 +8,9 @@ line per file, sorted by path, LF line ends.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,32 +20,6 @@ _LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 # Characters `sha256sum` would have to escape; we refuse them instead of escaping.
 _UNSAFE_NAME = re.compile(r"[\\\n\r]")
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that a reader sees the old file, or the whole new one.
-
-    The temporary file lives in the target's folder (so the rename cannot cross file systems),
-    is fsynced before the rename, and is removed if anything fails.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def sha256_file(path: Path) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from harness import __version__
+from harness.atomic import atomic_write_bytes
 from harness.errors import UsageError
 from harness.evidence import rules
 from harness.evidence.collect import (
@@ -29,7 +30,6 @@ from harness.evidence.collect import (
 from harness.evidence.environment import capture_environment, scrub, secret_forms, secret_values
 from harness.evidence.files import (
     SUMS_NAME,
-    atomic_write_bytes,
     hash_files,
     render_sums,
     sha256_bytes,

@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +39,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from harness.atomic import atomic_write_text
 from harness.errors import UsageError
 from harness.image import gitinfo
 
@@ -321,21 +320,11 @@ def check_lock(path: Path) -> list[str]:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Replace `path` with `data` as indented JSON, never leaving a half-written file."""
+    """Replace `path` with `data` as indented JSON, keeping the file's permissions."""
     path = Path(path)
     text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text, mode=mode)
 
 
 def _nccl_version(repo: Path) -> str | None:

@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from harness.atomic import atomic_write_text
 from harness.errors import UsageError
-from harness.evidence.files import atomic_write_text
 from harness.qualify.compare import Comparison, compare_bundles, load_bundle
 from harness.qualify.report import render_markdown
 
