@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -59,12 +57,10 @@ def test_mixed_model_holds_every_family():
     assert {MultiHeadLatentAttention, DeepseekV4Attention, MLAAttention} <= classes
 
 
-def test_61_layer_kimi_tree_is_fast_and_allocates_nothing_real():
-    start = time.perf_counter()
+def test_61_layer_kimi_tree_allocates_nothing_real():
+    """How fast it builds is `nox -s bench`'s business, not a test's."""
     built = build("kimi-k3", tp=16, dcp=16)
-    elapsed = time.perf_counter() - start
     assert len(built.model.layers) == 61
-    assert elapsed < 1.0, f"building 61 layers took {elapsed:.2f}s"
     real_bytes = sum(
         t.numel() * t.element_size()
         for t in [*built.model.parameters(), *built.model.buffers()]

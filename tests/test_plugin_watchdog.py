@@ -155,6 +155,27 @@ def test_sigterm_after_the_session_finished_leaves_the_record_alone(world):
     assert rec.complete and rec.abort_reason is None
 
 
+def test_sigterm_while_the_session_ends_completes_the_record_and_says_so(world):
+    out, _, keeper = world
+    read_fd, write_fd = os.pipe()
+    try:
+        dog, exits = make(world, wakeup_fd=read_fd)
+        dog.session_finishing()
+        os.write(write_fd, bytes([signal.SIGTERM]))
+        time.sleep(0.3)  # the watchdog now waits for the session to finish
+        assert exits.codes == []
+        keeper.finish()
+        dog.session_finished()
+        assert exits.done.wait(10)
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    assert exits.codes == [EXIT_TERMINATED]
+    rec = record(out)
+    assert rec.complete and not rec.abort_primary
+    assert rec.abort_reason is not None and "SIGTERM" in rec.abort_reason
+
+
 def test_heartbeat_touches_the_record(world):
     out, _, _ = world
     path = out / "records" / "rank-00.json"

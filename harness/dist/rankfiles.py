@@ -42,6 +42,7 @@ class RecordKeeper:
         self._record = record
         self._lock = threading.Lock()
         self._sealed = False  # after a final write by the watchdog, main-thread writes stop
+        self._stop_reason: str | None = None  # told to stop while the session was ending
         self._write(record)
 
     @classmethod
@@ -119,11 +120,19 @@ class RecordKeeper:
             )
             self._sealed = True
 
+    def stopping(self, reason: str) -> None:
+        """Told to stop (SIGTERM) while the session was already ending: `finish` still completes
+        the record, and says this, so a stopped rank never reads as one that ended on its own."""
+        with self._lock:
+            self._stop_reason = reason
+
     def finish(self, *, abort_reason: str | None = None, primary: bool = False) -> None:
         """The session ended on its own: the record is complete."""
         with self._lock:
             if self._sealed:
                 return
+            if abort_reason is None and self._stop_reason is not None:
+                abort_reason, primary = self._stop_reason, False
             changes: dict[str, object] = {
                 "complete": True,
                 "finished_at": utc_now(),

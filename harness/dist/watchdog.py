@@ -291,6 +291,7 @@ class Watchdog:
             time.sleep(0.01)
 
     def _terminate(self, reason: str) -> None:
+        self.keeper.stopping(reason)  # a session that still finishes says it was stopped
         phase, index, nodeid = self._phase_after_agreement(reason)
         if phase == "finishing":
             self._finished.wait(5.0)  # let pytest finish writing junit and the record
