@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import torch
+from test_image_lock import make_repo
 
 from harness.evidence.environment import (
     REDACTED,
@@ -90,6 +91,21 @@ def test_git_source_names_commit_and_tree(repo_root: Path) -> None:
 
 def test_git_source_outside_git_is_unknown(tmp_path: Path) -> None:
     source = git_source(tmp_path, version="1.0")
+    assert (source.version, source.commit, source.tree, source.dirty) == ("1.0", None, None, None)
+
+
+def test_git_source_of_a_dirty_checkout_names_what_differs(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"a.txt": "a\n", "b.txt": "b\n"})
+    (repo / "a.txt").write_text("changed\n")  # status " M a.txt": its first column is blank
+    (repo / "new.txt").write_text("new\n")
+    source = git_source(repo)
+    assert source.dirty is True and source.commit is not None
+    assert source.dirty_paths == ["a.txt", "new.txt"]
+
+
+def test_git_source_of_a_folder_inside_a_checkout_is_unknown(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"sub/a.txt": "a\n"})
+    source = git_source(repo / "sub", version="1.0")
     assert (source.version, source.commit, source.tree, source.dirty) == ("1.0", None, None, None)
 
 

@@ -9,12 +9,12 @@ importing them (importing vLLM is slow and can fail on a CPU build).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from harness.errors import UsageError
 from harness.evidence.schema import Source
+from harness.image import gitinfo
 
 HARNESS_ROOT = Path(__file__).resolve().parents[2]
 # Distribution names to try for each peer, first found wins.
@@ -25,40 +25,20 @@ PEERS: dict[str, tuple[str, ...]] = {
 DIRTY_PATHS_SHOWN = 20
 
 
-def _git(root: Path, *args: str) -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(root), *args],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-            # `git status` would otherwise refresh the index under index.lock, racing the
-            # commits of whoever works in this checkout.
-            env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
 def git_source(root: Path = HARNESS_ROOT, version: str | None = None) -> Source:
     """Commit, tree and dirtiness of the git checkout whose top is `root` (else all None)."""
-    top = _git(root, "rev-parse", "--show-toplevel")
-    if top is None or Path(top.strip()).resolve() != root.resolve():
-        return Source(version=version)  # e.g. installed into a venv that sits inside a repo
-    commit = _git(root, "rev-parse", "--verify", "HEAD")
-    tree = _git(root, "rev-parse", "--verify", "HEAD^{tree}")
-    status = _git(root, "status", "--porcelain=v1", "--untracked-files=normal")
-    if commit is None or tree is None or status is None:
+    try:
+        if gitinfo.toplevel(root) != root.resolve():
+            return Source(version=version)  # e.g. installed into a venv that sits inside a repo
+        ident = gitinfo.identity(root)
+    except UsageError:  # no git, no checkout, no commit yet: the identity is unknown
         return Source(version=version)
-    dirty_lines = [line[3:] for line in status.splitlines() if line.strip()]
     return Source(
         version=version,
-        commit=commit.strip(),
-        tree=tree.strip(),
-        dirty=bool(dirty_lines),
-        dirty_paths=dirty_lines[:DIRTY_PATHS_SHOWN],
+        commit=ident.commit,
+        tree=ident.tree,
+        dirty=ident.dirty,
+        dirty_paths=list(ident.dirty_paths[:DIRTY_PATHS_SHOWN]),
     )
 
 
