@@ -49,6 +49,8 @@ def test_negative_control_and_ranks_counts() -> None:
         Ranks(expected=4, reported=4, complete=3, killed=[])
     with pytest.raises(ValidationError, match="complete <= reported <= expected"):
         Ranks(expected=4, reported=5, complete=4)
+    with pytest.raises(ValidationError, match=r"stopped ranks \[2\] are not all killed \[3\]"):
+        Ranks(expected=4, reported=4, complete=3, killed=[3], stopped=[2])
 
 
 def test_image_digest_must_be_a_sha256_digest() -> None:

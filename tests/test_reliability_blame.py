@@ -49,6 +49,9 @@ def test_the_rank_that_died_is_blamed_not_the_lower_ranks_torchrun_stopped(tmp_p
     assert (cause.rank, cause.test) == (dead, NODES[1]), cause
     assert SIGTERM_REASON not in cause.message
     assert receipt.ranks.killed == [0, 1, 2, 3]  # none finished; only one died on its own
+    assert receipt.ranks.stopped == [0, 1, 2]  # ... and the others say so
+    summary = (out / "summary.md").read_text()
+    assert "killed [0, 1, 2, 3], of them stopped by the run's fault [0, 1, 2]" in summary
     assert verify_bundle(out).ok
 
 

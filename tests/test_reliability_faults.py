@@ -11,7 +11,8 @@ command line names nothing, is found too).
 
 Not asserted: which survivors end with a complete record. Once one rank exits non-zero,
 torchrun SIGTERMs the rest, and a survivor that was between its test and the end of its session
-is stopped there; that timing is the scheduler's (the receipt's `ranks.killed` lists them too).
+is stopped there; that timing is the scheduler's (the receipt's `ranks.killed` lists them too,
+and `ranks.stopped` those whose record says they were stopped).
 
 The world-2 versions of the assertion, `os._exit`, plain hang and collection-mismatch faults live
 in tests/test_run_torchrun.py; its helpers are reused here.
@@ -124,7 +125,7 @@ def test_a_rank_calling_os_exit_is_recorded_killed_and_the_root_cause(
     out, code, elapsed = fault_run(tmp_path, monkeypatch, "rank_exit.py", 3)
     data, recs = assert_contained(out, code, elapsed, rank=3, nranks=4)
     assert data["root_cause"]["kind"] == "killed"
-    assert 3 in data["ranks"]["killed"]
+    assert 3 in data["ranks"]["killed"] and 3 not in data["ranks"]["stopped"]
     dead = recs[3]
     assert not dead.complete and dead.abort_reason is None  # died without last words
     assert dead.current_test is not None and dead.current_test.endswith("::test_fault")

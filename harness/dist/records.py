@@ -114,6 +114,12 @@ class RankRecord:
     abort_primary: bool = False
     aborted_at: float | None = None
 
+    @property
+    def stopped(self) -> bool:
+        """It left because of something outside itself (a peer's failure, torchrun stopping the
+        job) and its own record says so: a consequence of the run's fault, not its cause."""
+        return bool(self.abort_reason) and not self.abort_primary
+
     def with_test(self, outcome: TestOutcome) -> RankRecord:
         return replace(self, tests=(*self.tests, outcome))
 

@@ -66,6 +66,11 @@ class RankFiles:
         ]
 
     @property
+    def stopped(self) -> list[int]:
+        """The killed ranks whose record says they were stopped (see `RankRecord.stopped`)."""
+        return [r for r in self.killed if r in self.records and self.records[r].stopped]
+
+    @property
     def complete(self) -> int:
         return sum(1 for rec in self.records.values() if rec.complete)
 
@@ -247,8 +252,7 @@ def _candidates(ranks: RankFiles, timed_out: bool) -> list[_Candidate]:
         message = f"rank {rank} {why_dead} {where} (record not complete)"
         if record.abort_reason:
             message += f": {record.abort_reason}"
-        stopped = bool(record.abort_reason) and not record.abort_primary
-        priority = _PRIORITY["stopped" if stopped else "killed"]
+        priority = _PRIORITY["stopped" if record.stopped else "killed"]
         found.append(_Candidate(_position(record, test), priority, rank, test, message, "killed"))
     for rank, record in sorted(ranks.records.items()):
         for outcome in record.tests:

@@ -153,6 +153,8 @@ def required_limitations(
         parts = []
         if ranks.killed:
             parts.append(f"ranks {ranks.killed} did not finish, their records are partial or gone")
+            if ranks.stopped:
+                parts[-1] += f" (ranks {ranks.stopped} say they were stopped by the run's fault)"
         if ranks.missing_junit:
             parts.append(
                 f"ranks {ranks.missing_junit} left no readable JUnit report; their cases in "

@@ -201,12 +201,15 @@ class RootCause(_Model):
 
 
 class Ranks(_Model):
-    """extension: which ranks left what. A killed rank left no record or an incomplete one."""
+    """extension: which ranks left what. A killed rank left no record or an incomplete one;
+    `stopped` names the killed ranks whose record says another rank's fault (or torchrun
+    stopping the job) ended them, so a reader can tell the cause from its consequences."""
 
     expected: PositiveInt
     reported: NonNegativeInt
     complete: NonNegativeInt
     killed: list[NonNegativeInt] = Field(default_factory=list)
+    stopped: list[NonNegativeInt] = Field(default_factory=list)
     missing_junit: list[NonNegativeInt] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -221,6 +224,8 @@ class Ranks(_Model):
                 f"{len(self.killed)} killed ranks listed, expected - complete = "
                 f"{self.expected - self.complete}"
             )
+        if not set(self.stopped) <= set(self.killed):
+            raise ValueError(f"stopped ranks {self.stopped} are not all killed {self.killed}")
         return self
 
 

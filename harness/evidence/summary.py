@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from harness.evidence.schema import Receipt
+from harness.evidence.schema import Ranks, Receipt
 
 RECEIPT_SHA_LINE = "receipt.json sha256: `{}`"
 _RECEIPT_SHA = re.compile(r"^receipt\.json sha256: `([0-9a-f]{64})`$", re.MULTILINE)
@@ -22,6 +22,13 @@ def receipt_sha256_in(summary: str) -> str | None:
 
 def _cell(text: object) -> str:
     return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _ranks_line(ranks: Ranks) -> str:
+    line = f"{ranks.complete}/{ranks.expected} complete, killed {ranks.killed}"
+    if ranks.stopped:
+        line += f", of them stopped by the run's fault {ranks.stopped}"
+    return line
 
 
 def _table(header: list[str], rows: list[list[object]]) -> list[str]:
@@ -76,7 +83,7 @@ def render_summary(receipt: Receipt, receipt_sha256: str) -> str:
             f"Python {env.python}, host {env.host}",
         ],
         ["devices", f"{len(env.gpus)} x {gpus}, driver {env.driver or '?'}" if env.gpus else gpus],
-        ["ranks", f"{r.ranks.complete}/{r.ranks.expected} complete, killed {r.ranks.killed}"],
+        ["ranks", _ranks_line(r.ranks)],
         [
             "run",
             f"exit {r.run.exit_code}{', timed out' if r.run.timed_out else ''}, "

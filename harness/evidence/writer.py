@@ -156,6 +156,7 @@ def assemble_receipt(
         reported=len(rank_files.records),
         complete=rank_files.complete,
         killed=rank_files.killed,
+        stopped=rank_files.stopped,
         missing_junit=list(merged.missing),
     )
     run = Run(
