@@ -251,3 +251,55 @@ def test_a_wrong_base_or_head_slice_fails_the_checks() -> None:
     for wrong in (ignores_base, off_by_one_rank):
         with pytest.raises(AssertionError):
             check_all_cases(wrong)
+
+
+# -- the transports' in-place steps: the same math, and the mask still matters -----------------
+
+
+def _own_block(outputs: torch.Tensor, lses: torch.Tensor, rank: int, base_e: bool):
+    h = outputs.shape[2] // outputs.shape[0]
+    own = slice(rank * h, (rank + 1) * h)
+    return outputs[:, :, own], combine.combine_weights(lses[:, :, own], base_e=base_e).weights
+
+
+def combine_by_accumulating(outputs, lses, rank, *, base_e=True):
+    """What the A2A transport does with the chunks it received."""
+    block, weights = _own_block(outputs, lses, rank, base_e)
+    acc = torch.zeros(block.shape[1:], dtype=weights.dtype)
+    return combine.accumulate_into(acc, block, weights).to(outputs.dtype)
+
+
+def combine_by_scaling(outputs, lses, rank, *, base_e=True):
+    """What the AG+RS transport does before its reduce-scatter (which is the sum here)."""
+    block, weights = _own_block(outputs, lses, rank, base_e)
+    dst = torch.empty(block.shape, dtype=weights.dtype)
+    return combine.scale_into(dst, block, weights).sum(dim=0).to(outputs.dtype)
+
+
+@pytest.mark.parametrize("fn", [combine_by_accumulating, combine_by_scaling])
+def test_the_in_place_steps_match_the_naive_reference(fn) -> None:
+    check_all_cases(fn)
+
+
+def _accumulate_unmasked(acc, outputs, weights):
+    for shard, weight in zip(outputs, weights.unsqueeze(-1), strict=True):
+        acc.addcmul_(shard, weight)
+    return acc
+
+
+def _scale_unmasked(dst, outputs, weights):
+    return torch.mul(outputs, weights.unsqueeze(-1), out=dst)
+
+
+@pytest.mark.parametrize(
+    ("fn", "name", "broken"),
+    [
+        (combine_by_accumulating, "accumulate_into", _accumulate_unmasked),
+        (combine_by_scaling, "scale_into", _scale_unmasked),
+    ],
+    ids=["accumulate_into", "scale_into"],
+)
+def test_an_in_place_step_without_its_zero_weight_mask_fails(fn, name, broken, monkeypatch):
+    monkeypatch.setattr(combine, name, broken)
+    with pytest.raises(AssertionError, match="non-finite"):
+        check_all_cases(fn)

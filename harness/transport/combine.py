@@ -12,6 +12,11 @@ break each one on purpose and show that the adversarial cases catch it:
 - `mask_zero_weight`: w_n * O_n, and exactly 0 where w_n is 0 (even if O_n is NaN).
 
 Everything runs in fp32 (fp64 when an input is fp64) and is cast to the output dtype at the end.
+
+The transports do not call the oracle's allocating steps on their hot path: `scale_into` and
+`accumulate_into` are the same masked product written in place (no full-size fp32 temporaries,
+no upcast copy), which is most of what the reduction costs on one CPU thread. Neither reads a
+value back to the host, so both stay legal inside a CUDA graph.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 
 __all__ = [
     "CombineWeights",
+    "accumulate_into",
     "all_empty_guard",
     "combine_local",
     "combine_weights",
@@ -30,6 +36,7 @@ __all__ = [
     "mask_zero_weight",
     "reference_max",
     "sanitize_lse",
+    "scale_into",
 ]
 
 
@@ -54,6 +61,28 @@ def mask_zero_weight(outputs: torch.Tensor, weights: torch.Tensor) -> torch.Tens
     """`weights[..., None] * outputs`, exactly 0 where the weight is 0 (0 * NaN would be NaN)."""
     w = weights.unsqueeze(-1)
     return torch.where(w > 0, outputs * w, 0.0)
+
+
+def scale_into(dst: torch.Tensor, outputs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`mask_zero_weight(outputs, weights)` written into `dst` (any strides on the inputs).
+
+    One multiply into `dst`, then the zero-weight entries overwritten with exact 0."""
+    w = weights.unsqueeze(-1)
+    torch.mul(outputs, w, out=dst)
+    return dst.masked_fill_(w == 0, 0.0)
+
+
+def accumulate_into(
+    acc: torch.Tensor, outputs: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """`acc += mask_zero_weight(outputs, weights).sum(0)`, one shard of dim 0 at a time.
+
+    `acc` is the compute-dtype accumulator `[B, h, D]`; `outputs` `[W, B, h, D]` in any dtype.
+    A zero-weight shard's outputs are replaced by 0 before the product (0 * NaN would be NaN)."""
+    zero = torch.zeros((), dtype=outputs.dtype, device=outputs.device)
+    for shard, weight in zip(outputs, weights.unsqueeze(-1), strict=True):
+        acc.addcmul_(torch.where(weight > 0, shard, zero), weight)
+    return acc
 
 
 def all_empty_guard(weights: torch.Tensor, total: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,9 @@ Output reduction, two strategies (domain.md section 1):
   partials and the reduce-scatter stay in fp32 (16-bit sums of 16 ranks would not hold the 2e-2
   tolerance reliably); the cast to the output dtype happens once, at the end.
 - `a2a`: one `all_to_all_single` of byte-packed chunks (each destination's head slice of the
-  output in its own dtype, then its fp32 LSEs, 8-byte aligned), then `combine_local`, the
-  oracle's own code, on the received `[dcp, B, h, *]`.
+  output in its own dtype, then its fp32 LSEs, 8-byte aligned), then the oracle's weights and
+  `accumulate_into` (its masked product, one source rank at a time) on the received
+  `[dcp, B, h, *]`.
 
 Which collectives: torch 2.13's gloo supports all_gather, reduce_scatter and all_to_all on CPU
 tensors (checked with a 2-rank probe); torch 2.13 names them `all_gather_single` and
@@ -39,7 +40,7 @@ import torch.distributed as dist
 from harness.errors import GeometryError
 from harness.transport.allocator import Allocator
 from harness.transport.checks import check_gather, check_reduce
-from harness.transport.combine import combine_local, combine_weights, mask_zero_weight
+from harness.transport.combine import accumulate_into, combine_weights, scale_into
 from harness.transport.errors import RegistryClosedError, TransportUsageError
 from harness.warm.signature import TransportSignature
 
@@ -240,9 +241,13 @@ class TorchDCPTransport:
         lse_recv = bufs["lse_recv"][: w * b * big_h]
         all_gather_flat(lse_recv, lse_send, group=self.group)
         weights = combine_weights(lse_recv.view(w, b, big_h), base_e=base_e).weights[self.rank]
-        scaled = mask_zero_weight(part.to(torch.float32), weights.to(torch.float32))
         rs_send = bufs["rs_send"][: b * big_h * o]
-        rs_send.view(w, b, h, o).copy_(scaled.view(b, w, h, o).transpose(0, 1))
+        # Rescaled straight into the send buffer, destination rank-major, in fp32.
+        scale_into(
+            rs_send.view(w, b, h, o),
+            part.reshape(b, w, h, o).transpose(0, 1),
+            weights.to(torch.float32).view(b, w, h).transpose(0, 1),
+        )
         rs_recv = bufs["rs_recv"][: b * h * o]
         if self.reduce_scatter == "native":
             assert reduce_scatter_flat is not None
@@ -264,7 +269,9 @@ class TorchDCPTransport:
         self._lses_of(send, lay, b).copy_(lse.reshape(b, w, h).transpose(0, 1))
         dist.all_to_all_single(recv, send, group=self.group)
         outputs, lses = self._outputs_of(recv, lay, b), self._lses_of(recv, lay, b)
-        combine_local(outputs, lses, base_e=base_e, out=result)
+        weights = combine_weights(lses, base_e=base_e).weights
+        acc = torch.zeros(result.shape, dtype=weights.dtype, device=result.device)
+        result.copy_(accumulate_into(acc, outputs, weights))
 
     def _outputs_of(self, packed: torch.Tensor, lay: A2ALayout, b: int) -> torch.Tensor:
         sig = self.signature
