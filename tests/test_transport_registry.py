@@ -233,6 +233,7 @@ def _disagreements(rank: int, world: int, store: str) -> None:
         with pytest.raises(SignatureMismatchError) as info:
             registry.get_or_create(mine)
         message = str(info.value)
+        del info  # its traceback holds the group; none may outlive `_finish`'s destroy
         assert "ranks [0]: 8 heads x 24 -> 16 (bf16" in message, message
         assert "ranks [1]: 8 heads x 24 -> 16 (fp16" in message, message
         assert len(registry) == 0
