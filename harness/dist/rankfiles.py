@@ -42,7 +42,7 @@ class RecordKeeper:
         self._record = record
         self._lock = threading.Lock()
         self._sealed = False  # after a final write by the watchdog, main-thread writes stop
-        self._stop_reason: str | None = None  # told to stop while the session was ending
+        self._stop_reason: str | None = None  # set by `stopping`, used by `finish`
         self._write(record)
 
     @classmethod
@@ -121,8 +121,9 @@ class RecordKeeper:
             self._sealed = True
 
     def stopping(self, reason: str) -> None:
-        """Told to stop (SIGTERM) while the session was already ending: `finish` still completes
-        the record, and says this, so a stopped rank never reads as one that ended on its own."""
+        """Told to stop (SIGTERM, orphaned): noted at once, so if the session still gets to
+        `finish`, the complete record says why, and a stopped rank never reads as one that
+        ended on its own."""
         with self._lock:
             self._stop_reason = reason
 
