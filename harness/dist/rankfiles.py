@@ -127,6 +127,11 @@ class RecordKeeper:
         with self._lock:
             self._stop_reason = reason
 
+    @property
+    def stop_reason(self) -> str | None:
+        with self._lock:
+            return self._stop_reason
+
     def finish(self, *, abort_reason: str | None = None, primary: bool = False) -> None:
         """The session ended on its own: the record is complete."""
         with self._lock:
