@@ -5,15 +5,9 @@ whole-context reference."""
 
 from __future__ import annotations
 
-import gc
-import os
-import tempfile
-from datetime import timedelta
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_spawn import gloo_group, spawn
 
 from harness.capture.decode import DecodeStep, LayerGeometry, partial_attention, runtime_geometry
 from harness.errors import GeometryError
@@ -68,20 +62,8 @@ def test_sharded_partial_attention_combines_to_whole_context_attention() -> None
 # -- two spawned ranks ------------------------------------------------------------------------
 
 
-def _spawn(fn, world: int = 2) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(fn, args=(world, os.path.join(tmp, "store")), nprocs=world, join=True)
-
-
 def _step_on_two_ranks(rank: int, world: int, store: str) -> None:
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
-    try:
+    with gloo_group(rank, world, store):
         built = build("kimi-k3", tp=16, dcp=world, num_layers=8)
         context = WarmContext(max_tokens=4, dcp_world_size=world)
         registry = TransportRegistry()
@@ -106,11 +88,8 @@ def _step_on_two_ranks(rank: int, world: int, store: str) -> None:
         mismatched = build("kimi-k3", tp=16, dcp=2 * world, num_layers=4)
         with pytest.raises(GeometryError, match="built for dcp=4"):
             DecodeStep(mismatched, registry=TransportRegistry(), context=context)
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow
 def test_decode_step_on_two_ranks_matches_the_reference() -> None:
-    _spawn(_step_on_two_ranks)
+    spawn(_step_on_two_ranks)

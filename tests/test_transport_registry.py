@@ -4,15 +4,10 @@ behaviour in a 2-rank gloo job spawned per test (the pytest worker never holds a
 
 from __future__ import annotations
 
-import gc
-import os
-import tempfile
-from datetime import timedelta
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_spawn import gloo_group, spawn
 
 from harness.errors import GeometryError, UsageError
 from harness.transport.combine import lse_combine
@@ -127,31 +122,8 @@ def test_closed_registry_refuses_use() -> None:
 # -- collective (2 ranks, spawned) --------------------------------------------------------------
 
 
-def _spawn(fn, world: int = 2) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(fn, args=(world, os.path.join(tmp, "store")), nprocs=world, join=True)
-
-
-def _finish() -> None:
-    """Free cyclic garbage (exception tracebacks holding the group) before destroying the group:
-    a gloo group object that outlives `destroy_process_group` aborts the process at exit."""
-    gc.collect()
-    dist.destroy_process_group()
-
-
-def _init(rank: int, world: int, store: str) -> None:
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
-
-
 def _creation_and_events(rank: int, world: int, store: str) -> None:
-    _init(rank, world, store)
-    try:
+    with gloo_group(rank, world, store):
         registry = TransportRegistry(strategy="a2a")
         seen: list[object] = []
         registry.subscribe(seen.append)
@@ -214,26 +186,23 @@ def _creation_and_events(rank: int, world: int, store: str) -> None:
         registry.close()
         with pytest.raises(RegistryClosedError):
             transport.gather_queries(queries[rank, :1].contiguous())
-    finally:
-        _finish()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_creation_events_hits_and_static_buffers() -> None:
-    _spawn(_creation_and_events)
+    spawn(_creation_and_events)
 
 
 def _disagreements(rank: int, world: int, store: str) -> None:
-    _init(rank, world, store)
-    try:
+    with gloo_group(rank, world, store):
         registry = TransportRegistry()
         # Different signatures: every rank raises, naming both.
         mine = SIG if rank == 0 else TransportSignature("fp16", 8, 24, 16, 2, max_tokens=4)
         with pytest.raises(SignatureMismatchError) as info:
             registry.get_or_create(mine)
         message = str(info.value)
-        del info  # its traceback holds the group; none may outlive `_finish`'s destroy
+        del info  # its traceback holds the group; none may outlive `gloo_group`'s destroy
         assert "ranks [0]: 8 heads x 24 -> 16 (bf16" in message, message
         assert "ranks [1]: 8 heads x 24 -> 16 (fp16" in message, message
         assert len(registry) == 0
@@ -257,19 +226,16 @@ def _disagreements(rank: int, world: int, store: str) -> None:
         # The registry still works afterwards: the failures left no collective half-done.
         assert registry.get_or_create(SIG) is registry.get(SIG)
         registry.close()
-    finally:
-        _finish()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_disagreement_is_an_error_on_every_rank_not_a_hang() -> None:
-    _spawn(_disagreements)
+    spawn(_disagreements)
 
 
 def _strategies_agree(rank: int, world: int, store: str) -> None:
-    _init(rank, world, store)
-    try:
+    with gloo_group(rank, world, store):
         sig = TransportSignature("fp32", 8, 24, 16, 2, max_tokens=3)
         results: list[list[torch.Tensor]] = []
         for strategy, rs in (("ag_rs", "native"), ("ag_rs", "all_to_all"), ("a2a", "native")):
@@ -286,11 +252,9 @@ def _strategies_agree(rank: int, world: int, store: str) -> None:
         for other in results[1:]:
             for got, first in zip(other, results[0], strict=True):
                 assert_matches(got, first, what="strategies agree")
-    finally:
-        _finish()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_every_strategy_matches_the_oracle() -> None:
-    _spawn(_strategies_agree)
+    spawn(_strategies_agree)
