@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 from test_launcher_launch import fake_plan
 from test_plugin_watchdog import NODEID, make, record, world  # noqa: F401 - world: a fixture
-from test_run_torchrun import assert_fault, records, run
+from test_run_torchrun import assert_fault, processes_of_run, records, run
 
 from harness.cli import main
 from harness.dist.launcher import launch
@@ -42,29 +42,6 @@ from harness.dist.records import RankRecord, TestOutcome
 from harness.dist.watchdog import EXIT_FAILED, Watchdog
 
 TEST_TIMEOUT_S = 4  # the per-test timeout the hang case runs with
-
-
-def processes_of_run(out: Path) -> list[str]:
-    """Live processes whose command line or environment names the run's out folder.
-
-    Ranks and torchrun name it on their command line; anything they start inherits
-    DCPQUAL_OUT=<out> in its environment.
-    """
-    needle = str(out).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmdline = (entry / "cmdline").read_bytes()
-            environ = (entry / "environ").read_bytes()
-        except OSError:  # gone, or not ours to read
-            continue
-        if state not in ("Z", "X") and (needle in cmdline or needle in environ):
-            command = cmdline.replace(b"\0", b" ").decode(errors="replace")
-            found.append(f"{entry.name}: {command}")
-    return found
 
 
 def fault_run(
@@ -85,8 +62,7 @@ def assert_contained(
     out: Path, code: int, elapsed: float, *, rank: int, nranks: int, test: str = "test_fault"
 ) -> tuple[dict[str, Any], dict[int, RankRecord]]:
     """What every injected fault must leave: see the module docstring."""
-    data = assert_fault(out, code, elapsed, rank=rank, test=test)
-    assert processes_of_run(out) == []
+    data = assert_fault(out, code, elapsed, rank=rank, test=test)  # also: nothing left running
     assert main(["verify", str(out)]) == 0, "dcpqual verify rejects the fault's bundle"
     recs = records(out)
     assert sorted(recs) == list(range(nranks)), "a rank's record is missing from the bundle"

@@ -45,28 +45,33 @@ def records(out: Path) -> dict[int, RankRecord]:
     }
 
 
-def processes_of(out: Path) -> list[str]:
-    """Live processes whose command line names this run's out folder (torchrun and ranks)."""
+def processes_of_run(out: Path) -> list[str]:
+    """Live processes whose command line or environment names the run's out folder.
+
+    Ranks and torchrun name it on their command line; anything they start inherits
+    DCPQUAL_OUT=<out> in its environment.
+    """
     needle = str(out).encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes()
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone, or not ours to read
             continue
-        if needle in cmdline and state not in ("Z", "X"):
-            text = cmdline.replace(b"\0", b" ").decode(errors="replace")
-            found.append(f"{entry.name}: {text}")
+        if state not in ("Z", "X") and (needle in cmdline or needle in environ):
+            command = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{entry.name}: {command}")
     return found
 
 
 def assert_fault(out: Path, code: int, elapsed: float, rank: int, test: str) -> dict[str, Any]:
     assert code == 1
     assert elapsed < FAST_S, f"fault took {elapsed:.0f}s to end the run"
-    assert processes_of(out) == []
+    assert processes_of_run(out) == []
     data = receipt(out)
     assert data["verdict"] == "fail"
     assert data["run"]["exit_code"] != 0  # ranks exit non-zero, fast exit included
@@ -91,7 +96,7 @@ def test_all_ranks_pass_and_the_bundle_verifies(tmp_path):
         f"rank-0{r}.xml" for r in range(4)
     ]
     assert main(["verify", str(out)]) == 0
-    assert processes_of(out) == []
+    assert processes_of_run(out) == []
 
 
 def test_an_assertion_on_one_rank_fails_every_rank_with_it_as_root_cause(tmp_path):
@@ -133,7 +138,7 @@ def test_ranks_that_collect_different_tests_all_abort_with_a_diff(tmp_path):
     out = tmp_path / "collect"
     code, elapsed = run(out, 2, "rank_collect.py")
     assert code == 1 and elapsed < FAST_S
-    assert processes_of(out) == []
+    assert processes_of_run(out) == []
     assert receipt(out)["root_cause"]["rank"] == 1
     recs = records(out)
     assert all("collected different tests" in (r.abort_reason or "") for r in recs.values())
@@ -173,7 +178,7 @@ def test_two_agents_form_one_job_and_node0_writes_one_bundle(tmp_path):
     recs = records(out)
     assert sorted(recs) == [0, 1, 2, 3] and {r.node_rank for r in recs.values()} == {0, 1}
     assert sorted(p.name for p in (out / "torchrun").iterdir()) == ["node-00", "node-01"]
-    assert processes_of(out) == []
+    assert processes_of_run(out) == []
 
 
 @pytest.mark.slow
@@ -182,4 +187,4 @@ def test_two_agents_of_eight_ranks_form_a_16_rank_job(tmp_path):
     assert two_nodes(out, 8, "rank_pass.py") == (0, 0)
     assert receipt(out)["geometry"]["world_size"] == 16
     assert len(records(out)) == 16
-    assert processes_of(out) == []
+    assert processes_of_run(out) == []
