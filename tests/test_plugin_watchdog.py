@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,27 @@ def make(world, *, wakeup_fd=None, **config) -> tuple[Watchdog, Exits]:
     return dog, exits
 
 
+class SigtermPipe:
+    """The rank plugin's wakeup pipe: `read_fd` goes to the watchdog, `send()` plays torchrun."""
+
+    def __init__(self) -> None:
+        self.read_fd, self._write_fd = os.pipe()
+
+    def send(self) -> None:
+        os.write(self._write_fd, bytes([signal.SIGTERM]))
+
+    def close(self) -> None:
+        os.close(self.read_fd)
+        os.close(self._write_fd)
+
+
+@pytest.fixture
+def sigterm_pipe() -> Iterator[SigtermPipe]:
+    pipe = SigtermPipe()
+    yield pipe
+    pipe.close()
+
+
 def record(out: Path) -> RankRecord:
     return RankRecord.read(out / "records" / "rank-00.json")
 
@@ -117,17 +139,12 @@ def test_a_rank_that_finishes_in_time_is_left_alone(world):
     dog.stop()
 
 
-def test_sigterm_through_the_wakeup_pipe_records_a_secondary_abort(world):
+def test_sigterm_through_the_wakeup_pipe_records_a_secondary_abort(world, sigterm_pipe):
     out, chans, _ = world
-    read_fd, write_fd = os.pipe()
-    try:
-        dog, exits = make(world, wakeup_fd=read_fd, test_timeout_s=60)
-        dog.begin_test(0, NODEID)
-        os.write(write_fd, bytes([signal.SIGTERM]))
-        assert exits.done.wait(10)
-    finally:
-        os.close(read_fd)
-        os.close(write_fd)
+    dog, exits = make(world, wakeup_fd=sigterm_pipe.read_fd, test_timeout_s=60)
+    dog.begin_test(0, NODEID)
+    sigterm_pipe.send()
+    assert exits.done.wait(10)
     assert exits.codes == [EXIT_TERMINATED]
     rec = record(out)
     assert rec.abort_reason is not None and "SIGTERM" in rec.abort_reason
@@ -137,41 +154,31 @@ def test_sigterm_through_the_wakeup_pipe_records_a_secondary_abort(world):
     assert chans[1].peer_results(0)[0].kind == "aborted"
 
 
-def test_sigterm_after_the_session_finished_leaves_the_record_alone(world):
+def test_sigterm_after_the_session_finished_leaves_the_record_alone(world, sigterm_pipe):
     out, _, keeper = world
-    read_fd, write_fd = os.pipe()
-    try:
-        dog, exits = make(world, wakeup_fd=read_fd)
-        dog.session_finishing()
-        keeper.finish()
-        dog.session_finished()
-        os.write(write_fd, bytes([signal.SIGTERM]))
-        assert exits.done.wait(10)
-    finally:
-        os.close(read_fd)
-        os.close(write_fd)
+    dog, exits = make(world, wakeup_fd=sigterm_pipe.read_fd)
+    dog.session_finishing()
+    keeper.finish()
+    dog.session_finished()
+    sigterm_pipe.send()
+    assert exits.done.wait(10)
     assert exits.codes == [EXIT_TERMINATED]
     rec = record(out)
     assert rec.complete and rec.abort_reason is None
 
 
-def test_sigterm_while_the_session_ends_completes_the_record_and_says_so(world):
+def test_sigterm_while_the_session_ends_completes_the_record_and_says_so(world, sigterm_pipe):
     out, _, keeper = world
-    read_fd, write_fd = os.pipe()
-    try:
-        dog, exits = make(world, wakeup_fd=read_fd)
-        dog.session_finishing()
-        os.write(write_fd, bytes([signal.SIGTERM]))
-        deadline = time.monotonic() + 10
-        while keeper.stop_reason is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert exits.codes == []  # it noted why, and now waits for the session to finish
-        keeper.finish()
-        dog.session_finished()
-        assert exits.done.wait(10)
-    finally:
-        os.close(read_fd)
-        os.close(write_fd)
+    dog, exits = make(world, wakeup_fd=sigterm_pipe.read_fd)
+    dog.session_finishing()
+    sigterm_pipe.send()
+    deadline = time.monotonic() + 10
+    while keeper.stop_reason is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert exits.codes == []  # it noted why, and now waits for the session to finish
+    keeper.finish()
+    dog.session_finished()
+    assert exits.done.wait(10)
     assert exits.codes == [EXIT_TERMINATED]
     rec = record(out)
     assert rec.complete and not rec.abort_primary

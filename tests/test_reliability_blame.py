@@ -10,15 +10,20 @@ won the tie. That race made the real-run fault tests flaky under load (the SIGKI
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from test_evidence_factory import NODES, context, failed, passed, torchrun_logs, write_rank
-from test_plugin_watchdog import NODEID, make, record, world  # noqa: F401 - world: a fixture
+from test_plugin_watchdog import (  # noqa: F401 - world, sigterm_pipe: fixtures
+    NODEID,
+    SigtermPipe,
+    make,
+    record,
+    sigterm_pipe,
+    world,
+)
 
 from harness.dist.records import RankRecord, rank_record_path
 from harness.dist.watchdog import EXIT_TERMINATED
@@ -71,25 +76,21 @@ def test_ranks_all_stopped_alike_are_still_blamed_lowest_first(tmp_path: Path) -
 
 def test_sigterm_while_agreeing_keeps_the_outcome_the_rank_is_about_to_record(
     world: Any,  # noqa: F811
+    sigterm_pipe: SigtermPipe,  # noqa: F811
 ) -> None:
     """The failing rank is agreeing with its peers when torchrun's SIGTERM arrives (the peers,
     stuck in a collective it never joined, were aborted and exited first). Its own failure is
     the run's root cause: the watchdog must let the main thread record it before sealing the
     record, not seal it at once and lose the one message that explains the run."""
     out, chans, keeper = world
-    read_fd, write_fd = os.pipe()
-    try:
-        dog, exits = make(world, wakeup_fd=read_fd, test_timeout_s=60)
-        dog.begin_test(0, NODEID)
-        assert dog.body_done()  # the test failed on this rank; agreement under way
-        os.write(write_fd, bytes([signal.SIGTERM]))
-        time.sleep(0.3)  # the main thread gets the peers' results a moment later
-        keeper.add_test(failed(NODEID, "AssertionError: the real cause"))
-        dog.idle()
-        assert exits.done.wait(10)
-    finally:
-        os.close(read_fd)
-        os.close(write_fd)
+    dog, exits = make(world, wakeup_fd=sigterm_pipe.read_fd, test_timeout_s=60)
+    dog.begin_test(0, NODEID)
+    assert dog.body_done()  # the test failed on this rank; agreement under way
+    sigterm_pipe.send()
+    time.sleep(0.3)  # the main thread gets the peers' results a moment later
+    keeper.add_test(failed(NODEID, "AssertionError: the real cause"))
+    dog.idle()
+    assert exits.done.wait(10)
     assert exits.codes == [EXIT_TERMINATED]
     rec = record(out)
     assert [(t.outcome, t.primary, t.message) for t in rec.tests] == [
