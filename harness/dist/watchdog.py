@@ -208,6 +208,20 @@ class Watchdog:
     def _probe(self) -> tuple[bool, dict[str, int]]:
         return main_thread_in_collective(), collective_sequence_numbers()
 
+    def _aborted(self, message: str) -> LocalResult:
+        """This rank's result for a test it is leaving because of something outside it (a peer's
+        failure, SIGTERM): an error, never primary, with where the main thread was."""
+        in_collective, seqs = self._probe()
+        return LocalResult(
+            rank=self.rank,
+            outcome="error",
+            kind="aborted",
+            message=message,
+            failed_at=time.time(),
+            in_collective=in_collective,
+            seqs=seqs,
+        )
+
     # -- endings --------------------------------------------------------------------------
 
     def _settle(self, index: int, nodeid: str, mine: LocalResult, wait_s: float) -> Agreement:
@@ -245,7 +259,6 @@ class Watchdog:
 
     def _on_peer_failure(self, index: int, nodeid: str) -> None:
         dump_stacks(self.out_dir, self.rank, f"aborting {nodeid} after a peer failed")
-        in_collective, seqs = self._probe()
         peers = self.channel.peer_results(index).items()
         failed = sorted(r for r, res in peers if res.failing and res.kind != "aborted")
         info = self.channel.abort_info()
@@ -255,14 +268,8 @@ class Watchdog:
             who = f"rank {info.get('rank')} left the job ({info.get('reason')})"
         else:
             who = "a peer failed"
-        mine = LocalResult(
-            rank=self.rank,
-            outcome="error",
-            kind="aborted",
-            message=f"aborted: still in the test {self.config.abort_grace_s:g}s after {who}",
-            failed_at=time.time(),
-            in_collective=in_collective,
-            seqs=seqs,
+        mine = self._aborted(
+            f"aborted: still in the test {self.config.abort_grace_s:g}s after {who}"
         )
         agreement = self._settle(index, nodeid, mine, 2.0)
         outcome = agreement.outcome_for(mine)
@@ -301,16 +308,7 @@ class Watchdog:
         dump_stacks(self.out_dir, self.rank, reason)
         test = None
         if phase == "body":
-            in_collective, seqs = self._probe()
-            mine = LocalResult(
-                rank=self.rank,
-                outcome="error",
-                kind="aborted",
-                message=f"{reason}, while running this test",
-                failed_at=time.time(),
-                in_collective=in_collective,
-                seqs=seqs,
-            )
+            mine = self._aborted(f"{reason}, while running this test")
             self.channel.post_result(index, mine)
             test = Agreement(nodeid, "error", (), mine.message, complete=False).outcome_for(mine)
         self.channel.signal_abort(f"rank {self.rank}: {reason}")
