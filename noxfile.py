@@ -93,7 +93,7 @@ def find_actionlint(session: nox.Session) -> list[str] | None:
     return ["actionlint"]
 
 
-# --- CPU qualification (issue 5): logic in harness/dist/ (`dcpqual run`) ----------------------
+# --- CPU qualification (issue 5): logic in harness/launch/ (`dcpqual run`) ----------------------
 
 
 def _option_value(args: list[str], flag: str) -> str | None:

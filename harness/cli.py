@@ -18,7 +18,7 @@ from harness.errors import DcpqualError
 
 # Modules that contribute sub-commands, in the order they appear in --help.
 COMMAND_MODULES: tuple[str, ...] = (
-    "harness.dist.cli",  # run
+    "harness.launch.cli",  # run
     "harness.warm.cli",  # signatures
     "harness.evidence.cli",  # verify
     "harness.qualify.cli",  # compare, nightly

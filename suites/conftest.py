@@ -1,6 +1,6 @@
 """Fixtures for the qualification suites, which run on every rank under torchrun.
 
-The rank plugin (`harness.dist.plugin`, registered as "dcpqual-rank") initializes the process
+The rank plugin (`harness.rank.plugin`, registered as "dcpqual-rank") initializes the process
 group before collection; these fixtures only read it. Outside the runner (a developer launching
 torchrun by hand) they initialize it themselves from torchrun's environment.
 """

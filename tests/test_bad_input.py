@@ -35,9 +35,9 @@ from test_evidence_factory import passing_run
 from test_image_lock import _DELETE, _set, pinned_lock_data, write_lock
 
 from harness.cli import main
-from harness.dist import launcher
-from harness.dist.collect import LaunchResult
 from harness.evidence.writer import finalize_bundle
+from harness.launch import launcher
+from harness.launch.collect import LaunchResult
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -333,7 +333,7 @@ REMOVED_CHECKS: list[tuple[str, str, object]] = [
         "harness.warm.geometry.ParallelGeometry.local_heads",
         lambda self, num_heads, model="model": num_heads // self.tp,
     ),
-    ("run-heads-not-divisible", "harness.dist.cli._check_suites_geometry", lambda options: None),
+    ("run-heads-not-divisible", "harness.launch.cli._check_suites_geometry", lambda options: None),
     (
         "run-out-not-empty",
         "harness.evidence.writer.prepare_out_dir",

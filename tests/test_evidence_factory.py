@@ -13,9 +13,9 @@ from xml.sax.saxutils import quoteattr
 
 from harness.capture.events import LazyEvent
 from harness.capture.records import CaptureRecord, DetectorStatus, SignatureUse
-from harness.dist.records import RankRecord, TestOutcome, rank_record_path
 from harness.evidence.junit import mangle
 from harness.evidence.run_context import RunContext
+from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
 from harness.warm.signature import TransportSignature
 
 CAPTURE_TEST = "suites/capture/test_capture.py::test_no_lazy_work[kimi-k3]"

@@ -14,7 +14,6 @@ from test_evidence_factory import (
     write_rank,
 )
 
-from harness.dist.records import suite_of
 from harness.evidence.collect import load_records
 from harness.evidence.junit import (
     Case,
@@ -24,6 +23,7 @@ from harness.evidence.junit import (
     suite_of_classname,
     tallies,
 )
+from harness.schema.rank_record import suite_of
 
 
 @pytest.mark.parametrize(

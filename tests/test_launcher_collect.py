@@ -6,16 +6,16 @@ import io
 import json
 from pathlib import Path
 
-from harness.dist.collect import (
+from harness.launch.collect import (
     LaunchResult,
     first_torchrun_error,
     parse_error_file,
     run_context,
 )
-from harness.dist.nodes import NodeMarker
-from harness.dist.plan import RunOptions, build_plan
-from harness.dist.progress import PlainProgress, Snapshot, snapshot, wants_plain
-from harness.dist.records import RankRecord, TestOutcome, rank_record_path
+from harness.launch.nodes import NodeMarker
+from harness.launch.plan import RunOptions, build_plan
+from harness.launch.progress import PlainProgress, Snapshot, snapshot, wants_plain
+from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
 
 RESULT = LaunchResult(1, False, "2026-01-01T00:00:00+00:00", "2026-01-01T00:01:00+00:00", 60.0)
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.dist import launcher as launcher_module
-from harness.dist.launcher import Terminated, launch
-from harness.dist.plan import RunOptions, build_plan
-from harness.dist.proctree import Proc, Tracker, alive, descendants, identify
+from harness.launch import launcher as launcher_module
+from harness.launch.launcher import Terminated, launch
+from harness.launch.plan import RunOptions, build_plan
+from harness.launch.proctree import Proc, Tracker, alive, descendants, identify
 
 AGENT = """
 import subprocess, sys, time
@@ -109,10 +109,10 @@ LAUNCHER = """
 import sys
 from dataclasses import replace
 from pathlib import Path
-from harness.dist.launcher import launch
+from harness.launch.launcher import launch
 import pytest
 
-from harness.dist.plan import RunOptions, build_plan
+from harness.launch.plan import RunOptions, build_plan
 out = Path(sys.argv[1])
 plan = build_plan(RunOptions(nproc_per_node=2), out)
 launch(replace(plan, argv=(sys.executable, sys.argv[2], sys.argv[3], "hang")))

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from harness.dist import launcher, nodes
-from harness.dist.collect import LaunchResult
-from harness.dist.plan import RunOptions
-from harness.dist.progress import PlainProgress
 from harness.errors import UsageError
+from harness.launch import launcher, nodes
+from harness.launch.collect import LaunchResult
+from harness.launch.plan import RunOptions
+from harness.launch.progress import PlainProgress
 
 
 @dataclass

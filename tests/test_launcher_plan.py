@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.dist.plan import REPO_ROOT, RunOptions, build_plan
 from harness.errors import GeometryError, UsageError
+from harness.launch.plan import REPO_ROOT, RunOptions, build_plan
 
 OUT = Path("/tmp/dcpqual-out")
 
@@ -28,7 +28,7 @@ def test_single_node_plan_runs_pytest_with_the_rank_plugin_once():
     assert flag(argv, "--log-dir") == str(OUT / "torchrun" / "node-00")
     assert flag(argv, "--redirects") == "3"
     tail = argv[argv.index("-m", 3) :]
-    assert tail[:5] == ("-m", "pytest", "-p", "harness.dist.plugin", "-p")
+    assert tail[:5] == ("-m", "pytest", "-p", "harness.rank.plugin", "-p")
     assert f"--dcpqual-out={OUT}" in tail
     assert "--dcpqual-backend=gloo" in tail
     assert tail[-1] == str(REPO_ROOT / "suites")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.dist.agreement import (
+from harness.rank.agreement import (
     Agreement,
     LocalResult,
     agree,

@@ -7,10 +7,10 @@ import sys
 
 PROBE = """
 import sys
-import harness.dist.plugin
+import harness.rank.plugin
 bad = sorted(m for m in sys.modules if m.startswith("harness.evidence")
-             or m in ("harness.dist.launcher", "harness.dist.plan", "harness.dist.collect",
-                      "harness.dist.progress", "harness.dist.nodes", "harness.dist.cli"))
+             or m in ("harness.launch.launcher", "harness.launch.plan", "harness.launch.collect",
+                      "harness.launch.progress", "harness.launch.nodes", "harness.launch.cli"))
 print(",".join(bad))
 """
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.dist.plugin import RankPlugin, local_outcome
-from harness.dist.records import TestOutcome
+from harness.rank.plugin import RankPlugin, local_outcome
+from harness.schema.rank_record import TestOutcome
 
 NODE = "suites/x/test_y.py::test_z"
 

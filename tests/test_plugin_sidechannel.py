@@ -7,8 +7,8 @@ import time
 
 import torch.distributed as dist
 
-from harness.dist.agreement import LocalResult
-from harness.dist.sidechannel import SideChannel
+from harness.rank.agreement import LocalResult
+from harness.rank.sidechannel import SideChannel
 
 
 def channels(world: int) -> list[SideChannel]:

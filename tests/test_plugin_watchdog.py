@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from harness.dist.agreement import LocalResult
-from harness.dist.rankfiles import RecordKeeper
-from harness.dist.records import RankRecord
-from harness.dist.sidechannel import SideChannel
-from harness.dist.watchdog import EXIT_FAILED, EXIT_TERMINATED, WatchConfig, Watchdog
+from harness.rank.agreement import LocalResult
+from harness.rank.rankfiles import RecordKeeper
+from harness.rank.sidechannel import SideChannel
+from harness.rank.watchdog import EXIT_FAILED, EXIT_TERMINATED, WatchConfig, Watchdog
+from harness.schema.rank_record import RankRecord
 
 NODEID = "suites/x/test_y.py::test_z"
 

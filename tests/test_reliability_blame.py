@@ -25,10 +25,10 @@ from test_plugin_watchdog import (  # noqa: F401 - world, sigterm_pipe: fixtures
     world,
 )
 
-from harness.dist.records import RankRecord, rank_record_path
-from harness.dist.watchdog import EXIT_TERMINATED
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
+from harness.rank.watchdog import EXIT_TERMINATED
+from harness.schema.rank_record import RankRecord, rank_record_path
 
 SIGTERM_REASON = "received SIGTERM (torchrun stopped the job or it was cancelled)"
 

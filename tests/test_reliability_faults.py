@@ -36,10 +36,10 @@ from test_plugin_watchdog import NODEID, make, record, world  # noqa: F401 - wor
 from test_run_torchrun import assert_fault, processes_of_run, records, run
 
 from harness.cli import main
-from harness.dist.launcher import launch
-from harness.dist.proctree import Tracker, identify
-from harness.dist.records import RankRecord, TestOutcome
-from harness.dist.watchdog import EXIT_FAILED, Watchdog
+from harness.launch.launcher import launch
+from harness.launch.proctree import Tracker, identify
+from harness.rank.watchdog import EXIT_FAILED, Watchdog
+from harness.schema.rank_record import RankRecord, TestOutcome
 
 TEST_TIMEOUT_S = 4  # the per-test timeout the hang case runs with
 

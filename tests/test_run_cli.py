@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from harness.cli import main
-from harness.dist import launcher
+from harness.launch import launcher
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from harness.cli import main
-from harness.dist.records import RankRecord
+from harness.schema.rank_record import RankRecord
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.bench.targets import SECTIONS
-from harness.dist.plan import BACKENDS
 from harness.errors import UsageError
+from harness.launch.plan import BACKENDS
 
 DESCRIPTION = (
     "Measure, in one session: transport overhead against raw collectives, the full suite run "

@@ -41,8 +41,8 @@ from harness.bench.rank_results import (
 from harness.bench.rank_transport import KIMI_HEADS
 from harness.bench.report import BenchReport, print_report, write_report
 from harness.bench.targets import SECTIONS
-from harness.dist.plan import REPO_ROOT
 from harness.errors import QualificationError, UsageError
+from harness.launch.plan import REPO_ROOT
 from harness.transport.torch_backend import STRATEGIES
 
 

@@ -1,7 +1,7 @@
 """Launch cost and memory: the full `dcpqual run` of all suites against a bare torchrun launch.
 
 Both are timed wall clock from the driver, as a person waiting for them would see it. The bare
-launch uses the same torchrun flags as `dcpqual run` (`harness.dist.plan.torchrun_args`) and runs
+launch uses the same torchrun flags as `dcpqual run` (`harness.launch.plan.torchrun_args`) and runs
 `harness.bench.bare_rank` (join the group, one all-reduce). The two alternate (bare, full, bare,
 ...) so load drift hits both. The full run gets the RSS plugin through PYTEST_ADDOPTS; each rank
 writes its `ru_maxrss` to a folder outside the evidence bundle.
@@ -21,9 +21,9 @@ from typing import Any
 
 from harness.bench.rss_plugin import ENV_DIR
 from harness.bench.stats import Ratio, Summary, ratio_of_medians, summarize
-from harness.dist.plan import REPO_ROOT, RunOptions, torchrun_args
-from harness.dist.proctree import Tracker
 from harness.errors import QualificationError
+from harness.launch.plan import REPO_ROOT, RunOptions, torchrun_args
+from harness.launch.proctree import Tracker
 
 KIB = 1024
 SCAN_S = 2.0  # seconds between process-tree scans while a launch runs

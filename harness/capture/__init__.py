@@ -10,5 +10,6 @@
   records, cross-rank agreement.
 - `events`, `records`: `LazyEvent`, `LazySpecializationError`, `CaptureRecord` (the evidence).
 
-Kept free of imports: `harness.dist` and `harness.evidence` import `records` alone.
+Kept free of imports: `harness.rank`, `harness.launch` and `harness.evidence` import `records`
+alone.
 """

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.capture.records import CaptureRecord
-from harness.dist.records import RankRecord, rank_record_path
 from harness.evidence.schema import (
     Capture,
     CaptureEvent,
@@ -36,6 +35,7 @@ from harness.evidence.schema import (
     RootCauseKind,
     SignatureRow,
 )
+from harness.schema.rank_record import RankRecord, rank_record_path
 
 # Priority of root-cause kinds found at the same test position (lower wins).
 _PRIORITY: dict[str, int] = {

@@ -34,9 +34,9 @@ from junitparser import (
     TestSuite,
 )
 
-from harness.dist.records import RankRecord, suite_of
 from harness.evidence.collect import RankFiles, in_progress
 from harness.evidence.schema import Tally
+from harness.schema.rank_record import RankRecord, suite_of
 
 PROP_RANK = "dcpqual.rank"
 PROP_SUITE = "dcpqual.suite"

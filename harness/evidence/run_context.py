@@ -1,6 +1,6 @@
 """What the launcher knows about a finished run, handed to the evidence writer.
 
-The contract between `harness.dist` (which launched torchrun) and `harness.evidence` (which turns
+The contract between `harness.launch` (which launched torchrun) and `harness.evidence` (which turns
 the out folder into a bundle). Everything else the writer reads from the folder itself:
 `records/rank-NN.json`, `junit/rank-NN.xml`, `torchrun/` logs and error files.
 """

@@ -7,7 +7,6 @@ Rank-side code must stay importable without the evidence or launcher packages.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal

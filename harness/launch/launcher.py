@@ -24,12 +24,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from harness.dist import nodes
-from harness.dist.collect import LaunchResult, run_context
-from harness.dist.plan import SHUTDOWN_TIMEOUT_S, RunOptions, RunPlan, build_plan
-from harness.dist.proctree import Tracker
-from harness.dist.progress import Progress, make_progress, poller, snapshot
 from harness.evidence.run_context import RunContext
+from harness.launch import nodes
+from harness.launch.collect import LaunchResult, run_context
+from harness.launch.plan import SHUTDOWN_TIMEOUT_S, RunOptions, RunPlan, build_plan
+from harness.launch.proctree import Tracker
+from harness.launch.progress import Progress, make_progress, poller, snapshot
 
 # How long node 0 waits for the other nodes' "finished" markers after its own torchrun exits,
 # and how long they wait for its receipt. Their torchruns end within seconds of each other.

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.dist.nodes import NodeMarker
-from harness.dist.plan import RunPlan
 from harness.evidence.run_context import RunContext
 from harness.image.identity import image_for_run
+from harness.launch.nodes import NodeMarker
+from harness.launch.plan import RunPlan
 
 
 @dataclass(frozen=True)

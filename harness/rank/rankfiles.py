@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.capture.records import CaptureRecord
-from harness.dist.records import RankRecord, TestOutcome, rank_record_path
+from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
 
 
 def utc_now() -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO
 
-from harness.dist.records import RankRecord, rank_record_path
+from harness.schema.rank_record import RankRecord, rank_record_path
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The per-rank pytest plugin ("dcpqual-rank"), loaded on every rank with `-p harness.dist.plugin`.
+"""The per-rank pytest plugin ("dcpqual-rank"), loaded on every rank with `-p harness.rank.plugin`.
 
 On each rank it: joins the process group before collection; checks over the side channel that
 every rank collected the same test ids in the same order (else every rank aborts and prints the
@@ -6,7 +6,7 @@ diff, as xdist does); runs each test, then agrees with the other ranks on its ou
 rank reports the same verdict and the rank whose failure came first is primary; stops the
 session at the first failed test; keeps `records/rank-NN.json` current and writes
 `junit/rank-NN.xml` through pytest's own junitxml. A watchdog thread bounds every test and turns
-hangs, peer failures and SIGTERM into recorded outcomes (see `harness.dist.watchdog`).
+hangs, peer failures and SIGTERM into recorded outcomes (see `harness.rank.watchdog`).
 
 Rank-side only: never imports the launcher or the evidence writer. Inert when not under torchrun.
 """
@@ -26,12 +26,12 @@ from pathlib import Path
 import pytest
 
 from harness.capture.records import CaptureRecord
-from harness.dist.agreement import LocalResult, agree, compare_collections
-from harness.dist.bootstrap import BootstrapError, RankEnv, init_process_group, teardown
-from harness.dist.rankfiles import RecordKeeper, dump_stacks, junit_path, write_error_file
-from harness.dist.records import Outcome, TestOutcome
-from harness.dist.sidechannel import SideChannel
-from harness.dist.watchdog import WatchConfig, Watchdog
+from harness.rank.agreement import LocalResult, agree, compare_collections
+from harness.rank.bootstrap import BootstrapError, RankEnv, init_process_group, teardown
+from harness.rank.rankfiles import RecordKeeper, dump_stacks, junit_path, write_error_file
+from harness.rank.sidechannel import SideChannel
+from harness.rank.watchdog import WatchConfig, Watchdog
+from harness.schema.rank_record import Outcome, TestOutcome
 from harness.transport.registry import transports_used
 
 PLUGIN_NAME = "dcpqual-rank"

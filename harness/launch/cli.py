@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.dist.plan import RunOptions
 from harness.errors import UsageError
+from harness.launch.plan import RunOptions
 
 DESCRIPTION = (
     "Run the suites (or the pytest targets after --) on N ranks per node with one torchrun "
@@ -122,7 +122,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from harness.dist import launcher
+    from harness.launch import launcher
 
     options = options_from_args(args)
     _check_suites_geometry(options)

@@ -1,7 +1,7 @@
 """Pure decisions the ranks make together: same tests collected? which rank failed first?
 
 Rank-side and free of I/O, so every rule here is a unit test. The side channel
-(`harness.dist.sidechannel`) moves `LocalResult`s between ranks; this module turns the set of
+(`harness.rank.sidechannel`) moves `LocalResult`s between ranks; this module turns the set of
 results for one test into one `Agreement` that every rank applies identically.
 
 Blame rules, in order (xdist and torchrun's "first observed failure" in spirit):
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from harness.dist.records import Outcome, TestOutcome
+from harness.schema.rank_record import Outcome, TestOutcome
 
 ResultKind = Literal["ran", "timeout", "aborted"]
 FAILING: frozenset[str] = frozenset({"failed", "error"})

@@ -179,7 +179,7 @@ def pytest_args(options: RunOptions, out_dir: Path, targets: tuple[str, ...]) ->
         "-m",
         "pytest",
         "-p",
-        "harness.dist.plugin",
+        "harness.rank.plugin",
         "-p",
         "no:cacheprovider",  # 16 ranks writing one .pytest_cache would race
         f"--dcpqual-out={out_dir}",

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from harness.dist.agreement import LocalResult
+from harness.rank.agreement import LocalResult
 
 StoreLost = RuntimeError  # c10d raises RuntimeError subclasses (DistStoreError, DistNetworkError)
 

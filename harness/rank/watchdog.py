@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from harness.dist.agreement import Agreement, LocalResult, agree
-from harness.dist.bootstrap import collective_sequence_numbers
-from harness.dist.rankfiles import RecordKeeper, dump_stacks, write_error_file
-from harness.dist.sidechannel import SideChannel
+from harness.rank.agreement import Agreement, LocalResult, agree
+from harness.rank.bootstrap import collective_sequence_numbers
+from harness.rank.rankfiles import RecordKeeper, dump_stacks, write_error_file
+from harness.rank.sidechannel import SideChannel
 
 Phase = Literal["idle", "body", "agree", "finishing", "claimed"]
 EXIT_FAILED = 1
