@@ -93,7 +93,7 @@ def find_actionlint(session: nox.Session) -> list[str] | None:
     return ["actionlint"]
 
 
-# --- CPU qualification (issue 5): logic in harness/launch/ (`dcpqual run`) ----------------------
+# --- CPU qualification: logic in harness/launch/ (`dcpqual run`) ----------------------
 
 
 def _option_value(args: list[str], flag: str) -> str | None:
@@ -134,7 +134,7 @@ def cpu16(session: nox.Session) -> None:
         session.error(f"cpu16 verdict: {verdict or 'no receipt'} (evidence: {out})")
 
 
-# --- Real-peer compatibility (issue 8) ----------------------------------------------------------
+# --- Real-peer compatibility ----------------------------------------------------------
 
 
 @nox.session(default=False)
@@ -154,7 +154,7 @@ def compat(session: nox.Session) -> None:
     )
 
 
-# --- GPU qualification (issue 7): hardware sessions, never in nox.options.sessions ------------
+# --- GPU qualification: hardware sessions, never in nox.options.sessions ------------
 # The logic lives in harness/image/ (`dcpqual image build`, `dcpqual gpu16`); these stay thin.
 # Each fails closed with one line where there is no Docker engine or fewer than 16 GPUs.
 
@@ -182,7 +182,7 @@ def gpu16_host(session: nox.Session) -> None:
     session.run("dcpqual", "gpu16", "--no-image", *posargs)
 
 
-# --- Nightly qualification (issue 11): logic in harness/qualify/nightly.py -------------------
+# --- Nightly qualification: logic in harness/qualify/nightly.py -------------------
 
 
 @nox.session(default=False)
@@ -192,7 +192,7 @@ def nightly(session: nox.Session) -> None:
     session.run("dcpqual", "nightly", *session.posargs)
 
 
-# --- Benchmarks (issue 9): logic in harness/bench/; method in bench/README.md ----------------
+# --- Benchmarks: logic in harness/bench/; method in bench/README.md ----------------
 
 
 @nox.session(default=False)

@@ -1,6 +1,6 @@
 """Bad input through the real CLI: one line naming the problem, the right exit, nothing written.
 
-One table (issue 10's bad-input matrix). Each `Case` builds its inputs under a fresh folder, runs
+One table (the bad-input matrix). Each `Case` builds its inputs under a fresh folder, runs
 `python -m harness ...` in a subprocess whose working directory is an empty folder beside them
 (so a default `evidence/<stamp>/` would show up), and is held to the same rules by
 `assert_refused`: the exit code (2 for unusable input; 1 for a bundle `dcpqual verify` finds

@@ -1,4 +1,4 @@
-"""Faults injected into real `dcpqual run` launches (issue 10): contained, attributed, verifiable.
+"""Faults injected into real `dcpqual run` launches: contained, attributed, verifiable.
 
 One launch per fault, world 4 (the SIGKILL case also at 16, marked slow), with a misbehaving
 rank other than the suites' default (`DCPQUAL_FAULT_RANK`), so attributing it is never luck. Every

@@ -1,4 +1,4 @@
-"""Security (issue 10): a planted secret never reaches the evidence of a real run; the gpu16
+"""Security: a planted secret never reaches the evidence of a real run; the gpu16
 container is started unprivileged. Each check is shown to fail when its protection is removed.
 
 The writer-level redaction rules (JSON/XML escaped forms, the receipt's `env`) are unit-tested in

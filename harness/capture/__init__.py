@@ -1,4 +1,4 @@
-"""Capture window and lazy-specialization detectors (issue 4).
+"""Capture window and lazy-specialization detectors.
 
 - `window`: `CaptureWindow(detectors, registry=, mode="strict"|"record").capture(step, inputs)`
   -> `CapturedStep.replay(new_inputs)`; real `torch.cuda.graph` on CUDA, a frozen-registry

@@ -30,5 +30,5 @@ class RunContext:
     # Root cause torchrun itself reported (from TORCHELASTIC_ERROR_FILE), if any:
     # {"rank": int, "message": str, "timestamp": ...}
     torchrun_error: dict[str, Any] | None = None
-    image: dict[str, Any] | None = None  # image identity (issue: source-locked image), or None
+    image: dict[str, Any] | None = None  # identity of the source-locked image, or None
     extra: dict[str, Any] = field(default_factory=dict)

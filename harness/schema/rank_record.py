@@ -46,7 +46,7 @@ class TestOutcome:
     message: str | None = None
     primary: bool = True
     failing_ranks: tuple[int, ...] = ()
-    # Extensions (issue 5), all defaulted: when this rank saw its own failure (unix time), and
+    # Extensions, all defaulted: when this rank saw its own failure (unix time), and
     # whether the outcome is the ranks' agreed one (False: the rank stopped before agreement).
     failed_at: float | None = None
     agreed: bool = True
@@ -106,7 +106,7 @@ class RankRecord:
     captures: tuple[CaptureRecord, ...] = ()
     abort_reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    # Extensions (issue 5), all defaulted. `current_test`: the test running at the last write
+    # Extensions, all defaulted. `current_test`: the test running at the last write
     # (None between tests). `abort_primary`: the abort was this rank's own fault (collection
     # mismatch, bootstrap failure), not a follow-on. `aborted_at`: unix time of the abort.
     current_test: str | None = None

@@ -1,6 +1,6 @@
 """What the transport registry reports to its subscribers, as values.
 
-The capture window (issue 4) subscribes to a registry and turns these into `LazyEvent`s. Every
+The capture window subscribes to a registry and turns these into `LazyEvent`s. Every
 event carries `frozen`: whether it happened while the registry was frozen (inside a capture
 window), so a subscriber does not have to track window state itself.
 """
