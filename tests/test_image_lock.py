@@ -212,6 +212,47 @@ def test_unreadable_lock(tmp_path: Path, text: str, needle: str) -> None:
     assert len(problems) == 1 and needle in problems[0]
 
 
+@pytest.mark.parametrize(
+    ("dotted", "value"),
+    [
+        ("components.vllm.source.commit", "{}\n"),
+        ("components.b12x.source.tree", "{}\n"),
+        ("components.vllm.upstream_base.commit", "{}\n"),
+        ("base_image.digest", "{}\n"),
+        ("versions.nccl", "{}\n"),
+        ("components.nccl.source.repository", "{}\n"),
+    ],
+)
+def test_a_pin_with_a_trailing_newline_is_not_a_pin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dotted: str, value: str
+) -> None:
+    data = pinned_lock_data()
+    *parents, leaf = dotted.split(".")
+    holder = data
+    for key in parents:
+        holder = holder[key]
+    holder[leaf] = value.format(holder[leaf])
+    path = write_lock(tmp_path / "source.lock.json", data)
+    assert main(["lock", "check", str(path)]) == 2
+    assert dotted in capsys.readouterr().err
+
+
+def test_duplicate_keys_make_a_lock_ambiguous(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = json.dumps(pinned_lock_data(), indent=2)
+    commit = pinned_lock_data()["components"]["vllm"]["source"]["commit"]
+    # A second "commit" key: json.loads would keep the last one silently.
+    text = good.replace(
+        f'"commit": "{commit}"', f'"commit": "{"0" * 40}",\n"commit": "{commit}"', 1
+    )
+    assert text != good
+    path = tmp_path / "source.lock.json"
+    path.write_text(text)
+    assert main(["lock", "check", str(path)]) == 2
+    assert "duplicate key 'commit'" in capsys.readouterr().err
+
+
 def test_lock_sha256_is_over_the_bytes(tmp_path: Path) -> None:
     path = write_lock(tmp_path / "source.lock.json", pinned_lock_data())
     assert lock_sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()

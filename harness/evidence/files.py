@@ -17,7 +17,7 @@ from pathlib import Path
 
 SUMS_NAME = "SHA256SUMS"
 _LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
-_HEX = re.compile(r"^[0-9a-f]{64}$")
+_HEX = re.compile(r"[0-9a-f]{64}")
 # Characters `sha256sum` would have to escape; we refuse them instead of escaping.
 _UNSAFE_NAME = re.compile(r"[\\\n\r]")
 
@@ -35,7 +35,7 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def is_sha256(value: str) -> bool:
-    return bool(_HEX.match(value))
+    return bool(_HEX.fullmatch(value))
 
 
 @dataclass(frozen=True)

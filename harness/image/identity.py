@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.jsonfile import JsonSyntaxError, read_json
 
 IDENTITY_SCHEMA = "dcpqual-image-identity/v1"
 IDENTITY_ENV = "DCPQUAL_IMAGE_IDENTITY"
@@ -112,9 +113,11 @@ def read_identity(path: Path) -> ImageIdentity:
     if not path.is_file():
         raise UsageError(f"no image identity at {path}; build the image first (nox -s image)")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path}: not valid JSON: line {exc.lineno}: {exc.msg}") from None
+        data = read_json(path)
+    except JsonSyntaxError as exc:
+        raise UsageError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: an image identity is a JSON object, not {type(data).__name__}")
     return ImageIdentity.from_json(data)
 
 

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from harness.atomic import atomic_write_text
 from harness.errors import UsageError
 from harness.image import gitinfo
+from harness.jsonfile import JsonSyntaxError, read_json
 
 LOCK_SCHEMA = "dcpqual-source-lock/v1"
 # What this image is, by its name (kimi-k3-cu133-torch213): a lock for anything else is wrong.
@@ -50,10 +51,12 @@ REQUIRED_TORCH = "2.13.0"
 REQUIRED_ARCH_LIST = "12.0a"
 REQUIRED_COMPONENTS = ("nccl", "pytorch", "vllm", "b12x")
 
-HEX40 = re.compile(r"^[0-9a-f]{40}$")
-SHA256_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-VERSION3 = re.compile(r"^\d+\.\d+\.\d+$")
-REPOSITORY = re.compile(r"^(?:https://|ssh://|git@)[^\s]+$")
+# Whole-value patterns, always used with fullmatch: `$` would also accept a trailing newline.
+HEX40 = re.compile(r"[0-9a-f]{40}")
+SHA256_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+VERSION3 = re.compile(r"\d+\.\d+\.\d+")
+REPOSITORY = re.compile(r"(?:https://|ssh://|git@)\S+")
+MAX_LOCK_BYTES = 1 << 20  # a lock is a few KiB
 PLACEHOLDER = re.compile(r"<[^<>]*>|\b(?:TODO|FIXME|TBD|XXX|CHANGEME|PLACEHOLDER)\b")
 QUALIFIED_REF = ("refs/tags/", "refs/heads/", "refs/pull/")
 
@@ -140,14 +143,13 @@ def lock_sha256(path: Path) -> str:
 
 
 def _read_raw(path: Path) -> tuple[dict[str, Any] | None, list[str]]:
+    """The lock's JSON object; a FIFO, device, huge or deep file is refused (exit 2) unread."""
+    if not Path(path).exists():
+        return None, ["cannot read the lock: No such file or directory"]
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        return None, [f"cannot read the lock: {exc.strerror or exc}"]
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return None, [f"not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}"]
+        raw = read_json(path, max_bytes=MAX_LOCK_BYTES)
+    except JsonSyntaxError as exc:
+        return None, [f"not valid JSON: {exc}"]
     if not isinstance(raw, dict):
         return None, [f"top level must be a JSON object, not {type(raw).__name__}"]
     return raw, []
@@ -216,7 +218,7 @@ class _Problems:
 
 
 def _hex40(p: _Problems, where: str, value: str, what: str) -> None:
-    if not HEX40.match(value):
+    if not HEX40.fullmatch(value):
         p.add(where, f"{what} {value!r} is not a 40-hex git object id")
 
 
@@ -225,12 +227,12 @@ def _ref(p: _Problems, where: str, ref: str, commit: str) -> None:
         return  # the placeholder sweep names it
     if not ref.startswith(QUALIFIED_REF):
         p.add(where, f"ref {ref!r} is ambiguous; use refs/tags/NAME or refs/heads/NAME")
-    elif ref.startswith("refs/heads/") and not HEX40.match(commit):
+    elif ref.startswith("refs/heads/") and not HEX40.fullmatch(commit):
         p.add(where, f"ref {ref!r} is a branch and no commit pins it")
 
 
 def _repository(p: _Problems, where: str, url: str) -> None:
-    if not is_placeholder(url) and not REPOSITORY.match(url):
+    if not is_placeholder(url) and not REPOSITORY.fullmatch(url):
         p.add(where, f"repository {url!r} is not an https://, ssh:// or git@ URL")
 
 
@@ -249,7 +251,7 @@ def _check_component(p: _Problems, name: str, comp: Component, versions: Version
         p.add(f"{at}.source.ref", f"ref {src.ref!r} is not refs/tags/v{versions.torch}")
     if (
         name == "nccl"
-        and VERSION3.match(versions.nccl)
+        and VERSION3.fullmatch(versions.nccl)
         and not is_placeholder(src.ref)
         and not src.ref.startswith(f"refs/tags/v{versions.nccl}")
     ):
@@ -282,7 +284,7 @@ def check_lock(path: Path) -> list[str]:
     base = lock.base_image
     if "@" in base.reference:
         p.add("base_image.reference", "carries a digest; put it in base_image.digest only")
-    if not SHA256_DIGEST.match(base.digest):
+    if not SHA256_DIGEST.fullmatch(base.digest):
         p.add(
             "base_image.digest",
             f"tag {base.reference!r} has no sha256: digest (found {base.digest!r})",
@@ -292,7 +294,7 @@ def check_lock(path: Path) -> list[str]:
         p.add("versions.cuda", f"{v.cuda!r}, this image is for CUDA {REQUIRED_CUDA}")
     if v.torch != REQUIRED_TORCH:
         p.add("versions.torch", f"{v.torch!r}, this image is for PyTorch {REQUIRED_TORCH}")
-    if not is_placeholder(v.nccl) and not VERSION3.match(v.nccl):
+    if not is_placeholder(v.nccl) and not VERSION3.fullmatch(v.nccl):
         p.add("versions.nccl", f"{v.nccl!r} is not a MAJOR.MINOR.PATCH version")
     if lock.torch_cuda_arch_list != REQUIRED_ARCH_LIST:
         p.add(
@@ -306,7 +308,7 @@ def check_lock(path: Path) -> list[str]:
         if name not in lock.components:
             p.add(f"components.{name}", "missing")
     for name, comp in lock.components.items():
-        if not re.match(r"^[a-z][a-z0-9_]*$", name):
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
             p.add(f"components.{name}", "name must match [a-z][a-z0-9_]* (it becomes a build arg)")
         _check_component(p, name, comp, v)
     for where, value in _strings(raw, ""):
@@ -366,7 +368,7 @@ def _origin_url(repo: Path) -> str | None:
         url = gitinfo.git(repo, "remote", "get-url", "origin")
     except UsageError:
         return None
-    return url if REPOSITORY.match(url) else None
+    return url if REPOSITORY.fullmatch(url) else None
 
 
 def pin_component(lock_path: Path, name: str, repo_path: Path) -> PinResult:

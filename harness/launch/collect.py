@@ -9,13 +9,13 @@ its own). Everything becomes one `RunContext`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.evidence.run_context import RunContext
 from harness.image.identity import image_for_run
+from harness.jsonfile import read_json
 from harness.launch.nodes import NodeMarker
 from harness.launch.plan import RunPlan
 
@@ -75,7 +75,7 @@ class TorchrunError:
 def parse_error_file(path: Path, root: Path) -> TorchrunError | None:
     """Read a TORCHELASTIC_ERROR_FILE in torch's format; None when absent or not that format."""
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path)
         message = data["message"]
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from harness.atomic import atomic_write_text
 from harness.errors import UsageError
+from harness.jsonfile import read_json
 
 NODES_DIR = "nodes"
 RECEIPT = "receipt.json"
@@ -99,8 +100,8 @@ def write_marker(out_dir: Path, marker: NodeMarker) -> None:
 
 def read_marker(out_dir: Path, node_rank: int) -> NodeMarker | None:
     try:
-        return NodeMarker.from_json(json.loads(marker_path(out_dir, node_rank).read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
+        return NodeMarker.from_json(read_json(marker_path(out_dir, node_rank)))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -148,8 +149,8 @@ def wait_for_receipt(out_dir: Path, wait_s: float) -> dict[str, Any] | None:
     while time.monotonic() < deadline:
         if (out_dir / "SHA256SUMS").exists():
             try:
-                return dict(json.loads((out_dir / RECEIPT).read_text()))
-            except (OSError, ValueError):
+                return dict(read_json(out_dir / RECEIPT))
+            except (OSError, ValueError, TypeError):
                 pass
         time.sleep(0.2)
     return None

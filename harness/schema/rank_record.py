@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from harness.atomic import atomic_write_text
 from harness.capture.records import CaptureRecord
+from harness.jsonfile import read_json
 
 RANK_RECORD_SCHEMA = "dcpqual-rank-record/v1"
 
@@ -184,7 +185,10 @@ class RankRecord:
 
     @classmethod
     def read(cls, path: Path) -> RankRecord:
-        return cls.from_json(json.loads(path.read_text()))
+        data = read_json(path)
+        if not isinstance(data, dict):
+            raise ValueError(f"a rank record is a JSON object, not {type(data).__name__}")
+        return cls.from_json(data)
 
 
 def rank_record_path(records_dir: Path, rank: int) -> Path:
