@@ -119,6 +119,7 @@ def write_rank(
     record: bool = True,
     junit: bool = True,
     transport: str = "torch-dist",
+    collected: Sequence[str] = NODES,
 ) -> None:
     """One rank's files: records/rank-NN.json and junit/rank-NN.xml (either may be left out)."""
     tests = [passed(n) for n in NODES] if tests is None else list(tests)
@@ -133,7 +134,7 @@ def write_rank(
             started_at="2026-11-29T18:00:00+00:00",
             finished_at="2026-11-29T18:01:00+00:00" if complete else None,
             complete=complete,
-            collected=NODES,
+            collected=tuple(collected),
             tests=tuple(tests),
             captures=tuple(captures),
             extra={"transport": transport},

@@ -254,14 +254,29 @@ def test_signature_unwarmed_on_one_rank_is_reported_unwarmed(tmp_path: Path) -> 
     assert cause is not None and (cause.rank, cause.kind) == (2, "signature")
 
 
-def test_no_test_passed_is_not_a_pass(tmp_path: Path) -> None:
+def test_collected_tests_that_never_ran_are_not_a_pass(tmp_path: Path) -> None:
     out = tmp_path / "bundle"
     out.mkdir()
     for rank in range(2):
         write_rank(out, rank, 2, tests=[], captures=[])
     receipt = finalize_bundle(out, context(2))
     assert receipt.verdict == "fail" and "no test passed" in receipt.failures
+    assert receipt.coverage is not None and receipt.coverage.without_outcome == 2 * len(NODES)
+    cause = receipt.root_cause
+    assert cause is not None and cause.kind == "no-outcome"
+    assert (cause.rank, cause.test) == (0, NODES[0])
+
+
+def test_a_run_that_selected_no_test_is_not_a_pass(tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    out.mkdir()
+    for rank in range(2):
+        write_rank(out, rank, 2, tests=[], captures=[], collected=())
+    receipt = finalize_bundle(out, context(2))
+    assert receipt.verdict == "fail"
+    assert receipt.failures[0].startswith("no test was selected on any rank")
     assert receipt.root_cause is not None and receipt.root_cause.kind == "run"
+    assert verify_bundle(out).ok
 
 
 def gpu_environment(**_: object) -> Environment:

@@ -15,6 +15,9 @@ Rules decided here, and why:
   whose record says why it was stopped (SIGTERM from torchrun, a peer's failure: a non-primary
   `abort_reason`) comes last: it ended because of another rank, typically one that died
   without a word, and must never win a tie against it.
+- Coverage: a test a rank collected but has no outcome for did not run there. A rank that
+  finished its session with such tests ended it early (`pytest.exit`): that is a root cause of
+  its own ("no-outcome"), found at the first test it skipped over.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from harness.capture.records import CaptureRecord
 from harness.evidence.schema import (
     Capture,
     CaptureEvent,
+    Coverage,
     NegativeControl,
     RootCause,
     RootCauseKind,
@@ -44,8 +48,9 @@ _PRIORITY: dict[str, int] = {
     "lazy-event": 2,
     "negative-control": 3,
     "signature": 4,
-    "follow-on": 5,
-    "stopped": 6,  # killed, but its record names why it was stopped: a consequence, not a cause
+    "no-outcome": 5,
+    "follow-on": 6,
+    "stopped": 7,  # killed, but its record names why it was stopped: a consequence, not a cause
 }
 
 
@@ -88,7 +93,7 @@ def load_records(out_dir: Path, world_size: int) -> RankFiles:
             continue
         try:
             record = RankRecord.read(path)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             unreadable[rank] = f"{type(exc).__name__}: {exc}"
             continue
         if record.rank != rank:
@@ -102,6 +107,28 @@ def in_progress(record: RankRecord) -> str | None:
     """The test an incomplete rank was running when it died: first collected, not reported."""
     done = {t.nodeid for t in record.tests}
     return next((nodeid for nodeid in record.collected if nodeid not in done), None)
+
+
+def without_outcome(record: RankRecord) -> list[str]:
+    """The tests this rank collected and reported no outcome for, in collection order."""
+    done = {t.nodeid for t in record.tests}
+    return [nodeid for nodeid in record.collected if nodeid not in done]
+
+
+def coverage_of(ranks: RankFiles) -> Coverage:
+    """Selected tests against outcomes over every rank that left a record."""
+    collected: set[str] = set()
+    missing: list[tuple[int, int, str]] = []  # (position, rank, test)
+    for rank, record in sorted(ranks.records.items()):
+        collected.update(record.collected)
+        positions = {nodeid: i for i, nodeid in enumerate(record.collected)}
+        missing += [(positions[n], rank, n) for n in without_outcome(record)]
+    first = min(missing, default=None)
+    return Coverage(
+        collected=len(collected),
+        without_outcome=len(missing),
+        first_without_outcome=None if first is None else f"rank {first[1]}: {first[2]}",
+    )
 
 
 def transports(ranks: RankFiles) -> list[str]:
@@ -255,6 +282,20 @@ def _candidates(ranks: RankFiles, timed_out: bool) -> list[_Candidate]:
         priority = _PRIORITY["stopped" if record.stopped else "killed"]
         found.append(_Candidate(_position(record, test), priority, rank, test, message, "killed"))
     for rank, record in sorted(ranks.records.items()):
+        unrun = without_outcome(record) if record.complete else []
+        if unrun:
+            found.append(
+                _Candidate(
+                    _position(record, unrun[0]),
+                    _PRIORITY["no-outcome"],
+                    rank,
+                    unrun[0],
+                    f"rank {rank} ended its session without running {unrun[0]} "
+                    f"({len(unrun)} of its {len(record.collected)} collected tests have no "
+                    "outcome)",
+                    "no-outcome",
+                )
+            )
         for outcome in record.tests:
             if outcome.outcome not in ("failed", "error"):
                 continue

@@ -3,8 +3,10 @@
 One place for these rules, used by the writer to fill the receipt and by `dcpqual verify` to
 check that a receipt's verdict, status and limitations follow from its own facts.
 
-- Verdict `pass` needs: torchrun exit 0, no timeout, every rank complete, no failed or erroring
-  test, at least one passed test, no lazy event outside negative controls, every negative-control
+- Verdict `pass` needs: torchrun exit 0, no timeout, every rank complete, at least one test
+  selected and every selected test with an outcome on every rank (a session that ended early
+  proved less than it selected), no failed or erroring test, at least one passed test, no lazy
+  event outside negative controls, every negative-control
   window detected, and no signature used in capture without being warmed on every rank.
 - Status: `not-qualified` for a failing run; `qualified` only for a passing run on NCCL, on a
   host with GPUs, whose every capture window was a real CUDA graph, inside an image identified
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from harness.evidence.schema import (
     Capture,
+    Coverage,
     Environment,
     Geometry,
     Image,
@@ -42,15 +45,23 @@ def failure_reasons(
     signatures: list[SignatureRow],
     ranks: Ranks,
     run: Run,
+    coverage: Coverage | None = None,
 ) -> list[str]:
-    """Every reason the run fails; empty means pass."""
+    """Every reason the run fails; empty means pass. `coverage` None: not recorded."""
     reasons: list[str] = []
     if run.timed_out:
         reasons.append("the run timed out and was killed")
+    if coverage is not None and coverage.collected == 0 and ranks.complete:
+        reasons.append("no test was selected on any rank (pytest's exit 5: nothing to prove)")
     if run.exit_code != 0:
         reasons.append(f"torchrun exited with code {run.exit_code}")
     if ranks.killed:
         reasons.append(f"ranks {ranks.killed} did not finish (no complete record)")
+    if coverage is not None and coverage.without_outcome:
+        reasons.append(
+            f"{coverage.without_outcome} collected tests have no outcome, the first "
+            f"{coverage.first_without_outcome} (the session ended before they ran)"
+        )
     failed = sum(t.failed for t in suites.values())
     errors = sum(t.errors for t in suites.values())
     if failed or errors:

@@ -189,7 +189,15 @@ class NegativeControl(_Model):
 
 
 RootCauseKind = Literal[
-    "test", "killed", "lazy-event", "negative-control", "signature", "torchrun", "junit", "run"
+    "test",
+    "killed",
+    "lazy-event",
+    "negative-control",
+    "signature",
+    "no-outcome",
+    "torchrun",
+    "junit",
+    "run",
 ]
 
 
@@ -229,6 +237,27 @@ class Ranks(_Model):
         return self
 
 
+class Coverage(_Model):
+    """extension: what the ranks selected against what they ran, from their records.
+
+    A test a rank collected but never reported an outcome for did not run there (its session
+    ended early, e.g. `pytest.exit`), so a run is only as good as the tests that have outcomes.
+    """
+
+    collected: NonNegativeInt = 0  # distinct test ids any reporting rank selected
+    without_outcome: NonNegativeInt = 0  # (rank, test) pairs collected with no outcome
+    first_without_outcome: str | None = None  # "rank N: <test id>", earliest in test order
+
+    @model_validator(mode="after")
+    def _first(self) -> Coverage:
+        if (self.first_without_outcome is None) != (self.without_outcome == 0):
+            raise ValueError(
+                f"without_outcome={self.without_outcome} but first_without_outcome is "
+                f"{self.first_without_outcome!r}"
+            )
+        return self
+
+
 class Run(_Model):
     """extension: how the run was launched and how it ended."""
 
@@ -260,6 +289,8 @@ class Receipt(_Model):
     warm_impl: str = "vendored"
     transports: list[str] = Field(default_factory=list)  # transport backends ranks reported
     ranks: Ranks
+    # None only in receipts written before coverage was recorded; verify re-derives it.
+    coverage: Coverage | None = None
     run: Run = Field(default_factory=Run)
     generated_by: str = ""
     created_at: str = ""

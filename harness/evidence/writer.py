@@ -21,6 +21,7 @@ from harness.atomic import atomic_write_bytes
 from harness.errors import UsageError
 from harness.evidence import rules
 from harness.evidence.collect import (
+    coverage_of,
     find_root_cause,
     load_records,
     merge_signatures,
@@ -159,6 +160,7 @@ def assemble_receipt(
         stopped=rank_files.stopped,
         missing_junit=list(merged.missing),
     )
+    coverage = coverage_of(rank_files)
     run = Run(
         command=list(ctx.command),
         pytest_args=list(ctx.pytest_args),
@@ -175,6 +177,7 @@ def assemble_receipt(
         signatures=signatures,
         ranks=ranks,
         run=run,
+        coverage=coverage,
     )
     verdict = rules.verdict_of(reasons)
     root_cause = None
@@ -226,6 +229,7 @@ def assemble_receipt(
         warm_impl=ctx.warm_impl,
         transports=used_transports,
         ranks=ranks,
+        coverage=coverage,
         run=run,
         generated_by=f"dcpqual {__version__}",
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
