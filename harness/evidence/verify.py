@@ -1,18 +1,25 @@
 """`dcpqual verify DIR`: is this bundle intact, well-formed and honest with itself?
 
-Three layers, each problem one line that starts with the file it is about:
+Four layers, each problem one line that starts with the file it is about:
 1. Files: every file hashes to its `SHA256SUMS` entry; nothing is missing or extra. Each file but
    receipt.json, summary.md and SHA256SUMS has a second witness (the receipt's `files` map), and
    receipt.json has one in summary.md, so an edited file and an edited SHA256SUMS line are told
-   apart. summary.md has only SHA256SUMS: an edit there names both.
+   apart. summary.md has only SHA256SUMS: an edit there names both. Every file SHA256SUMS lists
+   is in the receipt's `files` map and the reverse (but for the three files that map cannot
+   cover), so a file added to both the folder and SHA256SUMS is caught.
 2. Schema: receipt.json validates as "dcpqual-receipt/v1".
 3. Consistency: tallies equal junit/merged.xml; verdict, status, root cause and required
    limitations follow from the receipt's own facts (harness.evidence.rules).
+4. Re-derivation: the receipt's verdict, failures, ranks, tallies, coverage, capture, negative
+   control, signatures and transports equal what the hash-covered rank records and JUnit
+   reports say (harness.evidence.rederive), naming the first field that differs.
+
+JSON is read bounded and strict (harness.jsonfile): a receipt that is a FIFO, a device, huge or
+nested too deep stops verify with one line and exit 2.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +29,11 @@ from harness.errors import UsageError
 from harness.evidence import rules
 from harness.evidence.files import SUMS_NAME, parse_sums, sha256_file, walk
 from harness.evidence.junit import read_merged, tallies
+from harness.evidence.rederive import rederive_problems
 from harness.evidence.schema import SCHEMA, Receipt
 from harness.evidence.summary import receipt_sha256_in
-from harness.evidence.writer import MERGED_JUNIT, RECEIPT_NAME, SUMMARY_NAME
+from harness.evidence.writer import MERGED_JUNIT, RECEIPT_NAME, SUMMARY_NAME, UNWITNESSED
+from harness.jsonfile import JsonSyntaxError, read_json
 
 REQUIRED = (RECEIPT_NAME, SUMMARY_NAME, MERGED_JUNIT, SUMS_NAME)
 
@@ -52,15 +61,16 @@ def verify_bundle(bundle: Path) -> VerifyResult:
     problems += _check_files(bundle, receipt, receipt_data)
     if receipt is not None:
         problems += _check_consistency(bundle, receipt)
+        problems += rederive_problems(bundle, receipt)
     return VerifyResult(bundle, tuple(problems))
 
 
 def _load_json(path: Path, problems: list[str]) -> object | None:
-    if not path.is_file():
+    if not path.is_file() or path.is_symlink():
         return None  # reported by the file check
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        return read_json(path)
+    except JsonSyntaxError as exc:
         problems.append(f"{RECEIPT_NAME}: not valid JSON: {exc}")
         return None
 
@@ -128,6 +138,19 @@ def _check_files(bundle: Path, receipt: Receipt | None, data: object | None) -> 
     if receipt is not None:
         for rel in sorted(set(receipt.files) - set(listed) - set(actual)):
             problems.append(f"{rel}: missing (listed in {RECEIPT_NAME} files)")
+        problems += _check_file_lists(set(listed), set(receipt.files))
+    return problems
+
+
+def _check_file_lists(listed: set[str], witnessed: set[str]) -> list[str]:
+    """SHA256SUMS and the receipt's `files` must name the same files (see the docstring)."""
+    problems = []
+    for rel in sorted(listed - witnessed - set(UNWITNESSED)):
+        problems.append(f"{SUMS_NAME}: lists {rel}, which {RECEIPT_NAME} files does not name")
+    for rel in sorted(witnessed - listed):
+        problems.append(f"{RECEIPT_NAME}: files names {rel}, which {SUMS_NAME} does not list")
+    for rel in sorted(witnessed & set(UNWITNESSED)):
+        problems.append(f"{RECEIPT_NAME}: files names {rel}, which it cannot cover")
     return problems
 
 
@@ -189,6 +212,7 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
         signatures=receipt.signatures,
         ranks=receipt.ranks,
         run=receipt.run,
+        coverage=receipt.coverage,
     )
     verdict = rules.verdict_of(reasons)
     if receipt.verdict != verdict:

@@ -1,0 +1,147 @@
+"""Re-derive a receipt's facts from the rank records and JUnit reports the bundle holds.
+
+A receipt is a summary of files that are themselves in the bundle and covered by its hashes:
+`records/rank-NN.json` and `junit/rank-NN.xml`. `dcpqual verify` reads them again with the
+same readers the writer used and rejects a receipt that says anything else about them, so an
+edited receipt cannot claim fewer lazy events, a flipped verdict, fewer killed ranks, other
+tallies or other signatures, even with every hash regenerated: it would have to edit the
+records consistently too (only a signature protects against that; see the README).
+
+Not re-derived, because no file in the bundle records it independently: the run's exit code
+and timeout (the launcher's view), the environment, sources and image, and the root cause's
+text (it may quote torchrun's error file).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.evidence import rules
+from harness.evidence.collect import (
+    coverage_of,
+    load_records,
+    merge_signatures,
+    summarize_capture,
+    transports,
+)
+from harness.evidence.junit import merge_junit, read_merged, tallies
+from harness.evidence.schema import Ranks, Receipt
+
+RECEIPT_NAME = "receipt.json"
+MERGED_JUNIT = "junit/merged.xml"
+SOURCE = "the rank records and JUnit reports"
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """The first place where a stated value and the re-derived one differ."""
+
+    field: str
+    stated: Any
+    derived: Any
+
+    def describe(self, holder: str = RECEIPT_NAME) -> str:
+        return (
+            f"{holder}: {self.field} is {_show(self.stated)} but {SOURCE} say {_show(self.derived)}"
+        )
+
+
+def _show(value: Any) -> str:
+    text = "absent" if value is _ABSENT else repr(value)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+_ABSENT = object()
+
+
+def first_difference(path: str, mine: Any, theirs: Any) -> Disagreement | None:
+    """The first differing leaf of two JSON values, depth first, keys in sorted order."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        for key in sorted(set(mine) | set(theirs), key=str):
+            found = first_difference(
+                f"{path}.{key}", mine.get(key, _ABSENT), theirs.get(key, _ABSENT)
+            )
+            if found:
+                return found
+        return None
+    if isinstance(mine, list) and isinstance(theirs, list):
+        for i, (a, b) in enumerate(zip(mine, theirs, strict=False)):
+            found = first_difference(f"{path}[{i}]", a, b)
+            if found:
+                return found
+        if len(mine) != len(theirs):
+            return Disagreement(f"{path} length", len(mine), len(theirs))
+        return None
+    if type(mine) is type(theirs) and mine == theirs:
+        return None
+    return Disagreement(path, mine, theirs)
+
+
+def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, Any, Any]]:
+    """(file, field, its value, re-derived value) as JSON, in the order they are reported.
+
+    Tallies are checked on junit/merged.xml, which verify already holds the receipt's tallies
+    to: each fact is checked once, where it is first stated.
+    """
+    world = receipt.geometry.world_size
+    rank_files = load_records(bundle, world)
+    merged = merge_junit(bundle, rank_files)
+    suites = tallies(merged.cases)
+    capture, negative = summarize_capture(rank_files)
+    signatures = merge_signatures(rank_files.captures())
+    ranks = Ranks(
+        expected=world,
+        reported=len(rank_files.records),
+        complete=rank_files.complete,
+        killed=rank_files.killed,
+        stopped=rank_files.stopped,
+        missing_junit=list(merged.missing),
+    )
+    coverage = coverage_of(rank_files)
+    reasons = rules.failure_reasons(
+        suites=suites,
+        capture=capture,
+        negative_control=negative,
+        signatures=signatures,
+        ranks=ranks,
+        run=receipt.run,
+        coverage=coverage,
+    )
+
+    def dump(value: Any) -> Any:
+        if isinstance(value, list):
+            return [dump(v) for v in value]
+        if isinstance(value, dict):
+            return {str(k): dump(v) for k, v in value.items()}
+        if hasattr(value, "model_dump"):
+            return value.model_dump(mode="json")
+        return value
+
+    r = RECEIPT_NAME
+    yield r, "verdict", receipt.verdict, rules.verdict_of(reasons)
+    yield r, "ranks", dump(receipt.ranks), dump(ranks)
+    try:
+        stated = tallies(read_merged(bundle / MERGED_JUNIT))
+    except (OSError, ValueError):
+        pass  # an unreadable merged.xml is reported by verify's consistency check
+    else:
+        yield MERGED_JUNIT, "suites", dump(stated), dump(suites)
+    yield r, "coverage", dump(receipt.coverage), dump(coverage)
+    yield r, "capture", dump(receipt.capture), dump(capture)
+    yield r, "negative_control", dump(receipt.negative_control), dump(negative)
+    yield r, "signatures", dump(receipt.signatures), dump(signatures)
+    yield r, "transports", receipt.transports, transports(rank_files)
+    yield r, "failures", receipt.failures, reasons  # last: it sums up the facts above
+
+
+def rederive_problems(bundle: Path, receipt: Receipt) -> list[str]:
+    """One line per receipt field that the bundle's own records contradict."""
+    problems = []
+    for holder, field, mine, theirs in derived_facts(bundle, receipt):
+        found = first_difference(field, mine, theirs)
+        if found is not None:
+            problems.append(found.describe(holder))
+    return problems

@@ -1,0 +1,65 @@
+"""A forger with the project's own tools: edit a receipt, make it agree with itself, reseal.
+
+Used to show that `dcpqual verify` catches an edited receipt by re-deriving it from the rank
+records, not by a hash the forger could not recompute: after the edit, the verdict, failures,
+status and root cause are recomputed with `harness.evidence.rules`, summary.md is rendered again
+and SHA256SUMS rewritten, exactly as the writer does it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harness.evidence import rules
+from harness.evidence.files import SUMS_NAME, hash_files, render_sums, sha256_bytes, walk
+from harness.evidence.schema import Receipt, RootCause
+from harness.evidence.summary import render_summary
+
+Edit = Callable[[dict[str, Any]], None]
+
+
+def self_consistent(receipt: Receipt) -> Receipt:
+    """The receipt with verdict, failures, status and root cause following from its facts."""
+    reasons = rules.failure_reasons(
+        suites=receipt.suites,
+        capture=receipt.capture,
+        negative_control=receipt.negative_control,
+        signatures=receipt.signatures,
+        ranks=receipt.ranks,
+        run=receipt.run,
+        coverage=receipt.coverage,
+    )
+    verdict = rules.verdict_of(reasons)
+    cause = receipt.root_cause
+    if verdict == "pass":
+        cause = None
+    elif cause is None:
+        cause = RootCause(rank=None, test=None, message=reasons[0], kind="run")
+    status = rules.status_of(
+        verdict, receipt.geometry, receipt.image, receipt.capture, receipt.environment
+    )
+    return receipt.model_copy(
+        update={"verdict": verdict, "failures": reasons, "status": status, "root_cause": cause}
+    )
+
+
+def reseal(bundle: Path) -> None:
+    """summary.md and SHA256SUMS rewritten for whatever receipt.json now says."""
+    receipt_bytes = (bundle / "receipt.json").read_bytes()
+    receipt = Receipt.model_validate_json(receipt_bytes)
+    (bundle / "summary.md").write_text(render_summary(receipt, sha256_bytes(receipt_bytes)))
+    listed = [e.relpath for e in walk(bundle) if e.relpath != SUMS_NAME]
+    (bundle / SUMS_NAME).write_text(render_sums(hash_files(bundle, listed)))
+
+
+def forge(bundle: Path, edit: Edit) -> Receipt:
+    """Apply `edit` to receipt.json's JSON, make the receipt self-consistent and reseal."""
+    data = json.loads((bundle / "receipt.json").read_text())
+    edit(data)
+    receipt = self_consistent(Receipt.model_validate(data))
+    (bundle / "receipt.json").write_text(receipt.dumps())
+    reseal(bundle)
+    return receipt

@@ -1,0 +1,200 @@
+"""No false pass, no forged receipt: real `dcpqual run` bundles at 2 ranks, then `verify`/`compare`.
+
+- A suite whose every rank ends its session early with `pytest.exit(..., returncode=0)` ran one
+  of three tests: the run fails, naming the first test without an outcome, and its bundle is a
+  valid record of that failure.
+- A real bundle whose receipt is edited (lazy events 0, killed ranks emptied, the verdict
+  flipped) and then made self-consistent and resealed with the project's own functions fools
+  every layer of verify but one: re-derivation from the rank records. `verify` says invalid and
+  names the field; `compare` refuses the bundle (exit 2) instead of reporting no regression.
+  Each forgery is first shown to pass verify with re-derivation switched off, so the test can
+  only pass because that detector fires.
+- A file added to the bundle and to SHA256SUMS, but not to the receipt's file list, is caught.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _support.forge import forge, reseal
+
+from harness.cli import main
+from harness.evidence import verify
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun"), pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+WORLD = 2
+RUNS: dict[str, tuple[list[str], int]] = {
+    # name: (dcpqual run arguments after the common ones, expected exit code)
+    "early-exit": (["--", "tests/rank_suites/rank_early_exit.py"], 1),
+    "lazy": (
+        ["--warm-impl", "before-kimi", "--", "suites/capture/test_capture.py", "-k", "kimi"],
+        1,
+    ),
+    "killed": (["--", "tests/rank_suites/rank_exit.py"], 1),
+    "pass": (["--", "tests/rank_suites/rank_pass.py"], 0),
+}
+
+
+def dcpqual(*argv: str, timeout: float = 420) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *argv],
+        cwd=REPO,
+        env={**os.environ, "DCPQUAL_FAULT_RANK": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("integrity")
+    out: dict[str, Path] = {}
+    for name, (args, expected) in RUNS.items():
+        out[name] = root / name
+        common = ["run", "--nproc-per-node", str(WORLD), "--tp", str(WORLD), "--dcp", str(WORLD)]
+        done = dcpqual(*common, "--out", str(out[name]), "--timeout", "300", *args)
+        assert done.returncode == expected, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+def receipt(bundle: Path) -> dict[str, Any]:
+    return json.loads((bundle / "receipt.json").read_text())
+
+
+@pytest.fixture
+def copy_of(runs: dict[str, Path], tmp_path: Path) -> Callable[[str], Path]:
+    def copy(name: str) -> Path:
+        target = tmp_path / name
+        shutil.copytree(runs[name], target)
+        return target
+
+    return copy
+
+
+# -- the verdict is derived from what ran ------------------------------------------------------
+
+
+def test_a_session_ended_early_on_every_rank_fails_the_run(runs: dict[str, Path]) -> None:
+    r = receipt(runs["early-exit"])
+    assert r["verdict"] == "fail" and r["status"] == "not-qualified"
+    assert r["run"]["exit_code"] == 0  # torchrun itself saw nothing wrong
+    first = "tests/rank_suites/rank_early_exit.py::test_ends_the_session_early"
+    assert r["coverage"]["collected"] == 3
+    assert r["coverage"]["first_without_outcome"] == f"rank 0: {first}"
+    assert r["root_cause"]["kind"] == "no-outcome" and r["root_cause"]["test"] == first
+    assert any(f.startswith("4 collected tests have no outcome") for f in r["failures"])
+    assert dcpqual("verify", str(runs["early-exit"])).returncode == 0
+
+
+def test_a_run_that_selects_no_test_fails_and_says_so(tmp_path: Path) -> None:
+    out = tmp_path / "none"
+    args = ["run", "--nproc-per-node", str(WORLD), "--out", str(out), "--timeout", "300"]
+    done = dcpqual(*args, "--", "tests/rank_suites/rank_pass.py", "-k", "no_such_test")
+    assert done.returncode == 1, done.stderr[-2000:]
+    r = receipt(out)
+    assert r["verdict"] == "fail" and r["coverage"]["collected"] == 0
+    assert r["failures"][0].startswith("no test was selected on any rank")
+    assert r["root_cause"]["message"] == r["failures"][0]
+
+
+def test_the_passing_run_is_still_a_valid_pass(runs: dict[str, Path]) -> None:
+    r = receipt(runs["pass"])
+    assert r["verdict"] == "pass" and r["coverage"]["without_outcome"] == 0
+    assert dcpqual("verify", str(runs["pass"])).returncode == 0
+
+
+# -- forged receipts ---------------------------------------------------------------------------
+
+
+def no_lazy_events(data: dict[str, Any]) -> None:
+    capture = data["capture"]
+    capture.update(lazy_events=0, by_detector={}, events=[])
+    capture["per_rank"] = dict.fromkeys(capture["per_rank"], 0)
+    for row in data["signatures"]:
+        row["warmed"] = True
+
+
+def no_killed_ranks(data: dict[str, Any]) -> None:
+    ranks = data["ranks"]
+    ranks.update(reported=ranks["expected"], complete=ranks["expected"], killed=[], stopped=[])
+
+
+def every_test_ran(data: dict[str, Any]) -> None:
+    data["coverage"].update(without_outcome=0, first_without_outcome=None)
+
+
+FORGERIES = [
+    ("lazy", no_lazy_events, "capture.by_detector.transport-registry"),
+    ("killed", no_killed_ranks, "ranks.complete"),
+    ("early-exit", every_test_ran, "verdict"),
+]
+
+
+def fooled_without_rederivation(bundle: Path, monkeypatch: pytest.MonkeyPatch) -> bool:
+    with monkeypatch.context() as patch:
+        patch.setattr(verify, "rederive_problems", lambda *_: [])
+        return verify.verify_bundle(bundle).ok
+
+
+@pytest.mark.parametrize(("run", "edit", "field"), FORGERIES, ids=[f[0] for f in FORGERIES])
+def test_a_forged_receipt_is_invalid_and_compare_refuses_it(
+    runs: dict[str, Path],
+    copy_of: Callable[[str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    run: str,
+    edit: Callable[[dict[str, Any]], None],
+    field: str,
+) -> None:
+    forged = copy_of(run)
+    before = receipt(forged)
+    after = forge(forged, edit)
+    assert after.to_json() != before
+    assert fooled_without_rederivation(forged, monkeypatch)
+
+    assert main(["verify", str(forged)]) == 1
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"receipt.json: {field} is ") and "the rank records" in first
+
+    for base, head in ((runs[run], forged), (forged, runs[run])):
+        assert main(["compare", str(base), str(head)]) == 2
+        out, err = capsys.readouterr()
+        assert "is not a valid bundle" in err and len(err.strip().splitlines()) == 1
+        assert "no regression" not in out.lower()
+
+
+def test_the_lazy_forgery_would_otherwise_read_as_no_regression(
+    runs: dict[str, Path], copy_of: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forgery is worth refusing: with verify fooled, compare calls it an improvement."""
+    from harness.qualify.compare import compare_bundles, load_bundle
+
+    forged = copy_of("lazy")
+    forge(forged, no_lazy_events)
+    monkeypatch.setattr(verify, "rederive_problems", lambda *_: [])
+    comparison = compare_bundles(load_bundle(runs["lazy"]), load_bundle(forged))
+    assert comparison.exit_code == 0
+
+
+def test_a_file_added_to_sha256sums_but_not_the_receipt_is_invalid(
+    copy_of: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = copy_of("pass")
+    (bundle / "records" / "rank-02.json").write_text('{"planted": true}\n')
+    reseal(bundle)
+    assert main(["verify", str(bundle)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "SHA256SUMS: lists records/rank-02.json, which receipt.json files does not name"
+    ]
