@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from harness.evidence import markdown as md
 from harness.evidence.schema import Ranks, Receipt
 
 RECEIPT_SHA_LINE = "receipt.json sha256: `{}`"
@@ -20,8 +21,8 @@ def receipt_sha256_in(summary: str) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def _cell(text: object) -> str:
-    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+def _cell(markdown: object) -> str:
+    return md.cell(str(markdown))
 
 
 def _ranks_line(ranks: Ranks) -> str:
@@ -54,18 +55,18 @@ def render_summary(receipt: Receipt, receipt_sha256: str) -> str:
     lines = [f"# dcpqual: {r.verdict.upper()} ({r.status})", ""]
     image = "none (source checkout)"
     if r.image is not None:
-        image = f"{r.image.reference or '(unnamed)'} @ {r.image.digest or 'no digest'}"
+        image = md.text(f"{r.image.reference or '(unnamed)'} @ {r.image.digest or 'no digest'}")
     sources = []
     for name, src in sorted(r.sources.items()):
-        ident = src.version or ""
+        ident = md.text(src.version or "")
         if src.commit:
-            ident += f" commit `{src.commit[:12]}`"
+            ident += f" commit {md.code(src.commit[:12])}"
         if src.tree:
-            ident += f" tree `{src.tree[:12]}`"
+            ident += f" tree {md.code(src.tree[:12])}"
         if src.dirty:
             ident += " (dirty)"
-        sources.append(f"{name} {ident.strip()}")
-    gpus = ", ".join(sorted(set(env.device_names)))
+        sources.append(f"{md.text(name)} {ident.strip()}")
+    gpus = md.text(", ".join(sorted(set(env.device_names))))
     overview = [
         ["verdict", f"**{r.verdict}**"],
         ["status", f"`{r.status}`"],
@@ -74,20 +75,25 @@ def render_summary(receipt: Receipt, receipt_sha256: str) -> str:
             f"{g.world_size} ranks ({g.nnodes} node x {g.nproc_per_node}), backend {g.backend}, "
             f"TP{g.tp} / DCP{g.dcp}",
         ],
-        ["warm code", r.warm_impl],
+        ["warm code", md.text(r.warm_impl)],
         ["image", image],
         ["sources", "; ".join(sources) or "unknown"],
         [
             "environment",
-            f"torch {env.torch}, CUDA {env.cuda or '-'}, NCCL {env.nccl or '-'}, "
-            f"Python {env.python}, host {env.host}",
+            md.text(
+                f"torch {env.torch}, CUDA {env.cuda or '-'}, NCCL {env.nccl or '-'}, "
+                f"Python {env.python}, host {env.host}"
+            ),
         ],
-        ["devices", f"{len(env.gpus)} x {gpus}, driver {env.driver or '?'}" if env.gpus else gpus],
+        [
+            "devices",
+            f"{len(env.gpus)} x {gpus}, driver {md.text(env.driver or '?')}" if env.gpus else gpus,
+        ],
         ["ranks", _ranks_line(r.ranks)],
         [
             "run",
             f"exit {r.run.exit_code}{', timed out' if r.run.timed_out else ''}, "
-            f"{r.run.started_at or '?'} -> {r.run.finished_at or '?'}",
+            + md.text(f"{r.run.started_at or '?'} -> {r.run.finished_at or '?'}"),
         ],
     ]
     lines += _table(["", ""], overview)
@@ -96,11 +102,11 @@ def render_summary(receipt: Receipt, receipt_sha256: str) -> str:
     if r.signatures:
         rows: list[list[object]] = [
             [
-                s.model,
+                md.text(s.model),
                 s.total_heads,
                 s.query_head_dim,
                 s.output_head_dim,
-                s.dtype,
+                md.text(s.dtype),
                 s.dcp_world_size,
                 _yes(s.warmed),
                 "yes" if s.used_in_capture else "no",
@@ -116,16 +122,19 @@ def render_summary(receipt: Receipt, receipt_sha256: str) -> str:
 
     c = r.capture
     nc = r.negative_control
-    paths = ", ".join(f"{n} {p}" for p, n in sorted(c.paths.items())) or "none"
+    paths = md.text(", ".join(f"{n} {p}" for p, n in sorted(c.paths.items())) or "none")
     lines += ["", "## Capture", ""]
     lines.append(f"- lazy events: **{c.lazy_events}** over {c.windows} windows ({paths})")
     if c.by_detector:
         lines.append(
-            "- by detector: " + ", ".join(f"{d} {n}" for d, n in sorted(c.by_detector.items()))
+            "- by detector: "
+            + md.text(", ".join(f"{d} {n}" for d, n in sorted(c.by_detector.items())))
         )
     for event in c.events[:10]:
-        what = _cell(event.what)
-        lines.append(f"  - rank {event.rank}, `{event.test}`: {event.detector}: {what}")
+        lines.append(
+            f"  - rank {event.rank}, {md.code(event.test)}: {md.text(event.detector)}: "
+            f"{md.text(event.what)}"
+        )
     if len(c.events) > 10:
         lines.append(f"  - ... {len(c.events) - 10} more in receipt.json")
     lines.append(
@@ -135,7 +144,7 @@ def render_summary(receipt: Receipt, receipt_sha256: str) -> str:
 
     lines += ["", "## Suites", ""]
     tally_rows: list[list[object]] = [
-        [name, t.passed, t.failed, t.skipped, t.errors, t.rank_cases]
+        [md.text(name), t.passed, t.failed, t.skipped, t.errors, t.rank_cases]
         for name, t in sorted(r.suites.items())
     ]
     lines += _table(["suite", "passed", "failed", "skipped", "errors", "rank cases"], tally_rows)
@@ -146,14 +155,14 @@ def render_summary(receipt: Receipt, receipt_sha256: str) -> str:
     else:
         rc = r.root_cause
         where = "rank ?" if rc.rank is None else f"rank {rc.rank}"
-        test = f", `{rc.test}`" if rc.test else ""
+        test = f", {md.code(rc.test)}" if rc.test else ""
         lines += [f"{where}{test} ({rc.kind}):", "", *_fence(rc.message)]
         if len(r.failures) > 1:
             lines += ["", "All reasons the run failed:", ""]
-            lines += [f"- {_cell(reason)}" for reason in r.failures]
+            lines += [f"- {md.text(reason)}" for reason in r.failures]
 
     lines += ["", "## Limitations", ""]
-    lines += [f"- {_cell(item)}" for item in r.limitations] or ["- none"]
+    lines += [f"- {md.text(item)}" for item in r.limitations] or ["- none"]
     lines += [
         "",
         "---",
