@@ -1,4 +1,4 @@
-"""Sub-commands of the evidence concern: `dcpqual verify DIR`."""
+"""Sub-commands of the evidence concern: `dcpqual verify DIR`, `dcpqual sign DIR`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harness.errors import UsageError
 from harness.evidence.verify import verify_bundle
 
 
@@ -16,19 +17,62 @@ def register(subparsers: Any) -> None:
         help="re-check an evidence bundle: hashes, schema, internal consistency",
         description=(
             "Re-check an evidence bundle. Exit 0 when valid, 1 when invalid (one problem per "
-            "line on stdout), 2 when DIR is not a folder."
+            "line on stdout), 2 when DIR is not a folder. With --signature and --public-key, "
+            "the bundle must also carry a valid detached signature by that key."
         ),
     )
     verify.add_argument("dir", type=Path, metavar="DIR", help="the bundle folder")
+    verify.add_argument(
+        "--signature", type=Path, metavar="FILE", help="detached signature (dcpqual sign)"
+    )
+    verify.add_argument(
+        "--public-key", type=Path, metavar="PEM", help="Ed25519 public key that signed it"
+    )
     verify.set_defaults(func=run_verify)
+
+    sign = subparsers.add_parser(
+        "sign",
+        help="sign a valid bundle with an Ed25519 key (detached DSSE/in-toto signature)",
+        description=(
+            "Verify DIR, then write a detached signature of its SHA256SUMS (an in-toto "
+            "statement in a DSSE envelope, Ed25519) to --out, default DIR.sig next to DIR. "
+            "Exit 0 when written, 2 when DIR is invalid, the key unusable or --out exists."
+        ),
+    )
+    sign.add_argument("dir", type=Path, metavar="DIR", help="the bundle folder")
+    sign.add_argument(
+        "--key", type=Path, required=True, metavar="PEM", help="unencrypted Ed25519 private key"
+    )
+    sign.add_argument("--out", type=Path, metavar="FILE", help="where to write the signature")
+    sign.set_defaults(func=run_sign)
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    if (args.signature is None) != (args.public_key is None):
+        raise UsageError("--signature and --public-key go together")
     result = verify_bundle(args.dir)  # UsageError (exit 2) when DIR is unusable
-    if result.ok:
-        print(f"{result.bundle}: valid")
+    problems = list(result.problems)
+    if args.signature is not None and not problems:
+        from harness.evidence.signature import signature_problems
+
+        problems += signature_problems(args.dir, args.signature, args.public_key)
+    if not problems:
+        signed = f" (signed, {args.signature})" if args.signature is not None else ""
+        print(f"{result.bundle}: valid{signed}")
         return 0
-    for problem in result.problems:
+    for problem in problems:
         print(problem)
-    print(f"{result.bundle}: INVALID ({len(result.problems)} problems)", file=sys.stderr)
+    print(f"{result.bundle}: INVALID ({len(problems)} problems)", file=sys.stderr)
     return 1
+
+
+def run_sign(args: argparse.Namespace) -> int:
+    from harness.evidence.signature import default_signature_path, sign_bundle
+
+    result = verify_bundle(args.dir)
+    if not result.ok:
+        raise UsageError(f"{args.dir} is not a valid bundle: {result.problems[0]}")
+    out = args.out if args.out is not None else default_signature_path(args.dir)
+    sign_bundle(args.dir, args.key, out)
+    print(f"{args.dir}: signed -> {out}")
+    return 0
