@@ -9,12 +9,16 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from test_evidence_factory import failing_run, passing_run
+from _support.forge import forge
+from test_evidence_factory import failing_run, killed_run, passing_run
 
 from harness.cli import main
+from harness.evidence import verify
 from harness.evidence.files import render_sums, sha256_bytes, sha256_file
+from harness.evidence.rederive import first_difference
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
 
@@ -286,3 +290,49 @@ def test_cli_as_a_program(bundle: Path, tmp_path: Path) -> None:
     done = verify(bundle)
     assert done.returncode == 1 and "summary.md: missing" in done.stdout.splitlines()
     assert verify(tmp_path / "missing").returncode == 2
+
+
+# -- the receipt re-derived from the rank records ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("edit", "first"),
+    [
+        (
+            lambda d: d["ranks"].update(complete=4, killed=[], stopped=[]),
+            "receipt.json: ranks.complete is 4 but the rank records and JUnit reports say 3",
+        ),
+        (
+            lambda d: d.update(transports=["b12x"]),
+            "receipt.json: transports[0] is 'b12x' but the rank records and JUnit reports say "
+            "'torch-dist'",
+        ),
+        (
+            lambda d: d["signatures"][0].update(ranks=[0]),
+            "receipt.json: signatures[0].ranks length is 1 but the rank records and JUnit "
+            "reports say 3",
+        ),
+    ],
+    ids=["killed-emptied", "transports", "signature-ranks"],
+)
+def test_a_self_consistent_forgery_is_caught_by_the_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: Any, first: str
+) -> None:
+    out = tmp_path / "bundle"
+    finalize_bundle(out, killed_run(out, world=4))
+    assert verify_bundle(out).ok
+    forge(out, edit)
+    with monkeypatch.context() as patch:
+        patch.setattr(verify, "rederive_problems", lambda *_: [])
+        assert verify_bundle(out).ok  # every other layer is fooled
+    assert verify_bundle(out).problems[0] == first
+
+
+def test_first_difference_names_the_deepest_first_leaf() -> None:
+    mine = {"a": {"b": [1, 2], "c": 0}, "z": 1}
+    theirs = {"a": {"b": [1, 3], "c": 1}, "z": 2}
+    found = first_difference("x", mine, theirs)
+    assert found is not None and (found.field, found.stated, found.derived) == ("x.a.b[1]", 2, 3)
+    assert first_difference("x", {"k": True}, {"k": 1}) is not None  # no bool/int confusion
+    assert first_difference("x", [1], [1, 2]).field == "x length"  # type: ignore[union-attr]
+    assert first_difference("x", mine, mine) is None
