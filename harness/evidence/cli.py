@@ -14,9 +14,11 @@ from harness.evidence.verify import verify_bundle
 def register(subparsers: Any) -> None:
     verify = subparsers.add_parser(
         "verify",
-        help="re-check an evidence bundle: hashes, schema, internal consistency",
+        help="re-check an evidence bundle: hashes, schema, consistency with its rank records",
         description=(
-            "Re-check an evidence bundle. Exit 0 when valid, 1 when invalid (one problem per "
+            "Re-check an evidence bundle: every hash, the receipt's schema, and the receipt "
+            "against the rank records and JUnit reports it summarizes (re-derived, the first "
+            "differing field named). Exit 0 when valid, 1 when invalid (one problem per "
             "line on stdout), 2 when DIR is not a folder. With --signature and --public-key, "
             "the bundle must also carry a valid detached signature by that key."
         ),
