@@ -284,10 +284,12 @@ def _candidates(ranks: RankFiles, timed_out: bool) -> list[_Candidate]:
     for rank, record in sorted(ranks.records.items()):
         unrun = without_outcome(record) if record.complete else []
         if unrun:
+            # A rank whose record says it was stopped ended early because of another's fault.
+            priority = _PRIORITY["stopped" if record.stopped else "no-outcome"]
             found.append(
                 _Candidate(
                     _position(record, unrun[0]),
-                    _PRIORITY["no-outcome"],
+                    priority,
                     rank,
                     unrun[0],
                     f"rank {rank} ended its session without running {unrun[0]} "
