@@ -37,6 +37,7 @@ from harness.image.lock import (
     check_lock,
     load_lock,
 )
+from harness.jsonfile import read_json
 
 RUNTIME_SCHEMA = "dcpqual-image-runtime/v1"
 DEFAULT_IMAGE_ROOT = Path("/opt/dcpqual/image")
@@ -112,8 +113,8 @@ class RuntimeReport:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        data = read_json(path)
+    except (OSError, ValueError):  # missing, hostile or not strict JSON: nothing to trust
         return None
     return data if isinstance(data, dict) else None
 
