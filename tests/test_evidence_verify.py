@@ -13,7 +13,15 @@ from typing import Any
 
 import pytest
 from _support.forge import forge
-from test_evidence_factory import failing_run, killed_run, passing_run
+from test_evidence_factory import (
+    NODES,
+    context,
+    failing_run,
+    killed_run,
+    passed,
+    passing_run,
+    write_rank,
+)
 
 from harness.cli import main
 from harness.evidence import verify
@@ -336,3 +344,23 @@ def test_first_difference_names_the_deepest_first_leaf() -> None:
     assert first_difference("x", {"k": True}, {"k": 1}) is not None  # no bool/int confusion
     assert first_difference("x", [1], [1, 2]).field == "x length"  # type: ignore[union-attr]
     assert first_difference("x", mine, mine) is None
+
+
+def test_a_receipt_from_before_coverage_still_verifies_but_cannot_hide_unrun_tests(
+    tmp_path: Path,
+) -> None:
+    honest = tmp_path / "honest"
+    finalize_bundle(honest, passing_run(honest, world=2))
+    forge(honest, lambda d: d.pop("coverage"))
+    assert verify_bundle(honest).ok
+
+    early = tmp_path / "early"
+    early.mkdir()
+    for rank in range(2):
+        write_rank(early, rank, 2, tests=[passed(NODES[0])], captures=[])
+    finalize_bundle(early, context(2))
+    forge(early, lambda d: d.pop("coverage"))  # the forger's way to drop the no-outcome reason
+    problems = verify_bundle(early).problems
+    assert problems[0] == (
+        "receipt.json: verdict is 'pass' but the rank records and JUnit reports say 'fail'"
+    )
