@@ -101,15 +101,19 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
         missing_junit=list(merged.missing),
     )
     coverage = coverage_of(rank_files)
-    reasons = rules.failure_reasons(
+    facts = dict(
         suites=suites,
         capture=capture,
         negative_control=negative,
         signatures=signatures,
         ranks=ranks,
         run=receipt.run,
-        coverage=coverage,
     )
+    reasons = rules.failure_reasons(**facts, coverage=coverage)  # type: ignore[arg-type]
+    # A receipt from before coverage was recorded listed its failures without it.
+    stated_reasons = reasons
+    if receipt.coverage is None:
+        stated_reasons = rules.failure_reasons(**facts, coverage=None)  # type: ignore[arg-type]
 
     def dump(value: Any) -> Any:
         if isinstance(value, list):
@@ -136,7 +140,7 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
     yield r, "negative_control", dump(receipt.negative_control), dump(negative)
     yield r, "signatures", dump(receipt.signatures), dump(signatures)
     yield r, "transports", receipt.transports, transports(rank_files)
-    yield r, "failures", receipt.failures, reasons  # last: it sums up the facts above
+    yield r, "failures", receipt.failures, stated_reasons  # last: it sums up the facts above
 
 
 def rederive_problems(bundle: Path, receipt: Receipt) -> list[str]:
