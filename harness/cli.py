@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "harness.qualify.cli",  # compare, nightly
     "harness.image.cli",  # lock check, lock pin, image build
     "harness.bench.cli",  # bench
+    "harness.smoke.cli",  # gpu-smoke
 )
 
 

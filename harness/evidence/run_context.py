@@ -32,3 +32,6 @@ class RunContext:
     torchrun_error: dict[str, Any] | None = None
     image: dict[str, Any] | None = None  # identity of the source-locked image, or None
     extra: dict[str, Any] = field(default_factory=dict)
+    # {key: text} for paths this run itself knows did not run (the one-GPU smoke's world 1),
+    # added to the receipt's `limitations` after the ones the rules derive.
+    limitations: dict[str, str] = field(default_factory=dict)

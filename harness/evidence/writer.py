@@ -210,6 +210,7 @@ def assemble_receipt(
             nvml=environment.nvml,
             notes=[*merged.notes, *_unreadable_notes(rank_files.unreadable)],
         ),
+        dict(ctx.limitations),
     )
     receipt = Receipt(
         schema=SCHEMA,

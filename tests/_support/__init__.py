@@ -1,0 +1,1 @@
+"""Helpers shared by the harness's tests (import as `_support.<module>`)."""
