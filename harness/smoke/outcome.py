@@ -238,7 +238,7 @@ class SmokeResult:
         """Why the capture check failed (the capture itself, or warmup found nothing)."""
         found = self.capture.problems()
         if not self.discovered:
-            found.append("vendored discovery found no transport signature in the stand-in model")
+            found.append("warmup found no transport signature in the stand-in model")
         return found
 
     def control_problem(self, detector: str) -> str | None:

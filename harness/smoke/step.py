@@ -134,6 +134,7 @@ class SmokeStep:
         self.max_tokens = max_tokens
         self.batch = batch
         self.seed = seed
+        self.kv_tokens = kv_tokens
         # Unequal cache lengths per layer, so a step that mixed up layers would show it.
         self.kv = tuple(self._kv(i, kv_tokens + i).to(device) for i in range(len(layers)))
         self._used: set[TransportSignature] = set()
@@ -207,7 +208,7 @@ class SmokeStep:
         results = []
         for i, layer in enumerate(self.layers):
             q = self._query(seed, i).to(torch.float32).unsqueeze(2)  # [B, H, 1, qdim]
-            kv = self.kv[i].detach().to("cpu", torch.float32)
+            kv = self._kv(i, self.kv_tokens + i).to(torch.float32)  # regenerated, not the step's
             keys = kv.expand(q.shape[0], q.shape[1], *kv.shape)  # one latent head for all (MQA)
             values = keys[..., : layer.output_head_dim]
             out = F.scaled_dot_product_attention(

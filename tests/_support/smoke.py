@@ -116,7 +116,7 @@ FAULTS: dict[str, tuple[Callable[[SmokeResult], SmokeResult], str]] = {
     "capture-no-transport": (_capture(signatures=()), "no transport"),
     "capture-replays-missing": (_capture(replays=1), "1 of 2 replays"),
     "capture-mismatch": (_capture(mismatches=("seed 11 vs eager: output 0",)), "mismatch"),
-    "nothing-discovered": (lambda r: dataclasses.replace(r, discovered=()), "discovery"),
+    "nothing-discovered": (lambda r: dataclasses.replace(r, discovered=()), "warmup found no"),
     "control-missing": (_drop("triton-jit"), "triton-jit control is missing"),
     "control-not-run": (
         _control("cuda-memory", ran=False, events=(), error="CUDA is not available"),
