@@ -1,7 +1,7 @@
 """Nox sessions: the project's entry points for people, CI and the GPU node.
 
 CPU sessions (tests, lint, compat, cpu16, bench) run anywhere. `image`, `gpu16` and `nightly`
-need a Docker engine and 16 GPUs; they fail closed elsewhere.
+need a Docker engine and 16 GPUs, `gpu1` one CUDA GPU; they fail closed elsewhere.
 """
 
 from __future__ import annotations
@@ -203,3 +203,28 @@ def bench(session: nox.Session) -> None:
     install_harness(session, "dev")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     session.run("dcpqual", "bench", "--out", f"bench-results/bench-{stamp}.json", *session.posargs)
+
+
+# --- One-GPU smoke: logic in harness/smoke/ (`dcpqual gpu-smoke`) -------------------------------
+# Runs against the CUDA torch already installed on the machine (no pin is enforced), so the
+# session's virtualenv sees the system site packages and the harness is not installed into it
+# (its own torch pin would replace that torch); only the pure-Python needs are. Where pip has no
+# index, point it at the wheels of tools/gpu-smoke-wheels.sh: PIP_FIND_LINKS=tools/wheels
+# PIP_NO_INDEX=1. tools/gpu-smoke.sh does the same without nox.
+SMOKE_REQUIREMENTS = ("pydantic>=2.7,<3", "junitparser>=3.1")
+
+
+@nox.session(default=False, venv_params=["--system-site-packages"])
+def gpu1(session: nox.Session) -> None:
+    """One-GPU smoke on the installed CUDA torch: real CUDA-graph capture, GPU detector controls."""
+    from pathlib import Path
+
+    try:
+        session.run("python", "-c", "import torch", silent=True)
+    except nox.command.CommandFailed:
+        session.error("gpu1 needs a CUDA torch in the Python running nox; none is importable")
+    session.install(*SMOKE_REQUIREMENTS)
+    session.run(
+        "python", "-m", "harness", "gpu-smoke", *session.posargs,
+        env={"PYTHONPATH": str(Path.cwd())},
+    )  # fmt: skip
