@@ -11,6 +11,8 @@ recognizer, the strict capture itself fails on the transport registry.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ import torch.multiprocessing as mp
 from harness.capture.check import default_detectors
 from harness.capture.controls import NegativeControl, NewGroupControl
 from harness.capture.detector import Detector
+from harness.smoke import run as smoke_run
+from harness.smoke.run import SmokeConfig, indexed, run_smoke
 from harness.smoke.step import SmokeLayer, SmokeStep
 from harness.warm.signature import TransportSignature
 
@@ -88,7 +92,6 @@ def fake_gpu_detectors(registry: Any, device: torch.device) -> list[Detector]:
 def _child(_rank: int, out: str) -> None:
     from harness.evidence.verify import verify_bundle
     from harness.smoke.bundle import write_smoke_bundle
-    from harness.smoke.run import SmokeConfig, run_smoke
 
     fakes = {
         "cuda-memory": FakeAllocation,
@@ -208,3 +211,26 @@ def test_the_reference_catches_a_step_that_attends_to_the_wrong_cache() -> None:
     step.kv = (step.kv[1], step.kv[0])  # the layers' caches swapped
     out, ref = step(step.make_inputs(3))[0], step.reference(3)[0]
     assert not torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_a_cuda_device_without_index_becomes_the_current_one() -> None:
+    assert indexed(torch.device("cuda"), lambda: 3) == torch.device("cuda", 3)
+    assert indexed(torch.device("cuda", 1), lambda: 3) == torch.device("cuda", 1)
+    assert indexed(torch.device("cpu"), lambda: 3) == torch.device("cpu")
+
+
+def test_a_process_group_that_fails_becomes_a_failed_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    @contextmanager
+    def broken(backend: str) -> Iterator[None]:
+        raise RuntimeError(f"{backend} init failed")
+        yield
+
+    monkeypatch.setattr(smoke_run, "world_of_one", broken)
+    result = run_smoke(SmokeConfig(device="cpu"))
+    assert "the one-rank gloo process group failed: RuntimeError: gloo init failed" in (
+        result.capture.error
+    )
+    assert result.controls == ()
+    assert "transport-registry control is missing from the run" in result.failures

@@ -25,7 +25,7 @@ import platform
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from importlib import metadata
 
@@ -138,6 +138,13 @@ def world_of_one(backend: str) -> Iterator[None]:
     finally:
         gc.collect()  # tracebacks that hold the group go first
         dist.destroy_process_group()
+
+
+def indexed(device: torch.device, current: Callable[[], int]) -> torch.device:
+    """`cuda` -> `cuda:<current device>` (set_device and NCCL want an index); others as given."""
+    if device.type != "cuda" or device.index is not None:
+        return device
+    return torch.device("cuda", current())
 
 
 def _path_for(device: torch.device) -> str:
@@ -324,33 +331,36 @@ def run_smoke(
     controls: Mapping[str, ControlFactory] = LIBRARY_CONTROLS,
 ) -> SmokeResult:
     """The whole smoke in this process (see the module doc)."""
-    device = torch.device(config.device)
+    device = indexed(torch.device(config.device), torch.cuda.current_device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        device = torch.device("cuda", torch.cuda.current_device())
     backend = "nccl" if device.type == "cuda" else "gloo"
     machine = machine_facts(device, backend)
     started_at = _now()
     discovered: tuple[TransportSignature, ...] = ()
     warmed_sigs: tuple[TransportSignature, ...] = ()
-    with world_of_one(backend):
-        try:
-            warmed = _warm(config, device, config.warm_impl)
-        except Exception as exc:
-            capture = CaptureOutcome(
-                model=SMOKE_MODEL,
-                path=_path_for(device),
-                expected_replays=len(config.replay_seeds),
-                error=f"warmup failed: {_error_text(exc)}",
-            )
-        else:
-            with warmed.registry:
-                discovered, warmed_sigs = warmed.discovered, warmed.registry.signatures()
-                capture = capture_step(warmed, config, detectors, device)
-        outcomes = [
-            library_control(name, factory, device, detectors) for name, factory in controls.items()
-        ]
-        outcomes.append(transport_control(config, device, detectors))
+    capture = CaptureOutcome(
+        model=SMOKE_MODEL, path=_path_for(device), expected_replays=len(config.replay_seeds)
+    )
+    outcomes: list[ControlOutcome] = []
+    try:
+        with world_of_one(backend):
+            try:
+                warmed = _warm(config, device, config.warm_impl)
+            except Exception as exc:
+                capture = replace(capture, error=f"warmup failed: {_error_text(exc)}")
+            else:
+                with warmed.registry:
+                    discovered, warmed_sigs = warmed.discovered, warmed.registry.signatures()
+                    capture = capture_step(warmed, config, detectors, device)
+            for name, factory in controls.items():
+                outcomes.append(library_control(name, factory, device, detectors))
+            outcomes.append(transport_control(config, device, detectors))
+    except UsageError:
+        raise
+    except Exception as exc:  # the process group itself: what ran so far is kept
+        why = f"the one-rank {backend} process group failed: {_error_text(exc)}"
+        capture = replace(capture, error="; ".join(filter(None, (capture.error, why))))
     return SmokeResult(
         machine=machine,
         capture=capture,
