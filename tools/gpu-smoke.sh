@@ -19,23 +19,22 @@ wheels=tools/wheels
 site="${GPU_SMOKE_SITE:-${TMPDIR:-/tmp}/dcpqual-gpu-smoke-site}"
 export PYTHONUNBUFFERED=1
 
-installed() {  # the installed version of a distribution, or nothing
-  "$py" -c 'import sys
+# The carried wheels whose distribution is missing here or installed at another version.
+mapfile -t needed < <("$py" - "$wheels" <<'EOF'
+import sys
 from importlib.metadata import PackageNotFoundError, version
-try:
-    print(version(sys.argv[1]))
-except PackageNotFoundError:
-    pass' "$1"
-}
+from pathlib import Path
 
-needed=()
-for whl in "$wheels"/*.whl; do
-  [ -e "$whl" ] || break
-  name="$(basename "$whl")"
-  dist="${name%%-*}"
-  rest="${name#*-}"
-  if [ "$(installed "$dist")" != "${rest%%-*}" ]; then needed+=("$whl"); fi
-done
+for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
+    dist, wanted = wheel.name.split("-")[:2]
+    try:
+        have = version(dist)
+    except PackageNotFoundError:
+        have = None
+    if have != wanted:
+        print(wheel)
+EOF
+)
 if [ "${#needed[@]}" -gt 0 ]; then
   echo "gpu-smoke.sh: installing ${#needed[@]} carried wheel(s) into $site"
   "$py" -m pip install --quiet --disable-pip-version-check --no-index --no-deps --no-compile \
