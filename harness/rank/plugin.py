@@ -4,7 +4,8 @@ On each rank it: joins the process group before collection; checks over the side
 every rank collected the same test ids in the same order (else every rank aborts and prints the
 diff, as xdist does); runs each test, then agrees with the other ranks on its outcome, so every
 rank reports the same verdict and the rank whose failure came first is primary; stops the
-session at the first failed test; keeps `records/rank-NN.json` current and writes
+session at the first failed test (the N-th with `--dcpqual-maxfail N`, all ranks at the same
+one); keeps `records/rank-NN.json` current and writes
 `junit/rank-NN.xml` through pytest's own junitxml. A watchdog thread bounds every test and turns
 hangs, peer failures and SIGTERM into recorded outcomes (see `harness.rank.watchdog`).
 
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from harness.capture.records import CaptureRecord
-from harness.rank.agreement import LocalResult, agree, compare_collections
+from harness.rank.agreement import Agreement, LocalResult, agree, compare_collections
 from harness.rank.bootstrap import BootstrapError, RankEnv, init_process_group, teardown
 from harness.rank.rankfiles import RecordKeeper, dump_stacks, junit_path, write_error_file
 from harness.rank.sidechannel import SideChannel
@@ -47,6 +48,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=("gloo", "nccl"),
     )
     group.addoption("--dcpqual-test-timeout", type=float, default=300.0, help="seconds; 0: none")
+    group.addoption(
+        "--dcpqual-maxfail",
+        type=int,
+        default=1,
+        help="stop after this many agreed failed tests; 0: never stop early",
+    )
     group.addoption("--dcpqual-abort-grace", type=float, default=3.0)
     group.addoption("--dcpqual-collect-timeout", type=float, default=300.0)
     group.addoption(
@@ -98,6 +105,8 @@ class RankPlugin:
             abort_grace_s=float(config.getoption("dcpqual_abort_grace")),
         )
         self.collect_timeout_s = float(config.getoption("dcpqual_collect_timeout"))
+        self.maxfail = int(config.getoption("dcpqual_maxfail"))
+        self._agreed_failures = 0
         self.keeper: RecordKeeper | None = None
         self.channel: SideChannel | None = None
         self.watchdog: Watchdog | None = None
@@ -133,7 +142,7 @@ class RankPlugin:
             self.keeper.finish(abort_reason=f"bootstrap failed: {exc}", primary=True)
             write_error_file(env.rank, None, f"bootstrap failed: {exc}")
             raise pytest.UsageError(f"dcpqual rank {env.rank}: {exc}") from None
-        self.keeper.update(device=str(device))
+        self.keeper.update(device=str(device), extra=self._where())
         self.channel = SideChannel.for_process_group(env.rank, env.world_size)
         self.watchdog = Watchdog(
             rank=env.rank,
@@ -145,6 +154,17 @@ class RankPlugin:
             wakeup_fd=self._install_sigterm(),
         )
         self.watchdog.start()
+
+    def _where(self) -> dict[str, object]:
+        """Where this rank's files and tests live: the pytest rootdir its node ids are relative
+        to (a rerun makes them absolute), and the launcher's node index, whose torchrun/node-KK
+        folder holds its logs."""
+        extra: dict[str, object] = {**self.keeper.record.extra} if self.keeper else {}
+        extra["rootdir"] = str(self.config.rootpath)
+        node_index = os.environ.get("DCPQUAL_NODE_INDEX", "")
+        if node_index.isdigit():
+            extra["node_index"] = int(node_index)
+        return extra
 
     def _install_sigterm(self) -> int | None:
         """Route SIGTERM to the watchdog through a wakeup pipe (works while main is in C++)."""
@@ -262,8 +282,18 @@ class RankPlugin:
             if recorded.primary:
                 text = next((r.longreprtext for r in reports if r.failed), message or "")
                 write_error_file(self.env.rank, item.nodeid, message or "failed", text)
-            item.session.shouldfail = f"dcpqual: stopping after {agreement.describe()}"
+            if self._stop_after(agreement, results):
+                item.session.shouldfail = f"dcpqual: stopping after {agreement.describe()}"
         return True
+
+    def _stop_after(self, agreement: Agreement, results: dict[int, LocalResult]) -> bool:
+        """Stop at this failed test? Decided only from what every rank agreed on, so all ranks
+        stop (or go on) at the same test: an incomplete agreement, or any rank that timed out
+        or was aborted (it is gone or out of step), always stops; else `--dcpqual-maxfail`."""
+        self._agreed_failures += 1
+        if not agreement.complete or any(r.kind != "ran" for r in results.values()):
+            return True
+        return self.maxfail > 0 and self._agreed_failures >= self.maxfail
 
     @staticmethod
     def _apply(reports: list[pytest.TestReport], failed: bool, recorded: TestOutcome) -> None:
