@@ -208,6 +208,16 @@ class RootCause(_Model):
     kind: RootCauseKind = "test"  # extension: where the cause was found
 
 
+class FailedTest(_Model):
+    """extension: one failed test as a pytest user reads it: node id, the ranks whose own
+    failure it was, and the first line of the first of their messages."""
+
+    nodeid: str
+    outcome: Literal["failed", "error"]
+    ranks: list[NonNegativeInt] = Field(default_factory=list)
+    message: str = ""
+
+
 class Ranks(_Model):
     """extension: which ranks left what. A killed rank left no record or an incomplete one;
     `stopped` names the killed ranks whose record says another rank's fault (or torchrun
@@ -268,6 +278,7 @@ class Run(_Model):
     started_at: str = ""
     finished_at: str = ""
     extra: dict[str, Any] = Field(default_factory=dict)  # the launcher's RunContext.extra
+    rootdir: str | None = None  # the ranks' pytest rootdir: node ids are relative to it
 
 
 class Receipt(_Model):
@@ -298,6 +309,9 @@ class Receipt(_Model):
     # sha256 of every bundle file except receipt.json, summary.md and SHA256SUMS: a second
     # witness, so that verify can tell an edited file from an edited SHA256SUMS line.
     files: dict[str, str] = Field(default_factory=dict)
+    # The failed tests, the root cause's first, then in collection order: the ending's FAILED
+    # lines and what `dcpqual run --rerun-failed` reruns.
+    failed_tests: list[FailedTest] = Field(default_factory=list)
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 

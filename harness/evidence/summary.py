@@ -7,8 +7,10 @@ from, and so `dcpqual verify` has a second witness for receipt.json besides SHA2
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from harness.evidence import markdown as md
+from harness.evidence.ending import ending_lines
 from harness.evidence.schema import Ranks, Receipt
 
 RECEIPT_SHA_LINE = "receipt.json sha256: `{}`"
@@ -48,11 +50,17 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "**no**"
 
 
-def render_summary(receipt: Receipt, receipt_sha256: str) -> str:
+def _ending(receipt: Receipt, bundle: Path | None) -> list[str]:
+    """The pytest-style ending, first thing under the title (a reader looks there first)."""
+    return [*_fence("\n".join(ending_lines(receipt, bundle))), ""]
+
+
+def render_summary(receipt: Receipt, receipt_sha256: str, bundle: Path | None = None) -> str:
     r = receipt
     g = r.geometry
     env = r.environment
     lines = [f"# dcpqual: {r.verdict.upper()} ({r.status})", ""]
+    lines += _ending(r, bundle)
     image = "none (source checkout)"
     if r.image is not None:
         image = md.text(f"{r.image.reference or '(unnamed)'} @ {r.image.digest or 'no digest'}")

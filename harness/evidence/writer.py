@@ -28,6 +28,7 @@ from harness.evidence.collect import (
     summarize_capture,
     transports,
 )
+from harness.evidence.ending import failed_tests, ranks_rootdir
 from harness.evidence.environment import capture_environment, scrub, secret_forms, secret_values
 from harness.evidence.files import (
     SUMS_NAME,
@@ -135,7 +136,8 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     receipt = Receipt.model_validate_json(receipt_bytes)
     atomic_write_bytes(out_dir / RECEIPT_NAME, receipt_bytes)
 
-    summary, _ = scrub(render_summary(receipt, sha256_bytes(receipt_bytes)).encode(), forms)
+    text = render_summary(receipt, sha256_bytes(receipt_bytes), bundle=out_dir.absolute())
+    summary, _ = scrub(text.encode(), forms)
     atomic_write_bytes(out_dir / SUMMARY_NAME, summary)
 
     listed = [e.relpath for e in walk(out_dir) if e.relpath != SUMS_NAME]
@@ -169,6 +171,7 @@ def assemble_receipt(
         started_at=ctx.started_at,
         finished_at=ctx.finished_at,
         extra=dict(ctx.extra),
+        rootdir=ranks_rootdir(rank_files),
     )
     reasons = rules.failure_reasons(
         suites=suites,
@@ -227,6 +230,7 @@ def assemble_receipt(
         root_cause=root_cause,
         limitations=limitations,
         failures=reasons,
+        failed_tests=failed_tests(rank_files, root_cause),
         warm_impl=ctx.warm_impl,
         transports=used_transports,
         ranks=ranks,
