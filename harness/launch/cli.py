@@ -7,9 +7,11 @@ Every check that can refuse the run happens before the out folder is created, so
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.launch.options import add_arguments, choose, resolve_nproc
 from harness.launch.plan import RunOptions
 
 DESCRIPTION = (
@@ -24,39 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run the suites on N ranks under torchrun and write the evidence bundle",
         description=DESCRIPTION,
     )
-    p.add_argument("--nproc-per-node", required=True, metavar="N", help="ranks on this node")
-    p.add_argument("--nnodes", default="1", metavar="M", help="nodes in the job (default 1)")
-    p.add_argument("--node-rank", default="0", metavar="K", help="this node's rank (0..M-1)")
-    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="c10d rendezvous")
-    p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (GPU)")
-    p.add_argument("--out", default=None, metavar="DIR", help="evidence folder (must be new)")
-    p.add_argument("--timeout", default="3600", metavar="S", help="whole run, seconds")
-    p.add_argument(
-        "--test-timeout", default=None, metavar="S", help="per test, seconds (default 300)"
-    )
-    p.add_argument("--warm-impl", default="vendored", metavar="NAME", help="warm implementation")
-    p.add_argument("--tp", default="16", metavar="T", help="tensor parallel size (default 16)")
-    p.add_argument("--dcp", default=None, metavar="D", help="DCP size (default min(world, 16))")
+    add_arguments(p)
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- PYTEST_ARGS...")
     p.set_defaults(func=run_command)
-
-
-def _int(flag: str, text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise UsageError(f"{flag} must be an integer, got {text!r}") from None
-
-
-def _seconds(flag: str, text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise UsageError(f"{flag} must be a number of seconds, got {text!r}") from None
 
 
 def _pytest_args(extra: list[str]) -> tuple[str, ...]:
@@ -103,21 +75,34 @@ def _check_suites_geometry(options: RunOptions) -> None:
             raise GeometryError(f"{exc}; the suites build every stand-in model at --tp") from None
 
 
-def options_from_args(args: argparse.Namespace) -> RunOptions:
-    """Strings from argparse -> validated RunOptions (UsageError, one line, on bad input)."""
+def options_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> RunOptions:
+    """Strings from argparse (and the environment) -> validated RunOptions (UsageError, one
+    line, on bad input). With --rerun-failed, what the user did not set comes from the bundle."""
+    chosen = choose(args, environ)
+    values = dict(chosen.values)
+    pytest_args = _pytest_args(args.pytest_args)
+    rerun_of: Path | None = values.pop("rerun_failed")
+    if rerun_of is not None:
+        if pytest_args:
+            raise UsageError("--rerun-failed chooses the tests itself; give no pytest arguments")
+        from harness.launch.rerun import rerun_source
+
+        source = rerun_source(rerun_of)
+        for dest, value in source.settings.items():
+            if dest not in chosen.explicit:
+                values[dest] = value
+        pytest_args = source.targets
+    spec = values.pop("nproc_per_node")
+    if spec is None:
+        raise UsageError("--nproc-per-node N|auto|cpu|gpu is required (or --rerun-failed BUNDLE)")
     return RunOptions(
-        nproc_per_node=_int("--nproc-per-node", args.nproc_per_node),  # type: ignore[arg-type]
-        nnodes=_int("--nnodes", args.nnodes),  # type: ignore[arg-type]
-        node_rank=_int("--node-rank", args.node_rank),  # type: ignore[arg-type]
-        rdzv_endpoint=args.rdzv_endpoint,
-        backend=args.backend,
-        out_dir=None if args.out is None else Path(args.out),
-        timeout_s=_seconds("--timeout", args.timeout),  # type: ignore[arg-type]
-        test_timeout_s=_seconds("--test-timeout", args.test_timeout),
-        warm_impl=args.warm_impl,
-        tp=_int("--tp", args.tp),  # type: ignore[arg-type]
-        dcp=_int("--dcp", args.dcp),
-        pytest_args=_pytest_args(args.pytest_args),
+        nproc_per_node=resolve_nproc(str(spec)),
+        nproc_requested=str(spec),
+        pytest_args=pytest_args,
+        rerun_of=None if rerun_of is None else rerun_of.absolute(),
+        **{dest: value for dest, value in values.items() if value is not None},
     )
 
 

@@ -17,7 +17,7 @@ from harness.evidence.run_context import RunContext
 from harness.image.identity import image_for_run
 from harness.jsonfile import read_json
 from harness.launch.nodes import NodeMarker
-from harness.launch.plan import RunPlan
+from harness.launch.plan import RunOptions, RunPlan
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,23 @@ def first_torchrun_error(out_dir: Path) -> TorchrunError | None:
     return min(found, key=lambda e: (e.time, e.rank is None, e.rank or 0))
 
 
+def chosen_options(options: RunOptions) -> dict[str, Any]:
+    """The run's options a rerun or a reader needs that geometry does not say: how
+    --nproc-per-node was given (auto|cpu|gpu|N) and what it resolved to, --maxfail, --tee,
+    and the bundle a --rerun-failed run reran."""
+    return {
+        "nproc_per_node": {
+            "requested": options.nproc_requested or str(options.nproc_per_node),
+            "resolved": options.nproc_per_node,
+        },
+        "maxfail": options.maxfail,
+        "tee": list(options.tee),
+        "test_timeout_s": options.resolved_test_timeout,
+        "timeout_s": options.timeout_s,
+        "rerun_of": None if options.rerun_of is None else str(options.rerun_of),
+    }
+
+
 def run_context(
     plan: RunPlan,
     result: LaunchResult,
@@ -125,7 +142,7 @@ def run_context(
     torchrun did, and a node that never reported counts as a failure too."""
     options = plan.options
     exit_code, timed_out = result.exit_code, result.timed_out
-    extra: dict[str, Any] = {"launch": result.to_json()}
+    extra: dict[str, Any] = {"launch": result.to_json(), "options": chosen_options(options)}
     if nodes is not None:
         extra["nodes"] = {str(k): None if m is None else m.to_json() for k, m in nodes.items()}
         for marker in nodes.values():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import re
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from harness.evidence.run_context import RunContext
 from harness.launch import nodes
@@ -30,6 +31,7 @@ from harness.launch.collect import LaunchResult, run_context
 from harness.launch.plan import SHUTDOWN_TIMEOUT_S, RunOptions, RunPlan, build_plan
 from harness.launch.proctree import Tracker
 from harness.launch.progress import Progress, make_progress, poller, snapshot
+from harness.launch.ranklogs import collect_rank_logs
 
 # How long node 0 waits for the other nodes' "finished" markers after its own torchrun exits,
 # and how long they wait for its receipt. Their torchruns end within seconds of each other.
@@ -85,8 +87,12 @@ def launch(
     *,
     tick: Callable[[float], None] | None = None,
     tick_s: float = 0.5,
+    console: TextIO | None = None,
 ) -> LaunchResult:
-    """Run the planned torchrun once; end its whole tree at the overall timeout or on ^C."""
+    """Run the planned torchrun once; end its whole tree at the overall timeout or on ^C.
+
+    With `--tee`, torchrun's console (its agent log plus the tee'd ranks' lines) is read through
+    a pipe: all of it still goes to agent.log, and the ranks' lines also to `console`."""
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     timeout_s = plan.options.timeout_s
     started_at, t0 = _now(), time.monotonic()
@@ -94,16 +100,26 @@ def launch(
     previous = signal.getsignal(signal.SIGTERM) or signal.SIG_DFL
     if in_main:
         signal.signal(signal.SIGTERM, _on_sigterm)
+    tee = plan.options.tee and console is not None
     with plan.agent_log.open("wb") as log:
         proc = subprocess.Popen(
             plan.argv,
             env=plan.child_env(),
             stdin=subprocess.DEVNULL,
-            stdout=log,
+            stdout=subprocess.PIPE if tee else log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # ^C at the terminal reaches the launcher, not the ranks
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
+    relay = None
+    if tee:
+        assert proc.stdout is not None and console is not None
+        relay = threading.Thread(
+            target=_relay,
+            args=(proc.stdout, plan.agent_log, console, plan.options.tee),
+            daemon=True,
+        )
+        relay.start()
     tracker = Tracker(proc.pid)
     timed_out = False
     try:
@@ -129,6 +145,8 @@ def launch(
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
+    if relay is not None:
+        relay.join(timeout=5.0)
     leftovers = tracker.survivors()
     if leftovers:
         tracker.end_all(grace_s=3.0)
@@ -140,6 +158,22 @@ def launch(
         elapsed_s=time.monotonic() - t0,
         leftovers=tuple(p.pid for p in leftovers),
     )
+
+
+# torchrun's prefix on a tee'd rank line: "[default0]:..." (role name + local rank).
+_RANK_LINE = re.compile(rb"^\[[A-Za-z_]*(\d+)\]:")
+
+
+def _relay(pipe: IO[bytes], agent_log: Path, console: TextIO, ranks: tuple[int, ...]) -> None:
+    """Copy torchrun's console to agent.log; pass the tee'd ranks' lines to the terminal."""
+    with agent_log.open("ab") as log:
+        for line in pipe:
+            log.write(line)
+            log.flush()
+            match = _RANK_LINE.match(line)
+            if match is not None and int(match[1]) in ranks:
+                console.write(line.decode("utf-8", errors="replace"))
+                console.flush()
 
 
 def prepare(options: RunOptions, evidence: Evidence) -> Path:
@@ -162,7 +196,8 @@ def _say(stream: TextIO, text: str) -> None:
 
 
 def report(stream: TextIO, out_dir: Path, receipt: Any, problems: list[str]) -> None:
-    """A few lines for the person at the terminal; the bundle has the rest."""
+    """A few lines for the person at the terminal, ending as pytest does; the bundle has the
+    rest."""
     verdict = str(getattr(receipt, "verdict", "fail")).upper()
     _say(stream, f"dcpqual run: verdict {verdict} (status {getattr(receipt, 'status', '?')})")
     cause = getattr(receipt, "root_cause", None)
@@ -172,7 +207,12 @@ def report(stream: TextIO, out_dir: Path, receipt: Any, problems: list[str]) -> 
         _say(stream, f"  root cause: rank {who}{where}: {cause.message}")
     for problem in problems:
         _say(stream, f"  bundle problem: {problem}")
-    _say(stream, f"  evidence: {out_dir}  (summary.md, receipt.json)")
+    _say(stream, f"  evidence: {out_dir}  (summary.md, receipt.json, logs/)")
+    if hasattr(receipt, "failed_tests"):
+        from harness.evidence.ending import ending_lines
+
+        for line in ending_lines(receipt, out_dir):
+            _say(stream, line)
 
 
 def run(
@@ -196,10 +236,14 @@ def run(
         f"dcpqual run: {options.world_size} ranks ({options.nnodes} node(s) x "
         f"{options.nproc_per_node}), backend {options.backend}, evidence -> {out_dir}",
     )
-    progress = make_progress(stream) if progress is None else progress
+    progress = make_progress(stream, plain=bool(options.tee)) if progress is None else progress
     records = out_dir / "records"
     try:
-        result = launch(plan, tick=poller(records, options.world_size, progress))
+        result = launch(
+            plan,
+            tick=poller(records, options.world_size, progress),
+            console=stream if options.tee else None,
+        )
     except BaseException:
         progress.close()
         raise
@@ -225,6 +269,7 @@ def run(
     markers = (
         nodes.wait_for_nodes(out_dir, options.nnodes, NODE_WAIT_S) if options.multi_node else None
     )
+    collect_rank_logs(out_dir, options.world_size, options.nproc_per_node)
     ctx = run_context(plan, result, nodes=markers)
     receipt = evidence.finalize_bundle(out_dir, ctx)
     problems = evidence.verify_bundle(out_dir)

@@ -52,6 +52,10 @@ class RunOptions:
     tp: int = 16
     dcp: int | None = None  # default: min(world size, 16), as the suites' fixture assumes
     pytest_args: tuple[str, ...] = ()
+    maxfail: int = 1  # agreed failed tests before every rank stops; 0: never stop early
+    tee: tuple[int, ...] = ()  # local ranks whose output torchrun also streams to the terminal
+    nproc_requested: str | None = None  # what the user typed (auto|cpu|gpu|N), for the receipt
+    rerun_of: Path | None = None  # the bundle whose failed tests these are
 
     def __post_init__(self) -> None:
         for name in ("nproc_per_node", "nnodes", "tp"):
@@ -66,6 +70,14 @@ class RunOptions:
             raise UsageError(
                 f"--node-rank must be in 0..{self.nnodes - 1} for --nnodes {self.nnodes}, "
                 f"got {self.node_rank}"
+            )
+        if isinstance(self.maxfail, bool) or not isinstance(self.maxfail, int) or self.maxfail < 0:
+            raise UsageError(f"--maxfail must be an integer >= 0, got {self.maxfail!r}")
+        outside = [r for r in self.tee if not 0 <= r < self.nproc_per_node]
+        if outside:
+            raise UsageError(
+                f"--tee names local rank(s) {', '.join(map(str, outside))}, but this node runs "
+                f"local ranks 0..{self.nproc_per_node - 1}"
             )
         if self.backend not in BACKENDS:
             raise UsageError(f"unknown --backend {self.backend!r}; expected gloo or nccl")
@@ -170,6 +182,10 @@ def torchrun_args(options: RunOptions, log_dir: Path) -> list[str]:
         f"--log-dir={log_dir}",
         "--redirects=3",  # every rank's stdout/stderr to its own file under --log-dir
     ]
+    if options.tee:
+        # torchrun's own tee: the chosen ranks' lines also go to its console, prefixed with
+        # their local rank; the launcher passes that console through (see launcher.launch).
+        args += ["--tee=3", f"--local-ranks-filter={','.join(map(str, options.tee))}"]
     return args
 
 
@@ -185,6 +201,7 @@ def pytest_args(options: RunOptions, out_dir: Path, targets: tuple[str, ...]) ->
         f"--dcpqual-out={out_dir}",
         f"--dcpqual-backend={options.backend}",
         f"--dcpqual-test-timeout={options.resolved_test_timeout:g}",
+        f"--dcpqual-maxfail={options.maxfail}",
         "--dcpqual-fast-exit",  # records and junit are final: skip 16 interpreter teardowns
         *targets,
     ]
@@ -209,6 +226,7 @@ def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
         "DCPQUAL_TP": str(options.tp),
         "DCPQUAL_DCP": str(options.resolved_dcp),
         "DCPQUAL_OUT": str(out_dir),
+        "DCPQUAL_NODE_INDEX": str(options.node_rank),  # which torchrun/node-KK holds its logs
         "TORCHELASTIC_ERROR_FILE": str(probe.agent_error_file),
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), pythonpath) if p),
         "PYTHONUNBUFFERED": "1",

@@ -126,9 +126,10 @@ def wants_plain(stream: TextIO, environ: dict[str, str] | None = None) -> bool:
     return (not is_tty) or env.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def make_progress(stream: TextIO | None = None) -> Progress:
+def make_progress(stream: TextIO | None = None, *, plain: bool = False) -> Progress:
+    """`plain`: plain lines even on a terminal (tee'd rank output would tear a live line)."""
     stream = sys.stdout if stream is None else stream
-    return PlainProgress(stream) if wants_plain(stream) else RichProgress(stream)
+    return PlainProgress(stream) if plain or wants_plain(stream) else RichProgress(stream)
 
 
 def poller(records_dir: Path, world_size: int, progress: Progress) -> Callable[[float], None]:

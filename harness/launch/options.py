@@ -1,0 +1,256 @@
+"""`dcpqual run`'s options, defined once: one table gives argparse its flags and help, and
+gives `RunOptions` its values, with one precedence rule (flag > environment > default).
+
+Every value arrives as text and is converted by the option's own parser, so a bad value is one
+line naming the flag. The spellings users bring from torchrun (`--nproc_per_node`,
+`auto|cpu|gpu|N`) and from vLLM (`--tensor-parallel-size`) are aliases of the same entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UsageError
+
+NPROC_WORDS = ("auto", "cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One `dcpqual run` option. `default` is the text used when neither the flag nor `env`
+    gives one (None: unset); `parse` turns the chosen text into the RunOptions value."""
+
+    dest: str
+    flags: tuple[str, ...]
+    metavar: str
+    help: str
+    parse: Callable[[str, str], Any]
+    default: str | None = None
+    env: str | None = None
+    default_help: str | None = None  # how the help names a computed default
+
+    @property
+    def flag(self) -> str:
+        return self.flags[0]
+
+    def help_text(self) -> str:
+        default = self.default_help or (self.default if self.default is not None else "unset")
+        chain = f"${self.env} > " if self.env else ""
+        return f"{self.help} (flag > {chain}default: {default})"
+
+
+def _text(flag: str, text: str) -> str:
+    return text
+
+
+def _int(flag: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"{flag} must be an integer, got {text!r}") from None
+
+
+def _seconds(flag: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"{flag} must be a number of seconds, got {text!r}") from None
+
+
+def _path(flag: str, text: str) -> Path:
+    return Path(text)
+
+
+def _nproc(flag: str, text: str) -> str:
+    """Kept as typed (`auto|cpu|gpu|N`); `resolve_nproc` turns it into a count."""
+    if text in NPROC_WORDS:
+        return text
+    _int(flag, text)
+    return text
+
+
+def _ranks(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        ranks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise UsageError(f"{flag} must be comma-separated local ranks, got {text!r}") from None
+    if not ranks or min(ranks) < 0:
+        raise UsageError(f"{flag} must be comma-separated local ranks >= 0, got {text!r}")
+    return ranks
+
+
+RUN_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "nproc_per_node",
+        ("--nproc-per-node", "--nproc_per_node"),
+        "N|auto|cpu|gpu",
+        "ranks on this node; auto: GPUs if any, else CPU cores (torchrun's rule)",
+        _nproc,
+        env="DCPQUAL_RUN_NPROC_PER_NODE",
+        default_help="required, or the bundle's with --rerun-failed",
+    ),
+    Option("nnodes", ("--nnodes",), "M", "nodes in the job", _int, default="1"),
+    Option(
+        "node_rank", ("--node-rank", "--node_rank"), "K", "this node's rank (0..M-1)", _int, "0"
+    ),
+    Option(
+        "rdzv_endpoint",
+        ("--rdzv-endpoint", "--rdzv_endpoint"),
+        "HOST:PORT",
+        "c10d rendezvous of a multi-node job",
+        _text,
+    ),
+    Option(
+        "backend",
+        ("--backend",),
+        "gloo|nccl",
+        "process-group backend: gloo (CPU) or nccl (GPU)",
+        _text,
+        default="gloo",
+        env="DCPQUAL_RUN_BACKEND",
+    ),
+    Option(
+        "out_dir",
+        ("--out",),
+        "DIR",
+        "evidence folder, must be new or empty",
+        _path,
+        default_help="evidence/<UTC time>-<id>",
+    ),
+    Option(
+        "timeout_s",
+        ("--timeout",),
+        "S",
+        "whole run, seconds",
+        _seconds,
+        default="3600",
+        env="DCPQUAL_RUN_TIMEOUT",
+    ),
+    Option(
+        "test_timeout_s",
+        ("--test-timeout",),
+        "S",
+        "per test, seconds; below --timeout",
+        _seconds,
+        env="DCPQUAL_RUN_TEST_TIMEOUT",
+        default_help="min(300, --timeout / 2)",
+    ),
+    Option(
+        "warm_impl",
+        ("--warm-impl",),
+        "NAME",
+        "warm implementation: vendored, before-kimi or package.module:function",
+        _text,
+        default="vendored",
+        env="DCPQUAL_RUN_WARM_IMPL",
+    ),
+    Option(
+        "tp",
+        ("--tp", "--tensor-parallel-size"),
+        "T",
+        "tensor parallel size (vLLM's --tensor-parallel-size)",
+        _int,
+        default="16",
+    ),
+    Option(
+        "dcp",
+        ("--dcp", "--decode-context-parallel-size"),
+        "D",
+        "decode context parallel size (vLLM's --decode-context-parallel-size)",
+        _int,
+        default_help="min(world size, 16)",
+    ),
+    Option(
+        "maxfail",
+        ("--maxfail",),
+        "N",
+        "stop after N agreed failed tests, 0: never (every rank stops at the same test)",
+        _int,
+        default="1",
+        env="DCPQUAL_RUN_MAXFAIL",
+    ),
+    Option(
+        "tee",
+        ("--tee",),
+        "RANKS",
+        "stream these local ranks' stdout/stderr to the terminal while the run goes "
+        "(torchrun's --tee and --local-ranks-filter), e.g. 0,5",
+        _ranks,
+        default_help="none",
+    ),
+    Option(
+        "rerun_failed",
+        ("--rerun-failed",),
+        "BUNDLE",
+        "rerun only the failed tests of a bundle that verifies, at its geometry unless "
+        "flags override it",
+        _path,
+    ),
+)
+OPTIONS_BY_DEST: dict[str, Option] = {o.dest: o for o in RUN_OPTIONS}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The table as argparse flags. argparse defaults stay None, so `chosen` sees what was given."""
+    for opt in RUN_OPTIONS:
+        parser.add_argument(
+            *opt.flags, dest=opt.dest, default=None, metavar=opt.metavar, help=opt.help_text()
+        )
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The options' values after precedence, and which of them the user set (flag or env)."""
+
+    values: Mapping[str, Any]
+    explicit: frozenset[str]
+
+
+def choose(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Chosen:
+    """flag > environment > default, each chosen text parsed by its option."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    explicit: set[str] = set()
+    for opt in RUN_OPTIONS:
+        text = getattr(args, opt.dest, None)
+        flag = opt.flag
+        if text is None and opt.env and env.get(opt.env):
+            text, flag = env[opt.env], f"${opt.env}"
+        if text is not None:
+            explicit.add(opt.dest)
+        else:
+            text = opt.default
+        values[opt.dest] = None if text is None else opt.parse(flag, text)
+    return Chosen(values, frozenset(explicit))
+
+
+def resolve_nproc(spec: str, *, cuda_count: Callable[[], int] | None = None) -> int:
+    """`auto|cpu|gpu|N` -> a rank count, as torchrun resolves it (cpu: usable cores)."""
+    if spec not in NPROC_WORDS:
+        return int(spec)
+    if spec == "cpu":
+        return _cpu_count()
+    count = _cuda_count() if cuda_count is None else cuda_count()
+    if spec == "gpu":
+        if count < 1:
+            raise UsageError("--nproc-per-node gpu needs CUDA GPUs, and none is visible")
+        return count
+    return count if count > 0 else _cpu_count()
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

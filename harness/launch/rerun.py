@@ -1,0 +1,70 @@
+"""`dcpqual run --rerun-failed BUNDLE`: the failed tests of an earlier run, at its geometry.
+
+The ranks run with pytest's cache plugin off (16 ranks would race on one .pytest_cache), so
+`--last-failed` cannot exist; the bundle is the cache instead. Only a bundle that verifies is
+used: its receipt is the one the writer wrote, so the node ids and geometry are the run's own.
+Node ids are relative to the rank's pytest rootdir, which the receipt records; they are made
+absolute so the rerun works from any working directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UsageError
+
+
+@dataclass(frozen=True)
+class RerunSource:
+    """What a rerun takes from the bundle: option values (by RunOptions field) and targets."""
+
+    bundle: Path
+    settings: Mapping[str, Any]
+    targets: tuple[str, ...]
+
+
+def absolute_nodeid(nodeid: str, rootdir: Path | None) -> str:
+    """`suites/x/test_y.py::t[p]` -> `<rootdir>/suites/x/test_y.py::t[p]` (unchanged if already
+    absolute or when the rootdir is unknown)."""
+    path, sep, rest = nodeid.partition("::")
+    if rootdir is None or Path(path).is_absolute():
+        return nodeid
+    return f"{rootdir / path}{sep}{rest}"
+
+
+def rerun_source(bundle: Path) -> RerunSource:
+    """Read BUNDLE's failed node ids and geometry; UsageError (one line) when it cannot serve."""
+    from harness.evidence.schema import Receipt
+    from harness.evidence.verify import verify_bundle
+    from harness.evidence.writer import RECEIPT_NAME
+
+    result = verify_bundle(bundle)  # UsageError when it is not a folder
+    if not result.ok:
+        raise UsageError(
+            f"--rerun-failed {bundle}: the bundle does not verify ({result.problems[0]}); "
+            "run `dcpqual verify` on it"
+        )
+    receipt = Receipt.model_validate_json((Path(bundle) / RECEIPT_NAME).read_text())
+    nodeids = [f.nodeid for f in receipt.failed_tests]
+    if not nodeids and receipt.root_cause is not None and receipt.root_cause.test:
+        nodeids = [receipt.root_cause.test]  # a receipt written before the failed-test list
+    if not nodeids:
+        raise UsageError(f"--rerun-failed {bundle}: its receipt names no failed test to rerun")
+    root = Path(receipt.run.rootdir) if receipt.run.rootdir else None
+    g = receipt.geometry
+    settings = {
+        "nproc_per_node": str(g.nproc_per_node),
+        "nnodes": g.nnodes,
+        "backend": g.backend,
+        "tp": g.tp,
+        "dcp": g.dcp,
+        "warm_impl": receipt.warm_impl,
+    }
+    return RerunSource(
+        bundle=Path(bundle),
+        settings=settings,
+        targets=tuple(dict.fromkeys(absolute_nodeid(n, root) for n in nodeids)),
+    )
