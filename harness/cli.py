@@ -19,6 +19,7 @@ from harness.errors import DcpqualError
 # Modules that contribute sub-commands, in the order they appear in --help.
 COMMAND_MODULES: tuple[str, ...] = (
     "harness.launch.cli",  # run
+    "harness.launch.logs_cli",  # logs
     "harness.warm.cli",  # signatures
     "harness.evidence.cli",  # verify
     "harness.qualify.cli",  # compare, nightly

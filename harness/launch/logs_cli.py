@@ -1,0 +1,90 @@
+"""`dcpqual logs BUNDLE [--rank N] [--stderr|--stacks] [--grep PATTERN]`: read rank logs by
+global rank.
+
+Reads `logs/rank-NN.<stream>` that `dcpqual run` puts in every bundle. Without --grep each
+chosen rank's log is printed under a `==> rank N (file) <==` header (tail's habit); with --grep
+only matching lines, as `rank-NN.stderr:LINE:text` (grep -n's habit). Exit 0 when something was
+printed, 1 when --grep matched nothing, 2 on unusable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from harness.errors import UsageError
+from harness.launch.ranklogs import LOGS_DIR, log_name
+
+_RANK_FILE = re.compile(r"^rank-(\d+)\.(stdout|stderr|stacks)$")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "logs",
+        help="print a bundle's rank logs by global rank",
+        description=(
+            "Print the rank logs of an evidence bundle (logs/rank-NN.stdout, .stderr, .stacks) "
+            "by global rank. Exit 0 when something was printed, 1 when --grep matched nothing, "
+            "2 on unusable input."
+        ),
+    )
+    p.add_argument("bundle", type=Path, metavar="BUNDLE", help="the evidence folder")
+    p.add_argument("--rank", default=None, metavar="N", help="only this global rank")
+    stream = p.add_mutually_exclusive_group()
+    stream.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
+    stream.add_argument(
+        "--stacks", action="store_true", help="the stack dumps of a timeout or abort"
+    )
+    p.add_argument("--grep", default=None, metavar="PATTERN", help="only lines matching a regex")
+    p.set_defaults(func=logs_command)
+
+
+def available(bundle: Path, stream: str) -> dict[int, Path]:
+    """Global rank -> its log file for `stream`, as the bundle holds them."""
+    folder = bundle / LOGS_DIR
+    if not bundle.is_dir():
+        raise UsageError(f"{bundle} is not a folder")
+    if not folder.is_dir():
+        raise UsageError(f"{bundle} has no {LOGS_DIR}/ folder (not a dcpqual run bundle?)")
+    found: dict[int, Path] = {}
+    for path in folder.iterdir():
+        match = _RANK_FILE.match(path.name)
+        if match and match[2] == stream and path.is_file() and not path.is_symlink():
+            found[int(match[1])] = path
+    return dict(sorted(found.items()))
+
+
+def logs_command(args: argparse.Namespace) -> int:
+    stream = "stderr" if args.stderr else "stacks" if args.stacks else "stdout"
+    pattern = None
+    if args.grep is not None:
+        try:
+            pattern = re.compile(args.grep)
+        except re.error as exc:
+            raise UsageError(f"--grep {args.grep!r} is not a regular expression: {exc}") from None
+    files = available(args.bundle, stream)
+    if args.rank is not None:
+        try:
+            rank = int(args.rank)
+        except ValueError:
+            raise UsageError(f"--rank must be an integer, got {args.rank!r}") from None
+        if rank not in files:
+            have = ", ".join(map(str, files)) or "none"
+            raise UsageError(f"no {log_name(rank, stream)} in {args.bundle} (ranks: {have})")
+        files = {rank: files[rank]}
+    out = sys.stdout
+    matched = 0
+    for rank, path in files.items():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if pattern is None:
+            out.write(f"==> rank {rank} ({LOGS_DIR}/{path.name}) <==\n")
+            out.write(text if text.endswith("\n") or not text else text + "\n")
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if pattern.search(line):
+                out.write(f"{path.name}:{number}:{line}\n")
+                matched += 1
+    out.flush()
+    return 1 if pattern is not None and not matched else 0
