@@ -1,4 +1,5 @@
-"""Progress for the person watching `dcpqual run`: tests done / total, ranks alive, elapsed.
+"""Progress for the person watching `dcpqual run`: tests done / total, ranks alive, elapsed,
+an ETA from the collected count, and which ranks hold a test up while the others wait for them.
 
 The ranks already keep `records/rank-NN.json` current after every test, so the launcher only
 polls those files; nothing extra travels between processes. On a terminal the line is a rich
@@ -31,6 +32,17 @@ class Snapshot:
     total: int = 0
     failed: int = 0
     current: str | None = None
+    # Ranks still running `current` while others already wait for them, and how long the
+    # first has waited: who holds the test up.
+    behind: tuple[int, ...] = ()
+    waited_s: float = 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        """Time left at the pace so far (elapsed per finished test x tests left)."""
+        if not self.done or not self.total or self.done >= self.total:
+            return None
+        return self.elapsed_s / self.done * (self.total - self.done)
 
     def line(self) -> str:
         total = str(self.total) if self.total else "?"
@@ -39,10 +51,15 @@ class Snapshot:
             f"tests {self.done}/{total}",
             f"ranks alive {self.alive}/{self.world_size}",
         ]
+        if self.eta_s is not None:
+            parts.append(f"ETA {self.eta_s:.0f}s")
         if self.failed:
             parts.append(f"FAILED {self.failed}")
         if self.current:
             parts.append(f"running {self.current}")
+        if self.behind:
+            shown = ", ".join(map(str, self.behind[:8])) + (", ..." if len(self.behind) > 8 else "")
+            parts.append(f"waiting {self.waited_s:.0f}s on rank(s) {shown}")
         return "  ".join(parts)
 
 
@@ -59,6 +76,7 @@ def snapshot(records_dir: Path, world_size: int, elapsed_s: float) -> Snapshot:
     alive = sum(1 for r in records if not r.complete and r.abort_reason is None)
     failed = len({t.nodeid for r in records for t in r.tests if t.outcome in ("failed", "error")})
     running = [r.current_test for r in records if r.current_test]
+    behind, waited = slowest(records, time.time())
     return Snapshot(
         elapsed_s=elapsed_s,
         world_size=world_size,
@@ -68,7 +86,21 @@ def snapshot(records_dir: Path, world_size: int, elapsed_s: float) -> Snapshot:
         total=max(len(r.collected) for r in records),
         failed=failed,
         current=running[0].rsplit("/", 1)[-1] if running else None,
+        behind=behind,
+        waited_s=waited,
     )
+
+
+def slowest(records: list[RankRecord], now: float) -> tuple[tuple[int, ...], float]:
+    """Ranks still in the body of a test that other ranks finished and wait on, and the
+    longest wait so far. Empty while nobody waits (every rank still runs, or between tests)."""
+    for test in dict.fromkeys(r.current_test for r in records if r.current_test):
+        at = [r for r in records if r.current_test == test and r.abort_reason is None]
+        waiting = [r.waiting_since for r in at if r.waiting_since is not None]
+        running = tuple(sorted(r.rank for r in at if r.waiting_since is None))
+        if waiting and running:
+            return running, max(0.0, now - min(waiting))
+    return (), 0.0
 
 
 class Progress(Protocol):
@@ -83,11 +115,11 @@ class PlainProgress:
     def __init__(self, stream: TextIO, heartbeat_s: float = 30.0) -> None:
         self.stream = stream
         self.heartbeat_s = heartbeat_s
-        self._last_key: tuple[int, int, int, int] | None = None
+        self._last_key: tuple[object, ...] | None = None
         self._last_time = 0.0
 
     def update(self, snap: Snapshot) -> None:
-        key = (snap.done, snap.total, snap.alive, snap.failed)
+        key = (snap.done, snap.total, snap.alive, snap.failed, snap.behind)
         now = time.monotonic()
         if key != self._last_key or now - self._last_time >= self.heartbeat_s:
             self.stream.write(f"dcpqual run {snap.line()}\n")

@@ -264,6 +264,7 @@ class RankPlugin:
             fail_seq=self.channel.next_fail_seq(index) if failing else None,
         )
         self.channel.post_result(index, mine)
+        self.keeper.waiting()
         results = self.channel.gather_results(index, self.watchdog.test_deadline())
         results[self.env.rank] = mine
         agreement = agree(item.nodeid, results, self.env.world_size)

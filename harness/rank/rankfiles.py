@@ -89,12 +89,17 @@ class RecordKeeper:
         self.update(collected=nodeids)
 
     def running(self, nodeid: str | None) -> None:
-        self.update(current_test=nodeid)
+        self.update(current_test=nodeid, waiting_since=None)
+
+    def waiting(self) -> None:
+        """The test's body is done here; the rank now waits for its peers' results."""
+        self.update(waiting_since=time.time())
 
     def add_test(self, outcome: TestOutcome) -> None:
         with self._lock:
             if not self._sealed:
-                self._write(replace(self._record.with_test(outcome), current_test=None))
+                record = self._record.with_test(outcome)
+                self._write(replace(record, current_test=None, waiting_since=None))
 
     def add_capture(self, capture: CaptureRecord) -> None:
         with self._lock:

@@ -113,6 +113,9 @@ class RankRecord:
     current_test: str | None = None
     abort_primary: bool = False
     aborted_at: float | None = None
+    # Extension: unix time this rank finished `current_test` and began waiting for its peers'
+    # results (None while it runs a test or between tests): who is behind, for the progress.
+    waiting_since: float | None = None
 
     @property
     def stopped(self) -> bool:
@@ -149,6 +152,7 @@ class RankRecord:
             "current_test": self.current_test,
             "abort_primary": self.abort_primary,
             "aborted_at": self.aborted_at,
+            "waiting_since": self.waiting_since,
         }
 
     @classmethod
@@ -176,6 +180,7 @@ class RankRecord:
             current_test=data.get("current_test"),
             abort_primary=bool(data.get("abort_primary", False)),
             aborted_at=data.get("aborted_at"),
+            waiting_since=data.get("waiting_since"),
         )
 
     def write(self, path: Path) -> None:
