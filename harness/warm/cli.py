@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
+from harness.errors import UsageError
 from harness.models.backends import BACKEND_CHOICES
 from harness.models.builders import MODEL_CHOICES, ModelSpec, build_model
 from harness.warm.discovery import Discovery, discover
@@ -23,9 +25,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--model", required=True, choices=MODEL_CHOICES)
-    p.add_argument("--tp", required=True, type=int)
-    p.add_argument("--dcp", required=True, type=int)
-    p.add_argument("--backend", default="b12x", choices=BACKEND_CHOICES)
+    p.add_argument("--tp", "--tensor-parallel-size", dest="tp", required=True, type=int)
+    p.add_argument("--dcp", "--decode-context-parallel-size", dest="dcp", required=True, type=int)
+    p.add_argument(
+        "--attention-backend",
+        dest="attention_backend",
+        default=None,
+        choices=BACKEND_CHOICES,
+        help="attention backend of the stand-in layers (vLLM's name; default b12x)",
+    )
+    p.add_argument(
+        "--backend",
+        dest="deprecated_backend",
+        default=None,
+        choices=BACKEND_CHOICES,
+        help="deprecated alias of --attention-backend (in `run`, --backend is gloo|nccl)",
+    )
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     p.add_argument("--num-layers", type=int, default=None)
@@ -49,7 +64,24 @@ def signature_rows(model: str, found: Discovery) -> list[dict[str, Any]]:
     return rows
 
 
+def attention_backend(args: argparse.Namespace) -> str:
+    """--attention-backend, or the deprecated --backend with a warning on stderr."""
+    if args.deprecated_backend is not None:
+        if args.attention_backend is not None and args.attention_backend != args.deprecated_backend:
+            raise UsageError(
+                f"--backend {args.deprecated_backend} contradicts --attention-backend "
+                f"{args.attention_backend}; give only --attention-backend"
+            )
+        print(
+            "dcpqual signatures: warning: --backend is deprecated here, use --attention-backend",
+            file=sys.stderr,
+        )
+        return str(args.deprecated_backend)
+    return str(args.attention_backend or "b12x")
+
+
 def run_signatures(args: argparse.Namespace) -> int:
+    args.backend = attention_backend(args)
     spec = ModelSpec(
         model=args.model,
         tp=args.tp,
