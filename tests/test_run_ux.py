@@ -1,0 +1,140 @@
+"""`dcpqual run` as a pytest user meets it, through the real CLI on 2-rank torchrun jobs: the
+ending and its rerun command, --maxfail in lockstep, --tee, and rank logs by global rank from a
+2 nodes x 2 ranks job."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.cli import main
+from harness.schema.rank_record import RankRecord
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+
+SUITES = Path(__file__).resolve().parent / "rank_suites"
+FAULT = "tests/rank_suites/rank_assert.py::test_fault"
+TWO = "tests/rank_suites/rank_two_failures.py"
+
+
+def receipt(out: Path) -> dict[str, Any]:
+    return json.loads((out / "receipt.json").read_text())
+
+
+def records(out: Path) -> dict[int, RankRecord]:
+    found = (RankRecord.read(p) for p in sorted((out / "records").glob("rank-*.json")))
+    return {rec.rank: rec for rec in found}
+
+
+def ran(out: Path) -> dict[int, list[tuple[str, str]]]:
+    """Per rank: (test name, outcome) of every test it recorded."""
+    return {
+        rank: [(t.nodeid.rsplit("::", 1)[-1], t.outcome) for t in rec.tests]
+        for rank, rec in records(out).items()
+    }
+
+
+def test_a_failed_run_ends_like_pytest_and_its_printed_rerun_reruns_only_that_test(
+    tmp_path: Path, capsys, monkeypatch
+):
+    out = tmp_path / "first"
+    argv = ["run", "--nproc_per_node", "2", "--tensor-parallel-size", "2", "--out", str(out)]
+    assert main([*argv, "--", str(SUITES / "rank_assert.py")]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    failed = f"FAILED {FAULT} - rank 1: AssertionError: injected assertion on rank 1"
+    assert failed in lines
+    assert any(
+        re.fullmatch(r"=+ .*1 failed.*1 passed.* in [0-9.]+s \(FAIL\) =+", ln) for ln in lines
+    )
+    printed = lines[-1]
+    assert printed == f"rerun the failed tests: dcpqual run --rerun-failed {out}"
+    summary = (out / "summary.md").read_text()
+    assert failed in summary.split("## Transport signatures")[0]
+    assert printed in summary
+
+    monkeypatch.chdir(tmp_path)  # run it as printed, from elsewhere, default --out
+    command = shlex.split(printed.split(": ", 1)[1])
+    assert command[:2] == ["dcpqual", "run"]
+    assert main(command[1:]) == 1
+    [again] = (tmp_path / "evidence").iterdir()
+    assert {r: rec.collected for r, rec in records(again).items()} == {0: (FAULT,), 1: (FAULT,)}
+    data = receipt(again)
+    assert (data["geometry"]["world_size"], data["geometry"]["tp"]) == (2, 2)
+    assert data["run"]["extra"]["options"]["rerun_of"] == str(out)
+    assert data["run"]["extra"]["options"]["nproc_per_node"] == {"requested": "2", "resolved": 2}
+    assert [t["nodeid"] for t in data["failed_tests"]] == [FAULT]
+    assert main(["verify", str(again)]) == 0
+
+
+def test_maxfail_2_goes_on_in_lockstep_and_tee_streams_only_the_chosen_rank(tmp_path: Path, capsys):
+    out = tmp_path / "maxfail"
+    argv = ["run", "--nproc-per-node", "2", "--tp", "2", "--maxfail", "2", "--tee", "1"]
+    assert main([*argv, "--out", str(out), "--", "-s", str(SUITES / "rank_two_failures.py")]) == 1
+    expected = [("test_first_fault", "failed"), ("test_in_between", "passed")]
+    expected.append(("test_second_fault", "failed"))
+    assert {r: [(n, o == "passed") for n, o in t] for r, t in ran(out).items()} == {
+        r: [(n, o == "passed") for n, o in expected] for r in (0, 1)
+    }
+    assert all(rec.complete for rec in records(out).values())
+    data = receipt(out)
+    assert [(t["nodeid"].rsplit("::")[-1], t["ranks"]) for t in data["failed_tests"]] == [
+        ("test_first_fault", [1]),
+        ("test_second_fault", [1]),
+    ]
+    printed = capsys.readouterr().out.splitlines()
+    assert any(ln.startswith("[default1]:") for ln in printed)
+    assert not any(ln.startswith("[default0]:") for ln in printed)
+    assert sum(ln.startswith("FAILED ") for ln in printed) == 2
+    agent_log = (out / "torchrun" / "node-00" / "agent.log").read_text()
+    assert "[default1]:" in agent_log  # everything torchrun printed is still in its log
+
+
+def test_by_default_every_rank_stops_at_the_first_failure(tmp_path: Path):
+    out = tmp_path / "maxfail1"
+    argv = ["run", "--nproc-per-node", "2", "--tp", "2", "--out", str(out)]
+    assert main([*argv, "--", str(SUITES / "rank_two_failures.py")]) == 1
+    assert {r: [n for n, _ in t] for r, t in ran(out).items()} == {
+        0: ["test_first_fault"],
+        1: ["test_first_fault"],
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_logs_of_a_two_node_job_are_read_by_global_rank(tmp_path: Path, capsys):
+    out = tmp_path / "2x2"
+    endpoint = f"127.0.0.1:{free_port()}"
+    codes: dict[int, int] = {}
+
+    def node(k: int) -> None:
+        argv = ["run", "--nproc-per-node", "2", "--nnodes", "2", "--node_rank", str(k)]
+        argv += ["--rdzv_endpoint", endpoint, "--tp", "4", "--out", str(out)]
+        codes[k] = main([*argv, "--", "-s", str(SUITES / "rank_whoami.py")])
+
+    other = threading.Thread(target=node, args=(1,))
+    other.start()
+    node(0)
+    other.join(300)
+    assert codes == {0: 0, 1: 0}
+    assert sorted(p.name for p in (out / "logs").iterdir()) == [
+        f"rank-{r:02d}.{s}" for r in range(4) for s in ("stderr", "stdout")
+    ]
+    capsys.readouterr()
+    for rank in range(4):
+        assert main(["logs", str(out), "--rank", str(rank), "--grep", "whoami:"]) == 0
+        [line] = capsys.readouterr().out.splitlines()
+        assert line.endswith(f"whoami: global rank {rank} local rank {rank % 2}"), line
+        assert main(["logs", str(out), "--rank", str(rank), "--stderr", "--grep", "whoami"]) == 0
+        assert capsys.readouterr().out.rstrip().endswith(f"whoami-err: global rank {rank}")
+    assert main(["verify", str(out)]) == 0
