@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from harness.cli import main
+from harness.launch import launcher
+from harness.launch.plan import RunOptions
 from harness.schema.rank_record import RankRecord
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
@@ -71,6 +73,14 @@ def test_a_failed_run_ends_like_pytest_and_its_printed_rerun_reruns_only_that_te
     assert data["run"]["extra"]["options"]["nproc_per_node"] == {"requested": "2", "resolved": 2}
     assert [t["nodeid"] for t in data["failed_tests"]] == [FAULT]
     assert main(["verify", str(again)]) == 0
+
+    seen: list[RunOptions] = []
+    monkeypatch.setattr(launcher, "run", lambda options, **kw: seen.append(options) or 0)
+    assert main(["run", "--rerun-failed", str(out), "--dcp", "1", "--maxfail", "0"]) == 0
+    [overridden] = seen
+    assert (overridden.nproc_per_node, overridden.tp) == (2, 2)  # the bundle's
+    assert (overridden.dcp, overridden.maxfail) == (1, 0)  # the flags'
+    assert overridden.pytest_args == (str(SUITES / "rank_assert.py") + "::test_fault",)
 
 
 def test_maxfail_2_goes_on_in_lockstep_and_tee_streams_only_the_chosen_rank(tmp_path: Path, capsys):

@@ -16,7 +16,9 @@ from harness.launch.plan import RunOptions
 
 DESCRIPTION = (
     "Run the suites (or the pytest targets after --) on N ranks per node with one torchrun "
-    "launch, then write and verify the evidence bundle. Exit 0 only when the verdict is pass."
+    "launch, then write and verify the evidence bundle. Ends as pytest does: FAILED lines (rank "
+    "and first message line, root cause first), tallies and wall time, and the command that "
+    "reruns the failed tests. Exit 0 only when the verdict is pass."
 )
 
 

@@ -278,6 +278,21 @@ def run(
     return 0 if passed and not problems and ctx.exit_code == 0 and not ctx.timed_out else 1
 
 
+def _say_ending(stream: TextIO, data: dict[str, Any], out_dir: Path) -> None:
+    """Node 0's ending on this node too, when its receipt reads as one."""
+    from pydantic import ValidationError
+
+    from harness.evidence.ending import ending_lines
+    from harness.evidence.schema import Receipt
+
+    try:
+        receipt = Receipt.model_validate(data)
+    except ValidationError:
+        return
+    for line in ending_lines(receipt, out_dir):
+        _say(stream, line)
+
+
 def _follow_node0(stream: TextIO, out_dir: Path, result: LaunchResult) -> int:
     receipt = nodes.wait_for_receipt(out_dir, NODE_WAIT_S)
     if receipt is None:
@@ -285,4 +300,5 @@ def _follow_node0(stream: TextIO, out_dir: Path, result: LaunchResult) -> int:
         return 1
     verdict = receipt.get("verdict")
     _say(stream, f"dcpqual run: node 0's bundle says {str(verdict).upper()}: {out_dir}")
+    _say_ending(stream, receipt, out_dir)
     return 0 if verdict == "pass" and result.exit_code == 0 else 1
