@@ -169,7 +169,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "maxfail",
         ("--maxfail",),
         "N",
-        "stop after N agreed failed tests, 0: never (every rank stops at the same test)",
+        "stop after N agreed failed tests, 0: never; every rank stops at the same test, and "
+        "a rank still inside a test 3 s after a peer failed it is stopped, which ends the run",
         _int,
         default="1",
         env="DCPQUAL_RUN_MAXFAIL",
