@@ -116,6 +116,16 @@ def test_by_default_every_rank_stops_at_the_first_failure(tmp_path: Path):
     }
 
 
+def test_progress_names_the_rank_the_others_wait_for_and_an_eta(tmp_path: Path, capsys):
+    out = tmp_path / "slow"
+    argv = ["run", "--nproc-per-node", "2", "--tp", "2", "--out", str(out)]
+    assert main([*argv, "--", str(SUITES / "rank_slow.py")]) == 0
+    progress = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("dcpqual run [")]
+    assert any("on rank(s) 1" in ln and "rank_slow.py::test_slow" in ln for ln in progress)
+    assert not any("on rank(s) 0" in ln for ln in progress)
+    assert any(re.search(r"tests 1/3 .*ETA \d+s", ln) for ln in progress)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
