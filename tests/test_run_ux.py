@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from harness.cli import main
+from harness.evidence.rederive import rederive_problems
+from harness.evidence.schema import FailedTest, Receipt
 from harness.launch import launcher
 from harness.launch.plan import RunOptions
 from harness.schema.rank_record import RankRecord
@@ -57,6 +59,13 @@ def test_a_failed_run_ends_like_pytest_and_its_printed_rerun_reruns_only_that_te
     )
     printed = lines[-1]
     assert printed == f"rerun the failed tests: dcpqual run --rerun-failed {out}"
+    real = Receipt.model_validate_json((out / "receipt.json").read_text())
+    assert rederive_problems(out, real) == []  # verify holds the list to the records
+    other = FailedTest(nodeid="tests/rank_suites/rank_assert.py::test_before", outcome="failed")
+    forged = real.model_copy(update={"failed_tests": [other]})
+    assert any("failed_tests" in p for p in rederive_problems(out, forged))
+    moved = real.model_copy(update={"run": real.run.model_copy(update={"rootdir": "/elsewhere"})})
+    assert any("run.rootdir" in p for p in rederive_problems(out, moved))
     summary = (out / "summary.md").read_text()
     assert failed in summary.split("## Transport signatures")[0]
     assert printed in summary

@@ -14,19 +14,21 @@ text (it may quote torchrun's error file).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.evidence import rules
 from harness.evidence.collect import (
+    RankFiles,
     coverage_of,
     load_records,
     merge_signatures,
     summarize_capture,
     transports,
 )
+from harness.evidence.ending import failed_tests, ranks_rootdir
 from harness.evidence.junit import merge_junit, read_merged, tallies
 from harness.evidence.schema import Ranks, Receipt
 
@@ -140,7 +142,21 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
     yield r, "negative_control", dump(receipt.negative_control), dump(negative)
     yield r, "signatures", dump(receipt.signatures), dump(signatures)
     yield r, "transports", receipt.transports, transports(rank_files)
+    yield from _ending_facts(receipt, rank_files, dump)
     yield r, "failures", receipt.failures, stated_reasons  # last: it sums up the facts above
+
+
+def _ending_facts(
+    receipt: Receipt, rank_files: RankFiles, dump: Callable[[Any], Any]
+) -> Iterator[tuple[str, str, Any, Any]]:
+    """The failed-test list (what `--rerun-failed` reruns) and the rootdir its node ids are
+    relative to. Receipts written before the list existed have none, so only a stated list is
+    held to the records (with the stated root cause, whose text is not re-derived)."""
+    if receipt.failed_tests:
+        derived = failed_tests(rank_files, receipt.root_cause)
+        yield RECEIPT_NAME, "failed_tests", dump(receipt.failed_tests), dump(derived)
+    if receipt.run.rootdir is not None:
+        yield RECEIPT_NAME, "run.rootdir", receipt.run.rootdir, ranks_rootdir(rank_files)
 
 
 def rederive_problems(bundle: Path, receipt: Receipt) -> list[str]:
