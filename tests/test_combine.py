@@ -350,3 +350,26 @@ def test_an_in_place_step_without_its_zero_weight_mask_fails(fn, name, broken, m
     monkeypatch.setattr(combine, name, broken)
     with pytest.raises(AssertionError, match="non-finite"):
         check_all_cases(fn)
+
+
+def test_combine_local_writes_into_out_or_casts_to_out_dtype() -> None:
+    parts = make_partials(2, 2, 4, 3, torch.bfloat16, pattern="mixed", seed=51)
+    block, lses = parts.head_block(1)
+    want = reference_combine(parts.outputs, parts.lses, 1)
+    as_fp32 = combine_local(block, lses, out_dtype=torch.float32)
+    assert as_fp32.dtype == torch.float32
+    assert_matches(as_fp32, want.float(), what="out_dtype")
+    out = torch.full((2, 2, 3), 5.0, dtype=torch.float64)
+    assert combine_local(block, lses, out=out) is out
+    assert_matches(out, want, what="out")
+    base_2 = combine_local(block, lses, base_e=False)
+    assert_matches(base_2, reference_combine(parts.outputs, parts.lses, 1, base_e=False).bfloat16())
+
+
+@pytest.mark.parametrize(
+    ("outputs", "lses"),
+    [(torch.zeros(2, 1, 3), torch.zeros(2, 1)), (torch.zeros(2, 1, 3, 4), torch.zeros(2, 1, 2))],
+)
+def test_combine_local_rejects_mismatched_shapes(outputs, lses) -> None:
+    with pytest.raises(ValueError, match=r"combine_local expects outputs \[W, B, h, D\]"):
+        combine_local(outputs, lses)
