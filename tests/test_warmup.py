@@ -241,3 +241,61 @@ def test_a_warm_that_drops_one_source_is_caught(dropped: str, monkeypatch) -> No
     monkeypatch.setattr(discovery, "iter_candidates", one_source)
     with pytest.raises(AssertionError):
         check_both_sources_warmed()
+
+
+def test_the_report_says_what_was_warmed_and_by_which_kinds() -> None:
+    built = build("mixed", tp=16, dcp=16)
+    report = warm(
+        built.model,
+        registry=RecordingRegistry(),
+        context=WarmContext(dcp_world_size=16),
+        static_forward_context=built.static_forward_context,
+    )
+    data = report.to_json()
+    assert data["recognizer_set"] == "vendored" and data["count"] == 3
+    assert data["signatures"] == [s.to_json() for s in report.signatures]
+    assert data["per_kind"] == report.per_kind and set(data["per_kind"]) == {
+        "deepseek-v4",
+        "generic-mla",
+        "kimi-k3",
+    }
+    assert len(data["layers"]) == len(report.layers) > 3
+    first = data["layers"][0]
+    assert set(first) == {"name", "kind", "signature"}
+    assert first["signature"] == report.layers[0].signature.to_json()
+
+
+def test_a_custom_recognizer_list_names_its_set() -> None:
+    built = build("mixed", tp=16, dcp=16)
+    chosen = recognizer_set("vendored")[:2]
+    report = warm(
+        built.model,
+        registry=RecordingRegistry(),
+        context=WarmContext(dcp_world_size=16),
+        static_forward_context=built.static_forward_context,
+        recognizers=chosen,
+    )
+    assert report.recognizer_set == "+".join(r.kind for r in chosen)
+    assert report.count == 2
+    empty = warm(built.model, registry=RecordingRegistry(), context=WarmContext(), recognizers=())
+    assert (empty.recognizer_set, empty.count) == ("none", 0)
+
+
+def test_before_kimi_passes_group_and_forward_context_through() -> None:
+    built = build("mixed", tp=16, dcp=16)
+    registry, group = RecordingRegistry(), object()
+    report = warm_before_kimi(
+        built.model,
+        registry=registry,
+        context=WarmContext(dcp_world_size=16),
+        group=group,  # type: ignore[arg-type]
+        static_forward_context=built.static_forward_context,
+    )
+    assert report.count == 2 and registry.groups == [group, group]
+    assert set(report.per_kind) == {"deepseek-v4", "generic-mla"}
+
+
+def test_the_warm_device_follows_the_context(monkeypatch) -> None:
+    monkeypatch.setattr(warmup.torch.cuda, "current_device", lambda: 3)
+    assert warmup._device(WarmContext(device_type="cuda")) == torch.device("cuda", 3)
+    assert warmup._device(WarmContext(device_type="cpu")) == torch.device("cpu")
