@@ -26,12 +26,13 @@ RESULTS = """\
     harness.warm.warmup.x_warm__mutmut_1: killed
     harness.capture.detectors.xǁDynamoDetectorǁ_collect__mutmut_3: killed
     harness.capture.detectors.xǁDynamoDetectorǁ_collect__mutmut_4: skipped
+    harness.warm.cli.x_register__mutmut_1: not checked
 """
 
 
 def test_results_lines_become_statuses() -> None:
     statuses = parse_results("header line\n" + RESULTS)
-    assert len(statuses) == 7
+    assert len(statuses) == 8
     assert statuses["harness.transport.combine.x_sanitize_lse__mutmut_2"] == "survived"
     assert statuses["harness.transport.combine.x_reference_max__mutmut_2"] == "no tests"
 
@@ -57,6 +58,7 @@ def test_scores_count_timeouts_as_kills_and_uncovered_as_survivors() -> None:
         "harness.transport.combine.x_reference_max__mutmut_2",
     }
     assert [f.path for f in report.below(90.0)] == ["harness/transport/combine.py"]
+    assert [f.path for f in report.not_run] == ["harness/warm/cli.py"]  # not a 0 %
     assert report.score == pytest.approx(100.0 * 4 / 6)
 
 
@@ -104,8 +106,13 @@ def test_the_cli_writes_the_report_and_exits_by_the_minimum(monkeypatch, tmp_pat
     assert report["below_min_score"] == ["harness/transport/combine.py"]
     assert report["survivors"][0]["diff"].startswith("--- diff of harness.transport.combine")
     assert "mutation score" in capsys.readouterr().out
+    assert report["not_run"] == ["harness/warm/cli.py"]
     lower = tmp_path / "lower.json"
-    assert mutants.main(["--out", str(lower), "--no-run", "--min-score", "50"]) == 0
+    assert mutants.main(["--out", str(lower), "--no-run", "--min-score", "50"]) == 1  # cli.py
+    ran = RESULTS.replace("x_register__mutmut_1: not checked", "x_register__mutmut_1: killed")
+    _fake_mutmut(monkeypatch, ran)
+    every = tmp_path / "every.json"
+    assert mutants.main(["--out", str(every), "--no-run", "--min-score", "50"]) == 0
 
 
 def test_the_cli_refuses_bad_input_and_writes_nothing(monkeypatch, tmp_path, capsys):

@@ -13,8 +13,9 @@ each mutant under a CPU-time limit. This module turns mutmut's results into a JS
   listed name that no longer exists is an error: the list never hides anything silently.
 
 `python -m harness.qualify.mutants --out FILE [--equivalents FILE] [--min-score 90]
-[--no-run] [GLOB...]` exits 0 when every file reaches the minimum score, 1 when one does not,
-2 on bad input (one line on stderr, nothing written). The report is never overwritten.
+[--no-run] [GLOB...]` exits 0 when every file reaches the minimum score, 1 when one does not
+(or was not run: its mutants "not checked"), 2 on bad input (one line on stderr, nothing
+written). The report is never overwritten.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from harness.atomic import atomic_write_text
 SCHEMA = "dcpqual-mutants/v1"
 KILLED = ("killed", "timeout")
 # Statuses counted against the score (anything mutmut says that is not a kill).
-NOT_KILLED = ("survived", "no tests", "suspicious", "segfault", "not checked")
+NOT_KILLED = ("survived", "no tests", "suspicious", "segfault")
+NOT_CHECKED = "not checked"  # generated but not run (a run limited by globs, or interrupted)
 _RESULT_LINE = re.compile(r"^\s*(?P<name>[\w.ǁ]+__mutmut_\d+): (?P<status>[a-z ]+?)\s*$")
 
 
@@ -86,6 +88,11 @@ class FileScore:
     path: str
     counts: Mapping[str, int]
     excluded: int
+    not_checked: int = 0
+
+    @property
+    def ran(self) -> bool:
+        return self.scored > 0 or (self.not_checked == 0 and self.excluded > 0)
 
     @property
     def killed(self) -> int:
@@ -102,7 +109,8 @@ class FileScore:
     def to_json(self) -> dict[str, Any]:
         return {
             "path": self.path,
-            "score": round(self.score, 1),
+            "score": round(self.score, 1) if self.ran else None,
+            "not_checked": self.not_checked,
             "killed": self.counts.get("killed", 0),
             "timeout": self.counts.get("timeout", 0),
             "survived": self.counts.get("survived", 0),
@@ -125,7 +133,11 @@ class MutantsReport:
         return 100.0 if scored == 0 else 100.0 * sum(f.killed for f in self.files) / scored
 
     def below(self, minimum: float) -> tuple[FileScore, ...]:
-        return tuple(f for f in self.files if f.score < minimum)
+        return tuple(f for f in self.files if f.ran and f.score < minimum)
+
+    @property
+    def not_run(self) -> tuple[FileScore, ...]:
+        return tuple(f for f in self.files if not f.ran)
 
     def to_json(self, minimum: float) -> dict[str, Any]:
         return {
@@ -135,6 +147,7 @@ class MutantsReport:
             "score": round(self.score, 1),
             "files": [f.to_json() for f in self.files],
             "below_min_score": [f.path for f in self.below(minimum)],
+            "not_run": [f.path for f in self.not_run],
             "survivors": [
                 {"mutant": name, "file": source_file(name), "diff": diff}
                 for name, diff in sorted(self.survivors.items())
@@ -158,6 +171,7 @@ def summarize(
         )
     counts: dict[str, dict[str, int]] = {}
     excluded: dict[str, int] = {}
+    unchecked: dict[str, int] = {}
     survivors: dict[str, str] = {}
     skipped = []
     for name, status in sorted(statuses.items()):
@@ -167,6 +181,8 @@ def summarize(
             excluded[path] = excluded.get(path, 0) + 1
         elif status == "skipped":
             skipped.append(name)
+        elif status == NOT_CHECKED:
+            unchecked[path] = unchecked.get(path, 0) + 1
         else:
             counts[path][status] = counts[path].get(status, 0) + 1
             if status not in KILLED:
@@ -188,6 +204,9 @@ def _mutmut(*args: str) -> str:
 def render(report: MutantsReport, minimum: float) -> str:
     lines = [f"mutation score {report.score:.1f}% (minimum {minimum:.0f}% per file)"]
     for f in report.files:
+        if not f.ran:
+            lines.append(f"  --- not run  {f.path}  ({f.not_checked} mutants not checked)")
+            continue
         mark = "ok " if f.score >= minimum else "LOW"
         lines.append(
             f"  {mark} {f.score:5.1f}%  {f.path}  killed {f.killed}/{f.scored}"
@@ -220,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         diffs = {
             name: _mutmut("show", name)
             for name, status in statuses.items()
-            if status not in KILLED and status != "skipped" and name not in equivalents
+            if status in NOT_KILLED and name not in equivalents
         }
         report = summarize(statuses, equivalents, diffs)
     except MutantsError as exc:
@@ -229,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     atomic_write_text(args.out, json.dumps(report.to_json(args.min_score), indent=2) + "\n")
     print(render(report, args.min_score))
     print(f"report: {args.out}")
-    return 1 if report.below(args.min_score) else 0
+    return 1 if report.below(args.min_score) or report.not_run else 0
 
 
 def _glob(pattern: str) -> str:
