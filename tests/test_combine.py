@@ -207,7 +207,7 @@ def test_fp64_inputs_are_combined_in_fp64() -> None:
     ("outputs", "lses", "rank", "message"),
     [
         (torch.zeros(2, 1, 4), torch.zeros(2, 1), 0, "must be \\[W, B, H, D\\]"),
-        (torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 3), 0, "partial_lses must be"),
+        (torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 3), 0, r"must be \[W, B, H\] = \(2, 1, 4\)"),
         (torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 4, dtype=torch.bfloat16), 0, "fp32 or fp64"),
         (torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 4), 2, "outside the world"),
         (torch.zeros(3, 1, 4, 3), torch.zeros(3, 1, 4), 0, "cannot be split"),
@@ -373,3 +373,20 @@ def test_combine_local_writes_into_out_or_casts_to_out_dtype() -> None:
 def test_combine_local_rejects_mismatched_shapes(outputs, lses) -> None:
     with pytest.raises(ValueError, match=r"combine_local expects outputs \[W, B, h, D\]"):
         combine_local(outputs, lses)
+
+
+@pytest.mark.parametrize(
+    ("outputs_dtype", "lses_dtype"),
+    [(torch.float64, torch.float32), (torch.float32, torch.float64)],
+    ids=["fp64-outputs", "fp64-lses"],
+)
+def test_one_fp64_input_makes_the_whole_combine_fp64(outputs_dtype, lses_dtype) -> None:
+    """The accumulation follows the wider input, whichever it is: fp32 arithmetic anywhere
+    would cost ~1e-7 against the float64 reference."""
+    parts = make_partials(4, 2, 8, 6, torch.float64, pattern="huge_spread", seed=61)
+    block, lses = parts.head_block(2)
+    block, lses = block.to(outputs_dtype), lses.to(lses_dtype)
+    got = combine_local(block, lses, out_dtype=torch.float64)
+    want = reference_combine(parts.outputs.to(outputs_dtype), parts.lses.to(lses_dtype), 2)
+    assert got.dtype == torch.float64
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
