@@ -141,3 +141,38 @@ def test_a_refused_use_stops_the_operation_before_its_collective() -> None:
             transport.gather_queries(torch.zeros(1, 2, 8, dtype=torch.bfloat16))
 
     run_ranks(world, body)
+
+
+@pytest.mark.parametrize(
+    ("step", "broken"),
+    [
+        ("sanitize_lse", lambda lse: lse),
+        ("reference_max", lambda lse: torch.zeros_like(lse.amax(dim=0))),
+    ],
+    ids=["NaN kept as an LSE", "no max subtraction"],
+)
+@pytest.mark.parametrize("impl", ["ag_rs", "a2a"])
+def test_a_broken_combine_step_fails_the_transport_against_the_reference(
+    step, broken, impl, monkeypatch
+) -> None:
+    """The transport and the torch oracle share `combine`; the reference does not, so a wrong
+    step there is a failure, not an agreement of the transport with itself."""
+    from harness.transport import combine
+
+    monkeypatch.setattr(combine, step, broken)
+    world = 2
+    sig = TransportSignature("fp32", 4, 8, 6, world, max_tokens=2)
+
+    def body(member: Member) -> int:
+        transport = _transport(sig, member, impl)
+        wrong = 0
+        for pattern in ("nan_inf", "huge_offset"):
+            parts = make_partials(world, 2, 4, 6, torch.float32, pattern=pattern, seed=8)
+            got = transport.reduce_outputs(*parts.of_rank(member.rank))
+            try:
+                assert_matches(got, parts.expected(member.rank), what=pattern)
+            except AssertionError:
+                wrong += 1
+        return wrong
+
+    assert all(wrong > 0 for wrong in run_ranks(world, body))
