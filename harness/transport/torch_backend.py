@@ -146,6 +146,7 @@ class TorchDCPTransport:
             )
         self.closed = False
         self._on_use = on_use
+        self._ran: set[tuple[str, torch.dtype]] = set()  # uses already reported (fast path)
         self._buffers: dict[str, torch.Tensor] = {}
         self._allocate(allocator)
 
@@ -184,6 +185,13 @@ class TorchDCPTransport:
         self.group = None
         self.closed = True
 
+    def _report_use(self, operation: str, dtype: torch.dtype) -> None:
+        """Tell the registry about the first use of (operation, dtype); remembered only once
+        accepted, so a use a strict window refused is reported again next time."""
+        if self._on_use is not None and (operation, dtype) not in self._ran:
+            self._on_use(operation, dtype)
+            self._ran.add((operation, dtype))
+
     def _live(self) -> None:
         if self.closed:
             raise RegistryClosedError(f"transport [{self.signature.describe()}] is closed")
@@ -205,8 +213,7 @@ class TorchDCPTransport:
         self._live()
         sig, w = self.signature, self.world
         b = check_gather(sig, q_local, out, self.device)
-        if self._on_use is not None:
-            self._on_use("gather", q_local.dtype)
+        self._report_use("gather", q_local.dtype)
         h, q = sig.local_heads, sig.query_head_dim
         n = b * h * q
         send = self._buffers["gather_send"][:n]
@@ -234,8 +241,7 @@ class TorchDCPTransport:
         self._live()
         sig = self.signature
         b = check_reduce(sig, partial_out, partial_lse, out, self.device)
-        if self._on_use is not None:
-            self._on_use("reduce", partial_out.dtype)
+        self._report_use("reduce", partial_out.dtype)
         shape = (b, sig.local_heads, sig.output_head_dim)
         result = self._out(out, shape, partial_out)
         if self.strategy == "ag_rs":
