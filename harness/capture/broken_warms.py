@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from harness.warm.impls import WarmFn
 from harness.warm.protocols import DCPTransport, TransportRegistryLike
 from harness.warm.recognizers import (
     DEEPSEEK_V4,
@@ -137,7 +137,7 @@ def warm_ignoring_dcp_group(
     )
 
 
-BROKEN_WARMS: dict[str, Any] = {
+BROKEN_WARMS: dict[str, WarmFn] = {
     "gather-only": warm_gather_only,
     "local-heads-by-dcp": warm_local_heads_by_dcp,
     "ignores-dcp-group": warm_ignoring_dcp_group,
