@@ -242,6 +242,9 @@ def mutants(session: nox.Session) -> None:
     session.install("mutmut>=3.8,<4")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     # posargs: mutant name globs, e.g. `nox -s mutants -- "harness.transport.combine*"`.
+    # One OpenMP thread: mutmut forks its runners from a process that imported torch, and a
+    # forked child can hang on the thread pool it inherited (reported as a false "timeout").
+    session.env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
     session.run(
         "python", "-m", "harness.qualify.mutants",
         "--out", f"mutants-results/mutants-{stamp}.json",
