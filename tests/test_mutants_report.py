@@ -60,6 +60,10 @@ def test_scores_count_timeouts_as_kills_and_uncovered_as_survivors() -> None:
     assert [f.path for f in report.below(90.0)] == ["harness/transport/combine.py"]
     assert [f.path for f in report.not_run] == ["harness/warm/cli.py"]  # not a 0 %
     assert by_path["harness/warm/cli.py"].not_checked == 1
+    partial = summarize(
+        parse_results(RESULTS + "    harness.warm.warmup.x_warm__mutmut_2: not checked\n"), {}, {}
+    )
+    assert "harness/warm/warmup.py" in [f.path for f in partial.not_run]  # 1 of 2 run: no score
     assert report.score == pytest.approx(100.0 * 4 / 6)
 
 

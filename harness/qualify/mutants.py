@@ -10,7 +10,8 @@ each mutant under a CPU-time limit. This module turns mutmut's results into a JS
   the score `(killed + timeout) / (everything not excluded)`;
 - the surviving mutants with their diffs, so the next engineer can write the missing test;
 - the equivalent mutants excluded, each with the reason given in the equivalents file. A
-  listed name that no longer exists is an error: the list never hides anything silently.
+  listed name that no longer exists is an error: the list never hides anything silently;
+- the files not run, or run only in part (an interrupted run): no score, their counts kept.
 
 `python -m harness.qualify.mutants --out FILE [--equivalents FILE] [--min-score 90]
 [--no-run] [GLOB...]` exits 0 when every file reaches the minimum score, 1 when one does not
@@ -92,7 +93,8 @@ class FileScore:
 
     @property
     def ran(self) -> bool:
-        return self.scored > 0 or (self.not_checked == 0 and self.excluded > 0)
+        """Every mutant of the file was run (an interrupted or partial run is not scored)."""
+        return self.not_checked == 0 and (self.scored > 0 or self.excluded > 0)
 
     @property
     def killed(self) -> int:
@@ -208,7 +210,8 @@ def render(report: MutantsReport, minimum: float) -> str:
     lines = [f"mutation score {report.score:.1f}% (minimum {minimum:.0f}% per file)"]
     for f in report.files:
         if not f.ran:
-            lines.append(f"  --- not run  {f.path}  ({f.not_checked} mutants not checked)")
+            done = f"{f.scored} of {f.scored + f.not_checked} run" if f.scored else "not run"
+            lines.append(f"  --- {done}, no score  {f.path}")
             continue
         mark = "ok " if f.score >= minimum else "LOW"
         lines.append(
