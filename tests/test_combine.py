@@ -390,3 +390,13 @@ def test_one_fp64_input_makes_the_whole_combine_fp64(outputs_dtype, lses_dtype) 
     want = reference_combine(parts.outputs.to(outputs_dtype), parts.lses.to(lses_dtype), 2)
     assert got.dtype == torch.float64
     assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_weights_default_to_base_e_and_compute_in_fp32_at_least() -> None:
+    parts = make_partials(4, 2, 8, 4, torch.float32, pattern="random", seed=71)
+    by_default = combine.combine_weights(parts.lses)
+    assert torch.equal(by_default.lse, combine.combine_weights(parts.lses, base_e=True).lse)
+    want = reference_merged_lse(parts.lses, base_e=True)
+    assert torch.allclose(by_default.lse.double(), want, rtol=1e-6)
+    narrow = combine.combine_weights(parts.lses.bfloat16())
+    assert narrow.weights.dtype == narrow.lse.dtype == torch.float32  # never 16-bit math
