@@ -223,3 +223,26 @@ def gpu1(session: nox.Session) -> None:
         "python", "-m", "harness", "gpu-smoke", *session.posargs,
         env={"PYTHONPATH": str(Path.cwd())},
     )  # fmt: skip
+
+
+# --- Mutation testing: logic in harness/qualify/mutants.py; config in pyproject [tool.mutmut] -----
+
+
+@nox.session(default=False)
+def mutants(session: nox.Session) -> None:
+    """Mutation testing (mutmut) of warm/, the combine, the torch transport and the detectors."""
+    from datetime import UTC, datetime
+
+    install_harness(session, "dev")
+    session.install("mutmut>=3.8,<4")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    # posargs: mutant name globs, e.g. `nox -s mutants -- "harness.transport.combine*"`.
+    # One OpenMP thread: mutmut forks its runners from a process that imported torch, and a
+    # forked child can hang on the thread pool it inherited (reported as a false "timeout").
+    session.env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    session.run(
+        "python", "-m", "harness.qualify.mutants",
+        "--out", f"mutants-results/mutants-{stamp}.json",
+        "--equivalents", "tests/mutants-equivalent.json",
+        *session.posargs,
+    )  # fmt: skip

@@ -99,6 +99,29 @@ def qualification(world: World, subgroups: Callable[[int], dist.ProcessGroup]) -
     return Qualification(geometry=geometry, dcp_group=group)
 
 
+HELD_OUT_DCP_SIZES = (4, 2)
+
+
+@pytest.fixture(scope="session")
+def held_out(
+    world: World, qualification: Qualification, subgroups: Callable[[int], dist.ProcessGroup]
+) -> Qualification:
+    """A second geometry on the same ranks, beside the one the run qualifies: the same tp, and
+    a DCP group that is a proper subgroup of the world with dcp != tp (TP16/DCP4 beside
+    TP16/DCP16 on 16 ranks; TP16/DCP2 on 4). A warm that ignores its DCP group or reads local
+    heads as num_heads // dcp passes wherever the DCP group is the world and tp == dcp."""
+    tp = qualification.tp
+    for dcp in HELD_OUT_DCP_SIZES:
+        if dcp in (qualification.dcp, tp) or tp % dcp or world.size % dcp or dcp >= world.size:
+            continue
+        return Qualification(geometry=ParallelGeometry(tp=tp, dcp=dcp), dcp_group=subgroups(dcp))
+    pytest.skip(
+        f"no held-out geometry at tp={tp} on {world.size} ranks: needs dcp in "
+        f"{HELD_OUT_DCP_SIZES}, a proper divisor of the world size, other than tp and "
+        f"dcp={qualification.dcp}"
+    )
+
+
 @pytest.fixture
 def record_capture(request: pytest.FixtureRequest) -> Callable[[CaptureRecord], None]:
     """Hand a capture record to the rank plugin for records/rank-NN.json."""

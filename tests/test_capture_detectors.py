@@ -25,7 +25,12 @@ from harness.capture.detectors import (
     describe_compile,
 )
 from harness.capture.events import LazyEvent, LazySpecializationError
-from harness.transport.events import BufferAllocated, RegistryMiss, TransportCreated
+from harness.transport.events import (
+    BufferAllocated,
+    OperationFirstUse,
+    RegistryMiss,
+    TransportCreated,
+)
 from harness.transport.registry import TransportRegistry
 from harness.warm.signature import TransportSignature
 
@@ -48,6 +53,7 @@ class Counters:
     creations: int = 0
     misses: int = 0
     buffer_allocations: int = 0
+    first_uses: int = 0
 
 
 class FakeRegistry:
@@ -165,6 +171,51 @@ def test_registry_counters_are_a_backstop_for_unreported_work() -> None:
     whats = [e.what for e in detector.events]
     assert any("2 more misses" in w for w in whats)
     assert any("1 more creations" in w for w in whats)
+
+
+def test_first_use_of_an_operation_and_dtype_is_reported() -> None:
+    registry = FakeRegistry()
+    detector = TransportRegistryDetector(registry)
+    detector.start(rank=3)
+    registry.emit(OperationFirstUse(SIG, "reduce", "bfloat16", "stack", rank=3, frozen=True))
+    registry.counters = Counters(first_uses=1)
+    detector.stop()
+    [event] = detector.events
+    assert event.signature == SIG and event.rank == 3
+    assert event.what.startswith("first use of reduce with bfloat16 inside capture")
+
+
+def test_first_use_counter_is_a_backstop() -> None:
+    registry = FakeRegistry()
+    detector = TransportRegistryDetector(registry)
+    detector.start()
+    registry.counters = Counters(first_uses=2)  # nobody emitted an event
+    detector.stop()
+    assert [e.what for e in detector.events] == [
+        "first use of: the registry counted 2 more first_uses in the window than its events "
+        "reported"
+    ]
+
+
+def test_the_real_registry_reports_each_operation_and_dtype_once() -> None:
+    """`_used` is what a transport calls before each operation; only the first call of an
+    (operation, dtype) pair is an event, and it is recorded only if no subscriber refused."""
+    registry = TransportRegistry()
+    registry._used(SIG, "gather", torch.bfloat16)  # warmup, before the window
+    detector = TransportRegistryDetector(registry)
+    sink = Strict()
+    detector.start(sink)
+    registry._used(SIG, "gather", torch.bfloat16)  # warm: nothing
+    with pytest.raises(LazySpecializationError, match="first use of reduce with bfloat16"):
+        registry._used(SIG, "reduce", torch.bfloat16)
+    with pytest.raises(LazySpecializationError, match="first use of gather with float16"):
+        registry._used(SIG, "gather", torch.float16)
+    detector.stop()
+    assert len(sink.seen) == 2
+    assert registry.operations(SIG) == (("gather", "bfloat16"),)  # the refused ones never ran
+    assert registry.counters.first_uses == 1
+    registry._used(SIG, "reduce", torch.bfloat16)
+    assert registry.operations(SIG) == (("gather", "bfloat16"), ("reduce", "bfloat16"))
 
 
 def test_quiet_registry_gives_no_events() -> None:

@@ -72,7 +72,13 @@ class Unavailable(Probe):
         return "needs a GPU"
 
 
-def _step(probe: Probe | None = None, calls: list[str] | None = None, fire_on: int = -1):
+def _step(
+    probe: Probe | None = None,
+    calls: list[str] | None = None,
+    fire_on: int = -1,
+    finished: list[int] | None = None,
+):
+    """A step that fires `probe` on call `fire_on`; `finished` gets each call that ran past it."""
     count = {"n": 0}
 
     def step(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -81,6 +87,8 @@ def _step(probe: Probe | None = None, calls: list[str] | None = None, fire_on: i
             calls.append("step")
         if probe is not None and count["n"] == fire_on:
             probe.fire(f"lazy on call {count['n']}")
+        if finished is not None:
+            finished.append(count["n"])
         x, y = inputs
         return (x * 2 + y, x.sum().reshape(1))
 
@@ -134,8 +142,11 @@ def test_strict_window_raises_at_the_first_event_and_stops_every_detector() -> N
     log: list[str] = []
     first, second = Probe("first", log), Probe("second", log)
     window = CaptureWindow([first, second], registry=FakeRegistry(), warmup_iters=1)
+    finished: list[int] = []
     with pytest.raises(LazySpecializationError, match="lazy on call 2") as info:
-        window.capture(_step(second, fire_on=2), _inputs())
+        window.capture(_step(second, fire_on=2, finished=finished), _inputs())
+    # Raised at the lazy call itself: call 2 never ran past it (not an error found at close).
+    assert finished == [1]
     assert info.value.event.detector == "second" and info.value.event.phase == "capture"
     assert log[-2:] == ["second.stop", "first.stop"]
     assert not first.running and not second.running
@@ -145,8 +156,12 @@ def test_strict_window_raises_at_close_for_events_reported_at_stop() -> None:
     probe = Probe()
     probe.at_stop = ["counted at stop"]
     window = CaptureWindow([probe])
-    with pytest.raises(LazySpecializationError, match="counted at stop"):
-        window.capture(_step(), _inputs())
+    finished: list[int] = []
+    with pytest.raises(LazySpecializationError, match="counted at stop") as info:
+        window.capture(_step(finished=finished), _inputs())
+    # Raised at close: the step ran to its end first, and the event has no live call site.
+    assert finished == [1]
+    assert info.value.event.detector == "probe"
 
 
 def test_record_window_keeps_every_event_and_the_capture() -> None:

@@ -11,6 +11,7 @@ import torch
 
 from harness.transport import combine
 from harness.transport.combine import combine_local, lse_combine
+from harness.transport.reference import reference_combine, reference_merged_lse
 from harness.transport.testing import (
     ADVERSARIAL,
     PATTERNS,
@@ -45,6 +46,50 @@ def naive_combine(outputs: torch.Tensor, lses: torch.Tensor, rank: int, base_e: 
                 if w > 0.0:
                     result[b, j] += w * outputs[n, b, head].double()
     return result
+
+
+def naive_merged_lse(lses: torch.Tensor, base_e: bool) -> list[float]:
+    """L per entry of `[W, N]` LSEs, one entry at a time in Python floats."""
+    exp = math.exp if base_e else (lambda x: 2.0**x)
+    log = math.log if base_e else math.log2
+    merged = []
+    for column in lses.double().T.tolist():
+        ls = [-math.inf if math.isnan(v) or v == math.inf else v for v in column]
+        m = max(ls)
+        m = 0.0 if m == -math.inf else m
+        s = sum(exp(v - m) for v in ls)
+        merged.append(-math.inf if s == 0.0 else m + log(s))
+    return merged
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+def test_the_float64_reference_matches_the_per_element_loop(pattern: str, base_e: bool) -> None:
+    """The suites' oracle (`harness.transport.reference`, vectorized numpy) against the plain
+    loop above: the same definitions, written twice, agree to float64 rounding."""
+    parts = make_partials(4, 2, 8, 6, torch.float32, pattern=pattern, seed=31)
+    for rank in range(4):
+        got = reference_combine(parts.outputs, parts.lses, rank, base_e=base_e)
+        want = naive_combine(parts.outputs, parts.lses, rank, base_e)
+        assert got.dtype == torch.float64
+        assert torch.allclose(got, want, rtol=1e-12, atol=1e-12, equal_nan=False), rank
+    merged = reference_merged_lse(parts.lses, base_e=base_e).flatten().tolist()
+    want = naive_merged_lse(parts.lses.reshape(4, -1), base_e)
+    assert merged == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+def test_the_merged_lse_matches_the_reference(pattern: str, base_e: bool) -> None:
+    """`combine_weights(...).lse` is the merged L of domain.md (-inf where every shard is
+    empty), not only a by-product of the weights."""
+    parts = make_partials(4, 3, 8, 4, torch.float32, pattern=pattern, seed=41)
+    got = combine.combine_weights(parts.lses, base_e=base_e).lse.double()
+    want = reference_merged_lse(parts.lses, base_e=base_e)
+    empty = want == -math.inf
+    assert torch.equal(got == -math.inf, empty), "all-empty entries"
+    scale = want[~empty].abs().clamp(min=1.0)
+    assert ((got[~empty] - want[~empty]).abs() <= 1e-6 * scale).all()
 
 
 def check_all_cases(fn: Callable[..., torch.Tensor]) -> None:
@@ -162,7 +207,7 @@ def test_fp64_inputs_are_combined_in_fp64() -> None:
     ("outputs", "lses", "rank", "message"),
     [
         (torch.zeros(2, 1, 4), torch.zeros(2, 1), 0, "must be \\[W, B, H, D\\]"),
-        (torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 3), 0, "partial_lses must be"),
+        (torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 3), 0, r"must be \[W, B, H\] = \(2, 1, 4\)"),
         (torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 4, dtype=torch.bfloat16), 0, "fp32 or fp64"),
         (torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 4), 2, "outside the world"),
         (torch.zeros(3, 1, 4, 3), torch.zeros(3, 1, 4), 0, "cannot be split"),
@@ -173,11 +218,13 @@ def test_bad_inputs_are_rejected(outputs, lses, rank, message) -> None:
         lse_combine(outputs, lses, rank)
 
 
-def test_partials_oracle_is_lse_combine_and_blocks_are_consistent() -> None:
+def test_partials_oracle_is_the_reference_and_blocks_are_consistent() -> None:
     parts = make_partials(4, 2, 8, 8, torch.bfloat16, pattern="mixed", seed=21)
     whole = parts.outputs
     for rank in range(4):
-        assert bit_equal(parts.expected(rank), lse_combine(whole, parts.lses, rank))
+        reference = reference_combine(whole, parts.lses, rank).to(torch.bfloat16)
+        assert bit_equal(parts.expected(rank), reference)
+        assert_matches(lse_combine(whole, parts.lses, rank), reference, what=f"rank {rank}")
         assert bit_equal(parts.head_block(rank)[0], whole[:, :, rank * 2 : rank * 2 + 2])
         assert bit_equal(parts.of_rank(rank)[0], whole[rank])
     clean = make_partials(4, 2, 8, 8, torch.bfloat16, pattern="random", seed=21).outputs
@@ -303,3 +350,53 @@ def test_an_in_place_step_without_its_zero_weight_mask_fails(fn, name, broken, m
     monkeypatch.setattr(combine, name, broken)
     with pytest.raises(AssertionError, match="non-finite"):
         check_all_cases(fn)
+
+
+def test_combine_local_writes_into_out_or_casts_to_out_dtype() -> None:
+    parts = make_partials(2, 2, 4, 3, torch.bfloat16, pattern="mixed", seed=51)
+    block, lses = parts.head_block(1)
+    want = reference_combine(parts.outputs, parts.lses, 1)
+    as_fp32 = combine_local(block, lses, out_dtype=torch.float32)
+    assert as_fp32.dtype == torch.float32
+    assert_matches(as_fp32, want.float(), what="out_dtype")
+    out = torch.full((2, 2, 3), 5.0, dtype=torch.float64)
+    assert combine_local(block, lses, out=out) is out
+    assert_matches(out, want, what="out")
+    base_2 = combine_local(block, lses, base_e=False)
+    assert_matches(base_2, reference_combine(parts.outputs, parts.lses, 1, base_e=False).bfloat16())
+
+
+@pytest.mark.parametrize(
+    ("outputs", "lses"),
+    [(torch.zeros(2, 1, 3), torch.zeros(2, 1)), (torch.zeros(2, 1, 3, 4), torch.zeros(2, 1, 2))],
+)
+def test_combine_local_rejects_mismatched_shapes(outputs, lses) -> None:
+    with pytest.raises(ValueError, match=r"combine_local expects outputs \[W, B, h, D\]"):
+        combine_local(outputs, lses)
+
+
+@pytest.mark.parametrize(
+    ("outputs_dtype", "lses_dtype"),
+    [(torch.float64, torch.float32), (torch.float32, torch.float64)],
+    ids=["fp64-outputs", "fp64-lses"],
+)
+def test_one_fp64_input_makes_the_whole_combine_fp64(outputs_dtype, lses_dtype) -> None:
+    """The accumulation follows the wider input, whichever it is: fp32 arithmetic anywhere
+    would cost ~1e-7 against the float64 reference."""
+    parts = make_partials(4, 2, 8, 6, torch.float64, pattern="huge_spread", seed=61)
+    block, lses = parts.head_block(2)
+    block, lses = block.to(outputs_dtype), lses.to(lses_dtype)
+    got = combine_local(block, lses, out_dtype=torch.float64)
+    want = reference_combine(parts.outputs.to(outputs_dtype), parts.lses.to(lses_dtype), 2)
+    assert got.dtype == torch.float64
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_weights_default_to_base_e_and_compute_in_fp32_at_least() -> None:
+    parts = make_partials(4, 2, 8, 4, torch.float32, pattern="random", seed=71)
+    by_default = combine.combine_weights(parts.lses)
+    assert torch.equal(by_default.lse, combine.combine_weights(parts.lses, base_e=True).lse)
+    want = reference_merged_lse(parts.lses, base_e=True)
+    assert torch.allclose(by_default.lse.double(), want, rtol=1e-6)
+    narrow = combine.combine_weights(parts.lses.bfloat16())
+    assert narrow.weights.dtype == narrow.lse.dtype == torch.float32  # never 16-bit math

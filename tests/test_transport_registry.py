@@ -19,6 +19,7 @@ from harness.transport.errors import (
 )
 from harness.transport.events import (
     BufferAllocated,
+    OperationFirstUse,
     RegistryCounters,
     RegistryMiss,
     TransportCreated,
@@ -154,7 +155,12 @@ def _creation_and_events(rank: int, world: int, store: str) -> None:
             result = transport.reduce_outputs(*parts.of_rank(rank), out=out)
             assert result is out
             assert_matches(out, lse_combine(parts.outputs, parts.lses, rank), what="a2a")
-        assert seen == [] and registry.counters.creations == 1
+        # The only events: the first gather and the first reduction with bf16, once each.
+        firsts = [(e.operation, e.dtype, e.frozen) for e in seen]
+        assert all(isinstance(e, OperationFirstUse) for e in seen), seen
+        assert firsts == [("gather", "bfloat16", False), ("reduce", "bfloat16", False)]
+        assert registry.operations(SIG) == (("gather", "bfloat16"), ("reduce", "bfloat16"))
+        assert registry.counters.creations == 1 and registry.counters.first_uses == 2
         assert registry.counters.buffer_allocations == 4 and registry.counters.hits == 2
         assert registry.signatures() == (SIG,) and registry.created == (SIG,)
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 WORKFLOWS = Path(__file__).resolve().parent.parent / ".github" / "workflows"
-NAMES = ("ci.yml", "nightly-gpu16.yml", "pr-qualification.yml")
+NAMES = ("ci.yml", "nightly-gpu16.yml", "pr-qualification.yml", "mutants-weekly.yml")
 GPU_LABEL = "rtx-pro-6000-x16"
 GPU_GROUP = "gpu-rtx-pro-6000-x16"
 PINNED_USES = re.compile(r"^\s*(?:-\s+)?uses:\s*([\w.-]+/[\w./-]+)@([0-9a-f]{40}) # v\d+(\.\d+)*$")
@@ -38,7 +38,7 @@ def on_gpu_host(spec: dict[str, Any]) -> bool:
     return isinstance(runs_on, list) and "self-hosted" in runs_on
 
 
-def test_the_three_workflows_exist() -> None:
+def test_the_workflows_exist() -> None:
     assert sorted(p.name for p in WORKFLOWS.glob("*.yml")) == sorted(NAMES)
 
 
@@ -149,3 +149,17 @@ def test_ci_runs_each_cpu_session_and_keeps_the_evidence() -> None:
     uploads = [s for s in spec["cpu16"]["steps"] if "upload-artifact" in s.get("uses", "")]
     assert len(uploads) == 1 and uploads[0]["if"] == "always()"
     assert uploads[0]["with"]["path"] == "evidence/"
+
+
+def test_mutants_run_weekly_on_a_hosted_runner_and_keep_the_report() -> None:
+    workflow = load("mutants-weekly.yml")
+    assert set(workflow["on"]) == {"schedule", "workflow_dispatch"}
+    (cron,) = [entry["cron"] for entry in workflow["on"]["schedule"]]
+    assert cron.split()[2:4] == ["*", "*"] and cron.split()[4] != "*", f"weekly, got {cron!r}"
+    (spec,) = workflow["jobs"].values()
+    assert not on_gpu_host(spec)
+    runs = [s["run"] for s in spec["steps"] if "run" in s]
+    assert "nox --non-interactive -s mutants" in runs
+    uploads = [s for s in spec["steps"] if "upload-artifact" in s.get("uses", "")]
+    assert len(uploads) == 1 and uploads[0]["if"] == "always()"
+    assert uploads[0]["with"]["path"] == "mutants-results/"

@@ -18,7 +18,12 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from harness.capture.detector import Detector, short_stack
-from harness.transport.events import BufferAllocated, RegistryMiss, TransportCreated
+from harness.transport.events import (
+    BufferAllocated,
+    OperationFirstUse,
+    RegistryMiss,
+    TransportCreated,
+)
 
 # -- transport registry ---------------------------------------------------------------------
 
@@ -58,11 +63,15 @@ class _RegistryDetector(Detector):
         return sum(1 for e in self.events if e.what.startswith(kind))
 
     def _delta(self, counter: str) -> int:
-        return int(getattr(self.registry.counters, counter)) - int(getattr(self._before, counter))
+        # A registry that does not count something (an older fake) reports it through events only.
+        after, before = self.registry.counters, self._before
+        return int(getattr(after, counter, 0)) - int(getattr(before, counter, 0))
 
 
 class TransportRegistryDetector(_RegistryDetector):
-    """A transport looked up but not warmed (a miss), or created, while the window is open.
+    """A transport looked up but not warmed (a miss), or created, while the window is open; or
+    a warmed transport running an operation (gather, reduce) with a dtype it never ran before
+    capture (b12x specializes its kernels per operation and dtype on first use).
 
     A miss is reported before the registry goes on to create anything, so in strict mode the
     error stops the lazy creation itself (and, since every rank misses the same signature, no
@@ -85,9 +94,20 @@ class TransportRegistryDetector(_RegistryDetector):
                 signature=event.signature,
                 stack=event.stack or None,
             )
+        elif isinstance(event, OperationFirstUse):
+            self.report(
+                f"first use of {event.operation} with {event.dtype} inside capture: warmup never "
+                "ran this operation with this dtype, so its kernels specialize lazily here",
+                signature=event.signature,
+                stack=event.stack or None,
+            )
 
     def _collect(self) -> None:
-        for counter, kind in (("misses", "registry miss"), ("creations", "transport created")):
+        for counter, kind in (
+            ("misses", "registry miss"),
+            ("creations", "transport created"),
+            ("first_uses", "first use of"),
+        ):
             unseen = self._delta(counter) - self._count(kind)
             if unseen > 0:
                 self.report(

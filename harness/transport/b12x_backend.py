@@ -222,6 +222,7 @@ class B12xDCPTransport:
         *,
         allocator: Allocator,
         api: B12xApi | None = None,
+        on_use: Callable[[str, torch.dtype], None] | None = None,
     ) -> None:
         check_pool_geometry(signature)
         if api is None:
@@ -235,6 +236,8 @@ class B12xDCPTransport:
         self.group = group if group is not None else dist.group.WORLD
         self.device = allocator.device
         self.closed = False
+        self._on_use = on_use
+        self._ran: set[tuple[str, torch.dtype]] = set()  # uses already reported (fast path)
         self._api = api
         self.pool = api.pool_from_process_group(
             **pool_kwargs(signature, process_group=self.group, device=self.device)
@@ -272,6 +275,13 @@ class B12xDCPTransport:
         self._api.prepare(plan, call)
         return plan
 
+    def _report_use(self, operation: str, dtype: torch.dtype) -> None:
+        """Tell the registry about the first use of (operation, dtype); remembered only once
+        accepted, so a use a strict window refused is reported again next time."""
+        if self._on_use is not None and (operation, dtype) not in self._ran:
+            self._on_use(operation, dtype)
+            self._ran.add((operation, dtype))
+
     def _live(self) -> None:
         if self.closed:
             raise RegistryClosedError(f"b12x transport [{self.signature.describe()}] is closed")
@@ -282,6 +292,7 @@ class B12xDCPTransport:
         """[B, h, qdim] -> [B, h*dcp, qdim] through b12x's `all_gather_heads` (rank-major)."""
         self._live()
         check_gather(self.signature, q_local, out, self.device)
+        self._report_use("gather", q_local.dtype)
         return self.pool.all_gather_heads(
             **gather_kwargs(q_local.contiguous(), plan=self.gather_plan, out=out)
         )
@@ -297,6 +308,7 @@ class B12xDCPTransport:
         """[B, H, odim] + fp32 [B, H] -> [B, H/dcp, odim] through `lse_reduce_scatter`."""
         self._live()
         check_reduce(self.signature, partial_out, partial_lse, out, self.device)
+        self._report_use("reduce", partial_out.dtype)
         return self.pool.lse_reduce_scatter(
             **reduce_kwargs(
                 partial_out,

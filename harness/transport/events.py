@@ -94,7 +94,35 @@ class RegistryMiss:
         }
 
 
-RegistryEvent = TransportCreated | BufferAllocated | RegistryMiss
+@dataclass(frozen=True)
+class OperationFirstUse:
+    """A transport ran `operation` ("gather" or "reduce") with `dtype` for the first time.
+
+    A transport is warm for an operation and a dtype only once that operation ran with that
+    dtype: b12x compiles its kernels lazily per operation and dtype, so creating the transport
+    (or running its other operation) before capture is not enough.
+    """
+
+    signature: TransportSignature
+    operation: str
+    dtype: str
+    stack: str = ""
+    rank: int = 0
+    frozen: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "operation-first-use",
+            "signature": self.signature.to_json(),
+            "operation": self.operation,
+            "dtype": self.dtype,
+            "rank": self.rank,
+            "frozen": self.frozen,
+            "stack": self.stack,
+        }
+
+
+RegistryEvent = TransportCreated | BufferAllocated | RegistryMiss | OperationFirstUse
 
 
 @dataclass(frozen=True)
@@ -106,6 +134,7 @@ class RegistryCounters:
     buffer_bytes: int = 0
     misses: int = 0
     hits: int = 0
+    first_uses: int = 0  # (transport, operation, dtype) run for the first time
 
     def to_json(self) -> dict[str, int]:
         return {
@@ -114,4 +143,5 @@ class RegistryCounters:
             "buffer_bytes": self.buffer_bytes,
             "misses": self.misses,
             "hits": self.hits,
+            "first_uses": self.first_uses,
         }

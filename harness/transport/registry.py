@@ -9,18 +9,23 @@ use `get` (the one to use inside a CUDA graph capture).
 
 Observability (for the capture window and its detectors):
 - `subscribe(callback) -> unsubscribe`: callbacks get `RegistryMiss`, `BufferAllocated` and
-  `TransportCreated` values, in that order for a creation. A callback that raises stops the
-  operation and its exception propagates out of `get`/`get_or_create`/`allocator.empty` (on
-  `TransportCreated`, the new transport is closed and not registered).
+  `TransportCreated` values, in that order for a creation, and `OperationFirstUse` when a
+  transport runs an operation (gather, reduce) with a dtype for the first time, before the
+  operation's collectives (a transport is warm per operation and dtype, not per creation).
+  A callback that raises stops the operation and its exception propagates out of
+  `get`/`get_or_create`/`allocator.empty`/the transport's operation (on `TransportCreated`,
+  the new transport is closed and not registered).
 - `frozen()`: a context manager marking everything that happens inside it as `frozen=True`.
   The registry still works while frozen; detectors decide what a frozen event means.
 - `allocator`: the `CountingAllocator` through which transports allocate, so an allocation
   anywhere (even one a test makes on purpose) is counted and reported.
-- `counters`: creations, buffer allocations and bytes, misses, hits.
+- `counters`: creations, buffer allocations and bytes, misses, hits, first uses.
+- `operations(signature)`: the (operation, dtype) pairs a transport has run so far.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,6 +39,7 @@ from harness.transport.allocator import CountingAllocator
 from harness.transport.errors import RegistryClosedError, SignatureMismatchError
 from harness.transport.events import (
     BufferAllocated,
+    OperationFirstUse,
     RegistryCounters,
     RegistryEvent,
     RegistryMiss,
@@ -107,6 +113,8 @@ class TransportRegistry:
         self._creations = 0
         self._misses = 0
         self._hits = 0
+        self._first_uses = 0
+        self._operations: dict[TransportSignature, list[tuple[str, str]]] = {}
         self.allocator = CountingAllocator(
             self.device, self._emit_allocation, rank=_global_rank, frozen=lambda: self.is_frozen
         )
@@ -151,7 +159,34 @@ class TransportRegistry:
             buffer_bytes=self.allocator.nbytes,
             misses=self._misses,
             hits=self._hits,
+            first_uses=self._first_uses,
         )
+
+    def operations(self, signature: TransportSignature) -> tuple[tuple[str, str], ...]:
+        """(operation, dtype) pairs the transport for `signature` has run, in first-use order."""
+        return tuple(self._operations.get(signature, ()))
+
+    def _used(self, signature: TransportSignature, operation: str, dtype: torch.dtype) -> None:
+        """A transport is about to run `operation` on `dtype` tensors: report a first use.
+
+        Recorded only after every subscriber accepted it, so an operation that a strict
+        window stopped is still a first use next time."""
+        name = str(dtype).removeprefix("torch.")
+        done = self._operations.setdefault(signature, [])
+        if (operation, name) in done:
+            return
+        self._emit(
+            OperationFirstUse(
+                signature=signature,
+                operation=operation,
+                dtype=name,
+                stack=short_stack(),
+                rank=_global_rank(),
+                frozen=self.is_frozen,
+            )
+        )
+        done.append((operation, name))
+        self._first_uses += 1
 
     # -- lookup and creation ----------------------------------------------------------------
 
@@ -284,6 +319,7 @@ class TransportRegistry:
 
     def _create(self, signature: TransportSignature, group: dist.ProcessGroup | None) -> Any:
         _TRANSPORTS_USED.add(self.backend if self.backend == "b12x" else f"torch:{self.strategy}")
+        on_use = functools.partial(self._used, signature)
         if self.backend == "torch":
             return TorchDCPTransport(
                 signature,
@@ -291,10 +327,11 @@ class TransportRegistry:
                 allocator=self.allocator,
                 strategy=self.strategy,
                 reduce_scatter=self.reduce_scatter,
+                on_use=on_use,
             )
         from harness.transport.b12x_backend import B12xDCPTransport
 
-        return B12xDCPTransport(signature, group, allocator=self.allocator)
+        return B12xDCPTransport(signature, group, allocator=self.allocator, on_use=on_use)
 
     # -- listing and teardown ---------------------------------------------------------------
 
@@ -319,6 +356,7 @@ class TransportRegistry:
             return
         self._closed = True
         transports, self._transports = list(self._transports.values()), {}
+        self._operations.clear()
         for transport in transports:
             transport.close()  # type: ignore[attr-defined]
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.transport.combine import combine_local
+from harness.transport.reference import reference_combine_heads, reference_gather
 from harness.warm.signature import TransportSignature
 
 PATTERNS: tuple[str, ...] = (
@@ -105,9 +105,9 @@ class Partials:
         return torch.stack([self.of_rank(r)[0] for r in range(self.world)])
 
     def expected(self, rank: int, *, base_e: bool = True) -> torch.Tensor:
-        """The oracle for rank `rank`: `lse_combine(outputs, lses, rank)` computed on its head
-        block only (`lse_combine` is exactly `combine_local` on that block)."""
-        return combine_local(*self.head_block(rank), base_e=base_e)
+        """The oracle for rank `rank`: the independent float64 reference on its head block
+        (`harness.transport.reference`, no code shared with the transports), in `dtype`."""
+        return reference_combine_heads(*self.head_block(rank), base_e=base_e).to(self.dtype)
 
 
 def _block_seed(seed: int, src: int, index: int) -> int:
@@ -138,9 +138,9 @@ def make_queries(
 
 
 def expected_gather(queries: torch.Tensor) -> torch.Tensor:
-    """`[W, B, h, q]` -> the gathered `[B, W*h, q]` every rank must see (rank-major heads)."""
-    world, batch, h, q = queries.shape
-    return queries.transpose(0, 1).reshape(batch, world * h, q)
+    """`[W, B, h, q]` -> the gathered `[B, W*h, q]` every rank must see (rank-major heads),
+    from the independent reference (a head-by-head copy, not the transport's reshape)."""
+    return reference_gather(queries)
 
 
 def _lse_for(pattern: str, world: int, shape: tuple[int, ...], gen: torch.Generator):

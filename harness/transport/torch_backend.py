@@ -22,6 +22,10 @@ gloo builds), `reduce_scatter="all_to_all"` gives an exact equivalent: an all-to
 per-destination chunks followed by a local fp32 sum (one extra `[dcp, B, h, odim]` fp32 staging
 buffer). The suite runs both implementations and checks they agree.
 
+Each operation calls `on_use(operation, dtype)` (the registry's first-use report) after its
+inputs are checked and before its first collective, so a strict capture window stops a lazy
+first use on every rank before any rank enters the exchange.
+
 Staging buffers are sized for `signature.max_tokens` and allocated once, at creation, through
 the registry's allocator; a larger batch raises `CapacityError`. Outputs go into `out=` when
 given, else into a fresh tensor (caller-owned, so earlier results are never overwritten).
@@ -48,6 +52,9 @@ Strategy = Literal["ag_rs", "a2a"]
 ReduceScatterImpl = Literal["native", "all_to_all"]
 STRATEGIES: tuple[str, ...] = ("ag_rs", "a2a")
 REDUCE_SCATTER_IMPLS: tuple[str, ...] = ("native", "all_to_all")
+
+# Called with (operation, dtype) before an operation runs: "gather" or "reduce".
+UseHook = Callable[[str, torch.dtype], None]
 
 _ALIGN = 8  # bytes; keeps the fp32 LSE region of a packed A2A chunk viewable as float32
 
@@ -110,6 +117,7 @@ class TorchDCPTransport:
         allocator: Allocator,
         strategy: str = "ag_rs",
         reduce_scatter: str = "native",
+        on_use: UseHook | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
             raise GeometryError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
@@ -137,6 +145,8 @@ class TorchDCPTransport:
                 f"the registry allocates on {self.device}"
             )
         self.closed = False
+        self._on_use = on_use
+        self._ran: set[tuple[str, torch.dtype]] = set()  # uses already reported (fast path)
         self._buffers: dict[str, torch.Tensor] = {}
         self._allocate(allocator)
 
@@ -175,6 +185,13 @@ class TorchDCPTransport:
         self.group = None
         self.closed = True
 
+    def _report_use(self, operation: str, dtype: torch.dtype) -> None:
+        """Tell the registry about the first use of (operation, dtype); remembered only once
+        accepted, so a use a strict window refused is reported again next time."""
+        if self._on_use is not None and (operation, dtype) not in self._ran:
+            self._on_use(operation, dtype)
+            self._ran.add((operation, dtype))
+
     def _live(self) -> None:
         if self.closed:
             raise RegistryClosedError(f"transport [{self.signature.describe()}] is closed")
@@ -196,6 +213,7 @@ class TorchDCPTransport:
         self._live()
         sig, w = self.signature, self.world
         b = check_gather(sig, q_local, out, self.device)
+        self._report_use("gather", q_local.dtype)
         h, q = sig.local_heads, sig.query_head_dim
         n = b * h * q
         send = self._buffers["gather_send"][:n]
@@ -223,6 +241,7 @@ class TorchDCPTransport:
         self._live()
         sig = self.signature
         b = check_reduce(sig, partial_out, partial_lse, out, self.device)
+        self._report_use("reduce", partial_out.dtype)
         shape = (b, sig.local_heads, sig.output_head_dim)
         result = self._out(out, shape, partial_out)
         if self.strategy == "ag_rs":

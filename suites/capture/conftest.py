@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -63,19 +64,19 @@ class Prepared:
 
 
 @pytest.fixture
-def prepare(world, qualification) -> Iterator[Callable[[str, str], Prepared]]:
-    """`prepare(model, warm_impl)`: build at the run's geometry, warm, make the decode step."""
+def prepare(world, qualification) -> Iterator[Callable[..., Prepared]]:
+    """`prepare(model, warm_impl, geometry=None)`: build at the run's geometry (or the given
+    `Qualification` of suites/conftest.py, e.g. `held_out`), warm, make the decode step."""
     registries: list[TransportRegistry] = []
 
-    def make(model: str, warm_impl: str) -> Prepared:
-        built = build(
-            model, tp=qualification.tp, dcp=qualification.dcp, num_layers=NUM_LAYERS[model]
-        )
+    def make(model: str, warm_impl: str, geometry: Any = None) -> Prepared:
+        where = geometry or qualification
+        built = build(model, tp=where.tp, dcp=where.dcp, num_layers=NUM_LAYERS[model])
         context = WarmContext(
             dtype=DTYPE,
             max_tokens=MAX_TOKENS,
             device_type=world.device.type,
-            dcp_world_size=qualification.dcp,
+            dcp_world_size=where.dcp,
         )
         registry = TransportRegistry("torch", device=world.device)
         registries.append(registry)
@@ -84,10 +85,10 @@ def prepare(world, qualification) -> Iterator[Callable[[str, str], Prepared]]:
             built.model,
             registry=registry,
             context=context,
-            group=qualification.dcp_group,
+            group=where.dcp_group,
             static_forward_context=built.static_forward_context,
         )
-        step = DecodeStep(built, registry=registry, context=context, group=qualification.dcp_group)
+        step = DecodeStep(built, registry=registry, context=context, group=where.dcp_group)
         return Prepared(model, built, registry, context, report, step, impl.name)
 
     yield make

@@ -11,6 +11,12 @@
   counter shows the work was done. A detector that cannot run on this machine is skipped with
   its reason (also listed as a limitation in every capture record).
 
+- Broken warms (`harness.capture.broken_warms`), each caught: a warm that runs only the gather
+  (the reduction's first use inside capture, at the run's geometry); at the held-out geometry
+  (DCP group a proper subgroup, tp != dcp), a warm reading Kimi-K3's local heads as
+  num_heads // dcp (its real transport missed inside capture) and one ignoring its DCP group
+  (refused at creation, on every rank).
+
 These tests pass under every `--warm-impl`, and run before the capture checks (see this
 suite's conftest), so a run that qualifies a broken warmup still shows every detector firing.
 """
@@ -20,15 +26,19 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.capture.broken_warms import BROKEN_WARMS
 from harness.capture.check import DETECTOR_NAMES, capture_record, default_detectors
 from harness.capture.controls import CONTROLS, ControlContext
 from harness.capture.detector import without
 from harness.capture.events import LazySpecializationError
 from harness.capture.window import CaptureWindow
+from harness.errors import GeometryError
 from harness.transport.registry import TransportRegistry
 from harness.warm.signature import TransportSignature
 
 SEED_DETECTORS = ("transport-registry", "transport-buffers")
+BROKEN = "harness.capture.broken_warms:"
+assert set(BROKEN_WARMS) == {"gather-only", "local-heads-by-dcp", "ignores-dcp-group"}
 KIMI_HEADS, KIMI_QDIM, KIMI_ODIM = 96, 576, 512
 
 
@@ -167,3 +177,80 @@ def test_detector_control(detector, removed, world, agree, record_capture, reque
             expected=(detector,),
         )
         agree(done > 0 and seen == [detector], f"{detector} reports its control ({seen=})")
+
+
+def _strict_capture(prepared, seed: int) -> tuple[CaptureWindow, LazySpecializationError | None]:
+    window = CaptureWindow(prepared.detectors(), registry=prepared.registry, mode="strict")
+    try:
+        window.capture(prepared.step, prepared.step.make_inputs(seed=seed))
+    except LazySpecializationError as exc:
+        return window, exc
+    return window, None
+
+
+def test_gather_only_warm_is_caught_at_the_first_reduction(
+    world, qualification, prepare, agree, record_capture, request
+):
+    """Every transport exists before capture, but its reduction never ran: strict mode stops
+    at the reduction's first use, naming the Kimi signature."""
+    prepared = prepare("kimi-k3", BROKEN + "warm_gather_only")
+    expected = kimi_signature(qualification, prepared.context)
+    window, error = _strict_capture(prepared, 22)
+    _record(
+        record_capture,
+        request,
+        world,
+        window,
+        model="kimi-k3",
+        warm_impl=prepared.warm_impl,
+        path=_path(world),
+        expected=("transport-registry",),
+    )
+    what = error.event.what if error is not None else "nothing"
+    ok = (
+        error is not None
+        and error.event.detector == "transport-registry"
+        and error.event.signature == expected
+        and what.startswith("first use of reduce with bfloat16 inside capture")
+        and expected in prepared.report.signatures
+        and prepared.registry.operations(expected) == (("gather", "bfloat16"),)
+    )
+    agree(ok, f"gather-only warm caught at the first reduction (got: {what})")
+
+
+def test_local_heads_by_dcp_warm_is_caught_at_the_held_out_geometry(
+    world, held_out, prepare, agree, record_capture, request
+):
+    prepared = prepare("kimi-k3", BROKEN + "warm_local_heads_by_dcp", held_out)
+    expected = kimi_signature(held_out, prepared.context)
+    window, error = _strict_capture(prepared, 23)
+    _record(
+        record_capture,
+        request,
+        world,
+        window,
+        model="kimi-k3",
+        warm_impl=prepared.warm_impl,
+        path=_path(world),
+        expected=("transport-registry",),
+    )
+    what = error.event.what if error is not None else "nothing"
+    ok = (
+        error is not None
+        and error.event.signature == expected
+        and what.startswith("registry miss")
+        and expected not in prepared.report.signatures
+    )
+    agree(ok, f"num_heads // dcp warm caught at TP{held_out.tp}/DCP{held_out.dcp} (got: {what})")
+
+
+def test_warm_ignoring_its_dcp_group_is_refused_at_the_held_out_geometry(
+    world, held_out, prepare, agree
+):
+    error: GeometryError | None = None
+    try:
+        prepare("kimi-k3", BROKEN + "warm_ignoring_dcp_group", held_out)
+    except GeometryError as exc:
+        error = exc
+    ok = error is not None and f"needs a DCP group of {held_out.dcp} ranks" in str(error)
+    agree(ok, f"a warm on the world instead of the DCP group is refused (got: {error})")

@@ -1,9 +1,10 @@
-"""Output reduction over 2, 4 and 16 ranks: every implementation matches the `lse_combine`
-oracle (fp32 1e-5, 16-bit 2e-2 relative) on every adversarial LSE pattern, in base e and 2;
-AG+RS equals A2A; one-hot inputs prove the routing exactly; the same seed gives the same bits.
+"""Output reduction over 2, 4 and 16 ranks: every implementation matches the independent
+float64 reference (`harness.transport.reference`, which shares no code with the transports;
+fp32 1e-5, 16-bit 2e-2 relative) on every adversarial LSE pattern, in base e and 2; AG+RS
+equals A2A; one-hot inputs prove the routing exactly; the same seed gives the same bits.
 
 Every rank builds the group's partials from the same seed (only the blocks it needs), reduces
-its own partial, and checks its heads against the oracle (`lse_combine` on its head block).
+its own partial, and checks its heads against the reference on its head block.
 """
 
 from __future__ import annotations

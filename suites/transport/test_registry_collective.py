@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from harness.transport.errors import SignatureMismatchError
-from harness.transport.events import BufferAllocated, RegistryMiss, TransportCreated
+from harness.transport.events import (
+    BufferAllocated,
+    OperationFirstUse,
+    RegistryMiss,
+    TransportCreated,
+)
 from harness.transport.registry import TransportRegistry
 from harness.transport.testing import DCP_SIZES, MODELS
 
@@ -37,13 +42,22 @@ def test_frozen_window_sees_lazy_creation_and_not_hits(dcp, dcp_group, world) ->
     missed = MODELS["deepseek-v4"].signature("bf16", dcp, world.device.type)
     with TransportRegistry(strategy="a2a", device=world.device) as registry:
         transport = registry.get_or_create(warmed, group.group)
+        q = torch.zeros(1, warmed.local_heads, warmed.query_head_dim, dtype=torch.bfloat16)
+        transport.gather_queries(q.to(world.device))  # warm: the gather ran with bf16
         seen: list[object] = []
         unsubscribe = registry.subscribe(seen.append)
         with registry.frozen():
-            q = torch.zeros(1, warmed.local_heads, warmed.query_head_dim, dtype=torch.bfloat16)
             assert registry.get_or_create(warmed, group.group) is transport
             transport.gather_queries(q.to(world.device))
             assert seen == []
+            # The reduction never ran before the window: its first use is reported, frozen.
+            partial = torch.zeros(1, warmed.total_heads, warmed.output_head_dim)
+            lse = torch.zeros(1, warmed.total_heads)
+            transport.reduce_outputs(partial.bfloat16().to(world.device), lse.to(world.device))
+            (first,) = seen
+            assert isinstance(first, OperationFirstUse) and first.frozen
+            assert (first.operation, first.dtype, first.signature) == ("reduce", "bfloat16", warmed)
+            seen.clear()
             registry.get_or_create(missed, group.group)
         unsubscribe()
         kinds = [type(e) for e in seen]

@@ -97,5 +97,9 @@ def test_warmup_creates_each_signature_once_and_is_idempotent(
         )
         assert registry.counters.creations == after_first.creations
         assert registry.counters.buffer_allocations == allocations
+        # Warm per operation: every transport ran its gather and its reduction.
+        for signature in registry.signatures():
+            ran = {operation for operation, _ in registry.operations(signature)}
+            assert ran == {"gather", "reduce"}, f"[{signature.describe()}] ran only {ran}"
     counts = all_ranks_agree(report.count)
     assert len(set(counts)) == 1, f"ranks warmed different numbers of signatures: {counts}"

@@ -27,6 +27,7 @@ pcie = pytest.importorskip(
 
 from harness.transport import combine  # noqa: E402
 from harness.transport.combine import lse_combine  # noqa: E402
+from harness.transport.reference import reference_combine  # noqa: E402
 
 pytestmark = pytest.mark.compat
 
@@ -150,6 +151,17 @@ def test_lse_combine_equals_b12x_reference_on_every_rank(world, dtype, base_e):
     assert not problems, "\n".join(problems)
 
 
+def float64_reference(outputs: torch.Tensor, lses: torch.Tensor, rank: int, *, base_e: bool):
+    """The suites' independent float64 reference, cast to the outputs' dtype like b12x's."""
+    return reference_combine(outputs, lses, rank, base_e=base_e).to(outputs.dtype)
+
+
+@pytest.mark.parametrize("world, dtype, base_e", CONFIGS)
+def test_the_float64_reference_equals_b12x_reference_on_every_rank(world, dtype, base_e):
+    problems = disagreements(float64_reference, world, dtype, base_e)
+    assert not problems, "\n".join(problems)
+
+
 def test_the_adversarial_inputs_reach_the_edge_cases():
     """The cases hold what the mutation tests rely on: invalid LSEs with garbage outputs,
     all-empty heads, LSEs where exp() overflows, and valid weights that underflow to 0."""
@@ -172,6 +184,10 @@ def test_where_ours_is_stricter_a_valid_zero_weight_shard_with_nan_output():
     ours = lse_combine(outputs, lses, 0)
     assert torch.isnan(theirs).all(), "b12x: 0 * NaN"
     assert ours.tolist() == [[[1.0]]], "ours: a zero weight contributes exactly zero"
+    # In float64 exp(-200) is still positive (the NaN counts); 2000 below underflows there too.
+    assert torch.isnan(reference_combine(outputs, lses, 0)).all(), "float64: a live weight"
+    deeper = torch.tensor([0.0, -2000.0]).view(2, 1, 1).repeat(1, 1, 2)
+    assert reference_combine(outputs, deeper, 0).tolist() == [[[1.0]]], "float64 underflow"
 
 
 # -- the comparison can fail: break one term of our combine and it is caught -------------------

@@ -1,0 +1,181 @@
+"""The torch transport's gather and both reductions, every rank in the test process (threads;
+`tests/_support/threaded_dist.py`), against the independent float64 reference: DCP 2 and 4,
+AG+RS (native and all-to-all reduce-scatter) and A2A, bf16 and fp32, base e and 2, every
+adversarial LSE pattern; and the first-use report before each operation's collectives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _support.threaded_dist import Member, patch_torch_backend, run_ranks
+
+from harness.transport import torch_backend
+from harness.transport.allocator import CountingAllocator
+from harness.transport.testing import (
+    PATTERNS,
+    assert_matches,
+    bit_equal,
+    expected_gather,
+    make_partials,
+    make_queries,
+)
+from harness.transport.torch_backend import TorchDCPTransport
+from harness.warm.signature import TransportSignature
+
+IMPLS = {
+    "ag_rs": ("ag_rs", "native"),
+    "ag_rs_a2a": ("ag_rs", "all_to_all"),
+    "a2a": ("a2a", "native"),
+}
+
+
+@pytest.fixture(autouse=True)
+def threaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch_backend(monkeypatch, torch_backend)
+
+
+def _transport(sig: TransportSignature, member: Member, impl: str, uses=None) -> TorchDCPTransport:
+    strategy, rs = IMPLS[impl]
+    return TorchDCPTransport(
+        sig, member, allocator=CountingAllocator("cpu"), strategy=strategy, reduce_scatter=rs,
+        on_use=uses,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_every_pattern_matches_the_reference_on_every_rank(impl, world, dtype) -> None:
+    sig = TransportSignature(dtype, 3 * world, 8, 6, world, max_tokens=3)
+
+    def body(member: Member) -> list[str]:
+        transport = _transport(sig, member, impl)
+        failures = []
+        for pattern in PATTERNS:
+            parts = make_partials(
+                world, 3, sig.total_heads, 6, sig.torch_dtype, pattern=pattern, seed=5
+            )
+            for base_e in (True, False):
+                got = transport.reduce_outputs(*parts.of_rank(member.rank), base_e=base_e)
+                try:
+                    assert_matches(got, parts.expected(member.rank, base_e=base_e), what=pattern)
+                except AssertionError as exc:
+                    failures.append(f"{pattern} base_e={base_e}: {exc}")
+        return failures
+
+    for rank, failures in enumerate(run_ranks(world, body)):
+        assert not failures, f"rank {rank}: {failures[:2]}"
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_one_hot_routing_is_exact_and_out_is_filled(impl) -> None:
+    world = 4
+    sig = TransportSignature("bf16", 8, 8, 5, world, max_tokens=2)
+    parts = make_partials(world, 2, 8, 5, torch.bfloat16, pattern="one_hot", seed=3)
+
+    def body(member: Member) -> None:
+        transport = _transport(sig, member, impl)
+        out = torch.full((2, 2, 5), 9.0, dtype=torch.bfloat16)
+        got = transport.reduce_outputs(*parts.of_rank(member.rank), out=out)
+        assert got is out
+        block, lses = parts.head_block(member.rank)
+        live = torch.isfinite(lses).int().argmax(dim=0)
+        picked = torch.gather(block, 0, live[None, :, :, None].expand(1, -1, -1, 5))[0]
+        assert bit_equal(got, picked)
+
+    run_ranks(world, body)
+
+
+@pytest.mark.parametrize("impl", ["ag_rs", "a2a"])
+def test_gather_is_bit_exact_rank_major(impl) -> None:
+    world = 4
+    sig = TransportSignature("bf16", 8, 7, 5, world, max_tokens=3)
+    queries = make_queries(world, 3, 2, 7, torch.bfloat16, seed=2)
+
+    def body(member: Member) -> None:
+        transport = _transport(sig, member, impl)
+        for batch in (1, 3):
+            got = transport.gather_queries(queries[member.rank, :batch].contiguous())
+            assert bit_equal(got, expected_gather(queries[:, :batch]))
+        out = torch.empty(2, 8, 7, dtype=torch.bfloat16)
+        assert transport.gather_queries(queries[member.rank, :2].contiguous(), out=out) is out
+        assert bit_equal(out, expected_gather(queries[:, :2]))
+
+    run_ranks(world, body)
+
+
+def test_each_operation_reports_its_use_before_running() -> None:
+    world = 2
+    sig = TransportSignature("bf16", 4, 8, 6, world, max_tokens=2)
+
+    def body(member: Member) -> list[tuple[str, torch.dtype]]:
+        seen: list[tuple[str, torch.dtype]] = []
+        transport = _transport(sig, member, "ag_rs", uses=lambda op, dt: seen.append((op, dt)))
+        transport.gather_queries(torch.zeros(1, 2, 8, dtype=torch.bfloat16))
+        parts = make_partials(world, 1, 4, 6, torch.bfloat16, pattern="random", seed=1)
+        transport.reduce_outputs(*parts.of_rank(member.rank))
+        transport.gather_queries(torch.zeros(2, 2, 8, dtype=torch.bfloat16))  # not a first use
+        transport.reduce_outputs(*parts.of_rank(member.rank))
+        return seen
+
+    for seen in run_ranks(world, body):
+        assert seen == [("gather", torch.bfloat16), ("reduce", torch.bfloat16)]
+
+
+def test_a_refused_use_stops_the_operation_before_its_collective() -> None:
+    """Every rank refuses (as a strict window does on each): no rank enters the exchange, so
+    nothing hangs and nothing is written."""
+    world = 2
+    sig = TransportSignature("bf16", 4, 8, 6, world, max_tokens=2)
+
+    def refuse(op: str, dtype: torch.dtype) -> None:
+        raise RuntimeError(f"lazy {op}")
+
+    def body(member: Member) -> None:
+        transport = _transport(sig, member, "a2a", uses=refuse)
+        out = torch.full((1, 2, 6), 3.0, dtype=torch.bfloat16)
+        with pytest.raises(RuntimeError, match="lazy reduce"):
+            transport.reduce_outputs(
+                torch.zeros(1, 4, 6, dtype=torch.bfloat16), torch.zeros(1, 4), out=out
+            )
+        assert (out == 3.0).all()
+        for _ in range(2):  # refused, so still a first use the next time
+            with pytest.raises(RuntimeError, match="lazy gather"):
+                transport.gather_queries(torch.zeros(1, 2, 8, dtype=torch.bfloat16))
+
+    run_ranks(world, body)
+
+
+@pytest.mark.parametrize(
+    ("step", "broken"),
+    [
+        ("sanitize_lse", lambda lse: lse),
+        ("reference_max", lambda lse: torch.zeros_like(lse.amax(dim=0))),
+    ],
+    ids=["NaN kept as an LSE", "no max subtraction"],
+)
+@pytest.mark.parametrize("impl", ["ag_rs", "a2a"])
+def test_a_broken_combine_step_fails_the_transport_against_the_reference(
+    step, broken, impl, monkeypatch
+) -> None:
+    """The transport and the torch oracle share `combine`; the reference does not, so a wrong
+    step there is a failure, not an agreement of the transport with itself."""
+    from harness.transport import combine
+
+    monkeypatch.setattr(combine, step, broken)
+    world = 2
+    sig = TransportSignature("fp32", 4, 8, 6, world, max_tokens=2)
+
+    def body(member: Member) -> int:
+        transport = _transport(sig, member, impl)
+        wrong = 0
+        for pattern in ("nan_inf", "huge_offset"):
+            parts = make_partials(world, 2, 4, 6, torch.float32, pattern=pattern, seed=8)
+            got = transport.reduce_outputs(*parts.of_rank(member.rank))
+            try:
+                assert_matches(got, parts.expected(member.rank), what=pattern)
+            except AssertionError:
+                wrong += 1
+        return wrong
+
+    assert all(wrong > 0 for wrong in run_ranks(world, body))
