@@ -299,6 +299,7 @@ class Receipt(_Model):
     failures: list[str] = Field(default_factory=list)  # every reason the verdict is fail
     warm_impl: str = "vendored"
     transports: list[str] = Field(default_factory=list)  # transport backends ranks reported
+    models: dict[str, Any] = Field(default_factory=dict)  # real vLLM trees built (collect)
     ranks: Ranks
     # None only in receipts written before coverage was recorded; verify re-derives it.
     coverage: Coverage | None = None

@@ -69,7 +69,8 @@ class RealTree:
     static_forward_context: dict[str, nn.Module]
     dcp_group: Any  # torch ProcessGroup of this rank's DCP group (vLLM's own, gloo on CPU)
     shims: tuple[Shim, ...]
-    build_s: float
+    build_s: float  # construction only (config, parallel state, both trees)
+    import_s: float = 0.0  # importing vLLM's modules, the larger share of a first build
     draft_layers: tuple[str, ...] = field(default=())
 
     @property
@@ -81,6 +82,22 @@ class RealTree:
 
     def layers(self) -> dict[str, nn.Module]:
         return dict(self.static_forward_context)
+
+    def to_json(self) -> dict[str, Any]:
+        """The rank record's view: which classes were real, which shims, the build cost."""
+        return {
+            "model": self.spec.model,
+            "tp": self.spec.tp,
+            "dcp": self.spec.dcp,
+            "kv_cache_dtype": self.spec.kv_cache_dtype,
+            "dcp_comm_backend": self.spec.dcp_comm_backend,
+            "classes": list(self.attention_classes),
+            "draft_layers": list(self.draft_layers),
+            "shims": [s.name for s in self.shims],
+            "build_s": round(self.build_s, 3),
+            "import_s": round(self.import_s, 3),
+            "limitations": list(self.limitations()),
+        }
 
     def limitations(self) -> tuple[str, ...]:
         """What the receipt must say about this tree: real classes, shims, what was left out."""
@@ -103,6 +120,7 @@ def _module_names(module: nn.Module) -> set[int]:
 
 
 def _build(spec: RealSpec, folder: Path, skip: frozenset[str]) -> RealTree:
+    imported = time.monotonic()
     import torch.distributed as dist
     from vllm.config import (
         CacheConfig,
@@ -128,6 +146,7 @@ def _build(spec: RealSpec, folder: Path, skip: frozenset[str]) -> RealTree:
     config = TINY_CONFIGS[spec.model]()
     config.write(folder)
     started = time.monotonic()
+    import_s = started - imported
     with ExitStack() as stack:
         shims = stack.enter_context(applied(SHIMS, skip=skip))
         vllm_config = VllmConfig(
@@ -174,6 +193,7 @@ def _build(spec: RealSpec, folder: Path, skip: frozenset[str]) -> RealTree:
             dcp_group=get_dcp_group().cpu_group,
             shims=tuple(shims),
             build_s=time.monotonic() - started,
+            import_s=import_s,
             draft_layers=tuple(name for name, m in context.items() if id(m) in in_draft),
         )
 
