@@ -145,12 +145,16 @@ def transports(ranks: RankFiles) -> list[str]:
     return sorted(seen)
 
 
+PER_RANK_TREE_FIELDS = ("build_s", "import_s", "peak_rss_mib")
+
+
 def model_sources(ranks: RankFiles) -> dict[str, Any]:
     """Which model trees the ranks built from vLLM's own classes (record `extra["real_trees"]`):
     {"real": [model, ...], "trees": [one entry per distinct configuration], "build_s_max",
     "ranks_with_real_trees"}; empty lists when only stand-ins ran."""
     trees: dict[str, dict[str, Any]] = {}
     build_s: list[float] = []
+    rss: list[float] = []
     ranks_built: list[int] = []
     for rank, record in sorted(ranks.records.items()):
         built = record.extra.get("real_trees")
@@ -161,12 +165,14 @@ def model_sources(ranks: RankFiles) -> dict[str, Any]:
             if not isinstance(tree, dict):
                 continue
             build_s.append(float(tree.get("build_s", 0.0)) + float(tree.get("import_s", 0.0)))
-            same = {k: v for k, v in tree.items() if k not in ("build_s", "import_s")}
+            rss.append(float(tree.get("peak_rss_mib", 0.0)))
+            same = {k: v for k, v in tree.items() if k not in PER_RANK_TREE_FIELDS}
             trees.setdefault(json.dumps(same, sort_keys=True), same)
     return {
         "real": sorted({str(t.get("model")) for t in trees.values()}),
         "trees": list(trees.values()),
         "build_s_max": max(build_s, default=0.0),
+        "peak_rss_mib_max": max(rss, default=0.0),
         "ranks_with_real_trees": ranks_built,
     }
 

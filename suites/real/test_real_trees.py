@@ -104,9 +104,7 @@ def test_real_capture_has_no_lazy_work(
         fresh = warmed.step.make_inputs(seed=33)
         replayed = captured.replay(fresh)
         eager = warmed.step(fresh)
-    _record(
-        record_capture, request, world, warmed, window, router.served, replays=captured.replays
-    )
+    _record(record_capture, request, world, warmed, window, router.served, replays=captured.replays)
     same = all(a.equal(b) for a, b in zip(replayed, eager, strict=True))
     agree(not window.events, "real Kimi-K3: lazy work inside capture")
     agree(router.served <= set(warmed.report.signatures), "real call sites used warmed keys")

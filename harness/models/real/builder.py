@@ -13,6 +13,7 @@ vLLM's parallel state is process-global, so a rank builds one configuration and 
 
 from __future__ import annotations
 
+import resource
 import tempfile
 import time
 from contextlib import ExitStack
@@ -96,6 +97,8 @@ class RealTree:
             "shims": [s.name for s in self.shims],
             "build_s": round(self.build_s, 3),
             "import_s": round(self.import_s, 3),
+            # This process's peak RSS so far (the rank plugin re-reads it after every test).
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "limitations": list(self.limitations()),
         }
 
