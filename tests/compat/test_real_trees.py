@@ -99,4 +99,9 @@ def test_dist_ident_shim_is_applied_only_where_missing(monkeypatch):
     monkeypatch.delenv("VLLM_DIST_IDENT")
     assert shim.needed()
     with shim.patch():
-        assert os.environ["VLLM_DIST_IDENT"].startswith("dcpqual-")
+        assert os.environ["VLLM_DIST_IDENT"] == f"dcpqual-rank-{os.getpid()}"
+
+
+def test_real_builds_leave_no_shared_memory_segments(ranks):
+    left = [p.name for p in Path("/dev/shm").glob("dcpqual-*")] if Path("/dev/shm").is_dir() else []
+    assert left == [], "vLLM's CPU SHM communicator ran: its segments outlive the ranks"

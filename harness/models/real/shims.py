@@ -96,8 +96,10 @@ def _b12x_backend_missing() -> bool:
 
 @contextmanager
 def _dist_ident() -> Iterator[None]:
-    # Kept after construction: the communicator it names lives as long as the process.
-    os.environ["VLLM_DIST_IDENT"] = f"dcpqual-{os.getppid()}"
+    # One identity per rank: the ranks then do not share an SHM group name, so vLLM keeps its
+    # CPU shared-memory communicator off and its groups use torch.distributed (gloo). Kept
+    # after construction: vLLM's communicators read it for the life of the process.
+    os.environ["VLLM_DIST_IDENT"] = f"dcpqual-rank-{os.getpid()}"
     yield
 
 
@@ -119,8 +121,9 @@ SHIMS: tuple[Shim, ...] = (
     ),
     Shim(
         "dist-ident",
-        "VLLM_DIST_IDENT set as vLLM's CPU worker does (the CPU shared-memory communicator "
-        "needs it)",
+        "VLLM_DIST_IDENT set per rank (vLLM's CPU worker sets it per instance): the CPU "
+        "shared-memory communicator stays off and vLLM's groups use torch.distributed (gloo); "
+        "with one shared identity its SHM segments aborted a 16-rank build here",
         lambda: "VLLM_DIST_IDENT" not in os.environ,
         _dist_ident,
     ),
