@@ -122,17 +122,43 @@ def _module_names(module: nn.Module) -> set[int]:
     return {id(m) for m in module.modules()}
 
 
+def make_vllm_config(spec: RealSpec, folder: Path) -> Any:
+    """vLLM's own config for `spec` over the tiny config.json in `folder` (no process group
+    needed). The mamba block size is pinned to the model length: vLLM's hybrid-model check
+    otherwise refuses the Kimi config without prefix caching."""
+    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
+
+    return VllmConfig(
+        parallel_config=ParallelConfig(
+            tensor_parallel_size=spec.tp,
+            decode_context_parallel_size=spec.dcp,
+            dcp_comm_backend=spec.dcp_comm_backend,
+        ),
+        cache_config=CacheConfig(
+            cache_dtype=spec.kv_cache_dtype,
+            enable_prefix_caching=False,
+            mamba_block_size=MAX_MODEL_LEN,
+        ),
+        scheduler_config=SchedulerConfig(
+            max_num_batched_tokens=spec.max_tokens,
+            max_num_seqs=spec.max_tokens,
+            max_model_len=MAX_MODEL_LEN,
+            is_encoder_decoder=False,
+        ),
+        model_config=ModelConfig(
+            model=str(folder),
+            skip_tokenizer_init=True,
+            dtype="bfloat16",
+            enforce_eager=True,
+            max_model_len=MAX_MODEL_LEN,
+        ),
+    )
+
+
 def _build(spec: RealSpec, folder: Path, skip: frozenset[str]) -> RealTree:
     imported = time.monotonic()
     import torch.distributed as dist
-    from vllm.config import (
-        CacheConfig,
-        ModelConfig,
-        ParallelConfig,
-        SchedulerConfig,
-        VllmConfig,
-        set_current_vllm_config,
-    )
+    from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.distributed.parallel_state import get_dcp_group
     from vllm.model_executor.model_loader.utils import initialize_model
@@ -152,31 +178,7 @@ def _build(spec: RealSpec, folder: Path, skip: frozenset[str]) -> RealTree:
     import_s = started - imported
     with ExitStack() as stack:
         shims = stack.enter_context(applied(SHIMS, skip=skip))
-        vllm_config = VllmConfig(
-            parallel_config=ParallelConfig(
-                tensor_parallel_size=spec.tp,
-                decode_context_parallel_size=spec.dcp,
-                dcp_comm_backend=spec.dcp_comm_backend,
-            ),
-            cache_config=CacheConfig(
-                cache_dtype=spec.kv_cache_dtype,
-                enable_prefix_caching=False,
-                mamba_block_size=MAX_MODEL_LEN,
-            ),
-            scheduler_config=SchedulerConfig(
-                max_num_batched_tokens=spec.max_tokens,
-                max_num_seqs=spec.max_tokens,
-                max_model_len=MAX_MODEL_LEN,
-                is_encoder_decoder=False,
-            ),
-            model_config=ModelConfig(
-                model=str(folder),
-                skip_tokenizer_init=True,
-                dtype="bfloat16",
-                enforce_eager=True,
-                max_model_len=MAX_MODEL_LEN,
-            ),
-        )
+        vllm_config = make_vllm_config(spec, folder)
         with set_current_vllm_config(vllm_config):
             init_distributed_environment(
                 world_size=world, rank=rank, local_rank=rank % max(world, 1), backend="gloo"
