@@ -3,6 +3,7 @@ manager's recorded construction, so a warm that computed a wrong dtype or capaci
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import pytest
@@ -15,7 +16,6 @@ from harness.capture.callsites import (
     ManagerCall,
     RealDecodeStep,
 )
-from harness.errors import UsageError
 from harness.warm.signature import TransportSignature
 
 CALL = ManagerCall(
@@ -125,7 +125,17 @@ def test_a_warm_that_computed_a_wrong_key_is_caught_as_a_creation(wrong):
     assert key() in router.used
 
 
-def test_a_key_whose_query_and_output_dtypes_differ_cannot_be_a_signature_yet():
-    fp8 = key(query_dtype="float8_e4m3fn")
-    with pytest.raises(UsageError, match="query and output dtypes differ"):
-        fp8.signature()
+def test_an_fp8_query_key_keeps_its_own_dtype_beside_the_output_dtype():
+    fp8 = key(query_dtype="float8_e4m3fn", comm_backend="a2a").signature()
+    assert (fp8.query_dtype, fp8.output_dtype, fp8.comm_backend) == ("fp8_e4m3fn", "bf16", "a2a")
+
+
+def test_a_warm_that_ignores_the_query_dtype_is_caught_under_fp8():
+    fp8_call = dataclasses.replace(CALL, query_dtype="float8_e4m3fn")
+    registry = FakeRegistry()
+    registry.warm(key().signature())  # bf16 queries: the dtype of the model, not of the cache
+    site = CallSite("model.layers.0.self_attn", torch.nn.Identity(), Manager(), fp8_call)
+    step = RealDecodeStep((site,), rank=0)
+    with CallSiteRouter((site,), registry, group=None):  # type: ignore[arg-type]
+        step(step.make_inputs(seed=3))
+    assert registry.created == [key(query_dtype="float8_e4m3fn").signature()]

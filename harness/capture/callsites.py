@@ -29,7 +29,7 @@ from torch import nn
 
 from harness.errors import UsageError
 from harness.transport.registry import TransportRegistry
-from harness.warm.signature import DTYPE_NAMES, TransportSignature
+from harness.warm.signature import TransportSignature, dtype_name
 
 
 @dataclass(frozen=True)
@@ -67,23 +67,17 @@ class CallSiteKey:
         )
 
     def signature(self, device_type: str = "cpu") -> TransportSignature:
-        """The registry's signature for this key; a key it cannot express is a UsageError."""
-        if self.query_dtype != self.output_dtype:
-            raise UsageError(
-                f"call site {self.describe()}: TransportSignature has one dtype and cannot key "
-                "a transport whose query and output dtypes differ"
-            )
-        short = {str(k).removeprefix("torch."): v for k, v in DTYPE_NAMES.items()}
-        if self.query_dtype not in short:
-            raise UsageError(f"call site {self.describe()}: dtype {self.query_dtype} unsupported")
+        """The registry's signature for this key (query and output dtypes kept apart)."""
         return TransportSignature(
-            dtype=short[self.query_dtype],
+            dtype=dtype_name(_dtype_of(self.output_dtype)),
+            query_dtype=dtype_name(_dtype_of(self.query_dtype)),
             total_heads=self.local_heads * self.dcp_world_size,
             query_head_dim=self.query_head_dim,
             output_head_dim=self.output_head_dim,
             dcp_world_size=self.dcp_world_size,
             max_tokens=self.max_tokens,
             device_type=device_type,
+            comm_backend=self.comm_backend,
         )
 
 
