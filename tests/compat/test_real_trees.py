@@ -109,3 +109,16 @@ def test_dist_ident_shim_is_applied_only_where_missing(monkeypatch):
 def test_real_builds_leave_no_shared_memory_segments(ranks):
     left = [p.name for p in Path("/dev/shm").glob("dcpqual-*")] if Path("/dev/shm").is_dir() else []
     assert left == [], "vLLM's CPU SHM communicator ran: its segments outlive the ranks"
+
+
+@pytest.mark.parametrize("recognizers, rows", [("vendored", 1), ("before-kimi", 0)])
+def test_signatures_source_real_discovers_the_kimi_key_on_the_real_tree(capsys, recognizers, rows):
+    from harness.cli import main
+
+    argv = ["signatures", "--model", "kimi-k3", "--tp", "2", "--dcp", "2", "--source", "real"]
+    assert main([*argv, "--recognizers", recognizers, "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert len(found) == rows
+    for row in found:
+        assert (row["total_heads"], row["query_head_dim"], row["output_head_dim"]) == (96, 576, 512)
+        assert row["source"] == "real" and row["layers"] == 3  # two target layers + the draft's
