@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.core.signature import COMM_BACKENDS  # vLLM's --dcp-comm-backend values
 from harness.errors import UsageError
 
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
@@ -38,7 +39,6 @@ def default_targets() -> tuple[str, ...]:
 
 MODEL_SOURCES: tuple[str, ...] = ("stand-in", "real", "both")
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")  # vLLM's --kv-cache-dtype spellings
-COMM_BACKENDS: tuple[str, ...] = ("ag_rs", "a2a")  # vLLM's --dcp-comm-backend values
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,12 @@ from typing import Any
 
 from torch import nn
 
+from harness.core.signature import COMM_BACKENDS
 from harness.errors import UsageError
 from harness.models.real.configs import MAX_MODEL_LEN, REAL_MODEL_CHOICES, TINY_CONFIGS
 from harness.models.real.shims import SHIMS, Shim, applied
 
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")
-COMM_BACKENDS: tuple[str, ...] = ("ag_rs", "a2a")
 
 
 @dataclass(frozen=True)
