@@ -109,6 +109,8 @@ def test_dist_ident_shim_is_applied_only_where_missing(monkeypatch):
 def test_real_builds_leave_no_shared_memory_segments(ranks):
     left = [p.name for p in Path("/dev/shm").glob("dcpqual-*")] if Path("/dev/shm").is_dir() else []
     assert left == [], "vLLM's CPU SHM communicator ran: its segments outlive the ranks"
+    configs = list(Path(tempfile.gettempdir()).glob("dcpqual-real-*"))
+    assert configs == [], "the tiny config folders must go once the trees are built"
 
 
 @pytest.mark.parametrize("recognizers, rows", [("vendored", 1), ("before-kimi", 0)])

