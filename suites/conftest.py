@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from harness.capture.check import ranks_failing
 from harness.capture.records import CaptureRecord
 from harness.warm.geometry import ParallelGeometry
 
@@ -135,3 +136,39 @@ def record_capture(request: pytest.FixtureRequest) -> Callable[[CaptureRecord], 
 def warm_impl_name() -> str:
     """Which warm implementation the run qualifies (`dcpqual run --warm-impl`)."""
     return os.environ.get("DCPQUAL_WARM_IMPL", "vendored")
+
+
+@pytest.fixture
+def agree(world) -> Callable[[bool, str], None]:
+    """`agree(ok, what)`: every rank contributes its verdict; all fail unless all passed."""
+
+    def check(ok: bool, what: str) -> None:
+        failing = ranks_failing(ok, device=world.device)
+        if failing:
+            pytest.fail(f"{what}: failed on rank(s) {list(failing)} of {world.size}")
+
+    return check
+
+
+# Which model sources a run qualifies (`dcpqual run --models`): stand-in trees, vLLM's real
+# trees, or both. Tests of the other source are deselected, identically on every rank.
+MODEL_SOURCES = {"stand-in": ("stand-in",), "real": ("real",), "both": ("stand-in", "real")}
+STAND_IN_SUITES = ("suites/warmup/", "suites/capture/")
+REAL_SUITES = ("suites/real/",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    chosen = MODEL_SOURCES.get(os.environ.get("DCPQUAL_MODELS", "stand-in"), ("stand-in",))
+    dropped_prefixes = [
+        *(() if "stand-in" in chosen else STAND_IN_SUITES),
+        *(() if "real" in chosen else REAL_SUITES),
+    ]
+    if not dropped_prefixes:
+        return
+    kept, dropped = [], []
+    for item in items:
+        target = dropped if item.nodeid.startswith(tuple(dropped_prefixes)) else kept
+        target.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept

@@ -145,6 +145,38 @@ def transports(ranks: RankFiles) -> list[str]:
     return sorted(seen)
 
 
+PER_RANK_TREE_FIELDS = ("build_s", "import_s", "peak_rss_mib")
+
+
+def model_sources(ranks: RankFiles) -> dict[str, Any]:
+    """Which model trees the ranks built from vLLM's own classes (record `extra["real_trees"]`):
+    {"real": [model, ...], "trees": [one entry per distinct configuration], "build_s_max",
+    "ranks_with_real_trees"}; empty lists when only stand-ins ran."""
+    trees: dict[str, dict[str, Any]] = {}
+    build_s: list[float] = []
+    rss: list[float] = []
+    ranks_built: list[int] = []
+    for rank, record in sorted(ranks.records.items()):
+        built = record.extra.get("real_trees")
+        if not isinstance(built, list) or not built:
+            continue
+        ranks_built.append(rank)
+        for tree in built:
+            if not isinstance(tree, dict):
+                continue
+            build_s.append(float(tree.get("build_s", 0.0)) + float(tree.get("import_s", 0.0)))
+            rss.append(float(tree.get("peak_rss_mib", 0.0)))
+            same = {k: v for k, v in tree.items() if k not in PER_RANK_TREE_FIELDS}
+            trees.setdefault(json.dumps(same, sort_keys=True), same)
+    return {
+        "real": sorted({str(t.get("model")) for t in trees.values()}),
+        "trees": list(trees.values()),
+        "build_s_max": max(build_s, default=0.0),
+        "peak_rss_mib_max": max(rss, default=0.0),
+        "ranks_with_real_trees": ranks_built,
+    }
+
+
 def merge_signatures(captures: Iterable[CaptureRecord]) -> list[SignatureRow]:
     """The signature table (see the module docstring for the merge rule)."""
     reports: dict[tuple[Any, ...], dict[int, list[tuple[bool, bool]]]] = defaultdict(
@@ -164,6 +196,8 @@ def merge_signatures(captures: Iterable[CaptureRecord]) -> list[SignatureRow]:
                 sig.dcp_world_size,
                 sig.max_tokens,
                 sig.device_type,
+                sig.query_dtype,
+                sig.comm_backend,
             )
             reports[key][capture.rank].append((use.warmed, use.used_in_capture))
     rows = []
@@ -173,7 +207,7 @@ def merge_signatures(captures: Iterable[CaptureRecord]) -> list[SignatureRow]:
             rank: (all(w for w, _ in uses), any(u for _, u in uses))
             for rank, uses in by_rank.items()
         }
-        model, heads, qdim, odim, dtype, dcp, max_tokens, device_type = key
+        model, heads, qdim, odim, dtype, dcp, max_tokens, device_type, qdtype, comm = key
         rows.append(
             SignatureRow(
                 model=model,
@@ -186,6 +220,8 @@ def merge_signatures(captures: Iterable[CaptureRecord]) -> list[SignatureRow]:
                 dcp_world_size=dcp,
                 max_tokens=max_tokens,
                 device_type=device_type,
+                query_dtype=qdtype,
+                comm_backend=comm,
                 ranks=sorted(per_rank),
                 consistent=len(set(per_rank.values())) == 1,
             )

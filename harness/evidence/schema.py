@@ -125,6 +125,8 @@ class SignatureRow(_Model):
     device_type: str = "cpu"
     ranks: list[NonNegativeInt] = Field(default_factory=list)  # ranks that reported it
     consistent: bool = True  # every reporting rank said the same warmed/used
+    query_dtype: str | None = None  # None in receipts written before it: the same as dtype
+    comm_backend: str = "ag_rs"
 
 
 class CaptureEvent(_Model):
@@ -299,6 +301,7 @@ class Receipt(_Model):
     failures: list[str] = Field(default_factory=list)  # every reason the verdict is fail
     warm_impl: str = "vendored"
     transports: list[str] = Field(default_factory=list)  # transport backends ranks reported
+    models: dict[str, Any] = Field(default_factory=dict)  # real vLLM trees built (collect)
     ranks: Ranks
     # None only in receipts written before coverage was recorded; verify re-derives it.
     coverage: Coverage | None = None

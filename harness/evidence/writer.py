@@ -13,6 +13,7 @@ import os
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -25,6 +26,7 @@ from harness.evidence.collect import (
     find_root_cause,
     load_records,
     merge_signatures,
+    model_sources,
     summarize_capture,
     transports,
 )
@@ -92,6 +94,26 @@ def _check_writable_bundle(out_dir: Path) -> None:
             raise UsageError(f"{entry.path} is a {entry.kind}, not a file; a bundle holds files")
         if unsafe_name(entry.relpath):
             raise UsageError(f"{entry.path!r}: a bundle cannot list a name with '\\' or newline")
+
+
+def _real_tree_limitations(models: dict[str, Any]) -> dict[str, str]:
+    """What the ranks' real trees say about themselves (classes real, shims, left out), or
+    that no real tree ran."""
+    if not models.get("real"):
+        return {"real-trees": "no real vLLM tree was built (--models stand-in): only stand-ins ran"}
+    out: dict[str, str] = {
+        "real-decode": (
+            "on the real trees the decode step calls each layer's own dcp_manager.query_gather "
+            "and combine (routed through the transport registry: vLLM's combines are "
+            "Triton-only) with queries shaped as MLADCPManager was built; the layers' forward "
+            "(paged KV cache, forward_mqa, W_UK/W_UV) did not run"
+        )
+    }
+    for tree in models.get("trees", []):
+        for line in tree.get("limitations", []):
+            key, _, text = str(line).partition(": ")
+            out[key] = f"{out[key]}; {text}" if key in out and text not in out[key] else text
+    return out
 
 
 def _scrub_files(out_dir: Path, forms: tuple[bytes, ...]) -> list[str]:
@@ -196,6 +218,7 @@ def assemble_receipt(
     environment = capture_environment(hosts=(r.hostname for r in rank_files.records.values()))
     sources = capture_sources()
     used_transports = transports(rank_files)
+    models = model_sources(rank_files)
     limitations = rules.render_limitations(
         rules.required_limitations(
             geometry=geometry,
@@ -214,6 +237,7 @@ def assemble_receipt(
             notes=[*merged.notes, *_unreadable_notes(rank_files.unreadable)],
         ),
         dict(ctx.limitations),
+        _real_tree_limitations(models),
     )
     receipt = Receipt(
         schema=SCHEMA,
@@ -233,6 +257,7 @@ def assemble_receipt(
         failed_tests=failed_tests(rank_files, root_cause),
         warm_impl=ctx.warm_impl,
         transports=used_transports,
+        models=models,
         ranks=ranks,
         coverage=coverage,
         run=run,

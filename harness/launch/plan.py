@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.core.signature import COMM_BACKENDS  # vLLM's --dcp-comm-backend values
 from harness.errors import UsageError
 
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
@@ -36,6 +37,10 @@ def default_targets() -> tuple[str, ...]:
     return (str(suites),)
 
 
+MODEL_SOURCES: tuple[str, ...] = ("stand-in", "real", "both")
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")  # vLLM's --kv-cache-dtype spellings
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """What the user asked `dcpqual run` for. Invalid combinations never get past here."""
@@ -56,8 +61,18 @@ class RunOptions:
     tee: tuple[int, ...] = ()  # local ranks whose output torchrun also streams to the terminal
     nproc_requested: str | None = None  # what the user typed (auto|cpu|gpu|N), for the receipt
     rerun_of: Path | None = None  # the bundle whose failed tests these are
+    models: str = "stand-in"  # stand-in, real (vLLM's own trees) or both
+    kv_cache_dtype: str = "auto"  # of the real trees
+    dcp_comm_backend: str = "ag_rs"  # of the real trees
 
     def __post_init__(self) -> None:
+        for flag, value, allowed in (
+            ("--models", self.models, MODEL_SOURCES),
+            ("--kv-cache-dtype", self.kv_cache_dtype, KV_CACHE_DTYPES),
+            ("--dcp-comm-backend", self.dcp_comm_backend, COMM_BACKENDS),
+        ):
+            if value not in allowed:
+                raise UsageError(f"unknown {flag} {value!r}; expected one of {', '.join(allowed)}")
         for name in ("nproc_per_node", "nnodes", "tp"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -225,6 +240,9 @@ def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
         "DCPQUAL_WARM_IMPL": options.warm_impl,
         "DCPQUAL_TP": str(options.tp),
         "DCPQUAL_DCP": str(options.resolved_dcp),
+        "DCPQUAL_MODELS": options.models,
+        "DCPQUAL_KV_CACHE_DTYPE": options.kv_cache_dtype,
+        "DCPQUAL_DCP_COMM_BACKEND": options.dcp_comm_backend,
         "DCPQUAL_OUT": str(out_dir),
         "DCPQUAL_NODE_INDEX": str(options.node_rank),  # which torchrun/node-KK holds its logs
         "TORCHELASTIC_ERROR_FILE": str(probe.agent_error_file),

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from harness.capture.records import CaptureRecord
+from harness.models.real.builder import built_trees
 from harness.rank.agreement import Agreement, LocalResult, agree, compare_collections
 from harness.rank.bootstrap import BootstrapError, RankEnv, init_process_group, teardown
 from harness.rank.rankfiles import RecordKeeper, dump_stacks, junit_path, write_error_file
@@ -190,6 +191,9 @@ class RankPlugin:
         used = list(transports_used())
         if self.keeper is not None and self.keeper.record.extra.get("transports") != used:
             self.keeper.update(extra={**self.keeper.record.extra, "transports": used})
+        trees = [tree.to_json() for tree in built_trees()]
+        if self.keeper is not None and self.keeper.record.extra.get("real_trees", []) != trees:
+            self.keeper.update(extra={**self.keeper.record.extra, "real_trees": trees})
 
     def add_capture(self, record: CaptureRecord) -> None:
         """Hand a capture window's record to this rank's record (suites' `record_capture`)."""

