@@ -198,6 +198,7 @@ RootCauseKind = Literal[
     "torchrun",
     "junit",
     "run",
+    "interrupted",
 ]
 
 
