@@ -36,6 +36,7 @@ from test_plugin_watchdog import NODEID, make, record, world  # noqa: F401 - wor
 from test_run_torchrun import assert_fault, processes_of_run, records, run
 
 from harness.cli import main
+from harness.launch import ending
 from harness.launch.launcher import launch
 from harness.launch.proctree import Tracker, identify
 from harness.rank.watchdog import EXIT_FAILED, Watchdog
@@ -194,6 +195,8 @@ def test_without_the_launchers_final_kill_an_orphan_outlives_the_run(
     survives the launch and `processes_of_run` finds it, by its environment alone."""
     plan, pidfile = fake_plan(tmp_path, "exit", timeout_s=60)
     monkeypatch.setattr(Tracker, "end_all", lambda self, grace_s: [])
+    # The run's cgroup is a second line that would still end the child; this is about the first.
+    monkeypatch.setattr(ending.Cgroup, "create", classmethod(lambda cls: None))
     launch(plan, tick_s=0.05)
     child = int(pidfile.read_text())
     try:

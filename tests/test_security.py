@@ -45,19 +45,24 @@ def test_a_planted_token_never_reaches_the_evidence_of_a_real_run(
 ) -> None:
     """rank_secret.py spills HF_TOKEN into every kind of file a run leaves; the bundle holds none
     of it. The raw folder is kept as the writer found it, and finalized a second time with
-    redaction removed (`writer.secret_values` -> nothing), to show the same check then fails."""
+    redaction removed (`writer.secret_values` -> nothing), to show the same check then fails.
+    The raw copy is taken at the first step of the ending, before the launcher's scrub."""
     token = f"hf_dcpqual{uuid.uuid4().hex}"
     monkeypatch.setenv("HF_TOKEN", token)
     raw = tmp_path / "raw"
     kept: dict[str, Any] = {}
-    finalize = writer.finalize_bundle
+    finalize, scrub_first = writer.finalize_bundle, writer.scrub_out_dir
 
-    def keep_raw_then_finalize(out_dir: Path, ctx: Any) -> Any:
+    def keep_raw_then_scrub(out_dir: Path) -> Any:  # the first step of every ending
         shutil.copytree(out_dir, raw)
+        return scrub_first(out_dir)
+
+    def keep_ctx_then_finalize(out_dir: Path, ctx: Any) -> Any:
         kept["ctx"] = ctx
         return finalize(out_dir, ctx)
 
-    monkeypatch.setattr(writer, "finalize_bundle", keep_raw_then_finalize)
+    monkeypatch.setattr(writer, "scrub_out_dir", keep_raw_then_scrub)
+    monkeypatch.setattr(writer, "finalize_bundle", keep_ctx_then_finalize)
     out = tmp_path / "bundle"
     code, _ = run(out, 2, "rank_secret.py")
 

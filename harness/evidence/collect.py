@@ -298,6 +298,24 @@ def _position(record: RankRecord, nodeid: str | None) -> int:
     return len(record.collected) + len(record.tests)
 
 
+def _hung_in_collection(ranks: RankFiles) -> list[_Candidate]:
+    """Ranks their peers gave up waiting for at collection, and that never collected: the
+    cause, ahead of the peers' aborts and their own stopping (both consequences)."""
+    found = []
+    for waiter, record in sorted(ranks.records.items()):
+        for rank in record.extra.get("missing_collection", []):
+            own = ranks.records.get(rank)
+            if not isinstance(rank, int) or (own is not None and own.collected):
+                continue
+            message = (
+                f"rank {rank} hung during collection: rank {waiter} gave up waiting "
+                f"({record.abort_reason})"
+            )
+            found.append(_Candidate(-1, _PRIORITY["test"], rank, None, message, "killed"))
+            return found
+    return found
+
+
 def _candidates(ranks: RankFiles, timed_out: bool) -> list[_Candidate]:
     found: list[_Candidate] = []
     why_dead = "killed at the run's timeout" if timed_out else "died"
@@ -317,6 +335,7 @@ def _candidates(ranks: RankFiles, timed_out: bool) -> list[_Candidate]:
             message += f": {record.abort_reason}"
         priority = _PRIORITY["stopped" if record.stopped else "killed"]
         found.append(_Candidate(_position(record, test), priority, rank, test, message, "killed"))
+    found.extend(_hung_in_collection(ranks))
     for rank, record in sorted(ranks.records.items()):
         unrun = without_outcome(record) if record.complete else []
         if unrun:
@@ -407,12 +426,18 @@ def find_root_cause(
     torchrun_error: dict[str, Any] | None,
     junit_failures: Iterable[tuple[int, str, str]] = (),
     reasons: Iterable[str] = (),
+    interrupted: str | None = None,
 ) -> RootCause | None:
     """The earliest failure, or None when nothing failed (see the module docstring).
+
+    An interrupted run's root cause is the interruption (`interrupted`: how it is named): the
+    ranks' own endings are its consequences.
 
     Falls back, in order, to torchrun's error file, the first failing JUnit testcase of a rank
     without a record, and the first verdict reason (e.g. "torchrun exited with code 1").
     """
+    if interrupted:
+        return RootCause(rank=None, test=None, message=interrupted, kind="interrupted")
     torchrun_rank, torchrun_message = _torchrun_error(torchrun_error)
     candidates = sorted(_candidates(ranks, timed_out))
     if candidates:

@@ -1,49 +1,57 @@
 """Where a run happened (torch, CUDA, NCCL, GPUs, host, filtered environment), and its secrets.
 
 Environment variables are kept only under the prefixes that change what NCCL, vLLM, b12x, torch
-and CUDA do. Any variable whose name looks like a secret is redacted where it is kept, and the
-*values* of every secret-looking variable in the launcher's environment are handed to the writer
-so it can scrub them out of every file in the bundle (ranks inherit that environment, so a value
-a test printed into a log or a JUnit report is one of these).
+and CUDA do. Any variable whose name looks like a secret (`harness.evidence.redact` says which)
+is redacted where it is kept; the writer scrubs the *values* of every such variable out of the
+bundle.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import socket
 from collections.abc import Iterable, Mapping
 from typing import Any
-from xml.sax.saxutils import escape, quoteattr
 
 import torch
 
+from harness.evidence.redact import (
+    MIN_SCRUB_LENGTH,
+    REDACTED,
+    SCRUBBED,
+    Scrubber,
+    is_secret_name,
+    secret_patterns,
+    secret_values,
+)
 from harness.evidence.schema import Environment, Gpu
 
+__all__ = [
+    "KEPT_PREFIXES",
+    "MIN_SCRUB_LENGTH",
+    "REDACTED",
+    "SCRUBBED",
+    "capture_environment",
+    "filtered_env",
+    "is_secret_name",
+    "scrub",
+    "secret_forms",
+    "secret_values",
+]
+
 KEPT_PREFIXES: tuple[str, ...] = ("NCCL_", "VLLM_", "B12X_", "TORCH_", "CUDA_")
-SECRET_MARKERS: tuple[str, ...] = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
-REDACTED = "<redacted>"
-# What replaces a secret value found in a file: safe inside JSON strings, XML and Markdown.
-SCRUBBED = b"[REDACTED]"
-# Values shorter than this are not scrubbed from files: replacing "1" or "true" everywhere
-# would corrupt the bundle and hide nothing (they are still redacted in `env`).
-MIN_SCRUB_LENGTH = 8
-
-
-def is_secret_name(name: str) -> bool:
-    upper = name.upper()
-    return any(marker in upper for marker in SECRET_MARKERS)
 
 
 def filtered_env(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
     """(kept variables with secrets redacted, names of the redacted ones)."""
+    patterns = secret_patterns(environ)
     kept: dict[str, str] = {}
     redacted: list[str] = []
     for name in sorted(environ):
         if not name.startswith(KEPT_PREFIXES):
             continue
-        if is_secret_name(name):
+        if is_secret_name(name, patterns):
             kept[name] = REDACTED
             redacted.append(name)
         else:
@@ -51,43 +59,14 @@ def filtered_env(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]
     return kept, redacted
 
 
-def secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """Values of every secret-looking variable, long enough to scrub safely, longest first."""
-    values = {
-        value
-        for name, value in environ.items()
-        if is_secret_name(name) and len(value.strip()) >= MIN_SCRUB_LENGTH
-    }
-    return tuple(sorted(values, key=lambda v: (-len(v), v)))
-
-
 def secret_forms(secrets: Iterable[str]) -> tuple[bytes, ...]:
-    """The byte forms a secret can take in our files: raw, JSON-escaped, XML-escaped."""
-    forms: set[bytes] = set()
-    for value in secrets:
-        for text in (
-            value,
-            json.dumps(value)[1:-1],
-            json.dumps(value, ensure_ascii=False)[1:-1],
-            escape(value),
-            quoteattr(value)[1:-1],
-            escape(value, {'"': "&quot;", "'": "&apos;"}),
-            value.replace("&", "&amp;").replace("<", "&lt;"),  # writers that leave '>' alone
-        ):
-            if text:
-                forms.add(text.encode("utf-8"))
-    return tuple(sorted(forms, key=lambda f: (-len(f), f)))
+    """The byte forms a secret can take in our files (every print form, see `redact`)."""
+    return tuple(f.encode("utf-8") for f in Scrubber.of(secrets).forms)
 
 
 def scrub(data: bytes, forms: Iterable[bytes]) -> tuple[bytes, int]:
     """`data` with every secret form replaced by SCRUBBED, and how many were replaced."""
-    count = 0
-    for form in forms:
-        hits = data.count(form)
-        if hits:
-            data = data.replace(form, SCRUBBED)
-            count += hits
-    return data, count
+    return Scrubber(tuple(f.decode("utf-8") for f in forms)).data(data)
 
 
 def _nccl_version() -> str | None:

@@ -49,6 +49,14 @@ def failure_reasons(
 ) -> list[str]:
     """Every reason the run fails; empty means pass. `coverage` None: not recorded."""
     reasons: list[str] = []
+    interrupted = run.extra.get("launch", {}).get("interrupted")
+    if interrupted:
+        reasons.append(interruption_message(interrupted))
+    strays = run.extra.get("strays") or []
+    if strays:
+        shown = ", ".join(f"{s.get('path')} ({s.get('kind')})" for s in strays[:5])
+        more = f" and {len(strays) - 5} more" if len(strays) > 5 else ""
+        reasons.append(f"the run left {len(strays)} entries that are not evidence: {shown}{more}")
     if run.timed_out:
         reasons.append("the run timed out and was killed")
     if coverage is not None and coverage.collected == 0 and ranks.complete:
@@ -80,6 +88,17 @@ def failure_reasons(
     if unwarmed:
         reasons.append(f"{len(unwarmed)} signatures used in capture but not warmed on every rank")
     return reasons
+
+
+def interruption_message(interrupted: dict[str, object]) -> str:
+    """How an interrupted run is named: the signal, when, and how far the tests had got."""
+    done, collected = interrupted.get("tests_done"), interrupted.get("tests_collected")
+    running = interrupted.get("running")
+    return (
+        f"the run was interrupted by {interrupted.get('signal')} at {interrupted.get('at')}, "
+        f"after {interrupted.get('after_s')}s, with {done} of {collected} collected tests "
+        f"finished on every rank" + (f" and {running} running" if running else "")
+    )
 
 
 def verdict_of(reasons: list[str]) -> Verdict:

@@ -200,6 +200,7 @@ RootCauseKind = Literal[
     "torchrun",
     "junit",
     "run",
+    "interrupted",
 ]
 
 

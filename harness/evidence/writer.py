@@ -10,6 +10,7 @@ already holds receipt.json or SHA256SUMS is refused before anything is touched.
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,7 +32,7 @@ from harness.evidence.collect import (
     transports,
 )
 from harness.evidence.ending import failed_tests, ranks_rootdir
-from harness.evidence.environment import capture_environment, scrub, secret_forms, secret_values
+from harness.evidence.environment import capture_environment
 from harness.evidence.files import (
     SUMS_NAME,
     hash_files,
@@ -41,6 +42,7 @@ from harness.evidence.files import (
     walk,
 )
 from harness.evidence.junit import merge_junit, tallies
+from harness.evidence.redact import Scrubber, ScrubReport, scrub_folder, secret_values
 from harness.evidence.run_context import RunContext
 from harness.evidence.schema import SCHEMA, Geometry, Image, Ranks, Receipt, RootCause, Run
 from harness.evidence.sources import capture_sources
@@ -65,30 +67,46 @@ def prepare_out_dir(path: Path) -> Path:
     Returns the absolute path. Nothing is touched when it refuses.
     """
     path = Path(path).absolute()
-    if path.exists() or path.is_symlink():
-        if not path.is_dir() or path.is_symlink():
-            raise UsageError(f"evidence folder {path} exists and is not a folder")
-        entries = sorted(p.name for p in path.iterdir())
-        if entries:
-            shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
-            raise UsageError(
-                f"evidence folder {path} is not empty ({len(entries)} entries: {shown}); "
-                "evidence is never overwritten, choose another --out"
-            )
-        return path
-    path.mkdir(parents=True)
+    try:
+        if path.exists() or path.is_symlink():
+            if not path.is_dir() or path.is_symlink():
+                raise UsageError(f"evidence folder {path} exists and is not a folder")
+            entries = sorted(p.name for p in path.iterdir())
+            if entries:
+                shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+                raise UsageError(
+                    f"evidence folder {path} is not empty ({len(entries)} entries: {shown}); "
+                    "evidence is never overwritten, choose another --out"
+                )
+        else:
+            path.mkdir(parents=True)
+        _probe_writable(path)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot use {path} as the evidence folder: {exc.strerror or exc}"
+        ) from None
     return path
 
 
-def _check_writable_bundle(out_dir: Path) -> None:
+def _probe_writable(path: Path) -> None:
+    """Create and remove one file, so a read-only or immutable folder is refused up front."""
+    fd, name = tempfile.mkstemp(prefix=".dcpqual-probe-", dir=path)
+    os.close(fd)
+    os.unlink(name)
+
+
+def _check_no_bundle(out_dir: Path) -> None:
     if not out_dir.is_dir():
         raise UsageError(f"evidence folder {out_dir} does not exist or is not a folder")
     for name in (RECEIPT_NAME, SUMS_NAME):
-        if (out_dir / name).exists():
+        if (out_dir / name).exists() or (out_dir / name).is_symlink():
             raise UsageError(
                 f"{out_dir / name} already exists: {out_dir} already holds a bundle, and a "
                 "bundle is never overwritten"
             )
+
+
+def _check_only_files(out_dir: Path) -> None:
     for entry in walk(out_dir):
         if entry.kind != "file":
             raise UsageError(f"{entry.path} is a {entry.kind}, not a file; a bundle holds files")
@@ -116,18 +134,39 @@ def _real_tree_limitations(models: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def _scrub_files(out_dir: Path, forms: tuple[bytes, ...]) -> list[str]:
-    """Remove secret values from every file already in the folder; the files changed."""
-    changed = []
-    if not forms:
-        return changed
-    for entry in walk(out_dir):
-        data = entry.path.read_bytes()
-        clean, hits = scrub(data, forms)
-        if hits:
-            atomic_write_bytes(entry.path, clean)
-            changed.append(entry.relpath)
-    return changed
+def scrubber() -> Scrubber:
+    """Every print form of every secret value in this process's environment (ranks inherit it)."""
+    return Scrubber.of(secret_values(os.environ))
+
+
+def scrub_out_dir(out_dir: Path) -> ScrubReport:
+    """Remove secrets from every file and name already in the folder; the first step of every
+    ending, before anything else is written (links and special files are not read)."""
+    return scrub_folder(Path(out_dir), scrubber())
+
+
+def scrub_receipt(receipt: Receipt, scrub: Scrubber) -> Receipt:
+    """The receipt with secrets removed from its values, never from its structure.
+
+    A field the schema fixes to a few words (a verdict, a status) cannot carry a secret beyond
+    that word, so where scrubbing a value would make the receipt invalid, the value is kept.
+    """
+    data = receipt.model_dump(mode="json", by_alias=True)
+    clean, hits = scrub.value(data)
+    if not hits:
+        return receipt
+    try:
+        return Receipt.model_validate(clean)
+    except ValidationError as exc:
+        for error in exc.errors():
+            _restore(clean, data, error["loc"])
+    return Receipt.model_validate(clean)
+
+
+def _restore(clean: Any, original: Any, loc: tuple[int | str, ...]) -> None:
+    for step in loc[:-1]:
+        clean, original = clean[step], original[step]
+    clean[loc[-1]] = original[loc[-1]]
 
 
 def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
@@ -137,14 +176,17 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     left them; keeps every one of those files (scrubbed of secret values) in the bundle.
     """
     out_dir = Path(out_dir)
-    _check_writable_bundle(out_dir)
+    _check_no_bundle(out_dir)
     geometry, image = _validated(ctx)  # before anything is touched
-    forms = secret_forms(secret_values(os.environ))
-    scrubbed = _scrub_files(out_dir, forms)
+    scrub = scrubber()
+    first = scrub_folder(out_dir, scrub)  # before anything else is read or written
+    _check_only_files(out_dir)
+    earlier = ctx.extra.get("scrub", {}).get("changed", ())
+    scrubbed = [*first.changed, *earlier]
 
     receipt, merged_xml = assemble_receipt(out_dir, ctx, geometry, image)
 
-    merged_xml, hits = scrub(merged_xml, forms)
+    merged_xml, hits = scrub.xml_bytes(merged_xml)
     atomic_write_bytes(out_dir / MERGED_JUNIT, merged_xml)
     if hits:
         scrubbed.append(MERGED_JUNIT)
@@ -152,14 +194,14 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     receipt = receipt.model_copy(
         update={"scrubbed_files": sorted(set(scrubbed)), "files": hash_files(out_dir, witnessed)}
     )
-    # Messages, commands and paths in the receipt may carry a secret too: scrub the text and
-    # read the receipt back from it, so what we return is exactly what is on disk.
-    receipt_bytes, _ = scrub(receipt.dumps().encode("utf-8"), forms)
-    receipt = Receipt.model_validate_json(receipt_bytes)
+    # Messages, commands and paths in the receipt may carry a secret too: scrub its values and
+    # write exactly what we return.
+    receipt = scrub_receipt(receipt, scrub)
+    receipt_bytes = receipt.dumps().encode("utf-8")
     atomic_write_bytes(out_dir / RECEIPT_NAME, receipt_bytes)
 
     text = render_summary(receipt, sha256_bytes(receipt_bytes), bundle=out_dir.absolute())
-    summary, _ = scrub(text.encode(), forms)
+    summary, _ = scrub.data(text.encode())
     atomic_write_bytes(out_dir / SUMMARY_NAME, summary)
 
     listed = [e.relpath for e in walk(out_dir) if e.relpath != SUMS_NAME]
@@ -213,6 +255,7 @@ def assemble_receipt(
             torchrun_error=ctx.torchrun_error,
             junit_failures=merged.failures(),
             reasons=reasons,
+            interrupted=_interruption(run),
         )
         root_cause = _with_stack_dump(out_dir, root_cause)
     environment = capture_environment(hosts=(r.hostname for r in rank_files.records.values()))
@@ -298,6 +341,11 @@ def _with_stack_dump(out_dir: Path, cause: RootCause | None) -> RootCause | None
         return cause
     where = ", ".join(f"stacks/{d}" for d in dumps)
     return cause.model_copy(update={"message": f"{cause.message} (stack dump: {where})"})
+
+
+def _interruption(run: Run) -> str | None:
+    interrupted = run.extra.get("launch", {}).get("interrupted")
+    return rules.interruption_message(interrupted) if interrupted else None
 
 
 def _unreadable_notes(unreadable: dict[int, str]) -> list[str]:

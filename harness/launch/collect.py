@@ -31,9 +31,13 @@ class LaunchResult:
     finished_at: str
     elapsed_s: float
     leftovers: tuple[int, ...] = ()
+    # How the launcher was interrupted ({signal, at, after_s, exit_code}), if it was.
+    interrupted: dict[str, Any] | None = None
+    # Ranks whose process left mid-suite, for which the launcher ended the tree.
+    ended_for: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "exit_code": self.exit_code,
             "timed_out": self.timed_out,
             "started_at": self.started_at,
@@ -41,6 +45,11 @@ class LaunchResult:
             "elapsed_s": round(self.elapsed_s, 3),
             "leftovers": list(self.leftovers),
         }
+        if self.interrupted is not None:
+            data["interrupted"] = dict(self.interrupted)
+        if self.ended_for:
+            data["ended_for_ranks_gone_mid_suite"] = list(self.ended_for)
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LaunchResult:
@@ -51,6 +60,8 @@ class LaunchResult:
             finished_at=data["finished_at"],
             elapsed_s=float(data["elapsed_s"]),
             leftovers=tuple(data.get("leftovers", [])),
+            interrupted=data.get("interrupted"),
+            ended_for=tuple(data.get("ended_for_ranks_gone_mid_suite", [])),
         )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import re
 import signal
 import subprocess
@@ -20,17 +21,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, TextIO
 
 from harness.evidence.run_context import RunContext
-from harness.launch import nodes
+from harness.launch import ending, nodes
 from harness.launch.collect import LaunchResult, run_context
 from harness.launch.plan import SHUTDOWN_TIMEOUT_S, RunOptions, RunPlan, build_plan
-from harness.launch.proctree import Tracker
-from harness.launch.progress import Progress, make_progress, poller, snapshot
+from harness.launch.proctree import Tracker, identify
+from harness.launch.progress import Progress, Snapshot, make_progress, poller, snapshot
 from harness.launch.ranklogs import collect_rank_logs
 
 # How long node 0 waits for the other nodes' "finished" markers after its own torchrun exits,
@@ -52,17 +53,36 @@ class Evidence:
     default_out_dir: Callable[[], Path]
     finalize_bundle: Callable[[Path, RunContext], Any]
     verify_bundle: Callable[[Path], list[str]]
+    scrub_out_dir: Callable[[Path], Any] = lambda out_dir: _NOTHING_SCRUBBED
+    set_aside: Callable[[Path], list[Any]] = lambda out_dir: []
 
     @classmethod
     def load(cls) -> Evidence:
+        from harness.evidence.strays import set_aside
         from harness.evidence.verify import verify_bundle
-        from harness.evidence.writer import default_out_dir, finalize_bundle, prepare_out_dir
+        from harness.evidence.writer import (
+            default_out_dir,
+            finalize_bundle,
+            prepare_out_dir,
+            scrub_out_dir,
+        )
 
         def problems(path: Path) -> list[str]:
             result = verify_bundle(path)
             return list(getattr(result, "problems", result))
 
-        return cls(prepare_out_dir, default_out_dir, finalize_bundle, problems)
+        return cls(
+            prepare_out_dir, default_out_dir, finalize_bundle, problems, scrub_out_dir, set_aside
+        )
+
+
+@dataclass(frozen=True)
+class _NoScrub:
+    changed: tuple[str, ...] = ()
+    renamed: tuple[tuple[str, str], ...] = ()
+
+
+_NOTHING_SCRUBBED = _NoScrub()
 
 
 class Terminated(KeyboardInterrupt):
@@ -89,7 +109,9 @@ def launch(
     tick_s: float = 0.5,
     console: TextIO | None = None,
 ) -> LaunchResult:
-    """Run the planned torchrun once; end its whole tree at the overall timeout or on ^C.
+    """Run the planned torchrun once and end its whole tree: at the overall timeout, when a rank
+    left mid-suite, on ^C or SIGTERM (returned as `interrupted`, not raised), and after torchrun
+    exits, when every process the run left behind (orphans adopted as subreaper) is ended.
 
     With `--tee`, torchrun's console (its agent log plus the tee'd ranks' lines) is read through
     a pipe: all of it still goes to agent.log, and the ranks' lines also to `console`."""
@@ -101,32 +123,90 @@ def launch(
     if in_main:
         signal.signal(signal.SIGTERM, _on_sigterm)
     tee = plan.options.tee and console is not None
-    with plan.agent_log.open("wb") as log:
-        proc = subprocess.Popen(
-            plan.argv,
-            env=plan.child_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if tee else log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # ^C at the terminal reaches the launcher, not the ranks
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
-    relay = None
-    if tee:
-        assert proc.stdout is not None and console is not None
-        relay = threading.Thread(
-            target=_relay,
-            args=(proc.stdout, plan.agent_log, console, plan.options.tee),
-            daemon=True,
-        )
-        relay.start()
-    tracker = Tracker(proc.pid)
-    timed_out = False
+    linux = sys.platform == "linux"
+    adopting = linux and ending.set_subreaper(True)
+    cgroup = ending.Cgroup.create() if linux else None
+
+    def in_child() -> None:  # pragma: no cover - runs in the forked child
+        _die_with_parent()
+        if cgroup is not None:
+            cgroup.join()
+
+    try:
+        with plan.agent_log.open("wb") as log:
+            proc = subprocess.Popen(
+                plan.argv,
+                env=plan.child_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if tee else log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # ^C at the terminal reaches the launcher, not the ranks
+                preexec_fn=in_child if linux else None,
+            )
+        relay = None
+        if tee:
+            assert proc.stdout is not None and console is not None
+            relay = threading.Thread(
+                target=_relay,
+                args=(proc.stdout, plan.agent_log, console, plan.options.tee),
+                daemon=True,
+            )
+            relay.start()
+        tracker = Tracker(proc.pid, adopter=os.getpid() if adopting else None)
+        outcome = _supervise(plan, proc, tracker, t0, timeout_s, tick, tick_s)
+        if relay is not None:
+            relay.join(timeout=5.0)
+        tracker.scan()  # orphans that re-parented to us after the last tick
+        if cgroup is not None:  # and whatever is still in the run's cgroup, wherever it went
+            tracker.seen |= {p for pid in cgroup.pids() if (p := identify(pid)) is not None}
+        leftovers = [p for p in tracker.survivors() if p.pid != proc.pid]
+        if leftovers:
+            tracker.end_all(grace_s=3.0)
+        if cgroup is not None and leftovers:
+            cgroup.kill()
+        ending.reap(p for p in tracker.seen if p.pid != proc.pid)
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
+        if adopting:
+            ending.set_subreaper(False)
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+    return LaunchResult(
+        exit_code=int(proc.returncode),
+        timed_out=outcome.timed_out,
+        started_at=started_at,
+        finished_at=_now(),
+        elapsed_s=time.monotonic() - t0,
+        leftovers=tuple(p.pid for p in leftovers),
+        interrupted=None if outcome.interrupted is None else outcome.interrupted.to_json(),
+        ended_for=tuple(outcome.dead_ranks),
+    )
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    timed_out: bool = False
+    interrupted: ending.Interruption | None = None
+    dead_ranks: tuple[int, ...] = ()
+
+
+def _supervise(
+    plan: RunPlan,
+    proc: subprocess.Popen[bytes],
+    tracker: Tracker,
+    t0: float,
+    timeout_s: float,
+    tick: Callable[[float], None] | None,
+    tick_s: float,
+) -> _Outcome:
+    """Wait for torchrun; end the tree on a timeout, a rank gone mid-suite, ^C or SIGTERM."""
+    watch = ending.DeadRankWatch(plan.out_dir / "records", plan.options.world_size, tracker)
     try:
         while True:
             try:
                 proc.wait(timeout=tick_s)
-                break
+                return _Outcome()
             except subprocess.TimeoutExpired:
                 pass
             tracker.scan()
@@ -134,30 +214,27 @@ def launch(
             if tick is not None:
                 tick(elapsed)
             if elapsed > timeout_s:
-                timed_out = True
                 tracker.end_all(grace_s=SHUTDOWN_TIMEOUT_S + 5)
                 proc.wait()
-                break
+                return _Outcome(timed_out=True)
+            dead = watch.overdue()
+            if dead:
+                tracker.end_all(grace_s=SHUTDOWN_TIMEOUT_S + 5)
+                proc.wait()
+                return _Outcome(dead_ranks=tuple(dead))
+    except KeyboardInterrupt as exc:
+        sig = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+        # What had run when the signal came, before ending the tree marks the rest stopped.
+        seen = snapshot(plan.out_dir / "records", plan.options.world_size, 0.0)
+        interrupted = ending.Interruption.now(sig, time.monotonic() - t0, seen)
+        with ending.Shield() as shield:  # a second ^C hurries the ending, never aborts it
+            tracker.end_all(grace_s=5.0, hurry=shield.hurry)
+            proc.wait()
+        return _Outcome(interrupted=interrupted)
     except BaseException:
         tracker.end_all(grace_s=5.0)
         proc.wait()
         raise
-    finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
-    if relay is not None:
-        relay.join(timeout=5.0)
-    leftovers = tracker.survivors()
-    if leftovers:
-        tracker.end_all(grace_s=3.0)
-    return LaunchResult(
-        exit_code=int(proc.returncode),
-        timed_out=timed_out,
-        started_at=started_at,
-        finished_at=_now(),
-        elapsed_s=time.monotonic() - t0,
-        leftovers=tuple(p.pid for p in leftovers),
-    )
 
 
 # torchrun's prefix on a tee'd rank line: "[default0]:..." (role name + local rank).
@@ -247,7 +324,31 @@ def run(
     except BaseException:
         progress.close()
         raise
-    progress.close(snapshot(records, options.world_size, result.elapsed_s))
+    seen = snapshot(records, options.world_size, result.elapsed_s)
+    progress.close(seen)
+    # Every ending, from here: the bundle is written even if ^C comes again meanwhile.
+    with ending.Shield():
+        return _finish(options, evidence, stream, plan, marker, result, seen)
+
+
+def _finish(
+    options: RunOptions,
+    evidence: Evidence,
+    stream: TextIO,
+    plan: RunPlan,
+    marker: nodes.NodeMarker,
+    result: LaunchResult,
+    seen: Snapshot,
+) -> int:
+    """Scrub first, then name the interruption, set strays aside, write and verify the bundle."""
+    out_dir = plan.out_dir
+    scrubbed = evidence.scrub_out_dir(out_dir)
+    if result.interrupted is not None:
+        _say(
+            stream,
+            f"dcpqual run: interrupted by {result.interrupted['signal']} after "
+            f"{result.elapsed_s:.1f}s; whole tree ended, writing the bundle of what ran",
+        )
     if options.multi_node:
         finished = nodes.NodeMarker(
             **{
@@ -262,7 +363,12 @@ def run(
     _say(
         stream,
         f"dcpqual run: torchrun exited {result.exit_code} after {result.elapsed_s:.1f}s"
-        + (" (timed out: whole tree ended)" if result.timed_out else ""),
+        + (" (timed out: whole tree ended)" if result.timed_out else "")
+        + (
+            f" (rank(s) {list(result.ended_for)} left mid-suite: whole tree ended)"
+            if result.ended_for
+            else ""
+        ),
     )
     if options.node_rank != 0:
         return _follow_node0(stream, out_dir, result)
@@ -270,10 +376,28 @@ def run(
         nodes.wait_for_nodes(out_dir, options.nnodes, NODE_WAIT_S) if options.multi_node else None
     )
     collect_rank_logs(out_dir, options.world_size, options.nproc_per_node)
+    strays = evidence.set_aside(out_dir)
     ctx = run_context(plan, result, nodes=markers)
-    receipt = evidence.finalize_bundle(out_dir, ctx)
+    ctx = replace(
+        ctx,
+        extra={
+            **ctx.extra,
+            "scrub": {
+                "changed": list(scrubbed.changed),
+                "renamed": [list(r) for r in scrubbed.renamed],
+            },
+            **({"strays": [s.to_json() for s in strays]} if strays else {}),
+        },
+    )
+    try:
+        receipt = evidence.finalize_bundle(out_dir, ctx)
+    except OSError as exc:
+        _say(sys.stderr, _unfinished(out_dir, exc))
+        return 1
     problems = evidence.verify_bundle(out_dir)
     report(stream, out_dir, receipt, problems)
+    if result.interrupted is not None:
+        return int(result.interrupted["exit_code"])
     passed = getattr(receipt, "verdict", None) == "pass"
     return 0 if passed and not problems and ctx.exit_code == 0 and not ctx.timed_out else 1
 
@@ -291,6 +415,21 @@ def _say_ending(stream: TextIO, data: dict[str, Any], out_dir: Path) -> None:
         return
     for line in ending_lines(receipt, out_dir):
         _say(stream, line)
+
+
+def _unfinished(out_dir: Path, exc: OSError) -> str:
+    """One line: the bundle could not be finished, why, and which of its files exist."""
+    from harness.evidence.files import SUMS_NAME
+
+    names = ("junit/merged.xml", "receipt.json", "summary.md", SUMS_NAME)
+    written = [n for n in names if (out_dir / n).is_file()]
+    missing = [n for n in names if n not in written]
+    why = exc.strerror or str(exc)
+    return (
+        f"dcpqual run: error: could not finish the bundle in {out_dir}: {why}; written: "
+        f"{', '.join(written) or 'none'}; not written: {', '.join(missing)} (the rank files "
+        "are scrubbed and kept)"
+    )
 
 
 def _follow_node0(stream: TextIO, out_dir: Path, result: LaunchResult) -> int:

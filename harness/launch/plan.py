@@ -26,6 +26,21 @@ _ENDPOINT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>
 SHUTDOWN_TIMEOUT_S = 10
 
 
+# What one rank needs at least (torch imported, a stand-in model, gloo buffers); the bound on
+# ranks per node is the machine's memory over this, so an absurd count fails before launching.
+RANK_MEMORY_MIB = 256
+MAX_NODES = 1024
+
+
+def local_rank_capacity() -> int:
+    """How many ranks this machine can hold: physical memory / RANK_MEMORY_MIB (at least 1)."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 10
+    return max(1, total // (RANK_MEMORY_MIB << 20))
+
+
 def default_targets() -> tuple[str, ...]:
     """The repository's suites/ (next to the harness package in a source checkout)."""
     suites = REPO_ROOT / "suites"
@@ -79,6 +94,14 @@ class RunOptions:
                 raise UsageError(
                     f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}"
                 )
+        capacity = local_rank_capacity()
+        if self.nproc_per_node > capacity:
+            raise UsageError(
+                f"--nproc-per-node {self.nproc_per_node} is more ranks than this machine can "
+                f"hold: at most {capacity} ({RANK_MEMORY_MIB} MiB of memory each)"
+            )
+        if self.nnodes > MAX_NODES:
+            raise UsageError(f"--nnodes must be at most {MAX_NODES}, got {self.nnodes}")
         if self.dcp is not None and (isinstance(self.dcp, bool) or self.dcp < 1):
             raise UsageError(f"--dcp must be an integer >= 1, got {self.dcp!r}")
         if not 0 <= self.node_rank < self.nnodes:
@@ -217,6 +240,7 @@ def pytest_args(options: RunOptions, out_dir: Path, targets: tuple[str, ...]) ->
         f"--dcpqual-backend={options.backend}",
         f"--dcpqual-test-timeout={options.resolved_test_timeout:g}",
         f"--dcpqual-maxfail={options.maxfail}",
+        f"--dcpqual-collect-timeout={options.resolved_test_timeout:g}",  # collection is a test too
         "--dcpqual-fast-exit",  # records and junit are final: skip 16 interpreter teardowns
         *targets,
     ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,18 +65,40 @@ def descendants(root: int) -> set[Proc]:
     return found
 
 
-class Tracker:
-    """Remembers every process ever seen under one root (the torchrun agent)."""
+def children_of(parent: int) -> set[Proc]:
+    """The live processes whose parent is `parent` now."""
+    found = set()
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            stat = _stat(int(entry.name))
+            if stat is not None and stat[0] == parent:
+                found.add(Proc(int(entry.name), stat[1]))
+    return found
 
-    def __init__(self, root: int) -> None:
+
+class Tracker:
+    """Remembers every process ever seen under one root (the torchrun agent).
+
+    With `adopter` (the launcher, a child subreaper), processes that re-parented to it and were
+    not its children when tracking began are orphans of the run, and are tracked with their
+    descendants too."""
+
+    def __init__(self, root: int, adopter: int | None = None) -> None:
         self.root = root
+        self.adopter = adopter
         self.seen: set[Proc] = set()
+        self._before = set() if adopter is None else children_of(adopter)
         me = identify(root)
         if me is not None:
             self.seen.add(me)
+            self._before.discard(me)
 
     def scan(self) -> None:
         self.seen |= descendants(self.root)
+        if self.adopter is not None:
+            for orphan in children_of(self.adopter) - self._before:
+                self.seen.add(orphan)
+                self.seen |= descendants(orphan.pid)
 
     def survivors(self) -> list[Proc]:
         return sorted((p for p in self.seen if alive(p)), key=lambda p: p.pid)
@@ -91,13 +114,16 @@ class Tracker:
                 continue
         return hit
 
-    def end_all(self, grace_s: float) -> list[Proc]:
-        """SIGTERM, wait up to `grace_s`, then SIGKILL what is left; returns the SIGKILLed."""
+    def end_all(self, grace_s: float, hurry: threading.Event | None = None) -> list[Proc]:
+        """SIGTERM, wait up to `grace_s` (cut short once `hurry` is set), then SIGKILL what is
+        left; returns the SIGKILLed."""
         self.scan()
         if not self.signal_all(signal.SIGTERM):
             return []
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and self.survivors():
+            if hurry is not None and hurry.is_set():
+                break
             time.sleep(0.1)
         self.scan()
         killed = self.signal_all(signal.SIGKILL)

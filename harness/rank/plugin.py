@@ -224,7 +224,12 @@ class RankPlugin:
         lists = self.channel.gather_collections(time.monotonic() + self.collect_timeout_s)
         missing = [r for r in range(self.env.world_size) if r not in lists]
         if missing:
-            reason = f"rank(s) {', '.join(map(str, missing))} never finished collection"
+            reason = (
+                f"rank(s) {', '.join(map(str, missing))} never finished collection within "
+                f"{self.collect_timeout_s:g}s"
+            )
+            # Structured, so the evidence blames the rank that hung, not this one.
+            self.keeper.update(extra={**self.keeper.record.extra, "missing_collection": missing})
             self._abort_collection(reason, primary=False)
         mismatch = compare_collections(lists)
         if mismatch is not None:

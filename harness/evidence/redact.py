@@ -1,0 +1,286 @@
+"""Secrets out of the evidence: which variables are secrets, every form their values take in
+what tools print, and scrubbing that replaces values without breaking the files that hold them.
+
+Why print forms: a test rarely writes a token as-is. pytest's assertion introspection prints
+`repr()` (quotes and backslashes escaped), a logger strips a trailing newline, a JSON record
+escapes it, a JUnit report XML-escapes it, a shell line quotes it, and these nest (a `repr` inside
+a JSON record). Every such form of every secret value is scrubbed, from file contents and from
+file names.
+
+Why values, not text: a secret may equal a word the files themselves are made of
+(`MY_TOKEN=complete`, a JSON key of the rank record). JSON and XML files are therefore parsed and
+only their string values (and the text inside keys, tags' text and attributes) are scrubbed; a
+key or a word the schema fixes is never replaced, so the structure survives. Other files are
+scrubbed as bytes.
+
+Secret names are shell-style patterns matched case-insensitively; `DCPQUAL_SECRET_PATTERNS`
+(comma-separated) adds to the defaults, it never removes one.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shlex
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+from harness.atomic import atomic_write_bytes
+
+PATTERNS_ENV = "DCPQUAL_SECRET_PATTERNS"
+DEFAULT_SECRET_PATTERNS: tuple[str, ...] = (
+    "*TOKEN*",
+    "*SECRET*",
+    "*PASSWORD*",
+    "*PASSWD*",
+    "*KEY*",
+    "*CREDENTIAL*",
+    "*_PAT",
+    "*_AUTH",
+    "*_AUTH_*",
+    "*COOKIE*",
+    "*SESSION*",
+    "AWS_*",
+    "AZURE_*",
+    "ARM_CLIENT_*",
+    "GOOGLE_*",
+    "GCP_*",
+    "GCLOUD_*",
+    "CLOUDSDK_*",
+    "ALIBABA_CLOUD_*",
+    "DIGITALOCEAN_*",
+    "OCI_*",
+)
+REDACTED = "<redacted>"
+# What replaces a secret found in a file or a name: safe in JSON strings, XML, Markdown, paths.
+SCRUBBED = "[REDACTED]"
+# Values shorter than this are not scrubbed from files: replacing "1" or "true" everywhere
+# would corrupt the bundle and hide nothing (they are still redacted in `env`).
+MIN_SCRUB_LENGTH = 8
+
+
+def secret_patterns(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The default patterns plus the ones `DCPQUAL_SECRET_PATTERNS` adds."""
+    environ = os.environ if environ is None else environ
+    extra = [p.strip().upper() for p in environ.get(PATTERNS_ENV, "").split(",") if p.strip()]
+    return DEFAULT_SECRET_PATTERNS + tuple(p for p in extra if p not in DEFAULT_SECRET_PATTERNS)
+
+
+def is_secret_name(name: str, patterns: Iterable[str] | None = None) -> bool:
+    upper = name.upper()
+    chosen = secret_patterns() if patterns is None else patterns
+    return any(fnmatch.fnmatchcase(upper, p.upper()) for p in chosen)
+
+
+def secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """Values of every secret-named variable, long enough to scrub safely, longest first."""
+    patterns = secret_patterns(environ)
+    values = {
+        value
+        for name, value in environ.items()
+        if name != PATTERNS_ENV
+        and is_secret_name(name, patterns)
+        and len(value.strip()) >= MIN_SCRUB_LENGTH
+    }
+    return tuple(sorted(values, key=lambda v: (-len(v), v)))
+
+
+def _escapes(text: str) -> set[str]:
+    """The one-level escaped forms of `text` that tools write."""
+    forms = {
+        text,
+        repr(text)[1:-1],
+        repr(text.encode("utf-8", "backslashreplace"))[2:-1],
+        repr("\"'" + text)[4:-1],  # repr inside a longer string that holds both quotes
+        text.replace("\\", "\\\\").replace('"', '\\"'),
+        json.dumps(text)[1:-1],
+        json.dumps(text, ensure_ascii=False)[1:-1],
+        escape(text),
+        quoteattr(text)[1:-1],
+        escape(text, {'"': "&quot;", "'": "&apos;"}),
+        escape(text, {'"': "&#34;", "'": "&#39;"}),
+        text.replace("&", "&amp;").replace("<", "&lt;"),  # writers that leave '>' alone
+        shlex.quote(text),
+        shlex.quote(text)[1:-1] if shlex.quote(text).startswith("'") else text,
+    }
+    return {f for f in forms if f}
+
+
+def print_forms(value: str) -> tuple[str, ...]:
+    """Every form of `value` we scrub: raw and stripped, each escaped once and twice."""
+    bases = {value, value.strip(), value.rstrip("\r\n"), value.strip("\r\n")}
+    first: set[str] = set()
+    for base in bases:
+        if len(base.strip()) >= MIN_SCRUB_LENGTH:
+            first |= _escapes(base)
+    forms = set(first)
+    for form in first:
+        forms |= _escapes(form)
+    return tuple(sorted(forms, key=lambda f: (-len(f), f)))
+
+
+@dataclass(frozen=True)
+class Scrubber:
+    """Replaces every print form of a set of secret values; `bool(s)` is False with none."""
+
+    forms: tuple[str, ...]
+
+    @classmethod
+    def of(cls, secrets: Iterable[str]) -> Scrubber:
+        forms = {f for s in secrets for f in print_forms(s)}
+        return cls(tuple(sorted(forms, key=lambda f: (-len(f), f))))
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Scrubber:
+        return cls.of(secret_values(os.environ if environ is None else environ))
+
+    def __bool__(self) -> bool:
+        return bool(self.forms)
+
+    def text(self, text: str) -> tuple[str, int]:
+        """`text` with every form replaced by SCRUBBED, and how many were replaced."""
+        count = 0
+        for form in self.forms:
+            hits = text.count(form)
+            if hits:
+                text = text.replace(form, SCRUBBED)
+                count += hits
+        return text, count
+
+    def data(self, data: bytes) -> tuple[bytes, int]:
+        count = 0
+        for form in self.forms:
+            raw = form.encode("utf-8")
+            hits = data.count(raw)
+            if hits:
+                data = data.replace(raw, SCRUBBED.encode())
+                count += hits
+        return data, count
+
+    def value(self, value: Any) -> tuple[Any, int]:
+        """A JSON value with its strings scrubbed. A key is scrubbed inside, but a key that is
+        exactly a secret form is a word of the structure and is left as it is."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, list):
+            items = [self.value(v) for v in value]
+            return [v for v, _ in items], sum(n for _, n in items)
+        if isinstance(value, dict):
+            out: dict[str, Any] = {}
+            count = 0
+            for key, item in value.items():
+                new_key, hits = (key, 0) if key in self.forms else self.text(key)
+                new_item, more = self.value(item)
+                while new_key in out:
+                    new_key += "~"
+                out[new_key] = new_item
+                count += hits + more
+            return out, count
+        return value, 0
+
+    def json_bytes(self, data: bytes) -> tuple[bytes, int]:
+        """A JSON document scrubbed as values; bytes that are not JSON are scrubbed as text."""
+        try:
+            parsed = json.loads(data)
+        except (ValueError, RecursionError):
+            return self.data(data)
+        clean, hits = self.value(parsed)
+        if not hits:
+            return data, 0
+        return (json.dumps(clean, indent=2, sort_keys=True) + "\n").encode(), hits
+
+    def xml_bytes(self, data: bytes) -> tuple[bytes, int]:
+        """An XML document scrubbed in its text and attribute values, never in tag names."""
+        try:
+            root = ET.fromstring(data)
+        except (ET.ParseError, ValueError):
+            return self.data(data)
+        count = 0
+        for element in root.iter():
+            for attr in ("text", "tail"):
+                if getattr(element, attr):
+                    new, hits = self.text(getattr(element, attr))
+                    setattr(element, attr, new)
+                    count += hits
+            for key, item in list(element.attrib.items()):
+                new, hits = self.text(item)
+                element.attrib[key] = new
+                count += hits
+        if not count:
+            return data, 0
+        return ET.tostring(root, encoding="utf-8", xml_declaration=True), count
+
+    def file_bytes(self, name: str, data: bytes) -> tuple[bytes, int]:
+        if name.endswith(".json"):
+            return self.json_bytes(data)
+        if name.endswith(".xml"):
+            return self.xml_bytes(data)
+        return self.data(data)
+
+    def name(self, relpath: str) -> str:
+        """A relative path with every secret form removed from its components."""
+        parts = [self.text(part)[0] for part in relpath.split("/")]
+        return "/".join(p if p not in ("", ".", "..") else SCRUBBED for p in parts)
+
+
+@dataclass(frozen=True)
+class ScrubReport:
+    """What scrubbing a folder changed: files whose bytes changed, names that were renamed."""
+
+    changed: tuple[str, ...]
+    renamed: tuple[tuple[str, str], ...]
+
+
+def _regular_files(root: Path) -> list[Path]:
+    """Regular files under `root`, links and special files left alone (a FIFO is never read)."""
+    found = []
+    for dirpath, _dirnames, filenames in os.walk(root, followlinks=False):
+        base = Path(dirpath)
+        for name in filenames:
+            path = base / name
+            if not path.is_symlink() and path.is_file():
+                found.append(path)
+    return sorted(found)
+
+
+def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
+    """Scrub every name under `root`, then every regular file's contents, in place.
+
+    Contents are rewritten atomically; a name holding a secret is renamed (never onto an existing
+    name). Links and special files are not followed or read.
+    """
+    changed: list[str] = []
+    renamed: list[tuple[str, str]] = []
+    if not scrubber:
+        return ScrubReport((), ())
+    # Names first, deepest first, so renaming a folder never invalidates a path still to visit.
+    entries = sorted(
+        (Path(d) / n for d, ds, fs in os.walk(root, followlinks=False) for n in [*ds, *fs]),
+        key=lambda p: (-len(p.parts), str(p)),
+    )
+    for path in entries:
+        clean = scrubber.name(path.name)
+        if clean == path.name:
+            continue
+        target = path.with_name(clean)
+        while target.exists() or target.is_symlink():
+            target = target.with_name(target.name + "~")
+        path.rename(target)
+        renamed.append(
+            (
+                scrubber.name(path.relative_to(root).as_posix()),
+                scrubber.name(target.relative_to(root).as_posix()),
+            )
+        )
+    for path in _regular_files(root):
+        data = path.read_bytes()
+        clean_bytes, hits = scrubber.file_bytes(path.name, data)
+        if hits:
+            atomic_write_bytes(path, clean_bytes)
+            changed.append(path.relative_to(root).as_posix())
+    return ScrubReport(tuple(sorted(set(changed))), tuple(sorted(renamed)))

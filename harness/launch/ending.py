@@ -1,0 +1,247 @@
+"""How a launch ends, whatever ends it: containment, interruptions, and ranks that left early.
+
+- Containment: torchrun starts in its own cgroup v2 directory where the machine allows one (a
+  writable cgroup2 mount, e.g. as root); whatever a rank forks stays in it, and the launcher
+  ends the cgroup's members after torchrun exits. Everywhere (and as the fallback) the launcher
+  is also a child subreaper (Linux `PR_SET_CHILD_SUBREAPER`) for the launch, so a process a rank
+  double-forks into its own session re-parents to the launcher instead of to init, and the
+  final scan finds it however briefly the run saw it.
+- Interruptions: ^C or SIGTERM ends the tree and becomes a value, `Interruption`, that the
+  evidence names; while the tree is being ended a second ^C does not abort the ending, it only
+  skips the grace period (SIGKILL at once), so nothing is orphaned.
+- Early exits: a rank whose process is gone while its record says it is neither complete nor
+  aborted left mid-suite (any exit code); its peers would wait for it until the per-test timeout.
+  `DeadRankWatch` notices it within seconds so the launcher can end the tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from harness.launch.proctree import Proc, Tracker, alive
+from harness.launch.progress import Snapshot
+from harness.schema.rank_record import RankRecord, rank_record_path
+
+PR_SET_CHILD_SUBREAPER = 36
+# How long a rank may be gone mid-suite before the launcher ends the tree: long enough for
+# torchrun to act on a non-zero exit itself, short next to any per-test timeout.
+DEAD_RANK_GRACE_S = 3.0
+
+
+def set_subreaper(on: bool) -> bool:
+    """Make this process a child subreaper (or stop being one); False where Linux says no."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def reap(procs: Iterable[Proc]) -> None:
+    """Collect the exit status of adopted orphans that died, so none stays a zombie."""
+    for proc in procs:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(proc.pid, os.WNOHANG)
+
+
+def _cgroup2_mount() -> Path | None:
+    """Where a cgroup v2 hierarchy is mounted (unified, or hybrid's /sys/fs/cgroup/unified)."""
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == "cgroup2":
+            return Path(fields[1])
+    return None
+
+
+def _own_cgroup2() -> str | None:
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                return line[3:]
+    except OSError:
+        return None
+    return None
+
+
+def _remove_stale(parent: Path) -> None:
+    """Empty cgroups of launchers that died without cleaning up (SIGKILL) are removed."""
+    with contextlib.suppress(OSError):
+        for stale in parent.glob("dcpqual-*-*"):
+            pid = stale.name.split("-")[1]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                with contextlib.suppress(OSError):
+                    stale.rmdir()  # refuses one that still has members
+
+
+@dataclass(frozen=True)
+class Cgroup:
+    """A cgroup v2 directory the launch's torchrun starts in: every process below it stays in
+    it whatever it forks, and `cgroup.kill` ends them all at once."""
+
+    path: Path
+
+    @classmethod
+    def create(cls) -> Cgroup | None:
+        """A new cgroup below this process's own, or None where the machine does not allow one."""
+        mount, own = _cgroup2_mount(), _own_cgroup2()
+        if mount is None or own is None:
+            return None
+        parent = mount / own.lstrip("/")
+        _remove_stale(parent)
+        path = parent / f"dcpqual-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            path.mkdir()
+        except OSError:
+            return None
+        return cls(path)
+
+    def join(self) -> None:  # pragma: no cover - runs in the forked child, before exec
+        """Move the calling process into the cgroup (its children are born there)."""
+        with contextlib.suppress(OSError):
+            (self.path / "cgroup.procs").write_text("0")
+
+    def pids(self) -> list[int]:
+        try:
+            text = (self.path / "cgroup.procs").read_text()
+        except OSError:
+            return []
+        return sorted(int(p) for p in text.split())
+
+    def kill(self, wait_s: float = 5.0) -> None:
+        """End every process in the cgroup (cgroup.kill, else SIGKILL each) and wait for it."""
+        try:
+            (self.path / "cgroup.kill").write_text("1")
+        except OSError:
+            for pid in self.pids():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + wait_s
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def remove(self) -> None:
+        """End anything still inside (it outlived torchrun), then remove the directory."""
+        if self.pids():
+            self.kill()
+        deadline = time.monotonic() + 2.0
+        while True:  # the kernel may still be releasing the last exited members
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.05)
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """The launcher was interrupted: by which signal, when, and how far into the run."""
+
+    signal: str  # "SIGINT" | "SIGTERM"
+    at: str  # UTC, ISO 8601
+    after_s: float
+    exit_code: int  # what `dcpqual run` exits with: 128 + the signal number
+    tests_done: int = 0  # tests every reporting rank had finished when the signal came
+    tests_collected: int = 0
+    running: str | None = None  # a test running then
+
+    @classmethod
+    def now(cls, sig: int, after_s: float, seen: Snapshot | None = None) -> Interruption:
+        return cls(
+            signal=signal.Signals(sig).name,
+            at=datetime.now(UTC).isoformat(timespec="seconds"),
+            after_s=round(after_s, 3),
+            exit_code=128 + sig,
+            tests_done=0 if seen is None else seen.done,
+            tests_collected=0 if seen is None else seen.total,
+            running=None if seen is None else seen.current,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "signal": self.signal,
+            "at": self.at,
+            "after_s": self.after_s,
+            "exit_code": self.exit_code,
+            "tests_done": self.tests_done,
+            "tests_collected": self.tests_collected,
+            "running": self.running,
+        }
+
+
+class Shield:
+    """While the tree is being ended: ^C and SIGTERM set `hurry` instead of raising."""
+
+    def __init__(self) -> None:
+        self.hurry = threading.Event()
+        self._previous: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.hurry.set()
+
+    def __enter__(self) -> Shield:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class DeadRankWatch:
+    """Finds ranks that left mid-suite: process gone, record neither complete nor aborted."""
+
+    def __init__(self, records_dir: Path, world_size: int, tracker: Tracker) -> None:
+        self.records_dir = records_dir
+        self.world_size = world_size
+        self.tracker = tracker
+        self.first_seen: dict[int, float] = {}
+
+    def _records(self) -> dict[int, RankRecord]:
+        found = {}
+        for rank in range(self.world_size):
+            try:
+                found[rank] = RankRecord.read(rank_record_path(self.records_dir, rank))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return found
+
+    def _gone_mid_suite(self, record: RankRecord) -> bool:
+        if record.complete or record.abort_reason is not None or not record.pid:
+            return False
+        known = [p for p in self.tracker.seen if p.pid == record.pid]
+        return bool(known) and not any(alive(p) for p in known)
+
+    def overdue(self, now: float | None = None) -> list[int]:
+        """Ranks gone mid-suite for longer than DEAD_RANK_GRACE_S while their peers still wait.
+
+        Once a peer has aborted, the ending is already under way (torchrun stopping the job
+        after a non-zero exit, or the ranks' own watchdogs): nothing is overdue then."""
+        now = time.monotonic() if now is None else now
+        records = self._records()
+        if any(r.abort_reason is not None for r in records.values()):
+            return []
+        for rank, record in records.items():
+            if rank not in self.first_seen and self._gone_mid_suite(record):
+                self.first_seen[rank] = now
+        return sorted(r for r, t in self.first_seen.items() if now - t >= DEAD_RANK_GRACE_S)

@@ -1,0 +1,209 @@
+"""Redaction matches what tools print: for any secret value, each way a tool writes it is gone
+after scrubbing, judged by decoding the output the way a reader would (json, ElementTree,
+shlex, Python's own string literal parser), not by re-deriving the escaped forms.
+
+And scrubbing never breaks structure: a secret equal to a word the files are made of leaves
+the JSON, XML and the receipt valid.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import os
+import shlex
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from harness.evidence.redact import (
+    DEFAULT_SECRET_PATTERNS,
+    PATTERNS_ENV,
+    SCRUBBED,
+    Scrubber,
+    is_secret_name,
+    scrub_folder,
+    secret_values,
+)
+
+# ASCII (Python's literal parser and shlex treat it the same everywhere), with the characters
+# that escaping is about over-represented.
+_CHARS = st.one_of(
+    st.characters(min_codepoint=0x20, max_codepoint=0x7E),
+    st.sampled_from(list("\\'\"&<>\t $`;")),
+)
+SECRETS = (
+    st.text(_CHARS, min_size=8, max_size=40)
+    .map(lambda s: s + "\n" if s.endswith("x") else s)  # some carry a trailing newline
+    .filter(lambda s: len(s.strip()) >= 8)
+)
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def core(secret: str) -> str:
+    """What must not survive: the value without surrounding whitespace."""
+    return secret.strip()
+
+
+def strings_in(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [s for v in value for s in strings_in(v)]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in [k, *strings_in(v)]]
+    return []
+
+
+def usable(secret: str) -> None:
+    """A secret that is part of the fixed text around it cannot be told apart from it."""
+    assume(core(secret) not in SCRUBBED and SCRUBBED not in secret)
+    assume(all(core(secret) not in t for t in ("request refused: ", "token ", " in ", "x'\" ")))
+
+
+@SETTINGS
+@given(SECRETS)
+def test_a_json_record_holding_the_secret_keeps_no_copy(secret: str) -> None:
+    usable(secret)
+    doc = {"message": f"request refused: {secret}", "repr": repr(f"x'\" {secret}"), "n": 1}
+    clean, hits = Scrubber.of([secret]).json_bytes(json.dumps(doc).encode())
+    assert hits >= 1
+    parsed = json.loads(clean)
+    assert set(parsed) == {"message", "repr", "n"} and parsed["n"] == 1
+    assert not any(core(secret) in s for s in strings_in(parsed))
+    assert not any(core(secret) in ast.literal_eval(s) for s in [parsed["repr"]])
+
+
+@SETTINGS
+@given(SECRETS)
+def test_a_junit_report_holding_the_secret_keeps_no_copy(secret: str) -> None:
+    usable(secret)
+    root = ET.Element("testsuite", name="suite")
+    case = ET.SubElement(root, "testcase", name=f"test_x[{secret}]", classname="c")
+    failure = ET.SubElement(case, "failure", message=f"token {secret}")
+    failure.text = f"assert {secret!r} == 'x'\n{secret.strip()}"
+    clean, _ = Scrubber.of([secret]).xml_bytes(ET.tostring(root, encoding="utf-8"))
+    parsed = ET.fromstring(clean)
+    assert parsed.tag == "testsuite" and parsed.find("testcase/failure") is not None
+    for element in parsed.iter():
+        for text in [element.text or "", *element.attrib.values()]:
+            assert core(secret) not in text
+    literal = (parsed.find("testcase/failure").text or "").split("\n")[0]
+    assert core(secret) not in literal.removeprefix("assert ").removesuffix(" == 'x'")
+
+
+@SETTINGS
+@given(SECRETS)
+def test_a_log_line_holding_the_secret_in_any_print_form_keeps_no_copy(secret: str) -> None:
+    usable(secret)
+    lines = [
+        f"HF_TOKEN={secret}",  # raw (a trailing newline included)
+        f"token {secret.strip()} in use",  # stripped, as a logger prints it
+        f"E   AssertionError: {secret!r}",  # assertion introspection
+        f"E   AssertionError: {chr(39) + chr(34) + secret!r}",  # repr forced to '...'
+        f"+ curl -H {shlex.quote(secret)}",  # a shell trace
+        json.dumps({"t": secret}),
+        json.dumps({"t": repr(secret)}),  # repr inside JSON
+    ]
+    text = "\n".join(lines)
+    clean, hits = Scrubber.of([secret]).text(text)
+    assert hits >= len(lines) - 1
+    assert core(secret) not in clean
+    literal = clean.split("\n")[2].removeprefix("E   AssertionError: ")
+    if literal.startswith(("'", '"')) and literal.endswith(("'", '"')):
+        assert core(secret) not in ast.literal_eval(literal)
+
+
+@SETTINGS
+@given(SECRETS)
+def test_a_shell_command_holding_the_secret_keeps_no_copy(secret: str) -> None:
+    usable(secret)
+    clean, _ = Scrubber.of([secret]).text(f"curl -H {shlex.quote(secret)} https://x")
+    assert not any(core(secret) in token for token in shlex.split(clean))
+
+
+@SETTINGS
+@given(st.sampled_from(["complete", "testcase", "failures", "signatures", "negative_control"]))
+def test_a_secret_equal_to_a_word_of_the_structure_leaves_it_intact(word: str) -> None:
+    scrub = Scrubber.of([word])
+    doc = {word: [word, f"x {word} y"], "other": {"name": word, "n": 3}}
+    clean, _ = scrub.json_bytes(json.dumps(doc).encode())
+    parsed = json.loads(clean)
+    assert set(parsed) == {word, "other"} and parsed["other"]["n"] == 3  # keys are structure
+    assert parsed[word] == [SCRUBBED, f"x {SCRUBBED} y"] and parsed["other"]["name"] == SCRUBBED
+    xml = f'<testsuite><testcase name="{word}">{word}</testcase></testsuite>'.encode()
+    tree = ET.fromstring(scrub.xml_bytes(xml)[0])
+    assert [e.tag for e in tree.iter()] == ["testsuite", "testcase"]
+    assert tree[0].get("name") == SCRUBBED and tree[0].text == SCRUBBED
+
+
+def test_default_secret_names_cover_the_common_forms() -> None:
+    for name in [
+        "GITHUB_PAT",
+        "NPM_AUTH",
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "MY_SECRET_X",
+        "DB_PASSWORD",
+        "OPENAI_API_KEY",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AZURE_CLIENT_SECRET",
+        "GCP_SA_JSON",
+        "github_pat",
+    ]:
+        assert is_secret_name(name), name
+    for name in ["PATH", "HOME", "NCCL_DEBUG", "PATHS", "AUTHOR", "CUDA_VISIBLE_DEVICES"]:
+        assert not is_secret_name(name), name
+    assert "*_PAT" in DEFAULT_SECRET_PATTERNS and "*_AUTH" in DEFAULT_SECRET_PATTERNS
+
+
+def test_more_secret_names_can_be_configured_never_fewer() -> None:
+    env = {"ACME_PASSPHRASE": "acme-value-123", "HF_TOKEN": "hf-value-1234", PATTERNS_ENV: ""}
+    assert secret_values(env) == ("hf-value-1234",)
+    env[PATTERNS_ENV] = "acme_*, *PASSPHRASE"
+    assert set(secret_values(env)) == {"acme-value-123", "hf-value-1234"}
+
+
+def test_a_secret_in_a_file_or_folder_name_is_renamed_and_links_are_not_read(
+    tmp_path: Path,
+) -> None:
+    secret = "hf_name0123456789"
+    (tmp_path / f"dir-{secret}").mkdir()
+    (tmp_path / f"dir-{secret}" / f"{secret}.txt").write_text(f"value {secret}\n")
+    (tmp_path / "plain.txt").write_text("nothing here\n")
+    os.mkfifo(tmp_path / "fifo")  # reading it would block forever
+    (tmp_path / "link").symlink_to("/etc/hostname")
+    report = scrub_folder(tmp_path, Scrubber.of([secret]))
+    names = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    assert not any(secret in n for n in names), names
+    assert f"dir-{SCRUBBED}/{SCRUBBED}.txt" in names
+    assert (tmp_path / f"dir-{SCRUBBED}" / f"{SCRUBBED}.txt").read_text() == f"value {SCRUBBED}\n"
+    assert report.changed == (f"dir-{SCRUBBED}/{SCRUBBED}.txt",)
+    assert not any(secret in old or secret in new for old, new in report.renamed)
+    assert len(report.renamed) == 2
+
+
+def test_without_the_print_forms_a_repr_with_a_quote_leaks() -> None:
+    """Negative control: scrubbing only the raw value misses what assertion introspection
+    prints, so the print forms above are what the property tests rely on."""
+    secret = "hf_it's\\secret"
+    printed = f"AssertionError: {secret!r}"
+    raw_only = Scrubber((secret,))
+    clean, _ = raw_only.text(printed)
+    assert "secret" in ast.literal_eval(clean.removeprefix("AssertionError: "))
+    assert core(secret) not in Scrubber.of([secret]).text(printed)[0].replace("\\\\", "\\")
+
+
+def test_logging_strips_the_value_and_the_stripped_form_is_scrubbed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    secret = "hf_trailing0123456789\n"
+    logging.getLogger("leaky").warning("token %s", secret.strip())
+    clean, hits = Scrubber.of([secret]).text(caplog.text)
+    assert hits == 1 and secret.strip() not in clean

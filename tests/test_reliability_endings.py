@@ -1,0 +1,337 @@
+"""Every ending of a real `dcpqual run` leaves a scrubbed bundle `dcpqual verify` accepts, or one
+clear line: ^C, SIGTERM, odd files a test left in the out folder, a full disk, an unusable
+`--out`, an absurd world size, a rank that left mid-suite with exit code 0, a daemon a rank
+double-forked, and secrets printed the ways tools print them.
+
+World 2 (4 where a peer's blame matters), with the process faults again at 16 ranks (slow). Each
+protection is shown to fail when removed in tests/test_launcher_endings.py (subreaper, shield,
+dead-rank watch) and tests/test_evidence_redact.py (print forms).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _support.runs import processes_of_run, receipt, records, run
+
+from harness.cli import main
+from harness.evidence import writer
+from harness.evidence.files import walk
+from harness.launch.ending import DEAD_RANK_GRACE_S
+from harness.launch.proctree import identify
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+main_thread_only = pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="needs the main thread"
+)
+
+
+def leaks(root: Path, *secrets: str) -> list[str]:
+    """Files under `root` whose name or bytes hold any of `secrets` (stripped)."""
+    found = []
+    for entry in walk(root):
+        data = entry.path.read_bytes() if entry.kind == "file" else b""
+        for secret in secrets:
+            core = secret.strip()
+            if core in entry.relpath or core.encode() in data:
+                found.append(f"{entry.relpath}: {core[:12]}...")
+    return found
+
+
+def interrupt_when_running(out: Path, world: int, test: str, sig: int) -> threading.Thread:
+    """Signal this process (the launcher) once every rank is inside `test`."""
+
+    def wait_then_signal() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                recs = records(out)
+            except (OSError, ValueError):
+                recs = {}
+            running = [r.current_test or "" for r in recs.values()]
+            if len(running) == world and all(t.endswith(f"::{test}") for t in running):
+                break
+            time.sleep(0.2)
+        os.kill(os.getpid(), sig)
+
+    thread = threading.Thread(target=wait_then_signal, daemon=True)
+    thread.start()
+    return thread
+
+
+def assert_interrupted_bundle(out: Path, code: int, sig: signal.Signals, token: str) -> None:
+    assert code == 128 + sig
+    assert (out / "SHA256SUMS").is_file()
+    data = receipt(out)
+    assert data["verdict"] == "fail" and data["status"] == "not-qualified"
+    cause = data["root_cause"]
+    assert cause["kind"] == "interrupted", cause
+    assert f"interrupted by {sig.name}" in cause["message"]
+    assert "with 1 of 3 collected tests finished on every rank" in cause["message"], cause
+    assert "test_waits_for_the_interrupt running" in cause["message"], cause
+    interrupted = data["run"]["extra"]["launch"]["interrupted"]
+    assert interrupted["signal"] == sig.name and interrupted["at"]
+    assert main(["verify", str(out)]) == 0, "verify rejects the interrupted run's bundle"
+    assert leaks(out, token) == []
+    assert processes_of_run(out) == []
+
+
+@main_thread_only
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_run_leaves_a_scrubbed_bundle_naming_the_interruption(
+    sig: signal.Signals, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = f"hf_interrupt{uuid.uuid4().hex}"
+    monkeypatch.setenv("HF_TOKEN", token)
+    out = tmp_path / "bundle"
+    sender = interrupt_when_running(out, 2, "test_waits_for_the_interrupt", sig)
+    code, elapsed = run(out, 2, "rank_interrupt.py")
+    sender.join()
+    assert elapsed < 90
+    assert_interrupted_bundle(out, code, sig, token)
+
+
+def test_odd_files_a_test_leaves_are_set_aside_named_and_the_run_fails(tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    code, _ = run(out, 2, "rank_strays.py")
+    assert code == 1
+    data = receipt(out)
+    assert data["verdict"] == "fail"
+    strays = {s["path"]: s for s in data["run"]["extra"]["strays"]}
+    assert set(strays) == {"link-to-hostname", "a-fifo", "receipt.json", "SHA256SUMS"}
+    assert strays["link-to-hostname"]["kind"] == "symlink"
+    assert strays["a-fifo"]["kind"] == "fifo"
+    assert strays["receipt.json"]["action"] == "moved to strays/receipt.json"
+    assert json.loads((out / "strays" / "receipt.json").read_text())["verdict"] == "pass"
+    assert "strays/receipt.json" in data["files"]  # kept, hashed, and not the receipt
+    assert any("not evidence" in f for f in data["failures"]), data["failures"]
+    assert data["suites"] and sum(t["failed"] for t in data["suites"].values()) == 0
+    assert main(["verify", str(out)]) == 0
+
+
+def test_a_full_disk_during_the_bundle_write_is_one_line_and_the_rank_files_are_scrubbed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ENOSPC injected at the writer's I/O seam (`writer.atomic_write_bytes`) for receipt.json;
+    the same ending on a real full tmpfs is `test_a_real_full_disk...` below, where root may
+    mount one."""
+    token = f"hf_full{uuid.uuid4().hex}"
+    monkeypatch.setenv("HF_TOKEN", token)
+    real_write = writer.atomic_write_bytes
+
+    def full_disk(path: Path, data: bytes, **kw: Any) -> None:
+        if path.name == "receipt.json":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real_write(path, data, **kw)
+
+    monkeypatch.setattr(writer, "atomic_write_bytes", full_disk)
+    out = tmp_path / "bundle"
+    code, _ = run(out, 2, "rank_secret.py")  # spills HF_TOKEN everywhere; rank 1 fails
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert len(err) == 1, err
+    assert "No space left on device" in err[0] and "not written: receipt.json" in err[0], err
+    assert "written: junit/merged.xml" in err[0]
+    assert not (out / "receipt.json").exists()
+    assert leaks(out, token) == [], "the scrub must come before the write that failed"
+
+
+def _mount_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+        capture_output=True,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+def test_a_real_full_disk_is_one_line_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tmpfs that holds the ranks' files and not the bundle: a test fills it up to the last
+    few KiB (rank_fill.py), so the bundle write meets a real ENOSPC."""
+    mnt = tmp_path / "tiny"
+    if not _mount_tmpfs(mnt, "4m"):
+        pytest.skip("cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN)")
+    try:
+        out = mnt / "bundle"
+        code, _ = run(out, 2, "rank_fill.py")
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1
+        assert len(err) == 1 and "No space left on device" in err[0], err
+        assert "not written:" in err[0]
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _unusable_out(setup: str, tmp_path: Path) -> Path:
+    """An --out the launcher cannot write into; skips where this machine cannot make one."""
+    if setup == "parent-is-a-file":
+        (tmp_path / "file").write_text("x")
+        return tmp_path / "file" / "bundle"
+    out = tmp_path / setup
+    out.mkdir()
+    if setup == "read-only":
+        cmd = ["mount", "--bind", "-o", "ro", str(out), str(out)]
+    else:  # immutable
+        if shutil.which("chattr") is None:
+            pytest.skip("no chattr here")
+        cmd = ["chattr", "+i", str(out)]
+    done = subprocess.run(cmd, capture_output=True, check=False)
+    if done.returncode != 0 or (os.access(out / ".", os.W_OK) and _writable(out)):
+        pytest.skip(f"cannot make a {setup} folder here: {done.stderr.decode().strip()}")
+    return out
+
+
+def _writable(path: Path) -> bool:
+    try:
+        (path / ".probe").write_text("x")
+    except OSError:
+        return False
+    (path / ".probe").unlink()
+    return True
+
+
+def _undo(setup: str, out: Path) -> None:
+    if setup == "read-only":
+        subprocess.run(["umount", str(out)], capture_output=True, check=False)
+    elif setup == "immutable":
+        subprocess.run(["chattr", "-i", str(out)], capture_output=True, check=False)
+
+
+@pytest.mark.parametrize("setup", ["read-only", "immutable", "parent-is-a-file"])
+def test_an_unusable_out_folder_is_one_line_and_exit_2(
+    setup: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _unusable_out(setup, tmp_path)
+    try:
+        code = main(["run", "--nproc-per-node", "2", "--tp", "2", "--out", str(out)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1, err
+        assert "cannot use" in err[0] and str(out) in err[0], err
+    finally:
+        _undo(setup, out)
+
+
+def test_an_absurd_world_size_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "never"
+    started = time.monotonic()
+    code = main(["run", "--nproc-per-node", str(10**30), "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "more ranks than this machine can hold" in err[0]
+    assert time.monotonic() - started < 10 and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("nranks", "fault_rank"),
+    [(2, 1), pytest.param(16, 11, marks=pytest.mark.slow, id="16-11")],
+    ids=["2-1", "16-11"],
+)
+def test_a_rank_exiting_0_mid_suite_is_noticed_within_seconds_and_blamed(
+    nranks: int, fault_rank: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DCPQUAL_FAULT_RANK", str(fault_rank))
+    out = tmp_path / "bundle"
+    code, elapsed = run(out, nranks, "rank_exit0.py")  # default per-test timeout: 300 s
+    assert code == 1
+    data = receipt(out)
+    assert data["run"]["extra"]["launch"]["ended_for_ranks_gone_mid_suite"] == [fault_rank]
+    assert data["root_cause"]["rank"] == fault_rank, data["root_cause"]
+    assert data["root_cause"]["test"].endswith("::test_fault")
+    assert fault_rank in data["ranks"]["killed"] and fault_rank not in data["ranks"]["stopped"]
+    assert main(["verify", str(out)]) == 0
+    assert processes_of_run(out) == []
+    startup = 40 if nranks > 4 else 20  # interpreter and gloo start-up, before the fault
+    assert elapsed < startup + DEAD_RANK_GRACE_S + 25, f"noticed after {elapsed:.0f}s"
+
+
+@pytest.mark.parametrize(
+    ("nranks", "fault_rank"),
+    [(2, 1), pytest.param(16, 9, marks=pytest.mark.slow, id="16-9")],
+    ids=["2-1", "16-9"],
+)
+def test_a_double_forked_daemon_is_ended_and_reported_after_a_passing_run(
+    nranks: int, fault_rank: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pidfile = tmp_path / "daemon.pid"
+    monkeypatch.setenv("DCPQUAL_FAULT_RANK", str(fault_rank))
+    monkeypatch.setenv("DCPQUAL_DAEMON_PIDFILE", str(pidfile))
+    out = tmp_path / "bundle"
+    code, _ = run(out, nranks, "rank_daemon.py")
+    daemon = int(pidfile.read_text())
+    try:
+        assert code == 0, receipt(out)["failures"]
+        assert identify(daemon) is None, "the daemon outlived the run"
+        assert daemon in receipt(out)["run"]["extra"]["launch"]["leftovers"]
+        assert processes_of_run(out) == []
+    finally:
+        if identify(daemon) is not None:
+            os.kill(daemon, signal.SIGKILL)
+
+
+def test_secrets_in_tool_print_forms_and_file_names_never_reach_the_bundle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    quoted = f"tok'en\\{uuid.uuid4().hex[:12]}\"x"  # repr escapes the quote and the backslash
+    pat = f"ghp_{uuid.uuid4().hex}\n"  # a trailing newline: loggers print it stripped
+    auth = f"npm_{uuid.uuid4().hex}"
+    monkeypatch.setenv("DCPQUAL_TEST_TOKEN", quoted)
+    monkeypatch.setenv("GITHUB_PAT", pat)
+    monkeypatch.setenv("NPM_AUTH", auth)
+    monkeypatch.setenv("MY_TOKEN", "complete")  # a word the receipt and records are made of
+    out = tmp_path / "bundle"
+    code, _ = run(out, 2, "rank_secret_forms.py")
+    assert code == 1  # rank 1 fails, as planned
+    data = receipt(out)
+    assert data["ranks"]["complete"] == 2, data["ranks"]  # the records kept their structure
+    assert leaks(out, quoted, pat, auth, repr(quoted)[1:-1]) == []
+    assert any(p.startswith("notes/rank-1-[REDACTED]") for p in data["files"]), data["files"]
+    assert "[REDACTED]" in data["root_cause"]["message"]
+    assert main(["verify", str(out)]) == 0
+
+
+@pytest.mark.slow
+@main_thread_only
+def test_an_interrupt_at_16_ranks_leaves_a_verified_bundle_and_nothing_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = f"hf_interrupt16{uuid.uuid4().hex}"
+    monkeypatch.setenv("HF_TOKEN", token)
+    out = tmp_path / "bundle"
+    sender = interrupt_when_running(out, 16, "test_waits_for_the_interrupt", signal.SIGINT)
+    code, _ = run(out, 16, "rank_interrupt.py")
+    sender.join()
+    assert_interrupted_bundle(out, code, signal.SIGINT, token)
+
+
+def test_a_hang_during_collection_is_bounded_by_the_per_test_timeout_and_blames_that_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DCPQUAL_FAULT_RANK", "1")
+    out = tmp_path / "bundle"
+    code, elapsed = run(out, 2, "rank_collect_hang.py", "--test-timeout", "4", "--timeout", "300")
+    assert code == 1
+    assert elapsed < 60, f"ended after {elapsed:.0f}s: by the whole-run timeout?"
+    data = receipt(out)
+    assert data["run"]["timed_out"] is False
+    cause = data["root_cause"]
+    assert cause["rank"] == 1 and "hung during collection" in cause["message"], cause
+    assert main(["verify", str(out)]) == 0
+    assert processes_of_run(out) == []
