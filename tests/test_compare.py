@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -287,3 +288,10 @@ def test_cli_refuses_two_output_forms(bundles: tuple[Path, Path]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["compare", str(good), str(good), "--json", "--markdown"])
     assert exc.value.code == 2
+
+
+def test_signature_words_match_for_fp8_queries_and_a2a() -> None:
+    sig = dataclasses.replace(KIMI, query_dtype="fp8_e4m3fn", comm_backend="a2a")
+    row = signature_row("kimi-k3", sig) | {"query_dtype": "fp8_e4m3fn", "comm_backend": "a2a"}
+    data = receipt(signatures=[row])
+    assert describe_signature(Receipt.from_json(data).signatures[0]) == sig.describe()

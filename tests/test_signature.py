@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from harness.errors import GeometryError, UsageError
-from harness.warm.signature import TransportSignature, dtype_name
+from harness.warm.signature import (
+    TransportSignature,
+    dtype_name,
+    output_torch_dtype,
+    query_torch_dtype,
+)
 
 KIMI = dict(
     dtype="bf16", total_heads=96, query_head_dim=576, output_head_dim=512, dcp_world_size=16
@@ -18,7 +25,7 @@ KIMI = dict(
 def test_kimi_signature_derives_six_local_heads():
     sig = TransportSignature(**KIMI)
     assert sig.local_heads == 6
-    assert sig.torch_dtype is torch.bfloat16
+    assert query_torch_dtype(sig) is output_torch_dtype(sig) is torch.bfloat16
     assert "96 heads x 576 -> 512" in sig.describe()
 
 
@@ -75,3 +82,50 @@ def test_sort_order_is_deterministic():
     a = TransportSignature(**KIMI)
     b = TransportSignature(**(KIMI | {"total_heads": 128, "query_head_dim": 512}))
     assert sorted([b, a]) == [a, b]
+
+
+def test_query_dtype_defaults_to_the_output_dtype_and_compares_equal():
+    spelled = TransportSignature(**KIMI, query_dtype="bf16")
+    assert spelled == TransportSignature(**KIMI) and spelled.query_dtype == "bf16"
+    assert spelled.output_dtype == spelled.dtype == "bf16"
+
+
+def test_fp8_query_is_its_own_signature_and_says_so():
+    fp8 = TransportSignature(**KIMI, query_dtype="fp8_e4m3fn")
+    assert fp8 != TransportSignature(**KIMI)
+    assert query_torch_dtype(fp8) is torch.float8_e4m3fn
+    assert output_torch_dtype(fp8) is torch.bfloat16
+    assert "(fp8_e4m3fn -> bf16, dcp=16" in fp8.describe()
+    assert dtype_name(torch.float8_e4m3fn) == "fp8_e4m3fn"
+
+
+def test_fp8_is_not_an_output_dtype():
+    with pytest.raises(UsageError, match="unknown dtype 'fp8_e4m3fn'"):
+        TransportSignature(**(KIMI | {"dtype": "fp8_e4m3fn"}))
+
+
+def test_comm_backend_is_part_of_the_identity():
+    a2a = TransportSignature(**KIMI, comm_backend="a2a")
+    assert a2a != TransportSignature(**KIMI) and a2a.describe().endswith(", a2a)")
+    assert TransportSignature(**KIMI).comm_backend == "ag_rs"
+    with pytest.raises(GeometryError, match="comm_backend must be one of"):
+        TransportSignature(**KIMI, comm_backend="nccl")
+
+
+def test_json_adds_fields_and_reads_the_older_form():
+    data = TransportSignature(**KIMI, query_dtype="fp8_e4m3fn", comm_backend="a2a").to_json()
+    assert data["dtype"] == "bf16" and data["query_dtype"] == "fp8_e4m3fn"
+    assert data["comm_backend"] == "a2a"
+    assert TransportSignature.from_json(data).query_dtype == "fp8_e4m3fn"
+    older = dict(KIMI, max_tokens=64, device_type="cpu", local_heads=6)
+    assert TransportSignature.from_json(older) == TransportSignature(**KIMI)
+    with pytest.raises(UsageError, match="output_dtype='fp16' does not match"):
+        TransportSignature.from_json(older | {"output_dtype": "fp16"})
+
+
+def test_core_vocabulary_imports_without_torch():
+    code = (
+        "import sys, harness.core.signature, harness.core.geometry; "
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

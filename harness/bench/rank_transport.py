@@ -32,7 +32,12 @@ from harness.transport.torch_backend import (
     all_gather_flat,
     reduce_scatter_flat,
 )
-from harness.warm.signature import TransportSignature
+from harness.warm.signature import (
+    TransportSignature,
+    output_torch_dtype,
+    query_torch_dtype,
+    wire_dtype,
+)
 
 # Kimi-K3 TP16/DCP16 (domain.md section 1): 96 heads, 576-wide query head, 512-wide output head.
 KIMI_HEADS = 96
@@ -68,13 +73,14 @@ class Inputs:
     @classmethod
     def make(cls, sig: TransportSignature, batch: int, device: torch.device, seed: int) -> Inputs:
         gen = torch.Generator().manual_seed(seed)
-        dt, h, big_h = sig.torch_dtype, sig.local_heads, sig.total_heads
+        qdt, dt = query_torch_dtype(sig), output_torch_dtype(sig)
+        h, big_h = sig.local_heads, sig.total_heads
         q, o = sig.query_head_dim, sig.output_head_dim
         return cls(
-            q=torch.randn(batch, h, q, generator=gen).to(device=device, dtype=dt),
+            q=torch.randn(batch, h, q, generator=gen).to(device=device, dtype=qdt),
             part=torch.randn(batch, big_h, o, generator=gen).to(device=device, dtype=dt),
             lse=torch.randn(batch, big_h, generator=gen).to(device=device),
-            gathered=torch.empty(batch, big_h, q, dtype=dt, device=device),
+            gathered=torch.empty(batch, big_h, q, dtype=qdt, device=device),
             reduced=torch.empty(batch, h, o, dtype=dt, device=device),
         )
 
@@ -92,12 +98,12 @@ def raw_ops(
     """The raw collectives of one step, and the bytes each sends and receives per rank."""
     sig, w, group = transport.signature, transport.world, transport.group
     h, big_h, q, o = sig.local_heads, sig.total_heads, sig.query_head_dim, sig.output_head_dim
-    dt, f32 = sig.torch_dtype, torch.float32
+    qdt, dt, f32 = wire_dtype(query_torch_dtype(sig)), output_torch_dtype(sig), torch.float32
 
     def flat(numel: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(numel, dtype=dtype, device=device)
 
-    q_send, q_recv = flat(batch * h * q, dt), flat(w * batch * h * q, dt)
+    q_send, q_recv = flat(batch * h * q, qdt), flat(w * batch * h * q, qdt)
     ops: dict[str, Op] = {"ag_queries": lambda: all_gather_flat(q_recv, q_send, group=group)}
     if transport.strategy == "ag_rs":
         l_send, l_recv = flat(batch * big_h, f32), flat(w * batch * big_h, f32)

@@ -164,6 +164,8 @@ def merge_signatures(captures: Iterable[CaptureRecord]) -> list[SignatureRow]:
                 sig.dcp_world_size,
                 sig.max_tokens,
                 sig.device_type,
+                sig.query_dtype,
+                sig.comm_backend,
             )
             reports[key][capture.rank].append((use.warmed, use.used_in_capture))
     rows = []
@@ -173,7 +175,7 @@ def merge_signatures(captures: Iterable[CaptureRecord]) -> list[SignatureRow]:
             rank: (all(w for w, _ in uses), any(u for _, u in uses))
             for rank, uses in by_rank.items()
         }
-        model, heads, qdim, odim, dtype, dcp, max_tokens, device_type = key
+        model, heads, qdim, odim, dtype, dcp, max_tokens, device_type, qdtype, comm = key
         rows.append(
             SignatureRow(
                 model=model,
@@ -186,6 +188,8 @@ def merge_signatures(captures: Iterable[CaptureRecord]) -> list[SignatureRow]:
                 dcp_world_size=dcp,
                 max_tokens=max_tokens,
                 device_type=device_type,
+                query_dtype=qdtype,
+                comm_backend=comm,
                 ranks=sorted(per_rank),
                 consistent=len(set(per_rank.values())) == 1,
             )

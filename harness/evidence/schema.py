@@ -125,6 +125,8 @@ class SignatureRow(_Model):
     device_type: str = "cpu"
     ranks: list[NonNegativeInt] = Field(default_factory=list)  # ranks that reported it
     consistent: bool = True  # every reporting rank said the same warmed/used
+    query_dtype: str | None = None  # None in receipts written before it: the same as dtype
+    comm_backend: str = "ag_rs"
 
 
 class CaptureEvent(_Model):

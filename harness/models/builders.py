@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from harness.core.geometry import ParallelGeometry
+from harness.core.signature import OUTPUT_DTYPES, check_dtype_name
 from harness.errors import UsageError
 from harness.models.backends import KimiDeltaAttentionBackend, backend_for
 from harness.models.layers import (
@@ -22,8 +24,6 @@ from harness.models.layers import (
     MultiHeadLatentAttention,
     StandInModel,
 )
-from harness.warm.geometry import ParallelGeometry
-from harness.warm.signature import dtype_name
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class ModelSpec:
             raise UsageError(
                 f"unknown model {self.model!r}; expected one of {', '.join(MODEL_CHOICES)}"
             )
-        dtype_name(self.dtype)
+        check_dtype_name(self.dtype, allowed=OUTPUT_DTYPES)
         if self.num_layers is not None and (
             not isinstance(self.num_layers, int) or self.num_layers < 1
         ):

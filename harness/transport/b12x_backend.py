@@ -33,12 +33,18 @@ from harness.errors import GeometryError
 from harness.transport.allocator import Allocator
 from harness.transport.checks import check_gather, check_reduce
 from harness.transport.errors import BackendUnavailableError, RegistryClosedError
-from harness.warm.signature import TransportSignature
+from harness.warm.signature import (
+    FP8_E4M3,
+    TransportSignature,
+    output_torch_dtype,
+    query_torch_dtype,
+)
 
-# Mirrors b12x 1.5.1 `pcie_dcp_a2a.SUPPORTED_WORLD_SIZES` / `SUPPORTED_DTYPES` (a compat test
-# compares them with the installed b12x).
+# Mirrors b12x 1.5.1 `pcie_dcp_a2a.SUPPORTED_WORLD_SIZES` / `SUPPORTED_DTYPES` /
+# `SUPPORTED_GATHER_DTYPES` (a compat test compares them with the installed b12x).
 SUPPORTED_WORLD_SIZES: tuple[int, ...] = (2, 4, 8, 9, 10, 12, 16)
 SUPPORTED_DTYPES: tuple[str, ...] = ("bf16", "fp16")
+SUPPORTED_GATHER_DTYPES: tuple[str, ...] = (*SUPPORTED_DTYPES, FP8_E4M3)
 CHANNEL_ID = "dcpqual-dcp"
 GATHER_SURFACE = "DcpAllToAllPool.all_gather_heads"
 REDUCE_SURFACE = "DcpAllToAllPool.lse_reduce_scatter"
@@ -88,6 +94,10 @@ def check_pool_geometry(signature: TransportSignature) -> None:
         )
     if sig.dtype not in SUPPORTED_DTYPES:
         raise GeometryError(f"b12x DCP reduction supports {SUPPORTED_DTYPES}, got {sig.dtype}")
+    if sig.query_dtype not in SUPPORTED_GATHER_DTYPES:
+        raise GeometryError(
+            f"b12x DCP query gather supports {SUPPORTED_GATHER_DTYPES}, got {sig.query_dtype}"
+        )
     for name in ("query_head_dim", "output_head_dim"):
         if getattr(sig, name) % 8:
             raise GeometryError(f"b12x DCP needs {name} % 8 == 0, got {getattr(sig, name)}")
@@ -258,11 +268,12 @@ class B12xDCPTransport:
         def buf(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
             return allocator.empty(shape, dtype, owner=sig, name=name).zero_()
 
-        q = buf("plan_query", (t, sig.local_heads, sig.query_head_dim), sig.torch_dtype)
-        gathered = buf("plan_gathered", (t, sig.total_heads, sig.query_head_dim), sig.torch_dtype)
-        part = buf("plan_partial", (t, sig.total_heads, sig.output_head_dim), sig.torch_dtype)
+        qdt, odt = query_torch_dtype(sig), output_torch_dtype(sig)
+        q = buf("plan_query", (t, sig.local_heads, sig.query_head_dim), qdt)
+        gathered = buf("plan_gathered", (t, sig.total_heads, sig.query_head_dim), qdt)
+        part = buf("plan_partial", (t, sig.total_heads, sig.output_head_dim), odt)
         lse = buf("plan_lse", (t, sig.total_heads), torch.float32)
-        reduced = buf("plan_reduced", (t, sig.local_heads, sig.output_head_dim), sig.torch_dtype)
+        reduced = buf("plan_reduced", (t, sig.local_heads, sig.output_head_dim), odt)
         self.gather_plan = self._plan(channel, GATHER_SURFACE, gather_call(q, gathered))
         self.reduce_plans: dict[bool, Any] = {}
         for base_e in (True, False):  # the LSE base is part of b12x's query metadata

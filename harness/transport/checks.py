@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from harness.transport.errors import CapacityError, TransportUsageError
-from harness.warm.signature import TransportSignature
+from harness.warm.signature import TransportSignature, output_torch_dtype, query_torch_dtype
 
 
 def _where(sig: TransportSignature, op: str) -> str:
@@ -70,10 +70,10 @@ def check_gather(
     batch = int(q_local.shape[0])
     check_batch(sig, op, batch)
     shape = (batch, sig.local_heads, sig.query_head_dim)
-    _check_tensor(sig, op, "q_local [B, h, qdim]", q_local, shape, sig.torch_dtype, device)
+    _check_tensor(sig, op, "q_local [B, h, qdim]", q_local, shape, query_torch_dtype(sig), device)
     if out is not None:
         gathered = (batch, sig.total_heads, sig.query_head_dim)
-        _check_tensor(sig, op, "out [B, H, qdim]", out, gathered, sig.torch_dtype, device)
+        _check_tensor(sig, op, "out [B, H, qdim]", out, gathered, query_torch_dtype(sig), device)
     return batch
 
 
@@ -90,11 +90,12 @@ def check_reduce(
     batch = int(partial_out.shape[0])
     check_batch(sig, op, batch)
     shape = (batch, sig.total_heads, sig.output_head_dim)
-    _check_tensor(sig, op, "partial_out [B, H, odim]", partial_out, shape, sig.torch_dtype, device)
+    out_dtype = output_torch_dtype(sig)
+    _check_tensor(sig, op, "partial_out [B, H, odim]", partial_out, shape, out_dtype, device)
     _dims(sig, op, "partial_lse", partial_lse, 2)
     lse_shape = (batch, sig.total_heads)
     _check_tensor(sig, op, "partial_lse [B, H]", partial_lse, lse_shape, torch.float32, device)
     if out is not None:
         reduced = (batch, sig.local_heads, sig.output_head_dim)
-        _check_tensor(sig, op, "out [B, h, odim]", out, reduced, sig.torch_dtype, device)
+        _check_tensor(sig, op, "out [B, h, odim]", out, reduced, out_dtype, device)
     return batch

@@ -76,8 +76,11 @@ def _global_rank() -> int:
 class TransportRegistry:
     """Creates (collectively) and looks up DCP transports by signature; see the module doc.
 
-    `backend="torch"` takes `strategy` "ag_rs" (default) or "a2a" and `reduce_scatter` "native"
-    or "all_to_all"; `backend="b12x"` takes neither (its reduction is one fused kernel).
+    `backend="torch"` takes `strategy` "ag_rs" or "a2a" and `reduce_scatter` "native" or
+    "all_to_all"; `backend="b12x"` takes neither (its reduction is one fused kernel). With
+    `strategy=None` (the default) each torch transport reduces with its signature's
+    `comm_backend`, as vLLM picks its combine from `dcp_comm_backend`; an explicit strategy runs
+    every signature through that one implementation (the transport suites compare them).
     """
 
     def __init__(
@@ -91,8 +94,7 @@ class TransportRegistry:
         if backend not in BACKENDS:
             raise UsageError(f"unknown transport backend {backend!r}; expected one of {BACKENDS}")
         if backend == "torch":
-            strategy = strategy or "ag_rs"
-            if strategy not in STRATEGIES:
+            if strategy is not None and strategy not in STRATEGIES:
                 raise UsageError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
             if reduce_scatter not in REDUCE_SCATTER_IMPLS:
                 raise UsageError(
@@ -146,6 +148,12 @@ class TransportRegistry:
             yield self
         finally:
             self._frozen_depth -= 1
+
+    def strategy_for(self, signature: TransportSignature) -> str:
+        """The reduction implementation the transport for `signature` uses on this registry."""
+        if self.backend == "b12x":
+            return "fused"
+        return self.strategy or signature.comm_backend
 
     @property
     def is_frozen(self) -> bool:
@@ -226,7 +234,7 @@ class TransportRegistry:
                     stack=short_stack(),
                     rank=_global_rank(),
                     backend=self.backend,
-                    strategy=self.strategy,
+                    strategy=self.strategy_for(signature),
                     frozen=self.is_frozen,
                 )
             )
@@ -262,7 +270,7 @@ class TransportRegistry:
             held = "present"
         else:
             held = "present on another group"
-        mine: tuple[Any, ...] = (signature, self.backend, self.strategy, held)
+        mine: tuple[Any, ...] = (signature, self.backend, self.strategy_for(signature), held)
         size = dist.get_world_size(group)
         if not self._digests_agree(mine, group, size):
             self._raise_disagreement(signature, mine, group, size)
@@ -318,14 +326,15 @@ class TransportRegistry:
         raise AssertionError(f"digests differ but the values agree: {gathered}")
 
     def _create(self, signature: TransportSignature, group: dist.ProcessGroup | None) -> Any:
-        _TRANSPORTS_USED.add(self.backend if self.backend == "b12x" else f"torch:{self.strategy}")
+        strategy = self.strategy_for(signature)
+        _TRANSPORTS_USED.add(self.backend if self.backend == "b12x" else f"torch:{strategy}")
         on_use = functools.partial(self._used, signature)
         if self.backend == "torch":
             return TorchDCPTransport(
                 signature,
                 group,
                 allocator=self.allocator,
-                strategy=self.strategy,
+                strategy=strategy,
                 reduce_scatter=self.reduce_scatter,
                 on_use=on_use,
             )

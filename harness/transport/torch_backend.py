@@ -1,7 +1,9 @@
 """The DCP transport on torch.distributed (gloo on CPU, NCCL on GPU), one per signature.
 
 Query gather: one `all_gather_single` of the local heads into a rank-major staging buffer,
-reordered to `[B, h*dcp, qdim]` (rank r's heads at `[r*h, (r+1)*h)`).
+reordered to `[B, h*dcp, qdim]` (rank r's heads at `[r*h, (r+1)*h)`). The gather moves the
+signature's query dtype; gloo has no fp8, so fp8 (e4m3) queries travel as their uint8 bytes
+(`wire_dtype`), bit-exact. The reduction works in the signature's output dtype.
 
 Output reduction, two strategies (domain.md section 1):
 - `ag_rs`: all-gather the fp32 LSEs to `[dcp, B, H]`; each rank computes the combine weights
@@ -46,7 +48,12 @@ from harness.transport.allocator import Allocator
 from harness.transport.checks import check_gather, check_reduce
 from harness.transport.combine import accumulate_into, combine_weights, scale_into
 from harness.transport.errors import RegistryClosedError, TransportUsageError
-from harness.warm.signature import TransportSignature
+from harness.warm.signature import (
+    TransportSignature,
+    output_torch_dtype,
+    query_torch_dtype,
+    wire_dtype,
+)
 
 Strategy = Literal["ag_rs", "a2a"]
 ReduceScatterImpl = Literal["native", "all_to_all"]
@@ -155,13 +162,14 @@ class TorchDCPTransport:
     def _allocate(self, allocator: Allocator) -> None:
         sig, w = self.signature, self.world
         t, h, big_h = sig.max_tokens, sig.local_heads, sig.total_heads
-        q, o, dt, f32 = sig.query_head_dim, sig.output_head_dim, sig.torch_dtype, torch.float32
+        q, o, f32 = sig.query_head_dim, sig.output_head_dim, torch.float32
+        qwire, dt = wire_dtype(query_torch_dtype(sig)), output_torch_dtype(sig)
 
         def buf(name: str, numel: int, dtype: torch.dtype) -> None:
             self._buffers[name] = allocator.empty((numel,), dtype, owner=sig, name=name)
 
-        buf("gather_send", t * h * q, dt)
-        buf("gather_recv", w * t * h * q, dt)
+        buf("gather_send", t * h * q, qwire)
+        buf("gather_recv", w * t * h * q, qwire)
         if self.strategy == "ag_rs":
             buf("lse_send", t * big_h, f32)
             buf("lse_recv", w * t * big_h, f32)
@@ -217,11 +225,12 @@ class TorchDCPTransport:
         h, q = sig.local_heads, sig.query_head_dim
         n = b * h * q
         send = self._buffers["gather_send"][:n]
-        send.view(b, h, q).copy_(q_local)
+        wire = send.dtype
+        send.view(b, h, q).copy_(q_local.view(wire))
         recv = self._buffers["gather_recv"][: w * n]
         all_gather_flat(recv, send, group=self.group)
-        result = self._out(out, (b, sig.total_heads, q), send)
-        result.view(b, w, h, q).copy_(recv.view(w, b, h, q).transpose(0, 1))
+        result = self._out(out, (b, sig.total_heads, q), q_local)
+        result.view(wire).view(b, w, h, q).copy_(recv.view(w, b, h, q).transpose(0, 1))
         return result
 
     # -- output reduction -------------------------------------------------------------------
@@ -279,7 +288,7 @@ class TorchDCPTransport:
     def _reduce_a2a(
         self, part: torch.Tensor, lse: torch.Tensor, result: torch.Tensor, b: int, base_e: bool
     ) -> None:
-        sig, w, dt = self.signature, self.world, self.signature.torch_dtype
+        sig, w, dt = self.signature, self.world, output_torch_dtype(self.signature)
         h, o = sig.local_heads, sig.output_head_dim
         lay = A2ALayout.for_batch(b, h, o, dt.itemsize)
         send = self._buffers["a2a_send"][: w * lay.chunk_bytes]
@@ -295,7 +304,7 @@ class TorchDCPTransport:
     def _outputs_of(self, packed: torch.Tensor, lay: A2ALayout, b: int) -> torch.Tensor:
         sig = self.signature
         chunks = packed.view(self.world, lay.chunk_bytes)[:, : lay.out_bytes]
-        return chunks.view(sig.torch_dtype).view(
+        return chunks.view(output_torch_dtype(sig)).view(
             self.world, b, sig.local_heads, sig.output_head_dim
         )
 

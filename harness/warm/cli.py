@@ -12,7 +12,7 @@ from harness.models.backends import BACKEND_CHOICES
 from harness.models.builders import MODEL_CHOICES, ModelSpec, build_model
 from harness.warm.discovery import Discovery, discover
 from harness.warm.recognizers import RECOGNIZER_SETS, WarmContext, recognizer_set
-from harness.warm.signature import DEFAULT_MAX_TOKENS, DTYPES
+from harness.warm.signature import DEFAULT_MAX_TOKENS, MODEL_DTYPES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=BACKEND_CHOICES,
         help="deprecated alias of --attention-backend (in `run`, --backend is gloo|nccl)",
     )
-    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--dtype", default="bf16", choices=sorted(MODEL_DTYPES))
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     p.add_argument("--num-layers", type=int, default=None)
     p.add_argument(

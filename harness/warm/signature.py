@@ -1,109 +1,82 @@
-"""The transport signature: the identity of one DCP transport that warmup must create.
+"""The transport signature, as the vendored warm code imports it, plus the torch dtype mapping.
 
-Production keys B12X DCP transports by (device, dtype, total_heads, query_head_dim,
-output_head_dim) with the max batch fixed by `max_num_batched_tokens`; the DCP world size
-enters through total_heads. We keep `dcp_world_size` explicit so that local heads can be
-derived and checked, and so that a signature names its own collective.
+The signature itself is torch-free and lives in `harness.core.signature`; this module re-exports
+it and maps its dtype names to torch dtypes (and, for gloo, which has no fp8, to the dtype a
+transport moves on the wire).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, ClassVar
-
 import torch
 
-from harness.errors import GeometryError, UsageError
+from harness.core.signature import (
+    COMM_BACKENDS,
+    DEFAULT_COMM_BACKEND,
+    DEFAULT_MAX_TOKENS,
+    FP8_E4M3,
+    OUTPUT_DTYPES,
+    QUERY_DTYPES,
+    TransportSignature,
+    check_dtype_name,
+)
+from harness.errors import UsageError
 
+__all__ = [
+    "COMM_BACKENDS",
+    "DEFAULT_COMM_BACKEND",
+    "DEFAULT_MAX_TOKENS",
+    "DTYPES",
+    "DTYPE_NAMES",
+    "FP8_E4M3",
+    "MODEL_DTYPES",
+    "OUTPUT_DTYPES",
+    "QUERY_DTYPES",
+    "TransportSignature",
+    "dtype_name",
+    "output_torch_dtype",
+    "query_torch_dtype",
+    "torch_dtype",
+    "wire_dtype",
+]
+
+# Every dtype name a signature can carry, mapped to torch.
 DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
     "fp32": torch.float32,
+    FP8_E4M3: torch.float8_e4m3fn,
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
-
-DEFAULT_MAX_TOKENS = 64
+# The model (output) dtypes a user can pick with --dtype.
+MODEL_DTYPES: dict[str, torch.dtype] = {k: DTYPES[k] for k in OUTPUT_DTYPES}
+assert set(DTYPES) == set(QUERY_DTYPES), "every signature dtype name has a torch dtype"
 
 
 def dtype_name(dtype: torch.dtype | str) -> str:
-    """Our short dtype name ('bf16', 'fp16', 'fp32') for a torch dtype or a short name."""
+    """Our short dtype name ('bf16', 'fp16', 'fp32', 'fp8_e4m3fn') for a torch dtype or name."""
     if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise UsageError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
-        return dtype
+        return check_dtype_name(dtype)
     try:
         return DTYPE_NAMES[dtype]
     except KeyError:
         raise UsageError(f"unsupported dtype {dtype}; expected one of {sorted(DTYPES)}") from None
 
 
-@dataclass(frozen=True, order=True)
-class TransportSignature:
-    """One distinct DCP query-gather + output-reduction transport.
+def torch_dtype(name: str) -> torch.dtype:
+    return DTYPES[check_dtype_name(name)]
 
-    Field order is the sort order, so discovery output is deterministic.
-    """
 
-    dtype: str
-    total_heads: int
-    query_head_dim: int
-    output_head_dim: int
-    dcp_world_size: int
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    device_type: str = "cpu"
+def query_torch_dtype(signature: TransportSignature) -> torch.dtype:
+    """The dtype of the queries a transport gathers."""
+    return torch_dtype(str(signature.query_dtype))
 
-    SCHEMA: ClassVar[str] = "dcpqual-signature/v1"
 
-    def __post_init__(self) -> None:
-        dtype_name(self.dtype)  # validates
-        for field in ("total_heads", "query_head_dim", "output_head_dim", "dcp_world_size"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise GeometryError(f"{field} must be a positive integer, got {value!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise GeometryError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if self.total_heads % self.dcp_world_size:
-            raise GeometryError(
-                f"total_heads={self.total_heads} is not divisible by "
-                f"dcp_world_size={self.dcp_world_size}"
-            )
-        if self.device_type not in ("cpu", "cuda"):
-            raise GeometryError(f"device_type must be 'cpu' or 'cuda', got {self.device_type!r}")
+def output_torch_dtype(signature: TransportSignature) -> torch.dtype:
+    """The dtype of the partial outputs a transport reduces, and of its result."""
+    return torch_dtype(signature.output_dtype)
 
-    @property
-    def local_heads(self) -> int:
-        """Query heads each rank owns before the gather (and after the reduction)."""
-        return self.total_heads // self.dcp_world_size
 
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
-    def describe(self) -> str:
-        """Short human form used in logs and error messages."""
-        return (
-            f"{self.total_heads} heads x {self.query_head_dim} -> {self.output_head_dim} "
-            f"({self.dtype}, dcp={self.dcp_world_size}, max_tokens={self.max_tokens}, "
-            f"{self.device_type})"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["local_heads"] = self.local_heads
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TransportSignature:
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = {"dtype", "total_heads", "query_head_dim", "output_head_dim", "dcp_world_size"}
-        missing -= data.keys()
-        if missing:
-            raise UsageError(f"transport signature is missing {sorted(missing)}")
-        sig = cls(**{k: v for k, v in data.items() if k in names})
-        if "local_heads" in data and data["local_heads"] != sig.local_heads:
-            raise UsageError(
-                f"transport signature local_heads={data['local_heads']} does not match "
-                f"total_heads/dcp_world_size={sig.local_heads}"
-            )
-        return sig
+def wire_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What a collective moves for `dtype`: gloo has no fp8, so fp8 travels as its uint8 bytes
+    (a view of the same storage, so the round trip is bit-exact)."""
+    return torch.uint8 if dtype.itemsize == 1 and dtype.is_floating_point else dtype

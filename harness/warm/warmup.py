@@ -20,7 +20,7 @@ from torch import nn
 from harness.warm.discovery import DiscoveredLayer, discover
 from harness.warm.protocols import DCPTransport, TransportRegistryLike
 from harness.warm.recognizers import Recognizer, WarmContext, recognizer_set
-from harness.warm.signature import TransportSignature
+from harness.warm.signature import TransportSignature, output_torch_dtype, query_torch_dtype
 
 logger = logging.getLogger("harness.warm")
 
@@ -61,11 +61,11 @@ def exercise(transport: DCPTransport, device: torch.device) -> None:
     """Run one dummy gather and one dummy reduction through a transport."""
     sig = transport.signature
     query = torch.zeros(
-        1, sig.local_heads, sig.query_head_dim, dtype=sig.torch_dtype, device=device
+        1, sig.local_heads, sig.query_head_dim, dtype=query_torch_dtype(sig), device=device
     )
     transport.gather_queries(query)
     partial = torch.zeros(
-        1, sig.total_heads, sig.output_head_dim, dtype=sig.torch_dtype, device=device
+        1, sig.total_heads, sig.output_head_dim, dtype=output_torch_dtype(sig), device=device
     )
     lse = torch.zeros(1, sig.total_heads, dtype=torch.float32, device=device)
     transport.reduce_outputs(partial, lse)

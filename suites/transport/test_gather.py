@@ -13,6 +13,7 @@ from harness.transport.testing import (
     expected_gather,
     make_queries,
 )
+from harness.warm.signature import query_torch_dtype
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
@@ -25,7 +26,7 @@ def test_gather_is_bit_exact(dcp, model, dtype, dcp_group, registries, world) ->
     transport = registries["ag_rs"].get_or_create(sig, group.group)
     for batch in (1, SUITE_MAX_TOKENS):
         queries = make_queries(
-            dcp, batch, spec.local_heads, spec.query_head_dim, sig.torch_dtype, seed=batch
+            dcp, batch, spec.local_heads, spec.query_head_dim, query_torch_dtype(sig), seed=batch
         )
         got = transport.gather_queries(queries[group.rank].to(world.device)).cpu()
         assert got.shape == (batch, sig.total_heads, spec.query_head_dim)
@@ -42,7 +43,9 @@ def test_gather_into_out_and_same_result_twice(dcp, dcp_group, registries, world
     group = dcp_group(dcp)
     sig = MODELS["kimi-k3"].signature("bf16", dcp, world.device.type)
     transport = registries["a2a"].get_or_create(sig, group.group)
-    queries = make_queries(dcp, 3, sig.local_heads, sig.query_head_dim, sig.torch_dtype, seed=5)
+    queries = make_queries(
+        dcp, 3, sig.local_heads, sig.query_head_dim, query_torch_dtype(sig), seed=5
+    )
     mine = queries[group.rank].to(world.device)
     first = transport.gather_queries(mine)
     out = torch.empty_like(first)

@@ -26,6 +26,7 @@ from harness.transport.testing import (
     bit_equal,
     make_partials,
 )
+from harness.warm.signature import output_torch_dtype
 
 BASES = pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
 
@@ -41,7 +42,7 @@ def _partials(sig, batch: int, pattern: str, seed: int) -> Partials:
         batch,
         sig.total_heads,
         sig.output_head_dim,
-        sig.torch_dtype,
+        output_torch_dtype(sig),
         pattern=pattern,
         seed=seed,
     )
@@ -154,7 +155,7 @@ def test_capacity_is_fixed_at_creation(dcp, dcp_group, registries, world) -> Non
         parts = _partials(sig, batch, "random", batch)
         _reduce(transport, parts, group.rank, world.device, True)
     too_big = SUITE_MAX_TOKENS + 1
-    like = {"dtype": sig.torch_dtype, "device": world.device}
+    like = {"dtype": output_torch_dtype(sig), "device": world.device}
     big_out = torch.zeros(too_big, sig.total_heads, spec.output_head_dim, **like)
     big_lse = torch.zeros(too_big, sig.total_heads, device=world.device)
     with pytest.raises(CapacityError, match=f"batch of {too_big} tokens exceeds max_tokens"):
