@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from gloo_spawn import gloo_group, spawn
 
 from harness.capture.detector import Detector, short_stack, without
 from harness.capture.detectors import (
@@ -375,3 +376,22 @@ def test_dynamo_events_wait_for_stop_even_with_a_strict_sink() -> None:
     with pytest.raises(LazySpecializationError, match="recompile #1 of frame 7"):
         detector.stop()
     assert not detector.running
+
+
+def _miss_beside_other_dtypes(rank: int, world: int, store: str) -> None:
+    with gloo_group(rank, world, store):
+        registry = TransportRegistry()
+        registry.get_or_create(SIG)  # warmed: bf16 queries and outputs
+        fp32 = replace(SIG, dtype="fp32")
+        fp8_query = replace(SIG, query_dtype="fp8_e4m3fn")
+        detector = TransportRegistryDetector(registry)
+        detector.start()
+        assert registry.get(SIG) is not None
+        assert registry.get(fp32) is None and registry.get(fp8_query) is None
+        detector.stop()
+        assert [e.signature for e in detector.events] == [fp32, fp8_query]
+        registry.close()
+
+
+def test_miss_is_reported_even_when_another_dtype_of_that_geometry_is_held() -> None:
+    spawn(_miss_beside_other_dtypes, world=2)

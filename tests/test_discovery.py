@@ -151,3 +151,31 @@ def test_dtype_and_max_tokens_flow_into_signatures():
     )
     (sig,) = found.signatures
     assert (sig.dtype, sig.max_tokens) == ("fp16", 8192)
+
+
+def test_kimi_layer_own_dcp_size_counts_when_the_impl_does_not_know_it():
+    # vLLM sets impl.dcp_world_size to 1 when the backend impl left it unset (-1); the layer's
+    # own dcp_world_size (from the parallel config) still says DCP16.
+    built = build("kimi-k3", tp=16, dcp=16, num_layers=4)
+    layer = built.model.layers[3].self_attn
+    layer.impl.dcp_world_size = 1
+    found = discover(
+        built.model, context=WarmContext(dcp_world_size=16), recognizers=recognizer_set("vendored")
+    )
+    assert [(shape(s), s.dcp_world_size) for s in found.signatures] == [((96, 576, 512), 16)]
+
+
+def test_a_draft_layer_under_an_mtp_name_is_discovered():
+    # A draft layer reachable only through the forward context, under an "mtp" name, with a
+    # signature of its own (another TP split): skipping it would leave its transport unwarmed.
+    target = build("kimi-k3", tp=16, dcp=16, num_layers=4)
+    draft = build("kimi-k3", tp=8, dcp=8, num_layers=4).model.layers[3].self_attn
+    context = {"model.mtp.layers.4.mtp_block.self_attn": draft}
+    found = discover(
+        target.model,
+        context=WarmContext(dcp_world_size=16),
+        recognizers=recognizer_set("vendored"),
+        static_forward_context=context,
+    )
+    assert [(s.local_heads, s.dcp_world_size) for s in found.signatures] == [(12, 8), (6, 16)]
+    assert [layer.name for layer in found.layers][-1] == "model.mtp.layers.4.mtp_block.self_attn"
