@@ -87,17 +87,17 @@ def test_kimi_k3_warmup_creates_one_transport_and_runs_dummy_tensors(caplog):
     assert report.count == 1 and registry.get_or_create_calls == 1
     (transport,) = registry.transports.values()
     assert transport.calls == [("gather", (1, 6, 576)), ("reduce", (1, 96, 512))]
-    assert report.per_kind == {"kimi-k3": 15}
+    assert report.per_kind == {"kimi-k3": 16}  # 15 target MLA layers and the MTP draft
     assert "Warmed up 1 B12X DCP transport signature(s)." in caplog.text
 
 
 def test_mixed_model_warms_each_distinct_signature_once():
-    built = build("mixed", tp=16, dcp=16)
+    built = build("mixed", tp=16, dcp=8, dcp_comm_backend="a2a")
     registry = RecordingRegistry()
     report = warm(
         built.model,
         registry=registry,
-        context=WarmContext(dcp_world_size=16),
+        context=WarmContext(dcp_world_size=8, comm_backend="a2a"),
         static_forward_context=built.static_forward_context,
     )
     assert report.count == registry.get_or_create_calls == 3
