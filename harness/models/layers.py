@@ -44,9 +44,9 @@ class MLAImpl:
 
 
 class DCPLayer(nn.Module):
-    """An attention layer whose decode may run through a DCP manager."""
+    """An attention layer whose decode may run through a DCP manager (None: no DCP)."""
 
-    dcp_manager: DCPManager | None
+    dcp_manager: DCPManager | None = None
 
     def forward_decode(self, query: torch.Tensor, attend: Attend) -> torch.Tensor:
         """Decode as the real layer does: queries in the manager's query dtype through
@@ -146,7 +146,6 @@ class DeepseekV4Attention(DCPLayer):
         self.prefix = prefix
         self.backend_cls = backend
         self.wo_a = _meta_linear(self.n_local_heads * head_dim, 1024)
-        self.dcp_manager = None
 
     def get_attn_backend(self) -> type[AttentionBackend]:
         return self.backend_cls
