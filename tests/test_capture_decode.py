@@ -9,12 +9,17 @@ import pytest
 import torch
 from gloo_spawn import gloo_group, spawn
 
+from harness.capture.check import default_detectors
 from harness.capture.decode import DecodeStep, partial_attention, transport_manager
+from harness.capture.events import LazySpecializationError
+from harness.capture.window import CaptureWindow
 from harness.errors import GeometryError
 from harness.models import build
 from harness.transport.combine import lse_combine
 from harness.transport.registry import TransportRegistry
+from harness.warm.recognizers import WarmContext
 from harness.warm.signature import TransportSignature
+from harness.warm.warmup import warm
 
 
 def _transport_managers(model: str, **settings: object) -> list[object]:
@@ -127,3 +132,31 @@ def _step_on_two_ranks(rank: int, world: int, store: str) -> None:
 @pytest.mark.slow
 def test_decode_step_on_two_ranks_matches_the_reference() -> None:
     spawn(_step_on_two_ranks)
+
+
+def _fp8_kv_finding(rank: int, world: int, store: str) -> None:
+    with gloo_group(rank, world, store):
+        built = build("kimi-k3", tp=16, dcp=world, num_layers=4, kv_cache_dtype="fp8")
+        registry = TransportRegistry()
+        context = WarmContext(dcp_world_size=world)  # production warms the model dtype only
+        report = warm(
+            built.model,
+            registry=registry,
+            context=context,
+            static_forward_context=built.static_forward_context,
+        )
+        step = DecodeStep(built, registry=registry)
+        window = CaptureWindow(default_detectors(registry), registry=registry, mode="strict")
+        with pytest.raises(LazySpecializationError) as caught:
+            window.capture(step, step.make_inputs(seed=6))
+        wanted = TransportSignature("bf16", 6 * world, 576, 512, world, query_dtype="fp8_e4m3fn")
+        assert caught.value.event.signature == wanted
+        assert wanted not in report.signatures and len(report.signatures) == 1
+        registry.close()
+
+
+@pytest.mark.slow
+def test_fp8_kv_cache_is_a_finding_for_the_vendored_warm() -> None:
+    """The vendored warm code (faithful to the seed change) warms bf16 queries; under an fp8 KV
+    cache Kimi-K3 gathers fp8 queries, so the capture window sees that transport miss."""
+    spawn(_fp8_kv_finding)
