@@ -9,39 +9,67 @@ import pytest
 import torch
 from gloo_spawn import gloo_group, spawn
 
-from harness.capture.decode import DecodeStep, LayerGeometry, partial_attention, runtime_geometry
+from harness.capture.check import default_detectors
+from harness.capture.decode import DecodeStep, partial_attention, transport_manager
+from harness.capture.events import LazySpecializationError
+from harness.capture.window import CaptureWindow
 from harness.errors import GeometryError
 from harness.models import build
 from harness.transport.combine import lse_combine
 from harness.transport.registry import TransportRegistry
 from harness.warm.recognizers import WarmContext
 from harness.warm.signature import TransportSignature
+from harness.warm.warmup import warm
 
 
-def _attention_layers(model: str, **kwargs: object) -> list[object]:
-    return build(model, tp=16, **kwargs).attention_layers  # type: ignore[arg-type]
+def _transport_managers(model: str, **settings: object) -> list[object]:
+    built = build(model, tp=16, **settings)  # type: ignore[arg-type]
+    return [transport_manager(m) for m in built.attention_layers]
+
+
+def _asks(manager) -> tuple[object, ...]:
+    return (
+        manager.num_heads,
+        manager.query_head_dim,
+        manager.output_head_dim,
+        manager.query_dtype,
+        manager.output_dtype,
+        manager.max_num_tokens,
+        manager.comm_backend,
+    )
 
 
 def test_kimi_mla_layers_hand_over_six_local_heads_576_to_512() -> None:
-    layers = _attention_layers("kimi-k3", dcp=16, num_layers=8)
-    geometries = [runtime_geometry(m) for m in layers]
-    assert geometries.count(None) == 6  # KDA layers: no transport
-    assert {g for g in geometries if g} == {LayerGeometry(6, 576, 512, 16)}
+    managers = _transport_managers("kimi-k3", dcp=16, num_layers=8, max_num_batched_tokens=8)
+    assert managers.count(None) == 6  # KDA layers: no transport
+    bf16 = torch.bfloat16
+    assert {_asks(m) for m in managers if m} == {(6, 576, 512, bf16, bf16, 8, "ag_rs")}
 
 
-def test_deepseek_v4_and_generic_mla_geometries() -> None:
-    [dsv4] = {runtime_geometry(m) for m in _attention_layers("deepseek-v4", dcp=4, num_layers=2)}
-    assert dsv4 == LayerGeometry(8, 512, 512, None)
-    [mla] = {runtime_geometry(m) for m in _attention_layers("generic-mla", dcp=4, num_layers=2)}
-    assert mla == LayerGeometry(8, 576, 512, 4)
+def test_fp8_kv_cache_makes_kimi_ask_for_fp8_queries() -> None:
+    managers = _transport_managers("kimi-k3", dcp=16, num_layers=4, kv_cache_dtype="fp8")
+    assert {(m.query_dtype, m.output_dtype) for m in managers if m} == {
+        (torch.float8_e4m3fn, torch.bfloat16)
+    }
+
+
+def test_deepseek_v4_and_generic_mla_managers() -> None:
+    [dsv4] = {_asks(m) for m in _transport_managers("deepseek-v4", dcp=4, num_layers=2)}
+    bf16 = torch.bfloat16
+    assert dsv4 == (8, 512, 512, bf16, bf16, 64, "ag_rs")
+    settings = {"dcp": 4, "num_layers": 2, "dcp_comm_backend": "a2a"}
+    [mla] = {_asks(m) for m in _transport_managers("generic-mla", **settings)}
+    assert mla == (8, 576, 512, bf16, bf16, 64, "a2a")
 
 
 @pytest.mark.parametrize(
-    ("backend", "dcp"), [("flashmla", 16), ("b12x-paged", 16), ("b12x", 1)]
+    ("model", "backend", "dcp"),
+    [("kimi-k3", "flashmla", 16), ("kimi-k3", "b12x-paged", 16), ("kimi-k3", "b12x", 1),
+     ("generic-mla", "b12x", 4), ("deepseek-v4", "flashmla", 4)],
 )  # fmt: skip
-def test_other_backends_and_dcp1_use_no_transport(backend: str, dcp: int) -> None:
-    layers = _attention_layers("kimi-k3", dcp=dcp, num_layers=4, backend=backend)
-    assert all(runtime_geometry(m) is None for m in layers)
+def test_other_backends_gates_and_dcp1_use_no_transport(model, backend: str, dcp: int) -> None:
+    managers = _transport_managers(model, dcp=dcp, num_layers=4, backend=backend)
+    assert managers and all(m is None for m in managers)
 
 
 def test_sharded_partial_attention_combines_to_whole_context_attention() -> None:
@@ -64,16 +92,15 @@ def test_sharded_partial_attention_combines_to_whole_context_attention() -> None
 
 def _step_on_two_ranks(rank: int, world: int, store: str) -> None:
     with gloo_group(rank, world, store):
-        built = build("kimi-k3", tp=16, dcp=world, num_layers=8)
-        context = WarmContext(max_tokens=4, dcp_world_size=world)
+        built = build("kimi-k3", tp=16, dcp=world, num_layers=8, max_num_batched_tokens=4)
         registry = TransportRegistry()
-        step = DecodeStep(built, registry=registry, context=context)
+        step = DecodeStep(built, registry=registry)
         kimi = TransportSignature("bf16", 6 * world, 576, 512, world, max_tokens=4)
         assert step.expected_signatures() == (kimi,)
         assert [layer.name for layer in step.layers] == [
             "model.layers.3.self_attn",
             "model.layers.7.self_attn",
-            "model.mtp.shared_attn",  # the MTP head runs the shared module once more
+            "model.layers.8.self_attn",  # the MTP draft's own layer, from the forward context
         ]
         outputs = step(step.make_inputs(seed=3))  # nothing warmed: created on first use
         assert registry.created == (kimi,) and step.used_signatures == (kimi,)
@@ -85,11 +112,51 @@ def _step_on_two_ranks(rank: int, world: int, store: str) -> None:
         assert registry.counters.creations == 1
         registry.close()
 
+        # Under an fp8 KV cache the layers hand fp8 queries to the gather: another transport.
+        fp8_built = build("kimi-k3", tp=16, dcp=world, num_layers=4, kv_cache_dtype="fp8")
+        fp8_registry = TransportRegistry()
+        fp8_step = DecodeStep(fp8_built, registry=fp8_registry)
+        fp8 = TransportSignature("bf16", 6 * world, 576, 512, world, query_dtype="fp8_e4m3fn")
+        assert fp8_step.expected_signatures() == (fp8,)
+        fp8_out = fp8_step(fp8_step.make_inputs(seed=5))
+        assert fp8_registry.created == (fp8,) and fp8_step.used_signatures == (fp8,)
+        for out, ref in zip(fp8_out, fp8_step.reference(seed=5), strict=True):
+            torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+        fp8_registry.close()
+
         mismatched = build("kimi-k3", tp=16, dcp=2 * world, num_layers=4)
         with pytest.raises(GeometryError, match="built for dcp=4"):
-            DecodeStep(mismatched, registry=TransportRegistry(), context=context)
+            DecodeStep(mismatched, registry=TransportRegistry())
 
 
 @pytest.mark.slow
 def test_decode_step_on_two_ranks_matches_the_reference() -> None:
     spawn(_step_on_two_ranks)
+
+
+def _fp8_kv_finding(rank: int, world: int, store: str) -> None:
+    with gloo_group(rank, world, store):
+        built = build("kimi-k3", tp=16, dcp=world, num_layers=4, kv_cache_dtype="fp8")
+        registry = TransportRegistry()
+        context = WarmContext(dcp_world_size=world)  # production warms the model dtype only
+        report = warm(
+            built.model,
+            registry=registry,
+            context=context,
+            static_forward_context=built.static_forward_context,
+        )
+        step = DecodeStep(built, registry=registry)
+        window = CaptureWindow(default_detectors(registry), registry=registry, mode="strict")
+        with pytest.raises(LazySpecializationError) as caught:
+            window.capture(step, step.make_inputs(seed=6))
+        wanted = TransportSignature("bf16", 6 * world, 576, 512, world, query_dtype="fp8_e4m3fn")
+        assert caught.value.event.signature == wanted
+        assert wanted not in report.signatures and len(report.signatures) == 1
+        registry.close()
+
+
+@pytest.mark.slow
+def test_fp8_kv_cache_is_a_finding_for_the_vendored_warm() -> None:
+    """The vendored warm code (faithful to the seed change) warms bf16 queries; under an fp8 KV
+    cache Kimi-K3 gathers fp8 queries, so the capture window sees that transport miss."""
+    spawn(_fp8_kv_finding)

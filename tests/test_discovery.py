@@ -20,9 +20,10 @@ from harness.warm.signature import TransportSignature
 
 def signatures(model, tp, dcp, *, backend="b12x", recognizers="vendored", dtype="bf16", **kw):
     built = build(model, tp=tp, dcp=dcp, backend=backend, dtype=dtype, **kw)
+    comm = kw.get("dcp_comm_backend", "ag_rs")
     return discover(
         built.model,
-        context=WarmContext(dtype=dtype, max_tokens=64, dcp_world_size=dcp),
+        context=WarmContext(dtype=dtype, max_tokens=64, dcp_world_size=dcp, comm_backend=comm),
         recognizers=recognizer_set(recognizers),
         static_forward_context=built.static_forward_context,
     )
@@ -37,7 +38,7 @@ def test_kimi_k3_tp16_dcp16_yields_exactly_one_96x576x512_signature():
     assert [shape(s) for s in found.signatures] == [(96, 576, 512)]
     (sig,) = found.signatures
     assert (sig.local_heads, sig.dcp_world_size, sig.dtype) == (6, 16, "bf16")
-    assert found.per_kind == {"kimi-k3": 15}  # 61 layers, MLA on every fourth
+    assert found.per_kind == {"kimi-k3": 16}  # 61 layers, MLA on every fourth; the MTP draft
 
 
 @pytest.mark.parametrize(
@@ -66,31 +67,42 @@ def test_dcp1_gives_no_signature(model):
 @pytest.mark.parametrize("backend", ["flashmla", "triton-mla", "flashinfer-mla", "b12x-paged"])
 @pytest.mark.parametrize("model", ["kimi-k3", "deepseek-v4", "generic-mla"])
 def test_non_b12x_dense_mla_backends_give_no_signature(model, backend):
-    assert signatures(model, 16, 16, backend=backend).signatures == ()
+    found = signatures(model, 16, 4, backend=backend, dcp_comm_backend="a2a")
+    assert found.signatures == ()
 
 
 @pytest.mark.parametrize("model", ["deepseek-v4", "generic-mla"])
-@pytest.mark.parametrize("tp, dcp", [(16, 16), (16, 4), (8, 2)])
+@pytest.mark.parametrize("tp, dcp", [(16, 8), (16, 4), (8, 2)])
 def test_other_families_are_unchanged_by_the_kimi_recognizer(model, tp, dcp):
-    after = signatures(model, tp, dcp, recognizers="vendored")
-    before = signatures(model, tp, dcp, recognizers="before-kimi")
+    after = signatures(model, tp, dcp, recognizers="vendored", dcp_comm_backend="a2a")
+    before = signatures(model, tp, dcp, recognizers="before-kimi", dcp_comm_backend="a2a")
     assert after.signatures == before.signatures != ()
 
 
 def test_deepseek_v4_and_generic_mla_signatures():
     assert [shape(s) for s in signatures("deepseek-v4", 16, 16).signatures] == [(128, 512, 512)]
-    assert [shape(s) for s in signatures("generic-mla", 16, 16).signatures] == [(128, 576, 512)]
+    generic = signatures("generic-mla", 8, 8, dcp_comm_backend="a2a").signatures
+    assert [(shape(s), s.comm_backend) for s in generic] == [((128, 576, 512), "a2a")]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"dcp_comm_backend": "ag_rs"}, {"dcp_comm_backend": "a2a", "use_b12x_dcp_a2a": False}],
+)
+def test_generic_mla_outside_the_dcp_b12x_gate_gives_no_signature(settings):
+    assert signatures("generic-mla", 8, 8, **settings).signatures == ()
+    assert signatures("generic-mla", 16, 16, dcp_comm_backend="a2a").signatures == ()
 
 
 def test_before_kimi_set_finds_no_kimi_signature():
     assert signatures("kimi-k3", 16, 16, recognizers="before-kimi").signatures == ()
-    mixed = signatures("mixed", 16, 16, recognizers="before-kimi")
+    mixed = signatures("mixed", 8, 8, recognizers="before-kimi", dcp_comm_backend="a2a")
     assert (96, 576, 512) not in [shape(s) for s in mixed.signatures]
     assert "kimi-k3" not in {r.kind for r in RECOGNIZER_SETS["before-kimi"]}
 
 
 def test_mixed_model_signatures_are_sorted_and_distinct():
-    found = signatures("mixed", 16, 16)
+    found = signatures("mixed", 8, 8, dcp_comm_backend="a2a")
     assert list(found.signatures) == sorted(set(found.signatures))
     assert [shape(s) for s in found.signatures] == [
         (96, 576, 512),
@@ -109,10 +121,10 @@ def test_duplicates_never_add_a_layer_or_signature():
         recognizers=recognizer_set("vendored"),
         static_forward_context=built.static_forward_context,
     )
-    # Two MLA layers, one of them also referenced by the MTP head and twice in the context.
-    assert len(plain.layers) == len(with_context.layers) == 2
+    # Two MLA layers in the target, each seen again in the context; the draft's only there.
+    assert len(plain.layers) == 2 and len(with_context.layers) == 3
     assert plain.signatures == with_context.signatures
-    assert with_context.duplicates_skipped >= 1 + len(built.static_forward_context)
+    assert with_context.duplicates_skipped == len(built.static_forward_context) - 1
 
 
 def test_kda_layers_are_never_recognized_even_with_b12x_backend():

@@ -32,13 +32,63 @@ def test_kimi_k3_attention_carries_the_attributes_warmup_reads():
     assert attn.attn_backend.get_name() == "B12X_MLA"
 
 
-def test_mtp_reuses_an_existing_attention_module_and_context_registers_layers_again():
+def test_mtp_draft_is_its_own_tree_reachable_only_through_the_forward_context():
     built = build("kimi-k3", tp=16, dcp=16, num_layers=8)
-    last_mla = built.model.layers[7].self_attn
-    assert built.model.mtp.shared_attn is last_mla
-    assert built.static_forward_context["model.layers.7.self_attn"] is last_mla
-    assert built.static_forward_context["model.mtp.shared_attn"] is last_mla
-    assert len(built.attention_layers) == 8  # distinct modules, KDA included
+    draft_attn = built.static_forward_context["model.layers.8.self_attn"]
+    assert isinstance(draft_attn, MultiHeadLatentAttention)
+    assert built.draft is not None
+    assert built.draft.model.layers["8"].mtp_block.self_attn is draft_attn
+    target = {id(m) for m in built.model.modules()}
+    assert id(draft_attn) not in target  # a walk of the target model never meets it
+    assert draft_attn is not built.model.layers[7].self_attn
+    assert len(built.attention_layers) == 9  # 8 target layers (KDA included) + the draft's
+
+
+def test_no_draft_when_asked_for_none():
+    built = build("kimi-k3", tp=16, dcp=16, num_layers=8, mtp=False)
+    assert built.draft is None and len(built.static_forward_context) == 8
+
+
+def test_kv_cache_dtype_decides_the_kimi_query_dtype():
+    def manager(kv: str):
+        built = build("kimi-k3", tp=16, dcp=16, num_layers=4, kv_cache_dtype=kv)
+        return built.model.layers[3].self_attn.dcp_manager
+
+    assert manager("auto").query_dtype is torch.bfloat16
+    assert manager("fp8").query_dtype is torch.float8_e4m3fn
+    assert manager("fp8_e4m3").query_dtype is torch.float8_e4m3fn
+    assert manager("fp8_ds_mla").query_dtype is torch.bfloat16
+    assert manager("fp8").output_dtype is torch.bfloat16
+
+
+def test_layers_size_their_managers_from_the_engine_settings():
+    built = build("kimi-k3", tp=16, dcp=16, num_layers=4, max_num_batched_tokens=8192)
+    manager = built.model.layers[3].self_attn.dcp_manager
+    assert (manager.num_heads, manager.query_head_dim, manager.output_head_dim) == (6, 576, 512)
+    assert (manager.max_num_tokens, manager.comm_backend, manager.b12x) == (8192, "ag_rs", True)
+
+
+@pytest.mark.parametrize(
+    ("settings", "gated"),
+    [
+        ({"dcp": 4, "dcp_comm_backend": "a2a"}, True),
+        ({"dcp": 4}, False),  # ag_rs, vLLM's default
+        ({"dcp": 16, "dcp_comm_backend": "a2a"}, False),  # DCP16 is not a B12X generic size
+        ({"dcp": 4, "dcp_comm_backend": "a2a", "use_b12x_dcp_a2a": False}, False),
+        ({"dcp": 4, "dcp_comm_backend": "a2a", "backend": "flashmla"}, False),
+    ],
+)
+def test_generic_mla_dcp_b12x_gate(settings, gated):
+    mla = build("generic-mla", tp=16, num_layers=1, **settings).model.layers[0].self_attn
+    assert mla.dcp_b12x is gated and mla.dcp_manager.b12x is gated
+
+
+def test_deepseek_v4_b12x_layer_class_and_backend():
+    dsv4 = build("deepseek-v4", tp=16, dcp=16, num_layers=1).model.layers[0].self_attn
+    assert type(dsv4).__name__ == "DeepseekV4B12xMLAAttention"
+    assert dsv4.get_attn_backend().get_name() == "V4_B12X_SPARSE"
+    other = build("deepseek-v4", tp=16, dcp=16, num_layers=1, backend="flashmla")
+    assert type(other.model.layers[0].self_attn) is DeepseekV4Attention
 
 
 def test_deepseek_v4_and_generic_mla_geometry():
@@ -52,8 +102,10 @@ def test_deepseek_v4_and_generic_mla_geometry():
 
 
 def test_mixed_model_holds_every_family():
-    built = build("mixed", tp=16, dcp=16)
-    classes = {type(m) for m in built.attention_layers}
+    built = build("mixed", tp=16, dcp=4)
+    classes = {type(m).__mro__[0] for m in built.attention_layers} | {
+        type(m).__mro__[1] for m in built.attention_layers
+    }
     assert {MultiHeadLatentAttention, DeepseekV4Attention, MLAAttention} <= classes
 
 

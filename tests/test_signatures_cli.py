@@ -44,7 +44,21 @@ def test_non_b12x_backend_prints_an_empty_list(capsys):
 def test_human_output(capsys):
     assert main(["signatures", "--model", "mixed", "--tp", "16", "--dcp", "16"]) == 0
     out = capsys.readouterr().out
-    assert "3 signature(s)" in out and "96 heads (6 local x dcp 16) x 576 -> 512" in out
+    # Generic MLA uses the B12X transport only with a2a at DCP 2/4/8 (`dcp_b12x`).
+    assert "2 signature(s)" in out and "96 heads (6 local x dcp 16) x 576 -> 512" in out
+    argv = ["signatures", "--model", "mixed", "--tp", "16", "--dcp", "8"]
+    assert main([*argv, "--dcp-comm-backend", "a2a"]) == 0
+    out = capsys.readouterr().out
+    assert "3 signature(s)" in out and "64 heads (8 local x dcp 8) x 576 -> 512" in out
+    assert "ag_rs" not in out and out.count(", a2a,") == 3
+
+
+def test_json_says_query_dtype_and_comm_backend_and_keeps_dtype(capsys):
+    argv = ["signatures", "--model", "kimi-k3", "--tp", "16", "--dcp", "16", "--json"]
+    assert main([*argv, "--kv-cache-dtype", "fp8"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    # The vendored warm code warms one dtype (the model's) for query and output.
+    assert (row["dtype"], row["query_dtype"], row["comm_backend"]) == ("bf16", "bf16", "ag_rs")
 
 
 @pytest.mark.parametrize(
@@ -53,7 +67,10 @@ def test_human_output(capsys):
         (["--model", "kimi-k3", "--tp", "16", "--dcp", "5"], "dcp=5 does not divide tp=16"),
         (["--model", "kimi-k3", "--tp", "0", "--dcp", "1"], "tp must be a positive integer"),
         (["--model", "kimi-k3", "--tp", "64", "--dcp", "4"], "not divisible by tp=64"),
-        (["--model", "kimi-k3", "--tp", "16", "--dcp", "16", "--max-tokens", "0"], "max_tokens"),
+        (
+            ["--model", "kimi-k3", "--tp", "16", "--dcp", "16", "--max-tokens", "0"],
+            "max_num_batched_tokens must be a positive integer, got 0",
+        ),
         (["--model", "llama", "--tp", "16", "--dcp", "16"], "invalid choice: 'llama'"),
         (["--model", "kimi-k3", "--tp", "x", "--dcp", "16"], "invalid int value"),
     ],

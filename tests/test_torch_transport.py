@@ -20,7 +20,7 @@ from harness.transport.testing import (
     make_queries,
 )
 from harness.transport.torch_backend import TorchDCPTransport
-from harness.warm.signature import TransportSignature
+from harness.warm.signature import TransportSignature, output_torch_dtype
 
 IMPLS = {
     "ag_rs": ("ag_rs", "native"),
@@ -53,7 +53,7 @@ def test_every_pattern_matches_the_reference_on_every_rank(impl, world, dtype) -
         failures = []
         for pattern in PATTERNS:
             parts = make_partials(
-                world, 3, sig.total_heads, 6, sig.torch_dtype, pattern=pattern, seed=5
+                world, 3, sig.total_heads, 6, output_torch_dtype(sig), pattern=pattern, seed=5
             )
             for base_e in (True, False):
                 got = transport.reduce_outputs(*parts.of_rank(member.rank), base_e=base_e)

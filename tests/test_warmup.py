@@ -15,7 +15,7 @@ from harness.warm import discovery, warmup
 from harness.warm.impls import resolve_warm_impl
 from harness.warm.protocols import DCPTransport, TransportRegistryLike
 from harness.warm.recognizers import WarmContext, recognizer_set
-from harness.warm.signature import TransportSignature
+from harness.warm.signature import TransportSignature, output_torch_dtype, query_torch_dtype
 from harness.warm.warmup import warm, warm_before_kimi
 
 
@@ -39,14 +39,14 @@ class RecordingTransport:
     def gather_queries(self, q_local: torch.Tensor) -> torch.Tensor:
         sig = self.signature
         shape = (1, sig.local_heads, sig.query_head_dim)
-        self._check("query", q_local, shape, sig.torch_dtype)
+        self._check("query", q_local, shape, query_torch_dtype(sig))
         self.calls.append(("gather", tuple(q_local.shape)))
         return q_local.repeat(1, sig.dcp_world_size, 1)
 
     def reduce_outputs(self, partial_out: torch.Tensor, partial_lse: torch.Tensor) -> torch.Tensor:
         sig = self.signature
         shape = (1, sig.total_heads, sig.output_head_dim)
-        self._check("partial output", partial_out, shape, sig.torch_dtype)
+        self._check("partial output", partial_out, shape, output_torch_dtype(sig))
         self._check("partial LSE", partial_lse, (1, sig.total_heads), torch.float32)
         self.calls.append(("reduce", tuple(partial_out.shape)))
         return partial_out[:, : sig.local_heads]
@@ -87,17 +87,17 @@ def test_kimi_k3_warmup_creates_one_transport_and_runs_dummy_tensors(caplog):
     assert report.count == 1 and registry.get_or_create_calls == 1
     (transport,) = registry.transports.values()
     assert transport.calls == [("gather", (1, 6, 576)), ("reduce", (1, 96, 512))]
-    assert report.per_kind == {"kimi-k3": 15}
+    assert report.per_kind == {"kimi-k3": 16}  # 15 target MLA layers and the MTP draft
     assert "Warmed up 1 B12X DCP transport signature(s)." in caplog.text
 
 
 def test_mixed_model_warms_each_distinct_signature_once():
-    built = build("mixed", tp=16, dcp=16)
+    built = build("mixed", tp=16, dcp=8, dcp_comm_backend="a2a")
     registry = RecordingRegistry()
     report = warm(
         built.model,
         registry=registry,
-        context=WarmContext(dcp_world_size=16),
+        context=WarmContext(dcp_world_size=8, comm_backend="a2a"),
         static_forward_context=built.static_forward_context,
     )
     assert report.count == registry.get_or_create_calls == 3
@@ -244,11 +244,11 @@ def test_a_warm_that_drops_one_source_is_caught(dropped: str, monkeypatch) -> No
 
 
 def test_the_report_says_what_was_warmed_and_by_which_kinds() -> None:
-    built = build("mixed", tp=16, dcp=16)
+    built = build("mixed", tp=16, dcp=8, dcp_comm_backend="a2a")  # generic MLA: a2a, DCP8
     report = warm(
         built.model,
         registry=RecordingRegistry(),
-        context=WarmContext(dcp_world_size=16),
+        context=WarmContext(dcp_world_size=8, comm_backend="a2a"),
         static_forward_context=built.static_forward_context,
     )
     data = report.to_json()
@@ -266,12 +266,12 @@ def test_the_report_says_what_was_warmed_and_by_which_kinds() -> None:
 
 
 def test_a_custom_recognizer_list_names_its_set() -> None:
-    built = build("mixed", tp=16, dcp=16)
+    built = build("mixed", tp=16, dcp=8, dcp_comm_backend="a2a")  # generic MLA: a2a, DCP8
     chosen = recognizer_set("vendored")[:2]
     report = warm(
         built.model,
         registry=RecordingRegistry(),
-        context=WarmContext(dcp_world_size=16),
+        context=WarmContext(dcp_world_size=8, comm_backend="a2a"),
         static_forward_context=built.static_forward_context,
         recognizers=chosen,
     )
@@ -282,12 +282,12 @@ def test_a_custom_recognizer_list_names_its_set() -> None:
 
 
 def test_before_kimi_passes_group_and_forward_context_through() -> None:
-    built = build("mixed", tp=16, dcp=16)
+    built = build("mixed", tp=16, dcp=8, dcp_comm_backend="a2a")  # generic MLA: a2a, DCP8
     registry, group = RecordingRegistry(), object()
     report = warm_before_kimi(
         built.model,
         registry=registry,
-        context=WarmContext(dcp_world_size=16),
+        context=WarmContext(dcp_world_size=8, comm_backend="a2a"),
         group=group,  # type: ignore[arg-type]
         static_forward_context=built.static_forward_context,
     )

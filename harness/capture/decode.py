@@ -1,11 +1,14 @@
 """A decode step that goes through every attention layer's DCP transport, the way vLLM's DCP
-manager drives it: per layer, key the transport by the shapes of the tensors it is handed, look
-it up in the registry, and on a miss create it. That creation on first use is the lazy work the
-seed change removed for Kimi-K3; inside a capture window it is exactly what the detectors catch.
+manager drives it: per layer, key the transport by what the layer hands over, look it up in the
+registry, and on a miss create it. That creation on first use is the lazy work the seed change
+removed for Kimi-K3; inside a capture window it is exactly what the detectors catch.
 
-The per-layer runtime geometry is read here from the layer's own attributes, independently of
-the warm code's recognizers, so a recognizer that computes the wrong signature cannot make the
-step agree with it: the step asks for what the layer really needs.
+What a layer asks for comes from the layer's own decode forward (`forward_decode`): the step
+binds itself to each layer's DCP manager (built by the layer at construction, as vLLM's
+`MLADCPManager` is) and keys the transport on the tensors the layer passes to `query_gather` and
+`combine` (their heads, head dims and dtypes) and on the manager's capacity and comm backend. It
+reads nothing the warm code's recognizers read and shares no code with them, so a recognizer
+that computes the wrong signature cannot make the step agree with it.
 
 One DCP decode step per layer (domain.md section 1): gather the local queries `[B, h, qdim]`
 over the DCP group, attend all gathered heads to this rank's KV shard (MQA over the latent cache;
@@ -25,53 +28,26 @@ from torch import nn
 
 from harness.errors import GeometryError, UsageError
 from harness.models import BuiltModel
-from harness.models.layers import DeepseekV4Attention, MLAAttention, MultiHeadLatentAttention
-from harness.warm.protocols import TransportRegistryLike
-from harness.warm.recognizers import WarmContext, backend_name
-from harness.warm.signature import DTYPES, TransportSignature, dtype_name
-
-# Backends whose decode runs through the B12X DCP transport (see harness.models.backends).
-TRANSPORT_BACKENDS = frozenset({"B12X_MLA", "B12X_MLA_SPARSE_DSV4"})
+from harness.models.dcp import DCPManager
+from harness.warm.protocols import DCPTransport, TransportRegistryLike
+from harness.warm.signature import TransportSignature, dtype_name
 
 
-@dataclass(frozen=True)
-class LayerGeometry:
-    """What one attention layer hands the transport at runtime, per rank."""
-
-    local_heads: int
-    query_head_dim: int
-    output_head_dim: int
-    dcp_world_size: int | None  # what the layer says, None where it does not carry it
-
-
-def runtime_geometry(module: nn.Module) -> LayerGeometry | None:
-    """The transport geometry a layer uses at runtime, or None if it uses no DCP transport."""
-    if backend_name(module) not in TRANSPORT_BACKENDS:
-        return None
-    if isinstance(module, MultiHeadLatentAttention):
-        geometry = LayerGeometry(
-            module.num_local_heads, module.head_size, module.kv_lora_rank, module.dcp_world_size
-        )
-    elif isinstance(module, MLAAttention):
-        geometry = LayerGeometry(
-            module.num_heads, module.head_size, module.kv_lora_rank, module.impl.dcp_world_size
-        )
-    elif isinstance(module, DeepseekV4Attention):
-        geometry = LayerGeometry(module.n_local_heads, module.head_dim, module.head_dim, None)
-    else:
-        return None
-    if geometry.dcp_world_size is not None and geometry.dcp_world_size <= 1:
-        return None  # DCP1: no transport
-    return geometry
+def transport_manager(module: nn.Module) -> DCPManager | None:
+    """The layer's DCP manager if its decode runs through the B12X DCP transport, else None."""
+    manager = getattr(module, "dcp_manager", None)
+    if isinstance(manager, DCPManager) and manager.b12x:
+        return manager
+    return None
 
 
 @dataclass(frozen=True)
 class DecodeLayer:
-    """One registration of an attention layer in the step (the MTP head's is one more)."""
+    """One registration of an attention layer in the step (the draft's is one more)."""
 
     name: str
     module: nn.Module
-    geometry: LayerGeometry
+    manager: DCPManager
 
 
 def partial_attention(
@@ -110,41 +86,44 @@ class DecodeStep:
         built: BuiltModel,
         *,
         registry: TransportRegistryLike,
-        context: WarmContext,
         group: dist.ProcessGroup | None = None,
         batch: int = 2,
         kv_tokens: int = 3,
         seed: int = 0,
     ) -> None:
-        if not 1 <= batch <= context.max_tokens:
-            raise UsageError(f"batch must be in [1, max_tokens={context.max_tokens}], got {batch}")
         self.model_name = built.spec.model
         self.registry = registry
         self.group = group
-        self.context = context
         self.batch = batch
         self.kv_tokens = kv_tokens
         self.seed = seed
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.device = torch.device(getattr(registry, "device", "cpu"))
-        self.dtype = DTYPES[context.dtype]
         self.layers = self._layers(built)
+        capacity = min(layer.manager.max_num_tokens for layer in self.layers)
+        if not 1 <= batch <= capacity:
+            raise UsageError(
+                f"batch must be in [1, {capacity}] (the layers' capacity), got {batch}"
+            )
         self.kv = tuple(self._kv(i, self.rank).to(self.device) for i in range(len(self.layers)))
         self._used: set[TransportSignature] = set()
+        for layer in self.layers:
+            layer.manager.hook = self
 
     def _layers(self, built: BuiltModel) -> tuple[DecodeLayer, ...]:
         layers = []
         for name, module in built.static_forward_context.items():
-            geometry = runtime_geometry(module)
-            if geometry is None:
+            manager = transport_manager(module)
+            if manager is None:
                 continue
-            if geometry.dcp_world_size not in (None, self.world):
+            dcp = getattr(module, "dcp_world_size", None)
+            if isinstance(dcp, int) and dcp != self.world:
                 raise GeometryError(
-                    f"layer {name} was built for dcp={geometry.dcp_world_size}, the step runs on "
-                    f"a DCP group of {self.world} ranks"
+                    f"layer {name} was built for dcp={dcp}, the step runs on a DCP group of "
+                    f"{self.world} ranks"
                 )
-            layers.append(DecodeLayer(name, module, geometry))
+            layers.append(DecodeLayer(name, module, manager))
         if not layers:
             raise UsageError(
                 f"no attention layer of {built.spec.model} uses a B12X DCP transport at "
@@ -152,35 +131,87 @@ class DecodeStep:
             )
         return tuple(layers)
 
-    # -- signatures -------------------------------------------------------------------------
+    # -- what a layer asks for --------------------------------------------------------------
 
-    def _signature(
-        self, local_heads: int, qdim: int, odim: int, dtype: torch.dtype, device_type: str
+    def _key(
+        self,
+        manager: DCPManager,
+        *,
+        local_heads: int,
+        query_head_dim: int,
+        query_dtype: torch.dtype,
+        output_head_dim: int,
+        output_dtype: torch.dtype,
+        device_type: str,
     ) -> TransportSignature:
         return TransportSignature(
-            dtype=dtype_name(dtype),
+            dtype=dtype_name(output_dtype),
+            query_dtype=dtype_name(query_dtype),
             total_heads=local_heads * self.world,
-            query_head_dim=qdim,
-            output_head_dim=odim,
+            query_head_dim=query_head_dim,
+            output_head_dim=output_head_dim,
             dcp_world_size=self.world,
-            max_tokens=self.context.max_tokens,
+            max_tokens=manager.max_num_tokens,
             device_type=device_type,
+            comm_backend=manager.comm_backend,
         )
 
-    def signature_for(self, query: torch.Tensor, output_head_dim: int) -> TransportSignature:
-        """The transport a layer needs, keyed by the tensor it hands over (as vLLM does)."""
+    def _gather_key(self, manager: DCPManager, query: torch.Tensor) -> TransportSignature:
+        """The gather is keyed by the query it is handed (as vLLM's manager call is)."""
         _, heads, qdim = query.shape
-        return self._signature(heads, qdim, output_head_dim, query.dtype, query.device.type)
+        return self._key(
+            manager,
+            local_heads=heads,
+            query_head_dim=qdim,
+            query_dtype=query.dtype,
+            output_head_dim=manager.output_head_dim,
+            output_dtype=manager.output_dtype,
+            device_type=query.device.type,
+        )
+
+    def _combine_key(self, manager: DCPManager, partial: torch.Tensor) -> TransportSignature:
+        """The reduction is keyed by the partial output it is handed."""
+        _, heads, odim = partial.shape
+        return self._key(
+            manager,
+            local_heads=heads // self.world,
+            query_head_dim=manager.query_head_dim,
+            query_dtype=manager.query_dtype,
+            output_head_dim=odim,
+            output_dtype=partial.dtype,
+            device_type=partial.device.type,
+        )
+
+    def _transport(self, signature: TransportSignature) -> DCPTransport:
+        self._used.add(signature)
+        transport = self.registry.get(signature)
+        if transport is None:
+            # vLLM's DCP manager on a miss: create the transport on first use. Collective
+            # and allocating: the lazy work that warmup exists to move before capture.
+            transport = self.registry.get_or_create(signature, self.group)
+        return transport
+
+    # The DCPTransportHook the layers' managers call.
+    def query_gather(self, manager: DCPManager, query: torch.Tensor) -> torch.Tensor:
+        return self._transport(self._gather_key(manager, query)).gather_queries(query)
+
+    def combine(
+        self, manager: DCPManager, partial_output: torch.Tensor, partial_lse: torch.Tensor
+    ) -> torch.Tensor:
+        transport = self._transport(self._combine_key(manager, partial_output))
+        return transport.reduce_outputs(partial_output, partial_lse)
 
     def expected_signatures(self) -> tuple[TransportSignature, ...]:
-        """The distinct signatures one step will ask for, sorted."""
+        """The distinct signatures one step will ask for, sorted, from the layers' managers."""
         found = {
-            self._signature(
-                layer.geometry.local_heads,
-                layer.geometry.query_head_dim,
-                layer.geometry.output_head_dim,
-                self.dtype,
-                self.device.type,
+            self._key(
+                layer.manager,
+                local_heads=layer.manager.num_heads,
+                query_head_dim=layer.manager.query_head_dim,
+                query_dtype=layer.manager.query_dtype,
+                output_head_dim=layer.manager.output_head_dim,
+                output_dtype=layer.manager.output_dtype,
+                device_type=self.device.type,
             )
             for layer in self.layers
         }
@@ -196,16 +227,18 @@ class DecodeStep:
     # -- data -------------------------------------------------------------------------------
 
     def _query(self, seed: int, layer: int, rank: int) -> torch.Tensor:
-        geometry = self.layers[layer].geometry
-        shape = (self.batch, geometry.local_heads, geometry.query_head_dim)
+        manager = self.layers[layer].manager
+        shape = (self.batch, manager.num_heads, manager.query_head_dim)
         values = torch.randn(shape, generator=_generator(1, seed, layer, rank))
-        return values.to(self.dtype)
+        return values.to(manager.output_dtype)  # the layer casts to its query dtype itself
 
     def _kv(self, layer: int, rank: int) -> torch.Tensor:
+        manager = self.layers[layer].manager
         tokens = self.kv_tokens + rank % 3  # unequal shards, so the LSE weights differ
-        width = self.layers[layer].geometry.query_head_dim
-        values = torch.randn((tokens, width), generator=_generator(2, self.seed, layer, rank))
-        return values.to(self.dtype)
+        values = torch.randn(
+            (tokens, manager.query_head_dim), generator=_generator(2, self.seed, layer, rank)
+        )
+        return values.to(manager.output_dtype)
 
     def make_inputs(self, seed: int) -> tuple[torch.Tensor, ...]:
         """This rank's queries for one step, one per layer registration, on the device."""
@@ -220,25 +253,27 @@ class DecodeStep:
             raise UsageError(f"the step takes {len(self.layers)} query tensors, got {len(inputs)}")
         outputs = []
         for layer, query, kv in zip(self.layers, inputs, self.kv, strict=True):
-            signature = self.signature_for(query, layer.geometry.output_head_dim)
-            self._used.add(signature)
-            transport = self.registry.get(signature)
-            if transport is None:
-                # vLLM's DCP manager on a miss: create the transport on first use. Collective
-                # and allocating: the lazy work that warmup exists to move before capture.
-                transport = self.registry.get_or_create(signature, self.group)
-            gathered = transport.gather_queries(query)
-            partial, lse = partial_attention(gathered, kv, layer.geometry.output_head_dim)
-            outputs.append(transport.reduce_outputs(partial.to(query.dtype), lse))
+            odim = layer.manager.output_head_dim
+
+            def attend(gathered: torch.Tensor, kv: torch.Tensor = kv, odim: int = odim):
+                return partial_attention(gathered, kv, odim)
+
+            outputs.append(layer.module.forward_decode(query, attend))
         return tuple(outputs)
 
     def reference(self, seed: int) -> tuple[torch.Tensor, ...]:
-        """This rank's heads of whole-context attention, fp32 on CPU, for `make_inputs(seed)`."""
+        """This rank's heads of whole-context attention, fp32 on CPU, for `make_inputs(seed)`.
+
+        Queries are rounded to the layer's query dtype first, as the layer rounds them before the
+        gather (fp8 under an fp8 KV cache).
+        """
         results = []
         for i, layer in enumerate(self.layers):
+            manager = layer.manager
             queries = torch.cat([self._query(seed, i, r) for r in range(self.world)], dim=1)
             kv = torch.cat([self._kv(i, r) for r in range(self.world)], dim=0)
-            out, _ = partial_attention(queries, kv, layer.geometry.output_head_dim)
-            h = layer.geometry.local_heads
+            queries = queries.to(manager.query_dtype)
+            out, _ = partial_attention(queries, kv, manager.output_head_dim)
+            h = manager.num_heads
             results.append(out[:, self.rank * h : (self.rank + 1) * h])
         return tuple(results)

@@ -1,7 +1,9 @@
 """Stand-in attention backends: classes with vLLM's `get_name()` static method.
 
-The names are what the warm code reads. `B12X_MLA` is the B12X dense-MLA decode backend that
-Kimi-K3 and generic MLA layers select on sm_12x; DeepSeek-V4 selects its own B12X backend.
+The names are what the warm code reads, as the fork spells them (domain.md section 6):
+`B12X_MLA` is the B12X dense-MLA decode backend Kimi-K3 selects on sm_12x; generic
+`MLAAttention` layers use the B12X DCP transport through `B12X_MLA_SPARSE` (and only behind the
+layer's `dcp_b12x` gate); DeepSeek-V4's B12X layer selects `V4_B12X_SPARSE`.
 `B12X` alone is upstream vLLM's paged (non-MLA) b12x backend and is deliberately *not* a dense-MLA
 backend: a recognizer that accepted it would warm transports nobody uses.
 """
@@ -25,8 +27,12 @@ class B12XMLABackend(AttentionBackend):
     NAME = "B12X_MLA"
 
 
+class B12XMLASparseBackend(AttentionBackend):
+    NAME = "B12X_MLA_SPARSE"
+
+
 class B12XDeepseekV4Backend(AttentionBackend):
-    NAME = "B12X_MLA_SPARSE_DSV4"
+    NAME = "V4_B12X_SPARSE"
 
 
 class B12XPagedBackend(AttentionBackend):
@@ -62,7 +68,7 @@ BACKEND_CHOICES: tuple[str, ...] = (
 
 _FAMILY_B12X: dict[str, type[AttentionBackend]] = {
     "kimi-k3": B12XMLABackend,
-    "generic-mla": B12XMLABackend,
+    "generic-mla": B12XMLASparseBackend,
     "deepseek-v4": B12XDeepseekV4Backend,
 }
 _COMMON: dict[str, type[AttentionBackend]] = {

@@ -2,28 +2,38 @@
 
 A built model comes with its static forward context (`{layer_name: module}`), which registers
 every attention layer a second time, exactly as vLLM's compilation config does; discovery must
-see both and warm each layer once.
+see both and warm each layer once. The MTP draft is a separate tree (`BuiltModel.draft`), as in
+vLLM: its attention layer is registered in the same forward context and nowhere in the target.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
 from harness.core.geometry import ParallelGeometry
-from harness.core.signature import OUTPUT_DTYPES, check_dtype_name
+from harness.core.signature import (
+    COMM_BACKENDS,
+    DEFAULT_MAX_TOKENS,
+    OUTPUT_DTYPES,
+    check_dtype_name,
+)
 from harness.errors import UsageError
 from harness.models.backends import KimiDeltaAttentionBackend, backend_for
+from harness.models.dcp import KV_CACHE_DTYPES
 from harness.models.layers import (
     DecoderLayer,
     DeepseekV4Attention,
+    DeepseekV4B12xMLAAttention,
     KimiDeltaAttention,
     MLAAttention,
-    MTPModule,
+    MTPDraftModel,
     MultiHeadLatentAttention,
     StandInModel,
 )
+from harness.warm.signature import torch_dtype
 
 
 @dataclass(frozen=True)
@@ -56,12 +66,21 @@ KDA_HEAD_DIM = 128
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """What to build, and the engine settings a real layer reads at construction: the KV cache
+    dtype, vLLM's `dcp_comm_backend`, `max_num_batched_tokens` (the capacity the fork's B12X
+    pools use), `VLLM_USE_B12X_DCP_A2A`, and whether the MTP draft is built."""
+
     model: str
     tp: int
     dcp: int
     backend: str = "b12x"
     dtype: str = "bf16"
     num_layers: int | None = None
+    kv_cache_dtype: str = "auto"
+    dcp_comm_backend: str = "ag_rs"
+    max_num_batched_tokens: int = DEFAULT_MAX_TOKENS
+    use_b12x_dcp_a2a: bool = True
+    mtp: bool = True
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_CHOICES:
@@ -73,6 +92,21 @@ class ModelSpec:
             not isinstance(self.num_layers, int) or self.num_layers < 1
         ):
             raise UsageError(f"num_layers must be a positive integer, got {self.num_layers!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise UsageError(
+                f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; expected one of "
+                f"{', '.join(KV_CACHE_DTYPES)}"
+            )
+        if self.dcp_comm_backend not in COMM_BACKENDS:
+            raise UsageError(
+                f"unknown dcp_comm_backend {self.dcp_comm_backend!r}; expected one of "
+                f"{', '.join(COMM_BACKENDS)}"
+            )
+        if not isinstance(self.max_num_batched_tokens, int) or self.max_num_batched_tokens < 1:
+            raise UsageError(
+                "max_num_batched_tokens must be a positive integer, got "
+                f"{self.max_num_batched_tokens!r}"
+            )
 
     @property
     def geometry(self) -> ParallelGeometry:
@@ -86,6 +120,7 @@ class BuiltModel:
     spec: ModelSpec
     model: nn.Module
     static_forward_context: dict[str, nn.Module] = field(default_factory=dict)
+    draft: nn.Module | None = None  # the MTP draft's own tree, outside `model`
 
     @property
     def attention_layers(self) -> list[nn.Module]:
@@ -106,6 +141,10 @@ def _kimi_layer(index: int, spec: ModelSpec, prefix: str) -> DecoderLayer:
             backend=backend_for("kimi-k3", spec.backend),
             dcp_world_size=spec.dcp,
             prefix=prefix,
+            dtype=torch_dtype(spec.dtype),
+            kv_cache_dtype=spec.kv_cache_dtype,
+            dcp_comm_backend=spec.dcp_comm_backend,
+            max_num_tokens=spec.max_num_batched_tokens,
         )
     else:
         attn = KimiDeltaAttention(
@@ -122,13 +161,28 @@ def _kimi_layer(index: int, spec: ModelSpec, prefix: str) -> DecoderLayer:
 def _deepseek_v4_layer(index: int, spec: ModelSpec, prefix: str) -> DecoderLayer:
     cfg = FAMILIES["deepseek-v4"]
     spec.geometry.local_heads(cfg.num_heads, model="deepseek-v4")
+    backend = backend_for("deepseek-v4", spec.backend)
+    if spec.backend != "b12x":  # another platform subclass: no B12X DCP transport
+        return DecoderLayer(
+            DeepseekV4Attention(
+                n_heads=cfg.num_heads,
+                tp_size=spec.tp,
+                head_dim=cfg.kv_lora_rank,
+                backend=backend,
+                prefix=prefix,
+            )
+        )
     return DecoderLayer(
-        DeepseekV4Attention(
+        DeepseekV4B12xMLAAttention(
             n_heads=cfg.num_heads,
             tp_size=spec.tp,
             head_dim=cfg.kv_lora_rank,
-            backend=backend_for("deepseek-v4", spec.backend),
+            backend=backend,
             prefix=prefix,
+            dcp_world_size=spec.dcp,
+            dtype=torch_dtype(spec.dtype),
+            dcp_comm_backend=spec.dcp_comm_backend,
+            max_num_tokens=spec.max_num_batched_tokens,
         )
     )
 
@@ -144,6 +198,11 @@ def _generic_mla_layer(index: int, spec: ModelSpec, prefix: str) -> DecoderLayer
             backend=backend_for("generic-mla", spec.backend),
             dcp_world_size=spec.dcp,
             prefix=prefix,
+            dtype=torch_dtype(spec.dtype),
+            kv_cache_dtype=spec.kv_cache_dtype,
+            dcp_comm_backend=spec.dcp_comm_backend,
+            use_b12x_dcp_a2a=spec.use_b12x_dcp_a2a,
+            max_num_tokens=spec.max_num_batched_tokens,
         )
     )
 
@@ -173,36 +232,40 @@ def build_model(spec: ModelSpec) -> BuiltModel:
     ]
     context: dict[str, nn.Module] = {}
     for layer in layers:
-        attn = layer.self_attn
-        name = getattr(attn, "layer_name", None) or attn.prefix
-        context[name] = attn
+        _register(context, layer.self_attn)
 
-    # The MTP/draft head re-references the last real attention layer (not KDA).
-    shared = next(
-        (
-            layer.self_attn
-            for layer in reversed(layers)
-            if not isinstance(layer.self_attn, KimiDeltaAttention)
-        ),
-        None,
+    # The MTP draft: one more decoder layer of the last MLA family, numbered after the target's
+    # layers, in a tree of its own; only the shared forward context reaches its attention.
+    draft = None
+    mla = [f for f in families if f in _MLA_FAMILIES]
+    if spec.mtp and mla:
+        index = num_layers
+        block = _draft_layer(mla[-1], index, spec, f"model.layers.{index}.self_attn")
+        draft = MTPDraftModel({index: block})
+        _register(context, block.self_attn)
+
+    return BuiltModel(
+        spec=spec, model=StandInModel(layers), static_forward_context=context, draft=draft
     )
-    mtp = MTPModule(shared) if shared is not None else None
-    if shared is not None:
-        context["model.mtp.shared_attn"] = shared
-
-    return BuiltModel(spec=spec, model=StandInModel(layers, mtp), static_forward_context=context)
 
 
-def build(
-    model: str,
-    *,
-    tp: int,
-    dcp: int,
-    backend: str = "b12x",
-    dtype: str = "bf16",
-    num_layers: int | None = None,
-) -> BuiltModel:
-    """Convenience form of `build_model(ModelSpec(...))`."""
-    return build_model(
-        ModelSpec(model=model, tp=tp, dcp=dcp, backend=backend, dtype=dtype, num_layers=num_layers)
-    )
+_MLA_FAMILIES = frozenset(_LAYER_BUILDERS)
+
+
+def _draft_layer(family: str, index: int, spec: ModelSpec, prefix: str) -> DecoderLayer:
+    """A decoder layer of `family` that is MLA whatever its index (Kimi-K3's MTP block is)."""
+    if family == "kimi-k3":
+        index = KIMI_MLA_EVERY - 1
+    return _LAYER_BUILDERS[family](index, spec, prefix)
+
+
+def _register(context: dict[str, nn.Module], attn: nn.Module) -> None:
+    name = getattr(attn, "layer_name", None) or attn.prefix
+    if name in context:
+        raise ValueError(f"Duplicate layer name: {name}")  # vLLM refuses it too
+    context[name] = attn
+
+
+def build(model: str, *, tp: int, dcp: int, **settings: Any) -> BuiltModel:
+    """Convenience form of `build_model(ModelSpec(...))`; `settings` are ModelSpec fields."""
+    return build_model(ModelSpec(model=model, tp=tp, dcp=dcp, **settings))

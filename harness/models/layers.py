@@ -1,18 +1,30 @@
 """Stand-in attention layers mirroring the vLLM classes that B12X DCP warmup inspects.
 
-Each class carries exactly the attribute names the real class has (see the real
+Each class carries the attribute names the real class has (see the real
 `vllm.model_executor.layers.attention.mla_attention.MLAAttention`,
-`vllm.models.deepseek_v4.attention.DeepseekV4Attention` and
+`vllm.models.deepseek_v4.attention.DeepseekV4Attention`, the fork's
+`vllm.models.deepseek_v4.nvidia.b12x.DeepseekV4B12xMLAAttention` and
 `vllm.models.kimi_k3.nvidia.mla.MultiHeadLatentAttention`), and no real weights: projections live
-on the meta device, so a 61-layer tree allocates nothing.
+on the meta device, so a 61-layer tree allocates nothing. Like the real layers, each builds its
+DCP manager at construction from its own heads, dims, dtypes (the KV cache dtype decides the
+query dtype) and capacity, and its decode forward calls `dcp_manager.query_gather` and
+`dcp_manager.combine` (`forward_decode`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from harness.models.backends import AttentionBackend
+from harness.models.dcp import DCPManager, kimi_query_dtype
+
+# What a layer's decode attends with: gathered queries -> (partial output, fp32 LSE).
+Attend = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# DCP sizes the fork's generic-MLA B12X path supports (`dcp_b12x`).
+GENERIC_B12X_DCP_SIZES = (2, 4, 8)
 
 
 def _meta_linear(in_features: int, out_features: int) -> nn.Linear:
@@ -20,7 +32,9 @@ def _meta_linear(in_features: int, out_features: int) -> nn.Linear:
 
 
 class MLAImpl:
-    """The backend impl object; warmup reads its `dcp_world_size` (vLLM sets -1 when unset)."""
+    """The backend impl object; warmup reads its `dcp_world_size` (vLLM sets 1 when unset)."""
+
+    supports_quant_query_input = False
 
     def __init__(self, *, num_heads: int, head_size: int, dcp_world_size: int) -> None:
         self.num_heads = num_heads
@@ -29,8 +43,30 @@ class MLAImpl:
         self.dcp_rank = 0
 
 
-class MLAAttention(nn.Module):
-    """Generic vLLM MLA layer: `num_heads` are the *local* (per TP rank) heads."""
+class DCPLayer(nn.Module):
+    """An attention layer whose decode may run through a DCP manager (None: no DCP)."""
+
+    dcp_manager: DCPManager | None = None
+
+    def forward_decode(self, query: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """Decode as the real layer does: queries in the manager's query dtype through
+        `query_gather`, attention over this rank's shard, the partials through `combine`."""
+        manager = self.dcp_manager
+        if manager is None:
+            raise RuntimeError(f"{type(self).__name__} has no DCP manager (DCP1)")
+        gathered = manager.query_gather(query.to(manager.query_dtype))
+        partial, lse = attend(gathered)
+        return manager.combine(partial.to(manager.output_dtype), lse)
+
+
+class MLAAttention(DCPLayer):
+    """Generic vLLM MLA layer: `num_heads` are the *local* (per TP rank) heads.
+
+    `dcp_b12x` is the fork's gate for the B12X DCP transport: backend `B12X_MLA_SPARSE`, comm
+    backend a2a, `VLLM_USE_B12X_DCP_A2A` on, DCP in 2/4/8. Without it the layer's manager stands
+    for vLLM's own collectives. The query is fp8 only under a quantized KV cache (not
+    `fp8_ds_mla`) and an impl that takes quantized queries, as in vLLM.
+    """
 
     def __init__(
         self,
@@ -41,6 +77,11 @@ class MLAAttention(nn.Module):
         backend: type[AttentionBackend],
         dcp_world_size: int,
         prefix: str,
+        dtype: torch.dtype = torch.bfloat16,
+        kv_cache_dtype: str = "auto",
+        dcp_comm_backend: str = "ag_rs",
+        use_b12x_dcp_a2a: bool = True,
+        max_num_tokens: int = 64,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -49,20 +90,44 @@ class MLAAttention(nn.Module):
         self.head_size = kv_lora_rank + qk_rope_head_dim
         self.layer_name = prefix
         self.attn_backend = backend
+        self.kv_cache_dtype = kv_cache_dtype
         self.impl = MLAImpl(
             num_heads=num_heads, head_size=self.head_size, dcp_world_size=dcp_world_size
         )
         self.kv_b_proj = _meta_linear(kv_lora_rank, num_heads * 256)
+        dcp = self.impl.dcp_world_size
+        self.dcp_b12x = (
+            backend.get_name() == "B12X_MLA_SPARSE"
+            and dcp_comm_backend == "a2a"
+            and use_b12x_dcp_a2a
+            and dcp in GENERIC_B12X_DCP_SIZES
+        )
+        self.dcp_manager = None
+        if dcp > 1:
+            quantized = kv_cache_dtype.startswith("fp8") and kv_cache_dtype != "fp8_ds_mla"
+            fp8 = quantized and self.impl.supports_quant_query_input
+            self.dcp_manager = DCPManager(
+                layer_name=prefix,
+                num_heads=num_heads,
+                query_head_dim=kv_lora_rank + qk_rope_head_dim,
+                output_head_dim=kv_lora_rank,
+                query_dtype=torch.float8_e4m3fn if fp8 else dtype,
+                output_dtype=dtype,
+                max_num_tokens=max_num_tokens,
+                comm_backend=dcp_comm_backend,
+                b12x=self.dcp_b12x,
+            )
 
     def get_attn_backend(self) -> type[AttentionBackend]:
         return self.attn_backend
 
 
-class DeepseekV4Attention(nn.Module):
+class DeepseekV4Attention(DCPLayer):
     """DeepSeek-V4 attention: `n_local_heads` per TP rank, one 512-wide head for q and output.
 
     vLLM's class is abstract: each platform subclass sets the `backend_cls` class attribute, which
-    `get_attn_backend()` returns (there is no `attn_backend` attribute).
+    `get_attn_backend()` returns (there is no `attn_backend` attribute). The base uses no DCP
+    transport; the fork's B12X subclass does.
     """
 
     def __init__(
@@ -86,11 +151,49 @@ class DeepseekV4Attention(nn.Module):
         return self.backend_cls
 
 
-class MultiHeadLatentAttention(nn.Module):
+class DeepseekV4B12xMLAAttention(DeepseekV4Attention):
+    """The fork's DeepSeek-V4 B12X layer (`vllm/models/deepseek_v4/nvidia/b12x.py`): backend
+    `V4_B12X_SPARSE`; with DCP > 1 its decode gathers and reduces 512-wide heads in the model
+    dtype through the B12X DCP transport."""
+
+    def __init__(
+        self,
+        *,
+        n_heads: int,
+        tp_size: int,
+        head_dim: int,
+        backend: type[AttentionBackend],
+        prefix: str,
+        dcp_world_size: int,
+        dtype: torch.dtype = torch.bfloat16,
+        dcp_comm_backend: str = "ag_rs",
+        max_num_tokens: int = 64,
+    ) -> None:
+        super().__init__(
+            n_heads=n_heads, tp_size=tp_size, head_dim=head_dim, backend=backend, prefix=prefix
+        )
+        self.dcp_world_size = dcp_world_size
+        if dcp_world_size > 1:
+            self.dcp_manager = DCPManager(
+                layer_name=prefix,
+                num_heads=self.n_local_heads,
+                query_head_dim=head_dim,
+                output_head_dim=head_dim,
+                query_dtype=dtype,
+                output_dtype=dtype,
+                max_num_tokens=max_num_tokens,
+                comm_backend=dcp_comm_backend,
+                b12x=backend.get_name() == "V4_B12X_SPARSE",
+            )
+
+
+class MultiHeadLatentAttention(DCPLayer):
     """Kimi-K3's native MLA adapter: an attention layer of its own, *not* an `MLAAttention`.
 
     `num_heads` is global, `num_local_heads` per TP rank; the DCP size sits both on the layer
-    (`dcp_world_size`, from the parallel config) and on the impl.
+    (`dcp_world_size`, from the parallel config) and on the impl. With DCP > 1 it builds its DCP
+    manager (fp8 e4m3 queries under a quantized KV cache other than `fp8_ds_mla`); the manager
+    uses the B12X transport when the backend is `B12X_MLA`.
     """
 
     def __init__(
@@ -103,6 +206,10 @@ class MultiHeadLatentAttention(nn.Module):
         backend: type[AttentionBackend],
         dcp_world_size: int,
         prefix: str,
+        dtype: torch.dtype = torch.bfloat16,
+        kv_cache_dtype: str = "auto",
+        dcp_comm_backend: str = "ag_rs",
+        max_num_tokens: int = 64,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -117,7 +224,21 @@ class MultiHeadLatentAttention(nn.Module):
             num_heads=self.num_local_heads, head_size=self.head_size, dcp_world_size=dcp_world_size
         )
         self.kv_cache = torch.tensor([])
+        self.kv_cache_dtype = kv_cache_dtype
         self.o_proj = _meta_linear(self.num_local_heads * 128, 1024)
+        self.dcp_manager = None
+        if self.dcp_world_size > 1:
+            self.dcp_manager = DCPManager(
+                layer_name=prefix,
+                num_heads=self.num_local_heads,
+                query_head_dim=self.head_size,
+                output_head_dim=kv_lora_rank,
+                query_dtype=kimi_query_dtype(kv_cache_dtype, dtype),
+                output_dtype=dtype,
+                max_num_tokens=max_num_tokens,
+                comm_backend=dcp_comm_backend,
+                b12x=backend.get_name() == "B12X_MLA",
+            )
 
     def get_attn_backend(self) -> type[AttentionBackend]:
         return self.attn_backend
@@ -136,6 +257,10 @@ class KimiDeltaAttention(nn.Module):
         backend: type[AttentionBackend],
         dcp_world_size: int,
         prefix: str,
+        dtype: torch.dtype = torch.bfloat16,
+        kv_cache_dtype: str = "auto",
+        dcp_comm_backend: str = "ag_rs",
+        max_num_tokens: int = 64,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -168,18 +293,27 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP()
 
 
-class MTPModule(nn.Module):
-    """Multi-token-prediction (draft) head: re-references an existing attention module, so
-    discovery meets the same module object under a second name."""
+class MTPLayer(nn.Module):
+    """One multi-token-prediction layer of a draft model: its own decoder block."""
 
-    def __init__(self, shared_attn: nn.Module) -> None:
+    def __init__(self, block: DecoderLayer) -> None:
         super().__init__()
-        self.shared_attn = shared_attn
         self.eh_proj = _meta_linear(2048, 1024)
+        self.mtp_block = block
+
+
+class MTPDraftModel(nn.Module):
+    """The MTP draft (vLLM's `KimiK3MTP` shape): a module tree of its own, *not* part of the
+    target model. Its attention is reachable only through the static forward context the draft
+    shares with the target, as in vLLM's proposer."""
+
+    def __init__(self, layers: dict[int, DecoderLayer]) -> None:
+        super().__init__()
+        self.model = nn.Module()
+        self.model.layers = nn.ModuleDict({str(i): MTPLayer(b) for i, b in layers.items()})
 
 
 class StandInModel(nn.Module):
-    def __init__(self, layers: list[nn.Module], mtp: nn.Module | None) -> None:
+    def __init__(self, layers: list[nn.Module]) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
-        self.mtp = mtp

@@ -10,9 +10,15 @@ from typing import Any
 from harness.errors import UsageError
 from harness.models.backends import BACKEND_CHOICES
 from harness.models.builders import MODEL_CHOICES, ModelSpec, build_model
+from harness.models.dcp import KV_CACHE_DTYPES
 from harness.warm.discovery import Discovery, discover
 from harness.warm.recognizers import RECOGNIZER_SETS, WarmContext, recognizer_set
-from harness.warm.signature import DEFAULT_MAX_TOKENS, MODEL_DTYPES
+from harness.warm.signature import (
+    COMM_BACKENDS,
+    DEFAULT_COMM_BACKEND,
+    DEFAULT_MAX_TOKENS,
+    MODEL_DTYPES,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,6 +50,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="bf16", choices=sorted(MODEL_DTYPES))
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     p.add_argument("--num-layers", type=int, default=None)
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=KV_CACHE_DTYPES,
+        help="the KV cache dtype the layers are built with (fp8: Kimi-K3 gathers fp8 queries)",
+    )
+    p.add_argument(
+        "--dcp-comm-backend",
+        default="ag_rs",
+        choices=COMM_BACKENDS,
+        help="vLLM's parallel_config.dcp_comm_backend (generic MLA uses B12X only with a2a)",
+    )
     p.add_argument(
         "--recognizers",
         default="vendored",
@@ -86,6 +104,15 @@ def attention_backend(args: argparse.Namespace) -> str:
     return str(args.attention_backend or "b12x")
 
 
+def _dtypes(row: dict[str, Any]) -> str:
+    q, o = row["query_dtype"], row["dtype"]
+    return o if q == o else f"{q} -> {o}"
+
+
+def _backend(row: dict[str, Any]) -> str:
+    return "" if row["comm_backend"] == DEFAULT_COMM_BACKEND else f"{row['comm_backend']}, "
+
+
 def run_signatures(args: argparse.Namespace) -> int:
     if args.source == "real":
         return _print_real(args)
@@ -97,9 +124,17 @@ def run_signatures(args: argparse.Namespace) -> int:
         backend=args.backend,
         dtype=args.dtype,
         num_layers=args.num_layers,
+        kv_cache_dtype=args.kv_cache_dtype,
+        dcp_comm_backend=args.dcp_comm_backend,
+        max_num_batched_tokens=args.max_tokens,
     )
     built = build_model(spec)
-    context = WarmContext(dtype=args.dtype, max_tokens=args.max_tokens, dcp_world_size=args.dcp)
+    context = WarmContext(
+        dtype=args.dtype,
+        max_tokens=args.max_tokens,
+        dcp_world_size=args.dcp,
+        comm_backend=args.dcp_comm_backend,
+    )
     found = discover(
         built.model,
         context=context,
@@ -118,7 +153,8 @@ def run_signatures(args: argparse.Namespace) -> int:
         print(
             f"  {row['total_heads']} heads ({row['local_heads']} local x dcp "
             f"{row['dcp_world_size']}) x {row['query_head_dim']} -> {row['output_head_dim']}, "
-            f"{row['dtype']}, max_tokens={row['max_tokens']}, {row['layers']} layer(s): "
+            f"{_dtypes(row)}, max_tokens={row['max_tokens']}, {_backend(row)}"
+            f"{row['layers']} layer(s): "
             f"{', '.join(row['kinds'])}"
         )
     return 0

@@ -27,14 +27,15 @@ from harness.warm.signature import TransportSignature
 class WarmContext:
     """What production warmup knows from the engine config rather than from a layer."""
 
-    dtype: str = "bf16"
+    dtype: str = "bf16"  # model_config.dtype: production warms one dtype for query and output
     max_tokens: int = 64  # max_num_batched_tokens
     device_type: str = "cpu"
     dcp_world_size: int = 1  # parallel_config.decode_context_parallel_size
+    comm_backend: str = "ag_rs"  # parallel_config.dcp_comm_backend
 
 
 B12X_DENSE_MLA_BACKENDS = frozenset({"B12X_MLA"})
-B12X_DSV4_BACKENDS = frozenset({"B12X_MLA_SPARSE_DSV4"})
+B12X_DSV4_BACKENDS = frozenset({"V4_B12X_SPARSE"})
 
 GENERIC_MLA_CLASSES = frozenset(
     {
@@ -45,6 +46,7 @@ GENERIC_MLA_CLASSES = frozenset(
 DEEPSEEK_V4_CLASSES = frozenset(
     {
         "vllm.models.deepseek_v4.attention.DeepseekV4Attention",
+        "vllm.models.deepseek_v4.nvidia.b12x.DeepseekV4B12xMLAAttention",
         "harness.models.layers.DeepseekV4Attention",
     }
 )
@@ -79,12 +81,13 @@ def _signature(
         dcp_world_size=dcp,
         max_tokens=ctx.max_tokens,
         device_type=ctx.device_type,
+        comm_backend=ctx.comm_backend,
     )
 
 
 def recognize_generic_mla(module: nn.Module, ctx: WarmContext) -> TransportSignature | None:
-    """vLLM `MLAAttention` on B12X with DCP > 1: local heads x dcp, 576 -> 512."""
-    if backend_name(module) not in B12X_DENSE_MLA_BACKENDS:
+    """vLLM `MLAAttention` behind the fork's `dcp_b12x` gate: local heads x dcp, 576 -> 512."""
+    if not getattr(module, "dcp_b12x", False):
         return None
     dcp = _impl_dcp(module)
     if dcp <= 1:
@@ -149,7 +152,7 @@ GENERIC_MLA = Recognizer(
     "generic-mla",
     GENERIC_MLA_CLASSES,
     recognize_generic_mla,
-    reads=("get_attn_backend", "impl.dcp_world_size", "num_heads", "head_size", "kv_lora_rank"),
+    reads=("dcp_b12x", "impl.dcp_world_size", "num_heads", "head_size", "kv_lora_rank"),
 )
 DEEPSEEK_V4 = Recognizer(
     "deepseek-v4",

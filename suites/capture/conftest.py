@@ -71,7 +71,15 @@ def prepare(world, qualification) -> Iterator[Callable[..., Prepared]]:
 
     def make(model: str, warm_impl: str, geometry: Any = None) -> Prepared:
         where = geometry or qualification
-        built = build(model, tp=where.tp, dcp=where.dcp, num_layers=NUM_LAYERS[model])
+        built = build(
+            model,
+            tp=where.tp,
+            dcp=where.dcp,
+            num_layers=NUM_LAYERS[model],
+            dtype=DTYPE,
+            max_num_batched_tokens=MAX_TOKENS,
+        )
+        # What production warmup reads from the engine config (not from the layers).
         context = WarmContext(
             dtype=DTYPE,
             max_tokens=MAX_TOKENS,
@@ -88,7 +96,7 @@ def prepare(world, qualification) -> Iterator[Callable[..., Prepared]]:
             group=where.dcp_group,
             static_forward_context=built.static_forward_context,
         )
-        step = DecodeStep(built, registry=registry, context=context, group=where.dcp_group)
+        step = DecodeStep(built, registry=registry, group=where.dcp_group)
         return Prepared(model, built, registry, context, report, step, impl.name)
 
     yield make

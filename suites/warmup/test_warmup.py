@@ -18,6 +18,21 @@ from harness.warm.recognizers import WarmContext, recognizer_set
 MODELS = ("kimi-k3", "deepseek-v4", "generic-mla", "mixed")
 # A few layers are enough: discovery is per module, the signature does not depend on depth.
 NUM_LAYERS = {"kimi-k3": 8, "deepseek-v4": 2, "generic-mla": 2, "mixed": 12}
+# Generic MLA uses the B12X transport only with the a2a comm backend at DCP 2/4/8 (the fork's
+# `dcp_b12x` gate), so the models holding it run with a2a.
+COMM_BACKEND = {"kimi-k3": "ag_rs", "deepseek-v4": "ag_rs", "generic-mla": "a2a", "mixed": "a2a"}
+GENERIC_B12X_DCP = (2, 4, 8)
+
+
+def build_for(model: str, qualification):
+    return build(
+        model,
+        tp=qualification.tp,
+        dcp=qualification.dcp,
+        num_layers=NUM_LAYERS[model],
+        dcp_comm_backend=COMM_BACKEND[model],
+        max_num_batched_tokens=8,
+    )
 
 
 def all_ranks_agree(value: object, group: dist.ProcessGroup | None = None) -> list[object]:
@@ -26,29 +41,34 @@ def all_ranks_agree(value: object, group: dist.ProcessGroup | None = None) -> li
     return gathered
 
 
-def context_for(qualification, world) -> WarmContext:
+def context_for(qualification, world, model: str = "kimi-k3") -> WarmContext:
     return WarmContext(
-        dtype="bf16", max_tokens=8, device_type=world.device.type, dcp_world_size=qualification.dcp
+        dtype="bf16",
+        max_tokens=8,
+        device_type=world.device.type,
+        dcp_world_size=qualification.dcp,
+        comm_backend=COMM_BACKEND[model],
     )
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_every_rank_discovers_the_same_signatures(model, qualification, world):
-    built = build(model, tp=qualification.tp, dcp=qualification.dcp, num_layers=NUM_LAYERS[model])
+    built = build_for(model, qualification)
     found = discover(
         built.model,
-        context=context_for(qualification, world),
+        context=context_for(qualification, world, model),
         recognizers=recognizer_set("vendored"),
         static_forward_context=built.static_forward_context,
     )
     mine = [s.to_json() for s in found.signatures]
     assert all(theirs == mine for theirs in all_ranks_agree(mine)), "ranks disagree"
-    expected = {"kimi-k3": 1, "deepseek-v4": 1, "generic-mla": 1, "mixed": 3}[model]
+    generic = int(qualification.dcp in GENERIC_B12X_DCP)
+    expected = {"kimi-k3": 1, "deepseek-v4": 1, "generic-mla": generic, "mixed": 2 + generic}[model]
     assert len(found.signatures) == (expected if qualification.dcp > 1 else 0)
 
 
 def test_kimi_k3_signature_at_the_run_geometry(qualification, world):
-    built = build("kimi-k3", tp=qualification.tp, dcp=qualification.dcp, num_layers=8)
+    built = build_for("kimi-k3", qualification)
     found = discover(
         built.model,
         context=context_for(qualification, world),
@@ -74,8 +94,8 @@ def test_warmup_creates_each_signature_once_and_is_idempotent(
     model, qualification, world, warm_impl_name
 ):
     warm_fn = resolve_warm_impl(warm_impl_name).fn
-    built = build(model, tp=qualification.tp, dcp=qualification.dcp, num_layers=NUM_LAYERS[model])
-    context = context_for(qualification, world)
+    built = build_for(model, qualification)
+    context = context_for(qualification, world, model)
     with TransportRegistry(backend="torch", device=world.device) as registry:
         report = warm_fn(
             built.model,

@@ -227,6 +227,8 @@ def test_surfaces_are_b12x_dcp_surfaces():
 def test_mirrored_constants_equal_b12x():
     assert bb.SUPPORTED_WORLD_SIZES == pcie.SUPPORTED_WORLD_SIZES
     assert set(bb.SUPPORTED_DTYPES) == {dtype_name(d) for d in pcie.SUPPORTED_DTYPES}
+    gather = {dtype_name(d) for d in pcie.SUPPORTED_GATHER_DTYPES}
+    assert set(bb.SUPPORTED_GATHER_DTYPES) == gather  # fp8 e4m3 queries included
     assert bb._SIGNAL_BYTES == pcie._SIGNAL_BYTES
     assert bb._IPC_ALIGN == pcie.IPC_SLAB_ALIGNMENT
 

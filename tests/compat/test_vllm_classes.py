@@ -5,9 +5,12 @@ layer is `cls.__new__(cls)` + `nn.Module.__init__` + the attributes production r
 the real `__init__` would assign at that geometry.
 
 Backends: the negative cases use vLLM's own backend classes (FlashMLA, Triton MLA, and the paged
-`B12X` GQA backend). vLLM 0.32 ships no B12X dense-MLA backend (`B12X_MLA`) and no B12X
-DeepSeek-V4 backend (`B12X_MLA_SPARSE_DSV4`), so those two are small stand-ins below, subclassing
-vLLM's MLA backend bases and naming themselves as production's backends do.
+`B12X` GQA backend). vLLM 0.32 ships no B12X dense-MLA backend (`B12X_MLA`), no generic sparse
+B12X backend (`B12X_MLA_SPARSE`) and no B12X DeepSeek-V4 backend (`V4_B12X_SPARSE`, on the fork's
+`DeepseekV4B12xMLAAttention`), so those are small stand-ins below, subclassing vLLM's MLA backend
+bases and naming themselves as the fork's backends do; a test pins that 0.32 really lacks them
+(when it gains one, that test fails and the real one replaces the stand-in). Likewise the fork's
+`MLAAttention.dcp_b12x` gate is absent from 0.32 and listed in FORK_ONLY_READS.
 
 Drift: every attribute a recognizer declares in `reads` must exist on the real class: as a class
 attribute or method, an annotation, or a `self.<attr> = ...` in the source of a class in its MRO.
@@ -89,7 +92,25 @@ class B12XDeepseekV4Backend(DeepseekV4SparseMLABackend):
 
     @staticmethod
     def get_name() -> str:
-        return "B12X_MLA_SPARSE_DSV4"
+        return "V4_B12X_SPARSE"
+
+
+class B12XMLASparseBackend(MLACommonBackend):
+    """The fork's B12X backend for generic `MLAAttention` (absent from vLLM 0.32)."""
+
+    @staticmethod
+    def get_name() -> str:
+        return "B12X_MLA_SPARSE"
+
+    @staticmethod
+    def get_impl_cls() -> type[TritonMLAImpl]:
+        return TritonMLAImpl
+
+
+# The fork's names vLLM 0.32 lacks: backends, a layer class, and the generic-MLA gate.
+FORK_ONLY_BACKENDS = ("B12X_MLA", "B12X_MLA_SPARSE", "V4_B12X_SPARSE")
+FORK_ONLY_CLASSES = frozenset({"vllm.models.deepseek_v4.nvidia.b12x.DeepseekV4B12xMLAAttention"})
+FORK_ONLY_READS = {"generic-mla": frozenset({"dcp_b12x"})}
 
 
 # -- shells of the real layer classes ------------------------------------------------------------
@@ -136,13 +157,14 @@ def kimi_k3_layer(
 
 
 def generic_mla_layer(
-    backend: type[AttentionBackend] = B12XMLABackend,
+    backend: type[AttentionBackend] | None = None,
     *,
     local_heads: int = 16,
     dcp: int = 8,
     prefix: str = "model.layers.0.self_attn.mla_attn",
 ) -> MLAAttention:
     """A DeepSeek-V3-style `MLAAttention` (128 heads at TP8: 16 local heads)."""
+    backend = backend or B12XMLASparseBackend
     return shell(
         MLAAttention,
         num_heads=local_heads,
@@ -152,6 +174,8 @@ def generic_mla_layer(
         layer_name=prefix,
         attn_backend=backend,
         impl=impl_shell(backend, dcp),
+        # the fork's gate (B12X_MLA_SPARSE, a2a, VLLM_USE_B12X_DCP_A2A, DCP in 2/4/8)
+        dcp_b12x=backend is B12XMLASparseBackend and dcp in (2, 4, 8),
     )
 
 
@@ -423,7 +447,9 @@ def drift(
 
 def real_class(recognizer: Recognizer) -> type:
     """The vLLM class the recognizer names; fails naming it if vLLM moved or renamed it."""
-    (name,) = [n for n in recognizer.classes if n.startswith("vllm.")]
+    (name,) = [
+        n for n in recognizer.classes if n.startswith("vllm.") and n not in FORK_ONLY_CLASSES
+    ]
     module_name, _, qualname = name.rpartition(".")
     try:
         found = getattr(importlib.import_module(module_name), qualname)
@@ -434,6 +460,16 @@ def real_class(recognizer: Recognizer) -> type:
 
 
 REAL_NESTED = {"impl": MLAAttentionImpl}
+
+
+def upstream_reads(recognizer: Recognizer) -> Recognizer:
+    """The recognizer with only the reads vLLM 0.32 can have (fork-only ones dropped)."""
+    fork_only = FORK_ONLY_READS.get(recognizer.kind, frozenset())
+    return dataclasses.replace(
+        recognizer, reads=tuple(r for r in recognizer.reads if r not in fork_only)
+    )
+
+
 STAND_IN = {
     GENERIC_MLA.kind: stand_in.MLAAttention,
     DEEPSEEK_V4.kind: stand_in.DeepseekV4Attention,
@@ -462,8 +498,61 @@ def test_real_layers_impl_is_an_mla_attention_impl():
 
 @pytest.mark.parametrize("recognizer", VENDORED, ids=lambda r: r.kind)
 def test_every_attribute_a_recognizer_reads_exists_on_the_real_class(recognizer):
-    problems = drift(recognizer, real_class(recognizer), REAL_NESTED)
+    problems = drift(upstream_reads(recognizer), real_class(recognizer), REAL_NESTED)
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("kind", FORK_ONLY_READS)
+def test_fork_only_reads_are_really_absent_from_vllm_0_32(kind):
+    recognizer = next(r for r in VENDORED if r.kind == kind)
+    absent = {r for r in FORK_ONLY_READS[kind] if r not in class_attributes(real_class(recognizer))}
+    assert absent == FORK_ONLY_READS[kind], "vLLM now has it: check the real gate, drop the entry"
+
+
+def test_fork_only_backends_and_classes_are_really_absent_from_vllm_0_32():
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    assert not set(FORK_ONLY_BACKENDS) & {b.name for b in AttentionBackendEnum}
+    for name in FORK_ONLY_CLASSES:
+        module_name = name.rpartition(".")[0]
+        with pytest.raises(ImportError):
+            importlib.import_module(module_name)
+
+
+def test_stand_in_backend_names_are_the_forks_and_the_real_paged_b12x_keeps_its_own():
+    from harness.models import backends
+
+    assert backends.B12XMLABackend.get_name() == B12XMLABackend.get_name()
+    assert backends.B12XMLASparseBackend.get_name() == B12XMLASparseBackend.get_name()
+    assert backends.B12XDeepseekV4Backend.get_name() == B12XDeepseekV4Backend.get_name()
+    assert backends.B12XPagedBackend.get_name() == B12xPagedAttentionBackend.get_name()
+    (fork_class,) = FORK_ONLY_CLASSES
+    assert fork_class.endswith("." + stand_in.DeepseekV4B12xMLAAttention.__qualname__)
+
+
+def test_stand_in_dcp_manager_fields_are_real_mla_dcp_manager_parameters():
+    from vllm.v1.attention.ops.dcp import MLADCPManager
+
+    from harness.models.dcp import DCPManager
+
+    real = set(inspect.signature(MLADCPManager.__init__).parameters)
+    ours = {f.name for f in dataclasses.fields(DCPManager)}
+    asked = {"num_heads", "query_head_dim", "output_head_dim", "query_dtype", "output_dtype"}
+    assert asked <= ours and asked <= real
+    assert "max_num_tokens" in class_attributes(MLADCPManager)  # the capacity it sizes with
+
+
+def test_kimi_query_dtype_rule_matches_the_real_quantized_kv_cache_test():
+    import torch
+    from vllm.utils.torch_utils import is_quantized_kv_cache
+
+    from harness.models.dcp import KV_CACHE_DTYPES, kimi_query_dtype
+
+    assert "is_quantized_kv_cache(self.kv_cache_dtype)" in class_source(MultiHeadLatentAttention)
+    for kv in KV_CACHE_DTYPES:
+        fp8 = is_quantized_kv_cache(kv) and kv != "fp8_ds_mla"  # the real layer's condition
+        want = torch.float8_e4m3fn if fp8 else torch.bfloat16
+        assert kimi_query_dtype(kv, torch.bfloat16) is want, kv
 
 
 @pytest.mark.parametrize("recognizer", VENDORED, ids=lambda r: r.kind)
@@ -487,6 +576,7 @@ def public_assignments(cls: type) -> set[str]:
 )
 def test_our_stand_in_uses_only_attribute_names_the_real_class_has(recognizer):
     extra = public_assignments(STAND_IN[recognizer.kind]) - class_attributes(real_class(recognizer))
+    extra -= FORK_ONLY_READS.get(recognizer.kind, frozenset())
     assert not extra, f"stand-in attributes the real class lacks: {sorted(extra)}"
 
 
@@ -566,7 +656,9 @@ def test_an_upstream_rename_on_the_impl_fails_naming_the_impl_class():
         def __init__(self) -> None:
             self.dcp_size = 1
 
-    problems = drift(GENERIC_MLA, MLAAttention, {"impl": Impl}, source_of=renamed_upstream)
+    problems = drift(
+        upstream_reads(GENERIC_MLA), MLAAttention, {"impl": Impl}, source_of=renamed_upstream
+    )
     assert len(problems) == 1
     assert "has no attribute 'dcp_world_size'" in problems[0]
     assert f"(as {class_name(MLAAttention)}.impl)" in problems[0]
