@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from harness.capture.decode import partial_attention, runtime_geometry
+from harness.capture.decode import partial_attention, transport_manager
 from harness.errors import UsageError
 from harness.models import BuiltModel
 from harness.warm.protocols import DCPTransport, TransportRegistryLike
@@ -86,13 +86,15 @@ def smoke_layers(built: BuiltModel) -> tuple[SmokeLayer, ...]:
     """Every registration (MTP re-reference included) whose layer uses a DCP transport."""
     layers = []
     for name, module in built.static_forward_context.items():
-        geometry = runtime_geometry(module)
-        if geometry is None:
+        manager = transport_manager(module)
+        if manager is None:
             continue
-        dcp = geometry.dcp_world_size or built.spec.dcp
         layers.append(
             SmokeLayer(
-                name, geometry.local_heads * dcp, geometry.query_head_dim, geometry.output_head_dim
+                name,
+                manager.num_heads * built.spec.dcp,
+                manager.query_head_dim,
+                manager.output_head_dim,
             )
         )
     if not layers:
