@@ -137,3 +137,17 @@ def test_signature_options_go_together(
     bundle, signature, _ = signed
     assert main(["verify", str(bundle), "--signature", str(signature)]) == 2
     assert "go together" in capsys.readouterr().err
+
+
+def test_sign_refuses_to_write_the_signature_inside_the_bundle(
+    signed: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle, _, _ = signed
+    private, _ = write_key(tmp_path, "inside")
+    capsys.readouterr()
+    for out in (bundle / "bundle.sig", bundle / "records" / ".." / "x.sig"):
+        assert main(["sign", str(bundle), "--key", str(private), "--out", str(out)]) == 2
+        [line] = capsys.readouterr().err.splitlines()
+        assert "is inside" in line and "outside the bundle" in line
+        assert not out.exists()
+    assert main(["verify", str(bundle)]) == 0  # the bundle is untouched and still whole

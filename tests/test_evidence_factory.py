@@ -120,6 +120,7 @@ def write_rank(
     junit: bool = True,
     transport: str = "torch-dist",
     collected: Sequence[str] = NODES,
+    backend: str = "gloo",
 ) -> None:
     """One rank's files: records/rank-NN.json and junit/rank-NN.xml (either may be left out)."""
     tests = [passed(n) for n in NODES] if tests is None else list(tests)
@@ -129,6 +130,7 @@ def write_rank(
             rank=rank,
             world_size=world,
             local_rank=rank,
+            backend=backend,
             hostname="node0",
             pid=1000 + rank,
             started_at="2026-11-29T18:00:00+00:00",

@@ -299,7 +299,7 @@ def gpu_run(out: Path, image: dict[str, object] | None) -> Receipt:
     out.mkdir()
     for rank in range(4):
         caps = [capture(rank, path="cuda-graph"), control(rank)]
-        write_rank(out, rank, 4, captures=caps, transport="b12x")
+        write_rank(out, rank, 4, captures=caps, transport="b12x", backend="nccl")
     return finalize_bundle(out, context(4, backend="nccl", image=image))
 
 

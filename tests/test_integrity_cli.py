@@ -8,7 +8,9 @@
   every layer of verify but one: re-derivation from the rank records. `verify` says invalid and
   names the field; `compare` refuses the bundle (exit 2) instead of reporting no regression.
   Each forgery is first shown to pass verify with re-derivation switched off, so the test can
-  only pass because that detector fires.
+  only pass because that detector fires. The geometry (backend, nodes, warm code) and the
+  failed-test list are held to the records too: claiming NCCL, two nodes or vLLM's warm code to
+  drop a limitation, or emptying the list `--rerun-failed` reads, is invalid.
 - A file added to the bundle and to SHA256SUMS, but not to the receipt's file list, is caught.
 """
 
@@ -135,10 +137,37 @@ def every_test_ran(data: dict[str, Any]) -> None:
     data["coverage"].update(without_outcome=0, first_without_outcome=None)
 
 
+def without_limitation(data: dict[str, Any], key: str) -> None:
+    data["limitations"] = [s for s in data["limitations"] if not s.startswith(f"{key}: ")]
+
+
+def claims_nccl(data: dict[str, Any]) -> None:
+    data["geometry"]["backend"] = "nccl"
+    without_limitation(data, "nccl")
+
+
+def claims_two_nodes(data: dict[str, Any]) -> None:
+    data["geometry"].update(nnodes=WORLD, nproc_per_node=1)
+    without_limitation(data, "multi-node")
+
+
+def claims_vllm_warm_code(data: dict[str, Any]) -> None:
+    data["warm_impl"] = "vllm"
+    without_limitation(data, "warm-impl")
+
+
+def no_failed_tests(data: dict[str, Any]) -> None:
+    data["failed_tests"] = []
+
+
 FORGERIES = [
     ("lazy", no_lazy_events, "capture.by_detector.transport-registry"),
     ("killed", no_killed_ranks, "ranks.complete"),
     ("early-exit", every_test_ran, "verdict"),
+    ("pass", claims_nccl, "geometry.backend"),
+    ("pass", claims_two_nodes, "geometry: place of rank 1"),
+    ("pass", claims_vllm_warm_code, "warm_impl"),
+    ("lazy", no_failed_tests, "failed_tests length"),
 ]
 
 
@@ -148,7 +177,9 @@ def fooled_without_rederivation(bundle: Path, monkeypatch: pytest.MonkeyPatch) -
         return verify.verify_bundle(bundle).ok
 
 
-@pytest.mark.parametrize(("run", "edit", "field"), FORGERIES, ids=[f[0] for f in FORGERIES])
+@pytest.mark.parametrize(
+    ("run", "edit", "field"), FORGERIES, ids=[f"{f[0]}-{f[1].__name__}" for f in FORGERIES]
+)
 def test_a_forged_receipt_is_invalid_and_compare_refuses_it(
     runs: dict[str, Path],
     copy_of: Callable[[str], Path],

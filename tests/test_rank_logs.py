@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,19 @@ def test_dcpqual_logs_bad_input_is_one_line(tmp_path: Path, capsys, argv, needle
     assert main(["logs", str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
+
+
+def test_dcpqual_logs_says_so_when_the_bundle_has_none_of_that_stream(tmp_path: Path, capsys):
+    """A passing run dumps no stacks: printing nothing with exit 0 would read as "all shown"."""
+    two_by_two(tmp_path, swapped=False)
+    shutil.rmtree(tmp_path / "stacks")
+    collect_rank_logs(tmp_path, world_size=4, nproc_per_node=2)
+    assert main(["logs", str(tmp_path), "--stacks"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines() == [
+        f"dcpqual logs: error: {tmp_path} has no logs/rank-NN.stacks files"
+    ]
+    assert main(["logs", str(tmp_path), "--rank", "0"]) == 0  # the other streams are there
 
 
 def test_dcpqual_logs_refuses_a_folder_without_logs(tmp_path: Path, capsys):

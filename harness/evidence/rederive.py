@@ -7,9 +7,14 @@ edited receipt cannot claim fewer lazy events, a flipped verdict, fewer killed r
 tallies or other signatures, even with every hash regenerated: it would have to edit the
 records consistently too (only a signature protects against that; see the README).
 
+The geometry is held to the records too: every record names its world size, backend, warm
+code, node and local rank, so a receipt cannot claim NCCL, more nodes or another layout than
+the ranks ran with (and so drop the limitations those would require).
+
 Not re-derived, because no file in the bundle records it independently: the run's exit code
-and timeout (the launcher's view), the environment, sources and image, and the root cause's
-text (it may quote torchrun's error file).
+and timeout (the launcher's view), tp and dcp (only through the signatures' dcp size), the
+environment, sources and image, and the root cause's text (it may quote torchrun's error
+file).
 """
 
 from __future__ import annotations
@@ -127,6 +132,7 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
         return value
 
     r = RECEIPT_NAME
+    yield from _geometry_facts(receipt, rank_files)
     yield r, "verdict", receipt.verdict, rules.verdict_of(reasons)
     yield r, "ranks", dump(receipt.ranks), dump(ranks)
     try:
@@ -146,13 +152,36 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
     yield r, "failures", receipt.failures, stated_reasons  # last: it sums up the facts above
 
 
+def _one(values: Iterator[Any]) -> Any:
+    """The single value every record states, or all the different ones, sorted."""
+    distinct = sorted(set(values), key=repr)
+    return distinct[0] if len(distinct) == 1 else distinct
+
+
+def _geometry_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[str, str, Any, Any]]:
+    """World size, backend, warm code and each rank's place (torchrun numbers the ranks of
+    node n as n x nproc_per_node + local rank) as the records that exist state them."""
+    records = rank_files.records
+    if not records:
+        return  # nothing to hold the receipt to: the ranks check already reports them killed
+    g, r = receipt.geometry, RECEIPT_NAME
+    yield r, "geometry.world_size", g.world_size, _one(x.world_size for x in records.values())
+    yield r, "geometry.backend", g.backend, _one(x.backend for x in records.values())
+    yield r, "warm_impl", receipt.warm_impl, _one(x.warm_impl for x in records.values())
+    for rank, record in sorted(records.items()):
+        stated = f"node {rank // g.nproc_per_node}, local rank {rank % g.nproc_per_node}"
+        placed = f"node {record.node_rank}, local rank {record.local_rank}"
+        yield r, f"geometry: place of rank {rank}", stated, placed
+
+
 def _ending_facts(
     receipt: Receipt, rank_files: RankFiles, dump: Callable[[Any], Any]
 ) -> Iterator[tuple[str, str, Any, Any]]:
     """The failed-test list (what `--rerun-failed` reruns) and the rootdir its node ids are
-    relative to. Receipts written before the list existed have none, so only a stated list is
-    held to the records (with the stated root cause, whose text is not re-derived)."""
-    if receipt.failed_tests:
+    relative to. Receipts written before the list existed have neither, so the list is held to
+    the records (with the stated root cause, whose text is not re-derived) when it is stated or
+    when the rootdir, written with it, is: an emptied list cannot hide the failures."""
+    if receipt.failed_tests or receipt.run.rootdir is not None:
         derived = failed_tests(rank_files, receipt.root_cause)
         yield RECEIPT_NAME, "failed_tests", dump(receipt.failed_tests), dump(derived)
     if receipt.run.rootdir is not None:

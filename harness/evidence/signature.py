@@ -115,6 +115,8 @@ def sign_bundle(bundle: Path, key_path: Path, out: Path) -> Path:
     """Write the DSSE envelope for `bundle` to `out`, which must not exist yet."""
     if out.exists() or out.is_symlink():
         raise UsageError(f"{out} already exists; a signature is never overwritten")
+    if out.resolve().is_relative_to(Path(bundle).resolve()):
+        raise UsageError(f"{out} is inside {bundle}; a detached signature goes outside the bundle")
     key = _load_private(key_path)
     payload = json.dumps(statement(bundle), sort_keys=True, separators=(",", ":")).encode()
     envelope = {

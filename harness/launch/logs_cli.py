@@ -65,6 +65,8 @@ def logs_command(args: argparse.Namespace) -> int:
         except re.error as exc:
             raise UsageError(f"--grep {args.grep!r} is not a regular expression: {exc}") from None
     files = available(args.bundle, stream)
+    if not files:  # nothing would be printed: exit 0 would read as "here they are"
+        raise UsageError(f"{args.bundle} has no {LOGS_DIR}/rank-NN.{stream} files")
     if args.rank is not None:
         try:
             rank = int(args.rank)
