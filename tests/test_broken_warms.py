@@ -34,7 +34,7 @@ IMPLS = {"vendored": warm, **BROKEN_WARMS}
 
 def _outcome(impl: str, tp: int, dcp: int, group: dist.ProcessGroup) -> str:
     """'clean', 'refused' (warm raised GeometryError) or the first lazy event's text."""
-    built = build("kimi-k3", tp=tp, dcp=dcp, num_layers=8)
+    built = build("kimi-k3", tp=tp, dcp=dcp, num_layers=8, max_num_batched_tokens=8)
     context = WarmContext(dtype="bf16", max_tokens=8, device_type="cpu", dcp_world_size=dcp)
     with TransportRegistry("torch") as registry:
         try:
@@ -47,7 +47,7 @@ def _outcome(impl: str, tp: int, dcp: int, group: dist.ProcessGroup) -> str:
             )
         except GeometryError:
             return "refused"
-        step = DecodeStep(built, registry=registry, context=context, group=group)
+        step = DecodeStep(built, registry=registry, group=group)
         window = CaptureWindow(default_detectors(registry), registry=registry, mode="strict")
         try:
             window.capture(step, step.make_inputs(seed=1))
