@@ -9,7 +9,9 @@ records consistently too (only a signature protects against that; see the README
 
 Not re-derived, because no file in the bundle records it independently: the run's exit code
 and timeout (the launcher's view), the environment, sources and image, and the root cause's
-text (it may quote torchrun's error file).
+text (it may quote torchrun's error file). The root cause's rank, test and kind are re-derived
+whenever the records name a cause (not for an interruption, which only the launcher saw, nor
+for the fallbacks to torchrun's error file, JUnit or the verdict's reasons).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from harness.evidence import rules
 from harness.evidence.collect import (
     RankFiles,
     coverage_of,
+    find_root_cause,
     load_records,
     merge_signatures,
     summarize_capture,
@@ -152,6 +155,19 @@ def _ending_facts(
     """The failed-test list (what `--rerun-failed` reruns) and the rootdir its node ids are
     relative to. Receipts written before the list existed have none, so only a stated list is
     held to the records (with the stated root cause, whose text is not re-derived)."""
+    cause = receipt.root_cause
+    if cause is not None and cause.kind != "interrupted":
+        derived_cause = find_root_cause(
+            rank_files, timed_out=receipt.run.timed_out, torchrun_error=None
+        )
+        if derived_cause is not None:
+            keys = ("rank", "test", "kind")
+            yield (
+                RECEIPT_NAME,
+                "root_cause",
+                {k: getattr(cause, k) for k in keys},
+                {k: getattr(derived_cause, k) for k in keys},
+            )
     if receipt.failed_tests:
         derived = failed_tests(rank_files, receipt.root_cause)
         yield RECEIPT_NAME, "failed_tests", dump(receipt.failed_tests), dump(derived)
