@@ -16,10 +16,11 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
+import torch.distributed as dist
 
 from harness.evidence.collect import RankFiles, find_root_cause
 from harness.rank.agreement import LocalResult, agree
-from harness.rank.worldbreak import AgentWatch
+from harness.rank.worldbreak import AgentWatch, destroyed_group
 from harness.schema.rank_record import RankRecord, TestOutcome, WorldBreak
 
 T = "suites/transport/test_x.py::test_fault"
@@ -96,6 +97,19 @@ def test_a_closed_watch_sees_nothing(agent: subprocess.Popen[bytes]) -> None:
     os.kill(agent.pid, signal.SIGTERM)
     agent.wait(10)
     assert seen == []
+
+
+def test_a_group_destroyed_during_the_test_is_a_world_break() -> None:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert destroyed_group(2, T, alive_before=True) is None  # still there: nothing broke
+    finally:
+        dist.destroy_process_group()
+    broke = destroyed_group(2, T, alive_before=True)
+    assert broke is not None and (broke.action, broke.test) == ("destroyed-process-group", T)
+    assert broke.message.startswith(f"rank 2 destroyed its default process group during {T}")
+    # A group already gone before the test (an earlier test destroyed it) is not blamed again.
+    assert destroyed_group(2, T, alive_before=False) is None
 
 
 def result(rank: int, seq: int | None, *, broke: bool = False) -> LocalResult:

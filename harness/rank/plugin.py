@@ -33,7 +33,7 @@ from harness.rank.bootstrap import BootstrapError, RankEnv, init_process_group, 
 from harness.rank.rankfiles import RecordKeeper, dump_stacks, junit_path, write_error_file
 from harness.rank.sidechannel import SideChannel
 from harness.rank.watchdog import WatchConfig, Watchdog
-from harness.rank.worldbreak import AgentWatch, destroyed_group
+from harness.rank.worldbreak import AgentWatch, destroyed_group, group_alive
 from harness.schema.rank_record import Outcome, TestOutcome, WorldBreak
 from harness.transport.registry import transports_used
 
@@ -270,12 +270,13 @@ class RankPlugin:
         self.keeper.running(item.nodeid)
         self.watchdog.begin_test(index, item.nodeid)
         started = time.monotonic()
+        alive_before = group_alive()
         reports = runtestprotocol(item, nextitem=nextitem, log=False)
         duration = time.monotonic() - started
         if not self.watchdog.body_done():
             self.watchdog.park()
         outcome, message = local_outcome(reports)
-        broke = destroyed_group(self.env.rank, item.nodeid)
+        broke = destroyed_group(self.env.rank, item.nodeid, alive_before=alive_before)
         if broke is not None:
             self._broke_world(broke)
             outcome, message = "failed", broke.message

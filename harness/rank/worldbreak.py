@@ -29,10 +29,14 @@ from harness.schema.rank_record import WorldBreak
 _EVENTS = frozenset({"os.kill", "os.killpg"})
 
 
-def destroyed_group(rank: int, test: str) -> WorldBreak | None:
-    """A WorldBreak when the default process group is gone (it was there when the test began:
-    the plugin joins it before collection and leaves it only after the session)."""
-    if dist.is_initialized():
+def group_alive() -> bool:
+    return dist.is_initialized()
+
+
+def destroyed_group(rank: int, test: str, *, alive_before: bool) -> WorldBreak | None:
+    """A WorldBreak when the default process group was there when the test began and is gone
+    now (the plugin joins it before collection and leaves it only after the session)."""
+    if not alive_before or dist.is_initialized():
         return None
     return WorldBreak(
         action="destroyed-process-group",
