@@ -10,11 +10,14 @@ Rules decided here, and why:
   Negative-control windows leave lazy work on purpose and are kept out of the table.
 - The root cause is the earliest failure in test order (each rank's `collected` order, which is
   the same on every rank), a rank that left no record at all being earliest of all; at the same
-  test, a primary test failure beats a killed rank, which beats lazy events, missed negative
-  controls and unwarmed signatures, and lower ranks come first. A rank that did not finish but
-  whose record says why it was stopped (SIGTERM from torchrun, a peer's failure: a non-primary
-  `abort_reason`) comes last: it ended because of another rank, typically one that died
-  without a word, and must never win a tie against it.
+  test, a rank whose record says its own action broke the world (`broke_world`: it destroyed
+  its process group, or signalled its torchrun agent) beats everything, and every follow-on or
+  stopped rank at any test (its consequences; a peer that lagged behind meets them at an
+  earlier test); then a primary test failure beats a killed rank, which beats lazy events,
+  missed negative controls and unwarmed signatures, and lower ranks come first. A rank that did
+  not finish but whose record says why it was stopped (SIGTERM from torchrun, a peer's failure:
+  a non-primary `abort_reason`) comes last: it ended because of another rank, typically one
+  that died without a word, and must never win a tie against it.
 - Coverage: a test a rank collected but has no outcome for did not run there. A rank that
   finished its session with such tests ended it early (`pytest.exit`): that is a root cause of
   its own ("no-outcome"), found at the first test it skipped over.
@@ -43,6 +46,7 @@ from harness.schema.rank_record import RankRecord, rank_record_path
 
 # Priority of root-cause kinds found at the same test position (lower wins).
 _PRIORITY: dict[str, int] = {
+    "broke-world": -1,  # the rank's own action broke every rank's world (`RankRecord.broke_world`)
     "test": 0,
     "killed": 1,
     "lazy-event": 2,
@@ -337,6 +341,18 @@ def _candidates(ranks: RankFiles, timed_out: bool) -> list[_Candidate]:
         found.append(_Candidate(_position(record, test), priority, rank, test, message, "killed"))
     found.extend(_hung_in_collection(ranks))
     for rank, record in sorted(ranks.records.items()):
+        if (broke := record.broke_world) is not None:
+            position = _position(record, broke.test)
+            found.append(
+                _Candidate(
+                    position,
+                    _PRIORITY["broke-world"],
+                    rank,
+                    broke.test,
+                    broke.message,
+                    "broke-world",
+                )
+            )
         unrun = without_outcome(record) if record.complete else []
         if unrun:
             # A rank whose record says it was stopped ended early because of another's fault.
@@ -440,6 +456,10 @@ def find_root_cause(
         return RootCause(rank=None, test=None, message=interrupted, kind="interrupted")
     torchrun_rank, torchrun_message = _torchrun_error(torchrun_error)
     candidates = sorted(_candidates(ranks, timed_out))
+    if any(c.kind == "broke-world" for c in candidates):
+        # Its consequences can land at an earlier test on a peer that lagged behind (stopped,
+        # or failed as a follow-on while still agreeing on the test before): never ahead of it.
+        candidates = [c for c in candidates if c.priority < _PRIORITY["follow-on"]]
     if candidates:
         best = candidates[0]
         message = best.message

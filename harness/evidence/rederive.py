@@ -14,7 +14,9 @@ the ranks ran with (and so drop the limitations those would require).
 Not re-derived, because no file in the bundle records it independently: the run's exit code
 and timeout (the launcher's view), tp and dcp (only through the signatures' dcp size), the
 environment, sources and image, and the root cause's text (it may quote torchrun's error
-file).
+file). The root cause's rank, test and kind are re-derived whenever the records name a cause
+(not for an interruption, which only the launcher saw, nor for the fallbacks to torchrun's
+error file, JUnit or the verdict's reasons).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from harness.evidence import rules
 from harness.evidence.collect import (
     RankFiles,
     coverage_of,
+    find_root_cause,
     load_records,
     merge_signatures,
     summarize_capture,
@@ -181,6 +184,19 @@ def _ending_facts(
     relative to. Receipts written before the list existed have neither, so the list is held to
     the records (with the stated root cause, whose text is not re-derived) when it is stated or
     when the rootdir, written with it, is: an emptied list cannot hide the failures."""
+    cause = receipt.root_cause
+    if cause is not None and cause.kind != "interrupted":
+        derived_cause = find_root_cause(
+            rank_files, timed_out=receipt.run.timed_out, torchrun_error=None
+        )
+        if derived_cause is not None:
+            keys = ("rank", "test", "kind")
+            yield (
+                RECEIPT_NAME,
+                "root_cause",
+                {k: getattr(cause, k) for k in keys},
+                {k: getattr(derived_cause, k) for k in keys},
+            )
     if receipt.failed_tests or receipt.run.rootdir is not None:
         derived = failed_tests(rank_files, receipt.root_cause)
         yield RECEIPT_NAME, "failed_tests", dump(receipt.failed_tests), dump(derived)

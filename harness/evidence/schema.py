@@ -191,6 +191,7 @@ class NegativeControl(_Model):
 
 
 RootCauseKind = Literal[
+    "broke-world",
     "test",
     "killed",
     "lazy-event",

@@ -5,6 +5,8 @@ Rank-side and free of I/O, so every rule here is a unit test. The side channel
 results for one test into one `Agreement` that every rank applies identically.
 
 Blame rules, in order (xdist and torchrun's "first observed failure" in spirit):
+0. A rank whose own action broke the world for every rank (`broke_world`: it destroyed its
+   default process group) is primary, even when a peer's collective failed first because of it.
 1. A rank that never reported (dead, or stuck so hard its watchdog could not post) is primary.
 2. Otherwise the first ordinary failure (lowest store-counter `fail_seq`) is primary; every later
    failure, abort or timeout in that test is a follow-on (secondary).
@@ -34,7 +36,8 @@ class LocalResult:
     `kind` is "ran" when the test finished normally on this rank, "timeout" when the watchdog
     gave up on it, "aborted" when the watchdog stopped it after a peer's failure. `seqs` maps a
     process group name to its collective sequence number; `in_collective` says whether the main
-    thread was inside torch.distributed when the watchdog looked.
+    thread was inside torch.distributed when the watchdog looked. `broke_world`: this rank's
+    failure is its own action that breaks every rank's collectives (see `agree`, rule 0).
     """
 
     rank: int
@@ -46,6 +49,7 @@ class LocalResult:
     fail_seq: int | None = None
     in_collective: bool = False
     seqs: Mapping[str, int] = field(default_factory=dict)
+    broke_world: bool = False
 
     @property
     def failing(self) -> bool:
@@ -62,6 +66,7 @@ class LocalResult:
             "fail_seq": self.fail_seq,
             "in_collective": self.in_collective,
             "seqs": dict(self.seqs),
+            "broke_world": self.broke_world,
         }
 
     @classmethod
@@ -76,6 +81,7 @@ class LocalResult:
             fail_seq=data.get("fail_seq"),
             in_collective=bool(data.get("in_collective", False)),
             seqs={str(k): int(v) for k, v in dict(data.get("seqs", {})).items()},
+            broke_world=bool(data.get("broke_world", False)),
         )
 
 
@@ -148,6 +154,12 @@ def agree(nodeid: str, results: Mapping[int, LocalResult], world_size: int) -> A
     missing = tuple(r for r in range(world_size) if r not in results)
     posted = [results[r] for r in sorted(results)]
     failures = [r for r in posted if r.failing]
+    breakers = [r for r in failures if r.broke_world]
+    if breakers:
+        first = min(breakers, key=lambda r: r.rank)
+        return Agreement(
+            nodeid, "failed", tuple(r.rank for r in breakers), first.message, missing, not missing
+        )
     if missing:
         return Agreement(
             nodeid=nodeid,

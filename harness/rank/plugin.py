@@ -33,7 +33,8 @@ from harness.rank.bootstrap import BootstrapError, RankEnv, init_process_group, 
 from harness.rank.rankfiles import RecordKeeper, dump_stacks, junit_path, write_error_file
 from harness.rank.sidechannel import SideChannel
 from harness.rank.watchdog import WatchConfig, Watchdog
-from harness.schema.rank_record import Outcome, TestOutcome
+from harness.rank.worldbreak import AgentWatch, destroyed_group, group_alive
+from harness.schema.rank_record import Outcome, TestOutcome, WorldBreak
 from harness.transport.registry import transports_used
 
 PLUGIN_NAME = "dcpqual-rank"
@@ -111,6 +112,7 @@ class RankPlugin:
         self.keeper: RecordKeeper | None = None
         self.channel: SideChannel | None = None
         self.watchdog: Watchdog | None = None
+        self.agent_watch: AgentWatch | None = None
         self._index: dict[int, int] = {}
         self._root_cause: str | None = None
         self._wakeup: tuple[int, int] | None = None
@@ -144,6 +146,9 @@ class RankPlugin:
             write_error_file(env.rank, None, f"bootstrap failed: {exc}")
             raise pytest.UsageError(f"dcpqual rank {env.rank}: {exc}") from None
         self.keeper.update(device=str(device), extra=self._where())
+        self.agent_watch = AgentWatch(
+            env.rank, os.getppid(), lambda: self.keeper.record.current_test, self._broke_world
+        ).install()
         self.channel = SideChannel.for_process_group(env.rank, env.world_size)
         self.watchdog = Watchdog(
             rank=env.rank,
@@ -155,6 +160,13 @@ class RankPlugin:
             wakeup_fd=self._install_sigterm(),
         )
         self.watchdog.start()
+
+    def _broke_world(self, broke: WorldBreak) -> None:
+        """Record this rank's own world-breaking action at once (the first one only): the
+        evidence makes it the root cause even if this rank never reports again."""
+        if self.keeper is not None and self.keeper.record.broke_world is None:
+            self.keeper.update(broke_world=broke)
+            sys.stderr.write(f"\ndcpqual rank {self.env.rank}: {broke.message}\n")
 
     def _where(self) -> dict[str, object]:
         """Where this rank's files and tests live: the pytest rootdir its node ids are relative
@@ -258,11 +270,16 @@ class RankPlugin:
         self.keeper.running(item.nodeid)
         self.watchdog.begin_test(index, item.nodeid)
         started = time.monotonic()
+        alive_before = group_alive()
         reports = runtestprotocol(item, nextitem=nextitem, log=False)
         duration = time.monotonic() - started
         if not self.watchdog.body_done():
             self.watchdog.park()
         outcome, message = local_outcome(reports)
+        broke = destroyed_group(self.env.rank, item.nodeid, alive_before=alive_before)
+        if broke is not None:
+            self._broke_world(broke)
+            outcome, message = "failed", broke.message
         failing = outcome in ("failed", "error")
         mine = LocalResult(
             rank=self.env.rank,
@@ -271,6 +288,7 @@ class RankPlugin:
             duration_s=duration,
             failed_at=time.time() if failing else None,
             fail_seq=self.channel.next_fail_seq(index) if failing else None,
+            broke_world=broke is not None,
         )
         self.channel.post_result(index, mine)
         self.keeper.waiting()
@@ -341,6 +359,8 @@ class RankPlugin:
             self.keeper.finish()
         if self.watchdog is not None:
             self.watchdog.session_finished()
+        if self.agent_watch is not None:
+            self.agent_watch.close()
         try:
             teardown()
         finally:

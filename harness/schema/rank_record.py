@@ -19,6 +19,8 @@ RANK_RECORD_SCHEMA = "dcpqual-rank-record/v1"
 
 Outcome = Literal["passed", "failed", "skipped", "error"]
 OUTCOMES: tuple[Outcome, ...] = ("passed", "failed", "skipped", "error")
+WorldBreakAction = Literal["destroyed-process-group", "signalled-agent"]
+WORLD_BREAK_ACTIONS: tuple[WorldBreakAction, ...] = ("destroyed-process-group", "signalled-agent")
 
 
 def suite_of(nodeid: str) -> str:
@@ -86,6 +88,44 @@ class TestOutcome:
 
 
 @dataclass(frozen=True)
+class WorldBreak:
+    """This rank's own action broke the world for every rank: it destroyed its default process
+    group, or sent a signal to its torchrun agent (or the agent's process group). Recorded when
+    it happened, so the rank that did it is the root cause, not the peers that suffered it.
+    `signal` and `target` (a pid, negative for a process group) only for a signal."""
+
+    action: WorldBreakAction
+    test: str | None
+    at: float
+    message: str
+    signal: str | None = None
+    target: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "test": self.test,
+            "at": self.at,
+            "message": self.message,
+            "signal": self.signal,
+            "target": self.target,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WorldBreak:
+        if data.get("action") not in WORLD_BREAK_ACTIONS:
+            raise ValueError(f"unknown world-breaking action {data.get('action')!r}")
+        return cls(
+            action=data["action"],
+            test=data.get("test"),
+            at=float(data["at"]),
+            message=str(data["message"]),
+            signal=data.get("signal"),
+            target=data.get("target"),
+        )
+
+
+@dataclass(frozen=True)
 class RankRecord:
     """Everything one rank reports. `complete` is False until the rank's session finished;
     a record that never became complete belongs to a rank that died."""
@@ -116,6 +156,8 @@ class RankRecord:
     # Extension: unix time this rank finished `current_test` and began waiting for its peers'
     # results (None while it runs a test or between tests): who is behind, for the progress.
     waiting_since: float | None = None
+    # Extension: this rank's own action broke the world (see `WorldBreak`); the first one only.
+    broke_world: WorldBreak | None = None
 
     @property
     def stopped(self) -> bool:
@@ -153,6 +195,7 @@ class RankRecord:
             "abort_primary": self.abort_primary,
             "aborted_at": self.aborted_at,
             "waiting_since": self.waiting_since,
+            "broke_world": None if self.broke_world is None else self.broke_world.to_json(),
         }
 
     @classmethod
@@ -181,6 +224,9 @@ class RankRecord:
             abort_primary=bool(data.get("abort_primary", False)),
             aborted_at=data.get("aborted_at"),
             waiting_since=data.get("waiting_since"),
+            broke_world=(
+                WorldBreak.from_json(data["broke_world"]) if data.get("broke_world") else None
+            ),
         )
 
     def write(self, path: Path) -> None:

@@ -1,0 +1,137 @@
+"""Notice a rank's own action that breaks the world for every rank, as it happens.
+
+Two actions are seen:
+- the rank destroyed its default process group (`torch.distributed.destroy_process_group`):
+  checked after each test, before the ranks agree on it, so the test fails on that rank and the
+  agreement makes it primary even when a peer's collective failed first;
+- the rank sent a signal to its torchrun agent (its parent at start-up) or the agent's process
+  group: a `sys.addaudithook` hook sees `os.kill`/`os.killpg` before the signal is sent, so the
+  record says so even when the signal kills the agent and every rank is then an orphan.
+
+Not seen: a signal sent from a subprocess (a `kill` command), from C code, or through
+`signal.pidfd_send_signal` (no audit event); `signal.pthread_kill` only reaches this process's
+own threads, so it cannot reach the agent.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import torch.distributed as dist
+
+from harness.schema.rank_record import WorldBreak
+
+_EVENTS = frozenset({"os.kill", "os.killpg"})
+
+
+def group_alive() -> bool:
+    return dist.is_initialized()
+
+
+def destroyed_group(rank: int, test: str, *, alive_before: bool) -> WorldBreak | None:
+    """A WorldBreak when the default process group was there when the test began and is gone
+    now (the plugin joins it before collection and leaves it only after the session)."""
+    if not alive_before or dist.is_initialized():
+        return None
+    return WorldBreak(
+        action="destroyed-process-group",
+        test=test,
+        at=time.time(),
+        message=(
+            f"rank {rank} destroyed its default process group during {test} "
+            "(torch.distributed is no longer initialized after it): every rank's collectives "
+            "with it fail"
+        ),
+    )
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+class AgentWatch:
+    """The audit hook: calls `on_break` once, with the signal aimed at the agent, before it is
+    sent. Audit hooks cannot be removed, so `close` only disarms it."""
+
+    def __init__(
+        self,
+        rank: int,
+        agent_pid: int,
+        current_test: Callable[[], str | None],
+        on_break: Callable[[WorldBreak], None],
+    ) -> None:
+        self.rank = rank
+        self.agent_pid = agent_pid
+        try:
+            self.agent_pgid: int | None = os.getpgid(agent_pid)
+        except OSError:
+            self.agent_pgid = None
+        self.current_test = current_test
+        self.on_break = on_break
+        self._armed = True
+        self._inside = threading.local()
+
+    def install(self) -> AgentWatch:
+        sys.addaudithook(self._hook)
+        return self
+
+    def close(self) -> None:
+        self._armed = False
+
+    def aims_at_agent(self, event: str, target: int) -> bool:
+        """Would `os.kill(target, ...)` / `os.killpg(target, ...)` reach the agent?"""
+        own_group = os.getpgrp()
+        if event == "os.killpg":
+            group = own_group if target == 0 else target
+            return self.agent_pgid is not None and group == self.agent_pgid
+        if target == self.agent_pid or target == -1:
+            return True
+        if target == 0:
+            return self.agent_pgid is not None and own_group == self.agent_pgid
+        return target < -1 and self.agent_pgid is not None and -target == self.agent_pgid
+
+    def _hook(self, event: str, args: tuple[object, ...]) -> None:
+        if event not in _EVENTS or not self._armed or getattr(self._inside, "busy", False):
+            return
+        self._inside.busy = True
+        try:  # never let the hook break the caller's os.kill
+            target, sig = int(args[0]), int(args[1])  # type: ignore[call-overload]
+            if sig == 0 or not self.aims_at_agent(event, target):
+                return
+            self._armed = False
+            test = self.current_test()
+            name = _signal_name(sig)
+            if event == "os.kill" and target == self.agent_pid:
+                whom, aimed = f"its torchrun agent (pid {self.agent_pid})", target
+            else:
+                aimed = -(os.getpgrp() if target == 0 else abs(target))
+                whom = (
+                    f"its torchrun agent's process group ({event}({target}); agent pid "
+                    f"{self.agent_pid})"
+                )
+            where = f"during {test}" if test else "outside any test"
+            self.on_break(
+                WorldBreak(
+                    action="signalled-agent",
+                    test=test,
+                    at=time.time(),
+                    message=(
+                        f"rank {self.rank} sent {name} to {whom} {where}, which ends the job "
+                        "for every rank"
+                    ),
+                    signal=name,
+                    target=aimed,
+                )
+            )
+        except Exception:  # an audit hook must not raise into the caller's os.kill
+            pass
+        finally:
+            self._inside.busy = False
