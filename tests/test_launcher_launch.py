@@ -20,7 +20,15 @@ import pytest
 from harness.launch import launcher as launcher_module
 from harness.launch.launcher import launch
 from harness.launch.plan import RunOptions, build_plan
-from harness.launch.proctree import Proc, Tracker, alive, descendants, identify
+from harness.launch.proctree import (
+    Proc,
+    Tracker,
+    alive,
+    descendants,
+    end_launch_root,
+    identify,
+    start_launch_root,
+)
 
 AGENT = """
 import subprocess, sys, time
@@ -147,3 +155,23 @@ def test_a_killed_launcher_takes_torchrun_down_with_it(tmp_path):
         child = identify(int(pidfile.read_text())) if pidfile.exists() else None
         if child is not None:
             os.kill(child.pid, signal.SIGKILL)
+
+
+def test_an_adopting_tracker_never_takes_another_launchs_agent_for_an_orphan():
+    """One process driving two nodes' launches: node 1's torchrun is a new child of the shared
+    launcher, as an adopted orphan would be; ending it as node 0's leftover killed node 1."""
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    own = start_launch_root(lambda: subprocess.Popen(sleeper))
+    tracker = Tracker(own.pid, adopter=os.getpid())
+    other = start_launch_root(lambda: subprocess.Popen(sleeper))
+    stray = subprocess.Popen(sleeper)  # a new child that is no launch's agent: adopted
+    try:
+        tracker.scan()
+        seen = {p.pid for p in tracker.seen}
+        assert other.pid not in seen
+        assert stray.pid in seen and own.pid in seen
+    finally:
+        for proc in (own, other, stray):
+            end_launch_root(proc.pid)
+            proc.kill()
+            proc.wait()

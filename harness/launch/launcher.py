@@ -30,7 +30,7 @@ from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
 from harness.launch.collect import LaunchResult, run_context
 from harness.launch.plan import SHUTDOWN_TIMEOUT_S, RunOptions, RunPlan, build_plan
-from harness.launch.proctree import Tracker, identify
+from harness.launch.proctree import Tracker, end_launch_root, identify, start_launch_root
 from harness.launch.progress import Progress, Snapshot, make_progress, poller, snapshot
 from harness.launch.ranklogs import collect_rank_logs
 
@@ -132,16 +132,19 @@ def launch(
         if cgroup is not None:
             cgroup.join()
 
+    proc: subprocess.Popen[bytes] | None = None
     try:
         with plan.agent_log.open("wb") as log:
-            proc = subprocess.Popen(
-                plan.argv,
-                env=plan.child_env(),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE if tee else log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # ^C at the terminal reaches the launcher, not the ranks
-                preexec_fn=in_child if linux else None,
+            proc = start_launch_root(
+                lambda: subprocess.Popen(
+                    plan.argv,
+                    env=plan.child_env(),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE if tee else log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # ^C at the terminal reaches the launcher only
+                    preexec_fn=in_child if linux else None,
+                )
             )
         relay = None
         if tee:
@@ -166,6 +169,8 @@ def launch(
             cgroup.kill()
         ending.reap(p for p in tracker.seen if p.pid != proc.pid)
     finally:
+        if proc is not None:
+            end_launch_root(proc.pid)
         if cgroup is not None:
             cgroup.remove()
         if adopting:

@@ -13,16 +13,47 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 PROC = Path("/proc")
+
+
+class _HasPid(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+
+T = TypeVar("T", bound=_HasPid)
 
 
 @dataclass(frozen=True)
 class Proc:
     pid: int
     start_ticks: int
+
+
+# The torchrun agents that launches in this process started (several at once when one process
+# drives several nodes' launches). Each is a direct child of the launcher, as an orphan that
+# re-parented to it would be: an adopting tracker must not take another launch's agent for one.
+_LAUNCH_ROOTS: set[int] = set()
+_LAUNCH_ROOTS_LOCK = threading.Lock()
+
+
+def start_launch_root(start: Callable[[], T]) -> T:
+    """Run `start` (which returns a started process with a `pid`) and remember that process as
+    a launch root, atomically with respect to every tracker's scan in this process."""
+    with _LAUNCH_ROOTS_LOCK:
+        started = start()
+        _LAUNCH_ROOTS.add(started.pid)
+    return started
+
+
+def end_launch_root(pid: int) -> None:
+    with _LAUNCH_ROOTS_LOCK:
+        _LAUNCH_ROOTS.discard(pid)
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -96,9 +127,13 @@ class Tracker:
     def scan(self) -> None:
         self.seen |= descendants(self.root)
         if self.adopter is not None:
-            for orphan in children_of(self.adopter) - self._before:
-                self.seen.add(orphan)
-                self.seen |= descendants(orphan.pid)
+            with _LAUNCH_ROOTS_LOCK:
+                others = _LAUNCH_ROOTS - {self.root}
+                for orphan in children_of(self.adopter) - self._before:
+                    if orphan.pid in others:
+                        continue  # another launch's torchrun, not an orphan of this run
+                    self.seen.add(orphan)
+                    self.seen |= descendants(orphan.pid)
 
     def survivors(self) -> list[Proc]:
         return sorted((p for p in self.seen if alive(p)), key=lambda p: p.pid)
