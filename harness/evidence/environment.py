@@ -82,7 +82,7 @@ def _nccl_version() -> str | None:
 def _nvml_gpus() -> tuple[list[Gpu], str | None] | None:
     """GPUs and driver from nvidia-ml-py, or None where it is missing or finds no driver."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         return None
     try:

@@ -65,7 +65,7 @@ def verify_bundle(bundle: Path) -> VerifyResult:
     return VerifyResult(bundle, tuple(problems))
 
 
-def _load_json(path: Path, problems: list[str]) -> object | None:
+def _load_json(path: Path, problems: list[str]) -> object:
     if not path.is_file() or path.is_symlink():
         return None  # reported by the file check
     try:
@@ -177,6 +177,7 @@ def _judge(
                 f"{holder}: names sha256 {witness[:12]}... for {rel}, which hashes {actual[:12]}..."
             )
         return None
+    assert actual is not None, "a listed file that is missing returned above"
     if witness is None:
         return f"{rel}: does not match its {SUMS_NAME} entry ({rel} or {SUMS_NAME} was modified)"
     if witness == actual:

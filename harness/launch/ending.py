@@ -43,7 +43,7 @@ def set_subreaper(on: bool) -> bool:
     """Make this process a child subreaper (or stop being one); False where Linux says no."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 

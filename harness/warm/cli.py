@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from harness.warm.discovery import Discovery
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "signatures",
         help="print the B12X DCP transport signatures of a stand-in model",
