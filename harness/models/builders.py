@@ -259,7 +259,7 @@ def _draft_layer(family: str, index: int, spec: ModelSpec, prefix: str) -> Decod
 
 
 def _register(context: dict[str, nn.Module], attn: nn.Module) -> None:
-    name = getattr(attn, "layer_name", None) or attn.prefix
+    name = str(getattr(attn, "layer_name", None) or attn.prefix)
     if name in context:
         raise ValueError(f"Duplicate layer name: {name}")  # vLLM refuses it too
     context[name] = attn
