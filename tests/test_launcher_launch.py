@@ -74,7 +74,7 @@ def test_tracker_sees_grandchildren_and_ignores_recycled_pids(tmp_path):
         assert child in {p.pid for p in tracker.survivors()}
         me = identify(child)
         assert me is not None and alive(me)
-        assert not alive(Proc(child, me.start_ticks + 1))  # same pid, another process
+        assert not alive(Proc(child, me.create_time + 1))  # same pid, another process
         tracker.end_all(grace_s=2)
         assert tracker.survivors() == []
     finally:
