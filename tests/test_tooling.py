@@ -97,3 +97,23 @@ def test_lint_runs_mypy_strict_on_the_harness(repo_root: Path) -> None:
     assert mypy["strict"] is True and mypy["files"] == ["harness"]
     lint = (repo_root / "noxfile.py").read_text().split("def lint(", 1)[1].split("\ndef ", 1)[0]
     assert 'session.run("mypy")' in lint
+
+
+def _layout_block(readme: str) -> str:
+    return readme.split("## Layout\n", 1)[1].split("```\n", 2)[1]
+
+
+def test_the_readme_layout_names_every_package_and_folder(repo_root: Path) -> None:
+    block = _layout_block((repo_root / "README.md").read_text())
+    named = {line.split()[0] for line in block.splitlines() if line and not line[0].isspace()}
+    packages = {
+        f"{init.parent.relative_to(repo_root)}/"
+        for init in (repo_root / "harness").glob("*/__init__.py")
+    }
+    assert sorted(packages - named) == [], "README's Layout misses these packages"
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=repo_root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    folders = {f"{name.split('/')[0]}/" for name in tracked if "/" in name}
+    assert sorted(f for f in folders if f not in block) == [], "README's Layout misses these"
+    assert sorted(p for p in named if not (repo_root / p).exists()) == [], "no such path"
