@@ -46,10 +46,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff, compileall, git diff --check; actionlint and zizmor on the workflows."""
-    session.install("ruff>=0.6")
+    """ruff, mypy (strict on harness/), compileall, git diff --check; actionlint and zizmor."""
+    install_harness(session, "dev")  # mypy needs the harness's dependencies and stubs
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("mypy")
     session.run("python", "-m", "compileall", "-q", "harness", "suites", "tests", "noxfile.py")
     session.run("git", "diff", "--check", external=True)
     session.run("git", "diff", "--cached", "--check", external=True)

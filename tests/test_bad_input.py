@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_evidence_factory import passing_run
-from test_image_lock import _DELETE, _set, pinned_lock_data, write_lock
+from _support.evidence_factory import passing_run
+from _support.locks import DELETE, pinned_lock_data, set_at, write_lock
 
 from harness.cli import main
 from harness.evidence.writer import finalize_bundle
@@ -83,7 +83,7 @@ def lock(change: Change | None = None, text: str | None = None) -> Setup:
 
 
 def with_value(dotted: str, value: object) -> Callable[[dict[str, Any]], None]:
-    return lambda data: _set(data, dotted, value)
+    return lambda data: set_at(data, dotted, value)
 
 
 def argv(*args: str) -> Setup:
@@ -146,7 +146,7 @@ CASES = [
     # -- source lock: `dcpqual lock check FILE` --
     Case("lock-not-json", lock(text='{"schema": '), "not valid JSON: line 1"),
     Case("lock-absent", argv("lock", "check", "{new}"), "cannot read the lock"),
-    Case("lock-missing-field", lock(with_value("versions", _DELETE)), "versions: Field required"),
+    Case("lock-missing-field", lock(with_value("versions", DELETE)), "versions: Field required"),
     Case(
         "lock-short-commit",
         lock(with_value("components.pytorch.source.commit", "abc1234")),

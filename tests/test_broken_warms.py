@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from gloo_spawn import gloo_group, spawn
+from _support.gloo_spawn import gloo_group, spawn
 
 from harness.capture.broken_warms import BROKEN_WARMS
 from harness.capture.check import default_detectors

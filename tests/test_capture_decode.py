@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gloo_spawn import gloo_group, spawn
+from _support.gloo_spawn import gloo_group, spawn
 
 from harness.capture.check import default_detectors
 from harness.capture.decode import DecodeStep, partial_attention, transport_manager

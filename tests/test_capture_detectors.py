@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from gloo_spawn import gloo_group, spawn
+from _support.gloo_spawn import gloo_group, spawn
 
 from harness.capture.detector import Detector, short_stack, without
 from harness.capture.detectors import (

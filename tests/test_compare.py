@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_evidence_factory import failing_run, passing_run
+from _support.evidence_factory import failing_run, passing_run
 
 from harness.cli import main
 from harness.errors import UsageError

@@ -14,10 +14,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from _support.evidence_factory import passing_run
 from _support.forge import reseal
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from test_evidence_factory import passing_run
 
 from harness.cli import main
 from harness.evidence.writer import finalize_bundle

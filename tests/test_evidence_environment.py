@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import torch
-from test_image_lock import make_repo
+from _support.locks import make_repo
 
 from harness.evidence.environment import (
     REDACTED,

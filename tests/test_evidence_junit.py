@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_evidence_factory import (
+from _support.evidence_factory import (
     COMBINE_TEST,
     NODES,
     failed,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _support.evidence_factory import passing_run
 from pydantic import ValidationError
-from test_evidence_factory import passing_run
 
 from harness.evidence.schema import (
     Capture,

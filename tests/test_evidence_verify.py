@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support.forge import forge
-from test_evidence_factory import (
+from _support.evidence_factory import (
     NODES,
     context,
     failing_run,
@@ -22,6 +21,7 @@ from test_evidence_factory import (
     passing_run,
     write_rank,
 )
+from _support.forge import forge
 
 from harness.cli import main
 from harness.evidence import verify

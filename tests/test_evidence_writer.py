@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_evidence_factory import (
+from _support.evidence_factory import (
     CAPTURE_TEST,
     COMBINE_TEST,
     NODES,

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_image_lock import pinned_lock_data, write_lock
+from _support.identities import IMAGE_ID, RTX, make_identity, write_identity
+from _support.locks import pinned_lock_data, write_lock
 
 from harness.cli import main
 from harness.errors import UsageError
@@ -22,41 +23,6 @@ from harness.image.identity import (
     image_for_run,
     qualification_blockers,
 )
-from harness.image.lock import lock_sha256
-
-IMAGE_ID = "sha256:" + "e" * 64
-RTX = GpuInfo(0, "NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "590.10")
-
-
-def make_identity(lock_file: Path, runtime_ok: bool = True) -> ImageIdentity:
-    return ImageIdentity(
-        reference="dcpqual/kimi-k3-cu133-torch213:lock-0123456789ab",
-        image_id=IMAGE_ID,
-        digest=IMAGE_ID,
-        repo_digests=(),
-        image="kimi-k3-cu133-torch213",
-        lock_path=str(lock_file),
-        source_lock_sha256=lock_sha256(lock_file),
-        base_image="nvidia/cuda:13.3.0-cudnn-devel-ubuntu24.04@sha256:" + "1" * 64,
-        versions={"cuda": "13.3", "torch": "2.13.0", "nccl": "2.28.9"},
-        torch_cuda_arch_list="12.0a",
-        sources={
-            "pytorch": {
-                "repository": "r",
-                "ref": "refs/tags/v2.13.0",
-                "commit": "a" * 40,
-                "tree": "b" * 40,
-            }
-        },
-        harness={"commit": "c" * 40, "tree": "d" * 40, "dirty": False},
-        labels={"io.dcpqual.lock.sha256": lock_sha256(lock_file)},
-        built_at="2026-01-01T00:00:00Z",
-        runtime={
-            "ok": runtime_ok,
-            "lock_sha256": lock_sha256(lock_file),
-            "mismatches": [] if runtime_ok else ["cuda: expected 13.3, found none"],
-        },
-    )
 
 
 @pytest.fixture
@@ -170,11 +136,6 @@ def test_gpu16_host_refuses_fewer_than_16(tmp_path: Path) -> None:
 # --- image preflight: everything before an engine ---------------------------------------------
 
 
-def _write_identity(path: Path, identity: ImageIdentity) -> Path:
-    path.write_text(json.dumps(identity.to_json()))
-    return path
-
-
 def test_gpu16_without_an_identity_says_build_first(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -186,14 +147,14 @@ def test_gpu16_without_an_identity_says_build_first(
 def test_gpu16_refuses_an_image_of_another_lock(
     tmp_path: Path, identity: ImageIdentity, lock_file: Path
 ) -> None:
-    ident = _write_identity(tmp_path / "identity.json", identity)
+    ident = write_identity(tmp_path / "identity.json", identity)
     lock_file.write_text(lock_file.read_text() + " ")
     with pytest.raises(UsageError, match="rebuild with nox -s image"):
         gpu_run.gpu16_in_image(ident, lock_file, tmp_path / "ev", [], print, gpus=lambda: [RTX])
 
 
 def test_gpu16_refuses_an_image_that_failed_its_check(tmp_path: Path, lock_file: Path) -> None:
-    ident = _write_identity(tmp_path / "identity.json", make_identity(lock_file, False))
+    ident = write_identity(tmp_path / "identity.json", make_identity(lock_file, False))
     with pytest.raises(UsageError, match="failed its in-image identity check: cuda"):
         gpu_run.gpu16_in_image(ident, lock_file, tmp_path / "ev", [], print, gpus=lambda: [RTX])
 
@@ -201,7 +162,7 @@ def test_gpu16_refuses_an_image_that_failed_its_check(tmp_path: Path, lock_file:
 def test_gpu16_in_image_needs_16_gpus_then_an_engine(
     tmp_path: Path, identity: ImageIdentity, lock_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ident = _write_identity(tmp_path / "identity.json", identity)
+    ident = write_identity(tmp_path / "identity.json", identity)
     with pytest.raises(GpuUnavailable, match="found 1 NVIDIA GPU"):
         gpu_run.gpu16_in_image(ident, lock_file, tmp_path / "ev", [], print, gpus=lambda: [RTX])
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")

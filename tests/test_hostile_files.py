@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_evidence_factory import passing_run
+from _support.evidence_factory import passing_run
 
 from harness.evidence.writer import finalize_bundle
 from harness.jsonfile import JsonFileRefused, JsonSyntaxError, loads_strict, nesting_depth

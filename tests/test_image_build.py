@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_image_lock import git, pinned_lock_data, write_lock
+from _support.locks import git, pinned_lock_data, write_lock
 
 from harness.cli import main
 from harness.errors import UsageError

@@ -5,11 +5,20 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _support.locks import (
+    DELETE,
+    TEMPLATE,
+    fake_hex,
+    git,
+    make_repo,
+    pinned_lock_data,
+    set_at,
+    write_lock,
+)
 
 from harness.cli import main
 from harness.errors import UsageError
@@ -21,53 +30,6 @@ from harness.image.lock import (
     lock_sha256,
     pin_component,
 )
-
-TEMPLATE = Path(__file__).resolve().parent.parent / "images/kimi-k3-cu133-torch213/source.lock.json"
-
-
-def _hex(seed: str, n: int = 40) -> str:
-    return hashlib.sha256(seed.encode()).hexdigest()[:n]
-
-
-def pinned_lock_data() -> dict[str, Any]:
-    """The shipped template with every placeholder replaced by a well-formed pin."""
-    data = json.loads(TEMPLATE.read_text())
-    data["base_image"]["digest"] = "sha256:" + _hex("base", 64)
-    data["versions"]["nccl"] = "2.28.9"
-    for name, comp in data["components"].items():
-        src = comp["source"]
-        src["commit"], src["tree"] = _hex(f"{name}-commit"), _hex(f"{name}-tree")
-        if "<" in src["repository"]:
-            src["repository"] = f"https://example.org/{name}.git"
-        if "<" in src["ref"]:
-            src["ref"] = "refs/tags/v2.28.9-1" if name == "nccl" else "refs/heads/dcp-warmup"
-        if comp["upstream_base"]:
-            comp["upstream_base"]["commit"] = _hex(f"{name}-base")
-    return data
-
-
-def write_lock(path: Path, data: dict[str, Any]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    return path
-
-
-def git(repo: Path, *args: str) -> str:
-    cmd = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
-    cmd += ["-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false", *args]
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
-
-
-def make_repo(path: Path, files: dict[str, str]) -> Path:
-    path.mkdir(parents=True)
-    git(path, "init", "-q", "-b", "main")
-    for name, text in files.items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(text)
-    git(path, "add", ".")
-    git(path, "commit", "-q", "-m", "init")
-    return path
-
 
 # --- schema and check ------------------------------------------------------------------------
 
@@ -100,26 +62,14 @@ def test_pinned_lock_passes(tmp_path: Path) -> None:
     assert set(lock.components) == {"nccl", "pytorch", "vllm", "b12x"}
 
 
-def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    node: Any = data
-    for key in parents:
-        node = node[int(key)] if isinstance(node, list) else node[key]
-    if value is _DELETE:
-        del node[last]
-    else:
-        node[last] = value
-
-
-_DELETE = object()
-GOOD_PR = {"number": 7, "head": _hex("h"), "merge_commit": None, "title": "Warm Kimi-K3 MLA"}
+GOOD_PR = {"number": 7, "head": fake_hex("h"), "merge_commit": None, "title": "Warm Kimi-K3 MLA"}
 
 BAD_LOCKS = [
     ("components.pytorch.source.commit", "abc123", "components.pytorch.source.commit", "40-hex"),
-    ("components.nccl.source.tree", _hex("t").upper(), "components.nccl.source.tree", "40-hex"),
+    ("components.nccl.source.tree", fake_hex("t").upper(), "components.nccl.source.tree", "40-hex"),
     ("base_image.digest", "", "base_image.digest", "has no sha256: digest"),
     ("base_image.digest", "sha256:abc", "base_image.digest", "has no sha256: digest"),
-    ("base_image.digest", _DELETE, "base_image.digest", "Field required"),
+    ("base_image.digest", DELETE, "base_image.digest", "Field required"),
     (
         "base_image.reference",
         "nvidia/cuda:12.9.1-devel-ubuntu24.04",
@@ -167,7 +117,7 @@ BAD_LOCKS = [
     ("versions.torch", "2.12.0", "versions.torch", "PyTorch 2.13.0"),
     ("versions.nccl", "2.28", "versions.nccl", "MAJOR.MINOR.PATCH"),
     ("torch_cuda_arch_list", "9.0;12.0", "torch_cuda_arch_list", "12.0a"),
-    ("components.b12x", _DELETE, "components.b12x", "missing"),
+    ("components.b12x", DELETE, "components.b12x", "missing"),
     ("components.vllm.source.extra", "x", "components.vllm.source.extra", "Extra inputs"),
     ("schema", "dcpqual-source-lock/v0", "schema", "Input should be"),
     ("components.vllm.source.title", "TODO", "components.vllm.source.title", "Extra inputs"),
@@ -179,7 +129,7 @@ def test_bad_lock_is_reported_on_one_line(
     tmp_path: Path, where: str, value: Any, path: str, needle: str
 ) -> None:
     data = pinned_lock_data()
-    _set(data, where, value)
+    set_at(data, where, value)
     problems = check_lock(write_lock(tmp_path / "source.lock.json", data))
     assert problems, f"{where}={value!r} must be a problem"
     hits = [p for p in problems if p.startswith(f"{path}:")]

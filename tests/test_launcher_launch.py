@@ -12,14 +12,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from _support.fake_agent import AGENT, fake_plan
 
 from harness.launch import launcher as launcher_module
 from harness.launch.launcher import launch
-from harness.launch.plan import RunOptions, build_plan
 from harness.launch.proctree import (
     Proc,
     Tracker,
@@ -29,23 +28,6 @@ from harness.launch.proctree import (
     identify,
     start_launch_root,
 )
-
-AGENT = """
-import subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                         start_new_session=True)
-open(sys.argv[1], "w").write(str(child.pid))
-time.sleep(600 if sys.argv[2] == "hang" else 1.0)  # "exit": leave the child behind
-"""
-
-
-def fake_plan(tmp_path: Path, mode: str, timeout_s: float):
-    options = RunOptions(nproc_per_node=2, timeout_s=timeout_s, test_timeout_s=timeout_s / 2)
-    plan = build_plan(options, tmp_path / "out")
-    script = tmp_path / "agent.py"
-    script.write_text(AGENT)
-    pidfile = tmp_path / "child.pid"
-    return replace(plan, argv=(sys.executable, str(script), str(pidfile), mode)), pidfile
 
 
 def wait_for(path: Path) -> int:
@@ -92,7 +74,7 @@ def test_tracker_sees_grandchildren_and_ignores_recycled_pids(tmp_path):
         assert child in {p.pid for p in tracker.survivors()}
         me = identify(child)
         assert me is not None and alive(me)
-        assert not alive(Proc(child, me.start_ticks + 1))  # same pid, another process
+        assert not alive(Proc(child, me.create_time + 1))  # same pid, another process
         tracker.end_all(grace_s=2)
         assert tracker.survivors() == []
     finally:

@@ -7,97 +7,17 @@ what would end a rank.
 from __future__ import annotations
 
 import os
-import signal
-import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-import torch.distributed as dist
+from _support.watchdog import NODEID, make, record
 
 from harness.rank.agreement import LocalResult
-from harness.rank.rankfiles import RecordKeeper
-from harness.rank.sidechannel import SideChannel
-from harness.rank.watchdog import EXIT_FAILED, EXIT_TERMINATED, WatchConfig, Watchdog
-from harness.schema.rank_record import RankRecord
-
-NODEID = "suites/x/test_y.py::test_z"
+from harness.rank.watchdog import EXIT_FAILED, EXIT_TERMINATED
 
 
-class Exits:
-    def __init__(self) -> None:
-        self.codes: list[int] = []
-        self.done = threading.Event()
-
-    def __call__(self, code: int) -> None:
-        self.codes.append(code)
-        self.done.set()
-
-
-@pytest.fixture
-def world(tmp_path: Path):
-    store = dist.HashStore()
-    chans = [SideChannel(store, r, 2, poll_s=0.005) for r in range(2)]
-    keeper = RecordKeeper.start(
-        tmp_path / "records",
-        rank=0,
-        world_size=2,
-        local_rank=0,
-        node_rank=0,
-        backend="gloo",
-        device="cpu",
-        warm_impl="vendored",
-    )
-    keeper.collected((NODEID,))
-    return tmp_path, chans, keeper
-
-
-def make(world, *, wakeup_fd=None, **config) -> tuple[Watchdog, Exits]:
-    out, chans, keeper = world
-    exits = Exits()
-    dog = Watchdog(
-        rank=0,
-        world_size=2,
-        channel=chans[0],
-        keeper=keeper,
-        out_dir=out,
-        config=WatchConfig(tick_s=0.02, exchange_grace_s=0.5, **config),
-        wakeup_fd=wakeup_fd,
-        exit_fn=exits,
-    )
-    dog.start()
-    return dog, exits
-
-
-class SigtermPipe:
-    """The rank plugin's wakeup pipe: `read_fd` goes to the watchdog, `send()` plays torchrun."""
-
-    def __init__(self) -> None:
-        self.read_fd, self._write_fd = os.pipe()
-
-    def send(self) -> None:
-        os.write(self._write_fd, bytes([signal.SIGTERM]))
-
-    def close(self) -> None:
-        os.close(self.read_fd)
-        os.close(self._write_fd)
-
-
-@pytest.fixture
-def sigterm_pipe() -> Iterator[SigtermPipe]:
-    pipe = SigtermPipe()
-    yield pipe
-    pipe.close()
-
-
-def record(out: Path) -> RankRecord:
-    return RankRecord.read(out / "records" / "rank-00.json")
-
-
-def test_a_test_past_its_timeout_is_failed_with_stacks_and_the_rank_exits(world):
-    out, chans, _ = world
-    dog, exits = make(world, test_timeout_s=0.3)
+def test_a_test_past_its_timeout_is_failed_with_stacks_and_the_rank_exits(watchdog_world):
+    out, chans, _ = watchdog_world
+    dog, exits = make(watchdog_world, test_timeout_s=0.3)
     chans[1].post_result(0, LocalResult(rank=1, outcome="passed"))  # the peer finished fine
     dog.begin_test(0, NODEID)
     assert exits.done.wait(10), "watchdog never fired"
@@ -116,9 +36,9 @@ def test_a_test_past_its_timeout_is_failed_with_stacks_and_the_rank_exits(world)
     assert chans[1].abort_info()["rank"] == 0
 
 
-def test_a_peer_failure_aborts_a_rank_still_in_the_test_after_the_grace(world):
-    out, chans, _ = world
-    dog, exits = make(world, test_timeout_s=60, abort_grace_s=0.2)
+def test_a_peer_failure_aborts_a_rank_still_in_the_test_after_the_grace(watchdog_world):
+    out, chans, _ = watchdog_world
+    dog, exits = make(watchdog_world, test_timeout_s=60, abort_grace_s=0.2)
     dog.begin_test(0, NODEID)
     seq = chans[1].next_fail_seq(0)
     chans[1].post_result(0, LocalResult(rank=1, outcome="failed", message="boom", fail_seq=seq))
@@ -129,8 +49,8 @@ def test_a_peer_failure_aborts_a_rank_still_in_the_test_after_the_grace(world):
     assert "after rank(s) 1 failed it" in (test.message or "")
 
 
-def test_a_rank_that_finishes_in_time_is_left_alone(world):
-    dog, exits = make(world, test_timeout_s=0.5)
+def test_a_rank_that_finishes_in_time_is_left_alone(watchdog_world):
+    dog, exits = make(watchdog_world, test_timeout_s=0.5)
     dog.begin_test(0, NODEID)
     assert dog.body_done() is True
     dog.idle()
@@ -139,9 +59,9 @@ def test_a_rank_that_finishes_in_time_is_left_alone(world):
     dog.stop()
 
 
-def test_sigterm_through_the_wakeup_pipe_records_a_secondary_abort(world, sigterm_pipe):
-    out, chans, _ = world
-    dog, exits = make(world, wakeup_fd=sigterm_pipe.read_fd, test_timeout_s=60)
+def test_sigterm_through_the_wakeup_pipe_records_a_secondary_abort(watchdog_world, sigterm_pipe):
+    out, chans, _ = watchdog_world
+    dog, exits = make(watchdog_world, wakeup_fd=sigterm_pipe.read_fd, test_timeout_s=60)
     dog.begin_test(0, NODEID)
     sigterm_pipe.send()
     assert exits.done.wait(10)
@@ -154,9 +74,9 @@ def test_sigterm_through_the_wakeup_pipe_records_a_secondary_abort(world, sigter
     assert chans[1].peer_results(0)[0].kind == "aborted"
 
 
-def test_sigterm_after_the_session_finished_leaves_the_record_alone(world, sigterm_pipe):
-    out, _, keeper = world
-    dog, exits = make(world, wakeup_fd=sigterm_pipe.read_fd)
+def test_sigterm_after_the_session_finished_leaves_the_record_alone(watchdog_world, sigterm_pipe):
+    out, _, keeper = watchdog_world
+    dog, exits = make(watchdog_world, wakeup_fd=sigterm_pipe.read_fd)
     dog.session_finishing()
     keeper.finish()
     dog.session_finished()
@@ -167,9 +87,11 @@ def test_sigterm_after_the_session_finished_leaves_the_record_alone(world, sigte
     assert rec.complete and rec.abort_reason is None
 
 
-def test_sigterm_while_the_session_ends_completes_the_record_and_says_so(world, sigterm_pipe):
-    out, _, keeper = world
-    dog, exits = make(world, wakeup_fd=sigterm_pipe.read_fd)
+def test_sigterm_while_the_session_ends_completes_the_record_and_says_so(
+    watchdog_world, sigterm_pipe
+):
+    out, _, keeper = watchdog_world
+    dog, exits = make(watchdog_world, wakeup_fd=sigterm_pipe.read_fd)
     dog.session_finishing()
     sigterm_pipe.send()
     deadline = time.monotonic() + 10
@@ -185,11 +107,11 @@ def test_sigterm_while_the_session_ends_completes_the_record_and_says_so(world, 
     assert rec.abort_reason is not None and "SIGTERM" in rec.abort_reason
 
 
-def test_heartbeat_touches_the_record(world):
-    out, _, _ = world
+def test_heartbeat_touches_the_record(watchdog_world):
+    out, _, _ = watchdog_world
     path = out / "records" / "rank-00.json"
     os.utime(path, (1_000_000, 1_000_000))
-    dog, _ = make(world, heartbeat_s=0.05)
+    dog, _ = make(watchdog_world, heartbeat_s=0.05)
     deadline = time.monotonic() + 5
     while path.stat().st_mtime < 2_000_000 and time.monotonic() < deadline:
         time.sleep(0.05)

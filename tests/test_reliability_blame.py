@@ -13,17 +13,9 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from test_evidence_factory import NODES, context, failed, passed, torchrun_logs, write_rank
-from test_plugin_watchdog import (  # noqa: F401 - world, sigterm_pipe: fixtures
-    NODEID,
-    SigtermPipe,
-    make,
-    record,
-    sigterm_pipe,
-    world,
-)
+from _support.evidence_factory import NODES, context, failed, passed, torchrun_logs, write_rank
+from _support.watchdog import NODEID, SigtermPipe, World, make, record
 
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
@@ -75,15 +67,15 @@ def test_ranks_all_stopped_alike_are_still_blamed_lowest_first(tmp_path: Path) -
 
 
 def test_sigterm_while_agreeing_keeps_the_outcome_the_rank_is_about_to_record(
-    world: Any,  # noqa: F811
-    sigterm_pipe: SigtermPipe,  # noqa: F811
+    watchdog_world: World,
+    sigterm_pipe: SigtermPipe,
 ) -> None:
     """The failing rank is agreeing with its peers when torchrun's SIGTERM arrives (the peers,
     stuck in a collective it never joined, were aborted and exited first). Its own failure is
     the run's root cause: the watchdog must let the main thread record it before sealing the
     record, not seal it at once and lose the one message that explains the run."""
-    out, chans, keeper = world
-    dog, exits = make(world, wakeup_fd=sigterm_pipe.read_fd, test_timeout_s=60)
+    out, chans, keeper = watchdog_world
+    dog, exits = make(watchdog_world, wakeup_fd=sigterm_pipe.read_fd, test_timeout_s=60)
     dog.begin_test(0, NODEID)
     assert dog.body_done()  # the test failed on this rank; agreement under way
     sigterm_pipe.send()

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_launcher_launch import fake_plan
-from test_plugin_watchdog import NODEID, make, record, world  # noqa: F401 - world: a fixture
-from test_run_torchrun import assert_fault, processes_of_run, records, run
+from _support.fake_agent import fake_plan
+from _support.runs import assert_fault, processes_of_run, records, run
+from _support.watchdog import NODEID, World, make, record
 
 from harness.cli import main
 from harness.launch import ending
@@ -208,14 +208,14 @@ def test_without_the_launchers_final_kill_an_orphan_outlives_the_run(
 
 
 def test_without_the_per_test_timeout_a_hang_is_never_ended(
-    world: Any,  # noqa: F811
+    watchdog_world: World,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The watchdog that ends the hung rank above, in-process: with its timeout handler
     patched away, a test past its timeout is left running, with no dump and no record."""
-    out, _, _ = world
+    out, _, _ = watchdog_world
     monkeypatch.setattr(Watchdog, "_on_timeout", lambda self, index, nodeid, elapsed: None)
-    dog, exits = make(world, test_timeout_s=0.2)
+    dog, exits = make(watchdog_world, test_timeout_s=0.2)
     dog.begin_test(0, NODEID)
     assert not exits.done.wait(1.0)
     assert exits.codes == [] and EXIT_FAILED not in exits.codes

@@ -10,29 +10,13 @@ from __future__ import annotations
 import socket
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
-from _support.runs import SUITES, processes_of_run, receipt, records, run
+from _support.runs import FAST_S, SUITES, assert_fault, processes_of_run, receipt, records, run
 
 from harness.cli import main
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
-
-FAST_S = 90.0  # an injected fault must end the run well inside this
-
-
-def assert_fault(out: Path, code: int, elapsed: float, rank: int, test: str) -> dict[str, Any]:
-    assert code == 1
-    assert elapsed < FAST_S, f"fault took {elapsed:.0f}s to end the run"
-    assert processes_of_run(out) == []
-    data = receipt(out)
-    assert data["verdict"] == "fail"
-    assert data["run"]["exit_code"] != 0  # ranks exit non-zero, fast exit included
-    cause = data["root_cause"]
-    assert cause["rank"] == rank, cause
-    assert cause["test"].endswith(f"::{test}"), cause
-    return data
 
 
 def test_all_ranks_pass_and_the_bundle_verifies(tmp_path):

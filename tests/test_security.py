@@ -17,9 +17,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_gpu_run import RTX, _write_identity, make_identity
-from test_image_lock import pinned_lock_data, write_lock
-from test_run_torchrun import run
+from _support.identities import RTX, make_identity, write_identity
+from _support.locks import pinned_lock_data, write_lock
+from _support.runs import run
 
 from harness.evidence import writer
 from harness.evidence.files import walk
@@ -125,7 +125,7 @@ def start_gpu16(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[s
     monkeypatch.setattr(engine, "connect", lambda purpose: fake)
     lines: list[str] = []
     code = gpu_run.gpu16_in_image(
-        _write_identity(tmp_path / "identity.json", identity),
+        write_identity(tmp_path / "identity.json", identity),
         lock_file,
         tmp_path / "evidence",
         [],

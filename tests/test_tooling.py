@@ -6,9 +6,11 @@ these checks make such a blind spot fail instead of passing quietly.
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,66 @@ def test_no_source_folder_has_a_name_the_tools_skip(repo_root: Path) -> None:
         if skipped.intersection(Path(name).parts[:-1])
     )
     assert not offending, f"tracked sources under a folder the tools skip: {offending}"
+
+
+def _reexports(init: Path) -> tuple[set[str], set[str] | None]:
+    """(names a package `__init__` imports, the names its `__all__` lists or None)."""
+    tree = ast.parse(init.read_text())
+    imported: set[str] = set()
+    listed: set[str] | None = None
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            imported |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, ast.Import):
+            imported |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            listed = set(ast.literal_eval(node.value))
+    return imported, listed
+
+
+def test_every_package_face_lists_what_it_reexports_in_all(repo_root: Path) -> None:
+    faces = sorted((repo_root / "harness").rglob("__init__.py"))
+    assert faces, "no packages found"
+    wrong = {}
+    for init in faces:
+        imported, listed = _reexports(init)
+        if imported and listed != imported:
+            wrong[str(init.relative_to(repo_root))] = (sorted(imported), listed)
+    assert wrong == {}, "a package __init__ that imports names must list exactly them in __all__"
+
+
+def test_the_all_check_sees_a_face_without_all(tmp_path: Path) -> None:
+    init = tmp_path / "__init__.py"
+    init.write_text("from harness.models.builders import build\n")
+    assert _reexports(init) == ({"build"}, None)
+    init.write_text('from harness.models.builders import build\n__all__ = ["build", "x"]\n')
+    assert _reexports(init) == ({"build"}, {"build", "x"})
+
+
+def test_lint_runs_mypy_strict_on_the_harness(repo_root: Path) -> None:
+    mypy = tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert mypy["strict"] is True and mypy["files"] == ["harness"]
+    lint = (repo_root / "noxfile.py").read_text().split("def lint(", 1)[1].split("\ndef ", 1)[0]
+    assert 'session.run("mypy")' in lint
+
+
+def _layout_block(readme: str) -> str:
+    return readme.split("## Layout\n", 1)[1].split("```\n", 2)[1]
+
+
+def test_the_readme_layout_names_every_package_and_folder(repo_root: Path) -> None:
+    block = _layout_block((repo_root / "README.md").read_text())
+    named = {line.split()[0] for line in block.splitlines() if line and not line[0].isspace()}
+    packages = {
+        f"{init.parent.relative_to(repo_root)}/"
+        for init in (repo_root / "harness").glob("*/__init__.py")
+    }
+    assert sorted(packages - named) == [], "README's Layout misses these packages"
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=repo_root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    folders = {f"{name.split('/')[0]}/" for name in tracked if "/" in name}
+    assert sorted(f for f in folders if f not in block) == [], "README's Layout misses these"
+    assert sorted(p for p in named if not (repo_root / p).exists()) == [], "no such path"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from gloo_spawn import gloo_group, spawn
+from _support.gloo_spawn import gloo_group, spawn
 
 from harness.errors import GeometryError, UsageError
 from harness.transport.combine import lse_combine

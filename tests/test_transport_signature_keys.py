@@ -4,7 +4,7 @@ and the torch transport moves fp8 (e4m3) queries over gloo bit-exact, in 2-rank 
 from __future__ import annotations
 
 import torch
-from gloo_spawn import gloo_group, spawn
+from _support.gloo_spawn import gloo_group, spawn
 
 from harness.transport.combine import lse_combine
 from harness.transport.events import RegistryMiss, TransportCreated

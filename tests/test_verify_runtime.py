@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_image_lock import TEMPLATE, pinned_lock_data, write_lock
+from _support.locks import TEMPLATE, pinned_lock_data, write_lock
 
 from harness.image import verify_runtime
 from harness.image.lock import load_pinned_lock

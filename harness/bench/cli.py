@@ -40,7 +40,7 @@ KNOBS: dict[str, tuple[str, Any, str]] = {
 }
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "bench", help="measure transport, launch, discovery, capture and memory costs",
         description=DESCRIPTION,

@@ -182,7 +182,8 @@ def rank_job(options: BenchOptions, work: Path) -> dict[str, Any]:
     if code != 0 or not out.exists():
         what = "cannot run this backend" if "harness.bench.rank:" in tail else "failed"
         raise QualificationError(f"bench ranks {what} (torchrun exit {code}); {tail}")
-    return json.loads(out.read_text())
+    results: dict[str, Any] = json.loads(out.read_text())
+    return results
 
 
 @dataclass

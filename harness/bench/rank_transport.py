@@ -17,7 +17,7 @@ Our calls pass `out=` (static outputs, as a captured decode step would).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,7 +135,7 @@ def raw_ops(
 
 
 def run_interleaved(
-    env: RankEnv, sides: dict[str, dict[str, Op]], warmup: int, iters: int
+    env: RankEnv, sides: Mapping[str, Mapping[str, Op]], warmup: int, iters: int
 ) -> dict[str, dict[str, list[float]]]:
     """Time every op of every side in each iteration, rotating which side goes first.
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -91,7 +92,8 @@ def _kimi_local_heads_by_dcp(module: nn.Module, ctx: WarmContext) -> TransportSi
     if signature is None:
         return None
     dcp = signature.dcp_world_size
-    return dataclasses.replace(signature, total_heads=int(module.num_heads) // dcp * dcp)
+    num_heads: Any = module.num_heads  # nn.Module's attributes are typed Tensor | Module
+    return dataclasses.replace(signature, total_heads=int(num_heads) // dcp * dcp)
 
 
 KIMI_K3_LOCAL_HEADS_BY_DCP = Recognizer(

@@ -29,6 +29,7 @@ from torch import nn
 
 from harness.errors import UsageError
 from harness.transport.registry import TransportRegistry
+from harness.warm.protocols import DCPTransport
 from harness.warm.signature import TransportSignature, dtype_name
 
 
@@ -116,11 +117,11 @@ def watch_managers() -> Iterator[dict[int, ManagerCall]]:
             dcp_world_size=int(self.group.world_size),
         )
 
-    MLADCPManager.__init__ = recording_init  # type: ignore[method-assign]
+    MLADCPManager.__init__ = recording_init
     try:
         yield calls
     finally:
-        MLADCPManager.__init__ = original  # type: ignore[method-assign]
+        MLADCPManager.__init__ = original
 
 
 @dataclass(frozen=True)
@@ -174,14 +175,16 @@ class CallSiteRouter:
         ]
         return min(larger, key=lambda s: s.max_tokens, default=None)
 
-    def _transport(self, key: CallSiteKey) -> Any:
+    def _transport(self, key: CallSiteKey) -> DCPTransport:
         self.used.add(key)
         signature = self.covering(key)
+        transport: DCPTransport | None
         if signature is None:  # first use: created here, collectively (the lazy work)
             signature = key.signature(self.device_type)
             transport = self.registry.get_or_create(signature, self.group)
         else:
             transport = self.registry.get(signature)
+        assert transport is not None, f"covering() names a held signature, not {signature}"
         self.served.add(signature)
         return transport
 

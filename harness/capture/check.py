@@ -108,7 +108,11 @@ def ranks_failing(ok: bool, *, device: torch.device | str = "cpu") -> tuple[int,
 
 
 def first_mismatch(
-    actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], **tolerance: float
+    actual: Sequence[torch.Tensor],
+    expected: Sequence[torch.Tensor],
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> str | None:
     """None when every pair of outputs is close (`torch.testing.assert_close`), else the first
     mismatch as text: suites collect it and agree across ranks before failing."""
@@ -116,7 +120,7 @@ def first_mismatch(
         return f"{len(actual)} outputs, expected {len(expected)}"
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
         try:
-            torch.testing.assert_close(a.float().cpu(), e.float().cpu(), **tolerance)
+            torch.testing.assert_close(a.float().cpu(), e.float().cpu(), rtol=rtol, atol=atol)
         except AssertionError as exc:
             return f"output {i}: {exc}"
     return None

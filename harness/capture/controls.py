@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -118,7 +119,8 @@ class DynamoRecompileControl(NegativeControl):
         namespace: dict[str, Any] = {}
         name = f"<dcpqual-dynamo-control-{next(_fresh_ids)}>"
         exec(compile("def control(x):\n    return x * 2 + 1\n", name, "exec"), namespace)
-        self._fn = torch.compile(namespace["control"], backend="eager", dynamic=False)
+        control: Callable[[torch.Tensor], torch.Tensor] = namespace["control"]
+        self._fn = torch.compile(control, backend="eager", dynamic=False)
         self._size = 2
         self._fn(torch.ones(self._size))
 
@@ -165,8 +167,10 @@ class TritonJitControl(NegativeControl):
         import triton
         import triton.language as tl
 
-        @triton.jit
-        def fill(out_ptr, value, BLOCK: tl.constexpr):
+        jit: Callable[[Callable[..., None]], Any] = triton.jit  # triton ships no type hints
+
+        @jit
+        def fill(out_ptr: Any, value: float, BLOCK: tl.constexpr) -> None:
             offsets = tl.arange(0, BLOCK)
             tl.store(out_ptr + offsets, value)
 

@@ -29,6 +29,7 @@ from torch import nn
 from harness.errors import GeometryError, UsageError
 from harness.models import BuiltModel
 from harness.models.dcp import DCPManager
+from harness.models.layers import DCPLayer
 from harness.warm.protocols import DCPTransport, TransportRegistryLike
 from harness.warm.signature import TransportSignature, dtype_name
 
@@ -46,7 +47,7 @@ class DecodeLayer:
     """One registration of an attention layer in the step (the draft's is one more)."""
 
     name: str
-    module: nn.Module
+    module: DCPLayer
     manager: DCPManager
 
 
@@ -117,6 +118,7 @@ class DecodeStep:
             manager = transport_manager(module)
             if manager is None:
                 continue
+            assert isinstance(module, DCPLayer), f"{name}: a DCP manager on a non-DCP layer"
             dcp = getattr(module, "dcp_world_size", None)
             if isinstance(dcp, int) and dcp != self.world:
                 raise GeometryError(
@@ -255,7 +257,9 @@ class DecodeStep:
         for layer, query, kv in zip(self.layers, inputs, self.kv, strict=True):
             odim = layer.manager.output_head_dim
 
-            def attend(gathered: torch.Tensor, kv: torch.Tensor = kv, odim: int = odim):
+            def attend(
+                gathered: torch.Tensor, kv: torch.Tensor = kv, odim: int = odim
+            ) -> tuple[torch.Tensor, torch.Tensor]:
                 return partial_attention(gathered, kv, odim)
 
             outputs.append(layer.module.forward_decode(query, attend))

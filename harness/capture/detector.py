@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import ClassVar
 
+import torch
+
 from harness.capture.events import LazyEvent
 from harness.capture.records import DetectorStatus
 from harness.warm.signature import TransportSignature
@@ -31,7 +33,10 @@ _HERE = Path(__file__).resolve().parent
 _MACHINERY = tuple(
     str(_HERE / name) for name in ("detector.py", "detectors.py", "gpu_detectors.py", "window.py")
 )
-_TORCH_PACKAGE = str(Path(__import__("torch").__file__).resolve().parent)
+assert torch.__file__ is not None  # a regular package, never a namespace one
+_TORCH_PACKAGE = str(Path(torch.__file__).resolve().parent)
+# The memory pool a captured CUDA graph owns (`torch.cuda.CUDAGraph.pool()`).
+GraphPool = tuple[int, int]
 
 
 def short_stack(limit: int = 8) -> str:
@@ -94,7 +99,7 @@ class Detector(ABC):
         """The window moves from its warm-up iterations ("warmup") to the capture ("capture")."""
         self._phase = phase
 
-    def note_graph_pool(self, pool: object) -> None:  # noqa: B027 - optional hook
+    def note_graph_pool(self, pool: GraphPool) -> None:  # noqa: B027 - optional hook
         """The CUDA path tells detectors which memory pool the captured graph owns."""
 
     def stop(self) -> None:

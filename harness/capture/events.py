@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.warm.signature import TransportSignature
+from harness.core.signature import TransportSignature
 
 
 @dataclass(frozen=True)

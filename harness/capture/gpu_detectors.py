@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from harness.capture.detector import Detector
+from harness.capture.detector import Detector, GraphPool
 from harness.capture.events import LazyEvent
 
 # -- device memory --------------------------------------------------------------------------
@@ -146,8 +146,8 @@ class CudaMemoryDetector(Detector):
         if phase == "capture" and self.running:
             self._baseline = read_memory(self._cuda, self.device)
 
-    def note_graph_pool(self, pool: object) -> None:
-        self._graph_pool = tuple(pool) if pool is not None else None  # type: ignore[arg-type]
+    def note_graph_pool(self, pool: GraphPool) -> None:
+        self._graph_pool = pool
 
     def _uninstall(self) -> None:
         self._baseline = None

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.capture.events import LazyEvent
-from harness.warm.signature import TransportSignature
+from harness.core.signature import TransportSignature
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,6 @@ import socket
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import torch
-
 from harness.evidence.redact import (
     MIN_SCRUB_LENGTH,
     REDACTED,
@@ -70,6 +68,8 @@ def scrub(data: bytes, forms: Iterable[bytes]) -> tuple[bytes, int]:
 
 
 def _nccl_version() -> str | None:
+    import torch
+
     try:
         version: Any = torch.cuda.nccl.version()
     except (AttributeError, RuntimeError):  # CPU builds have no NCCL bindings
@@ -82,7 +82,7 @@ def _nccl_version() -> str | None:
 def _nvml_gpus() -> tuple[list[Gpu], str | None] | None:
     """GPUs and driver from nvidia-ml-py, or None where it is missing or finds no driver."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         return None
     try:
@@ -115,6 +115,8 @@ def _text(value: str | bytes) -> str:
 
 
 def _torch_gpus() -> list[Gpu]:
+    import torch
+
     if not torch.cuda.is_available():
         return []
     gpus = []
@@ -136,6 +138,8 @@ def capture_environment(
     environ: Mapping[str, str] | None = None, hosts: Iterable[str] = ()
 ) -> Environment:
     """Describe this process's machine. `hosts` are the hostnames the ranks reported."""
+    import torch  # here, not at import: `verify` reads bundles without torch
+
     environ = os.environ if environ is None else environ
     env, redacted = filtered_env(environ)
     nvml = _nvml_gpus()

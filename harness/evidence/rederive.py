@@ -21,6 +21,7 @@ error file, JUnit or the verdict's reasons).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,7 +112,8 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
         missing_junit=list(merged.missing),
     )
     coverage = coverage_of(rank_files)
-    facts = dict(
+    reasons_with = functools.partial(
+        rules.failure_reasons,
         suites=suites,
         capture=capture,
         negative_control=negative,
@@ -119,11 +121,11 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
         ranks=ranks,
         run=receipt.run,
     )
-    reasons = rules.failure_reasons(**facts, coverage=coverage)  # type: ignore[arg-type]
+    reasons = reasons_with(coverage=coverage)
     # A receipt from before coverage was recorded listed its failures without it.
     stated_reasons = reasons
     if receipt.coverage is None:
-        stated_reasons = rules.failure_reasons(**facts, coverage=None)  # type: ignore[arg-type]
+        stated_reasons = reasons_with(coverage=None)
 
     def dump(value: Any) -> Any:
         if isinstance(value, list):

@@ -9,13 +9,13 @@ wrote. Values are validated where they are born: geometry and digests check them
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
 from harness.evidence.files import is_sha256
 
-SCHEMA = "dcpqual-receipt/v1"
+SCHEMA: Final = "dcpqual-receipt/v1"
 
 Verdict = Literal["pass", "fail"]
 Status = Literal["qualified", "source-qualified", "not-qualified"]

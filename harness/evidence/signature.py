@@ -90,7 +90,8 @@ def _load_public(path: Path) -> Any:
 
 def _raw_public(key: Any) -> bytes:
     serialization = _crypto()
-    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    raw: bytes = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return raw
 
 
 def statement(bundle: Path) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from, and so `dcpqual verify` has a second witness for receipt.json besides SHA2
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from harness.evidence import markdown as md
@@ -34,7 +35,7 @@ def _ranks_line(ranks: Ranks) -> str:
     return line
 
 
-def _table(header: list[str], rows: list[list[object]]) -> list[str]:
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return lines

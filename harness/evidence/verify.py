@@ -30,7 +30,7 @@ from harness.evidence import rules
 from harness.evidence.files import SUMS_NAME, parse_sums, sha256_file, walk
 from harness.evidence.junit import read_merged, tallies
 from harness.evidence.rederive import rederive_problems
-from harness.evidence.schema import SCHEMA, Receipt
+from harness.evidence.schema import SCHEMA, Receipt, Tally
 from harness.evidence.summary import receipt_sha256_in
 from harness.evidence.writer import MERGED_JUNIT, RECEIPT_NAME, SUMMARY_NAME, UNWITNESSED
 from harness.jsonfile import JsonSyntaxError, read_json
@@ -65,7 +65,7 @@ def verify_bundle(bundle: Path) -> VerifyResult:
     return VerifyResult(bundle, tuple(problems))
 
 
-def _load_json(path: Path, problems: list[str]) -> object | None:
+def _load_json(path: Path, problems: list[str]) -> object:
     if not path.is_file() or path.is_symlink():
         return None  # reported by the file check
     try:
@@ -177,6 +177,7 @@ def _judge(
                 f"{holder}: names sha256 {witness[:12]}... for {rel}, which hashes {actual[:12]}..."
             )
         return None
+    assert actual is not None, "a listed file that is missing returned above"
     if witness is None:
         return f"{rel}: does not match its {SUMS_NAME} entry ({rel} or {SUMS_NAME} was modified)"
     if witness == actual:
@@ -258,8 +259,8 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
     return problems
 
 
-def _tally(t: object) -> str:
+def _tally(t: Tally | None) -> str:
     if t is None:
         return "absent"
-    data = t.model_dump()  # type: ignore[attr-defined]
+    data = t.model_dump()
     return "{" + ", ".join(f"{k} {v}" for k, v in data.items()) + "}"

@@ -313,13 +313,15 @@ def assemble_receipt(
 def _validated(ctx: RunContext) -> tuple[Geometry, Image | None]:
     """The run's geometry and image as receipt values; a launcher bug becomes a usage error."""
     try:
-        geometry = Geometry(
-            world_size=ctx.world_size,
-            nnodes=ctx.nnodes,
-            nproc_per_node=ctx.nproc_per_node,
-            backend=ctx.backend,  # type: ignore[arg-type]
-            tp=ctx.tp,
-            dcp=ctx.dcp,
+        geometry = Geometry.model_validate(  # backend: a str here, a Literal in the receipt
+            {
+                "world_size": ctx.world_size,
+                "nnodes": ctx.nnodes,
+                "nproc_per_node": ctx.nproc_per_node,
+                "backend": ctx.backend,
+                "tp": ctx.tp,
+                "dcp": ctx.dcp,
+            }
         )
         image = None if ctx.image is None else Image.model_validate(ctx.image)
     except ValidationError as exc:

@@ -29,6 +29,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from harness.launch.proctree import Proc, Tracker, alive
 from harness.launch.progress import Snapshot
 from harness.schema.rank_record import RankRecord, rank_record_path
@@ -43,7 +45,7 @@ def set_subreaper(on: bool) -> bool:
     """Make this process a child subreaper (or stop being one); False where Linux says no."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
@@ -83,7 +85,7 @@ def _remove_stale(parent: Path) -> None:
     with contextlib.suppress(OSError):
         for stale in parent.glob("dcpqual-*-*"):
             pid = stale.name.split("-")[1]
-            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            if pid.isdigit() and not psutil.pid_exists(int(pid)):
                 with contextlib.suppress(OSError):
                     stale.rmdir()  # refuses one that still has members
 

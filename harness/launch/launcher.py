@@ -46,6 +46,15 @@ def _now() -> str:
 
 
 @dataclass(frozen=True)
+class _NoScrub:
+    changed: tuple[str, ...] = ()
+    renamed: tuple[tuple[str, str], ...] = ()
+
+
+_NOTHING_SCRUBBED = _NoScrub()
+
+
+@dataclass(frozen=True)
 class Evidence:
     """The evidence writer's entry points, as the launcher uses them."""
 
@@ -68,21 +77,11 @@ class Evidence:
         )
 
         def problems(path: Path) -> list[str]:
-            result = verify_bundle(path)
-            return list(getattr(result, "problems", result))
+            return list(verify_bundle(path).problems)
 
         return cls(
             prepare_out_dir, default_out_dir, finalize_bundle, problems, scrub_out_dir, set_aside
         )
-
-
-@dataclass(frozen=True)
-class _NoScrub:
-    changed: tuple[str, ...] = ()
-    renamed: tuple[tuple[str, str], ...] = ()
-
-
-_NOTHING_SCRUBBED = _NoScrub()
 
 
 class Terminated(KeyboardInterrupt):

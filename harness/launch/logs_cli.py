@@ -20,7 +20,7 @@ from harness.launch.ranklogs import LOGS_DIR, log_name
 _RANK_FILE = re.compile(r"^rank-(\d+)\.(stdout|stderr|stacks)$")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "logs",
         help="print a bundle's rank logs by global rank",

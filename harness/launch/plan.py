@@ -134,9 +134,12 @@ class RunOptions:
                     f"--rdzv-endpoint must be HOST:PORT with a port in 1..65535, "
                     f"got {self.rdzv_endpoint!r}"
                 )
-        for flag, value in (("--timeout", self.timeout_s), ("--test-timeout", self.test_timeout_s)):
-            if value is not None and not value > 0:
-                raise UsageError(f"{flag} must be a number of seconds > 0, got {value!r}")
+        for limit, seconds in (
+            ("--timeout", self.timeout_s),
+            ("--test-timeout", self.test_timeout_s),
+        ):
+            if seconds is not None and not seconds > 0:
+                raise UsageError(f"{limit} must be a number of seconds > 0, got {seconds!r}")
         if self.test_timeout_s is not None and self.test_timeout_s >= self.timeout_s:
             raise UsageError(
                 f"--test-timeout {self.test_timeout_s:g} must be below --timeout "

@@ -4,7 +4,10 @@ Why not just `killpg`: torchrun starts each rank in a new session (its own proce
 killing torchrun's group misses them, and once torchrun is gone the ranks are re-parented and
 no longer look like its children. The launcher therefore snapshots the tree while it is alive
 (`Tracker.scan`) and can end anything from the snapshot later. A process is identified by
-(pid, start time), so a recycled pid is never killed by mistake. Linux /proc only.
+(pid, create time), so a recycled pid is never killed by mistake; a zombie counts as gone.
+
+The tree is read through psutil. Waiting is a poll of the identities, never `psutil.wait_procs`:
+that reaps the launcher's own children, and torchrun's exit status belongs to its `Popen`.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol, TypeVar
 
-PROC = Path("/proc")
+import psutil
+
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
 class _HasPid(Protocol):
@@ -31,8 +35,10 @@ T = TypeVar("T", bound=_HasPid)
 
 @dataclass(frozen=True)
 class Proc:
+    """One process: its pid and psutil's create time (seconds since the epoch)."""
+
     pid: int
-    start_ticks: int
+    create_time: float
 
 
 # The torchrun agents that launches in this process started (several at once when one process
@@ -56,55 +62,46 @@ def end_launch_root(pid: int) -> None:
         _LAUNCH_ROOTS.discard(pid)
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time in clock ticks) of a live, non-zombie process."""
+def _identity(process: psutil.Process) -> Proc | None:
+    """The identity of a live, non-zombie process; None once it is gone (or unreadable)."""
     try:
-        raw = (PROC / str(pid) / "stat").read_text()
-    except OSError:
+        with process.oneshot():
+            if process.status() in _GONE:
+                return None
+            return Proc(process.pid, process.create_time())
+    except psutil.Error:  # NoSuchProcess, ZombieProcess, AccessDenied
         return None
-    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[1]), int(fields[19])
+
+
+def _identities(processes: Iterable[psutil.Process]) -> set[Proc]:
+    return {proc for process in processes if (proc := _identity(process)) is not None}
 
 
 def identify(pid: int) -> Proc | None:
-    stat = _stat(pid)
-    return None if stat is None else Proc(pid, stat[1])
+    try:
+        return _identity(psutil.Process(pid))
+    except psutil.Error:
+        return None
 
 
 def alive(proc: Proc) -> bool:
-    stat = _stat(proc.pid)
-    return stat is not None and stat[1] == proc.start_ticks
+    return identify(proc.pid) == proc
 
 
 def descendants(root: int) -> set[Proc]:
-    """Every live process below `root` now (one pass over /proc)."""
-    children: dict[int, list[tuple[int, int]]] = {}
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        stat = _stat(int(entry.name))
-        if stat is not None:
-            children.setdefault(stat[0], []).append((int(entry.name), stat[1]))
-    found: set[Proc] = set()
-    todo = [root]
-    while todo:
-        for pid, start in children.get(todo.pop(), []):
-            found.add(Proc(pid, start))
-            todo.append(pid)
-    return found
+    """Every live process below `root` now."""
+    try:
+        return _identities(psutil.Process(root).children(recursive=True))
+    except psutil.Error:  # root gone: its children re-parented, none is below it any more
+        return set()
 
 
 def children_of(parent: int) -> set[Proc]:
     """The live processes whose parent is `parent` now."""
-    found = set()
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            stat = _stat(int(entry.name))
-            if stat is not None and stat[0] == parent:
-                found.add(Proc(int(entry.name), stat[1]))
-    return found
+    try:
+        return _identities(psutil.Process(parent).children())
+    except psutil.Error:
+        return set()
 
 
 class Tracker:
@@ -155,14 +152,20 @@ class Tracker:
         self.scan()
         if not self.signal_all(signal.SIGTERM):
             return []
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and self.survivors():
-            if hurry is not None and hurry.is_set():
-                break
-            time.sleep(0.1)
+        self.wait_gone(grace_s, poll_s=0.1, hurry=hurry)
         self.scan()
         killed = self.signal_all(signal.SIGKILL)
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and self.survivors():
-            time.sleep(0.05)
+        self.wait_gone(5.0, poll_s=0.05)
         return killed
+
+    def wait_gone(
+        self, timeout_s: float, *, poll_s: float, hurry: threading.Event | None = None
+    ) -> bool:
+        """Wait until no remembered process is alive, at most `timeout_s` (less once `hurry`
+        is set); True when none is."""
+        deadline = time.monotonic() + timeout_s
+        while self.survivors():
+            if time.monotonic() >= deadline or (hurry is not None and hurry.is_set()):
+                return False
+            time.sleep(poll_s)
+        return True

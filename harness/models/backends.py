@@ -10,6 +10,7 @@ backend: a recognizer that accepted it would warm transports nobody uses.
 
 from __future__ import annotations
 
+from harness.core.choices import ATTENTION_BACKENDS
 from harness.errors import UsageError
 
 
@@ -58,13 +59,7 @@ class KimiDeltaAttentionBackend(AttentionBackend):
 
 
 # CLI names -> backend class, per model family. "b12x" picks each family's B12X backend.
-BACKEND_CHOICES: tuple[str, ...] = (
-    "b12x",
-    "b12x-paged",
-    "flashmla",
-    "triton-mla",
-    "flashinfer-mla",
-)
+BACKEND_CHOICES: tuple[str, ...] = ATTENTION_BACKENDS
 
 _FAMILY_B12X: dict[str, type[AttentionBackend]] = {
     "kimi-k3": B12XMLABackend,

@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import nn
 
+from harness.core.choices import KV_CACHE_DTYPES, MODEL_CHOICES
 from harness.core.geometry import ParallelGeometry
 from harness.core.signature import (
     COMM_BACKENDS,
@@ -22,7 +23,6 @@ from harness.core.signature import (
 )
 from harness.errors import UsageError
 from harness.models.backends import KimiDeltaAttentionBackend, backend_for
-from harness.models.dcp import KV_CACHE_DTYPES
 from harness.models.layers import (
     DecoderLayer,
     DeepseekV4Attention,
@@ -58,7 +58,6 @@ FAMILIES: dict[str, FamilyConfig] = {
         num_heads=128, kv_lora_rank=512, qk_rope_head_dim=64, default_layers=61
     ),
 }
-MODEL_CHOICES: tuple[str, ...] = (*FAMILIES, "mixed")
 
 KIMI_MLA_EVERY = 4  # Kimi-K3 puts MLA on every fourth decoder layer, KDA elsewhere
 KDA_HEAD_DIM = 128
@@ -260,7 +259,7 @@ def _draft_layer(family: str, index: int, spec: ModelSpec, prefix: str) -> Decod
 
 
 def _register(context: dict[str, nn.Module], attn: nn.Module) -> None:
-    name = getattr(attn, "layer_name", None) or attn.prefix
+    name = str(getattr(attn, "layer_name", None) or attn.prefix)
     if name in context:
         raise ValueError(f"Duplicate layer name: {name}")  # vLLM refuses it too
     context[name] = attn

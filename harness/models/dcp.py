@@ -16,8 +16,7 @@ from typing import Protocol
 
 import torch
 
-# kv_cache_dtype values the stand-ins accept (vLLM's CacheConfig.cache_dtype spellings).
-KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla")
+from harness.core.choices import KV_CACHE_DTYPES as KV_CACHE_DTYPES  # re-exported
 
 
 class DCPTransportHook(Protocol):

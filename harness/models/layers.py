@@ -13,7 +13,7 @@ query dtype) and capacity, and its decode forward calls `dcp_manager.query_gathe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -314,6 +314,6 @@ class MTPDraftModel(nn.Module):
 
 
 class StandInModel(nn.Module):
-    def __init__(self, layers: list[nn.Module]) -> None:
+    def __init__(self, layers: Sequence[nn.Module]) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)

@@ -47,7 +47,9 @@ class Bundle:
 def load_bundle(path: Path, verify: Callable[[Path], Any] | None = None) -> Bundle:
     """Verify a bundle and read its receipt; anything unusable is a UsageError (exit 2)."""
     if verify is None:
-        from harness.evidence.verify import verify_bundle as verify
+        from harness.evidence.verify import verify_bundle
+
+        verify = verify_bundle
     path = Path(path)
     result = verify(path)  # raises UsageError when `path` is not a folder
     if result.problems:

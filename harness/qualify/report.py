@@ -137,10 +137,12 @@ def render_text(c: Comparison) -> str:
             lines.append(
                 f"signature {s.model} {s.signature}: {_use(s.base)} -> {_use(s.head)} ({s.change})"
             )
-    for x in c.lazy_events:
-        lines.append(f"lazy events {x.detector} [{x.signature}]: {x.base} -> {x.head}")
-    for s in c.suites:
-        lines.append(f"suite {s.name} (p/f/s/e): {_tally(s.base)} -> {_tally(s.head)}")
-    for x in c.identity:
-        lines.append(f"{x.field}: {x.base or 'absent'} -> {x.head or 'absent'}")
+    for count in c.lazy_events:
+        lines.append(
+            f"lazy events {count.detector} [{count.signature}]: {count.base} -> {count.head}"
+        )
+    for suite in c.suites:
+        lines.append(f"suite {suite.name} (p/f/s/e): {_tally(suite.base)} -> {_tally(suite.head)}")
+    for change in c.identity:
+        lines.append(f"{change.field}: {change.base or 'absent'} -> {change.head or 'absent'}")
     return "\n".join(lines).replace("**", "") + "\n"

@@ -7,6 +7,7 @@ watchdog normally ends a stuck test first, and this bound is the backstop.
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -78,7 +79,7 @@ def init_process_group(backend: str, env: RankEnv, timeout: timedelta) -> torch.
     if dist.is_initialized():
         return device_for(str(dist.get_backend()), env)
     device = device_for(backend, env)
-    kwargs: dict[str, object] = {}
+    device_id: torch.device | None = None
     if backend == "nccl":
         if not torch.cuda.is_available():
             raise BootstrapError("backend nccl needs CUDA, and torch.cuda.is_available() is False")
@@ -87,14 +88,14 @@ def init_process_group(backend: str, env: RankEnv, timeout: timedelta) -> torch.
                 f"LOCAL_RANK={env.local_rank} but only {torch.cuda.device_count()} GPU(s) visible"
             )
         torch.cuda.set_device(device)
-        kwargs["device_id"] = device
+        device_id = device
     try:
         dist.init_process_group(
             backend=backend,
             rank=env.rank,
             world_size=env.world_size,
             timeout=timeout,
-            **kwargs,
+            device_id=device_id,
         )
     except (RuntimeError, ValueError) as exc:
         raise BootstrapError(f"init_process_group({backend}) failed: {exc}") from exc
@@ -105,6 +106,10 @@ def teardown() -> None:
     """Leave the process group. Safe to call twice or when it never formed."""
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+# The binding has it, torch's stubs do not (they list only the setter).
+_SEQUENCE_NUMBER = operator.methodcaller("_get_sequence_number_for_group")
 
 
 def collective_sequence_numbers() -> dict[str, int]:
@@ -118,7 +123,7 @@ def collective_sequence_numbers() -> dict[str, int]:
     out: dict[str, int] = {}
     for pg, name in list(dist.distributed_c10d._world.pg_names.items()):
         try:
-            out[str(name)] = int(pg._get_sequence_number_for_group())
+            out[str(name)] = int(_SEQUENCE_NUMBER(pg))
         except (RuntimeError, AttributeError, NotImplementedError):
             continue
     return out

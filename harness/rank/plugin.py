@@ -21,8 +21,11 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -38,6 +41,8 @@ from harness.schema.rank_record import Outcome, TestOutcome, WorldBreak
 from harness.transport.registry import transports_used
 
 PLUGIN_NAME = "dcpqual-rank"
+# What signal.signal returns and accepts: a Python handler, SIG_DFL/SIG_IGN, or a raw int.
+SignalHandler = Callable[[int, FrameType | None], Any] | int
 MAX_MESSAGE = 2000
 
 
@@ -117,7 +122,7 @@ class RankPlugin:
         self._root_cause: str | None = None
         self._wakeup: tuple[int, int] | None = None
         self._old_wakeup_fd = -1
-        self._old_sigterm: object = None
+        self._old_sigterm: SignalHandler | None = None
         self._session: pytest.Session | None = None
         self.fast_exit = bool(config.getoption("dcpqual_fast_exit"))
         if config.option.xmlpath is None and not hasattr(config, "workerinput"):
@@ -146,8 +151,9 @@ class RankPlugin:
             write_error_file(env.rank, None, f"bootstrap failed: {exc}")
             raise pytest.UsageError(f"dcpqual rank {env.rank}: {exc}") from None
         self.keeper.update(device=str(device), extra=self._where())
+        keeper = self.keeper
         self.agent_watch = AgentWatch(
-            env.rank, os.getppid(), lambda: self.keeper.record.current_test, self._broke_world
+            env.rank, os.getppid(), lambda: keeper.record.current_test, self._broke_world
         ).install()
         self.channel = SideChannel.for_process_group(env.rank, env.world_size)
         self.watchdog = Watchdog(
@@ -384,8 +390,8 @@ class RankPlugin:
         if self._wakeup is None:
             return
         signal.set_wakeup_fd(self._old_wakeup_fd)
-        if callable(self._old_sigterm) or isinstance(self._old_sigterm, int):
-            signal.signal(signal.SIGTERM, self._old_sigterm)  # type: ignore[arg-type]
+        if self._old_sigterm is not None:  # None: installed from C, cannot be restored
+            signal.signal(signal.SIGTERM, self._old_sigterm)
         for fd in self._wakeup:
             os.close(fd)
         self._wakeup = None

@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from harness.capture.records import CaptureRecord
 from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
@@ -80,10 +81,11 @@ class RecordKeeper:
         self._record = record
         record.write(self.path)
 
-    def update(self, **changes: object) -> None:
+    def update(self, **changes: Any) -> None:
+        """Rewrite the record with these fields changed (`dataclasses.replace` checks names)."""
         with self._lock:
             if not self._sealed:
-                self._write(replace(self._record, **changes))  # type: ignore[arg-type]
+                self._write(replace(self._record, **changes))
 
     def collected(self, nodeids: tuple[str, ...]) -> None:
         self.update(collected=nodeids)
@@ -144,7 +146,7 @@ class RecordKeeper:
                 return
             if abort_reason is None and self._stop_reason is not None:
                 abort_reason, primary = self._stop_reason, False
-            changes: dict[str, object] = {
+            changes: dict[str, Any] = {
                 "complete": True,
                 "finished_at": utc_now(),
                 "current_test": None,
@@ -152,7 +154,7 @@ class RecordKeeper:
             if abort_reason is not None and self._record.abort_reason is None:
                 changes.update(abort_reason=abort_reason, abort_primary=primary)
                 changes["aborted_at"] = time.time()
-            self._write(replace(self._record, **changes))  # type: ignore[arg-type]
+            self._write(replace(self._record, **changes))
             self._sealed = True
 
     def heartbeat(self) -> None:

@@ -32,9 +32,12 @@ StoreLost = RuntimeError  # c10d raises RuntimeError subclasses (DistStoreError,
 
 def _clone(store: dist.Store) -> dist.Store:
     """A new connection to the same store (own socket), or the store itself if it cannot."""
+    clone: Callable[[], dist.Store] | None = getattr(store, "clone", None)  # not in the stubs
+    if clone is None:
+        return store
     try:
-        return store.clone()
-    except (AttributeError, RuntimeError):
+        return clone()
+    except RuntimeError:
         return store
 
 

@@ -103,7 +103,10 @@ class AgentWatch:
             return
         self._inside.busy = True
         try:  # never let the hook break the caller's os.kill
-            target, sig = int(args[0]), int(args[1])  # type: ignore[call-overload]
+            target, sig = args[0], args[1]
+            if not isinstance(target, int) or not isinstance(sig, int):
+                return  # os.kill refuses these itself
+            target, sig = int(target), int(sig)
             if sig == 0 or not self.aims_at_agent(event, target):
                 return
             self._armed = False

@@ -41,6 +41,7 @@ from harness.capture.controls import (
     TritonJitControl,
 )
 from harness.capture.detector import Detector
+from harness.capture.records import DetectorStatus
 from harness.capture.window import CPU_SIMULATED, CUDA_GRAPH, CaptureWindow
 from harness.errors import UsageError
 from harness.models import build
@@ -142,7 +143,8 @@ def world_of_one(backend: str) -> Iterator[None]:
 
 def indexed(device: torch.device, current: Callable[[], int]) -> torch.device:
     """`cuda` -> `cuda:<current device>` (set_device and NCCL want an index); others as given."""
-    if device.type != "cuda" or device.index is not None:
+    index: int | None = device.index  # None for a bare "cuda" (torch's stubs say int)
+    if device.type != "cuda" or index is not None:
         return device
     return torch.device("cuda", current())
 
@@ -197,16 +199,24 @@ def capture_step(
     used = step.expected_signatures()  # what the step asks for, if capture stops at the first
     expected = len(config.replay_seeds)
 
-    def outcome(**values: object) -> CaptureOutcome:
+    def outcome(
+        *,
+        path: str | None = None,
+        replays: int = 0,
+        mismatches: tuple[str, ...] = (),
+        error: str = "",
+    ) -> CaptureOutcome:
         return CaptureOutcome(
             model=SMOKE_MODEL,
-            path=str(values.pop("path", _path_for(device))),
+            path=_path_for(device) if path is None else path,
             expected_replays=expected,
+            replays=replays,
             events=window.events,
             statuses=window.statuses,
             signatures=signature_uses(SMOKE_MODEL, registry.signatures(), used),
+            mismatches=mismatches,
+            error=error,
             duration_s=time.perf_counter() - started,
-            **values,  # type: ignore[arg-type]
         )
 
     try:
@@ -233,7 +243,9 @@ def capture_step(
     return outcome(path=captured.path, replays=captured.replays, mismatches=tuple(mismatches))
 
 
-def _status_problem(found: list[Detector], name: str) -> tuple[str | None, tuple]:
+def _status_problem(
+    found: list[Detector], name: str
+) -> tuple[str | None, tuple[DetectorStatus, ...]]:
     statuses = tuple(d.status() for d in found)
     status = next((s for s in statuses if s.name == name), None)
     if status is None:

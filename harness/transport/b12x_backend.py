@@ -304,9 +304,10 @@ class B12xDCPTransport:
         self._live()
         check_gather(self.signature, q_local, out, self.device)
         self._report_use("gather", q_local.dtype)
-        return self.pool.all_gather_heads(
+        gathered: torch.Tensor = self.pool.all_gather_heads(
             **gather_kwargs(q_local.contiguous(), plan=self.gather_plan, out=out)
         )
+        return gathered
 
     def reduce_outputs(
         self,
@@ -320,7 +321,7 @@ class B12xDCPTransport:
         self._live()
         check_reduce(self.signature, partial_out, partial_lse, out, self.device)
         self._report_use("reduce", partial_out.dtype)
-        return self.pool.lse_reduce_scatter(
+        reduced: torch.Tensor = self.pool.lse_reduce_scatter(
             **reduce_kwargs(
                 partial_out,
                 partial_lse.contiguous(),
@@ -329,6 +330,7 @@ class B12xDCPTransport:
                 base_e=base_e,
             )
         )
+        return reduced
 
     def close(self) -> None:
         """Close the pool (collective in b12x: every rank must close together); idempotent."""

@@ -56,7 +56,8 @@ def _merged(lses: np.ndarray, base_e: bool) -> np.ndarray:
     top = lses.max(axis=0)
     top = np.where(top == -np.inf, 0.0, top)
     with np.errstate(divide="ignore"):  # log(0) = -inf is the all-empty case
-        return top + log(exp(lses - top).sum(axis=0))
+        merged: np.ndarray = top + log(exp(lses - top).sum(axis=0))
+    return merged
 
 
 def reference_merged_lse(lses: torch.Tensor, *, base_e: bool = True) -> torch.Tensor:

@@ -29,7 +29,7 @@ import functools
 import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -58,6 +58,13 @@ from harness.warm.signature import TransportSignature
 # Which transport implementations this process created ("torch:ag_rs", "torch:a2a", "b12x"),
 # so the rank record can say which paths ran and the evidence which did not.
 _TRANSPORTS_USED: set[str] = set()
+
+
+class OwnedTransport(DCPTransport, Protocol):
+    """A transport the registry created and must close (its buffers or b12x pools); warmup
+    sees only `DCPTransport`, which has no `close`."""
+
+    def close(self) -> None: ...
 
 
 def transports_used() -> tuple[str, ...]:
@@ -108,7 +115,7 @@ class TransportRegistry:
         self.strategy = strategy
         self.reduce_scatter = reduce_scatter
         self.device = torch.device(device)
-        self._transports: dict[TransportSignature, DCPTransport] = {}
+        self._transports: dict[TransportSignature, OwnedTransport] = {}
         self._subscribers: list[Subscriber] = []
         self._frozen_depth = 0
         self._closed = False
@@ -239,7 +246,7 @@ class TransportRegistry:
                 )
             )
         except BaseException:
-            transport.close()  # type: ignore[attr-defined]
+            transport.close()
             raise
         self._transports[signature] = transport
         self._creations += 1
@@ -285,7 +292,9 @@ class TransportRegistry:
                 f"{signature.dcp_world_size} ranks, get_or_create got a group of {size}"
             )
 
-    def _digests_agree(self, mine: tuple[Any, ...], group: dist.ProcessGroup, size: int) -> bool:
+    def _digests_agree(
+        self, mine: tuple[Any, ...], group: dist.ProcessGroup | None, size: int
+    ) -> bool:
         """One small all-gather of an 8-byte digest per rank: the cheap common case."""
         text = repr((mine[0].describe(), *mine[1:])).encode()
         digest = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big", signed=True)
@@ -298,7 +307,7 @@ class TransportRegistry:
         self,
         signature: TransportSignature,
         mine: tuple[Any, ...],
-        group: dist.ProcessGroup,
+        group: dist.ProcessGroup | None,
         size: int,
     ) -> None:
         """Every rank of the group gets here together (they saw the same digests): exchange the
@@ -306,14 +315,13 @@ class TransportRegistry:
         gathered: list[Any] = [None] * size
         dist.all_gather_object(gathered, mine, group=group)
         ranks = dist.get_process_group_ranks(group)
-        for index, (label, render) in enumerate(
-            (
-                ("signatures", lambda s: s.describe()),
-                ("backends", str),
-                ("strategies", str),
-                ("registry states", str),
-            )
-        ):
+        renders: tuple[tuple[str, Callable[[Any], str]], ...] = (
+            ("signatures", lambda s: s.describe()),
+            ("backends", str),
+            ("strategies", str),
+            ("registry states", str),
+        )
+        for index, (label, render) in enumerate(renders):
             values: dict[str, list[int]] = {}
             for rank, entry in zip(ranks, gathered, strict=True):
                 values.setdefault(render(entry[index]), []).append(rank)
@@ -325,7 +333,9 @@ class TransportRegistry:
                 )
         raise AssertionError(f"digests differ but the values agree: {gathered}")
 
-    def _create(self, signature: TransportSignature, group: dist.ProcessGroup | None) -> Any:
+    def _create(
+        self, signature: TransportSignature, group: dist.ProcessGroup | None
+    ) -> OwnedTransport:
         strategy = self.strategy_for(signature)
         _TRANSPORTS_USED.add(self.backend if self.backend == "b12x" else f"torch:{strategy}")
         on_use = functools.partial(self._used, signature)
@@ -367,7 +377,7 @@ class TransportRegistry:
         transports, self._transports = list(self._transports.values()), {}
         self._operations.clear()
         for transport in transports:
-            transport.close()  # type: ignore[attr-defined]
+            transport.close()
 
     def _check_open(self) -> None:
         if self._closed:

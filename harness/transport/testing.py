@@ -143,7 +143,9 @@ def expected_gather(queries: torch.Tensor) -> torch.Tensor:
     return reference_gather(queries)
 
 
-def _lse_for(pattern: str, world: int, shape: tuple[int, ...], gen: torch.Generator):
+def _lse_for(
+    pattern: str, world: int, shape: tuple[int, ...], gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(lses [W, *shape], garbage mask [W, *shape]) for one single pattern."""
     lse = torch.randn(world, *shape, generator=gen) * 3
     garbage = torch.zeros(world, *shape, dtype=torch.bool)

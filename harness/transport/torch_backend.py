@@ -66,12 +66,13 @@ UseHook = Callable[[str, torch.dtype], None]
 _ALIGN = 8  # bytes; keeps the fp32 LSE region of a packed A2A chunk viewable as float32
 
 
-def _first_collective(*names: str) -> Callable[..., object] | None:
+def _first_collective(*names: str) -> Callable[..., object]:
+    """The first collective of `names` this torch.distributed has (torch renamed them)."""
     for name in names:
-        fn = getattr(dist, name, None)
+        fn: Callable[..., object] | None = getattr(dist, name, None)
         if fn is not None:
             return fn
-    return None
+    raise ImportError(f"torch.distributed has none of {', '.join(names)}")
 
 
 all_gather_flat = _first_collective("all_gather_single", "all_gather_into_tensor")
@@ -132,8 +133,6 @@ class TorchDCPTransport:
             raise GeometryError(
                 f"unknown reduce_scatter {reduce_scatter!r}; expected {REDUCE_SCATTER_IMPLS}"
             )
-        if reduce_scatter == "native" and reduce_scatter_flat is None:
-            reduce_scatter = "all_to_all"  # this torch has no flat reduce-scatter at all
         self.signature = signature
         self.group = group
         self.strategy = strategy

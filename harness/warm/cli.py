@@ -5,23 +5,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.errors import UsageError
-from harness.models.backends import BACKEND_CHOICES
-from harness.models.builders import MODEL_CHOICES, ModelSpec, build_model
-from harness.models.dcp import KV_CACHE_DTYPES
-from harness.warm.discovery import Discovery, discover
-from harness.warm.recognizers import RECOGNIZER_SETS, WarmContext, recognizer_set
-from harness.warm.signature import (
+from harness.core.choices import (
+    ATTENTION_BACKENDS,
+    KV_CACHE_DTYPES,
+    MODEL_CHOICES,
+    RECOGNIZER_SET_NAMES,
+)
+from harness.core.signature import (
     COMM_BACKENDS,
     DEFAULT_COMM_BACKEND,
     DEFAULT_MAX_TOKENS,
-    MODEL_DTYPES,
+    OUTPUT_DTYPES,
 )
+from harness.errors import UsageError
+
+if TYPE_CHECKING:
+    from harness.warm.discovery import Discovery
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "signatures",
         help="print the B12X DCP transport signatures of a stand-in model",
@@ -37,17 +41,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--attention-backend",
         dest="attention_backend",
         default=None,
-        choices=BACKEND_CHOICES,
+        choices=ATTENTION_BACKENDS,
         help="attention backend of the stand-in layers (vLLM's name; default b12x)",
     )
     p.add_argument(
         "--backend",
         dest="deprecated_backend",
         default=None,
-        choices=BACKEND_CHOICES,
+        choices=ATTENTION_BACKENDS,
         help="deprecated alias of --attention-backend (in `run`, --backend is gloo|nccl)",
     )
-    p.add_argument("--dtype", default="bf16", choices=sorted(MODEL_DTYPES))
+    p.add_argument("--dtype", default="bf16", choices=sorted(OUTPUT_DTYPES))
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     p.add_argument("--num-layers", type=int, default=None)
     p.add_argument(
@@ -65,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--recognizers",
         default="vendored",
-        choices=sorted(RECOGNIZER_SETS),
+        choices=sorted(RECOGNIZER_SET_NAMES),
         help="recognizer set: 'vendored' (after the Kimi fix) or 'before-kimi'",
     )
     p.add_argument(
@@ -116,6 +120,11 @@ def _backend(row: dict[str, Any]) -> str:
 def run_signatures(args: argparse.Namespace) -> int:
     if args.source == "real":
         return _print_real(args)
+    # Imported here: they need torch, and the parser (and `dcpqual --help`) must not.
+    from harness.models.builders import ModelSpec, build_model
+    from harness.warm.discovery import discover
+    from harness.warm.recognizers import WarmContext, recognizer_set
+
     args.backend = attention_backend(args)
     spec = ModelSpec(
         model=args.model,

@@ -39,7 +39,7 @@ def _load_dotted(spec: str) -> WarmFn:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise UsageError(f"--warm-impl {spec!r}: cannot import {module_name!r}: {exc}") from None
-    fn = module
+    fn: object = module
     for part in attr.split("."):
         fn = getattr(fn, part, None)
         if fn is None:

@@ -85,6 +85,12 @@ def _signature(
     )
 
 
+def _int(module: nn.Module, name: str) -> int:
+    """An integer attribute of the layer (`nn.Module.__getattr__` is typed Tensor | Module)."""
+    value: Any = getattr(module, name)
+    return int(value)
+
+
 def recognize_generic_mla(module: nn.Module, ctx: WarmContext) -> TransportSignature | None:
     """vLLM `MLAAttention` behind the fork's `dcp_b12x` gate: local heads x dcp, 576 -> 512."""
     if not getattr(module, "dcp_b12x", False):
@@ -94,10 +100,10 @@ def recognize_generic_mla(module: nn.Module, ctx: WarmContext) -> TransportSigna
         return None
     return _signature(
         ctx,
-        local_heads=int(module.num_heads),
+        local_heads=_int(module, "num_heads"),
         dcp=dcp,
-        qdim=int(module.head_size),
-        odim=int(module.kv_lora_rank),
+        qdim=_int(module, "head_size"),
+        odim=_int(module, "kv_lora_rank"),
     )
 
 
@@ -108,9 +114,9 @@ def recognize_deepseek_v4(module: nn.Module, ctx: WarmContext) -> TransportSigna
     dcp = ctx.dcp_world_size
     if dcp <= 1:
         return None
-    head_dim = int(module.head_dim)
+    head_dim = _int(module, "head_dim")
     return _signature(
-        ctx, local_heads=int(module.n_local_heads), dcp=dcp, qdim=head_dim, odim=head_dim
+        ctx, local_heads=_int(module, "n_local_heads"), dcp=dcp, qdim=head_dim, odim=head_dim
     )
 
 
@@ -127,10 +133,10 @@ def recognize_kimi_k3(module: nn.Module, ctx: WarmContext) -> TransportSignature
         return None
     return _signature(
         ctx,
-        local_heads=int(module.num_local_heads),
+        local_heads=_int(module, "num_local_heads"),
         dcp=dcp,
-        qdim=int(module.head_size),
-        odim=int(module.kv_lora_rank),
+        qdim=_int(module, "head_size"),
+        odim=_int(module, "kv_lora_rank"),
     )
 
 

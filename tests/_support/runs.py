@@ -54,3 +54,19 @@ def processes_of_run(out: Path) -> list[str]:
             command = cmdline.replace(b"\0", b" ").decode(errors="replace")
             found.append(f"{entry.name}: {command}")
     return found
+
+
+FAST_S = 90.0  # an injected fault must end the run well inside this
+
+
+def assert_fault(out: Path, code: int, elapsed: float, rank: int, test: str) -> dict[str, Any]:
+    assert code == 1
+    assert elapsed < FAST_S, f"fault took {elapsed:.0f}s to end the run"
+    assert processes_of_run(out) == []
+    data = receipt(out)
+    assert data["verdict"] == "fail"
+    assert data["run"]["exit_code"] != 0  # ranks exit non-zero, fast exit included
+    cause = data["root_cause"]
+    assert cause["rank"] == rank, cause
+    assert cause["test"].endswith(f"::{test}"), cause
+    return data

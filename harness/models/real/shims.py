@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -43,12 +44,11 @@ class HostStream:
 
 @contextmanager
 def _cuda_stream_objects() -> Iterator[None]:
-    saved = torch.cuda.Stream, torch.cuda.Event
-    torch.cuda.Stream, torch.cuda.Event = HostStream, HostStream  # type: ignore[misc,assignment]
-    try:
+    with (
+        mock.patch.object(torch.cuda, "Stream", HostStream),
+        mock.patch.object(torch.cuda, "Event", HostStream),
+    ):
         yield
-    finally:
-        torch.cuda.Stream, torch.cuda.Event = saved  # type: ignore[misc]
 
 
 def _cuda_missing() -> bool:
@@ -59,14 +59,18 @@ def b12x_named(backend: type) -> type:
     """A subclass of the backend the platform selected whose `get_name()` is the B12X dense-MLA
     name; the impl, metadata and kernels stay the selected backend's own."""
 
-    class B12XNamedBackend(backend):  # type: ignore[misc,valid-type]
-        @staticmethod
-        def get_name() -> str:
-            return B12X_DENSE_MLA
+    def get_name() -> str:
+        return B12X_DENSE_MLA
 
-    B12XNamedBackend.__qualname__ = f"B12XNamed[{backend.__qualname__}]"
-    B12XNamedBackend.selected_backend = backend  # type: ignore[attr-defined]
-    return B12XNamedBackend
+    return type(
+        "B12XNamedBackend",
+        (backend,),
+        {
+            "get_name": staticmethod(get_name),
+            "selected_backend": backend,
+            "__qualname__": f"B12XNamed[{backend.__qualname__}]",
+        },
+    )
 
 
 @contextmanager

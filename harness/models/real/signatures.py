@@ -89,4 +89,5 @@ def real_signature_rows(request: Request) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as folder:
         os.environ.pop("VLLM_DIST_IDENT", None)  # one identity per rank (see the shims)
         mp.spawn(_rank, args=(request, folder), nprocs=request.tp, join=True)
-        return json.loads(Path(folder, "rows.json").read_text())
+        rows: list[dict[str, Any]] = json.loads(Path(folder, "rows.json").read_text())
+        return rows

@@ -1,0 +1,31 @@
+"""The names the CLI offers for stand-in trees, torch-free so that `--help` needs no torch.
+
+The modules that build from these names (`harness.models`, `harness.warm.recognizers`) import
+torch; a test holds their tables to these tuples.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "KV_CACHE_DTYPES",
+    "MODEL_CHOICES",
+    "MODEL_FAMILIES",
+    "RECOGNIZER_SET_NAMES",
+]
+
+# Stand-in model families with published head geometry; "mixed" combines them in one tree.
+MODEL_FAMILIES: tuple[str, ...] = ("kimi-k3", "deepseek-v4", "generic-mla")
+MODEL_CHOICES: tuple[str, ...] = (*MODEL_FAMILIES, "mixed")
+# CLI names of attention backends; "b12x" picks each family's B12X backend.
+ATTENTION_BACKENDS: tuple[str, ...] = (
+    "b12x",
+    "b12x-paged",
+    "flashmla",
+    "triton-mla",
+    "flashinfer-mla",
+)
+# kv_cache_dtype values the stand-ins accept (vLLM's CacheConfig.cache_dtype spellings).
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla")
+# Recognizer sets of the warm code: after the Kimi-K3 fix, and from before it.
+RECOGNIZER_SET_NAMES: tuple[str, ...] = ("vendored", "before-kimi")

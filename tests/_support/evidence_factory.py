@@ -1,0 +1,238 @@
+"""Synthetic out folders, as the launcher leaves them, for the evidence tests.
+
+Records are written with the real `RankRecord.write`, JUnit reports in the shape pytest's
+--junitxml gives (xunit2: classname = dotted module path [+ class], no file attribute).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from xml.sax.saxutils import quoteattr
+
+from harness.capture.events import LazyEvent
+from harness.capture.records import CaptureRecord, DetectorStatus, SignatureUse
+from harness.evidence.junit import mangle
+from harness.evidence.run_context import RunContext
+from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
+from harness.warm.signature import TransportSignature
+
+CAPTURE_TEST = "suites/capture/test_capture.py::test_no_lazy_work[kimi-k3]"
+CONTROL_TEST = "suites/capture/test_capture.py::test_negative_control"
+COMBINE_TEST = "suites/transport/test_combine.py::TestCombine::test_matches_reference"
+SIGNATURE_TEST = "suites/warm/test_signatures.py::test_kimi_signatures"
+NODES = (SIGNATURE_TEST, COMBINE_TEST, CAPTURE_TEST, CONTROL_TEST)
+
+KIMI = TransportSignature(
+    dtype="bf16", total_heads=16, query_head_dim=576, output_head_dim=512, dcp_world_size=4
+)
+UNWARMED = TransportSignature(
+    dtype="bf16", total_heads=8, query_head_dim=512, output_head_dim=512, dcp_world_size=4
+)
+
+
+def passed(nodeid: str) -> TestOutcome:
+    return TestOutcome(nodeid=nodeid, outcome="passed", duration_s=0.25)
+
+
+def failed(
+    nodeid: str, message: str, *, primary: bool = True, by: Sequence[int] = ()
+) -> TestOutcome:
+    return TestOutcome(
+        nodeid=nodeid, outcome="failed", message=message, primary=primary, failing_ranks=tuple(by)
+    )
+
+
+def capture(
+    rank: int,
+    *,
+    events: Iterable[LazyEvent] = (),
+    warmed: bool = True,
+    path: str = "cpu-simulated",
+    detectors: Iterable[DetectorStatus] = (),
+    replays: int = 2,
+) -> CaptureRecord:
+    return CaptureRecord(
+        test=CAPTURE_TEST,
+        model="kimi-k3",
+        rank=rank,
+        path=path,
+        warm_impl="vendored",
+        signatures=(SignatureUse("kimi-k3", KIMI, warmed=warmed, used_in_capture=True),),
+        events=tuple(events),
+        detectors=tuple(detectors),
+        replays=replays,
+    )
+
+
+def control(rank: int, *, detected: bool = True) -> CaptureRecord:
+    events = ()
+    if detected:
+        events = (LazyEvent("transport-registry", rank, "created transport", UNWARMED),)
+    return CaptureRecord(
+        test=CONTROL_TEST,
+        model="deepseek-v4",
+        rank=rank,
+        path="cpu-simulated",
+        warm_impl="vendored",
+        signatures=(SignatureUse("deepseek-v4", UNWARMED, warmed=False, used_in_capture=True),),
+        events=events,
+        negative_control=True,
+        expected_detectors=("transport-registry",),
+    )
+
+
+def junit_xml(outcomes: Iterable[TestOutcome], hostname: str = "node0") -> str:
+    """A report shaped like pytest's --junitxml output for these outcomes."""
+    cases = []
+    counts = {"failed": 0, "error": 0, "skipped": 0}
+    outcomes = list(outcomes)
+    for outcome in outcomes:
+        classname, name = mangle(outcome.nodeid)
+        head = f'<testcase classname={quoteattr(classname)} name={quoteattr(name)} time="0.25"'
+        msg = quoteattr(outcome.message or "")
+        if outcome.outcome == "passed":
+            cases.append(head + " />")
+            continue
+        counts[outcome.outcome] += 1
+        tag = {"failed": "failure", "error": "error", "skipped": "skipped"}[outcome.outcome]
+        cases.append(f"{head}><{tag} message={msg}>traceback here</{tag}></testcase>")
+    return (
+        '<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">'
+        f'<testsuite name="pytest" errors="{counts["error"]}" failures="{counts["failed"]}" '
+        f'skipped="{counts["skipped"]}" tests="{len(outcomes)}" time="1.0" '
+        f'timestamp="2026-11-29T18:00:00" hostname="{hostname}">'
+        + "".join(cases)
+        + "</testsuite></testsuites>"
+    )
+
+
+def write_rank(
+    out: Path,
+    rank: int,
+    world: int,
+    *,
+    tests: Sequence[TestOutcome] | None = None,
+    captures: Sequence[CaptureRecord] | None = None,
+    complete: bool = True,
+    record: bool = True,
+    junit: bool = True,
+    transport: str = "torch-dist",
+    collected: Sequence[str] = NODES,
+    backend: str = "gloo",
+) -> None:
+    """One rank's files: records/rank-NN.json and junit/rank-NN.xml (either may be left out)."""
+    tests = [passed(n) for n in NODES] if tests is None else list(tests)
+    captures = [capture(rank), control(rank)] if captures is None else list(captures)
+    if record:
+        RankRecord(
+            rank=rank,
+            world_size=world,
+            local_rank=rank,
+            backend=backend,
+            hostname="node0",
+            pid=1000 + rank,
+            started_at="2026-11-29T18:00:00+00:00",
+            finished_at="2026-11-29T18:01:00+00:00" if complete else None,
+            complete=complete,
+            collected=tuple(collected),
+            tests=tuple(tests),
+            captures=tuple(captures),
+            extra={"transport": transport},
+        ).write(rank_record_path(out / "records", rank))
+    if junit:
+        path = out / "junit" / f"rank-{rank:02d}.xml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(junit_xml(tests))
+
+
+def context(world: int = 4, **changes: object) -> RunContext:
+    values: dict[str, object] = dict(
+        world_size=world,
+        nproc_per_node=world,
+        tp=world,
+        dcp=world,
+        command=("torchrun", "--standalone", f"--nproc-per-node={world}", "-m", "pytest"),
+        started_at="2026-11-29T18:00:00+00:00",
+        finished_at="2026-11-29T18:01:00+00:00",
+    )
+    values.update(changes)
+    return RunContext(**values)  # type: ignore[arg-type]
+
+
+def torchrun_logs(out: Path, world: int, text: str = "") -> None:
+    for rank in range(world):
+        log = out / "torchrun" / "run-1" / "attempt_0" / str(rank) / "stdout.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"rank {rank} started\n{text}")
+
+
+def passing_run(out: Path, world: int = 4) -> RunContext:
+    out.mkdir(parents=True, exist_ok=True)
+    for rank in range(world):
+        write_rank(out, rank, world)
+    torchrun_logs(out, world)
+    return context(world)
+
+
+def failing_run(out: Path, world: int = 4, bad_rank: int = 2) -> RunContext:
+    """`bad_rank` fails the combine test on its own; its peers fail it as a follow-on."""
+    out.mkdir(parents=True, exist_ok=True)
+    for rank in range(world):
+        tests = [passed(n) for n in NODES]
+        if rank == bad_rank:
+            tests[1] = failed(COMBINE_TEST, "AssertionError: combine mismatch at head 3")
+        else:
+            tests[1] = failed(COMBINE_TEST, "peer failed", primary=False, by=[bad_rank])
+        write_rank(out, rank, world, tests=tests)
+    torchrun_logs(out, world)
+    return context(world, exit_code=1)
+
+
+def killed_run(out: Path, world: int = 4, dead_rank: int = 1) -> RunContext:
+    """`dead_rank` dies in the capture test: partial record, no JUnit report."""
+    out.mkdir(parents=True, exist_ok=True)
+    for rank in range(world):
+        if rank == dead_rank:
+            write_rank(
+                out,
+                rank,
+                world,
+                tests=[passed(n) for n in NODES[:2]],
+                captures=[],
+                complete=False,
+                junit=False,
+            )
+        else:
+            write_rank(out, rank, world)
+    torchrun_logs(out, world)
+    error = {
+        "rank": dead_rank,
+        "message": "Signal 9 (SIGKILL) received by PID 1001",
+        "timestamp": 1764439200.0,
+        "file": f"torchrun/run-1/attempt_0/{dead_rank}/error.json",
+    }
+    (out / error["file"]).write_text(json.dumps({"message": error["message"]}))
+    launch = {"exit_code": 1, "timed_out": False, "leftovers": [4242]}
+    return context(world, exit_code=1, torchrun_error=error, extra={"launch": launch})
+
+
+def timed_out_run(out: Path, world: int = 4) -> RunContext:
+    """Every rank hangs in the capture test until the run's timeout kills them all."""
+    out.mkdir(parents=True, exist_ok=True)
+    for rank in range(world):
+        write_rank(
+            out,
+            rank,
+            world,
+            tests=[passed(n) for n in NODES[:2]],
+            captures=[],
+            complete=False,
+            junit=False,
+        )
+        stack = out / "stacks" / f"rank-{rank:02d}.txt"
+        stack.parent.mkdir(parents=True, exist_ok=True)
+        stack.write_text('Thread 0x1 (most recent call first):\n  File "x.py", line 1\n')
+    torchrun_logs(out, world)
+    return context(world, exit_code=-9, timed_out=True)
