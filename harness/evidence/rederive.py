@@ -22,23 +22,16 @@ error file, JUnit or the verdict's reasons).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from harness.evidence import rules
-from harness.evidence.collect import (
-    RankFiles,
-    coverage_of,
-    find_root_cause,
-    load_records,
-    merge_signatures,
-    summarize_capture,
-    transports,
-)
+from harness.evidence.collect import RankFiles, find_root_cause
 from harness.evidence.ending import failed_tests, ranks_rootdir
-from harness.evidence.junit import merge_junit, read_merged, tallies
-from harness.evidence.schema import Ranks, Receipt
+from harness.evidence.facts import rank_facts
+from harness.evidence.junit import read_merged, tallies
+from harness.evidence.schema import Receipt
 
 RECEIPT_NAME = "receipt.json"
 MERGED_JUNIT = "junit/merged.xml"
@@ -96,34 +89,13 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
     Tallies are checked on junit/merged.xml, which verify already holds the receipt's tallies
     to: each fact is checked once, where it is first stated.
     """
-    world = receipt.geometry.world_size
-    rank_files = load_records(bundle, world)
-    merged = merge_junit(bundle, rank_files)
-    suites = tallies(merged.cases)
-    capture, negative = summarize_capture(rank_files)
-    signatures = merge_signatures(rank_files.captures())
-    ranks = Ranks(
-        expected=world,
-        reported=len(rank_files.records),
-        complete=rank_files.complete,
-        killed=rank_files.killed,
-        stopped=rank_files.stopped,
-        missing_junit=list(merged.missing),
-    )
-    coverage = coverage_of(rank_files)
-    facts = dict(
-        suites=suites,
-        capture=capture,
-        negative_control=negative,
-        signatures=signatures,
-        ranks=ranks,
-        run=receipt.run,
-    )
-    reasons = rules.failure_reasons(**facts, coverage=coverage)  # type: ignore[arg-type]
+    facts = rank_facts(bundle, receipt.geometry.world_size, receipt.run)
+    rank_files = facts.rank_files
+    reasons = rules.failure_reasons_of(facts)
     # A receipt from before coverage was recorded listed its failures without it.
     stated_reasons = reasons
     if receipt.coverage is None:
-        stated_reasons = rules.failure_reasons(**facts, coverage=None)  # type: ignore[arg-type]
+        stated_reasons = rules.failure_reasons_of(replace(facts, coverage=None))
 
     def dump(value: Any) -> Any:
         if isinstance(value, list):
@@ -137,20 +109,20 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
     r = RECEIPT_NAME
     yield from _geometry_facts(receipt, rank_files)
     yield r, "verdict", receipt.verdict, rules.verdict_of(reasons)
-    yield r, "ranks", dump(receipt.ranks), dump(ranks)
+    yield r, "ranks", dump(receipt.ranks), dump(facts.ranks)
     try:
         stated = tallies(read_merged(bundle / MERGED_JUNIT))
     except (OSError, ValueError):
         pass  # an unreadable merged.xml is reported by verify's consistency check
     else:
-        yield MERGED_JUNIT, "suites", dump(stated), dump(suites)
+        yield MERGED_JUNIT, "suites", dump(stated), dump(facts.suites)
     if receipt.coverage is not None:  # receipts from before coverage was recorded lack it;
         # their verdict and failures are still re-derived with the coverage the records show
-        yield r, "coverage", dump(receipt.coverage), dump(coverage)
-    yield r, "capture", dump(receipt.capture), dump(capture)
-    yield r, "negative_control", dump(receipt.negative_control), dump(negative)
-    yield r, "signatures", dump(receipt.signatures), dump(signatures)
-    yield r, "transports", receipt.transports, transports(rank_files)
+        yield r, "coverage", dump(receipt.coverage), dump(facts.coverage)
+    yield r, "capture", dump(receipt.capture), dump(facts.capture)
+    yield r, "negative_control", dump(receipt.negative_control), dump(facts.negative_control)
+    yield r, "signatures", dump(receipt.signatures), dump(facts.signatures)
+    yield r, "transports", receipt.transports, facts.transports
     yield from _ending_facts(receipt, rank_files, dump)
     yield r, "failures", receipt.failures, stated_reasons  # last: it sums up the facts above
 

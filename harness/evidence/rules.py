@@ -17,6 +17,8 @@ check that a receipt's verdict, status and limitations follow from its own facts
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from harness.evidence.schema import (
     Capture,
     Coverage,
@@ -35,6 +37,39 @@ from harness.evidence.schema import (
 from harness.image.identity import qualification_blockers
 
 GPU_PATH = "cuda-graph"
+
+
+class FailureFacts(Protocol):
+    """What the failure rules read: a receipt has these fields, and so do the rank facts the
+    writer and verify derive from the records."""
+
+    @property
+    def suites(self) -> dict[str, Tally]: ...
+    @property
+    def capture(self) -> Capture: ...
+    @property
+    def negative_control(self) -> NegativeControl: ...
+    @property
+    def signatures(self) -> list[SignatureRow]: ...
+    @property
+    def ranks(self) -> Ranks: ...
+    @property
+    def run(self) -> Run: ...
+    @property
+    def coverage(self) -> Coverage | None: ...
+
+
+def failure_reasons_of(facts: FailureFacts) -> list[str]:
+    """`failure_reasons` of a receipt, or of the facts a receipt is made from."""
+    return failure_reasons(
+        suites=facts.suites,
+        capture=facts.capture,
+        negative_control=facts.negative_control,
+        signatures=facts.signatures,
+        ranks=facts.ranks,
+        run=facts.run,
+        coverage=facts.coverage,
+    )
 
 
 def failure_reasons(

@@ -205,15 +205,7 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
             if bad_ranks:
                 problems.append(f"{MERGED_JUNIT}: cases of ranks {bad_ranks} beyond world size")
 
-    reasons = rules.failure_reasons(
-        suites=receipt.suites,
-        capture=receipt.capture,
-        negative_control=receipt.negative_control,
-        signatures=receipt.signatures,
-        ranks=receipt.ranks,
-        run=receipt.run,
-        coverage=receipt.coverage,
-    )
+    reasons = rules.failure_reasons_of(receipt)
     verdict = rules.verdict_of(reasons)
     if receipt.verdict != verdict:
         why = "; ".join(reasons) or "nothing failed"

@@ -23,15 +23,7 @@ Edit = Callable[[dict[str, Any]], None]
 
 def self_consistent(receipt: Receipt) -> Receipt:
     """The receipt with verdict, failures, status and root cause following from its facts."""
-    reasons = rules.failure_reasons(
-        suites=receipt.suites,
-        capture=receipt.capture,
-        negative_control=receipt.negative_control,
-        signatures=receipt.signatures,
-        ranks=receipt.ranks,
-        run=receipt.run,
-        coverage=receipt.coverage,
-    )
+    reasons = rules.failure_reasons_of(receipt)
     verdict = rules.verdict_of(reasons)
     cause = receipt.root_cause
     if verdict == "pass":
