@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from harness.errors import UsageError
+from harness.launch.options import SingleValue
 from harness.models.backends import BACKEND_CHOICES
 from harness.models.builders import MODEL_CHOICES, ModelSpec, build_model
 from harness.models.dcp import KV_CACHE_DTYPES
@@ -31,8 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--model", required=True, choices=MODEL_CHOICES)
-    p.add_argument("--tp", "--tensor-parallel-size", dest="tp", required=True, type=int)
-    p.add_argument("--dcp", "--decode-context-parallel-size", dest="dcp", required=True, type=int)
+    for flags, dest in (
+        (("--tp", "--tensor-parallel-size"), "tp"),
+        (("--dcp", "--decode-context-parallel-size"), "dcp"),
+    ):  # one value however spelled: a contradiction is refused, not last-wins
+        p.add_argument(*flags, dest=dest, required=True, type=int, action=SingleValue)
     p.add_argument(
         "--attention-backend",
         dest="attention_backend",
