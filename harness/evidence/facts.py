@@ -15,6 +15,7 @@ from harness.evidence.collect import (
     coverage_of,
     load_records,
     merge_signatures,
+    selection_of,
     summarize_capture,
     transports,
 )
@@ -25,6 +26,7 @@ from harness.evidence.schema import (
     NegativeControl,
     Ranks,
     Run,
+    Selection,
     SignatureRow,
     Tally,
 )
@@ -44,6 +46,7 @@ class RankFacts:
     ranks: Ranks
     coverage: Coverage | None
     transports: list[str]
+    selection: Selection | None
     run: Run
 
 
@@ -69,5 +72,6 @@ def rank_facts(out_dir: Path, world_size: int, run: Run) -> RankFacts:
         ),
         coverage=coverage_of(rank_files),
         transports=transports(rank_files),
+        selection=selection_of(rank_files),
         run=run,
     )

@@ -8,15 +8,17 @@ tallies or other signatures, even with every hash regenerated: it would have to 
 records consistently too (only a signature protects against that; see the README).
 
 The geometry is held to the records too: every record names its world size, backend, warm
-code, node and local rank, so a receipt cannot claim NCCL, more nodes or another layout than
-the ranks ran with (and so drop the limitations those would require).
+code, node and local rank, and (since records name them) the tp and dcp its suites qualified,
+so a receipt cannot claim NCCL, more nodes, another TP/DCP or another layout than the ranks ran
+with (and so drop the limitations those would require). What the ranks' pytest was told to
+select is held to the records too, so a narrowed run cannot drop its `selection` limitation.
 
 Not re-derived, because no file in the bundle records it independently: the run's exit code
-and timeout (the launcher's view), tp and dcp (only through the signatures' dcp size), the
-environment, sources and image, and the root cause's text (it may quote torchrun's error
-file). The root cause's rank, test and kind are re-derived whenever the records name a cause
-(not for an interruption, which only the launcher saw, nor for the fallbacks to torchrun's
-error file, JUnit or the verdict's reasons).
+and timeout (the launcher's view), tp and dcp of records that predate them, the environment,
+sources and image, and the root cause's text (it may quote torchrun's error file). The root
+cause's rank, test and kind are re-derived whenever the records name a cause (not for an
+interruption, which only the launcher saw, nor for the fallbacks to torchrun's error file,
+JUnit or the verdict's reasons).
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
     yield r, "negative_control", dump(receipt.negative_control), dump(facts.negative_control)
     yield r, "signatures", dump(receipt.signatures), dump(facts.signatures)
     yield r, "transports", receipt.transports, facts.transports
+    yield r, "selection", dump(receipt.selection), dump(facts.selection)
     yield from _ending_facts(receipt, rank_files, dump)
     yield r, "failures", receipt.failures, stated_reasons  # last: it sums up the facts above
 
@@ -143,6 +146,10 @@ def _geometry_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[s
     yield r, "geometry.world_size", g.world_size, _one(x.world_size for x in records.values())
     yield r, "geometry.backend", g.backend, _one(x.backend for x in records.values())
     yield r, "warm_impl", receipt.warm_impl, _one(x.warm_impl for x in records.values())
+    for name in ("tp", "dcp"):  # records written before they named their degrees do not
+        if any(getattr(x, name) is not None for x in records.values()):
+            derived = _one(getattr(x, name) for x in records.values())
+            yield r, f"geometry.{name}", getattr(g, name), derived
     for rank, record in sorted(records.items()):
         stated = f"node {rank // g.nproc_per_node}, local rank {rank % g.nproc_per_node}"
         placed = f"node {record.node_rank}, local rank {record.local_rank}"

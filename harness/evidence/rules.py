@@ -28,6 +28,7 @@ from harness.evidence.schema import (
     NegativeControl,
     Ranks,
     Run,
+    Selection,
     SignatureRow,
     Source,
     Status,
@@ -150,18 +151,42 @@ def gpu_capture_only(capture: Capture) -> bool:
     return capture.windows > 0 and capture.paths.get(GPU_PATH, 0) == capture.windows
 
 
+def narrowing(selection: Selection | None) -> list[str]:
+    """How the run selected less than the whole suites/ folder; [] when it did not (or the
+    records do not say)."""
+    if selection is None:
+        return []
+    out = []
+    if selection.partial_targets:
+        shown = ", ".join(selection.partial_targets[:3])
+        more = (
+            f" and {len(selection.partial_targets) - 3} more"
+            if len(selection.partial_targets) > 3
+            else ""
+        )
+        out.append(f"pytest targets other than the whole suites/ folder: {shown}{more}")
+    if selection.deselected:
+        out.append(f"{selection.deselected} collected tests deselected (-k, -m or --deselect)")
+    if selection.ignored:
+        out.append(f"paths left out with --ignore: {', '.join(selection.ignored[:3])}")
+    return out
+
+
 def status_of(
     verdict: Verdict,
     geometry: Geometry,
     image: Image | None,
     capture: Capture,
     environment: Environment,
+    selection: Selection | None = None,
 ) -> Status:
+    """`selection` None: the records do not say what was selected."""
     if verdict != "pass":
         return "not-qualified"
     locked = image is not None and not image_blockers(image)
     on_gpus = bool(environment.gpus)
-    if geometry.backend == "nccl" and locked and on_gpus and gpu_capture_only(capture):
+    whole = not narrowing(selection)
+    if geometry.backend == "nccl" and locked and on_gpus and gpu_capture_only(capture) and whole:
         return "qualified"
     return "source-qualified"
 
@@ -175,9 +200,15 @@ def required_limitations(
     transports: list[str],
     ranks: Ranks,
     sources: dict[str, Source],
+    selection: Selection | None = None,
 ) -> dict[str, str]:
     """{key: text} for every path that did not run; verify checks that each key is listed."""
     out: dict[str, str] = {}
+    if narrowed := narrowing(selection):
+        out["selection"] = (
+            "the run selected less than the suites hold, so it qualifies only what ran: "
+            + "; ".join(narrowed)
+        )
     if not gpu_capture_only(capture):
         if capture.windows == 0:
             out["gpu-capture"] = "no capture window ran, so no capture was checked at all"

@@ -192,7 +192,10 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     receipt_bytes = receipt.dumps().encode("utf-8")
     atomic_write_bytes(out_dir / RECEIPT_NAME, receipt_bytes)
 
-    text = render_summary(receipt, sha256_bytes(receipt_bytes), bundle=out_dir.absolute())
+    # Rendered only from scrubbed values (the receipt, the folder's name), so verify can render
+    # it again byte for byte; the last scrub is a net that leaves it unchanged.
+    shown, _ = scrub.text(str(out_dir.absolute()))
+    text = render_summary(receipt, sha256_bytes(receipt_bytes), bundle=Path(shown))
     summary, _ = scrub.data(text.encode())
     atomic_write_bytes(out_dir / SUMMARY_NAME, summary)
 
@@ -236,6 +239,7 @@ def assemble_receipt(
             transports=used_transports,
             ranks=facts.ranks,
             sources=sources,
+            selection=facts.selection,
         ),
         rules.advisory_limitations(
             sources=sources,
@@ -250,7 +254,9 @@ def assemble_receipt(
     receipt = Receipt(
         schema=SCHEMA,
         verdict=verdict,
-        status=rules.status_of(verdict, geometry, image, capture, environment),
+        status=rules.status_of(
+            verdict, geometry, image, capture, environment, selection=facts.selection
+        ),
         geometry=geometry,
         environment=environment,
         image=image,
@@ -263,6 +269,7 @@ def assemble_receipt(
         limitations=limitations,
         failures=reasons,
         failed_tests=failed_tests(rank_files, root_cause),
+        selection=facts.selection,
         warm_impl=ctx.warm_impl,
         transports=used_transports,
         models=models,
