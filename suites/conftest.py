@@ -170,5 +170,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         target = dropped if item.nodeid.startswith(tuple(dropped_prefixes)) else kept
         target.append(item)
     if dropped:
+        plugin = config.pluginmanager.get_plugin("dcpqual-rank")
+        if plugin is not None:  # not the user's narrowing: the evidence must not call it one
+            plugin.left_out_by_model_source(dropped)
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from harness.schema.rank_record import RankRecord, Selection
 
 
@@ -20,3 +22,14 @@ def test_a_record_written_before_them_reads_as_not_recorded() -> None:
         del old[key]
     record = RankRecord.from_json(old)
     assert (record.tp, record.dcp, record.selection) == (None, None, None)
+
+
+def test_only_the_whole_suites_folder_is_a_whole_target(tmp_path: Path) -> None:
+    suites = tmp_path / "suites"
+    (suites / "capture").mkdir(parents=True)
+    given = [str(suites), "suites", "suites/", "suites/capture", "suites/capture/t.py::test_x"]
+    selection = Selection.of(given, invocation_dir=tmp_path, suites=suites)
+    assert selection.partial_targets == ("suites/capture", "suites/capture/t.py::test_x")
+    assert (
+        Selection.of([str(suites)], invocation_dir=Path("/"), suites=suites).partial_targets == ()
+    )

@@ -111,6 +111,7 @@ class RankPlugin:
         self.maxfail = int(config.getoption("dcpqual_maxfail"))
         self._agreed_failures = 0
         self._deselected = 0  # collected tests -k, -m or --deselect took away
+        self._by_model_source: set[str] = set()  # left out by --models, not by the user
         self.keeper: RecordKeeper | None = None
         self.channel: SideChannel | None = None
         self.watchdog: Watchdog | None = None
@@ -181,20 +182,23 @@ class RankPlugin:
     def _selection(self) -> Selection:
         """What pytest was told to select here, for the evidence to name any narrowing."""
         config = self.config
-        suites = (config.rootpath / "suites").resolve()
-        here = config.invocation_params.dir
-        targets = tuple(str(a) for a in config.args)
-        partial = tuple(t for t in targets if "::" in t or (here / t).resolve() != suites)
         ignored = [*(config.getoption("ignore") or []), *(config.getoption("ignore_glob") or [])]
-        return Selection(
-            targets=targets,
-            partial_targets=partial,
+        return Selection.of(
+            [str(a) for a in config.args],
+            invocation_dir=config.invocation_params.dir,
+            suites=config.rootpath / "suites",
             deselected=self._deselected,
-            ignored=tuple(str(p) for p in ignored),
+            ignored=[str(p) for p in ignored],
         )
 
+    def left_out_by_model_source(self, items: list[pytest.Item]) -> None:
+        """The suites leave these out because of the run's --models (the receipt's real-trees
+        limitation names that); called before they are deselected, so they are not counted as
+        a narrowed selection."""
+        self._by_model_source.update(item.nodeid for item in items)
+
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
-        self._deselected += len(items)
+        self._deselected += sum(1 for item in items if item.nodeid not in self._by_model_source)
 
     def _where(self) -> dict[str, object]:
         """Where this rank's files and tests live: the pytest rootdir its node ids are relative

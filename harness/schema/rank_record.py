@@ -7,6 +7,7 @@ Rank-side code must stay importable without the evidence or launcher packages.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -136,6 +137,27 @@ class Selection:
     partial_targets: tuple[str, ...] = ()
     deselected: int = 0
     ignored: tuple[str, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        targets: Sequence[str],
+        *,
+        invocation_dir: Path,
+        suites: Path,
+        deselected: int = 0,
+        ignored: Sequence[str] = (),
+    ) -> Selection:
+        """From pytest's targets as given (relative to `invocation_dir`): a node id, or a path
+        other than the `suites` folder itself, is a partial target."""
+        whole = suites.resolve()
+        partial = [t for t in targets if "::" in t or (invocation_dir / t).resolve() != whole]
+        return cls(
+            targets=tuple(targets),
+            partial_targets=tuple(partial),
+            deselected=deselected,
+            ignored=tuple(ignored),
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
