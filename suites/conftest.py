@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from harness.capture.check import ranks_failing
 from harness.capture.records import CaptureRecord
+from harness.core.geometry import qualified_degrees
 from harness.warm.geometry import ParallelGeometry
 
 
@@ -91,8 +92,7 @@ class Qualification:
 
 @pytest.fixture(scope="session")
 def qualification(world: World, subgroups: Callable[[int], dist.ProcessGroup]) -> Qualification:
-    tp = int(os.environ.get("DCPQUAL_TP", "16"))
-    dcp = int(os.environ.get("DCPQUAL_DCP", str(min(world.size, 16))))
+    tp, dcp = qualified_degrees(world.size)  # what the rank record names as its geometry
     geometry = ParallelGeometry(tp=tp, dcp=dcp)
     if world.size % dcp:
         pytest.fail(f"world size {world.size} cannot be split into DCP groups of {dcp}")
@@ -170,5 +170,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         target = dropped if item.nodeid.startswith(tuple(dropped_prefixes)) else kept
         target.append(item)
     if dropped:
+        plugin = config.pluginmanager.get_plugin("dcpqual-rank")
+        if plugin is not None:  # not the user's narrowing: the evidence must not call it one
+            plugin.left_out_by_model_source(dropped)
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

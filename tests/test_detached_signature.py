@@ -151,3 +151,50 @@ def test_sign_refuses_to_write_the_signature_inside_the_bundle(
         assert "is inside" in line and "outside the bundle" in line
         assert not out.exists()
     assert main(["verify", str(bundle)]) == 0  # the bundle is untouched and still whole
+
+
+@pytest.mark.parametrize("edited", [False, True], ids=["valid-bundle", "invalid-bundle"])
+@pytest.mark.parametrize(
+    "which, path",
+    [
+        ("signature", "missing.sig"),
+        ("signature", "."),
+        ("signature", "/dev/zero"),
+        ("public-key", "missing.pem"),
+        ("public-key", "."),
+    ],
+)
+def test_an_unreadable_signature_or_key_is_bad_input_whatever_the_bundle(
+    signed: tuple[Path, Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    which: str,
+    path: str,
+    edited: bool,
+) -> None:
+    bundle, signature, public = signed
+    if edited:
+        (bundle / "summary.md").write_text("edited\n")
+    unusable = Path(path) if path.startswith("/") else tmp_path / path
+    given = {"signature": signature, "public-key": public, which: unusable}
+    capsys.readouterr()
+    assert verify_signed(bundle, given["signature"], given["public-key"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    [line] = err.splitlines()
+    assert str(unusable) in line
+    assert line.count(str(unusable)) == 1  # said once, not wrapped in a second message
+
+
+@pytest.mark.parametrize("path", ["missing.pem", "."])
+def test_sign_with_an_unreadable_key_is_one_line_naming_it_once(
+    signed: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], path: str
+) -> None:
+    bundle, _, _ = signed
+    key = tmp_path / path
+    out = tmp_path / "other.sig"
+    capsys.readouterr()
+    assert main(["sign", str(bundle), "--key", str(key), "--out", str(out)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.count(str(key)) == 1
+    assert not out.exists()

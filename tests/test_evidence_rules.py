@@ -26,6 +26,7 @@ from harness.evidence.schema import (
     NegativeControl,
     Ranks,
     Run,
+    Selection,
     Tally,
 )
 
@@ -75,6 +76,36 @@ MIXED = Capture(
 )
 def test_status_words(verdict, geometry, image, capture, env, status) -> None:
     assert rules.status_of(verdict, geometry, image, capture, env) == status
+
+
+WHOLE = Selection(targets=["/repo/suites"])
+NARROWED = [
+    Selection(targets=["/repo/suites"], deselected=1),
+    Selection(targets=["/repo/suites/capture"], partial_targets=["/repo/suites/capture"]),
+    Selection(targets=["/repo/suites"], ignored=["/repo/suites/transport"]),
+]
+
+
+@pytest.mark.parametrize("selection", NARROWED, ids=["deselected", "partial-target", "ignored"])
+def test_a_narrowed_selection_is_never_qualified_and_is_a_required_limitation(selection) -> None:
+    assert rules.status_of("pass", NCCL, LOCKED, GRAPHS, GPU, selection=WHOLE) == "qualified"
+    assert rules.status_of("pass", NCCL, LOCKED, GRAPHS, GPU, selection=selection) == (
+        "source-qualified"
+    )
+    facts: dict[str, object] = dict(
+        geometry=NCCL,
+        image=LOCKED,
+        capture=GRAPHS,
+        negative_control=NegativeControl(expected=1, detected=1, lazy_events=1),
+        transports=["b12x"],
+        ranks=Ranks(expected=16, reported=16, complete=16),
+        sources={},
+    )
+    whole = rules.required_limitations(**facts, selection=WHOLE)  # type: ignore[arg-type]
+    narrowed = rules.required_limitations(**facts, selection=selection)  # type: ignore[arg-type]
+    assert "selection" not in whole
+    assert set(narrowed) - set(whole) == {"selection"}
+    assert rules.narrowing(selection)[0] in narrowed["selection"]
 
 
 def reasons(**changes: object) -> list[str]:

@@ -12,10 +12,15 @@
   failed-test list are held to the records too: claiming NCCL, two nodes or vLLM's warm code to
   drop a limitation, or emptying the list `--rerun-failed` reads, is invalid.
 - A file added to the bundle and to SHA256SUMS, but not to the receipt's file list, is caught.
+- A summary.md whose headline is changed to PASS, with only its SHA256SUMS line rewritten, is
+  caught: verify renders the summary again from the receipt.
+- A run narrowed by its pytest arguments (`--deselect`, `-k`, a target narrower than suites/)
+  names that in its `selection` limitation, and a receipt cannot drop it (see the forgeries).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -35,6 +40,7 @@ pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun"), pytest.
 
 REPO = Path(__file__).resolve().parent.parent
 WORLD = 2
+DESELECTED = "tests/rank_suites/rank_pass.py::test_skipped_everywhere"
 RUNS: dict[str, tuple[list[str], int]] = {
     # name: (dcpqual run arguments after the common ones, expected exit code)
     "early-exit": (["--", "tests/rank_suites/rank_early_exit.py"], 1),
@@ -43,7 +49,7 @@ RUNS: dict[str, tuple[list[str], int]] = {
         1,
     ),
     "killed": (["--", "tests/rank_suites/rank_exit.py"], 1),
-    "pass": (["--", "tests/rank_suites/rank_pass.py"], 0),
+    "pass": (["--", "tests/rank_suites/rank_pass.py", "--deselect", DESELECTED], 0),
 }
 
 
@@ -160,6 +166,21 @@ def no_failed_tests(data: dict[str, Any]) -> None:
     data["failed_tests"] = []
 
 
+def claims_kimi_geometry(data: dict[str, Any]) -> None:
+    """TP16/DCP16 on 2 ranks: the rank_pass suite has no capture, so no signature row says
+    which DCP size ran; only the records' own tp and dcp do."""
+    data["geometry"].update(tp=16, dcp=16)
+
+
+def claims_smaller_dcp(data: dict[str, Any]) -> None:
+    data["geometry"]["dcp"] = 1
+
+
+def whole_selection(data: dict[str, Any]) -> None:
+    data["selection"] = None
+    without_limitation(data, "selection")
+
+
 FORGERIES = [
     ("lazy", no_lazy_events, "capture.by_detector.transport-registry"),
     ("killed", no_killed_ranks, "ranks.complete"),
@@ -168,6 +189,9 @@ FORGERIES = [
     ("pass", claims_two_nodes, "geometry: place of rank 1"),
     ("pass", claims_vllm_warm_code, "warm_impl"),
     ("lazy", no_failed_tests, "failed_tests length"),
+    ("pass", claims_kimi_geometry, "geometry.tp"),
+    ("pass", claims_smaller_dcp, "geometry.dcp"),
+    ("pass", whole_selection, "selection"),
 ]
 
 
@@ -229,3 +253,46 @@ def test_a_file_added_to_sha256sums_but_not_the_receipt_is_invalid(
     assert capsys.readouterr().out.splitlines() == [
         "SHA256SUMS: lists records/rank-02.json, which receipt.json files does not name"
     ]
+
+
+def test_a_forged_summary_with_only_its_sums_line_rewritten_is_invalid(
+    copy_of: Callable[[str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bundle = copy_of("lazy")
+    summary = bundle / "summary.md"
+    text = summary.read_text()
+    assert text.startswith("# dcpqual: FAIL (not-qualified)\n")
+    summary.write_text(text.replace("FAIL (not-qualified)", "PASS (source-qualified)", 1))
+    sums = bundle / "SHA256SUMS"
+    digest = hashlib.sha256(summary.read_bytes()).hexdigest()
+    lines = [
+        f"{digest}  summary.md" if line.endswith("  summary.md") else line
+        for line in sums.read_text().splitlines()
+    ]
+    sums.write_text("\n".join(lines) + "\n")
+    with monkeypatch.context() as patch:  # the hashes alone agree with the forgery
+        patch.setattr(verify, "_check_summary", lambda *_: [])
+        assert verify.verify_bundle(bundle).ok
+
+    assert main(["verify", str(bundle)]) == 1
+    [problem] = capsys.readouterr().out.splitlines()
+    assert problem.startswith("summary.md: not what receipt.json renders: line 1 is ")
+    assert "# dcpqual: FAIL (not-qualified)" in problem
+
+
+def test_honest_bundles_verify_with_their_summaries(runs: dict[str, Path]) -> None:
+    for bundle in runs.values():
+        assert verify.verify_bundle(bundle).problems == ()
+
+
+def test_a_narrowed_selection_is_a_limitation_of_the_run(runs: dict[str, Path]) -> None:
+    deselected = receipt(runs["pass"])
+    assert deselected["selection"]["deselected"] == 1
+    [line] = [s for s in deselected["limitations"] if s.startswith("selection: ")]
+    assert "1 collected tests deselected (-k, -m or --deselect)" in line
+    assert "tests/rank_suites/rank_pass.py" in line  # not the suites/ folder either
+    keyword = receipt(runs["lazy"])  # suites/capture/test_capture.py -k kimi
+    [line] = [s for s in keyword["limitations"] if s.startswith("selection: ")]
+    assert "collected tests deselected" in line and "test_capture.py" in line

@@ -65,6 +65,49 @@ def test_torchrun_and_vllm_spellings_mean_the_same_options(launched):
     assert (ours.nproc_per_node, ours.tp, ours.dcp) == (2, 4, 2)
 
 
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        (("--tp", "2"), ("--tensor-parallel-size", "4")),
+        (("--dcp", "2"), ("--decode-context-parallel-size", "4")),
+        (("--nproc-per-node", "2"), ("--nproc_per_node", "4")),
+        (("--node-rank", "0"), ("--node_rank", "1")),
+        (("--rdzv-endpoint", "a:1"), ("--rdzv_endpoint", "b:2")),
+        (("--tp", "2"), ("--tp", "4")),
+        (("--backend", "gloo"), ("--backend", "nccl")),
+    ],
+)
+def test_contradicting_spellings_of_one_option_are_refused(capsys, launched, first, second):
+    argv = ("--nproc-per-node", "2", *first, *second)
+    if first[0].startswith("--nproc"):
+        argv = (*first, *second)
+    with pytest.raises(SystemExit) as refused:  # argparse refuses it, before any option is used
+        main(["run", *argv, "--", SUITE])
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert refused.value.code == 2
+    assert "given twice with different values" in line
+    assert f"{first[0]} {first[1]}" in line and f"{second[0]} {second[1]}" in line
+    assert launched == []
+
+
+def test_the_same_value_under_two_spellings_is_one_value(launched):
+    twice = options_of(
+        launched,
+        "--nproc-per-node",
+        "2",
+        "--nproc_per_node",
+        "2",
+        "--tp",
+        "4",
+        "--tensor-parallel-size",
+        "04",
+        "--dcp=2",
+        "--decode-context-parallel-size",
+        "2",
+    )
+    assert (twice.nproc_per_node, twice.tp, twice.dcp) == (2, 4, 2)
+
+
 def test_nproc_words_resolve_like_torchrun_and_are_recorded(launched):
     cores = len(os.sched_getaffinity(0))
     assert resolve_nproc("cpu") == cores
@@ -133,7 +176,9 @@ def test_help_lists_every_spelling_and_states_precedence_and_real_defaults():
     ],
 )
 def test_bad_new_options_are_one_line(capsys, launched, argv, needle):
-    base = ["--nproc-per-node", "2", "--tp", "2"]
+    base = (
+        ["--tp", "2"] if argv[0].startswith("--nproc") else ["--nproc-per-node", "2", "--tp", "2"]
+    )
     line = one_line_error(capsys, *base, *argv)
     assert line.startswith("dcpqual run: error: ") and needle in line
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from harness.cli import main
 
 KIMI = ["--model", "kimi-k3"]
@@ -46,3 +48,23 @@ def test_contradicting_backend_flags_are_one_line(capsys):
     code, _, err = signatures(capsys, *argv)
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "--backend flashmla contradicts --attention-backend b12x" in err
+
+
+def refused(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main(["signatures", *KIMI, *argv, "--json"])
+    captured = capsys.readouterr()
+    [line] = captured.err.splitlines()
+    assert exit_.value.code == 2 and captured.out == ""
+    return line
+
+
+def test_contradicting_tp_or_dcp_spellings_are_refused_and_repeats_are_fine(capsys):
+    line = refused(capsys, "--tp", "16", "--tensor-parallel-size", "8", "--dcp", "4")
+    assert "--tp 16 and --tensor-parallel-size 8" in line
+    line = refused(capsys, "--tp", "16", "--dcp", "4", "--decode-context-parallel-size", "2")
+    assert "--dcp 4 and --decode-context-parallel-size 2" in line
+    code, rows, err = signatures(
+        capsys, "--tp", "16", "--tensor-parallel-size", "16", "--dcp", "4", "--dcp", "4"
+    )
+    assert code == 0 and rows and err == ""

@@ -52,6 +52,10 @@ def register(subparsers: Any) -> None:
 def run_verify(args: argparse.Namespace) -> int:
     if (args.signature is None) != (args.public_key is None):
         raise UsageError("--signature and --public-key go together")
+    if args.signature is not None:
+        from harness.evidence.signature import check_signature_inputs
+
+        check_signature_inputs(args.signature, args.public_key)  # bad input: exit 2 first
     result = verify_bundle(args.dir)  # UsageError (exit 2) when DIR is unusable
     problems = list(result.problems)
     if args.signature is not None and not problems:

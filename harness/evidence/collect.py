@@ -40,6 +40,7 @@ from harness.evidence.schema import (
     NegativeControl,
     RootCause,
     RootCauseKind,
+    Selection,
     SignatureRow,
 )
 from harness.schema.rank_record import RankRecord, rank_record_path
@@ -133,6 +134,23 @@ def coverage_of(ranks: RankFiles) -> Coverage:
         without_outcome=len(missing),
         first_without_outcome=None if first is None else f"rank {first[1]}: {first[2]}",
     )
+
+
+def selection_of(ranks: RankFiles) -> Selection | None:
+    """What the ranks were told to select, over every rank that says (None: none says)."""
+    said = [r.selection for _, r in sorted(ranks.records.items()) if r.selection is not None]
+    if not said:
+        return None
+    return Selection(
+        targets=_in_order(t for s in said for t in s.targets),
+        partial_targets=_in_order(t for s in said for t in s.partial_targets),
+        deselected=max(s.deselected for s in said),
+        ignored=_in_order(t for s in said for t in s.ignored),
+    )
+
+
+def _in_order(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
 
 
 def transports(ranks: RankFiles) -> list[str]:

@@ -102,6 +102,9 @@ def tallies_line(receipt: Receipt) -> str:
     return f"{', '.join(parts) or 'no tests ran'}{wall}"
 
 
+RERUN_PREFIX = "rerun the failed tests: "
+
+
 def rerun_command(bundle: Path) -> str:
     return f"dcpqual run --rerun-failed {shlex.quote(str(bundle))}"
 
@@ -126,5 +129,5 @@ def ending_lines(receipt: Receipt, bundle: Path | None) -> list[str]:
                 lines.append(f"FAILED run - {first_line(reason)}")
     lines.append(_rule(f"{tallies_line(receipt)} ({receipt.verdict.upper()})"))
     if receipt.failed_tests and bundle is not None:
-        lines.append(f"rerun the failed tests: {rerun_command(bundle)}")
+        lines.append(f"{RERUN_PREFIX}{rerun_command(bundle)}")
     return lines

@@ -8,38 +8,32 @@ tallies or other signatures, even with every hash regenerated: it would have to 
 records consistently too (only a signature protects against that; see the README).
 
 The geometry is held to the records too: every record names its world size, backend, warm
-code, node and local rank, so a receipt cannot claim NCCL, more nodes or another layout than
-the ranks ran with (and so drop the limitations those would require).
+code, node and local rank, and (since records name them) the tp and dcp its suites qualified,
+so a receipt cannot claim NCCL, more nodes, another TP/DCP or another layout than the ranks ran
+with (and so drop the limitations those would require). What the ranks' pytest was told to
+select is held to the records too, so a narrowed run cannot drop its `selection` limitation.
 
 Not re-derived, because no file in the bundle records it independently: the run's exit code
-and timeout (the launcher's view), tp and dcp (only through the signatures' dcp size), the
-environment, sources and image, and the root cause's text (it may quote torchrun's error
-file). The root cause's rank, test and kind are re-derived whenever the records name a cause
-(not for an interruption, which only the launcher saw, nor for the fallbacks to torchrun's
-error file, JUnit or the verdict's reasons).
+and timeout (the launcher's view), tp and dcp of records that predate them, the environment,
+sources and image, and the root cause's text (it may quote torchrun's error file). The root
+cause's rank, test and kind are re-derived whenever the records name a cause (not for an
+interruption, which only the launcher saw, nor for the fallbacks to torchrun's error file,
+JUnit or the verdict's reasons).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from harness.evidence import rules
-from harness.evidence.collect import (
-    RankFiles,
-    coverage_of,
-    find_root_cause,
-    load_records,
-    merge_signatures,
-    summarize_capture,
-    transports,
-)
+from harness.evidence.collect import RankFiles, find_root_cause
 from harness.evidence.ending import failed_tests, ranks_rootdir
-from harness.evidence.junit import merge_junit, read_merged, tallies
-from harness.evidence.schema import Ranks, Receipt
+from harness.evidence.facts import rank_facts
+from harness.evidence.junit import read_merged, tallies
+from harness.evidence.schema import Receipt
 
 RECEIPT_NAME = "receipt.json"
 MERGED_JUNIT = "junit/merged.xml"
@@ -97,35 +91,13 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
     Tallies are checked on junit/merged.xml, which verify already holds the receipt's tallies
     to: each fact is checked once, where it is first stated.
     """
-    world = receipt.geometry.world_size
-    rank_files = load_records(bundle, world)
-    merged = merge_junit(bundle, rank_files)
-    suites = tallies(merged.cases)
-    capture, negative = summarize_capture(rank_files)
-    signatures = merge_signatures(rank_files.captures())
-    ranks = Ranks(
-        expected=world,
-        reported=len(rank_files.records),
-        complete=rank_files.complete,
-        killed=rank_files.killed,
-        stopped=rank_files.stopped,
-        missing_junit=list(merged.missing),
-    )
-    coverage = coverage_of(rank_files)
-    reasons_with = functools.partial(
-        rules.failure_reasons,
-        suites=suites,
-        capture=capture,
-        negative_control=negative,
-        signatures=signatures,
-        ranks=ranks,
-        run=receipt.run,
-    )
-    reasons = reasons_with(coverage=coverage)
+    facts = rank_facts(bundle, receipt.geometry.world_size, receipt.run)
+    rank_files = facts.rank_files
+    reasons = rules.failure_reasons_of(facts)
     # A receipt from before coverage was recorded listed its failures without it.
     stated_reasons = reasons
     if receipt.coverage is None:
-        stated_reasons = reasons_with(coverage=None)
+        stated_reasons = rules.failure_reasons_of(replace(facts, coverage=None))
 
     def dump(value: Any) -> Any:
         if isinstance(value, list):
@@ -139,20 +111,21 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
     r = RECEIPT_NAME
     yield from _geometry_facts(receipt, rank_files)
     yield r, "verdict", receipt.verdict, rules.verdict_of(reasons)
-    yield r, "ranks", dump(receipt.ranks), dump(ranks)
+    yield r, "ranks", dump(receipt.ranks), dump(facts.ranks)
     try:
         stated = tallies(read_merged(bundle / MERGED_JUNIT))
     except (OSError, ValueError):
         pass  # an unreadable merged.xml is reported by verify's consistency check
     else:
-        yield MERGED_JUNIT, "suites", dump(stated), dump(suites)
+        yield MERGED_JUNIT, "suites", dump(stated), dump(facts.suites)
     if receipt.coverage is not None:  # receipts from before coverage was recorded lack it;
         # their verdict and failures are still re-derived with the coverage the records show
-        yield r, "coverage", dump(receipt.coverage), dump(coverage)
-    yield r, "capture", dump(receipt.capture), dump(capture)
-    yield r, "negative_control", dump(receipt.negative_control), dump(negative)
-    yield r, "signatures", dump(receipt.signatures), dump(signatures)
-    yield r, "transports", receipt.transports, transports(rank_files)
+        yield r, "coverage", dump(receipt.coverage), dump(facts.coverage)
+    yield r, "capture", dump(receipt.capture), dump(facts.capture)
+    yield r, "negative_control", dump(receipt.negative_control), dump(facts.negative_control)
+    yield r, "signatures", dump(receipt.signatures), dump(facts.signatures)
+    yield r, "transports", receipt.transports, facts.transports
+    yield r, "selection", dump(receipt.selection), dump(facts.selection)
     yield from _ending_facts(receipt, rank_files, dump)
     yield r, "failures", receipt.failures, stated_reasons  # last: it sums up the facts above
 
@@ -173,6 +146,10 @@ def _geometry_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[s
     yield r, "geometry.world_size", g.world_size, _one(x.world_size for x in records.values())
     yield r, "geometry.backend", g.backend, _one(x.backend for x in records.values())
     yield r, "warm_impl", receipt.warm_impl, _one(x.warm_impl for x in records.values())
+    for name in ("tp", "dcp"):  # records written before they named their degrees do not
+        if any(getattr(x, name) is not None for x in records.values()):
+            derived = _one(getattr(x, name) for x in records.values())
+            yield r, f"geometry.{name}", getattr(g, name), derived
     for rank, record in sorted(records.items()):
         stated = f"node {rank // g.nproc_per_node}, local rank {rank % g.nproc_per_node}"
         placed = f"node {record.node_rank}, local rank {record.local_rank}"

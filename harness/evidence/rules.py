@@ -17,6 +17,8 @@ check that a receipt's verdict, status and limitations follow from its own facts
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from harness.evidence.schema import (
     Capture,
     Coverage,
@@ -26,6 +28,7 @@ from harness.evidence.schema import (
     NegativeControl,
     Ranks,
     Run,
+    Selection,
     SignatureRow,
     Source,
     Status,
@@ -35,6 +38,39 @@ from harness.evidence.schema import (
 from harness.image.identity import qualification_blockers
 
 GPU_PATH = "cuda-graph"
+
+
+class FailureFacts(Protocol):
+    """What the failure rules read: a receipt has these fields, and so do the rank facts the
+    writer and verify derive from the records."""
+
+    @property
+    def suites(self) -> dict[str, Tally]: ...
+    @property
+    def capture(self) -> Capture: ...
+    @property
+    def negative_control(self) -> NegativeControl: ...
+    @property
+    def signatures(self) -> list[SignatureRow]: ...
+    @property
+    def ranks(self) -> Ranks: ...
+    @property
+    def run(self) -> Run: ...
+    @property
+    def coverage(self) -> Coverage | None: ...
+
+
+def failure_reasons_of(facts: FailureFacts) -> list[str]:
+    """`failure_reasons` of a receipt, or of the facts a receipt is made from."""
+    return failure_reasons(
+        suites=facts.suites,
+        capture=facts.capture,
+        negative_control=facts.negative_control,
+        signatures=facts.signatures,
+        ranks=facts.ranks,
+        run=facts.run,
+        coverage=facts.coverage,
+    )
 
 
 def failure_reasons(
@@ -115,18 +151,42 @@ def gpu_capture_only(capture: Capture) -> bool:
     return capture.windows > 0 and capture.paths.get(GPU_PATH, 0) == capture.windows
 
 
+def narrowing(selection: Selection | None) -> list[str]:
+    """How the run selected less than the whole suites/ folder; [] when it did not (or the
+    records do not say)."""
+    if selection is None:
+        return []
+    out = []
+    if selection.partial_targets:
+        shown = ", ".join(selection.partial_targets[:3])
+        more = (
+            f" and {len(selection.partial_targets) - 3} more"
+            if len(selection.partial_targets) > 3
+            else ""
+        )
+        out.append(f"pytest targets other than the whole suites/ folder: {shown}{more}")
+    if selection.deselected:
+        out.append(f"{selection.deselected} collected tests deselected (-k, -m or --deselect)")
+    if selection.ignored:
+        out.append(f"paths left out with --ignore: {', '.join(selection.ignored[:3])}")
+    return out
+
+
 def status_of(
     verdict: Verdict,
     geometry: Geometry,
     image: Image | None,
     capture: Capture,
     environment: Environment,
+    selection: Selection | None = None,
 ) -> Status:
+    """`selection` None: the records do not say what was selected."""
     if verdict != "pass":
         return "not-qualified"
     locked = image is not None and not image_blockers(image)
     on_gpus = bool(environment.gpus)
-    if geometry.backend == "nccl" and locked and on_gpus and gpu_capture_only(capture):
+    whole = not narrowing(selection)
+    if geometry.backend == "nccl" and locked and on_gpus and gpu_capture_only(capture) and whole:
         return "qualified"
     return "source-qualified"
 
@@ -140,9 +200,15 @@ def required_limitations(
     transports: list[str],
     ranks: Ranks,
     sources: dict[str, Source],
+    selection: Selection | None = None,
 ) -> dict[str, str]:
     """{key: text} for every path that did not run; verify checks that each key is listed."""
     out: dict[str, str] = {}
+    if narrowed := narrowing(selection):
+        out["selection"] = (
+            "the run selected less than the suites hold, so it qualifies only what ran: "
+            + "; ".join(narrowed)
+        )
     if not gpu_capture_only(capture):
         if capture.windows == 0:
             out["gpu-capture"] = "no capture window ran, so no capture was checked at all"

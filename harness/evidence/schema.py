@@ -272,6 +272,18 @@ class Coverage(_Model):
         return self
 
 
+class Selection(_Model):
+    """extension: what the ranks' pytest was told to select, from their records: the targets,
+    those that are not the whole suites/ folder, the most collected tests any rank's -k, -m or
+    --deselect took away, and the --ignore paths. Any of these narrows the run
+    (`rules.narrowing`): a limitation, and never `qualified`."""
+
+    targets: list[str] = Field(default_factory=list)
+    partial_targets: list[str] = Field(default_factory=list)
+    deselected: NonNegativeInt = 0
+    ignored: list[str] = Field(default_factory=list)
+
+
 class Run(_Model):
     """extension: how the run was launched and how it ended."""
 
@@ -317,6 +329,8 @@ class Receipt(_Model):
     # The failed tests, the root cause's first, then in collection order: the ending's FAILED
     # lines and what `dcpqual run --rerun-failed` reruns.
     failed_tests: list[FailedTest] = Field(default_factory=list)
+    # None where the records do not say what was selected (written before they did).
+    selection: Selection | None = None
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 

@@ -27,7 +27,7 @@ from typing import Any
 from harness.atomic import atomic_write_bytes
 from harness.errors import UsageError
 from harness.evidence.files import SUMS_NAME, sha256_file
-from harness.jsonfile import JsonSyntaxError, read_bounded, read_json
+from harness.jsonfile import JsonFileRefused, JsonSyntaxError, read_bounded, read_json
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -68,6 +68,8 @@ def _load_private(path: Path) -> Any:
 
     try:
         key = serialization.load_pem_private_key(read_bounded(path, MAX_KEY_BYTES), None)
+    except JsonFileRefused:
+        raise  # missing, unreadable or not a regular file: already one line
     except (ValueError, TypeError) as exc:
         raise UsageError(f"{path}: not an unencrypted PEM private key: {exc}") from None
     if not isinstance(key, Ed25519PrivateKey):
@@ -81,6 +83,8 @@ def _load_public(path: Path) -> Any:
 
     try:
         key = serialization.load_pem_public_key(read_bounded(path, MAX_KEY_BYTES))
+    except JsonFileRefused:
+        raise  # missing, unreadable or not a regular file: already one line
     except (ValueError, TypeError) as exc:
         raise UsageError(f"{path}: not a PEM public key: {exc}") from None
     if not isinstance(key, Ed25519PublicKey):
@@ -134,18 +138,31 @@ def sign_bundle(bundle: Path, key_path: Path, out: Path) -> Path:
     return out
 
 
+def check_signature_inputs(signature: Path, public_key: Path) -> None:
+    """Refuse (UsageError) a key or signature file that cannot be read at all, or a missing
+    `cryptography`, before any verdict on the bundle: that is bad input, not bad evidence."""
+    _load_public(public_key)
+    read_bounded(signature, MAX_KEY_BYTES)
+
+
 def signature_problems(bundle: Path, signature: Path, public_key: Path) -> list[str]:
-    """Why `signature` does not vouch for this very bundle with this key; [] when it does."""
+    """Why `signature` does not vouch for this very bundle with this key; [] when it does.
+    An unreadable key or signature file is a UsageError, never a problem of the bundle."""
     key = _load_public(public_key)  # first: a missing `cryptography` is one line, exit 2
     from cryptography.exceptions import InvalidSignature
 
     name = signature.name
     try:
         envelope = read_json(signature, max_bytes=MAX_KEY_BYTES)
+    except JsonFileRefused:
+        raise
+    except JsonSyntaxError as exc:
+        return [f"{name}: not a DSSE envelope: {exc}"]
+    try:
         payload_type = envelope["payloadType"]
         payload = base64.b64decode(envelope["payload"], validate=True)
         sigs = [base64.b64decode(s["sig"], validate=True) for s in envelope["signatures"]]
-    except (JsonSyntaxError, KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         return [f"{name}: not a DSSE envelope: {exc}"]
     if payload_type != PAYLOAD_TYPE:
         return [f"{name}: payloadType is {payload_type!r}, expected {PAYLOAD_TYPE!r}"]

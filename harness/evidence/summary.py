@@ -2,16 +2,21 @@
 
 It ends with the sha256 of receipt.json, so a pasted summary names the exact receipt it came
 from, and so `dcpqual verify` has a second witness for receipt.json besides SHA256SUMS.
+
+The text is a pure function of the (scrubbed) receipt, its sha256 and the bundle path the
+rerun line names, so `dcpqual verify` renders it again and rejects a summary that says
+anything else (a headline changed to PASS with only its SHA256SUMS line rewritten).
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
 from harness.evidence import markdown as md
-from harness.evidence.ending import ending_lines
+from harness.evidence.ending import RERUN_PREFIX, ending_lines
 from harness.evidence.schema import Ranks, Receipt
 
 RECEIPT_SHA_LINE = "receipt.json sha256: `{}`"
@@ -22,6 +27,42 @@ def receipt_sha256_in(summary: str) -> str | None:
     """The receipt sha256 a summary names, or None."""
     found = _RECEIPT_SHA.findall(summary)
     return found[0] if len(found) == 1 else None
+
+
+def rerun_bundle_in(summary: str) -> Path | None:
+    """The bundle path the summary's rerun line names (the folder it was written in), or
+    None when it has no such line."""
+    for line in summary.splitlines():
+        if line.startswith(RERUN_PREFIX):
+            words = _split(line[len(RERUN_PREFIX) :])
+            if len(words) == 4 and words[:3] == ["dcpqual", "run", "--rerun-failed"]:
+                return Path(words[3])
+    return None
+
+
+def _split(text: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return []
+
+
+def summary_differences(stated: str, receipt: Receipt, receipt_sha256: str) -> str | None:
+    """Where a summary.md differs from the one this receipt renders, as one phrase, or None."""
+    expected = render_summary(receipt, receipt_sha256, bundle=rerun_bundle_in(stated))
+    if stated == expected:
+        return None
+    mine, theirs = stated.splitlines(), expected.splitlines()
+    for number, (a, b) in enumerate(zip(mine, theirs, strict=False), start=1):
+        if a != b:
+            return f"line {number} is {_clip(a)!r} where the receipt renders {_clip(b)!r}"
+    if len(mine) != len(theirs):
+        return f"it has {len(mine)} lines where the receipt renders {len(theirs)}"
+    return "its line endings or final newline differ from what the receipt renders"
+
+
+def _clip(line: str) -> str:
+    return line if len(line) <= 100 else line[:97] + "..."
 
 
 def _cell(markdown: object) -> str:

@@ -12,7 +12,8 @@ Four layers, each problem one line that starts with the file it is about:
    limitations follow from the receipt's own facts (harness.evidence.rules).
 4. Re-derivation: the receipt's verdict, failures, ranks, tallies, coverage, capture, negative
    control, signatures and transports equal what the hash-covered rank records and JUnit
-   reports say (harness.evidence.rederive), naming the first field that differs.
+   reports say (harness.evidence.rederive), naming the first field that differs; and
+   summary.md is exactly what the receipt renders (harness.evidence.summary).
 
 JSON is read bounded and strict (harness.jsonfile): a receipt that is a FIFO, a device, huge or
 nested too deep stops verify with one line and exit 2.
@@ -31,7 +32,7 @@ from harness.evidence.files import SUMS_NAME, parse_sums, sha256_file, walk
 from harness.evidence.junit import read_merged, tallies
 from harness.evidence.rederive import rederive_problems
 from harness.evidence.schema import SCHEMA, Receipt, Tally
-from harness.evidence.summary import receipt_sha256_in
+from harness.evidence.summary import receipt_sha256_in, summary_differences
 from harness.evidence.writer import MERGED_JUNIT, RECEIPT_NAME, SUMMARY_NAME, UNWITNESSED
 from harness.jsonfile import JsonSyntaxError, read_json
 
@@ -62,6 +63,7 @@ def verify_bundle(bundle: Path) -> VerifyResult:
     if receipt is not None:
         problems += _check_consistency(bundle, receipt)
         problems += rederive_problems(bundle, receipt)
+        problems += _check_summary(bundle, receipt)
     return VerifyResult(bundle, tuple(problems))
 
 
@@ -206,15 +208,7 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
             if bad_ranks:
                 problems.append(f"{MERGED_JUNIT}: cases of ranks {bad_ranks} beyond world size")
 
-    reasons = rules.failure_reasons(
-        suites=receipt.suites,
-        capture=receipt.capture,
-        negative_control=receipt.negative_control,
-        signatures=receipt.signatures,
-        ranks=receipt.ranks,
-        run=receipt.run,
-        coverage=receipt.coverage,
-    )
+    reasons = rules.failure_reasons_of(receipt)
     verdict = rules.verdict_of(reasons)
     if receipt.verdict != verdict:
         why = "; ".join(reasons) or "nothing failed"
@@ -222,7 +216,12 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
             f"{RECEIPT_NAME}: verdict is {receipt.verdict} but its facts say {verdict} ({why})"
         )
     status = rules.status_of(
-        receipt.verdict, receipt.geometry, receipt.image, receipt.capture, receipt.environment
+        receipt.verdict,
+        receipt.geometry,
+        receipt.image,
+        receipt.capture,
+        receipt.environment,
+        selection=receipt.selection,
     )
     if receipt.status != status:
         digest = receipt.image.digest if receipt.image else None
@@ -253,10 +252,27 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
         transports=receipt.transports,
         ranks=receipt.ranks,
         sources=receipt.sources,
+        selection=receipt.selection,
     )
     for key in rules.missing_limitations(receipt.limitations, required):
         problems.append(f"{RECEIPT_NAME}: limitations do not name '{key}': {required[key]}")
     return problems
+
+
+def _check_summary(bundle: Path, receipt: Receipt) -> list[str]:
+    """summary.md must be exactly what this receipt renders (the writer renders it only from
+    the scrubbed receipt and the bundle path its rerun line names)."""
+    path = bundle / SUMMARY_NAME
+    if not path.is_file() or path.is_symlink():
+        return []  # reported by the file check
+    try:
+        stated = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return [f"{SUMMARY_NAME}: unreadable: {exc}"]
+    where = summary_differences(stated, receipt, sha256_file(bundle / RECEIPT_NAME))
+    if where is None:
+        return []
+    return [f"{SUMMARY_NAME}: not what {RECEIPT_NAME} renders: {where}"]
 
 
 def _tally(t: Tally | None) -> str:

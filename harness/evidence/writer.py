@@ -22,17 +22,10 @@ from harness import __version__
 from harness.atomic import atomic_write_bytes
 from harness.errors import UsageError
 from harness.evidence import rules
-from harness.evidence.collect import (
-    coverage_of,
-    find_root_cause,
-    load_records,
-    merge_signatures,
-    model_sources,
-    summarize_capture,
-    transports,
-)
+from harness.evidence.collect import find_root_cause, model_sources
 from harness.evidence.ending import failed_tests, ranks_rootdir
 from harness.evidence.environment import capture_environment
+from harness.evidence.facts import rank_facts
 from harness.evidence.files import (
     SUMS_NAME,
     hash_files,
@@ -41,10 +34,9 @@ from harness.evidence.files import (
     unsafe_name,
     walk,
 )
-from harness.evidence.junit import merge_junit, tallies
 from harness.evidence.redact import Scrubber, ScrubReport, scrub_folder, secret_values
 from harness.evidence.run_context import RunContext
-from harness.evidence.schema import SCHEMA, Geometry, Image, Ranks, Receipt, RootCause, Run
+from harness.evidence.schema import SCHEMA, Geometry, Image, Receipt, RootCause, Run
 from harness.evidence.sources import capture_sources
 from harness.evidence.summary import render_summary
 
@@ -200,7 +192,10 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     receipt_bytes = receipt.dumps().encode("utf-8")
     atomic_write_bytes(out_dir / RECEIPT_NAME, receipt_bytes)
 
-    text = render_summary(receipt, sha256_bytes(receipt_bytes), bundle=out_dir.absolute())
+    # Rendered only from scrubbed values (the receipt, the folder's name), so verify can render
+    # it again byte for byte; the last scrub is a net that leaves it unchanged.
+    shown, _ = scrub.text(str(out_dir.absolute()))
+    text = render_summary(receipt, sha256_bytes(receipt_bytes), bundle=Path(shown))
     summary, _ = scrub.data(text.encode())
     atomic_write_bytes(out_dir / SUMMARY_NAME, summary)
 
@@ -213,39 +208,12 @@ def assemble_receipt(
     out_dir: Path, ctx: RunContext, geometry: Geometry, image: Image | None
 ) -> tuple[Receipt, bytes]:
     """The receipt (without its `files` witness) and merged JUnit bytes; writes nothing."""
-    rank_files = load_records(out_dir, ctx.world_size)
-    merged = merge_junit(out_dir, rank_files)
-    suites = tallies(merged.cases)
-    capture, negative = summarize_capture(rank_files)
-    signatures = merge_signatures(rank_files.captures())
-    ranks = Ranks(
-        expected=ctx.world_size,
-        reported=len(rank_files.records),
-        complete=rank_files.complete,
-        killed=rank_files.killed,
-        stopped=rank_files.stopped,
-        missing_junit=list(merged.missing),
-    )
-    coverage = coverage_of(rank_files)
-    run = Run(
-        command=list(ctx.command),
-        pytest_args=list(ctx.pytest_args),
-        exit_code=ctx.exit_code,
-        timed_out=ctx.timed_out,
-        started_at=ctx.started_at,
-        finished_at=ctx.finished_at,
-        extra=dict(ctx.extra),
-        rootdir=ranks_rootdir(rank_files),
-    )
-    reasons = rules.failure_reasons(
-        suites=suites,
-        capture=capture,
-        negative_control=negative,
-        signatures=signatures,
-        ranks=ranks,
-        run=run,
-        coverage=coverage,
-    )
+    facts = rank_facts(out_dir, ctx.world_size, _launched(ctx))
+    rank_files, merged = facts.rank_files, facts.merged
+    capture, negative = facts.capture, facts.negative_control
+    # the rootdir is the records' fact; the failure rules do not read it
+    run = facts.run.model_copy(update={"rootdir": ranks_rootdir(rank_files)})
+    reasons = rules.failure_reasons_of(facts)
     verdict = rules.verdict_of(reasons)
     root_cause = None
     if verdict == "fail":
@@ -260,7 +228,7 @@ def assemble_receipt(
         root_cause = _with_stack_dump(out_dir, root_cause)
     environment = capture_environment(hosts=(r.hostname for r in rank_files.records.values()))
     sources = capture_sources()
-    used_transports = transports(rank_files)
+    used_transports = facts.transports
     models = model_sources(rank_files)
     limitations = rules.render_limitations(
         rules.required_limitations(
@@ -269,8 +237,9 @@ def assemble_receipt(
             capture=capture,
             negative_control=negative,
             transports=used_transports,
-            ranks=ranks,
+            ranks=facts.ranks,
             sources=sources,
+            selection=facts.selection,
         ),
         rules.advisory_limitations(
             sources=sources,
@@ -285,29 +254,45 @@ def assemble_receipt(
     receipt = Receipt(
         schema=SCHEMA,
         verdict=verdict,
-        status=rules.status_of(verdict, geometry, image, capture, environment),
+        status=rules.status_of(
+            verdict, geometry, image, capture, environment, selection=facts.selection
+        ),
         geometry=geometry,
         environment=environment,
         image=image,
         sources=sources,
-        suites=suites,
-        signatures=signatures,
+        suites=facts.suites,
+        signatures=facts.signatures,
         capture=capture,
         negative_control=negative,
         root_cause=root_cause,
         limitations=limitations,
         failures=reasons,
         failed_tests=failed_tests(rank_files, root_cause),
+        selection=facts.selection,
         warm_impl=ctx.warm_impl,
         transports=used_transports,
         models=models,
-        ranks=ranks,
-        coverage=coverage,
+        ranks=facts.ranks,
+        coverage=facts.coverage,
         run=run,
         generated_by=f"dcpqual {__version__}",
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     return receipt, merged.xml
+
+
+def _launched(ctx: RunContext) -> Run:
+    """How the launcher started the run and saw it end (no rank file records this)."""
+    return Run(
+        command=list(ctx.command),
+        pytest_args=list(ctx.pytest_args),
+        exit_code=ctx.exit_code,
+        timed_out=ctx.timed_out,
+        started_at=ctx.started_at,
+        finished_at=ctx.finished_at,
+        extra=dict(ctx.extra),
+    )
 
 
 def _validated(ctx: RunContext) -> tuple[Geometry, Image | None]:

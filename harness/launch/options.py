@@ -223,11 +223,63 @@ RUN_OPTIONS: tuple[Option, ...] = (
 OPTIONS_BY_DEST: dict[str, Option] = {o.dest: o for o in RUN_OPTIONS}
 
 
+class SingleValue(argparse.Action):
+    """Store an option's text, refusing a second, different value under any of its spellings.
+
+    argparse keeps the last of `--tp 2 --tensor-parallel-size 4` silently; a run must not
+    qualify a geometry the user contradicted. The same value given twice is accepted. Values
+    are compared as the option parses them (`--tp 4 --tp 04` agree) when `same` is given.
+    """
+
+    def __init__(
+        self, *args: Any, same: Callable[[str, str], bool] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._same = same or (lambda a, b: a == b)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        given: dict[str, tuple[str, str]] = namespace.__dict__.setdefault("_given_as", {})
+        earlier = given.get(self.dest)
+        if earlier is not None and not self._same(earlier[1], values):
+            raise argparse.ArgumentError(
+                self,
+                f"given twice with different values: {earlier[0]} {earlier[1]} and "
+                f"{option_string} {values}; give it once",
+            )
+        given[self.dest] = (option_string or self.dest, values)
+        setattr(namespace, self.dest, values)
+
+
+def _same_value(opt: Option) -> Callable[[str, str], bool]:
+    def same(a: str, b: str) -> bool:
+        if a == b:
+            return True
+        try:
+            return bool(opt.parse(opt.flag, a) == opt.parse(opt.flag, b))
+        except UsageError:
+            return False  # a value that does not parse differs; choose() names it
+
+    return same
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The table as argparse flags. argparse defaults stay None, so `chosen` sees what was given."""
+    """The table as argparse flags. argparse defaults stay None, so `chosen` sees what was given;
+    each option takes one value, however many of its spellings are used (`SingleValue`)."""
     for opt in RUN_OPTIONS:
         parser.add_argument(
-            *opt.flags, dest=opt.dest, default=None, metavar=opt.metavar, help=opt.help_text()
+            *opt.flags,
+            dest=opt.dest,
+            default=None,
+            metavar=opt.metavar,
+            help=opt.help_text(),
+            action=SingleValue,
+            same=_same_value(opt),
         )
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from harness.capture.records import CaptureRecord
+from harness.core.geometry import qualified_degrees
 from harness.models.real.builder import built_trees
 from harness.rank.agreement import Agreement, LocalResult, agree, compare_collections
 from harness.rank.bootstrap import BootstrapError, RankEnv, init_process_group, teardown
@@ -37,7 +38,7 @@ from harness.rank.rankfiles import RecordKeeper, dump_stacks, junit_path, write_
 from harness.rank.sidechannel import SideChannel
 from harness.rank.watchdog import WatchConfig, Watchdog
 from harness.rank.worldbreak import AgentWatch, destroyed_group, group_alive
-from harness.schema.rank_record import Outcome, TestOutcome, WorldBreak
+from harness.schema.rank_record import Outcome, Selection, TestOutcome, WorldBreak
 from harness.transport.registry import transports_used
 
 PLUGIN_NAME = "dcpqual-rank"
@@ -114,6 +115,8 @@ class RankPlugin:
         self.collect_timeout_s = float(config.getoption("dcpqual_collect_timeout"))
         self.maxfail = int(config.getoption("dcpqual_maxfail"))
         self._agreed_failures = 0
+        self._deselected = 0  # collected tests -k, -m or --deselect took away
+        self._by_model_source: set[str] = set()  # left out by --models, not by the user
         self.keeper: RecordKeeper | None = None
         self.channel: SideChannel | None = None
         self.watchdog: Watchdog | None = None
@@ -150,7 +153,7 @@ class RankPlugin:
             self.keeper.finish(abort_reason=f"bootstrap failed: {exc}", primary=True)
             write_error_file(env.rank, None, f"bootstrap failed: {exc}")
             raise pytest.UsageError(f"dcpqual rank {env.rank}: {exc}") from None
-        self.keeper.update(device=str(device), extra=self._where())
+        self.keeper.update(device=str(device), extra=self._where(), **self._degrees())
         keeper = self.keeper
         self.agent_watch = AgentWatch(
             env.rank, os.getppid(), lambda: keeper.record.current_test, self._broke_world
@@ -173,6 +176,35 @@ class RankPlugin:
         if self.keeper is not None and self.keeper.record.broke_world is None:
             self.keeper.update(broke_world=broke)
             sys.stderr.write(f"\ndcpqual rank {self.env.rank}: {broke.message}\n")
+
+    def _degrees(self) -> dict[str, int]:
+        """The tp and dcp the suites on this rank qualify (the `qualification` fixture's)."""
+        try:
+            tp, dcp = qualified_degrees(self.env.world_size)
+        except ValueError:
+            return {}  # the suites' fixture fails on it and says so
+        return {"tp": tp, "dcp": dcp}
+
+    def _selection(self) -> Selection:
+        """What pytest was told to select here, for the evidence to name any narrowing."""
+        config = self.config
+        ignored = [*(config.getoption("ignore") or []), *(config.getoption("ignore_glob") or [])]
+        return Selection.of(
+            [str(a) for a in config.args],
+            invocation_dir=config.invocation_params.dir,
+            suites=config.rootpath / "suites",
+            deselected=self._deselected,
+            ignored=[str(p) for p in ignored],
+        )
+
+    def left_out_by_model_source(self, items: list[pytest.Item]) -> None:
+        """The suites leave these out because of the run's --models (the receipt's real-trees
+        limitation names that); called before they are deselected, so they are not counted as
+        a narrowed selection."""
+        self._by_model_source.update(item.nodeid for item in items)
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        self._deselected += sum(1 for item in items if item.nodeid not in self._by_model_source)
 
     def _where(self) -> dict[str, object]:
         """Where this rank's files and tests live: the pytest rootdir its node ids are relative
@@ -238,6 +270,7 @@ class RankPlugin:
         nodeids = tuple(item.nodeid for item in session.items)
         self._index = {id(item): i for i, item in enumerate(session.items)}
         self.keeper.collected(nodeids)
+        self.keeper.update(selection=self._selection())
         self.channel.post_collection(nodeids)
         lists = self.channel.gather_collections(time.monotonic() + self.collect_timeout_s)
         missing = [r for r in range(self.env.world_size) if r not in lists]

@@ -7,6 +7,7 @@ Rank-side code must stay importable without the evidence or launcher packages.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -126,6 +127,57 @@ class WorldBreak:
 
 
 @dataclass(frozen=True)
+class Selection:
+    """What this rank's pytest was told to select, beside what it collected: the targets it
+    was given, those of them that are not the repository's whole suites/ folder, how many
+    collected tests -k, -m or --deselect took away, and the paths --ignore left out. A run is
+    only as broad as what it selected, so the evidence names any narrowing."""
+
+    targets: tuple[str, ...] = ()
+    partial_targets: tuple[str, ...] = ()
+    deselected: int = 0
+    ignored: tuple[str, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        targets: Sequence[str],
+        *,
+        invocation_dir: Path,
+        suites: Path,
+        deselected: int = 0,
+        ignored: Sequence[str] = (),
+    ) -> Selection:
+        """From pytest's targets as given (relative to `invocation_dir`): a node id, or a path
+        other than the `suites` folder itself, is a partial target."""
+        whole = suites.resolve()
+        partial = [t for t in targets if "::" in t or (invocation_dir / t).resolve() != whole]
+        return cls(
+            targets=tuple(targets),
+            partial_targets=tuple(partial),
+            deselected=deselected,
+            ignored=tuple(ignored),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "targets": list(self.targets),
+            "partial_targets": list(self.partial_targets),
+            "deselected": self.deselected,
+            "ignored": list(self.ignored),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Selection:
+        return cls(
+            targets=tuple(str(t) for t in data.get("targets", [])),
+            partial_targets=tuple(str(t) for t in data.get("partial_targets", [])),
+            deselected=int(data.get("deselected", 0)),
+            ignored=tuple(str(t) for t in data.get("ignored", [])),
+        )
+
+
+@dataclass(frozen=True)
 class RankRecord:
     """Everything one rank reports. `complete` is False until the rank's session finished;
     a record that never became complete belongs to a rank that died."""
@@ -158,6 +210,11 @@ class RankRecord:
     waiting_since: float | None = None
     # Extension: this rank's own action broke the world (see `WorldBreak`); the first one only.
     broke_world: WorldBreak | None = None
+    # Extensions: the tp and dcp this rank's suites qualified (None: not recorded), and what
+    # its pytest was told to select (None: not recorded).
+    tp: int | None = None
+    dcp: int | None = None
+    selection: Selection | None = None
 
     @property
     def stopped(self) -> bool:
@@ -196,6 +253,9 @@ class RankRecord:
             "aborted_at": self.aborted_at,
             "waiting_since": self.waiting_since,
             "broke_world": None if self.broke_world is None else self.broke_world.to_json(),
+            "tp": self.tp,
+            "dcp": self.dcp,
+            "selection": None if self.selection is None else self.selection.to_json(),
         }
 
     @classmethod
@@ -227,6 +287,9 @@ class RankRecord:
             broke_world=(
                 WorldBreak.from_json(data["broke_world"]) if data.get("broke_world") else None
             ),
+            tp=None if data.get("tp") is None else int(data["tp"]),
+            dcp=None if data.get("dcp") is None else int(data["dcp"]),
+            selection=(Selection.from_json(data["selection"]) if data.get("selection") else None),
         )
 
     def write(self, path: Path) -> None:

@@ -20,6 +20,7 @@ from harness.core.signature import (
     OUTPUT_DTYPES,
 )
 from harness.errors import UsageError
+from harness.launch.options import SingleValue
 
 if TYPE_CHECKING:
     from harness.warm.discovery import Discovery
@@ -35,8 +36,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     p.add_argument("--model", required=True, choices=MODEL_CHOICES)
-    p.add_argument("--tp", "--tensor-parallel-size", dest="tp", required=True, type=int)
-    p.add_argument("--dcp", "--decode-context-parallel-size", dest="dcp", required=True, type=int)
+    for flags, dest in (
+        (("--tp", "--tensor-parallel-size"), "tp"),
+        (("--dcp", "--decode-context-parallel-size"), "dcp"),
+    ):  # one value however spelled: a contradiction is refused, not last-wins
+        p.add_argument(*flags, dest=dest, required=True, type=int, action=SingleValue)
     p.add_argument(
         "--attention-backend",
         dest="attention_backend",

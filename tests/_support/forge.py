@@ -23,15 +23,7 @@ Edit = Callable[[dict[str, Any]], None]
 
 def self_consistent(receipt: Receipt) -> Receipt:
     """The receipt with verdict, failures, status and root cause following from its facts."""
-    reasons = rules.failure_reasons(
-        suites=receipt.suites,
-        capture=receipt.capture,
-        negative_control=receipt.negative_control,
-        signatures=receipt.signatures,
-        ranks=receipt.ranks,
-        run=receipt.run,
-        coverage=receipt.coverage,
-    )
+    reasons = rules.failure_reasons_of(receipt)
     verdict = rules.verdict_of(reasons)
     cause = receipt.root_cause
     if verdict == "pass":
@@ -39,7 +31,12 @@ def self_consistent(receipt: Receipt) -> Receipt:
     elif cause is None:
         cause = RootCause(rank=None, test=None, message=reasons[0], kind="run")
     status = rules.status_of(
-        verdict, receipt.geometry, receipt.image, receipt.capture, receipt.environment
+        verdict,
+        receipt.geometry,
+        receipt.image,
+        receipt.capture,
+        receipt.environment,
+        selection=receipt.selection,
     )
     return receipt.model_copy(
         update={"verdict": verdict, "failures": reasons, "status": status, "root_cause": cause}
@@ -50,7 +47,8 @@ def reseal(bundle: Path) -> None:
     """summary.md and SHA256SUMS rewritten for whatever receipt.json now says."""
     receipt_bytes = (bundle / "receipt.json").read_bytes()
     receipt = Receipt.model_validate_json(receipt_bytes)
-    (bundle / "summary.md").write_text(render_summary(receipt, sha256_bytes(receipt_bytes)))
+    summary = render_summary(receipt, sha256_bytes(receipt_bytes), bundle=bundle.absolute())
+    (bundle / "summary.md").write_text(summary)
     listed = [e.relpath for e in walk(bundle) if e.relpath != SUMS_NAME]
     (bundle / SUMS_NAME).write_text(render_sums(hash_files(bundle, listed)))
 
