@@ -162,6 +162,23 @@ def test_the_float64_reference_equals_b12x_reference_on_every_rank(world, dtype,
     assert not problems, "\n".join(problems)
 
 
+def scaled_and_summed(outputs: torch.Tensor, lses: torch.Tensor, rank: int, *, base_e: bool):
+    """The AG+RS transport's local math: its in-place scaling step on every partial's copy of
+    this rank's heads, then the sum its reduce-scatter does, cast once at the end."""
+    h = outputs.shape[2] // outputs.shape[0]
+    own = slice(rank * h, (rank + 1) * h)
+    block = outputs[:, :, own]
+    weights = combine.combine_weights(lses[:, :, own], base_e=base_e).weights
+    scaled = combine.scale_into(torch.empty(block.shape, dtype=weights.dtype), block, weights)
+    return scaled.sum(dim=0).to(outputs.dtype)
+
+
+@pytest.mark.parametrize("world, dtype, base_e", CONFIGS)
+def test_the_ag_rs_scaling_step_equals_b12x_reference_on_every_rank(world, dtype, base_e):
+    problems = disagreements(scaled_and_summed, world, dtype, base_e)
+    assert not problems, "\n".join(problems)
+
+
 def test_the_adversarial_inputs_reach_the_edge_cases():
     """The cases hold what the mutation tests rely on: invalid LSEs with garbage outputs,
     all-empty heads, LSEs where exp() overflows, and valid weights that underflow to 0."""
