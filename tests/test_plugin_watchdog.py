@@ -117,3 +117,15 @@ def test_heartbeat_touches_the_record(watchdog_world):
         time.sleep(0.05)
     dog.stop()
     assert path.stat().st_mtime > 2_000_000
+
+
+def test_a_timeout_in_a_lane_is_settled_with_the_lane_not_the_world(world):
+    """A sub-world case placed on rank 0 alone: rank 1 never runs it, so its silence is no
+    blame; the rank that timed out is primary."""
+    out, _, _ = world
+    dog, exits = make(world, test_timeout_s=0.3)
+    dog.begin_test(0, NODEID, ranks=(0,))
+    assert exits.done.wait(10), "watchdog never fired"
+    [test] = record(out).tests
+    assert (test.outcome, test.primary, test.failing_ranks) == ("failed", True, (0,))
+    assert test.agreed
