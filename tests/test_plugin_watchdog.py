@@ -129,3 +129,17 @@ def test_a_timeout_in_a_lane_is_settled_with_the_lane_not_the_world(world):
     [test] = record(out).tests
     assert (test.outcome, test.primary, test.failing_ranks) == ("failed", True, (0,))
     assert test.agreed
+
+
+def test_another_lanes_trouble_does_not_abort_a_sub_world_case(world):
+    """A rank of another lane left the job (the abort key is set): a world-wide case is
+    aborted after the grace, a case on this rank's lane runs on (the launcher ends the job)."""
+    _, chans, _ = world
+    dog, exits = make(world, test_timeout_s=60, abort_grace_s=0.1)
+    chans[1].signal_abort("rank 1 timed out in another lane's case")
+    dog.begin_test(0, NODEID, ranks=(0,))
+    assert not exits.done.wait(0.6), "a lane case was aborted for another lane's trouble"
+    assert dog.body_done()
+    dog.begin_test(1, NODEID)
+    assert exits.done.wait(10), "a world-wide case must still be aborted"
+    assert exits.codes == [EXIT_FAILED]

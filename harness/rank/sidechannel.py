@@ -178,8 +178,12 @@ class SideChannel:
     def gather_results(
         self, index: int, deadline: float, ranks: Sequence[int] | None = None
     ) -> dict[int, LocalResult]:
-        """Results of test `index` from every rank, or from `ranks` (the lane that ran it)."""
-        raw = self._gather(f"res/{index}", deadline, early=self.aborted, ranks=ranks)
+        """Results of test `index` from every rank, or from `ranks` (the lane that ran it).
+
+        A lane's wait is not cut short by an abort elsewhere in the world: its own ranks are
+        still finishing their case, and the launcher ends the job when a rank leaves."""
+        early = self.aborted if ranks is None else None
+        raw = self._gather(f"res/{index}", deadline, early=early, ranks=ranks)
         return {r: LocalResult.from_json(v) for r, v in raw.items()}
 
     # -- sub-world blocks -----------------------------------------------------------------

@@ -202,8 +202,12 @@ class Watchdog:
             return True
 
     def _peer_failed(self, index: int, now: float) -> bool:
+        """A peer failed this test, or (outside a lane) left the job. A lane running a
+        sub-world case is not stopped by another lane's trouble: that would make its own
+        case fail first, at an earlier test, and take the blame."""
         if self._peer_failure_seen is None:
-            if self.channel.failures_in(index) or self.channel.aborted():
+            left = self._ranks is None and self.channel.aborted()
+            if self.channel.failures_in(index) or left:
                 self._peer_failure_seen = now
             return False
         return now - self._peer_failure_seen >= self.config.abort_grace_s
