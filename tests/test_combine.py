@@ -402,12 +402,12 @@ def test_the_weights_default_to_base_e_and_compute_in_fp32_at_least() -> None:
     assert narrow.weights.dtype == narrow.lse.dtype == torch.float32  # never 16-bit math
 
 
-# -- the AG+RS scaling step: the mask folded into the select, the same bits as before ---------
+# -- the AG+RS scaling step: copy, scale, mask by AND; the same bits as before ----------------
 
 
 def scale_multiply_then_fill(dst, outputs, weights):
-    """The scaling step as it was before the mask moved into the select: multiply into `dst`,
-    then overwrite the zero-weight entries with 0. Kept here as the bit-for-bit pin."""
+    """The scaling step as it was before: one multiply into `dst`, then the zero-weight
+    entries overwritten with 0 by a masked fill. Kept here as the bit-for-bit pin."""
     w = weights.unsqueeze(-1)
     torch.mul(outputs, w, out=dst)
     return dst.masked_fill_(w == 0, 0.0)
@@ -456,6 +456,21 @@ def test_the_scaling_step_gives_the_bits_of_multiply_then_fill(pattern, dtype, b
             got = combine.scale_into(torch.empty(world, batch, h, dim), src, w)
             want = scale_multiply_then_fill(torch.empty(world, batch, h, dim), src, w)
             assert bit_equal(got, want), f"world={world} rank={rank}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_scaling_step_gives_the_same_bits_for_any_weight(dtype) -> None:
+    """Weights no combine produces too: -0, NaN, +-inf, negative, subnormal, against outputs
+    holding NaN, +-inf, +-0 and huge values."""
+    special = [0.0, -0.0, math.nan, math.inf, -math.inf, -1.0, 1e-45, 1.0, 0.5, 3e38]
+    values = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e30, -1e30, 1.5, -2.25]
+    weights = torch.tensor(special).repeat_interleave(len(values)).view(len(special), -1)
+    outputs = torch.tensor(values).repeat(len(special)).view(len(special), -1, 1)
+    outputs = outputs.expand(-1, -1, 4).to(dtype)
+    got = combine.scale_into(torch.empty(outputs.shape), outputs, weights)
+    want = scale_multiply_then_fill(torch.empty(outputs.shape), outputs, weights)
+    assert bit_equal(got, want)
+    assert bit_equal(got[:2], torch.zeros_like(got[:2])), "+0 wherever the weight is +-0"
 
 
 def test_the_bit_pin_can_fail() -> None:
