@@ -473,6 +473,41 @@ def test_the_scaling_step_gives_the_same_bits_for_any_weight(dtype) -> None:
     assert bit_equal(got[:2], torch.zeros_like(got[:2])), "+0 wherever the weight is +-0"
 
 
+def accumulate_selected(acc, outputs, weights):
+    """A2A's accumulation as it was before: each shard selected against its weight's mask
+    (0 where the weight is not positive), then multiplied and added. The bit-for-bit pin."""
+    zero = torch.zeros((), dtype=outputs.dtype)
+    for shard, weight in zip(outputs, weights.unsqueeze(-1), strict=True):
+        acc.addcmul_(torch.where(weight > 0, shard, zero), weight)
+    return acc
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pattern", (*PATTERNS, "edges"))
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+def test_the_accumulation_gives_the_bits_of_selecting_each_shard(pattern, dtype, base_e) -> None:
+    """What the A2A transport does with the chunks it received, at 2 and 16 ranks."""
+    for world, ranks in ((2, (0, 1)), (16, (0, 9, 15))):
+        outputs, lses = _scaling_inputs(world, pattern, dtype, seed=world + 1)
+        for rank in ranks:
+            block, weights = _own_block(outputs, lses, rank, base_e)
+            got = combine.accumulate_into(torch.zeros(block.shape[1:]), block, weights)
+            want = accumulate_selected(torch.zeros(block.shape[1:]), block, weights)
+            assert bit_equal(got, want), f"world={world} rank={rank}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_accumulation_gives_the_same_bits_for_any_weight(dtype) -> None:
+    special = [0.0, -0.0, math.nan, math.inf, -math.inf, -1.0, 1e-45, 1.0, 0.5, 3e38]
+    values = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e30, -1e30, 1.5, -2.25]
+    weights = torch.tensor(special).view(-1, 1).expand(-1, len(values))
+    outputs = torch.tensor(values).view(1, -1, 1).expand(len(special), -1, 4).to(dtype)
+    for lo in range(len(special)):  # every weight meets every value, one shard at a time
+        got = combine.accumulate_into(torch.ones(len(values), 4), outputs[lo:], weights[lo:])
+        want = accumulate_selected(torch.ones(len(values), 4), outputs[lo:], weights[lo:])
+        assert bit_equal(got, want), special[lo]
+
+
 def test_the_bit_pin_can_fail() -> None:
     """A step that forgets the mask differs from the pin where a zero weight meets a NaN."""
     outputs, lses = edge_case(4, 3, 8, 16, torch.bfloat16, seed=1)

@@ -188,14 +188,30 @@ def _multiply_then_fill(dst, outputs, weights):
     return dst.masked_fill_(w == 0, 0.0)
 
 
-@pytest.mark.parametrize("impl", ["ag_rs", "ag_rs_a2a"])
-def test_ag_rs_gives_the_bits_of_the_multiply_then_fill_step(impl, monkeypatch) -> None:
-    """The whole AG+RS reduction, every pattern, both bases, bf16 and fp32, at 4 ranks: the
-    same bits as with the former scaling step patched in."""
+def _accumulate_selected(acc, outputs, weights):
+    """A2A's accumulation as it was before: a select per shard, then addcmul (the pin)."""
+    zero = torch.zeros((), dtype=outputs.dtype)
+    for shard, weight in zip(outputs, weights.unsqueeze(-1), strict=True):
+        acc.addcmul_(torch.where(weight > 0, shard, zero), weight)
+    return acc
+
+
+PINS = {
+    "ag_rs": ("scale_into", _multiply_then_fill),
+    "ag_rs_a2a": ("scale_into", _multiply_then_fill),
+    "a2a": ("accumulate_into", _accumulate_selected),
+}
+
+
+@pytest.mark.parametrize("impl", list(PINS))
+def test_each_reduction_gives_the_bits_of_its_former_local_step(impl, monkeypatch) -> None:
+    """The whole reduction, every pattern, both bases, bf16 and fp32, at 4 ranks: the same
+    bits as with the former scaling (AG+RS) or accumulation (A2A) step patched in."""
     world = 4
     runs: dict[str, list[list[torch.Tensor]]] = {}
-    for name, step in (("now", torch_backend.scale_into), ("before", _multiply_then_fill)):
-        monkeypatch.setattr(torch_backend, "scale_into", step)
+    name_of_step, former = PINS[impl]
+    for name, step in (("now", getattr(torch_backend, name_of_step)), ("before", former)):
+        monkeypatch.setattr(torch_backend, name_of_step, step)
 
         def body(member: Member) -> list[torch.Tensor]:
             got = []

@@ -90,10 +90,17 @@ def accumulate_into(
     """`acc += mask_zero_weight(outputs, weights).sum(0)`, one shard of dim 0 at a time.
 
     `acc` is the compute-dtype accumulator `[B, h, D]`; `outputs` `[W, B, h, D]` in any dtype.
-    A zero-weight shard's outputs are replaced by 0 before the product (0 * NaN would be NaN)."""
-    zero = torch.zeros((), dtype=outputs.dtype, device=outputs.device)
-    for shard, weight in zip(outputs, weights.unsqueeze(-1), strict=True):
-        acc.addcmul_(torch.where(weight > 0, shard, zero), weight)
+    Each shard is upcast into one scratch block, its entries whose weight is not positive set
+    to exactly +0 by a broadcast integer AND (0 * NaN would be NaN), then multiplied and added
+    in one `addcmul_`. A select against a broadcast boolean mask per shard costs more than all
+    the rest; the AND is as cheap as a copy. Bit for bit the same as selecting the shard."""
+    scratch = torch.empty_like(acc)
+    ints = _SAME_WIDTH_INT[scratch.element_size()]
+    keep = (weights > 0).unsqueeze(-1).to(ints).neg_()  # -1: every bit set
+    for shard, weight, bits in zip(outputs, weights.unsqueeze(-1), keep, strict=True):
+        scratch.copy_(shard)
+        scratch.view(ints).bitwise_and_(bits)
+        acc.addcmul_(scratch, weight)
     return acc
 
 
