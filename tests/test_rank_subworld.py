@@ -24,8 +24,7 @@ TRANSPORT = [("transport", size) for size in (2, 4, 16) * 3]
 def test_sixteen_ranks_run_dcp2_on_ranks_0_to_7_and_dcp4_on_8_to_15() -> None:
     lanes = lanes_for([2, 4, 16, 2], 16)
     assert lanes == {2: Lane(2, tuple(range(8))), 4: Lane(4, tuple(range(8, 16)))}
-    assert lanes[4].describe() == "ranks 8-15 (2 groups of 4)"
-    assert Lane(1, (3,)).describe() == "rank 3 (one group of 1)"
+    assert lanes[4].describe() == "ranks 8-15 (groups of 4)"
 
 
 @pytest.mark.parametrize(
@@ -53,24 +52,26 @@ def test_the_plan_moves_the_placed_cases_to_the_front_of_their_suite_in_order() 
     sizes = [cases[i][1] for i in order]
     assert sizes == [None, 2, 4, 2, 4, 2, 4, 16, 16, 16, None]
     assert order[1:7] == [1, 2, 4, 5, 7, 8]  # relative order kept
+    assert {p: subworld.lane_of(p).size for p in range(1, 7)} == {
+        1: 2,
+        2: 4,
+        3: 2,
+        4: 4,
+        5: 2,
+        6: 4,
+    }
     assert subworld.lane_of(0) is None and subworld.lane_of(7) is None
     assert subworld.block_ending_at(6) == 0 and subworld.block_size(0) == 6
     assert [subworld.block_ending_at(p) for p in range(11)].count(None) == 10
-
-
-def test_each_size_is_dealt_in_turn_to_the_groups_of_its_lane() -> None:
-    cases = [("transport", size) for size in (2, 4) * 9]
-    _, subworld = plan(cases, 16)
-    pairs = [subworld.lane_of(p).ranks for p in range(0, 18, 2)]
-    quads = [subworld.lane_of(p).ranks for p in range(1, 18, 2)]
-    assert pairs[:5] == [(0, 1), (2, 3), (4, 5), (6, 7), (0, 1)]
-    assert quads[:3] == [(8, 9, 10, 11), (12, 13, 14, 15), (8, 9, 10, 11)]
-    assert subworld.lane_of(0).describe() == "ranks 0-1 (one group of 2)"
-    groups = subworld.to_json()[0]["groups"]
-    assert [(g["ranks"][0], g["cases"]) for g in groups] == [
-        (0, 3), (2, 2), (4, 2), (6, 2), (8, 5), (12, 4)
-    ]  # fmt: skip
-    assert sum(g["cases"] for g in groups) == len(cases)
+    assert subworld.to_json() == [
+        {
+            "block": 0,
+            "lanes": [
+                {"size": 2, "ranks": list(range(8)), "cases": 3},
+                {"size": 4, "ranks": list(range(8, 16)), "cases": 3},
+            ],
+        }
+    ]
 
 
 def test_at_four_ranks_the_order_and_the_world_are_what_they_were() -> None:

@@ -5,8 +5,8 @@ every rank collected the same test ids in the same order (else every rank aborts
 diff, as xdist does); runs each test, then agrees with the other ranks on its outcome, so every
 rank reports the same verdict and the rank whose failure came first is primary; stops the
 session at the first failed test (the N-th with `--dcpqual-maxfail N`, all ranks at the same
-one); deals the cases marked `subworld(size=N)` to groups of the world that run side by
-side, each agreed within its group and skipped elsewhere (`harness.rank.subworld`); keeps
+one); runs the cases marked `subworld(size=N)` on lanes of the world side by side, each
+agreed within its lane and skipped elsewhere (`harness.rank.subworld`); keeps
 `records/rank-NN.json` current and writes
 `junit/rank-NN.xml` through pytest's own junitxml. A watchdog thread bounds every test and turns
 hangs, peer failures and SIGTERM into recorded outcomes (see `harness.rank.watchdog`).

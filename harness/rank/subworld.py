@@ -3,22 +3,22 @@ parts of the world, instead of every part of the world repeating them at the sam
 
 A case marked `subworld(size=N)` runs its collectives on groups of N consecutive ranks only
 (its DCP group, from `new_subgroups(group_size=N)`). Run the plain way, each of the world's
-world/N groups runs it at once, every group doing the same work as the others. When a suite
-holds such cases of k >= 2 sizes, all smaller than the world, the plan splits the world into
-k lanes of world/k consecutive ranks, the smallest size on the first lane, and deals each
-size's cases in turn to the groups of its lane: each case runs once, on one full group of
-its size (every rank position within the group), while the other groups run other cases (16
-ranks, sizes 2 and 4: ranks 0-7 are four pairs taking every fourth DCP2 case, ranks 8-15 two
-quads taking every other DCP4 case). A lane must be a whole number of groups of its size;
-where the sizes do not fit (or there is only one), the cases run on the whole world as before.
+world/N groups runs it at once, doing the same work as the others. When a suite holds such
+cases of k >= 2 sizes, all smaller than the world, the plan splits the world into k lanes of
+world/k consecutive ranks, the smallest size on the first lane, and places each case on its
+size's lane: the lane's groups run it while the other lanes run cases of their own size (16
+ranks, sizes 2 and 4: ranks 0-7 run the DCP2 cases as four groups of 2, ranks 8-15 the DCP4
+cases as two groups of 4). Every case still runs on full groups of its size, at every rank
+position within the group. A lane must be a whole number of groups of its size; where the
+sizes do not fit (or there is only one), the cases run on the whole world as before.
 
 A suite's placed cases move, in their order, to the front of that suite: one block. A rank
-runs the block's cases dealt to its group, agreeing on each with that group only; any other
-case of the block is a skip on this rank, and its record line names the ranks that ran it.
-After the block's last case every rank meets every other (`join`) to learn which of the
-block's cases failed, so the whole world stops at the same place (`--dcpqual-maxfail`): a
-group that reached its stop runs none of its remaining cases of the block, which keep no
-outcome there, as any test after a stop.
+runs the block's cases of its lane, agreeing on each with its lane only; a case of another
+lane is a skip on this rank, and its record line names the ranks that ran it. After the
+block's last case every rank meets every other (`join`) to learn which of the block's cases
+failed, so the whole world stops at the same place (`--dcpqual-maxfail`): a lane that reached
+its stop runs none of its remaining cases of the block, which keep no outcome there, as any
+test after a stop.
 
 Pure apart from `join`, which moves one small value per rank over the side channel.
 """
@@ -35,26 +35,13 @@ MARKER = "subworld"
 
 @dataclass(frozen=True)
 class Lane:
-    """Consecutive ranks that run cases of one group size, as groups of `size` (a whole lane,
-    or the one group of it a case was dealt to)."""
+    """Consecutive ranks that run the cases of one group size, as groups of `size`."""
 
     size: int
     ranks: tuple[int, ...]
 
     def describe(self) -> str:
-        groups = len(self.ranks) // self.size
-        span = (
-            f"rank {self.ranks[0]}"
-            if len(self.ranks) == 1
-            else (f"ranks {self.ranks[0]}-{self.ranks[-1]}")
-        )
-        return f"{span} ({'one group' if groups == 1 else f'{groups} groups'} of {self.size})"
-
-    def groups(self) -> tuple[Lane, ...]:
-        return tuple(
-            Lane(self.size, self.ranks[i : i + self.size])
-            for i in range(0, len(self.ranks), self.size)
-        )
+        return f"ranks {self.ranks[0]}-{self.ranks[-1]} (groups of {self.size})"
 
 
 @dataclass(frozen=True)
@@ -76,16 +63,13 @@ class SubworldPlan:
         return sum(1 for b in self.blocks.values() if b == block)
 
     def to_json(self) -> list[dict[str, Any]]:
-        """Per block: the groups that run its cases, and how many each (for the rank record)."""
+        """Per block: its lanes and how many cases each runs (for the rank record)."""
         out: dict[int, dict[tuple[int, ...], dict[str, Any]]] = {}
         for position, lane in sorted(self.lanes.items()):
             lanes = out.setdefault(self.blocks[position], {})
             entry = lanes.setdefault(lane.ranks, {"size": lane.size, "ranks": list(lane.ranks)})
             entry["cases"] = entry.get("cases", 0) + 1
-        return [
-            {"block": b, "groups": [lanes[k] for k in sorted(lanes, key=lambda r: (len(r), r))]}
-            for b, lanes in sorted(out.items())
-        ]
+        return [{"block": b, "lanes": list(lanes.values())} for b, lanes in sorted(out.items())]
 
 
 def lanes_for(sizes: Sequence[int], world_size: int) -> dict[int, Lane] | None:
@@ -124,13 +108,10 @@ def plan(
             order.extend(run)
         else:
             block = len(block_ends)
-            groups = {size: lane.groups() for size, lane in by_size.items()}
-            dealt = dict.fromkeys(by_size, 0)
             for i in run:
                 size = cases[i][1]
                 if size in by_size:
-                    lanes[len(order)] = groups[size][dealt[size] % len(groups[size])]
-                    dealt[size] += 1
+                    lanes[len(order)] = by_size[size]
                     blocks[len(order)] = block
                     order.append(i)
             block_ends[len(order) - 1] = block

@@ -1,7 +1,6 @@
-"""Sub-world cases of sizes 1 and 2 on 4 ranks: the rank plugin deals the size-1 cases in turn
-to rank 0 and rank 1 and runs the size-2 cases on ranks 2-3, side by side. The fault rank (3
-here) fails the second size-2 case: its group stops there and, after the block, the whole run
-stops."""
+"""Sub-world cases of sizes 1 and 2 on 4 ranks: the rank plugin runs the size-1 cases on ranks
+0-1 and the size-2 cases on ranks 2-3, side by side. The fault rank (3 here) fails the second
+size-2 case: its lane stops there and, after the block, the whole run stops."""
 
 from __future__ import annotations
 
