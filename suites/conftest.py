@@ -50,20 +50,35 @@ def world() -> World:
     return World(rank=dist.get_rank(), size=dist.get_world_size(), backend=backend, device=device)
 
 
+# Group sizes created together, on the first request for any group: sub-world cases of
+# different sizes run at the same time on different ranks (the rank plugin's lanes), and
+# creating a group is collective over the whole world, so no lane may create one on its own.
+SUBGROUP_SIZES = (2, 4)  # the sub-world sizes of the suites (transport: DCP 2 and 4)
+
+
 @pytest.fixture(scope="session")
 def subgroups(world: World) -> Callable[[int], dist.ProcessGroup]:
     """`subgroups(n)` -> this rank's group of n consecutive ranks (created once per size).
 
-    Every rank must ask for the same sizes in the same order (session fixtures and identical
-    test order guarantee that), because creating groups is collective.
+    The first request creates the groups of every size in `SUBGROUP_SIZES` that splits the
+    world, in that order, on every rank; any other size is created when first asked for, so
+    every rank must ask for it in the same order (identical test order guarantees that) and
+    never from a sub-world case.
     """
     cache: dict[int, dist.ProcessGroup] = {}
+
+    def create(size: int) -> None:
+        cache[size] = dist.new_subgroups(group_size=size)[0]
 
     def get(size: int) -> dist.ProcessGroup:
         if world.size % size:
             pytest.skip(f"world size {world.size} cannot be split into groups of {size}")
+        if not cache:
+            for standard in SUBGROUP_SIZES:
+                if standard < world.size and world.size % standard == 0:
+                    create(standard)
         if size not in cache:
-            cache[size] = dist.new_subgroups(group_size=size)[0]
+            create(size)
         return cache[size]
 
     return get

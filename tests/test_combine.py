@@ -400,3 +400,135 @@ def test_the_weights_default_to_base_e_and_compute_in_fp32_at_least() -> None:
     assert torch.allclose(by_default.lse.double(), want, rtol=1e-6)
     narrow = combine.combine_weights(parts.lses.bfloat16())
     assert narrow.weights.dtype == narrow.lse.dtype == torch.float32  # never 16-bit math
+
+
+# -- the AG+RS scaling step: copy, scale, mask by AND; the same bits as before ----------------
+
+
+def scale_multiply_then_fill(dst, outputs, weights):
+    """The scaling step as it was before: one multiply into `dst`, then the zero-weight
+    entries overwritten with 0 by a masked fill. Kept here as the bit-for-bit pin."""
+    w = weights.unsqueeze(-1)
+    torch.mul(outputs, w, out=dst)
+    return dst.masked_fill_(w == 0, 0.0)
+
+
+EDGE_VALUES = (math.nan, math.inf, -math.inf, 3e38, -3e38, 5000.0, -5000.0, 88.0, -104.0, 0.0)
+
+
+def edge_case(world: int, batch: int, heads: int, dim: int, dtype: torch.dtype, seed: int):
+    """LSEs drawn from NaN/+inf/-inf/huge/overflowing values and N(0, 3^2) at random, and
+    outputs with NaN, +-inf and 1e30 anywhere (live shards too), to pin every branch."""
+    gen = torch.Generator().manual_seed(seed)
+    lses = torch.randn(world, batch, heads, generator=gen) * 3
+    edges = torch.tensor(EDGE_VALUES)[torch.randint(0, len(EDGE_VALUES), lses.shape, generator=gen)]
+    lses = torch.where(torch.rand(lses.shape, generator=gen) < 0.5, edges, lses)
+    outputs = torch.randn(world, batch, heads, dim, generator=gen)
+    junk = torch.tensor([math.nan, math.inf, -math.inf, 1e30])
+    picks = junk[torch.randint(0, 4, outputs.shape, generator=gen)]
+    outputs = torch.where(torch.rand(outputs.shape, generator=gen) < 0.2, picks, outputs)
+    return outputs.to(dtype), lses
+
+
+def _scaling_inputs(world: int, pattern: str, dtype: torch.dtype, seed: int):
+    batch, heads, dim = 3, 2 * world, 16
+    if pattern == "edges":
+        return edge_case(world, batch, heads, dim, dtype, seed)
+    parts = make_partials(world, batch, heads, dim, dtype, pattern=pattern, seed=seed)
+    return parts.outputs, parts.lses
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pattern", (*PATTERNS, "edges"))
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+def test_the_scaling_step_gives_the_bits_of_multiply_then_fill(pattern, dtype, base_e) -> None:
+    """Every LSE pattern and NaN/inf/huge inputs, in the layout AG+RS uses (a rank's partial
+    `[B, H, D]` viewed destination-major, strided), at 2 and 16 ranks: the same bits."""
+    for world, ranks in ((2, (0, 1)), (16, (0, 9, 15))):
+        outputs, lses = _scaling_inputs(world, pattern, dtype, seed=world)
+        for rank in ranks:
+            part = outputs[rank]  # [B, H, D], what this rank hands to reduce_outputs
+            batch, heads, dim = part.shape
+            h = heads // world
+            weights = combine.combine_weights(lses, base_e=base_e).weights[rank]
+            src = part.reshape(batch, world, h, dim).transpose(0, 1)
+            w = weights.view(batch, world, h).transpose(0, 1)
+            got = combine.scale_into(torch.empty(world, batch, h, dim), src, w)
+            want = scale_multiply_then_fill(torch.empty(world, batch, h, dim), src, w)
+            assert bit_equal(got, want), f"world={world} rank={rank}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_scaling_step_gives_the_same_bits_for_any_weight(dtype) -> None:
+    """Weights no combine produces too: -0, NaN, +-inf, negative, subnormal, against outputs
+    holding NaN, +-inf, +-0 and huge values."""
+    special = [0.0, -0.0, math.nan, math.inf, -math.inf, -1.0, 1e-45, 1.0, 0.5, 3e38]
+    values = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e30, -1e30, 1.5, -2.25]
+    weights = torch.tensor(special).repeat_interleave(len(values)).view(len(special), -1)
+    outputs = torch.tensor(values).repeat(len(special)).view(len(special), -1, 1)
+    outputs = outputs.expand(-1, -1, 4).to(dtype)
+    got = combine.scale_into(torch.empty(outputs.shape), outputs, weights)
+    want = scale_multiply_then_fill(torch.empty(outputs.shape), outputs, weights)
+    assert bit_equal(got, want)
+    assert bit_equal(got[:2], torch.zeros_like(got[:2])), "+0 wherever the weight is +-0"
+
+
+def accumulate_selected(acc, outputs, weights):
+    """A2A's accumulation as it was before: each shard selected against its weight's mask
+    (0 where the weight is not positive), then multiplied and added. The bit-for-bit pin."""
+    zero = torch.zeros((), dtype=outputs.dtype)
+    for shard, weight in zip(outputs, weights.unsqueeze(-1), strict=True):
+        acc.addcmul_(torch.where(weight > 0, shard, zero), weight)
+    return acc
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pattern", (*PATTERNS, "edges"))
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+def test_the_accumulation_gives_the_bits_of_selecting_each_shard(pattern, dtype, base_e) -> None:
+    """What the A2A transport does with the chunks it received, at 2 and 16 ranks."""
+    for world, ranks in ((2, (0, 1)), (16, (0, 9, 15))):
+        outputs, lses = _scaling_inputs(world, pattern, dtype, seed=world + 1)
+        for rank in ranks:
+            block, weights = _own_block(outputs, lses, rank, base_e)
+            got = combine.accumulate_into(torch.zeros(block.shape[1:]), block, weights)
+            want = accumulate_selected(torch.zeros(block.shape[1:]), block, weights)
+            assert bit_equal(got, want), f"world={world} rank={rank}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_accumulation_gives_the_same_bits_for_any_weight(dtype) -> None:
+    special = [0.0, -0.0, math.nan, math.inf, -math.inf, -1.0, 1e-45, 1.0, 0.5, 3e38]
+    values = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e30, -1e30, 1.5, -2.25]
+    weights = torch.tensor(special).view(-1, 1).expand(-1, len(values))
+    outputs = torch.tensor(values).view(1, -1, 1).expand(len(special), -1, 4).to(dtype)
+    for lo in range(len(special)):  # every weight meets every value, one shard at a time
+        got = combine.accumulate_into(torch.ones(len(values), 4), outputs[lo:], weights[lo:])
+        want = accumulate_selected(torch.ones(len(values), 4), outputs[lo:], weights[lo:])
+        assert bit_equal(got, want), special[lo]
+
+
+def test_the_bit_pin_can_fail() -> None:
+    """A step that forgets the mask differs from the pin where a zero weight meets a NaN."""
+    outputs, lses = edge_case(4, 3, 8, 16, torch.bfloat16, seed=1)
+    weights = combine.combine_weights(lses).weights
+    assert (weights == 0).any()
+    unmasked = torch.mul(outputs, weights.unsqueeze(-1), out=torch.empty(outputs.shape))
+    want = scale_multiply_then_fill(torch.empty(outputs.shape), outputs, weights)
+    assert not bit_equal(unmasked, want)
+    got = combine.scale_into(torch.empty(outputs.shape), outputs, weights)
+    assert bit_equal(got, want)
+
+
+def test_the_scaling_step_matches_the_float64_reference() -> None:
+    """Scaled and summed, the step is the combine: against the independent numpy oracle on
+    every pattern, 16 ranks, both bases (the edges inputs put NaN on live shards, which the
+    oracle propagates, so they are pinned bit-for-bit above instead)."""
+    for pattern in PATTERNS:
+        parts = make_partials(16, 2, 32, 8, torch.bfloat16, pattern=pattern, seed=61)
+        outputs = parts.outputs
+        for base_e in (True, False):
+            for rank in (0, 7, 15):
+                got = combine_by_scaling(outputs, parts.lses, rank, base_e=base_e)
+                want = reference_combine(outputs, parts.lses, rank, base_e=base_e)
+                assert_matches(got, want.to(got.dtype), what=f"{pattern} rank {rank}")

@@ -232,3 +232,18 @@ def test_at_the_same_test_a_primary_failure_beats_a_killed_rank(tmp_path: Path) 
     cause = find_root_cause(load_records(tmp_path, 2), timed_out=False, torchrun_error=None)
     assert cause is not None
     assert (cause.rank, cause.test, cause.kind) == (0, CAPTURE_TEST, "test")
+
+
+def test_a_consequence_at_an_earlier_test_never_beats_its_cause(tmp_path: Path) -> None:
+    """Lanes of sub-world cases run different cases at once: ranks 0-1 were in the combine test
+    (2nd) when rank 2, in the capture test (3rd) of the other lane, timed out and the job was
+    ended; their non-primary endings are consequences, however early their test."""
+    for rank in (0, 1):
+        tests = [passed(SIGNATURE_TEST), failed(COMBINE_TEST, "stopped", primary=False)]
+        write_rank(tmp_path, rank, 4, tests=tests, complete=False, junit=False)
+    lane = [passed(SIGNATURE_TEST), passed(COMBINE_TEST)]
+    write_rank(tmp_path, 2, 4, tests=[*lane, failed(CAPTURE_TEST, "timed out")], complete=False)
+    write_rank(tmp_path, 3, 4, tests=[*lane, failed(CAPTURE_TEST, "peer", primary=False, by=[2])])
+    cause = find_root_cause(load_records(tmp_path, 4), timed_out=False, torchrun_error=None)
+    assert cause is not None
+    assert (cause.rank, cause.test, cause.message) == (2, CAPTURE_TEST, "timed out")

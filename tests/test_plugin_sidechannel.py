@@ -97,3 +97,23 @@ def test_a_lost_store_never_hangs_and_is_reported():
     assert chan.gather_results(0, time.monotonic() + 30) == {}
     assert chan.lost and chan.aborted()
     assert chan.next_fail_seq(0) == 0
+
+
+def test_a_lane_gathers_its_own_ranks_keyed_by_global_rank():
+    chans = channels(4)
+    for c in chans[2:]:
+        c.post_result(6, LocalResult(rank=c.rank, outcome="passed"))
+    started = time.monotonic()
+    got = chans[2].gather_results(6, started + 5, ranks=(2, 3))
+    assert sorted(got) == [2, 3] and got[3].rank == 3
+    assert time.monotonic() - started < 2, "ranks 0 and 1 are not waited for"
+
+
+def test_block_states_are_gathered_from_every_rank():
+    chans = channels(2)
+    chans[0].post_block(1, {"failed": [], "hard": False})
+    chans[1].post_block(1, {"failed": [4], "hard": False})
+    assert chans[0].gather_block(1, time.monotonic() + 5) == {
+        0: {"failed": [], "hard": False},
+        1: {"failed": [4], "hard": False},
+    }

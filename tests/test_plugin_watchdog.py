@@ -117,3 +117,29 @@ def test_heartbeat_touches_the_record(watchdog_world):
         time.sleep(0.05)
     dog.stop()
     assert path.stat().st_mtime > 2_000_000
+
+
+def test_a_timeout_in_a_lane_is_settled_with_the_lane_not_the_world(watchdog_world):
+    """A sub-world case placed on rank 0 alone: rank 1 never runs it, so its silence is no
+    blame; the rank that timed out is primary."""
+    out, _, _ = watchdog_world
+    dog, exits = make(watchdog_world, test_timeout_s=0.3)
+    dog.begin_test(0, NODEID, ranks=(0,))
+    assert exits.done.wait(10), "watchdog never fired"
+    [test] = record(out).tests
+    assert (test.outcome, test.primary, test.failing_ranks) == ("failed", True, (0,))
+    assert test.agreed
+
+
+def test_another_lanes_trouble_does_not_abort_a_sub_world_case(watchdog_world):
+    """A rank of another lane left the job (the abort key is set): a world-wide case is
+    aborted after the grace, a case on this rank's lane runs on (the launcher ends the job)."""
+    _, chans, _ = watchdog_world
+    dog, exits = make(watchdog_world, test_timeout_s=60, abort_grace_s=0.1)
+    chans[1].signal_abort("rank 1 timed out in another lane's case")
+    dog.begin_test(0, NODEID, ranks=(0,))
+    assert not exits.done.wait(0.6), "a lane case was aborted for another lane's trouble"
+    assert dog.body_done()
+    dog.begin_test(1, NODEID)
+    assert exits.done.wait(10), "a world-wide case must still be aborted"
+    assert exits.codes == [EXIT_FAILED]

@@ -179,3 +179,54 @@ def test_a_broken_combine_step_fails_the_transport_against_the_reference(
         return wrong
 
     assert all(wrong > 0 for wrong in run_ranks(world, body))
+
+
+def _multiply_then_fill(dst, outputs, weights):
+    """AG+RS's scaling step as it was before the mask moved into the select (the pin)."""
+    w = weights.unsqueeze(-1)
+    torch.mul(outputs, w, out=dst)
+    return dst.masked_fill_(w == 0, 0.0)
+
+
+def _accumulate_selected(acc, outputs, weights):
+    """A2A's accumulation as it was before: a select per shard, then addcmul (the pin)."""
+    zero = torch.zeros((), dtype=outputs.dtype)
+    for shard, weight in zip(outputs, weights.unsqueeze(-1), strict=True):
+        acc.addcmul_(torch.where(weight > 0, shard, zero), weight)
+    return acc
+
+
+PINS = {
+    "ag_rs": ("scale_into", _multiply_then_fill),
+    "ag_rs_a2a": ("scale_into", _multiply_then_fill),
+    "a2a": ("accumulate_into", _accumulate_selected),
+}
+
+
+@pytest.mark.parametrize("impl", list(PINS))
+def test_each_reduction_gives_the_bits_of_its_former_local_step(impl, monkeypatch) -> None:
+    """The whole reduction, every pattern, both bases, bf16 and fp32, at 4 ranks: the same
+    bits as with the former scaling (AG+RS) or accumulation (A2A) step patched in."""
+    world = 4
+    runs: dict[str, list[list[torch.Tensor]]] = {}
+    name_of_step, former = PINS[impl]
+    for name, step in (("now", getattr(torch_backend, name_of_step)), ("before", former)):
+        monkeypatch.setattr(torch_backend, name_of_step, step)
+
+        def body(member: Member) -> list[torch.Tensor]:
+            got = []
+            for dtype in ("bf16", "fp32"):
+                sig = TransportSignature(dtype, 2 * world, 8, 6, world, max_tokens=3)
+                transport = _transport(sig, member, impl)
+                for pattern in PATTERNS:
+                    parts = make_partials(
+                        world, 3, 2 * world, 6, output_torch_dtype(sig), pattern=pattern, seed=9
+                    )
+                    for base_e in (True, False):
+                        mine = parts.of_rank(member.rank)
+                        got.append(transport.reduce_outputs(*mine, base_e=base_e))
+            return got
+
+        runs[name] = run_ranks(world, body)
+    for rank, (now, before) in enumerate(zip(runs["now"], runs["before"], strict=True)):
+        assert all(bit_equal(a, b) for a, b in zip(now, before, strict=True)), f"rank {rank}"

@@ -17,7 +17,10 @@ Rules decided here, and why:
   missed negative controls and unwarmed signatures, and lower ranks come first. A rank that did
   not finish but whose record says why it was stopped (SIGTERM from torchrun, a peer's failure:
   a non-primary `abort_reason`) comes last: it ended because of another rank, typically one
-  that died without a word, and must never win a tie against it.
+  that died without a word, and must never win a tie against it. Follow-ons and stopped ranks
+  are consequences: whenever a record shows a cause, at any test, they are not candidates (the
+  ranks of a lane of sub-world cases, `harness.rank.subworld`, can be at an earlier case than
+  the one another lane failed).
 - Coverage: a test a rank collected but has no outcome for did not run there. A rank that
   finished its session with such tests ended it early (`pytest.exit`): that is a root cause of
   its own ("no-outcome"), found at the first test it skipped over.
@@ -474,10 +477,13 @@ def find_root_cause(
         return RootCause(rank=None, test=None, message=interrupted, kind="interrupted")
     torchrun_rank, torchrun_message = _torchrun_error(torchrun_error)
     candidates = sorted(_candidates(ranks, timed_out))
-    if any(c.kind == "broke-world" for c in candidates):
-        # Its consequences can land at an earlier test on a peer that lagged behind (stopped,
-        # or failed as a follow-on while still agreeing on the test before): never ahead of it.
-        candidates = [c for c in candidates if c.priority < _PRIORITY["follow-on"]]
+    causes = [c for c in candidates if c.priority < _PRIORITY["follow-on"]]
+    if causes:
+        # Consequences (follow-ons, stopped ranks) can land at an earlier test than their
+        # cause: on a peer that lagged behind a rank that broke the world, or on a lane of
+        # sub-world cases that was at an earlier case when a rank of another lane left. Never
+        # ahead of a cause; in lockstep they sit at the same test as theirs.
+        candidates = causes
     if candidates:
         best = candidates[0]
         message = best.message

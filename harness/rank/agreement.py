@@ -149,9 +149,16 @@ def _blame_timeouts(timeouts: Sequence[LocalResult], everyone: Sequence[LocalRes
     return behind or [r.rank for r in timeouts]
 
 
-def agree(nodeid: str, results: Mapping[int, LocalResult], world_size: int) -> Agreement:
-    """One verdict from every rank's result; ranks absent from `results` never reported."""
-    missing = tuple(r for r in range(world_size) if r not in results)
+def agree(
+    nodeid: str,
+    results: Mapping[int, LocalResult],
+    world_size: int,
+    ranks: Sequence[int] | None = None,
+) -> Agreement:
+    """One verdict from every rank's result (every rank of `ranks`, the lane that ran a
+    sub-world case, when given); expected ranks absent from `results` never reported."""
+    expected = range(world_size) if ranks is None else ranks
+    missing = tuple(r for r in expected if r not in results)
     posted = [results[r] for r in sorted(results)]
     failures = [r for r in posted if r.failing]
     breakers = [r for r in failures if r.broke_world]

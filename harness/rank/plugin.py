@@ -5,7 +5,9 @@ every rank collected the same test ids in the same order (else every rank aborts
 diff, as xdist does); runs each test, then agrees with the other ranks on its outcome, so every
 rank reports the same verdict and the rank whose failure came first is primary; stops the
 session at the first failed test (the N-th with `--dcpqual-maxfail N`, all ranks at the same
-one); keeps `records/rank-NN.json` current and writes
+one); runs the cases marked `subworld(size=N)` on lanes of the world side by side, each
+agreed within its lane and skipped elsewhere (`harness.rank.subworld`); keeps
+`records/rank-NN.json` current and writes
 `junit/rank-NN.xml` through pytest's own junitxml. A watchdog thread bounds every test and turns
 hangs, peer failures and SIGTERM into recorded outcomes (see `harness.rank.watchdog`).
 
@@ -36,9 +38,10 @@ from harness.rank.agreement import Agreement, LocalResult, agree, compare_collec
 from harness.rank.bootstrap import BootstrapError, RankEnv, init_process_group, teardown
 from harness.rank.rankfiles import RecordKeeper, dump_stacks, junit_path, write_error_file
 from harness.rank.sidechannel import SideChannel
+from harness.rank.subworld import BlockState, Lane, SubworldPlan, join, plan, size_of
 from harness.rank.watchdog import WatchConfig, Watchdog
 from harness.rank.worldbreak import AgentWatch, destroyed_group, group_alive
-from harness.schema.rank_record import Outcome, Selection, TestOutcome, WorldBreak
+from harness.schema.rank_record import Outcome, Selection, TestOutcome, WorldBreak, suite_of
 from harness.transport.registry import transports_used
 
 PLUGIN_NAME = "dcpqual-rank"
@@ -122,6 +125,8 @@ class RankPlugin:
         self.watchdog: Watchdog | None = None
         self.agent_watch: AgentWatch | None = None
         self._index: dict[int, int] = {}
+        self.subworld = SubworldPlan()
+        self._block = BlockState()
         self._root_cause: str | None = None
         self._wakeup: tuple[int, int] | None = None
         self._old_wakeup_fd = -1
@@ -265,6 +270,17 @@ class RankPlugin:
             )
             write_error_file(self.env.rank, report.nodeid, f"collection error: {message}")
 
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        """Place sub-world cases on lanes of the world (`harness.rank.subworld`); the order
+        this gives is the same on every rank and is checked like any collection."""
+        cases = [(suite_of(item.nodeid), size_of(item)) for item in items]
+        order, self.subworld = plan(cases, self.env.world_size)
+        items[:] = [items[i] for i in order]
+        if self.subworld.lanes and self.keeper is not None:
+            extra = {**self.keeper.record.extra, "subworld": self.subworld.to_json()}
+            self.keeper.update(extra=extra)
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         assert self.keeper is not None and self.channel is not None
         nodeids = tuple(item.nodeid for item in session.items)
@@ -301,13 +317,58 @@ class RankPlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool:
+        index = self._index.get(id(item), -1)
+        lane = self.subworld.lane_of(index)
+        if lane is not None and self.env.rank not in lane.ranks:
+            self._run_elsewhere(item, nextitem, lane)
+        elif lane is None or not self._block.lane_stopped(self._agreed_failures, self.maxfail):
+            self._run_here(item, nextitem, index, lane)
+        block = self.subworld.block_ending_at(index)
+        if block is not None:
+            self._join_block(item, block)
+        return True
+
+    def _run_elsewhere(self, item: pytest.Item, nextitem: pytest.Item | None, lane: Lane) -> None:
+        """A sub-world case of another lane: a skip here, naming the ranks that run it."""
+        from _pytest.runner import runtestprotocol
+
+        assert self.keeper is not None
+        reason = f"sub-world case placed on {lane.describe()}, not on rank {self.env.rank}"
+        item.add_marker(pytest.mark.skip(reason=reason))
+        item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        reports = runtestprotocol(item, nextitem=nextitem, log=False)
+        self.keeper.add_test(TestOutcome(nodeid=item.nodeid, outcome="skipped", message=reason))
+        for rep in reports:
+            item.ihook.pytest_runtest_logreport(report=rep)
+        item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+    def _join_block(self, item: pytest.Item, block: int) -> None:
+        """After a block of sub-world cases: every rank learns every lane's failures and the
+        whole world stops here, or goes on, together."""
+        assert self.channel is not None and self.keeper is not None
+        timeout = self.watch_config.test_timeout_s if self.watch_config.test_timeout_s > 0 else 3600
+        wait_s = (timeout + 15.0) * self.subworld.block_size(block)
+        self.keeper.waiting()
+        joined = join(self.channel, block, self._block, self.env.world_size, wait_s=wait_s)
+        stop = joined.stop(self._agreed_failures, self.maxfail)
+        self._agreed_failures += len(joined.failed)
+        self._block = BlockState()
+        if stop:
+            why = f"{len(joined.failed)} failed sub-world case(s)"
+            if joined.missing:
+                why += f"; rank(s) {list(joined.missing)} never joined"
+            item.session.shouldfail = f"dcpqual: stopping after {why}"
+
+    def _run_here(
+        self, item: pytest.Item, nextitem: pytest.Item | None, index: int, lane: Lane | None
+    ) -> None:
         from _pytest.runner import runtestprotocol
 
         assert self.keeper is not None and self.channel is not None and self.watchdog is not None
-        index = self._index.get(id(item), -1)
+        ranks = None if lane is None else lane.ranks
         item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         self.keeper.running(item.nodeid)
-        self.watchdog.begin_test(index, item.nodeid)
+        self.watchdog.begin_test(index, item.nodeid, ranks)
         started = time.monotonic()
         alive_before = group_alive()
         reports = runtestprotocol(item, nextitem=nextitem, log=False)
@@ -331,9 +392,9 @@ class RankPlugin:
         )
         self.channel.post_result(index, mine)
         self.keeper.waiting()
-        results = self.channel.gather_results(index, self.watchdog.test_deadline())
+        results = self.channel.gather_results(index, self.watchdog.test_deadline(), ranks)
         results[self.env.rank] = mine
-        agreement = agree(item.nodeid, results, self.env.world_size)
+        agreement = agree(item.nodeid, results, self.env.world_size, ranks)
         self.watchdog.idle()
         if any(r.kind == "timeout" for r in results.values()):
             dump_stacks(self.out_dir, self.env.rank, f"a peer timed out in {item.nodeid}")
@@ -349,9 +410,11 @@ class RankPlugin:
             if recorded.primary:
                 text = next((r.longreprtext for r in reports if r.failed), message or "")
                 write_error_file(self.env.rank, item.nodeid, message or "failed", text)
-            if self._stop_after(agreement, results):
+            if lane is not None:  # decided with the other lanes after the block
+                hard = not agreement.complete or any(r.kind != "ran" for r in results.values())
+                self._block.note_failure(index, hard=hard)
+            elif self._stop_after(agreement, results):
                 item.session.shouldfail = f"dcpqual: stopping after {agreement.describe()}"
-        return True
 
     def _stop_after(self, agreement: Agreement, results: dict[int, LocalResult]) -> bool:
         """Stop at this failed test? Decided only from what every rank agreed on, so all ranks

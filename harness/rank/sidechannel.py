@@ -7,6 +7,7 @@ once. Keys (under a per-run prefix):
 
     col/<rank>          the test ids this rank collected (JSON list)
     res/<i>/<rank>      this rank's `LocalResult` for test number i
+    blk/<b>/<rank>      this rank's failures in block b of sub-world cases (`harness.rank.subworld`)
     failseq             global counter: order in which ranks observed failures
     fails/<i>           how many ranks failed test i so far
     abort               set by a rank leaving abnormally (SIGTERM, timeout, abort)
@@ -112,19 +113,26 @@ class SideChannel:
             return 0
 
     def _gather(
-        self, prefix: str, deadline: float, *, early: Callable[[], bool] | None = None
+        self,
+        prefix: str,
+        deadline: float,
+        *,
+        early: Callable[[], bool] | None = None,
+        ranks: Sequence[int] | None = None,
     ) -> dict[int, Any]:
-        """Values of `prefix/<rank>` for every rank, or as many as arrived by `deadline`.
+        """Values of `prefix/<rank>` for every rank (or `ranks`), or those that arrived by
+        `deadline`.
 
         `early()` returning True (a peer aborted) ends the wait sooner, after a short grace
         for stragglers that are still posting.
         """
-        keys = [f"{prefix}/{r}" for r in range(self.world_size)]
+        expected = list(range(self.world_size) if ranks is None else ranks)
+        keys = [f"{prefix}/{r}" for r in expected]
         cut = deadline
         while not self.lost:
             values = self._get_many(keys)
             if values is not None:
-                return dict(enumerate(values))
+                return dict(zip(expected, values, strict=True))
             now = self.clock()
             if now >= cut:
                 break
@@ -167,9 +175,27 @@ class SideChannel:
         """Whatever results of test `index` are posted now (no waiting)."""
         return self.gather_results(index, deadline=self.clock())
 
-    def gather_results(self, index: int, deadline: float) -> dict[int, LocalResult]:
-        raw = self._gather(f"res/{index}", deadline, early=self.aborted)
+    def gather_results(
+        self, index: int, deadline: float, ranks: Sequence[int] | None = None
+    ) -> dict[int, LocalResult]:
+        """Results of test `index` from every rank, or from `ranks` (the lane that ran it).
+
+        A lane's wait is not cut short by an abort elsewhere in the world: its own ranks are
+        still finishing their case, and the launcher ends the job when a rank leaves."""
+        early = self.aborted if ranks is None else None
+        raw = self._gather(f"res/{index}", deadline, early=early, ranks=ranks)
         return {r: LocalResult.from_json(v) for r, v in raw.items()}
+
+    # -- sub-world blocks -----------------------------------------------------------------
+
+    def post_block(self, block: int, value: dict[str, Any]) -> None:
+        self._set(f"blk/{block}/{self.rank}", value)
+
+    def gather_block(self, block: int, deadline: float) -> dict[int, dict[str, Any]]:
+        return {
+            r: dict(v)
+            for r, v in self._gather(f"blk/{block}", deadline, early=self.aborted).items()
+        }
 
     # -- aborts ---------------------------------------------------------------------------
 

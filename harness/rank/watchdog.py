@@ -86,6 +86,7 @@ class Watchdog:
         self._phase: Phase = "idle"
         self._index = -1
         self._nodeid = ""
+        self._ranks: tuple[int, ...] | None = None  # the lane running a sub-world case
         self._test_started = 0.0
         self._peer_failure_seen: float | None = None
         self._stopping = threading.Event()
@@ -101,9 +102,11 @@ class Watchdog:
 
     # -- called from the main thread ------------------------------------------------------
 
-    def begin_test(self, index: int, nodeid: str) -> None:
+    def begin_test(self, index: int, nodeid: str, ranks: tuple[int, ...] | None = None) -> None:
+        """`ranks`: the lane that runs this sub-world case (None: every rank)."""
         with self._lock:
             self._phase, self._index, self._nodeid = "body", index, nodeid
+            self._ranks = ranks
             self._test_started = time.monotonic()
             self._peer_failure_seen = None
 
@@ -199,8 +202,12 @@ class Watchdog:
             return True
 
     def _peer_failed(self, index: int, now: float) -> bool:
+        """A peer failed this test, or (outside a lane) left the job. A lane running a
+        sub-world case is not stopped by another lane's trouble: that would make its own
+        case fail first, at an earlier test, and take the blame."""
         if self._peer_failure_seen is None:
-            if self.channel.failures_in(index) or self.channel.aborted():
+            left = self._ranks is None and self.channel.aborted()
+            if self.channel.failures_in(index) or left:
                 self._peer_failure_seen = now
             return False
         return now - self._peer_failure_seen >= self.config.abort_grace_s
@@ -226,9 +233,9 @@ class Watchdog:
 
     def _settle(self, index: int, nodeid: str, mine: LocalResult, wait_s: float) -> Agreement:
         self.channel.post_result(index, mine)
-        results = self.channel.gather_results(index, time.monotonic() + wait_s)
+        results = self.channel.gather_results(index, time.monotonic() + wait_s, self._ranks)
         results[self.rank] = mine
-        return agree(nodeid, results, self.world_size)
+        return agree(nodeid, results, self.world_size, self._ranks)
 
     def _on_timeout(self, index: int, nodeid: str, elapsed: float) -> None:
         stacks = dump_stacks(self.out_dir, self.rank, f"per-test timeout in {nodeid}")

@@ -17,6 +17,16 @@ from harness.transport.registry import TransportRegistry
 from harness.transport.testing import IMPLS
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A case that takes `dcp_group` and a `dcp` parameter runs its collectives on groups of
+    dcp ranks only: marked `subworld(size=dcp)`, the rank plugin may place it on a part of
+    the world beside the cases of the other sizes."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "dcp_group" in getattr(item, "fixturenames", ()) and "dcp" in params:
+            item.add_marker(pytest.mark.subworld(size=int(params["dcp"])))
+
+
 @pytest.fixture(scope="session")
 def registries(world) -> Iterator[dict[str, TransportRegistry]]:
     """name -> registry, one per reduction implementation (see `IMPLS`)."""

@@ -162,6 +162,34 @@ def test_the_float64_reference_equals_b12x_reference_on_every_rank(world, dtype,
     assert not problems, "\n".join(problems)
 
 
+def scaled_and_summed(outputs: torch.Tensor, lses: torch.Tensor, rank: int, *, base_e: bool):
+    """The AG+RS transport's local math: its in-place scaling step on every partial's copy of
+    this rank's heads, then the sum its reduce-scatter does, cast once at the end."""
+    h = outputs.shape[2] // outputs.shape[0]
+    own = slice(rank * h, (rank + 1) * h)
+    block = outputs[:, :, own]
+    weights = combine.combine_weights(lses[:, :, own], base_e=base_e).weights
+    scaled = combine.scale_into(torch.empty(block.shape, dtype=weights.dtype), block, weights)
+    return scaled.sum(dim=0).to(outputs.dtype)
+
+
+def accumulated(outputs: torch.Tensor, lses: torch.Tensor, rank: int, *, base_e: bool):
+    """The A2A transport's local math on the chunks it received: the accumulation step."""
+    h = outputs.shape[2] // outputs.shape[0]
+    own = slice(rank * h, (rank + 1) * h)
+    block = outputs[:, :, own]
+    weights = combine.combine_weights(lses[:, :, own], base_e=base_e).weights
+    acc = torch.zeros(block.shape[1:], dtype=weights.dtype)
+    return combine.accumulate_into(acc, block, weights).to(outputs.dtype)
+
+
+@pytest.mark.parametrize("step", [scaled_and_summed, accumulated], ids=["ag_rs", "a2a"])
+@pytest.mark.parametrize("world, dtype, base_e", CONFIGS)
+def test_the_transports_local_steps_equal_b12x_reference_on_every_rank(step, world, dtype, base_e):
+    problems = disagreements(step, world, dtype, base_e)
+    assert not problems, "\n".join(problems)
+
+
 def test_the_adversarial_inputs_reach_the_edge_cases():
     """The cases hold what the mutation tests rely on: invalid LSEs with garbage outputs,
     all-empty heads, LSEs where exp() overflows, and valid weights that underflow to 0."""
