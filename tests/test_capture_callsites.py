@@ -157,3 +157,22 @@ def test_a_layer_whose_b12x_gate_is_closed_is_not_a_call_site():
     layers = {"open": GatedLayer(True), "closed": GatedLayer(False), "ungated": GatedLayer(None)}
     calls = {id(layer.dcp_manager): CALL for layer in layers.values()}
     assert [site.name for site in call_sites(layers, calls)] == ["open", "ungated"]
+
+
+def test_an_exact_warm_makes_what_each_manager_was_built_for_and_skips_what_it_is_told():
+    from harness.capture.callsites import warm_exactly
+
+    fp8 = dataclasses.replace(CALL, query_dtype="float8_e4m3fn")
+    sites = (
+        CallSite("model.layers.0.self_attn", torch.nn.Identity(), Manager(), CALL),
+        CallSite("model.layers.1.self_attn", torch.nn.Identity(), Manager(), CALL),
+        CallSite("mtp.layers.0.self_attn", torch.nn.Identity(), Manager(), fp8),
+    )
+    registry = FakeRegistry()
+    made = warm_exactly(sites, registry, group=None)  # type: ignore[arg-type]
+    assert made == (key().signature(), key(query_dtype="float8_e4m3fn").signature())
+    skipped = FakeRegistry()
+    assert warm_exactly(sites, skipped, None, skip=frozenset({"mtp.layers.0.self_attn"})) == (  # type: ignore[arg-type]
+        key().signature(),
+    )
+    assert run_step(skipped).served == {key().signature()}

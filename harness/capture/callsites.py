@@ -172,16 +172,30 @@ def warm_exactly(
     *,
     skip: frozenset[str] = frozenset(),
 ) -> tuple[TransportSignature, ...]:
-    """Create the transport every site's manager was built for, except sites named in `skip`:
-    the best any warm can do, so a control built on it isolates one mistake (say, skipping the
+    """Create the transport every site's manager was built for, except sites named in `skip`,
+    and run one zero gather and one zero reduction through it in the site's own dtypes: the
+    best any warm can do, so a control built on it isolates one mistake (say, skipping the
     draft) from every other. Collective: call on every rank with the same sites."""
-    made = []
+    made: dict[TransportSignature, None] = {}
+    device = registry.device
     for site in sites:
-        if site.name not in skip:
-            signature = CallSiteKey.built_for(site.call).signature(registry.device.type)
-            registry.get_or_create(signature, group)
-            made.append(signature)
-    return tuple(dict.fromkeys(made))
+        call = site.call
+        signature = CallSiteKey.built_for(call).signature(device.type)
+        if site.name in skip or signature in made:
+            continue
+        transport = registry.get_or_create(signature, group)
+        query_shape = (1, call.num_heads, call.query_head_dim)
+        transport.gather_queries(
+            torch.zeros(query_shape, dtype=_dtype_of(call.query_dtype), device=device)
+        )
+        total = call.num_heads * call.dcp_world_size
+        output_shape = (1, total, call.output_head_dim)
+        transport.reduce_outputs(
+            torch.zeros(output_shape, dtype=_dtype_of(call.output_dtype), device=device),
+            torch.zeros((1, total), dtype=torch.float32, device=device),
+        )
+        made[signature] = None
+    return tuple(made)
 
 
 class CallSiteRouter:
