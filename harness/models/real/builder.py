@@ -201,7 +201,7 @@ def draft_vllm_config(vllm_config: Any, kv_cache_dtype: str | None) -> Any:
     overrides = SimpleNamespace(
         moe_backend=None, attention_backend=None, kv_cache_dtype=kv_cache_dtype
     )
-    return SpeculativeConfig.apply_draft_overrides(overrides, vllm_config)  # type: ignore[arg-type]
+    return SpeculativeConfig.apply_draft_overrides(overrides, vllm_config)
 
 
 def _build(spec: RealSpec, folder: Path, skip: frozenset[str]) -> RealTree:

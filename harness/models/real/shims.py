@@ -118,7 +118,7 @@ def _b12x_sparse_backend_name() -> Iterator[None]:
     selected = mla_attention.get_attn_backend
 
     def select(*args: Any, **kwargs: Any) -> type:
-        backend = selected(*args, **kwargs)
+        backend: type = selected(*args, **kwargs)
         if backend.get_name() == B12X_SPARSE_MLA:
             return backend
         return b12x_named(backend, B12X_SPARSE_MLA)
@@ -153,11 +153,11 @@ def _b12x_dcp_gate() -> Iterator[None]:
             int(self.impl.dcp_world_size),
         )
 
-    MLAAttention.__init__ = gated_init  # type: ignore[method-assign]
+    MLAAttention.__init__ = gated_init
     try:
         yield
     finally:
-        MLAAttention.__init__ = original  # type: ignore[method-assign]
+        MLAAttention.__init__ = original
 
 
 def _dcp_gate_missing() -> bool:
@@ -181,11 +181,11 @@ def _cpu_mla_dcp_world_size() -> Iterator[None]:
         # What MLACommonImpl.__init__ (which CPUMLAImpl skips) sets.
         self.dcp_world_size = get_current_vllm_config().parallel_config.decode_context_parallel_size
 
-    CPUMLAImpl.__init__ = sized_init  # type: ignore[method-assign]
+    CPUMLAImpl.__init__ = sized_init
     try:
         yield
     finally:
-        CPUMLAImpl.__init__ = original  # type: ignore[method-assign]
+        CPUMLAImpl.__init__ = original
 
 
 def _cpu_mla_pins_dcp() -> bool:
