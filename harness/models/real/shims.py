@@ -118,10 +118,9 @@ def _b12x_sparse_backend_name() -> Iterator[None]:
     selected = mla_attention.get_attn_backend
 
     def select(*args: Any, **kwargs: Any) -> type:
-        backend: type = selected(*args, **kwargs)
-        if backend.get_name() == B12X_SPARSE_MLA:
-            return backend
-        return b12x_named(backend, B12X_SPARSE_MLA)
+        backend = selected(*args, **kwargs)
+        renamed = backend.get_name() != B12X_SPARSE_MLA
+        return b12x_named(backend, B12X_SPARSE_MLA) if renamed else backend
 
     mla_attention.get_attn_backend = select
     try:
