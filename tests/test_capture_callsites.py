@@ -139,3 +139,40 @@ def test_a_warm_that_ignores_the_query_dtype_is_caught_under_fp8():
     with CallSiteRouter((site,), registry, group=None):  # type: ignore[arg-type]
         step(step.make_inputs(seed=3))
     assert registry.created == [key(query_dtype="float8_e4m3fn").signature()]
+
+
+class GatedLayer(torch.nn.Module):
+    """A generic-MLA-shaped layer: its manager, and the fork's `dcp_b12x` gate (None: absent)."""
+
+    def __init__(self, gate: bool | None) -> None:
+        super().__init__()
+        self.dcp_manager = object()
+        if gate is not None:
+            self.dcp_b12x = gate
+
+
+def test_a_layer_whose_b12x_gate_is_closed_is_not_a_call_site():
+    from harness.capture.callsites import call_sites
+
+    layers = {"open": GatedLayer(True), "closed": GatedLayer(False), "ungated": GatedLayer(None)}
+    calls = {id(layer.dcp_manager): CALL for layer in layers.values()}
+    assert [site.name for site in call_sites(layers, calls)] == ["open", "ungated"]
+
+
+def test_an_exact_warm_makes_what_each_manager_was_built_for_and_skips_what_it_is_told():
+    from harness.capture.callsites import warm_exactly
+
+    fp8 = dataclasses.replace(CALL, query_dtype="float8_e4m3fn")
+    sites = (
+        CallSite("model.layers.0.self_attn", torch.nn.Identity(), Manager(), CALL),
+        CallSite("model.layers.1.self_attn", torch.nn.Identity(), Manager(), CALL),
+        CallSite("mtp.layers.0.self_attn", torch.nn.Identity(), Manager(), fp8),
+    )
+    registry = FakeRegistry()
+    made = warm_exactly(sites, registry, group=None)  # type: ignore[arg-type]
+    assert made == (key().signature(), key(query_dtype="float8_e4m3fn").signature())
+    skipped = FakeRegistry()
+    assert warm_exactly(sites, skipped, None, skip=frozenset({"mtp.layers.0.self_attn"})) == (  # type: ignore[arg-type]
+        key().signature(),
+    )
+    assert run_step(skipped).served == {key().signature()}

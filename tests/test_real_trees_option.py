@@ -23,6 +23,8 @@ from harness.schema.rank_record import RankRecord
         ("models", "all", "--models"),
         ("kv_cache_dtype", "fp4", "--kv-cache-dtype"),
         ("dcp_comm_backend", "nccl", "--dcp-comm-backend"),
+        ("real_model", "deepseek-v4", "--real-model"),
+        ("draft_kv_cache_dtype", "fp4", "--draft-kv-cache-dtype"),
     ],
 )
 def test_unknown_values_are_refused_naming_the_flag(field, value, flag):
@@ -37,6 +39,9 @@ def test_the_choices_reach_the_ranks():
     env = build_plan(options, Path("/tmp/out")).env
     assert (env["DCPQUAL_MODELS"], env["DCPQUAL_KV_CACHE_DTYPE"]) == ("both", "fp8")
     assert env["DCPQUAL_DCP_COMM_BACKEND"] == "a2a"
+    assert env["DCPQUAL_REAL_MODEL"] == "kimi-k3"
+    chosen = RunOptions(nproc_per_node=2, models="real", real_model="deepseek-v3")
+    assert build_plan(chosen, Path("/tmp/out")).env["DCPQUAL_REAL_MODEL"] == "deepseek-v3"
     assert build_plan(RunOptions(nproc_per_node=2), Path("/tmp/out")).env["DCPQUAL_MODELS"] == (
         "stand-in"
     )
@@ -90,3 +95,24 @@ def test_limitations_name_real_trees_and_shims_or_say_none_ran():
     assert some["real-trees"] == "kimi-k3 built from vLLM's own classes"
     assert some["real-tree shim x"] == "y"
     assert "forward" in some["real-decode"]
+
+
+def test_the_real_model_choices_are_the_trees_the_builder_has():
+    from harness.launch.plan import REAL_MODELS
+    from harness.models.real.configs import REAL_MODEL_CHOICES
+
+    assert REAL_MODELS == REAL_MODEL_CHOICES
+
+
+def test_real_model_is_a_run_flag():
+    import argparse
+
+    from harness.launch.cli import options_from_args, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    argv = ["run", "--nproc-per-node", "2", "--real-model", "deepseek-v3"]
+    options = options_from_args(parser.parse_args(argv), environ={})
+    assert (options.real_model, options.draft_kv_cache_dtype) == ("deepseek-v3", "")
+    fp8 = options_from_args(parser.parse_args([*argv, "--draft-kv-cache-dtype", "fp8"]), environ={})
+    assert build_plan(fp8, Path("/tmp/out")).env["DCPQUAL_DRAFT_KV_CACHE_DTYPE"] == "fp8"

@@ -67,6 +67,20 @@ class CallSiteKey:
             f"dcp={self.dcp_world_size}, max_tokens={self.max_tokens}, {self.comm_backend})"
         )
 
+    @classmethod
+    def built_for(cls, call: ManagerCall) -> CallSiteKey:
+        """The key a manager's constructor sized it for (what its call sites will hand over)."""
+        return cls(
+            call.num_heads,
+            call.query_head_dim,
+            call.output_head_dim,
+            call.query_dtype,
+            call.output_dtype,
+            call.max_num_tokens,
+            call.comm_backend,
+            call.dcp_world_size,
+        )
+
     def signature(self, device_type: str = "cpu") -> TransportSignature:
         """The registry's signature for this key (query and output dtypes kept apart)."""
         return TransportSignature(
@@ -137,13 +151,51 @@ class CallSite:
 def call_sites(
     static_forward_context: Mapping[str, nn.Module], calls: Mapping[int, ManagerCall]
 ) -> tuple[CallSite, ...]:
-    """Every forward-context layer whose `dcp_manager` was recorded being built."""
+    """Every forward-context layer whose `dcp_manager` was recorded being built and runs its
+    collectives through the B12X transport. A generic `MLAAttention` whose `dcp_b12x` gate is
+    closed (another backend, ag_rs, a DCP size outside 2/4/8) keeps vLLM's own collectives,
+    which no B12X warm covers or needs to: it is not a call site of the transport."""
     sites = []
     for name, layer in static_forward_context.items():
         manager = getattr(layer, "dcp_manager", None)
+        if getattr(layer, "dcp_b12x", True) is False:
+            continue
         if manager is not None and id(manager) in calls:
             sites.append(CallSite(name, layer, manager, calls[id(manager)]))
     return tuple(sites)
+
+
+def warm_exactly(
+    sites: tuple[CallSite, ...],
+    registry: TransportRegistry,
+    group: Any,
+    *,
+    skip: frozenset[str] = frozenset(),
+) -> tuple[TransportSignature, ...]:
+    """Create the transport every site's manager was built for, except sites named in `skip`,
+    and run one zero gather and one zero reduction through it in the site's own dtypes: the
+    best any warm can do, so a control built on it isolates one mistake (say, skipping the
+    draft) from every other. Collective: call on every rank with the same sites."""
+    made: dict[TransportSignature, None] = {}
+    device = registry.device
+    for site in sites:
+        call = site.call
+        signature = CallSiteKey.built_for(call).signature(device.type)
+        if site.name in skip or signature in made:
+            continue
+        transport = registry.get_or_create(signature, group)
+        query_shape = (1, call.num_heads, call.query_head_dim)
+        transport.gather_queries(
+            torch.zeros(query_shape, dtype=_dtype_of(call.query_dtype), device=device)
+        )
+        total = call.num_heads * call.dcp_world_size
+        output_shape = (1, total, call.output_head_dim)
+        transport.reduce_outputs(
+            torch.zeros(output_shape, dtype=_dtype_of(call.output_dtype), device=device),
+            torch.zeros((1, total), dtype=torch.float32, device=device),
+        )
+        made[signature] = None
+    return tuple(made)
 
 
 class CallSiteRouter:

@@ -177,6 +177,26 @@ RUN_OPTIONS: tuple[Option, ...] = (
         env="DCPQUAL_RUN_DCP_COMM_BACKEND",
     ),
     Option(
+        "real_model",
+        ("--real-model",),
+        "MODEL",
+        "real tree of --models real/both: kimi-k3 (with its MTP draft) or deepseek-v3 "
+        "(vLLM's generic MLAAttention)",
+        _text,
+        default="kimi-k3",
+        env="DCPQUAL_RUN_REAL_MODEL",
+    ),
+    Option(
+        "draft_kv_cache_dtype",
+        ("--draft-kv-cache-dtype",),
+        "DTYPE",
+        "KV cache dtype of the real MTP draft: auto or fp8 (vLLM's speculative_config "
+        "kv_cache_dtype)",
+        _text,
+        env="DCPQUAL_RUN_DRAFT_KV_CACHE_DTYPE",
+        default_help="the target's --kv-cache-dtype",
+    ),
+    Option(
         "tp",
         ("--tp", "--tensor-parallel-size"),
         "T",

