@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.bench.cli import options_from_args, register
-from harness.bench.driver import QUICK, BenchOptions
+from harness.bench.cli import QUICK, BenchOptions, options_from_args, register
 from harness.cli import COMMAND_MODULES, main
 from harness.errors import UsageError
 
