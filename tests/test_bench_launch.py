@@ -167,7 +167,7 @@ def test_profile_takes_median_and_slowest_rank_and_the_launchers_share() -> None
     prof = profile_of([probe_of(0, 1.0), probe_of(1, 3.0), probe_of(2, 8.0)], 90.0, 160.0)
     assert prof is not None
     assert prof["phases_s"]["configure"] == {"median": 3.0, "max": 8.0}
-    assert prof["phases_s"]["suite capture: tests_s"] == {"median": 4.0, "max": 4.0}
+    assert prof["phases_s"]["suite capture (3 tests): tests_s"] == {"median": 4.0, "max": 4.0}
     assert (prof["launcher_before_ranks_s"], prof["ranks_s"], prof["launcher_after_ranks_s"]) == (
         10.0, 52.0, 8.0,
     )  # fmt: skip

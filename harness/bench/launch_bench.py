@@ -138,8 +138,10 @@ def profile_of(
         for name in ("import_torch", "configure", "collection", "finish"):
             add(name, ph[name])
         for suite, values in ph["suites"].items():
+            tests = int(values.get("tests", 0))
             for key, value in values.items():
-                add(f"suite {suite}: {key}", value)
+                if key != "tests":
+                    add(f"suite {suite} ({tests} tests): {key}", value)
         add("rank CPU seconds", p["cpu_s"])
     phases = {k: {"median": float(np.median(v)), "max": max(v)} for k, v in rows.items()}
     first, last = min(p["loaded_at"] for p in phased), max(p["ended_at"] for p in phased)
