@@ -162,42 +162,21 @@ def full_run(
     """One real `dcpqual run` into a scratch folder; seconds, exit code, probes, profile."""
     probes = work / "probe"
     addopts = " ".join(filter(None, (os.environ.get("PYTEST_ADDOPTS"), "-p harness.bench.probe")))
-    env = {
-        **os.environ,
-        ENV_DIR: str(probes),
-        "PYTEST_ADDOPTS": addopts,
-        ENV_PROFILE: "1" if profile else "0",
-    }
-    argv = [
-        sys.executable,
-        "-m",
-        "harness",
-        "run",
-        f"--nproc-per-node={nproc}",
-        f"--backend={backend}",
-        f"--models={models}",
-        f"--out={work / 'bundle'}",
-        f"--timeout={timeout_s:g}",
-    ]
+    env = {**os.environ, ENV_DIR: str(probes), "PYTEST_ADDOPTS": addopts}
+    env[ENV_PROFILE] = "1" if profile else "0"
+    flags: dict[str, object] = {"nproc-per-node": nproc, "backend": backend, "models": models}
+    flags.update({"out": work / "bundle", "timeout": f"{timeout_s:g}"})
+    argv = [sys.executable, "-m", "harness", "run", *(f"--{k}={v}" for k, v in flags.items())]
     work.mkdir(parents=True, exist_ok=True)
-    started = time.time()
+    started, limit = time.time(), timeout_s + 120
     with (work / "run.log").open("wb") as log:
         try:
-            code = subprocess.run(
-                argv,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=timeout_s + 120,
-                check=False,
-            ).returncode
+            done = subprocess.run(argv, env=env, stdout=log, stderr=log, timeout=limit, check=False)
         except subprocess.TimeoutExpired:
-            raise QualificationError(
-                f"dcpqual run ran past {timeout_s + 120:g}s; see {work}"
-            ) from None
+            raise QualificationError(f"dcpqual run ran past {limit:g}s; see {work}") from None
     ended = time.time()
     found = read_probes(probes)
-    return ended - started, code, found, profile_of(found, started, ended)
+    return ended - started, done.returncode, found, profile_of(found, started, ended)
 
 
 def measure_launch(
