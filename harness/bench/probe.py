@@ -12,7 +12,7 @@ plus timers on the rank plugin's agreement and record writes (main thread only):
 - `collection`: collecting the suites, their conftests' imports and the collection check;
 - `suites.<name>`: per suite, `tests_s` (setup + call + teardown) and `overhead_s` (the rest
   of each test's protocol: agreement, record writes, reports), with `agreement_s`, `records_s`;
-- `finish`: `pytest_sessionfinish` and the unconfigure hooks that run before this one.
+- `finish`: `pytest_sessionfinish` (session fixtures' teardown, junit, the terminal summary).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class Phases:
             "configure": h["pytest_configure"],
             "collection": h["pytest_collection"],
             "suites": {name: dict(values) for name, values in sorted(self.suites.items())},
-            "finish": h["pytest_sessionfinish"] + h["pytest_unconfigure"],
+            "finish": h["pytest_sessionfinish"],
             "unprobed": self.unprobed,
         }
 
