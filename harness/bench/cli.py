@@ -86,7 +86,7 @@ class BenchOptions:
 
 
 def _flag(name: str) -> str:
-    return next(f.metadata["flag"] for f in fields(BenchOptions) if f.name == name)
+    return str(next(f.metadata["flag"] for f in fields(BenchOptions) if f.name == name))
 
 
 # Smoke sizes: 2 ranks, few iterations, a small model. Explicit options still win.

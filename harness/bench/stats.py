@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import astuple, dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from harness.errors import UsageError
 
@@ -41,7 +42,7 @@ class Summary:
         return Summary(self.n, *(v * factor for v in astuple(self)[1:]))
 
 
-def summarize(samples: Sequence[float]) -> Summary:
+def summarize(samples: npt.ArrayLike) -> Summary:
     values = np.asarray(samples, dtype=float)
     if values.size == 0:
         raise UsageError("cannot summarize an empty list of samples")
@@ -77,7 +78,7 @@ def ratio_of_medians(numerator: Summary, denominator: Summary) -> Ratio:
     return Ratio(numerator.median / denominator.median, numerator.median, denominator.median)
 
 
-def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> Ratio:
+def paired_ratio(numerator: npt.ArrayLike, denominator: npt.ArrayLike) -> Ratio:
     num, den = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
     if num.shape != den.shape:
         raise UsageError(f"paired samples differ in length: {num.size} vs {den.size}")
@@ -87,12 +88,13 @@ def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> Ra
     return Ratio(base.value, base.numerator_median, base.denominator_median, summarize(num / den))
 
 
-def slowest_rank(per_rank: Sequence[Sequence[float]]) -> np.ndarray:
+def slowest_rank(per_rank: Sequence[Sequence[float]]) -> npt.NDArray[np.float64]:
     """Per-iteration maximum over ranks: a collective is done when its slowest rank is."""
     lengths = {len(r) for r in per_rank}
     if len(lengths) != 1:
         raise UsageError(f"ranks recorded different iteration counts: {sorted(lengths)}")
-    return np.asarray(per_rank, dtype=float).max(axis=0)
+    slowest: npt.NDArray[np.float64] = np.asarray(per_rank, dtype=float).max(axis=0)
+    return slowest
 
 
 @dataclass(frozen=True)
