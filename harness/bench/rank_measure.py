@@ -108,10 +108,7 @@ def raw_ops(
         chunk = A2ALayout.for_batch(batch, h, o, output_torch_dtype(sig).itemsize).chunk_bytes
         a_s, a_r = pair("a2a_outputs", w * chunk, w * chunk, torch.uint8)
         ops["a2a_outputs"] = lambda: dist.all_to_all_single(a_r, a_s, group=group)
-    nbytes = {op: {"send": s.nbytes, "recv": r.nbytes} for op, (s, r) in bufs.items()}
-    if t.strategy == "ag_rs" and t.reduce_scatter != "native":
-        nbytes["rs_outputs"]["recv"] = batch * h * o * 4  # what the rank keeps of it
-    return ops, nbytes
+    return ops, {op: {"send": s.nbytes, "recv": r.nbytes} for op, (s, r) in bufs.items()}
 
 
 def interleaved(
