@@ -128,7 +128,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     for f in fields(BenchOptions):
         if "flag" in f.metadata:
-            p.add_argument(f.metadata["flag"], dest=f.name, default=None, help=f.metadata["help"])
+            kind = "LIST" if isinstance(f.default, tuple) else "N"
+            p.add_argument(f.metadata["flag"], dest=f.name, metavar=kind, help=f.metadata["help"])
     p.set_defaults(func=run_command)
 
 
