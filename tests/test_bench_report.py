@@ -1,4 +1,4 @@
-"""harness.bench.rank_results and report: rank samples -> results -> JSON schema and tables."""
+"""harness.bench.results and report: rank samples -> results -> JSON schema and tables."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from harness.bench.discovery_bench import DiscoveryResult
-from harness.bench.launch_bench import LaunchResult, read_rss
-from harness.bench.rank_results import capture_overhead, transport_results
+from harness.bench.launch_bench import MB, LaunchResult, read_probes
 from harness.bench.report import BenchReport, evaluate_targets, print_report, write_report
+from harness.bench.results import capture_overhead, transport_results
 from harness.bench.stats import ratio_of_medians, summarize
 from harness.errors import UsageError
 
@@ -90,13 +90,13 @@ def test_transport_case_takes_slowest_rank_per_op_and_per_step() -> None:
     ag_rs, a2a = results.cases
     assert (ag_rs.strategy, ag_rs.batch, ag_rs.world_size) == ("ag_rs", 8, 2)
     # ag_queries per iteration: max(1, 3) = 3 ms, max(2, 1) = 2 ms.
-    assert ag_rs.ops["raw.ag_queries"].median == pytest.approx(2.5 * MS)
+    assert ag_rs.ops_us["raw.ag_queries"].median == pytest.approx(2500.0)
     # raw step per rank: r0 [4, 6], r1 [6, 5] ms -> slowest [6, 6]; ours: r0 [6, 8], r1 [8, 6].
-    assert ag_rs.step.denominator.median == pytest.approx(6 * MS)
-    assert ag_rs.step.numerator.median == pytest.approx(8 * MS)
-    assert ag_rs.step.value == pytest.approx(8 / 6)
-    assert ag_rs.reduce.denominator.median == pytest.approx(3.5 * MS)  # lse + rs: [3, 4]
-    assert a2a.step.value == pytest.approx(1.0)
+    assert ag_rs.raw_step_us.median == pytest.approx(6000.0)
+    assert ag_rs.ours_step_us.median == pytest.approx(8000.0)
+    assert ag_rs.ratio.value == pytest.approx(8 / 6)
+    assert ag_rs.reduce_ratio.denominator_median == pytest.approx(3500.0)  # lse + rs: [3, 4]
+    assert a2a.ratio.value == pytest.approx(1.0)
     assert results.worst is ag_rs
     ops = {b.op for b in ag_rs.bandwidth}
     assert ops == {"raw.ag_queries", "raw.ag_lse", "raw.rs_outputs", "ours.step", "raw.step"}
@@ -121,15 +121,31 @@ def test_capture_overhead_is_after_window_against_plain() -> None:
     assert cap.lookup_ratio["after_window"].value == pytest.approx(1.0)
 
 
-def launch_result(rss: dict[int, float], codes: tuple[int, ...] = (0,)) -> LaunchResult:
+def launch_result(
+    rss: dict[int, float], codes: tuple[int, ...] = (0,), models: str = "stand-in"
+) -> LaunchResult:
     bare, suite = summarize([10.0, 12.0]), summarize([30.0])
-    return LaunchResult(2, "gloo", bare, suite, ratio_of_medians(suite, bare), codes, rss)
+    peak = max(rss.values()) if rss else None
+    return LaunchResult(
+        world_size=2,
+        backend="gloo",
+        models=models,
+        bare_launch_s=None if models == "real" else bare,
+        full_suite_s=suite,
+        ratio=None if models == "real" else ratio_of_medians(suite, bare),
+        suite_exit_codes=codes,
+        peak_rss_mb_per_rank={str(k): v for k, v in rss.items()},
+        peak_rss_mb=peak,
+        peak_rss_gib=None if peak is None else peak * MB / 2**30,
+        cpu_s_per_rank={str(k): 1.0 for k in rss},
+        profile=None,
+    )
 
 
 def discovery_result() -> DiscoveryResult:
     seconds = summarize([0.3, 0.31])
     return DiscoveryResult(
-        "kimi-k3", 16668, 100012, 116683, 1, seconds, seconds.scaled(1e6 / 100012),
+        "kimi-k3", 16, 16, 16668, 100012, 116683, 1, seconds, seconds.scaled(1e6 / 100012),
         seconds.scaled(1e6 / 116683),
     )  # fmt: skip
 
@@ -144,6 +160,7 @@ def full_report(**overrides: Any) -> BenchReport:
         "capture": capture_overhead(raw),
         "discovery": discovery_result(),
         "launch": launch_result({0: 390.0, 1: 410.5}),
+        "real": launch_result({0: 1100.0, 1: 1400.0}, models="real"),
     }
     fields.update(overrides)
     return BenchReport(**fields)
@@ -160,6 +177,9 @@ def test_targets_one_per_issue_item_with_outcomes() -> None:
     mem = targets["peak_rss_per_rank"]
     assert mem.outcome == "miss" and mem.measured == pytest.approx(410.5)
     assert "rank 1" in mem.detail
+    real = targets["peak_rss_per_rank_real"]
+    assert real.outcome == "miss" and real.measured == pytest.approx(1400e6 / 2**30)
+    assert "real" in real.detail and "rank 1" in real.detail
 
 
 def test_missing_sections_are_not_measured_with_the_reason() -> None:
@@ -167,6 +187,7 @@ def test_missing_sections_are_not_measured_with_the_reason() -> None:
         transport=None,
         capture=None,
         launch=None,
+        real=None,
         why_missing={"transport": "skipped (--skip transport)", "launch": "failed: boom"},
     )
     targets = {t.target.key: t for t in report.targets}
@@ -174,6 +195,7 @@ def test_missing_sections_are_not_measured_with_the_reason() -> None:
     assert targets["transport_overhead"].detail == "skipped (--skip transport)"
     assert targets["suite_vs_bare_launch"].detail == "failed: boom"
     assert targets["peak_rss_per_rank"].detail == "failed: boom"
+    assert targets["peak_rss_per_rank_real"].outcome == "not-measured"
     assert targets["discovery_us_per_module"].outcome == "pass"
     assert not report.complete  # a failed section
     assert full_report(transport=None, why_missing={"transport": "skipped (x)"}).complete
@@ -181,6 +203,7 @@ def test_missing_sections_are_not_measured_with_the_reason() -> None:
 
 def test_a_failing_suite_run_makes_the_report_incomplete() -> None:
     assert not full_report(launch=launch_result({0: 1.0}, codes=(1,))).complete
+    assert not full_report(real=launch_result({0: 1.0}, codes=(1,), models="real")).complete
 
 
 def test_json_schema_v1(tmp_path: Path) -> None:
@@ -189,15 +212,20 @@ def test_json_schema_v1(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     assert data["schema"] == "dcpqual-bench/v1"
     assert set(data) >= {"created_at", "environment", "options", "results", "targets", "notes"}
-    assert set(data["results"]) == {"transport", "capture", "discovery", "launch"}
+    assert set(data["results"]) == {"transport", "capture", "discovery", "launch", "real"}
     case = data["results"]["transport"]["cases"][0]
     assert case["ours_step_us"]["median"] == pytest.approx(8000.0)
     assert set(case["ours_step_us"]) >= {"median", "p10", "p90", "q1", "q3", "iqr"}
     assert case["ratio"]["paired"]["median"] == pytest.approx(8 / 6)
     assert data["results"]["capture"]["overhead_pct"] == pytest.approx(5.0)
-    assert data["results"]["launch"]["peak_rss_mb_per_rank"] == {"0": 390.0, "1": 410.5}
+    launch = data["results"]["launch"]
+    assert launch["peak_rss_mb_per_rank"] == {"0": 390.0, "1": 410.5}
+    assert launch["peak_rss_mb"] == 410.5 and launch["bare_launch_s"]["median"] == 11.0
+    assert launch["ratio"]["value"] == pytest.approx(30 / 11)
+    assert data["results"]["real"]["models"] == "real"
+    assert data["results"]["discovery"]["tp"] == 16
     keys = [t["key"] for t in data["targets"]]
-    assert keys[0] == "transport_overhead" and len(keys) == 5
+    assert keys[0] == "transport_overhead" and len(keys) == 6
     assert all(t["outcome"] in ("pass", "miss", "not-measured") for t in data["targets"])
     assert data["complete"] is True and data["notes"] == ["n"]
 
@@ -219,6 +247,8 @@ def test_printed_tables_show_cases_ratios_and_outcomes() -> None:
     assert "note: quick" in text
 
 
-def test_read_rss_converts_kib_to_mb(tmp_path: Path) -> None:
-    (tmp_path / "rank-01.json").write_text(json.dumps({"rank": 1, "ru_maxrss_kib": 390625}))
-    assert read_rss(tmp_path) == {1: pytest.approx(400.0)}
+def test_read_probes_reads_every_rank_file(tmp_path: Path) -> None:
+    for rank in (1, 0):
+        (tmp_path / f"rank-{rank:02d}.json").write_text(json.dumps({"rank": rank}))
+    (tmp_path / "rank-02.tmp").write_text("{")  # a half-written file is not read
+    assert [p["rank"] for p in read_probes(tmp_path)] == [0, 1]

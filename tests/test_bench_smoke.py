@@ -1,7 +1,7 @@
 """Acceptance: `dcpqual bench --quick` at 2 gloo ranks, the real CLI and a real torchrun launch.
 
-The launch section (a full suite run) is skipped to keep this short; the others run at the
-smallest sizes. Only structure is checked, never timings.
+The launch and real sections (full suite runs) are skipped to keep this short; the others run
+at the smallest sizes. Only structure is checked, never timings.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
 
 SMALL = (
-    "--quick", "--skip", "launch", "--batches", "1", "--iters", "2", "--capture-iters", "4",
+    "--quick", "--skip", "launch,real", "--batches", "1", "--iters", "2", "--capture-iters", "4",
     "--lookup-rounds", "2", "--lookup-loops", "50", "--modules", "1000",
     "--discovery-repeats", "1", "--timeout", "240",
 )  # fmt: skip
@@ -41,8 +41,9 @@ def test_quick_bench_writes_schema_v1_and_prints_tables(tmp_path: Path, repo_roo
     assert transport["cases"][0]["ratio"]["paired"]["n"] == 2
     assert data["results"]["capture"]["unavailable"] is None
     assert data["results"]["discovery"]["modules"] >= 1000
-    assert data["results"]["launch"] is None
+    assert data["results"]["launch"] is None and data["results"]["real"] is None
     outcomes = {t["key"]: t["outcome"] for t in data["targets"]}
     assert outcomes["suite_vs_bare_launch"] == "not-measured"
     assert outcomes["peak_rss_per_rank"] == "not-measured"
+    assert outcomes["peak_rss_per_rank_real"] == "not-measured"
     assert "Targets" in done.stdout and "transport_overhead" in done.stdout

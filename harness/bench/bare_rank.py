@@ -1,37 +1,34 @@
-"""The bare launch the full suite run is compared with: join the group, one all-reduce, leave.
+"""The bare launch a full suite run is compared with: join the group, one all-reduce, leave.
 
-Run under the same torchrun flags as `dcpqual run`, so the ratio isolates what the suites, the
-rank plugin and the evidence bundle add on top of starting N Python processes with torch.
+Run under `dcpqual run`'s torchrun flags and the same bootstrap as the rank plugin, so the ratio
+isolates what the suites, the rank plugin and the evidence bundle add to starting N processes.
 """
 
 from __future__ import annotations
 
-import os
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from harness.rank.bootstrap import RankEnv, init_process_group, teardown
 
-def main() -> int:
-    backend = sys.argv[1] if len(sys.argv) > 1 else "gloo"
-    if backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+
+def main(backend: str) -> int:
+    env = RankEnv.from_env()
+    device = init_process_group(backend, env, timedelta(minutes=10))
     try:
         value = torch.ones(1, device=device)
         dist.all_reduce(value)
-        if int(value.item()) != dist.get_world_size():
+        if int(value.item()) != env.world_size:
             print(f"bare launch: all_reduce gave {value.item()}", file=sys.stderr)
             return 1
+        dist.barrier()
     finally:
-        dist.destroy_process_group()
+        teardown()
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1] if len(sys.argv) > 1 else "gloo"))

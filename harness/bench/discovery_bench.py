@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from harness.bench.stats import Summary, summarize
 from harness.errors import UsageError
@@ -41,6 +40,8 @@ def layers_for(modules: int) -> int:
 @dataclass(frozen=True)
 class DiscoveryResult:
     model: str
+    tp: int
+    dcp: int
     layers: int
     modules: int
     candidates: int
@@ -48,20 +49,6 @@ class DiscoveryResult:
     seconds: Summary
     us_per_module: Summary
     us_per_candidate: Summary
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "tp": TP,
-            "dcp": DCP,
-            "layers": self.layers,
-            "modules": self.modules,
-            "candidates": self.candidates,
-            "signatures": self.signatures,
-            "seconds": self.seconds.to_json(),
-            "us_per_module": self.us_per_module.to_json(),
-            "us_per_candidate": self.us_per_candidate.to_json(),
-        }
 
 
 def measure_discovery(modules: int, repeats: int, warmup: int = 1) -> DiscoveryResult:
@@ -92,6 +79,8 @@ def measure_discovery(modules: int, repeats: int, warmup: int = 1) -> DiscoveryR
     seconds = summarize(times)
     return DiscoveryResult(
         model=MODEL,
+        tp=TP,
+        dcp=DCP,
         layers=layers,
         modules=count,
         candidates=found.candidates_seen,

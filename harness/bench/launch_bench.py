@@ -1,132 +1,182 @@
-"""Launch cost and memory: the full `dcpqual run` of all suites against a bare torchrun launch.
+"""Launching for the bench: every torchrun goes through `harness.launch` (its flags, its process
+tree, its timeout), and a launch that fails names the rank that died and how.
 
-Both are timed wall clock from the driver, as a person waiting for them would see it. The bare
-launch uses the same torchrun flags as `dcpqual run` (`harness.launch.plan.torchrun_args`) and runs
-`harness.bench.bare_rank` (join the group, one all-reduce). The two alternate (bare, full, bare,
-...) so load drift hits both. The full run gets the RSS plugin through PYTEST_ADDOPTS; each rank
-writes its `ru_maxrss` to a folder outside the evidence bundle.
+Measured here: the full `dcpqual run` of all suites (a subprocess, timed as the person waiting
+sees it) against a bare launch of the same size (join the group, one all-reduce), alternating
+so load drift hits both; each full run's ranks carry the probe plugin (peak RSS, CPU, phases).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.bench.rss_plugin import ENV_DIR
+import numpy as np
+
+from harness.bench.probe import ENV_DIR, ENV_PROFILE
 from harness.bench.stats import Ratio, Summary, ratio_of_medians, summarize
 from harness.errors import QualificationError
-from harness.launch.plan import REPO_ROOT, RunOptions, torchrun_args
-from harness.launch.proctree import Tracker
+from harness.launch.launcher import launch
+from harness.launch.plan import REPO_ROOT, RunOptions, RunPlan, torchrun_args
+from harness.launch.ranklogs import torchrun_logs
 
-KIB = 1024
-SCAN_S = 2.0  # seconds between process-tree scans while a launch runs
-MB = 1e6
-
-
-def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The driver's environment plus the repository on PYTHONPATH (as `dcpqual run` does)."""
-    env = dict(os.environ)
-    path = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
-    env.update(extra or {})
-    return env
+MB, GIB = 1e6, float(1 << 30)
+# torchrun's failure table: "rank : 1 (local_rank: 1)" then "exitcode : -6 (pid: ...)".
+_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*exitcode\s*:\s*(-?\d+)")
 
 
-def torchrun_command(nproc: int, backend: str, log_dir: Path) -> list[str]:
-    """torchrun with `dcpqual run`'s own flags, for `nproc` ranks on this node."""
-    options = RunOptions(nproc_per_node=nproc, backend=backend, tp=nproc, dcp=nproc)
-    return torchrun_args(options, log_dir)
+def dead_ranks(agent_log: str) -> list[tuple[int, int, int]]:
+    """(rank, local rank, exit code) of each failed rank torchrun reports, root cause first."""
+    failures, _, root = agent_log.rpartition("Root Cause")
+    found = [tuple(map(int, m)) for m in _FAILURE.findall(root)]
+    found += [f for f in (tuple(map(int, m)) for m in _FAILURE.findall(failures)) if f not in found]
+    return found  # type: ignore[return-value]
 
 
-def rank_log_tail(log_dir: Path, lines: int = 15) -> str:
-    """The end of the first rank's non-empty stderr under a torchrun --log-dir, for errors."""
-    for path in sorted(log_dir.rglob("stderr.log")):
-        text = path.read_text(errors="replace").strip()
-        if text:
-            return f"{path}:\n" + "\n".join(text.splitlines()[-lines:])
-    return f"(no rank stderr under {log_dir})"
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"exit {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"exit {code}"
 
 
-def run_timed(
-    argv: Sequence[str], env: Mapping[str, str], log: Path, timeout_s: float
-) -> tuple[float, int]:
-    """Wall seconds and exit code of one command, its output to `log`.
+def why_failed(out_dir: Path, code: int, world: int, lines: int = 8) -> str:
+    """One paragraph: which rank died first and how, and the end of its stderr."""
+    agent = out_dir / "torchrun" / "node-00" / "agent.log"
+    text = agent.read_text(errors="replace") if agent.is_file() else ""
+    stderr = {log.local_rank: log.path for log in torchrun_logs(out_dir) if log.stream == "stderr"}
+    dead = dead_ranks(text)
+    if not dead:
+        tails = [p for p in stderr.values() if p.read_text(errors="replace").strip()]
+        where = f"; {tails[0]}:\n" + _tail(tails[0], lines) if tails else ""
+        return f"torchrun exit {code}, no failed rank in its report ({agent}){where}"
+    rank, local, rc = dead[0]
+    others = ", ".join(f"rank {r} {_exit_text(c)}" for r, _, c in dead[1:])
+    head = f"bench rank {rank} of {world} died first ({_exit_text(rc)}; torchrun exit {code})"
+    head += f"; then {others}" if others else ""
+    path = stderr.get(local)
+    return head + (f"; its stderr ({path}) ends:\n{_tail(path, lines)}" if path else "")
 
-    Past `timeout_s` the whole process tree is ended (ranks included: torchrun puts them in
-    sessions of their own, so the tree is tracked, as `dcpqual run` does). The tree is scanned
-    every `SCAN_S` only, to keep the watcher's own load off the measurement.
-    """
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            list(argv), env=dict(env), stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-    tracker = Tracker(proc.pid)
-    try:
-        while True:
-            try:
-                code = proc.wait(timeout=SCAN_S)
-                break
-            except subprocess.TimeoutExpired:
-                tracker.scan()
-            if time.perf_counter() - t0 > timeout_s:
-                tracker.end_all(grace_s=15.0)
-                proc.wait()
-                raise QualificationError(
-                    f"{' '.join(map(str, argv[:5]))} ... ran past {timeout_s:g}s; see {log}"
-                )
-    except BaseException:
-        tracker.end_all(grace_s=5.0)
-        raise
-    elapsed = time.perf_counter() - t0
-    tracker.end_all(grace_s=3.0)  # nothing should be left; never leave a rank behind
-    return elapsed, int(code)
+
+def _tail(path: Path, lines: int) -> str:
+    text = path.read_text(errors="replace").strip()
+    return "\n".join(text.splitlines()[-lines:]) or "(empty)"
+
+
+def bench_plan(
+    nproc: int, backend: str, out_dir: Path, module_args: Sequence[str], timeout_s: float
+) -> RunPlan:
+    """A torchrun of `python -m MODULE ARGS` with `dcpqual run`'s own flags and environment."""
+    options = RunOptions(
+        nproc_per_node=nproc, backend=backend, tp=nproc, dcp=nproc, timeout_s=timeout_s
+    )
+    probe = RunPlan(options, out_dir, ())
+    argv = (*torchrun_args(options, probe.log_dir), "-m", *module_args)
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return RunPlan(options, out_dir, argv, env={"PYTHONPATH": path, "PYTHONUNBUFFERED": "1"})
+
+
+def run_ranks(
+    nproc: int, backend: str, out_dir: Path, module_args: Sequence[str], timeout_s: float
+) -> float:
+    """Launch once; seconds it took. A failed launch raises with the dead rank named."""
+    result = launch(bench_plan(nproc, backend, out_dir, module_args, timeout_s))
+    if result.timed_out:
+        raise QualificationError(f"{module_args[0]} ranks ran past {timeout_s:g}s; see {out_dir}")
+    if result.exit_code != 0:
+        raise QualificationError(why_failed(out_dir, result.exit_code, nproc))
+    return result.elapsed_s
 
 
 @dataclass(frozen=True)
 class LaunchResult:
-    """Full suite run vs bare launch, and each rank's peak RSS during the suites."""
+    """Full suite runs (and, for the stand-ins, bare launches), with each rank's peak RSS."""
 
     world_size: int
     backend: str
-    bare_s: Summary
-    suite_s: Summary
-    ratio: Ratio
+    models: str
+    bare_launch_s: Summary | None
+    full_suite_s: Summary
+    ratio: Ratio | None  # full / bare, medians
     suite_exit_codes: tuple[int, ...]
-    rss_mb: Mapping[int, float]  # rank -> peak RSS over the suite runs, MB (1e6 bytes)
-
-    @property
-    def peak_rss_mb(self) -> float | None:
-        return max(self.rss_mb.values()) if self.rss_mb else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "world_size": self.world_size,
-            "backend": self.backend,
-            "bare_launch_s": self.bare_s.to_json(),
-            "full_suite_s": self.suite_s.to_json(),
-            "ratio": self.ratio.to_json(),
-            "suite_exit_codes": list(self.suite_exit_codes),
-            "peak_rss_mb_per_rank": {str(k): v for k, v in sorted(self.rss_mb.items())},
-            "peak_rss_mb": self.peak_rss_mb,
-        }
+    peak_rss_mb_per_rank: Mapping[str, float]  # rank -> max over the runs, MB (1e6 bytes)
+    peak_rss_mb: float | None
+    peak_rss_gib: float | None
+    cpu_s_per_rank: Mapping[str, float]  # rank -> CPU seconds of its last run
+    profile: Mapping[str, Any] | None  # phase breakdown of the last run (with --profile)
 
 
-def read_rss(folder: Path) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for path in sorted(folder.glob("rank-*.json")):
-        record = json.loads(path.read_text())
-        out[int(record["rank"])] = int(record["ru_maxrss_kib"]) * KIB / MB
-    return out
+def read_probes(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("rank-*.json"))]
+
+
+def profile_of(
+    probes: Sequence[Mapping[str, Any]], started: float, ended: float
+) -> dict[str, Any] | None:
+    """Per phase, the median and max over ranks (seconds); the launcher's share around them."""
+    phased = [p for p in probes if "phases" in p]
+    if not phased:
+        return None
+    rows: dict[str, list[float]] = {}
+
+    def add(name: str, value: float) -> None:
+        rows.setdefault(name, []).append(float(value))
+
+    for p in phased:
+        ph = p["phases"]
+        for name in ("import_torch", "configure", "collection", "finish"):
+            add(name, ph[name])
+        for suite, values in ph["suites"].items():
+            tests = int(values.get("tests", 0))
+            for key, value in values.items():
+                if key != "tests":
+                    add(f"suite {suite} ({tests} tests): {key}", value)
+        add("rank CPU seconds", p["cpu_s"])
+    phases = {k: {"median": float(np.median(v)), "max": max(v)} for k, v in rows.items()}
+    first, last = min(p["loaded_at"] for p in phased), max(p["ended_at"] for p in phased)
+    return {
+        "ranks": len(phased),
+        "phases_s": phases,
+        "launcher_before_ranks_s": first - started,  # launcher start, torchrun, python + pytest
+        "ranks_s": last - first,
+        "launcher_after_ranks_s": ended - last,  # rank exit, bundle written and verified
+        "cpu_s_all_ranks": sum(p["cpu_s"] for p in phased),
+        "unprobed": sorted({u for p in phased for u in p["phases"]["unprobed"]}),
+    }
+
+
+def full_run(
+    nproc: int, backend: str, models: str, work: Path, timeout_s: float, profile: bool
+) -> tuple[float, int, list[dict[str, Any]], dict[str, Any] | None]:
+    """One real `dcpqual run` into a scratch folder; seconds, exit code, probes, profile."""
+    probes = work / "probe"
+    addopts = " ".join(filter(None, (os.environ.get("PYTEST_ADDOPTS"), "-p harness.bench.probe")))
+    env = {**os.environ, ENV_DIR: str(probes), "PYTEST_ADDOPTS": addopts}
+    env[ENV_PROFILE] = "1" if profile else "0"
+    flags: dict[str, object] = {"nproc-per-node": nproc, "backend": backend, "models": models}
+    flags.update({"out": work / "bundle", "timeout": f"{timeout_s:g}"})
+    argv = [sys.executable, "-m", "harness", "run", *(f"--{k}={v}" for k, v in flags.items())]
+    work.mkdir(parents=True, exist_ok=True)
+    started, limit = time.time(), timeout_s + 120
+    with (work / "run.log").open("wb") as log:
+        try:
+            done = subprocess.run(argv, env=env, stdout=log, stderr=log, timeout=limit, check=False)
+        except subprocess.TimeoutExpired:
+            raise QualificationError(f"dcpqual run ran past {limit:g}s; see {work}") from None
+    ended = time.time()
+    found = read_probes(probes)
+    return ended - started, done.returncode, found, profile_of(found, started, ended)
 
 
 def measure_launch(
@@ -134,58 +184,55 @@ def measure_launch(
     backend: str,
     work: Path,
     *,
-    bare_repeats: int,
-    suite_repeats: int,
-    timeout_s: float,
-    say: Any = print,
+    models: str = "stand-in",
+    bare_repeats: int = 0,
+    suite_repeats: int = 1,
+    timeout_s: float = 3600.0,
+    profile: bool = False,
+    say: Callable[[str], None] = print,
 ) -> LaunchResult:
-    bare, suite, codes = [], [], []
-    rss: dict[int, float] = {}
+    bare: list[float] = []
+    suite: list[float] = []
+    codes: list[int] = []
+    rss: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    prof = None
     for i in range(max(bare_repeats, suite_repeats)):
         if i < bare_repeats:
-            logs = work / f"bare-{i}"
-            argv = [
-                *torchrun_command(nproc, backend, logs),
-                "-m",
-                "harness.bench.bare_rank",
-                backend,
-            ]
-            seconds, code = run_timed(argv, child_env(), logs / "agent.log", timeout_s)
-            if code != 0:
-                raise QualificationError(
-                    f"bare {nproc}-rank launch exited {code}; {rank_log_tail(logs)}"
+            bare.append(
+                run_ranks(
+                    nproc,
+                    backend,
+                    work / f"bare-{i}",
+                    ("harness.bench.bare_rank", backend),
+                    timeout_s,
                 )
-            bare.append(seconds)
-            say(f"  bare launch {i + 1}/{bare_repeats}: {seconds:.1f}s")
-        if i < suite_repeats:
-            rss_dir = work / f"rss-{i}"
-            addopts = " ".join(
-                filter(None, (os.environ.get("PYTEST_ADDOPTS"), "-p harness.bench.rss_plugin"))
             )
-            env = child_env({ENV_DIR: str(rss_dir), "PYTEST_ADDOPTS": addopts})
-            argv = [
-                sys.executable,
-                "-m",
-                "harness",
-                "run",
-                f"--nproc-per-node={nproc}",
-                f"--backend={backend}",
-                f"--out={work / f'suite-{i}'}",
-                f"--timeout={timeout_s:g}",
-            ]
-            seconds, code = run_timed(argv, env, work / f"suite-{i}.log", timeout_s + 60)
+            say(f"  bare launch {i + 1}/{bare_repeats}: {bare[-1]:.1f}s")
+        if i < suite_repeats:
+            seconds, code, probes, prof = full_run(
+                nproc, backend, models, work / f"suite-{i}", timeout_s, profile
+            )
             suite.append(seconds)
             codes.append(code)
-            for rank, mb in read_rss(rss_dir).items():
-                rss[rank] = max(mb, rss.get(rank, 0.0))
-            say(f"  full suite run {i + 1}/{suite_repeats}: {seconds:.1f}s (exit {code})")
-    bare_s, suite_s = summarize(bare), summarize(suite)
+            for p in probes:
+                key = str(p["rank"])
+                rss[key] = max(p["ru_maxrss_kib"] * 1024 / MB, rss.get(key, 0.0))
+                cpu[key] = p["cpu_s"]
+            say(f"  full run ({models}) {i + 1}/{suite_repeats}: {seconds:.1f}s (exit {code})")
+    peak = max(rss.values()) if rss else None
+    bare_s, suite_s = (summarize(bare) if bare else None), summarize(suite)
     return LaunchResult(
         world_size=nproc,
         backend=backend,
-        bare_s=bare_s,
-        suite_s=suite_s,
-        ratio=ratio_of_medians(suite_s, bare_s),
+        models=models,
+        bare_launch_s=bare_s,
+        full_suite_s=suite_s,
+        ratio=None if bare_s is None else ratio_of_medians(suite_s, bare_s),
         suite_exit_codes=tuple(codes),
-        rss_mb=rss,
+        peak_rss_mb_per_rank=dict(sorted(rss.items(), key=lambda kv: int(kv[0]))),
+        peak_rss_mb=peak,
+        peak_rss_gib=None if peak is None else peak * MB / GIB,
+        cpu_s_per_rank=cpu,
+        profile=prof,
     )

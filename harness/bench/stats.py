@@ -1,41 +1,31 @@
-"""Robust summaries of timing samples: medians and spreads, never means.
+"""Robust summaries of timing samples (numpy's quantiles): medians and spreads, never means.
 
-Machines here are shared and noisy: a mean is dragged by the one iteration that lost its core,
-a median is not. Spreads are the 10th/90th percentiles and the interquartile range, so a reader
-can see how far apart two medians must be before the difference means something.
+Machines here are shared and noisy: a mean is dragged by the one iteration that lost its core, a
+median is not. When two variants ran in the same iterations, the per-iteration ratios are
+summarized too (`paired`): their spread says how stable the comparison is.
 
-Ratios come in two forms. `ratio_of_medians` divides one summary's median by another's. When
-two variants were timed in the same iterations (interleaved, `paired_ratio`), the per-iteration
-ratios are summarized too: their spread says how stable the comparison is, which two
-independent spreads cannot.
+Bus bandwidth follows nccl-tests: `busbw = size / time * (n-1)/n`, size the gathered output
+(all-gather) or the input (reduce-scatter, all-to-all), against one PCIe Gen5 x16 link (64 GB/s
+per direction, theoretical: 32 GT/s x 16 lanes, 128b/130b).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import astuple, dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 from harness.errors import UsageError
 
-
-def quantile(samples: Sequence[float], q: float) -> float:
-    """The `q`-quantile with linear interpolation between order statistics (numpy's default)."""
-    if not samples:
-        raise UsageError("quantile of no samples")
-    if not 0.0 <= q <= 1.0:
-        raise UsageError(f"quantile q must be in [0, 1], got {q}")
-    ordered = sorted(samples)
-    pos = q * (len(ordered) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+PCIE_GEN5_X16_BYTES_PER_S = 64e9
+KINDS = {"ag_": "all_gather", "rs_": "reduce_scatter", "a2a_": "all_to_all"}
 
 
 @dataclass(frozen=True)
 class Summary:
-    """Median and spread of one set of samples (same unit as the samples)."""
+    """Median and spread of one set of samples, in the samples' unit."""
 
     n: int
     median: float
@@ -45,101 +35,89 @@ class Summary:
     q3: float
     min: float
     max: float
-
-    @property
-    def iqr(self) -> float:
-        return self.q3 - self.q1
-
-    @property
-    def rel_iqr(self) -> float:
-        """IQR over median: 0.05 means the middle half lies within about 5% of the median."""
-        return self.iqr / self.median if self.median else math.inf
+    iqr: float
 
     def scaled(self, factor: float) -> Summary:
         """The same summary in another unit (seconds -> microseconds: factor 1e6)."""
-        return Summary(
-            n=self.n,
-            median=self.median * factor,
-            p10=self.p10 * factor,
-            p90=self.p90 * factor,
-            q1=self.q1 * factor,
-            q3=self.q3 * factor,
-            min=self.min * factor,
-            max=self.max * factor,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["iqr"] = self.iqr
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Summary:
-        return cls(**{k: data[k] for k in ("n", "median", "p10", "p90", "q1", "q3", "min", "max")})
+        return Summary(self.n, *(v * factor for v in astuple(self)[1:]))
 
 
-def summarize(samples: Sequence[float]) -> Summary:
-    """Median, p10/p90, quartiles and range of `samples` (at least one, all finite)."""
-    values = [float(s) for s in samples]
-    if not values:
+def summarize(samples: npt.ArrayLike) -> Summary:
+    values = np.asarray(samples, dtype=float)
+    if values.size == 0:
         raise UsageError("cannot summarize an empty list of samples")
-    bad = [v for v in values if not math.isfinite(v)]
-    if bad:
-        raise UsageError(f"samples must be finite, got {bad[:3]}")
+    if not np.isfinite(values).all():
+        raise UsageError(f"samples must be finite, got {values[~np.isfinite(values)][:3]}")
+    p10, q1, median, q3, p90 = (float(v) for v in np.quantile(values, (0.1, 0.25, 0.5, 0.75, 0.9)))
     return Summary(
-        n=len(values),
-        median=quantile(values, 0.5),
-        p10=quantile(values, 0.1),
-        p90=quantile(values, 0.9),
-        q1=quantile(values, 0.25),
-        q3=quantile(values, 0.75),
-        min=min(values),
-        max=max(values),
+        int(values.size),
+        median,
+        p10,
+        p90,
+        q1,
+        q3,
+        float(values.min()),
+        float(values.max()),
+        q3 - q1,
     )
 
 
 @dataclass(frozen=True)
 class Ratio:
-    """`numerator` over `denominator`: the ratio of medians, and the per-iteration spread when
-    the two were timed side by side (`paired` is None otherwise)."""
+    """Ratio of medians, and the summary of per-iteration ratios for interleaved samples."""
 
     value: float
-    numerator: Summary
-    denominator: Summary
+    numerator_median: float
+    denominator_median: float
     paired: Summary | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "value": self.value,
-            "numerator_median": self.numerator.median,
-            "denominator_median": self.denominator.median,
-            "paired": None if self.paired is None else self.paired.to_json(),
-        }
 
 
 def ratio_of_medians(numerator: Summary, denominator: Summary) -> Ratio:
-    """median(numerator) / median(denominator); a zero denominator is a usage error."""
     if denominator.median <= 0:
         raise UsageError(f"ratio against a median of {denominator.median}: nothing to divide by")
-    return Ratio(numerator.median / denominator.median, numerator, denominator)
+    return Ratio(numerator.median / denominator.median, numerator.median, denominator.median)
 
 
-def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> Ratio:
-    """Ratio of medians plus the summary of per-iteration ratios, for interleaved samples."""
-    if len(numerator) != len(denominator):
-        raise UsageError(f"paired samples differ in length: {len(numerator)} vs {len(denominator)}")
-    if any(d <= 0 for d in denominator):
+def paired_ratio(numerator: npt.ArrayLike, denominator: npt.ArrayLike) -> Ratio:
+    num, den = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+    if num.shape != den.shape:
+        raise UsageError(f"paired samples differ in length: {num.size} vs {den.size}")
+    if (den <= 0).any():
         raise UsageError("paired ratio: a denominator sample is <= 0")
-    base = ratio_of_medians(summarize(numerator), summarize(denominator))
-    per_iteration = summarize([n / d for n, d in zip(numerator, denominator, strict=True)])
-    return Ratio(base.value, base.numerator, base.denominator, per_iteration)
+    base = ratio_of_medians(summarize(num), summarize(den))
+    return Ratio(base.value, base.numerator_median, base.denominator_median, summarize(num / den))
 
 
-def elementwise_max(per_rank: Sequence[Sequence[float]]) -> list[float]:
-    """Per-iteration maximum over ranks: a collective is done when its slowest rank is done."""
-    if not per_rank:
-        raise UsageError("no ranks to combine")
+def slowest_rank(per_rank: Sequence[Sequence[float]]) -> npt.NDArray[np.float64]:
+    """Per-iteration maximum over ranks: a collective is done when its slowest rank is."""
     lengths = {len(r) for r in per_rank}
     if len(lengths) != 1:
         raise UsageError(f"ranks recorded different iteration counts: {sorted(lengths)}")
-    return [max(values) for values in zip(*per_rank, strict=True)]
+    slowest: npt.NDArray[np.float64] = np.asarray(per_rank, dtype=float).max(axis=0)
+    return slowest
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """One op's bus bandwidth at its median time, and its fraction of a PCIe Gen5 x16 link."""
+
+    op: str
+    bus_bytes: float
+    seconds: float
+    busbw_gb_s: float
+    pcie_gen5_x16_fraction: float
+
+
+def bus_bytes(op: str, send: int, recv: int, world: int) -> float:
+    """Bytes a ring moves per link for one collective named by what it moves (`ag_queries`)."""
+    kind = next((k for prefix, k in KINDS.items() if op.startswith(prefix)), None)
+    if kind is None or world < 1:
+        raise UsageError(f"no collective kind for op {op!r} at world size {world}")
+    return (recv if kind == "all_gather" else send) * (world - 1) / world
+
+
+def bandwidth(op: str, nbytes: float, seconds: float) -> Bandwidth:
+    if seconds <= 0:
+        raise UsageError(f"bandwidth of {op}: time must be > 0, got {seconds}")
+    rate = nbytes / seconds
+    return Bandwidth(op, nbytes, seconds, rate / 1e9, rate / PCIE_GEN5_X16_BYTES_PER_S)
