@@ -168,6 +168,7 @@ def test_a_second_interrupt_hurries_the_ending_and_still_ends_everything(tmp_pat
 
 
 @main_thread_only
+@pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning")  # the orphan
 def test_without_the_shield_a_second_interrupt_orphans_the_helper(tmp_path, monkeypatch):
     class NoShield:
         hurry = threading.Event()

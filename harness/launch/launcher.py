@@ -158,6 +158,8 @@ def launch(
         outcome = _supervise(plan, proc, tracker, t0, timeout_s, tick, tick_s)
         if relay is not None:
             relay.join(timeout=5.0)
+            if not relay.is_alive() and proc.stdout is not None:
+                proc.stdout.close()  # the relay read torchrun's output to its end
         tracker.scan()  # orphans that re-parented to us after the last tick
         if cgroup is not None:  # and whatever is still in the run's cgroup, wherever it went
             tracker.seen |= {p for pid in cgroup.pids() if (p := identify(pid)) is not None}
