@@ -175,7 +175,7 @@ def test_required_limitations_follow_the_facts() -> None:
     assert "negative-control" in required(
         negative_control=NegativeControl(expected=0, detected=0, lazy_events=0)
     )
-    missing = rules.missing_limitations(["nccl: x", "image: y"], {"nccl": "", "b12x-transport": ""})
+    missing = rules.missing_limitations(["nccl", "image"], {"nccl": "", "b12x-transport": ""})
     assert missing == ["b12x-transport"]
 
 

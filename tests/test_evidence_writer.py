@@ -130,7 +130,8 @@ def test_killed_rank_is_a_failed_attributed_record(tmp_path: Path) -> None:
     assert (cause.rank, cause.test) == (1, CAPTURE_TEST)
     assert "SIGKILL" in cause.message  # torchrun's error file joins the rank's own story
     assert "(torchrun/run-1/attempt_0/1/error.json)" in cause.message
-    assert receipt.run.extra["launch"]["leftovers"] == [4242]
+    assert receipt.run.extra.launch is not None
+    assert receipt.run.extra.launch.leftovers == [4242]
     assert receipt.suites["capture"].errors == 1
     synthesized = [c for c in read_merged(out / "junit/merged.xml") if c.source == "synthesized"]
     assert [(c.rank, c.name, c.outcome) for c in synthesized] == [

@@ -66,6 +66,10 @@ def test_real_models_without_vllm_is_one_line_and_exit_2(capsys, monkeypatch, tm
 def _tree(rank: int) -> dict:
     return {
         "model": "kimi-k3",
+        "tp": 2,
+        "dcp": 2,
+        "kv_cache_dtype": "auto",
+        "dcp_comm_backend": "ag_rs",
         "classes": ["vllm.models.kimi_k3.nvidia.mla.MultiHeadLatentAttention"],
         "shims": ["cuda-stream-objects"],
         "limitations": ["real-trees: kimi-k3 built from vLLM's own classes", "real-tree shim x: y"],
@@ -81,10 +85,10 @@ def test_model_sources_merge_the_ranks_trees():
         for r in range(3)
     }
     merged = model_sources(RankFiles(world_size=3, records=records))
-    assert merged["real"] == ["kimi-k3"]
-    assert len(merged["trees"]) == 1, "per-rank costs must not split one configuration"
-    assert merged["ranks_with_real_trees"] == [0, 1]
-    assert merged["build_s_max"] == 12.0 and merged["peak_rss_mib_max"] == 801.0
+    assert merged.real == ["kimi-k3"]
+    assert len(merged.trees) == 1, "per-rank costs must not split one configuration"
+    assert merged.ranks_with_real_trees == [0, 1]
+    assert merged.build_s_max == 12.0 and merged.peak_rss_mib_max == 801.0
 
 
 def test_limitations_name_real_trees_and_shims_or_say_none_ran():

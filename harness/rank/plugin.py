@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -41,7 +42,15 @@ from harness.rank.sidechannel import SideChannel
 from harness.rank.subworld import BlockState, Lane, SubworldPlan, join, plan, size_of
 from harness.rank.watchdog import WatchConfig, Watchdog
 from harness.rank.worldbreak import AgentWatch, destroyed_group, group_alive
-from harness.schema.rank_record import Outcome, Selection, TestOutcome, WorldBreak, suite_of
+from harness.schema.rank_record import (
+    Outcome,
+    RankFacts,
+    RealTreeRecord,
+    Selection,
+    TestOutcome,
+    WorldBreak,
+    suite_of,
+)
 from harness.transport.registry import transports_used
 
 PLUGIN_NAME = "dcpqual-rank"
@@ -211,16 +220,17 @@ class RankPlugin:
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         self._deselected += sum(1 for item in items if item.nodeid not in self._by_model_source)
 
-    def _where(self) -> dict[str, object]:
+    def _where(self) -> RankFacts:
         """Where this rank's files and tests live: the pytest rootdir its node ids are relative
         to (a rerun makes them absolute), and the launcher's node index, whose torchrun/node-KK
         folder holds its logs."""
-        extra: dict[str, object] = {**self.keeper.record.extra} if self.keeper else {}
-        extra["rootdir"] = str(self.config.rootpath)
+        facts = self.keeper.record.extra if self.keeper else RankFacts()
         node_index = os.environ.get("DCPQUAL_NODE_INDEX", "")
-        if node_index.isdigit():
-            extra["node_index"] = int(node_index)
-        return extra
+        return replace(
+            facts,
+            rootdir=str(self.config.rootpath),
+            node_index=int(node_index) if node_index.isdigit() else facts.node_index,
+        )
 
     def _install_sigterm(self) -> int | None:
         """Route SIGTERM to the watchdog through a wakeup pipe (works while main is in C++)."""
@@ -243,12 +253,14 @@ class RankPlugin:
     def _note_transports(self) -> None:
         """Keep `extra["transports"]` current after every test, so even a rank that stops at a
         failure (and never finishes its session) says which transports it created."""
-        used = list(transports_used())
-        if self.keeper is not None and self.keeper.record.extra.get("transports") != used:
-            self.keeper.update(extra={**self.keeper.record.extra, "transports": used})
-        trees = [tree.to_json() for tree in built_trees()]
-        if self.keeper is not None and self.keeper.record.extra.get("real_trees", []) != trees:
-            self.keeper.update(extra={**self.keeper.record.extra, "real_trees": trees})
+        if self.keeper is None:
+            return
+        used = tuple(transports_used())
+        if self.keeper.record.extra.transports != used:
+            self.keeper.update(extra=replace(self.keeper.record.extra, transports=used))
+        trees = tuple(RealTreeRecord(**tree.to_json()) for tree in built_trees())
+        if self.keeper.record.extra.real_trees != trees:
+            self.keeper.update(extra=replace(self.keeper.record.extra, real_trees=trees))
 
     def add_capture(self, record: CaptureRecord) -> None:
         """Hand a capture window's record to this rank's record (suites' `record_capture`)."""
@@ -296,7 +308,9 @@ class RankPlugin:
                 f"{self.collect_timeout_s:g}s"
             )
             # Structured, so the evidence blames the rank that hung, not this one.
-            self.keeper.update(extra={**self.keeper.record.extra, "missing_collection": missing})
+            self.keeper.update(
+                extra=replace(self.keeper.record.extra, missing_collection=tuple(missing))
+            )
             self._abort_collection(reason, primary=False)
         mismatch = compare_collections(lists)
         if mismatch is not None:
