@@ -33,7 +33,7 @@ from harness.evidence import writer
 from harness.evidence.environment import REDACTED
 from harness.evidence.files import parse_sums
 from harness.evidence.junit import read_merged
-from harness.evidence.schema import Environment, Gpu, Receipt
+from harness.evidence.schema import Environment, Gpu, Image, Receipt
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import default_out_dir, finalize_bundle, prepare_out_dir
 
@@ -301,7 +301,8 @@ def gpu_run(out: Path, image: dict[str, object] | None) -> Receipt:
     for rank in range(4):
         caps = [capture(rank, path="cuda-graph"), control(rank)]
         write_rank(out, rank, 4, captures=caps, transport="b12x", backend="nccl")
-    return finalize_bundle(out, context(4, backend="nccl", image=image))
+    identity = None if image is None else Image.model_validate(image)
+    return finalize_bundle(out, context(4, backend="nccl", image=identity))
 
 
 def test_gpu_run_of_a_locked_image_is_qualified(tmp_path: Path, monkeypatch) -> None:
@@ -412,7 +413,6 @@ def test_finalize_interrupted_leaves_no_partial_file_and_can_be_rerun(
     [
         ({"dcp": 3}, "dcp=3 does not divide tp=4"),
         ({"backend": "mpi"}, "backend"),
-        ({"image": {"reference": "x", "digest": "latest"}}, "digest"),
     ],
 )
 def test_finalize_refuses_a_context_it_cannot_describe(
@@ -424,6 +424,11 @@ def test_finalize_refuses_a_context_it_cannot_describe(
     with pytest.raises(UsageError, match=message):
         finalize_bundle(out, context(4, **changes))
     assert snapshot(out) == before
+
+
+def test_an_image_identity_without_a_sha256_digest_is_refused_where_it_is_born() -> None:
+    with pytest.raises(ValueError, match="digest"):
+        Image(reference="x", digest="latest")
 
 
 def test_finalize_refuses_links(tmp_path: Path) -> None:

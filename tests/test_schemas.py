@@ -21,7 +21,7 @@ from harness.evidence.writer import finalize_bundle
 from harness.schema import SCHEMAS, schema_text
 from harness.schema.capture import CaptureRecord, DetectorStatus, LazyEvent, SignatureUse
 from harness.schema.rank_record import RankFacts, RankRecord, TestOutcome, rank_record_path
-from harness.schema.receipt import Receipt
+from harness.schema.receipt import ChosenOptions, Launch, Receipt, RequestedCount, RunExtra
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA_DIR = REPO / "schemas"
@@ -128,9 +128,10 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (out / "records").mkdir(parents=True)
     for rank in range(2):
         _record(rank, REPO).write(rank_record_path(out / "records", rank))
-    launch = {"exit_code": 0, "timed_out": False, "elapsed_s": 1.5, "leftovers": [7]}
-    options = {"nproc_per_node": {"requested": "2", "resolved": 2}, "maxfail": 1}
-    extra = {"launch": launch, "options": options}
+    extra = RunExtra(
+        launch=Launch(exit_code=0, elapsed_s=1.5, leftovers=[7]),
+        options=ChosenOptions(nproc_per_node=RequestedCount(requested="2", resolved=2)),
+    )
     finalize_bundle(out, RunContext(world_size=2, nproc_per_node=2, tp=2, dcp=2, extra=extra))
     return out
 

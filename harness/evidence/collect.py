@@ -28,7 +28,6 @@ Rules decided here, and why:
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.capture.records import CaptureRecord
+from harness.evidence.run_context import TorchrunFailure
 from harness.evidence.schema import (
     Capture,
     CaptureEvent,
@@ -446,7 +446,7 @@ def find_root_cause(
     ranks: RankFiles,
     *,
     timed_out: bool,
-    torchrun_error: dict[str, Any] | None,
+    torchrun_error: TorchrunFailure | None,
     junit_failures: Iterable[tuple[int, str, str]] = (),
     reasons: Iterable[str] = (),
     interrupted: str | None = None,
@@ -461,7 +461,9 @@ def find_root_cause(
     """
     if interrupted:
         return RootCause(rank=None, test=None, message=interrupted, kind="interrupted")
-    torchrun_rank, torchrun_message = _torchrun_error(torchrun_error)
+    torchrun_rank, torchrun_message = (
+        (None, None) if torchrun_error is None else torchrun_error.cause()
+    )
     candidates = sorted(_candidates(ranks, timed_out))
     causes = [c for c in candidates if c.priority < _PRIORITY["follow-on"]]
     if causes:
@@ -483,22 +485,3 @@ def find_root_cause(
     for reason in reasons:
         return RootCause(rank=None, test=None, message=reason, kind="run")
     return None
-
-
-def _torchrun_error(error: dict[str, Any] | None) -> tuple[int | None, str | None]:
-    """(rank, message) from torchrun's error file contents, in either of its shapes."""
-    if not error:
-        return None, None
-    rank = error.get("rank")
-    message: Any = error.get("message")
-    if isinstance(message, dict):  # raw TORCHELASTIC_ERROR_FILE: {"message": {"message": ...}}
-        message = message.get("message") or json.dumps(message, sort_keys=True)
-    if message is not None and error.get("file"):
-        message = f"{message} ({error['file']})"
-    try:
-        rank = None if rank is None else int(rank)
-    except (TypeError, ValueError):
-        rank = None
-    if rank is not None and rank < 0:
-        rank = None
-    return rank, None if message is None else str(message)

@@ -174,7 +174,7 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     scrub = scrubber()
     first = scrub_folder(out_dir, scrub)  # before anything else is read or written
     _check_only_files(out_dir)
-    earlier = ctx.extra.get("scrub", {}).get("changed", ())
+    earlier = () if ctx.extra.scrub is None else ctx.extra.scrub.changed
     scrubbed = [*first.changed, *earlier]
 
     receipt, merged_xml = assemble_receipt(out_dir, ctx, geometry, image)
@@ -293,7 +293,7 @@ def _launched(ctx: RunContext) -> Run:
         timed_out=ctx.timed_out,
         started_at=ctx.started_at,
         finished_at=ctx.finished_at,
-        extra=dict(ctx.extra),
+        extra=ctx.extra,
     )
 
 
@@ -310,7 +310,7 @@ def _validated(ctx: RunContext) -> tuple[Geometry, Image | None]:
                 "dcp": ctx.dcp,
             }
         )
-        image = None if ctx.image is None else Image.model_validate(ctx.image)
+        image = ctx.image
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'geometry'}: {e['msg']}" for e in exc.errors()

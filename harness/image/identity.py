@@ -129,7 +129,7 @@ def qualification_blockers(image: dict[str, Any] | None) -> list[str]:
     return Image.model_validate(image).qualification_blockers()
 
 
-def image_for_run() -> dict[str, Any] | None:
+def image_for_run() -> Image | None:
     """`RunContext.image` for a run inside a `dcpqual gpu16` container, else None.
 
     The build identity comes from the environment; the in-image check runs again here, so the
@@ -142,4 +142,4 @@ def image_for_run() -> dict[str, Any] | None:
 
     identity = ImageIdentity.from_json(json.loads(raw))
     report = verify_runtime.verify(verify_runtime.default_lock_path())
-    return {**identity.to_json(), "runtime": report.to_json()}
+    return Image.model_validate({**identity.to_json(), "runtime": report.to_json()})

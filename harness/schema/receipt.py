@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from harness.core.signature import TransportSignature
 from harness.schema.base import Limitation, Model, is_sha256
 from harness.schema.rank_record import RealTree
 
@@ -226,6 +227,20 @@ class SignatureRow(Model):
     consistent: bool = True  # every reporting rank said the same warmed/used
     query_dtype: str | None = None  # None in receipts written before it: the same as dtype
     comm_backend: str = "ag_rs"
+
+    def transport_signature(self) -> TransportSignature:
+        """The signature this row is about (GeometryError/UsageError if the row cannot be one)."""
+        return TransportSignature(
+            dtype=self.dtype,
+            total_heads=self.total_heads,
+            query_head_dim=self.query_head_dim,
+            output_head_dim=self.output_head_dim,
+            dcp_world_size=self.dcp_world_size,
+            max_tokens=self.max_tokens,
+            device_type=self.device_type,
+            query_dtype=self.query_dtype,
+            comm_backend=self.comm_backend,
+        )
 
 
 class CaptureEvent(Model):
