@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import gitinfo
 from harness.errors import DcpqualError, UsageError
-from harness.image import dockerfile, gitinfo
+from harness.image import dockerfile
 from harness.image.identity import ImageIdentity
 from harness.image.lock import SourceLock, load_pinned_lock, lock_sha256
 

@@ -39,9 +39,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from harness import gitinfo
 from harness.atomic import atomic_write_text
 from harness.errors import UsageError
-from harness.image import gitinfo
 from harness.jsonfile import JsonSyntaxError, read_json
 from harness.schema.lock import (
     Component,

@@ -32,9 +32,7 @@ from typing import Any
 
 import pytest
 
-from harness.capture.records import CaptureRecord
 from harness.core.geometry import qualified_degrees
-from harness.models.real.builder import built_trees
 from harness.rank.agreement import Agreement, LocalResult, agree, compare_collections
 from harness.rank.bootstrap import BootstrapError, RankEnv, init_process_group, teardown
 from harness.rank.rankfiles import RecordKeeper, dump_stacks, junit_path, write_error_file
@@ -42,21 +40,34 @@ from harness.rank.sidechannel import SideChannel
 from harness.rank.subworld import BlockState, Lane, SubworldPlan, join, plan, size_of
 from harness.rank.watchdog import WatchConfig, Watchdog
 from harness.rank.worldbreak import AgentWatch, destroyed_group, group_alive
+from harness.schema.capture import CaptureRecord
 from harness.schema.rank_record import (
     Outcome,
     RankFacts,
-    RealTreeRecord,
+    RankUse,
     Selection,
     TestOutcome,
     WorldBreak,
     suite_of,
 )
-from harness.transport.registry import transports_used
 
 PLUGIN_NAME = "dcpqual-rank"
 # What signal.signal returns and accepts: a Python handler, SIG_DFL/SIG_IGN, or a raw int.
 SignalHandler = Callable[[int, FrameType | None], Any] | int
 MAX_MESSAGE = 2000
+
+
+class RankHooks:
+    """Hooks the rank plugin calls, implemented where the answer is known (the repository's
+    root conftest), so the rank side imports neither the transports nor the model trees."""
+
+    @pytest.hookspec(firstresult=True)
+    def pytest_dcpqual_rank_use(self) -> RankUse | None:
+        """What this rank has used so far: the transports it created, the trees it built."""
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(RankHooks)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -251,16 +262,18 @@ class RankPlugin:
         # else: the watchdog got the same signal through the wakeup pipe and handles it
 
     def _note_transports(self) -> None:
-        """Keep `extra["transports"]` current after every test, so even a rank that stops at a
-        failure (and never finishes its session) says which transports it created."""
+        """Keep `extra.transports` and `extra.real_trees` current after every test, so even a
+        rank that stops at a failure (and never finishes its session) says which transports it
+        created. The code that made them answers `pytest_dcpqual_rank_use`."""
         if self.keeper is None:
             return
-        used = tuple(transports_used())
-        if self.keeper.record.extra.transports != used:
-            self.keeper.update(extra=replace(self.keeper.record.extra, transports=used))
-        trees = tuple(RealTreeRecord(**tree.to_json()) for tree in built_trees())
-        if self.keeper.record.extra.real_trees != trees:
-            self.keeper.update(extra=replace(self.keeper.record.extra, real_trees=trees))
+        used = self.config.hook.pytest_dcpqual_rank_use()
+        if used is None:
+            return
+        facts = self.keeper.record.extra
+        if (facts.transports, facts.real_trees) != (used.transports, used.real_trees):
+            changed = replace(facts, transports=used.transports, real_trees=used.real_trees)
+            self.keeper.update(extra=changed)
 
     def add_capture(self, record: CaptureRecord) -> None:
         """Hand a capture window's record to this rank's record (suites' `record_capture`)."""

@@ -219,6 +219,15 @@ class RankFacts:
 
 
 @dataclass(frozen=True, config=STRICT)
+class RankUse:
+    """What a rank has used so far (transports it created, vLLM trees it built), as the code
+    that made them reports it to the rank plugin."""
+
+    transports: tuple[str, ...] = ()
+    real_trees: tuple[RealTreeRecord, ...] = ()
+
+
+@dataclass(frozen=True, config=STRICT)
 class RankRecord:
     """Everything one rank reports. `complete` is False until the rank's session finished;
     a record that never became complete belongs to a rank that died.
