@@ -33,7 +33,7 @@ from harness.launch.plan import SHUTDOWN_TIMEOUT_S, RunOptions, RunPlan, build_p
 from harness.launch.proctree import Tracker, end_launch_root, identify, start_launch_root
 from harness.launch.progress import Progress, Snapshot, make_progress, poller, snapshot
 from harness.launch.ranklogs import collect_rank_logs
-from harness.schema.receipt import Scrub, Stray
+from harness.schema.receipt import Scrub
 
 # How long node 0 waits for the other nodes' "finished" markers after its own torchrun exits,
 # and how long they wait for its receipt. Their torchruns end within seconds of each other.
@@ -386,8 +386,7 @@ def _finish(
     strays = evidence.set_aside(out_dir)
     ctx = run_context(plan, result, nodes=markers)
     scrub = Scrub(changed=list(scrubbed.changed), renamed=[tuple(r) for r in scrubbed.renamed])
-    found = [Stray.model_validate(s.to_json()) for s in strays]
-    ctx = replace(ctx, extra=ctx.extra.model_copy(update={"scrub": scrub, "strays": found}))
+    ctx = replace(ctx, extra=ctx.extra.model_copy(update={"scrub": scrub, "strays": strays}))
     try:
         receipt = evidence.finalize_bundle(out_dir, ctx)
     except OSError as exc:

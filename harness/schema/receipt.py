@@ -470,11 +470,12 @@ class Scrub(Model):
 
 
 class Stray(Model):
-    """Something the run left in the out folder that is not evidence (set aside, not read)."""
+    """Something the run left in the out folder that is not evidence, set aside before the
+    bundle (never followed or read): where it was, what it was, what was done with it."""
 
     path: str
-    kind: str
-    action: str
+    kind: str  # "symlink" | "fifo" | "socket" | "device" | "file"
+    action: str  # "removed" | "moved to strays/..."
 
 
 class SmokeMachine(Model):
