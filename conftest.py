@@ -12,9 +12,10 @@ import os
 
 import pytest
 
+from harness.schema.plan import PLAN_ENV
 from harness.schema.rank_record import RankUse
 
-collect_ignore = [] if os.environ.get("DCPQUAL_RANK_PLUGIN") == "1" else ["suites"]
+collect_ignore = [] if PLAN_ENV in os.environ else ["suites"]
 
 
 @pytest.hookimpl(optionalhook=True)

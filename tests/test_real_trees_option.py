@@ -14,6 +14,7 @@ from harness.evidence.collect import RankFiles, model_sources
 from harness.evidence.writer import _real_tree_limitations
 from harness.launch import launcher
 from harness.launch.plan import RunOptions, build_plan
+from harness.schema.plan import RankPlan
 from harness.schema.rank_record import RankRecord
 
 
@@ -36,15 +37,15 @@ def test_the_choices_reach_the_ranks():
     options = RunOptions(
         nproc_per_node=2, models="both", kv_cache_dtype="fp8", dcp_comm_backend="a2a"
     )
-    env = build_plan(options, Path("/tmp/out")).env
-    assert (env["DCPQUAL_MODELS"], env["DCPQUAL_KV_CACHE_DTYPE"]) == ("both", "fp8")
-    assert env["DCPQUAL_DCP_COMM_BACKEND"] == "a2a"
-    assert env["DCPQUAL_REAL_MODEL"] == "kimi-k3"
+    plan = RankPlan.from_environ(build_plan(options, Path("/tmp/out")).env)
+    assert plan is not None
+    assert (plan.models, plan.kv_cache_dtype, plan.dcp_comm_backend) == ("both", "fp8", "a2a")
+    default = RankPlan.from_environ(build_plan(RunOptions(nproc_per_node=2), Path("/tmp/out")).env)
+    assert default is not None and default.models == "stand-in"
+    assert plan.real_model == "kimi-k3"
     chosen = RunOptions(nproc_per_node=2, models="real", real_model="deepseek-v3")
-    assert build_plan(chosen, Path("/tmp/out")).env["DCPQUAL_REAL_MODEL"] == "deepseek-v3"
-    assert build_plan(RunOptions(nproc_per_node=2), Path("/tmp/out")).env["DCPQUAL_MODELS"] == (
-        "stand-in"
-    )
+    deepseek = RankPlan.from_environ(build_plan(chosen, Path("/tmp/out")).env)
+    assert deepseek is not None and deepseek.real_model == "deepseek-v3"
 
 
 def test_real_models_without_vllm_is_one_line_and_exit_2(capsys, monkeypatch, tmp_path):

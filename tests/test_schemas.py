@@ -16,10 +16,13 @@ import pytest
 
 from harness.cli import main
 from harness.core.signature import TransportSignature
+from harness.errors import UsageError
 from harness.evidence.run_context import RunContext
 from harness.evidence.writer import finalize_bundle
+from harness.launch.plan import RunOptions, build_plan
 from harness.schema import SCHEMAS, schema_text
 from harness.schema.capture import CaptureRecord, DetectorStatus, LazyEvent, SignatureUse
+from harness.schema.plan import PLAN_ENV, RankPlan
 from harness.schema.rank_record import RankFacts, RankRecord, TestOutcome, rank_record_path
 from harness.schema.receipt import ChosenOptions, Launch, Receipt, RequestedCount, RunExtra
 
@@ -147,6 +150,25 @@ def test_a_written_bundle_validates_against_the_committed_schemas(bundle: Path) 
         validator("rank-record").validate(
             json.loads(rank_record_path(bundle / "records", rank).read_text())
         )
+
+
+def test_the_plan_the_launcher_hands_the_ranks_validates(tmp_path: Path) -> None:
+    options = RunOptions(nproc_per_node=2, tp=2, warm_impl="before-kimi", models="both")
+    raw = build_plan(options, tmp_path).env[PLAN_ENV]
+    validator("rank-plan").validate(json.loads(raw))
+    plan = RankPlan.from_environ({PLAN_ENV: raw})
+    assert plan is not None and (plan.warm_impl, plan.models, plan.dcp) == (
+        "before-kimi",
+        "both",
+        2,
+    )
+
+
+def test_a_malformed_plan_is_refused_in_one_line() -> None:
+    with pytest.raises(UsageError, match=r"DCPQUAL_PLAN is not a dcpqual-rank-plan/v1: tp"):
+        RankPlan.from_environ({PLAN_ENV: json.dumps({"tp": 0})})
+    with pytest.raises(UsageError, match="surprise"):
+        RankPlan.from_environ({PLAN_ENV: json.dumps({"surprise": 1})})
 
 
 def test_the_shipped_source_lock_validates() -> None:

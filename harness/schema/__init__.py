@@ -44,6 +44,12 @@ def _source_lock() -> dict[str, Any]:
     return SourceLock.model_json_schema(by_alias=True, mode="serialization")
 
 
+def _rank_plan() -> dict[str, Any]:
+    from harness.schema.plan import RankPlan
+
+    return RankPlan.model_json_schema(by_alias=True, mode="serialization")
+
+
 def _signature() -> dict[str, Any]:
     from harness.schema.signature import SignatureJson
 
@@ -60,6 +66,9 @@ SCHEMAS: dict[str, SchemaSpec] = {
     "receipt": SchemaSpec("dcpqual-receipt/v1", "an evidence bundle's receipt.json", _receipt),
     "rank-record": SchemaSpec(
         "dcpqual-rank-record/v1", "a bundle's records/rank-NN.json", _rank_record
+    ),
+    "rank-plan": SchemaSpec(
+        "dcpqual-rank-plan/v1", "what every rank runs with ($DCPQUAL_PLAN)", _rank_plan
     ),
     "source-lock": SchemaSpec(
         "dcpqual-source-lock/v1", "an image's source.lock.json", _source_lock
