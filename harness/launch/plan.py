@@ -253,20 +253,22 @@ def pytest_args(targets: tuple[str, ...]) -> list[str]:
 
 def rank_plan(options: RunOptions, out_dir: Path) -> RankPlan:
     """What every rank of this node runs with, serialized once into its environment."""
-    return RankPlan(
-        out_dir=str(out_dir),
-        node_index=options.node_rank,  # which torchrun/node-KK holds its logs
-        backend=options.backend,  # type: ignore[arg-type]
-        warm_impl=options.warm_impl,
-        tp=options.tp,
-        dcp=options.resolved_dcp,
-        models=options.models,  # type: ignore[arg-type]
-        kv_cache_dtype=options.kv_cache_dtype,
-        dcp_comm_backend=options.dcp_comm_backend,  # type: ignore[arg-type]
-        test_timeout_s=options.resolved_test_timeout,
-        collect_timeout_s=options.resolved_test_timeout,  # collection is a test too
-        maxfail=options.maxfail,
-        fast_exit=True,  # records and junit are final: skip 16 interpreter teardowns
+    return RankPlan.model_validate(
+        {
+            "out_dir": str(out_dir),
+            "node_index": options.node_rank,  # which torchrun/node-KK holds its logs
+            "backend": options.backend,
+            "warm_impl": options.warm_impl,
+            "tp": options.tp,
+            "dcp": options.resolved_dcp,
+            "models": options.models,
+            "kv_cache_dtype": options.kv_cache_dtype,
+            "dcp_comm_backend": options.dcp_comm_backend,
+            "test_timeout_s": options.resolved_test_timeout,
+            "collect_timeout_s": options.resolved_test_timeout,  # collection is a test too
+            "maxfail": options.maxfail,
+            "fast_exit": True,  # records and junit are final: skip 16 interpreter teardowns
+        }
     )
 
 

@@ -32,9 +32,9 @@ class World:
 def plan_of(config: pytest.Config) -> RankPlan:
     """The plugin's plan; outside `dcpqual run` (no plugin) the one in the environment, else
     the defaults."""
-    plugin = config.pluginmanager.get_plugin(PLUGIN_NAME)
-    if plugin is not None:
-        return plugin.plan  # type: ignore[no-any-return]
+    plan = getattr(config.pluginmanager.get_plugin(PLUGIN_NAME), "plan", None)
+    if isinstance(plan, RankPlan):
+        return plan
     return RankPlan.from_environ(os.environ) or RankPlan()
 
 
@@ -63,7 +63,7 @@ def world(rank_plan: RankPlan) -> World:
 @pytest.fixture
 def record_capture(request: pytest.FixtureRequest) -> Callable[[CaptureRecord], None]:
     """Hand a capture record to the rank plugin for records/rank-NN.json."""
-    plugin = request.config.pluginmanager.get_plugin(PLUGIN_NAME)
-    if plugin is None:
-        return lambda record: None  # run by hand, outside `dcpqual run`
-    return plugin.add_capture  # type: ignore[no-any-return]
+    add: Callable[[CaptureRecord], None] | None = getattr(
+        request.config.pluginmanager.get_plugin(PLUGIN_NAME), "add_capture", None
+    )
+    return add if add is not None else (lambda record: None)  # by hand: outside `dcpqual run`
