@@ -8,16 +8,24 @@ readers and recomputed, never trusted, when a record is read back.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any
 
-from pydantic import ConfigDict, NonNegativeInt, TypeAdapter, computed_field, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    TypeAdapter,
+    computed_field,
+    model_validator,
+)
 from pydantic.dataclasses import dataclass
 
 from harness.schema.signature import SignatureField
 
 STRICT = ConfigDict(extra="forbid")
-Phase = Literal["warmup", "capture"]
-CapturePath = Literal["cuda-graph", "cpu-simulated"]
+# Strings to the code that builds them, checked whole on validation (and in the JSON Schema).
+Phase = Annotated[str, Field(pattern=r"^(warmup|capture)$")]
+CapturePath = Annotated[str, Field(pattern=r"^(cuda-graph|cpu-simulated)$")]
 
 
 def derived(data: dict[str, Any], name: str, value: object, what: str) -> dict[str, Any]:
@@ -149,7 +157,8 @@ class CaptureRecord:
                     if isinstance(event, dict)
                     else getattr(event, "detector", None)
                 )
-                counts[name] = counts.get(name, 0) + 1
+                if isinstance(name, str):
+                    counts[name] = counts.get(name, 0) + 1
             data = derived(data, "by_detector", dict(sorted(counts.items())), "capture")
         return data
 

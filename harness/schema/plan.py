@@ -10,14 +10,14 @@ Without it (a developer running torchrun by hand) every field has its default.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError
 
 from harness.errors import UsageError
 from harness.schema.base import Model
 
-PLAN_SCHEMA = "dcpqual-rank-plan/v1"
+PLAN_SCHEMA: Final = "dcpqual-rank-plan/v1"
 PLAN_ENV = "DCPQUAL_PLAN"
 
 

@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import (
     Field,
@@ -33,7 +33,7 @@ from harness.jsonfile import read_json
 from harness.schema.base import Limitation
 from harness.schema.capture import STRICT, CaptureRecord, derived
 
-RANK_RECORD_SCHEMA = "dcpqual-rank-record/v1"
+RANK_RECORD_SCHEMA: Final = "dcpqual-rank-record/v1"
 
 Outcome = Literal["passed", "failed", "skipped", "error"]
 OUTCOMES: tuple[Outcome, ...] = ("passed", "failed", "skipped", "error")
