@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from harness.schema import SCHEMAS, schema_text
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     names = ", ".join(f"{name} ({spec.id})" for name, spec in SCHEMAS.items())
     p = subparsers.add_parser(
         "schema",

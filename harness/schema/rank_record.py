@@ -279,10 +279,6 @@ class RankRecord:
     def with_capture(self, capture: CaptureRecord) -> RankRecord:
         return replace(self, captures=(*self.captures, capture))
 
-    def with_facts(self, **changes: Any) -> RankRecord:
-        """The record with some of its `extra` facts replaced."""
-        return replace(self, extra=replace(self.extra, **changes))
-
     def to_json(self) -> dict[str, Any]:
         return dict(_RECORD.dump_python(self, mode="json"))
 
