@@ -120,4 +120,5 @@ def test_real_model_is_a_run_flag():
     options = options_from_args(parser.parse_args(argv), environ={})
     assert (options.real_model, options.draft_kv_cache_dtype) == ("deepseek-v3", "")
     fp8 = options_from_args(parser.parse_args([*argv, "--draft-kv-cache-dtype", "fp8"]), environ={})
-    assert build_plan(fp8, Path("/tmp/out")).env["DCPQUAL_DRAFT_KV_CACHE_DTYPE"] == "fp8"
+    plan = RankPlan.from_environ(build_plan(fp8, Path("/tmp/out")).env)
+    assert plan is not None and plan.draft_kv_cache_dtype == "fp8"

@@ -264,6 +264,8 @@ def rank_plan(options: RunOptions, out_dir: Path) -> RankPlan:
             "models": options.models,
             "kv_cache_dtype": options.kv_cache_dtype,
             "dcp_comm_backend": options.dcp_comm_backend,
+            "real_model": options.real_model,
+            "draft_kv_cache_dtype": options.draft_kv_cache_dtype,
             "test_timeout_s": options.resolved_test_timeout,
             "collect_timeout_s": options.resolved_test_timeout,  # collection is a test too
             "maxfail": options.maxfail,

@@ -198,6 +198,23 @@ class RealTreeRecord(RealTree):
 
 
 @dataclass(frozen=True, config=STRICT)
+class SubworldLane:
+    """One lane of a sub-world block: its group size, its ranks, how many cases it ran."""
+
+    size: PositiveInt
+    ranks: tuple[NonNegativeInt, ...]
+    cases: NonNegativeInt = 0
+
+
+@dataclass(frozen=True, config=STRICT)
+class SubworldBlock:
+    """Sub-world cases run side by side on lanes of the world (`harness.rank.subworld`)."""
+
+    block: NonNegativeInt
+    lanes: tuple[SubworldLane, ...] = ()
+
+
+@dataclass(frozen=True, config=STRICT)
 class RankFacts:
     """Where a rank's files and tests live, and what it used, kept current while it runs.
 
@@ -205,7 +222,8 @@ class RankFacts:
     node whose torchrun/node-KK folder holds its logs; `transports`: the transport backends it
     created ("torch:ag_rs", "b12x"; `transport` is the one-backend form of older records);
     `real_trees`: vLLM's own trees it built; `missing_collection`: the ranks that never
-    finished collection within the timeout (this rank's collection abort blames them)."""
+    finished collection within the timeout (this rank's collection abort blames them);
+    `subworld`: the blocks of sub-world cases and their lanes."""
 
     rootdir: str | None = None
     node_index: NonNegativeInt | None = None
@@ -213,6 +231,7 @@ class RankFacts:
     transport: str | None = None
     real_trees: tuple[RealTreeRecord, ...] = ()
     missing_collection: tuple[NonNegativeInt, ...] = ()
+    subworld: tuple[SubworldBlock, ...] = ()  # the lanes this rank's collection was placed on
 
     def used_transports(self) -> tuple[str, ...]:
         return (*((self.transport,) if self.transport else ()), *self.transports)
