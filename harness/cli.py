@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "harness.image.cli",  # lock check, lock pin, image build
     "harness.bench.cli",  # bench
     "harness.smoke.cli",  # gpu-smoke
+    "harness.schema.cli",  # schema
 )
 
 

@@ -1,54 +1,23 @@
 """Fixtures for the qualification suites, which run on every rank under torchrun.
 
 The rank plugin (`harness.rank.plugin`, registered as "dcpqual-rank") initializes the process
-group before collection; these fixtures only read it. Outside the runner (a developer launching
-torchrun by hand) they initialize it themselves from torchrun's environment.
+group before collection and provides `rank_plan` (what `dcpqual run` asked for), `world` and
+`record_capture`; these fixtures build on them. A developer launching torchrun by hand passes
+`-p harness.rank.plugin` too (the plan's defaults apply without `DCPQUAL_PLAN`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from harness.capture.check import ranks_failing
-from harness.capture.records import CaptureRecord
-from harness.core.geometry import qualified_degrees
+from harness.rank.fixtures import World, plan_of
+from harness.schema.plan import RankPlan
 from harness.warm.geometry import ParallelGeometry
-
-
-@dataclass(frozen=True)
-class World:
-    rank: int
-    size: int
-    backend: str
-    device: torch.device
-
-
-def _ensure_process_group() -> None:
-    if dist.is_initialized():
-        return
-    if "RANK" not in os.environ:
-        pytest.exit("suites/ must run under torchrun (use `dcpqual run`)", returncode=2)
-    backend = os.environ.get("DCPQUAL_BACKEND", "gloo")
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=120))
-
-
-@pytest.fixture(scope="session")
-def world() -> World:
-    _ensure_process_group()
-    backend = str(dist.get_backend())
-    if backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    else:
-        device = torch.device("cpu")
-    return World(rank=dist.get_rank(), size=dist.get_world_size(), backend=backend, device=device)
-
 
 # Group sizes created together, on the first request for any group: sub-world cases of
 # different sizes run at the same time on different ranks (the rank plugin's lanes), and
@@ -88,7 +57,7 @@ def subgroups(world: World) -> Callable[[int], dist.ProcessGroup]:
 class Qualification:
     """The geometry a run qualifies, and this rank's DCP group for it.
 
-    tp and dcp come from `dcpqual run --tp/--dcp` (env DCPQUAL_TP / DCPQUAL_DCP); by default
+    tp and dcp come from `dcpqual run --tp/--dcp` (the rank plan); by default
     tp=16 and dcp = min(world size, 16), so 16 ranks qualify Kimi-K3 TP16/DCP16 and smaller
     test runs keep a real, smaller DCP group (e.g. 4 ranks: TP16/DCP4).
     """
@@ -106,8 +75,10 @@ class Qualification:
 
 
 @pytest.fixture(scope="session")
-def qualification(world: World, subgroups: Callable[[int], dist.ProcessGroup]) -> Qualification:
-    tp, dcp = qualified_degrees(world.size)  # what the rank record names as its geometry
+def qualification(
+    world: World, subgroups: Callable[[int], dist.ProcessGroup], rank_plan: RankPlan
+) -> Qualification:
+    tp, dcp = rank_plan.tp, rank_plan.resolved_dcp(world.size)
     geometry = ParallelGeometry(tp=tp, dcp=dcp)
     if world.size % dcp:
         pytest.fail(f"world size {world.size} cannot be split into DCP groups of {dcp}")
@@ -138,19 +109,10 @@ def held_out(
     )
 
 
-@pytest.fixture
-def record_capture(request: pytest.FixtureRequest) -> Callable[[CaptureRecord], None]:
-    """Hand a capture record to the rank plugin for records/rank-NN.json."""
-    plugin = request.config.pluginmanager.get_plugin("dcpqual-rank")
-    if plugin is None:
-        return lambda record: None  # run by hand, outside `dcpqual run`
-    return plugin.add_capture
-
-
 @pytest.fixture(scope="session")
-def warm_impl_name() -> str:
+def warm_impl_name(rank_plan: RankPlan) -> str:
     """Which warm implementation the run qualifies (`dcpqual run --warm-impl`)."""
-    return os.environ.get("DCPQUAL_WARM_IMPL", "vendored")
+    return rank_plan.warm_impl
 
 
 @pytest.fixture
@@ -173,7 +135,7 @@ REAL_SUITES = ("suites/real/",)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    chosen = MODEL_SOURCES.get(os.environ.get("DCPQUAL_MODELS", "stand-in"), ("stand-in",))
+    chosen = MODEL_SOURCES[plan_of(config).models]
     dropped_prefixes = [
         *(() if "stand-in" in chosen else STAND_IN_SUITES),
         *(() if "real" in chosen else REAL_SUITES),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from harness.capture.events import LazyEvent, LazySpecializationError
 from harness.capture.records import CaptureRecord, DetectorStatus, SignatureUse
 from harness.warm.signature import TransportSignature
@@ -62,11 +64,22 @@ def test_record_written_before_the_new_fields_still_loads() -> None:
 def test_detected_needs_every_expected_detector() -> None:
     record = _record()
     assert record.detected
-    only_registry = CaptureRecord.from_json(
-        {**record.to_json(), "events": [record.events[0].to_json()]}
-    )
+    written = {k: v for k, v in record.to_json().items() if k != "by_detector"}
+    only_registry = CaptureRecord.from_json({**written, "events": [record.events[0].to_json()]})
     assert not only_registry.detected
     assert only_registry.by_detector == {"transport-registry": 1}
+
+
+def test_a_record_whose_counts_disagree_with_its_events_is_refused() -> None:
+    record = _record()
+    edited = {**record.to_json(), "events": [record.events[0].to_json()]}
+    with pytest.raises(ValueError, match="by_detector"):
+        CaptureRecord.from_json(edited)
+
+
+def test_a_record_with_an_unknown_key_is_refused() -> None:
+    with pytest.raises(ValueError, match="unexpected"):
+        CaptureRecord.from_json({**_record().to_json(), "lazy": 0})
 
 
 def test_strict_error_names_the_signature() -> None:

@@ -17,6 +17,7 @@ from _support.evidence_factory import (
 
 from harness.evidence import rules
 from harness.evidence.collect import find_root_cause, load_records
+from harness.evidence.run_context import TorchrunFailure
 from harness.evidence.schema import (
     Capture,
     Environment,
@@ -175,7 +176,7 @@ def test_required_limitations_follow_the_facts() -> None:
     assert "negative-control" in required(
         negative_control=NegativeControl(expected=0, detected=0, lazy_events=0)
     )
-    missing = rules.missing_limitations(["nccl: x", "image: y"], {"nccl": "", "b12x-transport": ""})
+    missing = rules.missing_limitations(["nccl", "image"], {"nccl": "", "b12x-transport": ""})
     assert missing == ["b12x-transport"]
 
 
@@ -202,7 +203,7 @@ def test_killed_rank_before_a_later_failure_is_the_root_cause(tmp_path: Path) ->
         tests[3] = failed(NODES[3], "late failure")
         write_rank(tmp_path, rank, 3, tests=tests)
     write_rank(tmp_path, 2, 3, tests=[passed(SIGNATURE_TEST)], complete=False, junit=False)
-    error = {"rank": 2, "message": {"message": "RuntimeError: boom", "extraInfo": {}}}
+    error = TorchrunFailure(rank=2, message="RuntimeError: boom")
     cause = find_root_cause(load_records(tmp_path, 3), timed_out=False, torchrun_error=error)
     assert cause is not None and (cause.rank, cause.test, cause.kind) == (2, COMBINE_TEST, "killed")
     assert "RuntimeError: boom" in cause.message
@@ -212,7 +213,7 @@ def test_root_cause_falls_back_to_torchrun_then_junit_then_reasons(tmp_path: Pat
     for rank in range(2):
         write_rank(tmp_path, rank, 2)
     ranks = load_records(tmp_path, 2)
-    error = {"rank": 1, "message": "exit code 3"}
+    error = TorchrunFailure(rank=1, message="exit code 3")
     cause = find_root_cause(ranks, timed_out=False, torchrun_error=error)
     assert cause is not None and (cause.rank, cause.kind) == (1, "torchrun")
     cause = find_root_cause(

@@ -33,7 +33,7 @@ from harness.evidence import writer
 from harness.evidence.environment import REDACTED
 from harness.evidence.files import parse_sums
 from harness.evidence.junit import read_merged
-from harness.evidence.schema import Environment, Gpu, Receipt
+from harness.evidence.schema import Environment, Gpu, Image, Receipt
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import default_out_dir, finalize_bundle, prepare_out_dir
 
@@ -130,7 +130,8 @@ def test_killed_rank_is_a_failed_attributed_record(tmp_path: Path) -> None:
     assert (cause.rank, cause.test) == (1, CAPTURE_TEST)
     assert "SIGKILL" in cause.message  # torchrun's error file joins the rank's own story
     assert "(torchrun/run-1/attempt_0/1/error.json)" in cause.message
-    assert receipt.run.extra["launch"]["leftovers"] == [4242]
+    assert receipt.run.extra.launch is not None
+    assert receipt.run.extra.launch.leftovers == [4242]
     assert receipt.suites["capture"].errors == 1
     synthesized = [c for c in read_merged(out / "junit/merged.xml") if c.source == "synthesized"]
     assert [(c.rank, c.name, c.outcome) for c in synthesized] == [
@@ -300,7 +301,8 @@ def gpu_run(out: Path, image: dict[str, object] | None) -> Receipt:
     for rank in range(4):
         caps = [capture(rank, path="cuda-graph"), control(rank)]
         write_rank(out, rank, 4, captures=caps, transport="b12x", backend="nccl")
-    return finalize_bundle(out, context(4, backend="nccl", image=image))
+    identity = None if image is None else Image.model_validate(image)
+    return finalize_bundle(out, context(4, backend="nccl", image=identity))
 
 
 def test_gpu_run_of_a_locked_image_is_qualified(tmp_path: Path, monkeypatch) -> None:
@@ -411,7 +413,6 @@ def test_finalize_interrupted_leaves_no_partial_file_and_can_be_rerun(
     [
         ({"dcp": 3}, "dcp=3 does not divide tp=4"),
         ({"backend": "mpi"}, "backend"),
-        ({"image": {"reference": "x", "digest": "latest"}}, "digest"),
     ],
 )
 def test_finalize_refuses_a_context_it_cannot_describe(
@@ -423,6 +424,11 @@ def test_finalize_refuses_a_context_it_cannot_describe(
     with pytest.raises(UsageError, match=message):
         finalize_bundle(out, context(4, **changes))
     assert snapshot(out) == before
+
+
+def test_an_image_identity_without_a_sha256_digest_is_refused_where_it_is_born() -> None:
+    with pytest.raises(ValueError, match="digest"):
+        Image(reference="x", digest="latest")
 
 
 def test_finalize_refuses_links(tmp_path: Path) -> None:

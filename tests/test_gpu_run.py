@@ -209,9 +209,9 @@ def test_image_for_run_is_none_outside_an_image_and_honest_inside(
     monkeypatch.setenv("DCPQUAL_LOCK", identity.lock_path)
     monkeypatch.setenv("DCPQUAL_IMAGE_ROOT", str(tmp_path))
     image = image_for_run()
-    assert image is not None and image["digest"] == IMAGE_ID
-    assert image["runtime"]["ok"] is False  # CPU torch here: the fresh check says so
-    assert qualification_blockers(image)
+    assert image is not None and image.digest == IMAGE_ID
+    assert image.runtime is not None and image.runtime.ok is False  # CPU torch: the check says so
+    assert image.qualification_blockers()
 
 
 def test_identity_fits_the_receipt_image_schema(identity: ImageIdentity) -> None:

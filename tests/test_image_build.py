@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from _support.locks import git, pinned_lock_data, write_lock
 
+from harness import gitinfo
 from harness.cli import main
 from harness.errors import UsageError
-from harness.image import build, dockerfile, gitinfo
+from harness.image import build, dockerfile
 from harness.image.build import ImageBuildError
 from harness.image.engine import EngineUnavailable, connect
 from harness.image.lock import LockError, load_pinned_lock, lock_sha256

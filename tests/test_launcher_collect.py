@@ -16,6 +16,7 @@ from harness.launch.nodes import NodeMarker
 from harness.launch.plan import RunOptions, build_plan
 from harness.launch.progress import PlainProgress, Snapshot, snapshot, wants_plain
 from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
+from harness.schema.receipt import Launch
 
 RESULT = LaunchResult(1, False, "2026-01-01T00:00:00+00:00", "2026-01-01T00:01:00+00:00", 60.0)
 
@@ -58,8 +59,9 @@ def test_run_context_carries_the_launch_and_the_geometry(tmp_path):
     assert ctx.warm_impl == "before-kimi" and ctx.backend == "gloo"
     assert ctx.exit_code == 1 and not ctx.timed_out
     assert ctx.command == plan.argv and ctx.pytest_args == plan.targets
-    assert ctx.torchrun_error is not None and ctx.torchrun_error["rank"] == 1
-    assert ctx.extra["launch"] == RESULT.to_json()
+    assert ctx.torchrun_error is not None and ctx.torchrun_error.rank == 1
+    assert ctx.extra.launch is not None
+    assert ctx.extra.launch == Launch.model_validate(RESULT.to_json())
     assert LaunchResult.from_json(RESULT.to_json()) == RESULT
 
 

@@ -142,8 +142,8 @@ def test_two_nodes_share_one_folder_and_node0_finalizes_after_both(tmp_path, mon
     assert results[0][0] == 0 and results[1][0] == 0
     assert "node 0's bundle says PASS" in results[1][1]
     [ctx] = evidence.contexts  # only node 0 wrote the bundle
-    assert sorted(ctx.extra["nodes"]) == ["0", "1"]
-    assert all(m["state"] == "finished" for m in ctx.extra["nodes"].values())
+    assert ctx.extra.nodes is not None and sorted(ctx.extra.nodes) == ["0", "1"]
+    assert all(m is not None and m.state == "finished" for m in ctx.extra.nodes.values())
 
 
 def test_node_k_refuses_a_folder_of_another_run(tmp_path):

@@ -9,6 +9,7 @@ import pytest
 
 from harness.errors import GeometryError, UsageError
 from harness.launch.plan import REPO_ROOT, RunOptions, build_plan
+from harness.schema.plan import PLAN_ENV, RankPlan
 
 OUT = Path("/tmp/dcpqual-out")
 
@@ -29,8 +30,7 @@ def test_single_node_plan_runs_pytest_with_the_rank_plugin_once():
     assert flag(argv, "--redirects") == "3"
     tail = argv[argv.index("-m", 3) :]
     assert tail[:5] == ("-m", "pytest", "-p", "harness.rank.plugin", "-p")
-    assert f"--dcpqual-out={OUT}" in tail
-    assert "--dcpqual-backend=gloo" in tail
+    assert not any(a.startswith("--dcpqual") for a in tail), "settings travel in the plan"
     assert tail[-1] == str(REPO_ROOT / "suites")
     assert plan.targets == (str(REPO_ROOT / "suites"),)
 
@@ -38,10 +38,12 @@ def test_single_node_plan_runs_pytest_with_the_rank_plugin_once():
 def test_plan_environment_reaches_the_ranks_and_suites():
     options = RunOptions(nproc_per_node=4, warm_impl="before-kimi", tp=16)
     env = build_plan(options, OUT).child_env({"PATH": "/bin", "HF_TOKEN": "x"})
-    assert env["DCPQUAL_RANK_PLUGIN"] == "1"
-    assert env["DCPQUAL_WARM_IMPL"] == "before-kimi"
-    assert (env["DCPQUAL_TP"], env["DCPQUAL_DCP"]) == ("16", "4")
-    assert env["DCPQUAL_BACKEND"] == "gloo"
+    plan = RankPlan.from_environ(env)
+    assert plan is not None and plan.out_dir == str(OUT) and plan.node_index == 0
+    assert plan.warm_impl == "before-kimi"
+    assert (plan.tp, plan.dcp) == (16, 4)
+    assert plan.backend == "gloo" and plan.fast_exit
+    assert not [k for k in env if k.startswith("DCPQUAL_") and k != PLAN_ENV]
     assert env["TORCHELASTIC_ERROR_FILE"].startswith(str(OUT / "torchrun" / "node-00"))
     assert env["PATH"] == "/bin"
     assert env["PYTHONPATH"].split(":")[0] == str(REPO_ROOT)
@@ -80,7 +82,9 @@ def test_timeouts_defaults_and_per_test_flag():
     assert RunOptions(nproc_per_node=2).resolved_test_timeout == 300
     assert RunOptions(nproc_per_node=2, timeout_s=100).resolved_test_timeout == 50
     plan = build_plan(RunOptions(nproc_per_node=2, test_timeout_s=7.5), OUT)
-    assert "--dcpqual-test-timeout=7.5" in plan.argv
+    rank_plan = RankPlan.from_environ(plan.env)
+    assert rank_plan is not None
+    assert (rank_plan.test_timeout_s, rank_plan.collect_timeout_s) == (7.5, 7.5)
 
 
 def test_relative_out_dir_is_refused_by_the_planner():

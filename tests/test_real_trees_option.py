@@ -14,6 +14,7 @@ from harness.evidence.collect import RankFiles, model_sources
 from harness.evidence.writer import _real_tree_limitations
 from harness.launch import launcher
 from harness.launch.plan import RunOptions, build_plan
+from harness.schema.plan import RankPlan
 from harness.schema.rank_record import RankRecord
 
 
@@ -36,15 +37,15 @@ def test_the_choices_reach_the_ranks():
     options = RunOptions(
         nproc_per_node=2, models="both", kv_cache_dtype="fp8", dcp_comm_backend="a2a"
     )
-    env = build_plan(options, Path("/tmp/out")).env
-    assert (env["DCPQUAL_MODELS"], env["DCPQUAL_KV_CACHE_DTYPE"]) == ("both", "fp8")
-    assert env["DCPQUAL_DCP_COMM_BACKEND"] == "a2a"
-    assert env["DCPQUAL_REAL_MODEL"] == "kimi-k3"
+    plan = RankPlan.from_environ(build_plan(options, Path("/tmp/out")).env)
+    assert plan is not None
+    assert (plan.models, plan.kv_cache_dtype, plan.dcp_comm_backend) == ("both", "fp8", "a2a")
+    default = RankPlan.from_environ(build_plan(RunOptions(nproc_per_node=2), Path("/tmp/out")).env)
+    assert default is not None and default.models == "stand-in"
+    assert plan.real_model == "kimi-k3"
     chosen = RunOptions(nproc_per_node=2, models="real", real_model="deepseek-v3")
-    assert build_plan(chosen, Path("/tmp/out")).env["DCPQUAL_REAL_MODEL"] == "deepseek-v3"
-    assert build_plan(RunOptions(nproc_per_node=2), Path("/tmp/out")).env["DCPQUAL_MODELS"] == (
-        "stand-in"
-    )
+    deepseek = RankPlan.from_environ(build_plan(chosen, Path("/tmp/out")).env)
+    assert deepseek is not None and deepseek.real_model == "deepseek-v3"
 
 
 def test_real_models_without_vllm_is_one_line_and_exit_2(capsys, monkeypatch, tmp_path):
@@ -66,6 +67,10 @@ def test_real_models_without_vllm_is_one_line_and_exit_2(capsys, monkeypatch, tm
 def _tree(rank: int) -> dict:
     return {
         "model": "kimi-k3",
+        "tp": 2,
+        "dcp": 2,
+        "kv_cache_dtype": "auto",
+        "dcp_comm_backend": "ag_rs",
         "classes": ["vllm.models.kimi_k3.nvidia.mla.MultiHeadLatentAttention"],
         "shims": ["cuda-stream-objects"],
         "limitations": ["real-trees: kimi-k3 built from vLLM's own classes", "real-tree shim x: y"],
@@ -81,10 +86,10 @@ def test_model_sources_merge_the_ranks_trees():
         for r in range(3)
     }
     merged = model_sources(RankFiles(world_size=3, records=records))
-    assert merged["real"] == ["kimi-k3"]
-    assert len(merged["trees"]) == 1, "per-rank costs must not split one configuration"
-    assert merged["ranks_with_real_trees"] == [0, 1]
-    assert merged["build_s_max"] == 12.0 and merged["peak_rss_mib_max"] == 801.0
+    assert merged.real == ["kimi-k3"]
+    assert len(merged.trees) == 1, "per-rank costs must not split one configuration"
+    assert merged.ranks_with_real_trees == [0, 1]
+    assert merged.build_s_max == 12.0 and merged.peak_rss_mib_max == 801.0
 
 
 def test_limitations_name_real_trees_and_shims_or_say_none_ran():
@@ -115,4 +120,5 @@ def test_real_model_is_a_run_flag():
     options = options_from_args(parser.parse_args(argv), environ={})
     assert (options.real_model, options.draft_kv_cache_dtype) == ("deepseek-v3", "")
     fp8 = options_from_args(parser.parse_args([*argv, "--draft-kv-cache-dtype", "fp8"]), environ={})
-    assert build_plan(fp8, Path("/tmp/out")).env["DCPQUAL_DRAFT_KV_CACHE_DTYPE"] == "fp8"
+    plan = RankPlan.from_environ(build_plan(fp8, Path("/tmp/out")).env)
+    assert plan is not None and plan.draft_kv_cache_dtype == "fp8"

@@ -19,6 +19,7 @@ from harness.launch.collect import chosen_options
 from harness.launch.options import RUN_OPTIONS, resolve_nproc
 from harness.launch.plan import RunOptions, build_plan
 from harness.launch.rerun import absolute_nodeid
+from harness.schema.plan import RankPlan
 
 SUITE = "tests/rank_suites/rank_pass.py"
 
@@ -189,13 +190,14 @@ def test_missing_nproc_is_one_line(capsys, launched):
 
 def test_tee_and_maxfail_reach_torchrun_and_the_ranks(tmp_path: Path):
     options = RunOptions(nproc_per_node=4, tp=4, tee=(0, 3), maxfail=2, pytest_args=(SUITE,))
-    argv = build_plan(options, tmp_path).argv
+    plan = build_plan(options, tmp_path)
+    argv = plan.argv
     assert "--tee=3" in argv and "--local-ranks-filter=0,3" in argv
     assert "--redirects=3" in argv  # every rank still has its own log files
-    assert "--dcpqual-maxfail=2" in argv
-    plain = build_plan(RunOptions(nproc_per_node=4, tp=4, pytest_args=(SUITE,)), tmp_path).argv
-    assert not any(a.startswith(("--tee", "--local-ranks-filter")) for a in plain)
-    assert "--dcpqual-maxfail=1" in plain
+    assert getattr(RankPlan.from_environ(plan.env), "maxfail", None) == 2
+    default = build_plan(RunOptions(nproc_per_node=4, tp=4, pytest_args=(SUITE,)), tmp_path)
+    assert not any(a.startswith(("--tee", "--local-ranks-filter")) for a in default.argv)
+    assert getattr(RankPlan.from_environ(default.env), "maxfail", None) == 1
 
 
 def test_rerun_refuses_a_bundle_that_does_not_verify(capsys, launched, tmp_path: Path):

@@ -51,7 +51,7 @@ def test_lanes_run_side_by_side_and_stop_together(tmp_path: Path, monkeypatch) -
     for rank in range(4):  # everyone stopped after the block, at the same place
         assert "test_after_the_block" not in seen[rank]
         assert records[rank].complete
-        assert records[rank].extra["subworld"][0]["lanes"][1]["ranks"] == [2, 3]
+        assert records[rank].extra.subworld[0].lanes[1].ranks == (2, 3)
     receipt = json.loads((out / "receipt.json").read_text())
     assert receipt["root_cause"]["rank"] == 3
     assert receipt["root_cause"]["test"].endswith(pairs[1])

@@ -58,7 +58,7 @@ def check_backend(options: BenchOptions) -> None:
 def environment() -> dict[str, Any]:
     import torch
 
-    from harness.image.gitinfo import identity
+    from harness.gitinfo import identity
 
     try:
         source: Any = identity(REPO_ROOT).to_json()

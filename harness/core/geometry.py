@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from harness.errors import GeometryError
@@ -44,17 +42,3 @@ class ParallelGeometry:
             raise GeometryError(
                 f"world size {world_size} cannot host tp={self.tp} (needs a multiple of tp)"
             )
-
-
-TP_ENV, DCP_ENV = "DCPQUAL_TP", "DCPQUAL_DCP"
-DEFAULT_TP = 16
-
-
-def qualified_degrees(world_size: int, environ: Mapping[str, str] | None = None) -> tuple[int, int]:
-    """The tp and dcp a rank's suites qualify: `dcpqual run --tp/--dcp` hands them over as
-    DCPQUAL_TP / DCPQUAL_DCP; without them tp=16 and dcp=min(world size, 16). ValueError when
-    one is not an integer."""
-    env = os.environ if environ is None else environ
-    tp = int(env.get(TP_ENV, str(DEFAULT_TP)))
-    dcp = int(env.get(DCP_ENV, str(min(world_size, DEFAULT_TP))))
-    return tp, dcp

@@ -28,7 +28,6 @@ Rules decided here, and why:
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -36,17 +35,19 @@ from pathlib import Path
 from typing import Any
 
 from harness.capture.records import CaptureRecord
+from harness.evidence.run_context import TorchrunFailure
 from harness.evidence.schema import (
     Capture,
     CaptureEvent,
     Coverage,
+    Models,
     NegativeControl,
     RootCause,
     RootCauseKind,
     Selection,
     SignatureRow,
 )
-from harness.schema.rank_record import RankRecord, rank_record_path
+from harness.schema.rank_record import RankRecord, RealTree, rank_record_path
 
 # Priority of root-cause kinds found at the same test position (lower wins).
 _PRIORITY: dict[str, int] = {
@@ -159,47 +160,32 @@ def _in_order(items: Iterable[str]) -> list[str]:
 def transports(ranks: RankFiles) -> list[str]:
     """Transport backends the ranks say they ran (record `extra["transport"]` or
     `extra["transports"]`), e.g. "torch:ag_rs", "torch:a2a" or "b12x"."""
-    seen: set[str] = set()
-    for record in ranks.records.values():
-        one = record.extra.get("transport")
-        if isinstance(one, str):
-            seen.add(one)
-        many = record.extra.get("transports")
-        if isinstance(many, list):
-            seen.update(str(t) for t in many)
-    return sorted(seen)
+    return sorted({t for record in ranks.records.values() for t in record.extra.used_transports()})
 
 
-PER_RANK_TREE_FIELDS = ("build_s", "import_s", "peak_rss_mib")
-
-
-def model_sources(ranks: RankFiles) -> dict[str, Any]:
-    """Which model trees the ranks built from vLLM's own classes (record `extra["real_trees"]`):
-    {"real": [model, ...], "trees": [one entry per distinct configuration], "build_s_max",
-    "ranks_with_real_trees"}; empty lists when only stand-ins ran."""
-    trees: dict[str, dict[str, Any]] = {}
+def model_sources(ranks: RankFiles) -> Models:
+    """Which model trees the ranks built from vLLM's own classes (record `extra.real_trees`):
+    the models, one tree per distinct configuration, the largest build time and peak RSS, and
+    the ranks that built any; empty when only stand-ins ran."""
+    trees: dict[RealTree, None] = {}
     build_s: list[float] = []
     rss: list[float] = []
     ranks_built: list[int] = []
     for rank, record in sorted(ranks.records.items()):
-        built = record.extra.get("real_trees")
-        if not isinstance(built, list) or not built:
+        if not record.extra.real_trees:
             continue
         ranks_built.append(rank)
-        for tree in built:
-            if not isinstance(tree, dict):
-                continue
-            build_s.append(float(tree.get("build_s", 0.0)) + float(tree.get("import_s", 0.0)))
-            rss.append(float(tree.get("peak_rss_mib", 0.0)))
-            same = {k: v for k, v in tree.items() if k not in PER_RANK_TREE_FIELDS}
-            trees.setdefault(json.dumps(same, sort_keys=True), same)
-    return {
-        "real": sorted({str(t.get("model")) for t in trees.values()}),
-        "trees": list(trees.values()),
-        "build_s_max": max(build_s, default=0.0),
-        "peak_rss_mib_max": max(rss, default=0.0),
-        "ranks_with_real_trees": ranks_built,
-    }
+        for tree in record.extra.real_trees:
+            build_s.append(tree.build_s + tree.import_s)
+            rss.append(tree.peak_rss_mib)
+            trees.setdefault(tree.configuration(), None)
+    return Models(
+        real=sorted({t.model for t in trees}),
+        trees=list(trees),
+        build_s_max=max(build_s, default=0.0),
+        peak_rss_mib_max=max(rss, default=0.0),
+        ranks_with_real_trees=ranks_built,
+    )
 
 
 def merge_signatures(captures: Iterable[CaptureRecord]) -> list[SignatureRow]:
@@ -328,7 +314,7 @@ def _hung_in_collection(ranks: RankFiles) -> list[_Candidate]:
     cause, ahead of the peers' aborts and their own stopping (both consequences)."""
     found = []
     for waiter, record in sorted(ranks.records.items()):
-        for rank in record.extra.get("missing_collection", []):
+        for rank in record.extra.missing_collection:
             own = ranks.records.get(rank)
             if not isinstance(rank, int) or (own is not None and own.collected):
                 continue
@@ -460,7 +446,7 @@ def find_root_cause(
     ranks: RankFiles,
     *,
     timed_out: bool,
-    torchrun_error: dict[str, Any] | None,
+    torchrun_error: TorchrunFailure | None,
     junit_failures: Iterable[tuple[int, str, str]] = (),
     reasons: Iterable[str] = (),
     interrupted: str | None = None,
@@ -475,7 +461,9 @@ def find_root_cause(
     """
     if interrupted:
         return RootCause(rank=None, test=None, message=interrupted, kind="interrupted")
-    torchrun_rank, torchrun_message = _torchrun_error(torchrun_error)
+    torchrun_rank, torchrun_message = (
+        (None, None) if torchrun_error is None else torchrun_error.cause()
+    )
     candidates = sorted(_candidates(ranks, timed_out))
     causes = [c for c in candidates if c.priority < _PRIORITY["follow-on"]]
     if causes:
@@ -497,22 +485,3 @@ def find_root_cause(
     for reason in reasons:
         return RootCause(rank=None, test=None, message=reason, kind="run")
     return None
-
-
-def _torchrun_error(error: dict[str, Any] | None) -> tuple[int | None, str | None]:
-    """(rank, message) from torchrun's error file contents, in either of its shapes."""
-    if not error:
-        return None, None
-    rank = error.get("rank")
-    message: Any = error.get("message")
-    if isinstance(message, dict):  # raw TORCHELASTIC_ERROR_FILE: {"message": {"message": ...}}
-        message = message.get("message") or json.dumps(message, sort_keys=True)
-    if message is not None and error.get("file"):
-        message = f"{message} ({error['file']})"
-    try:
-        rank = None if rank is None else int(rank)
-    except (TypeError, ValueError):
-        rank = None
-    if rank is not None and rank < 0:
-        rank = None
-    return rank, None if message is None else str(message)

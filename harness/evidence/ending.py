@@ -72,8 +72,8 @@ def failed_tests(ranks: RankFiles, root_cause: RootCause | None) -> list[FailedT
 def ranks_rootdir(ranks: RankFiles) -> str | None:
     """The pytest rootdir the ranks report (`extra["rootdir"]`), lowest rank first."""
     for rank in sorted(ranks.records):
-        rootdir = ranks.records[rank].extra.get("rootdir")
-        if isinstance(rootdir, str) and rootdir:
+        rootdir = ranks.records[rank].extra.rootdir
+        if rootdir:
             return rootdir
     return None
 
@@ -96,9 +96,8 @@ def tallies_line(receipt: Receipt) -> str:
     parts = [f"{n} {word}" for word, n in counts.items() if n]
     if counts["errors"] == 1:
         parts[-1] = "1 error"
-    launch = receipt.run.extra.get("launch")
-    elapsed = launch.get("elapsed_s") if isinstance(launch, dict) else None
-    wall = f" in {float(elapsed):.1f}s" if isinstance(elapsed, int | float) else ""
+    launch = receipt.run.extra.launch
+    wall = "" if launch is None else f" in {launch.elapsed_s:.1f}s"
     return f"{', '.join(parts) or 'no tests ran'}{wall}"
 
 

@@ -15,9 +15,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.schema.base import is_sha256
+
 SUMS_NAME = "SHA256SUMS"
 _LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
-_HEX = re.compile(r"[0-9a-f]{64}")
 # Characters `sha256sum` would have to escape; we refuse them instead of escaping.
 _UNSAFE_NAME = re.compile(r"[\\\n\r]")
 
@@ -32,10 +33,6 @@ def sha256_file(path: Path) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def is_sha256(value: str) -> bool:
-    return bool(_HEX.fullmatch(value))
 
 
 @dataclass(frozen=True)

@@ -12,19 +12,22 @@ check that a receipt's verdict, status and limitations follow from its own facts
   host with GPUs, whose every capture window was a real CUDA graph, inside an image identified
   by its digest whose build tree was clean and whose in-image identity check passed;
   `source-qualified` for any other passing run (a CPU run, or a GPU run outside a locked image).
-- Limitations are strings "<key>: <text>"; `required_keys` are the ones verify insists on.
+- Limitations are `{key, text}` values, written as "<key>: <text>" lines too; the keys of
+  `required_limitations` are the ones verify insists on.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from harness.evidence.schema import (
+from harness.schema.base import Limitation
+from harness.schema.receipt import (
     Capture,
     Coverage,
     Environment,
     Geometry,
     Image,
+    Interruption,
     NegativeControl,
     Ranks,
     Run,
@@ -35,7 +38,6 @@ from harness.evidence.schema import (
     Tally,
     Verdict,
 )
-from harness.image.identity import qualification_blockers
 
 GPU_PATH = "cuda-graph"
 
@@ -85,12 +87,11 @@ def failure_reasons(
 ) -> list[str]:
     """Every reason the run fails; empty means pass. `coverage` None: not recorded."""
     reasons: list[str] = []
-    interrupted = run.extra.get("launch", {}).get("interrupted")
-    if interrupted:
-        reasons.append(interruption_message(interrupted))
-    strays = run.extra.get("strays") or []
+    if run.extra.interrupted is not None:
+        reasons.append(run.extra.interrupted.message())
+    strays = run.extra.strays
     if strays:
-        shown = ", ".join(f"{s.get('path')} ({s.get('kind')})" for s in strays[:5])
+        shown = ", ".join(f"{s.path} ({s.kind})" for s in strays[:5])
         more = f" and {len(strays) - 5} more" if len(strays) > 5 else ""
         reasons.append(f"the run left {len(strays)} entries that are not evidence: {shown}{more}")
     if run.timed_out:
@@ -126,15 +127,9 @@ def failure_reasons(
     return reasons
 
 
-def interruption_message(interrupted: dict[str, object]) -> str:
+def interruption_message(interrupted: Interruption) -> str:
     """How an interrupted run is named: the signal, when, and how far the tests had got."""
-    done, collected = interrupted.get("tests_done"), interrupted.get("tests_collected")
-    running = interrupted.get("running")
-    return (
-        f"the run was interrupted by {interrupted.get('signal')} at {interrupted.get('at')}, "
-        f"after {interrupted.get('after_s')}s, with {done} of {collected} collected tests "
-        f"finished on every rank" + (f" and {running} running" if running else "")
-    )
+    return interrupted.message()
 
 
 def verdict_of(reasons: list[str]) -> Verdict:
@@ -143,7 +138,7 @@ def verdict_of(reasons: list[str]) -> Verdict:
 
 def image_blockers(image: Image) -> list[str]:
     """Why this image cannot back `qualified` (digest, clean build tree, in-image check)."""
-    return qualification_blockers(image.model_dump(mode="json"))
+    return image.qualification_blockers()
 
 
 def gpu_capture_only(capture: Capture) -> bool:
@@ -285,10 +280,10 @@ def advisory_limitations(
     return out
 
 
-def render_limitations(*parts: dict[str, str]) -> list[str]:
-    return [f"{key}: {text}" for part in parts for key, text in part.items()]
+def render_limitations(*parts: dict[str, str]) -> list[Limitation]:
+    return [Limitation(key=key, text=text) for part in parts for key, text in part.items()]
 
 
-def missing_limitations(limitations: list[str], required: dict[str, str]) -> list[str]:
-    """Required keys that no limitation line starts with."""
-    return [key for key in required if not any(s.startswith(f"{key}: ") for s in limitations)]
+def missing_limitations(keys: list[str], required: dict[str, str]) -> list[str]:
+    """Required keys that no limitation has."""
+    return [key for key in required if key not in keys]

@@ -1,14 +1,33 @@
 """What the launcher knows about a finished run, handed to the evidence writer.
 
 The contract between `harness.launch` (which launched torchrun) and `harness.evidence` (which turns
-the out folder into a bundle). Everything else the writer reads from the folder itself:
-`records/rank-NN.json`, `junit/rank-NN.xml`, `torchrun/` logs and error files.
+the out folder into a bundle), in typed values only. Everything else the writer reads from the
+folder itself: `records/rank-NN.json`, `junit/rank-NN.xml`, `torchrun/` logs and error files.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from harness.schema.receipt import Image, RunExtra
+
+
+@dataclass(frozen=True)
+class TorchrunFailure:
+    """The root cause torchrun itself reported (one TORCHELASTIC_ERROR_FILE): the failed rank
+    (None when the file does not say), its message, when, and the file, relative to the out
+    folder."""
+
+    rank: int | None
+    message: str
+    time: float = 0.0
+    file: str = ""
+
+    def cause(self) -> tuple[int | None, str]:
+        """(rank, message naming the file) for the receipt's root cause; a negative rank is
+        no rank."""
+        rank = None if self.rank is None or self.rank < 0 else self.rank
+        return rank, f"{self.message} ({self.file})" if self.file else self.message
 
 
 @dataclass(frozen=True)
@@ -27,11 +46,9 @@ class RunContext:
     timed_out: bool = False  # the whole run hit --timeout and was killed
     started_at: str = ""
     finished_at: str = ""
-    # Root cause torchrun itself reported (from TORCHELASTIC_ERROR_FILE), if any:
-    # {"rank": int, "message": str, "timestamp": ...}
-    torchrun_error: dict[str, Any] | None = None
-    image: dict[str, Any] | None = None  # identity of the source-locked image, or None
-    extra: dict[str, Any] = field(default_factory=dict)
+    torchrun_error: TorchrunFailure | None = None  # the earliest error file, if any
+    image: Image | None = None  # identity of the source-locked image, or None
+    extra: RunExtra = field(default_factory=RunExtra)
     # {key: text} for paths this run itself knows did not run (the one-GPU smoke's world 1),
     # added to the receipt's `limitations` after the ones the rules derive.
     limitations: dict[str, str] = field(default_factory=dict)

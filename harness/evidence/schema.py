@@ -1,353 +1,60 @@
-"""The receipt (`receipt.json`, schema "dcpqual-receipt/v1") as pydantic models.
-
-The field names of design.md are the contract and are kept exactly; fields marked "extension"
-below were added after it (extending is allowed, renaming is not). Models are frozen and forbid
-unknown keys, so `dcpqual verify` rejects a receipt that was edited to say more than the writer
-wrote. Values are validated where they are born: geometry and digests check themselves.
-"""
+"""The receipt's models, as the evidence package names them (they live in
+`harness.schema.receipt`, torch-free, beside every other on-disk format)."""
 
 from __future__ import annotations
 
-import json
-from typing import Any, Final, Literal
+from harness.schema.receipt import (
+    DIGEST_PATTERN,
+    SCHEMA,
+    Backend,
+    Capture,
+    CaptureEvent,
+    Coverage,
+    Environment,
+    FailedTest,
+    Geometry,
+    Gpu,
+    Image,
+    Models,
+    NegativeControl,
+    Ranks,
+    Receipt,
+    RootCause,
+    RootCauseKind,
+    Run,
+    RunExtra,
+    Selection,
+    SignatureRow,
+    Source,
+    Status,
+    Tally,
+    Verdict,
+)
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
-
-from harness.evidence.files import is_sha256
-
-SCHEMA: Final = "dcpqual-receipt/v1"
-
-Verdict = Literal["pass", "fail"]
-Status = Literal["qualified", "source-qualified", "not-qualified"]
-Backend = Literal["gloo", "nccl"]
-DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Geometry(_Model):
-    """The parallel geometry qualified; one receipt is about one geometry."""
-
-    world_size: PositiveInt
-    nnodes: PositiveInt
-    nproc_per_node: PositiveInt
-    backend: Backend
-    tp: PositiveInt
-    dcp: PositiveInt
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Geometry:
-        if self.world_size != self.nnodes * self.nproc_per_node:
-            raise ValueError(
-                f"world_size={self.world_size} != nnodes={self.nnodes} x "
-                f"nproc_per_node={self.nproc_per_node}"
-            )
-        if self.tp % self.dcp:
-            raise ValueError(f"dcp={self.dcp} does not divide tp={self.tp}")
-        return self
-
-
-class Gpu(_Model):
-    index: NonNegativeInt
-    name: str
-    uuid: str | None = None
-    memory_total_mib: NonNegativeInt | None = None
-
-
-class Environment(_Model):
-    """Where the run happened. `env` holds only NCCL_/VLLM_/B12X_/TORCH_/CUDA_ variables,
-    with secret-looking ones (names in `redacted`) replaced by "<redacted>"."""
-
-    torch: str
-    cuda: str | None  # torch.version.cuda; None for a CPU build
-    nccl: str | None
-    device_names: list[str]  # one per visible GPU, or ["cpu"]
-    python: str
-    host: str
-    # extensions
-    hosts: list[str] = Field(default_factory=list)  # hostnames the rank records report
-    platform: str = ""
-    cpu_count: NonNegativeInt | None = None
-    torch_git: str | None = None
-    cuda_available: bool = False
-    driver: str | None = None
-    gpus: list[Gpu] = Field(default_factory=list)
-    nvml: bool = False  # GPU facts came from nvidia-ml-py
-    env: dict[str, str] = Field(default_factory=dict)
-    redacted: list[str] = Field(default_factory=list)
-
-
-class Image(BaseModel):
-    """Identity of the image the run used. Owned by the image issue, so unknown keys are kept."""
-
-    model_config = ConfigDict(frozen=True, extra="allow")
-
-    reference: str | None = None
-    digest: str | None = Field(default=None, pattern=DIGEST_PATTERN)
-    source_lock_sha256: str | None = None
-
-
-class Source(_Model):
-    """One component's identity: commit and git tree (never a branch), or a package version."""
-
-    version: str | None = None
-    commit: str | None = None
-    tree: str | None = None
-    dirty: bool | None = None
-    dirty_paths: list[str] = Field(default_factory=list)  # first few, for a reviewer
-
-
-class Tally(_Model):
-    """Outcomes of one suite, counted per test over all ranks (see harness.evidence.junit)."""
-
-    passed: NonNegativeInt = 0
-    failed: NonNegativeInt = 0
-    skipped: NonNegativeInt = 0
-    errors: NonNegativeInt = 0
-    rank_cases: NonNegativeInt = 0  # extension: testcases in junit/merged.xml, all ranks
-
-
-class SignatureRow(_Model):
-    """One transport signature of one model, merged over ranks (see harness.evidence.collect)."""
-
-    model: str
-    total_heads: PositiveInt
-    query_head_dim: PositiveInt
-    output_head_dim: PositiveInt
-    dtype: str
-    warmed: bool
-    used_in_capture: bool
-    # extensions
-    dcp_world_size: PositiveInt = 1
-    max_tokens: PositiveInt = 1
-    device_type: str = "cpu"
-    ranks: list[NonNegativeInt] = Field(default_factory=list)  # ranks that reported it
-    consistent: bool = True  # every reporting rank said the same warmed/used
-    query_dtype: str | None = None  # None in receipts written before it: the same as dtype
-    comm_backend: str = "ag_rs"
-
-
-class CaptureEvent(_Model):
-    rank: NonNegativeInt
-    test: str
-    detector: str
-    what: str
-    signature: str | None = None
-    phase: str = "capture"  # "warmup" iterations of the window, or the "capture" itself
-
-
-class Capture(_Model):
-    """Lazy work seen in capture windows, negative-control windows excluded."""
-
-    lazy_events: NonNegativeInt
-    by_detector: dict[str, NonNegativeInt]
-    per_rank: dict[int, NonNegativeInt]
-    # extensions
-    windows: NonNegativeInt = 0
-    paths: dict[str, NonNegativeInt] = Field(default_factory=dict)  # cuda-graph | cpu-simulated
-    events: list[CaptureEvent] = Field(default_factory=list)
-    replays: NonNegativeInt = 0  # replays with fresh inputs that matched eager results
-    # Detectors that could not watch at least one window here, with the reason: their silence
-    # proves nothing, so each is named in `limitations`.
-    inactive_detectors: dict[str, str] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _sums(self) -> Capture:
-        for name, total in (
-            ("by_detector", sum(self.by_detector.values())),
-            ("per_rank", sum(self.per_rank.values())),
-            ("events", len(self.events)),
-        ):
-            if total != self.lazy_events:
-                raise ValueError(f"lazy_events={self.lazy_events} but {name} adds up to {total}")
-        paths = sum(self.paths.values())
-        if paths != self.windows:
-            raise ValueError(f"windows={self.windows} but paths add up to {paths}")
-        return self
-
-
-class NegativeControl(_Model):
-    """Windows that provoke lazy work on purpose: each must be seen by its expected detectors."""
-
-    expected: NonNegativeInt  # negative-control windows run
-    detected: NonNegativeInt  # of those, windows where every expected detector fired
-    lazy_events: NonNegativeInt
-    # extensions
-    by_detector: dict[str, NonNegativeInt] = Field(default_factory=dict)
-    missed: list[str] = Field(default_factory=list)  # "rank N: test" of windows not detected
-
-    @model_validator(mode="after")
-    def _counts(self) -> NegativeControl:
-        if self.detected > self.expected:
-            raise ValueError(f"detected={self.detected} > expected={self.expected}")
-        if len(self.missed) != self.expected - self.detected:
-            raise ValueError(
-                f"{len(self.missed)} missed windows listed, expected - detected = "
-                f"{self.expected - self.detected}"
-            )
-        return self
-
-
-RootCauseKind = Literal[
-    "broke-world",
-    "test",
-    "killed",
-    "lazy-event",
-    "negative-control",
-    "signature",
-    "no-outcome",
-    "torchrun",
-    "junit",
-    "run",
-    "interrupted",
+__all__ = [
+    "DIGEST_PATTERN",
+    "SCHEMA",
+    "Backend",
+    "Capture",
+    "CaptureEvent",
+    "Coverage",
+    "Environment",
+    "FailedTest",
+    "Geometry",
+    "Gpu",
+    "Image",
+    "Models",
+    "NegativeControl",
+    "Ranks",
+    "Receipt",
+    "RootCause",
+    "RootCauseKind",
+    "Run",
+    "RunExtra",
+    "Selection",
+    "SignatureRow",
+    "Source",
+    "Status",
+    "Tally",
+    "Verdict",
 ]
-
-
-class RootCause(_Model):
-    rank: NonNegativeInt | None
-    test: str | None
-    message: str
-    kind: RootCauseKind = "test"  # extension: where the cause was found
-
-
-class FailedTest(_Model):
-    """extension: one failed test as a pytest user reads it: node id, the ranks whose own
-    failure it was, and the first line of the first of their messages."""
-
-    nodeid: str
-    outcome: Literal["failed", "error"]
-    ranks: list[NonNegativeInt] = Field(default_factory=list)
-    message: str = ""
-
-
-class Ranks(_Model):
-    """extension: which ranks left what. A killed rank left no record or an incomplete one;
-    `stopped` names the killed ranks whose record says another rank's fault (or torchrun
-    stopping the job) ended them, so a reader can tell the cause from its consequences."""
-
-    expected: PositiveInt
-    reported: NonNegativeInt
-    complete: NonNegativeInt
-    killed: list[NonNegativeInt] = Field(default_factory=list)
-    stopped: list[NonNegativeInt] = Field(default_factory=list)
-    missing_junit: list[NonNegativeInt] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _counts(self) -> Ranks:
-        if not self.complete <= self.reported <= self.expected:
-            raise ValueError(
-                f"need complete <= reported <= expected, got {self.complete}, "
-                f"{self.reported}, {self.expected}"
-            )
-        if len(self.killed) != self.expected - self.complete:
-            raise ValueError(
-                f"{len(self.killed)} killed ranks listed, expected - complete = "
-                f"{self.expected - self.complete}"
-            )
-        if not set(self.stopped) <= set(self.killed):
-            raise ValueError(f"stopped ranks {self.stopped} are not all killed {self.killed}")
-        return self
-
-
-class Coverage(_Model):
-    """extension: what the ranks selected against what they ran, from their records.
-
-    A test a rank collected but never reported an outcome for did not run there (its session
-    ended early, e.g. `pytest.exit`), so a run is only as good as the tests that have outcomes.
-    """
-
-    collected: NonNegativeInt = 0  # distinct test ids any reporting rank selected
-    without_outcome: NonNegativeInt = 0  # (rank, test) pairs collected with no outcome
-    first_without_outcome: str | None = None  # "rank N: <test id>", earliest in test order
-
-    @model_validator(mode="after")
-    def _first(self) -> Coverage:
-        if (self.first_without_outcome is None) != (self.without_outcome == 0):
-            raise ValueError(
-                f"without_outcome={self.without_outcome} but first_without_outcome is "
-                f"{self.first_without_outcome!r}"
-            )
-        return self
-
-
-class Selection(_Model):
-    """extension: what the ranks' pytest was told to select, from their records: the targets,
-    those that are not the whole suites/ folder, the most collected tests any rank's -k, -m or
-    --deselect took away, and the --ignore paths. Any of these narrows the run
-    (`rules.narrowing`): a limitation, and never `qualified`."""
-
-    targets: list[str] = Field(default_factory=list)
-    partial_targets: list[str] = Field(default_factory=list)
-    deselected: NonNegativeInt = 0
-    ignored: list[str] = Field(default_factory=list)
-
-
-class Run(_Model):
-    """extension: how the run was launched and how it ended."""
-
-    command: list[str] = Field(default_factory=list)
-    pytest_args: list[str] = Field(default_factory=list)
-    exit_code: int = 0
-    timed_out: bool = False
-    started_at: str = ""
-    finished_at: str = ""
-    extra: dict[str, Any] = Field(default_factory=dict)  # the launcher's RunContext.extra
-    rootdir: str | None = None  # the ranks' pytest rootdir: node ids are relative to it
-
-
-class Receipt(_Model):
-    schema_: Literal["dcpqual-receipt/v1"] = Field(alias="schema")
-    verdict: Verdict
-    status: Status
-    geometry: Geometry
-    environment: Environment
-    image: Image | None
-    sources: dict[str, Source]
-    suites: dict[str, Tally]
-    signatures: list[SignatureRow]
-    capture: Capture
-    negative_control: NegativeControl
-    root_cause: RootCause | None
-    limitations: list[str]
-    # extensions
-    failures: list[str] = Field(default_factory=list)  # every reason the verdict is fail
-    warm_impl: str = "vendored"
-    transports: list[str] = Field(default_factory=list)  # transport backends ranks reported
-    models: dict[str, Any] = Field(default_factory=dict)  # real vLLM trees built (collect)
-    ranks: Ranks
-    # None only in receipts written before coverage was recorded; verify re-derives it.
-    coverage: Coverage | None = None
-    run: Run = Field(default_factory=Run)
-    generated_by: str = ""
-    created_at: str = ""
-    scrubbed_files: list[str] = Field(default_factory=list)  # files a secret was removed from
-    # sha256 of every bundle file except receipt.json, summary.md and SHA256SUMS: a second
-    # witness, so that verify can tell an edited file from an edited SHA256SUMS line.
-    files: dict[str, str] = Field(default_factory=dict)
-    # The failed tests, the root cause's first, then in collection order: the ending's FAILED
-    # lines and what `dcpqual run --rerun-failed` reruns.
-    failed_tests: list[FailedTest] = Field(default_factory=list)
-    # None where the records do not say what was selected (written before they did).
-    selection: Selection | None = None
-
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
-
-    @model_validator(mode="after")
-    def _files(self) -> Receipt:
-        bad = sorted(rel for rel, digest in self.files.items() if not is_sha256(digest))
-        if bad:
-            raise ValueError(f"files entries that are not sha256 hex digests: {bad}")
-        return self
-
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Receipt:
-        return cls.model_validate(data)
-
-    def dumps(self) -> str:
-        """The exact text of receipt.json (stable key order, trailing newline)."""
-        return json.dumps(self.to_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"

@@ -12,9 +12,9 @@ import json
 from importlib import metadata
 from pathlib import Path
 
+from harness import gitinfo
 from harness.errors import UsageError
 from harness.evidence.schema import Source
-from harness.image import gitinfo
 
 HARNESS_ROOT = Path(__file__).resolve().parents[2]
 # Distribution names to try for each peer, first found wins.

@@ -11,27 +11,14 @@ moved under `strays/`, and each is named as a `Stray` so the run fails saying wh
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from harness.evidence.files import SUMS_NAME, unsafe_name, walk
+from harness.schema.receipt import Stray
 
 STRAYS_DIR = "strays"
 # Names the writer creates; a file a test wrote under one of them is not the writer's.
 BUNDLE_NAMES = frozenset({"receipt.json", "summary.md", SUMS_NAME, "junit/merged.xml"})
-
-
-@dataclass(frozen=True)
-class Stray:
-    """One entry set aside: where it was, what it was, and what was done with it."""
-
-    path: str
-    kind: str  # "symlink" | "fifo" | "socket" | "device" | "file"
-    action: str  # "removed" | "moved to strays/..."
-
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "kind": self.kind, "action": self.action}
 
 
 def _kind(path: Path) -> str:
@@ -65,11 +52,13 @@ def set_aside(out_dir: Path) -> list[Stray]:
         if entry.kind != "file":
             kind = _kind(entry.path)
             os.unlink(entry.path)  # a link is removed itself, never what it points to
-            found.append(Stray(shown, kind, "removed"))
+            found.append(Stray(path=shown, kind=kind, action="removed"))
             continue
         if entry.relpath in BUNDLE_NAMES or unsafe_name(entry.relpath):
             target = _free(out_dir / STRAYS_DIR / shown)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(entry.path, target)
-            found.append(Stray(shown, "file", f"moved to {target.relative_to(out_dir)}"))
+            found.append(
+                Stray(path=shown, kind="file", action=f"moved to {target.relative_to(out_dir)}")
+            )
     return found

@@ -254,7 +254,7 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
         sources=receipt.sources,
         selection=receipt.selection,
     )
-    for key in rules.missing_limitations(receipt.limitations, required):
+    for key in rules.missing_limitations(receipt.limitation_keys(), required):
         problems.append(f"{RECEIPT_NAME}: limitations do not name '{key}': {required[key]}")
     return problems
 

@@ -36,9 +36,10 @@ from harness.evidence.files import (
 )
 from harness.evidence.redact import Scrubber, ScrubReport, scrub_folder, secret_values
 from harness.evidence.run_context import RunContext
-from harness.evidence.schema import SCHEMA, Geometry, Image, Receipt, RootCause, Run
+from harness.evidence.schema import SCHEMA, Geometry, Image, Models, Receipt, RootCause, Run
 from harness.evidence.sources import capture_sources
 from harness.evidence.summary import render_summary
+from harness.schema.base import limitation_lines
 
 RECEIPT_NAME = "receipt.json"
 SUMMARY_NAME = "summary.md"
@@ -106,10 +107,10 @@ def _check_only_files(out_dir: Path) -> None:
             raise UsageError(f"{entry.path!r}: a bundle cannot list a name with '\\' or newline")
 
 
-def _real_tree_limitations(models: dict[str, Any]) -> dict[str, str]:
+def _real_tree_limitations(models: Models) -> dict[str, str]:
     """What the ranks' real trees say about themselves (classes real, shims, left out), or
     that no real tree ran."""
-    if not models.get("real"):
+    if not models.real:
         return {"real-trees": "no real vLLM tree was built (--models stand-in): only stand-ins ran"}
     out: dict[str, str] = {
         "real-decode": (
@@ -119,9 +120,9 @@ def _real_tree_limitations(models: dict[str, Any]) -> dict[str, str]:
             "(paged KV cache, forward_mqa, W_UK/W_UV) did not run"
         )
     }
-    for tree in models.get("trees", []):
-        for line in tree.get("limitations", []):
-            key, _, text = str(line).partition(": ")
+    for tree in models.trees:
+        for item in tree.limitations:
+            key, text = item.key, item.text
             out[key] = f"{out[key]}; {text}" if key in out and text not in out[key] else text
     return out
 
@@ -173,7 +174,7 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     scrub = scrubber()
     first = scrub_folder(out_dir, scrub)  # before anything else is read or written
     _check_only_files(out_dir)
-    earlier = ctx.extra.get("scrub", {}).get("changed", ())
+    earlier = () if ctx.extra.scrub is None else ctx.extra.scrub.changed
     scrubbed = [*first.changed, *earlier]
 
     receipt, merged_xml = assemble_receipt(out_dir, ctx, geometry, image)
@@ -230,7 +231,7 @@ def assemble_receipt(
     sources = capture_sources()
     used_transports = facts.transports
     models = model_sources(rank_files)
-    limitations = rules.render_limitations(
+    limitation_items = rules.render_limitations(
         rules.required_limitations(
             geometry=geometry,
             image=image,
@@ -266,7 +267,8 @@ def assemble_receipt(
         capture=capture,
         negative_control=negative,
         root_cause=root_cause,
-        limitations=limitations,
+        limitations=limitation_lines(limitation_items),
+        limitation_items=limitation_items,
         failures=reasons,
         failed_tests=failed_tests(rank_files, root_cause),
         selection=facts.selection,
@@ -291,7 +293,7 @@ def _launched(ctx: RunContext) -> Run:
         timed_out=ctx.timed_out,
         started_at=ctx.started_at,
         finished_at=ctx.finished_at,
-        extra=dict(ctx.extra),
+        extra=ctx.extra,
     )
 
 
@@ -308,7 +310,7 @@ def _validated(ctx: RunContext) -> tuple[Geometry, Image | None]:
                 "dcp": ctx.dcp,
             }
         )
-        image = None if ctx.image is None else Image.model_validate(ctx.image)
+        image = ctx.image
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'geometry'}: {e['msg']}" for e in exc.errors()
@@ -331,8 +333,8 @@ def _with_stack_dump(out_dir: Path, cause: RootCause | None) -> RootCause | None
 
 
 def _interruption(run: Run) -> str | None:
-    interrupted = run.extra.get("launch", {}).get("interrupted")
-    return rules.interruption_message(interrupted) if interrupted else None
+    interrupted = run.extra.interrupted
+    return None if interrupted is None else interrupted.message()
 
 
 def _unreadable_notes(unreadable: dict[int, str]) -> list[str]:

@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import gitinfo
 from harness.errors import DcpqualError, UsageError
-from harness.image import dockerfile, gitinfo
+from harness.image import dockerfile
 from harness.image.identity import ImageIdentity
-from harness.image.lock import SourceLock, load_pinned_lock, lock_sha256
+from harness.image.lock import load_pinned_lock, lock_sha256
+from harness.schema.lock import SourceLock
 
 DEFAULT_LOCK = Path("images/kimi-k3-cu133-torch213/source.lock.json")
 DEFAULT_IDENTITY_OUT = Path("build/image/identity.json")

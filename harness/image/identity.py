@@ -36,6 +36,7 @@ from typing import Any
 
 from harness.errors import UsageError
 from harness.jsonfile import JsonSyntaxError, read_json
+from harness.schema.receipt import Image
 
 IDENTITY_SCHEMA = "dcpqual-image-identity/v1"
 IDENTITY_ENV = "DCPQUAL_IMAGE_IDENTITY"
@@ -125,24 +126,10 @@ def qualification_blockers(image: dict[str, Any] | None) -> list[str]:
     """Why this image identity cannot back a `qualified` receipt; [] when it can."""
     if image is None:
         return ["no image: the run did not use a source-locked image"]
-    blockers = []
-    if not str(image.get("digest", "")).startswith("sha256:"):
-        blockers.append("image digest is missing")
-    if (image.get("harness") or {}).get("dirty", True):
-        blockers.append("image was built from a dirty harness tree")
-    runtime = image.get("runtime")
-    if not isinstance(runtime, dict):
-        blockers.append("the in-image identity check did not run")
-    else:
-        if not runtime.get("ok"):
-            first = (runtime.get("mismatches") or ["(no detail)"])[0]
-            blockers.append(f"the in-image identity check failed: {first}")
-        if runtime.get("lock_sha256") != image.get("source_lock_sha256"):
-            blockers.append("the in-image check used a different lock than the build")
-    return blockers
+    return Image.model_validate(image).qualification_blockers()
 
 
-def image_for_run() -> dict[str, Any] | None:
+def image_for_run() -> Image | None:
     """`RunContext.image` for a run inside a `dcpqual gpu16` container, else None.
 
     The build identity comes from the environment; the in-image check runs again here, so the
@@ -155,4 +142,4 @@ def image_for_run() -> dict[str, Any] | None:
 
     identity = ImageIdentity.from_json(json.loads(raw))
     report = verify_runtime.verify(verify_runtime.default_lock_path())
-    return {**identity.to_json(), "runtime": report.to_json()}
+    return Image.model_validate({**identity.to_json(), "runtime": report.to_json()})

@@ -35,16 +35,20 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from harness import gitinfo
 from harness.atomic import atomic_write_text
 from harness.errors import UsageError
-from harness.image import gitinfo
 from harness.jsonfile import JsonSyntaxError, read_json
+from harness.schema.lock import (
+    Component,
+    SourceLock,
+    Versions,
+)
 
-LOCK_SCHEMA = "dcpqual-source-lock/v1"
 # What this image is, by its name (kimi-k3-cu133-torch213): a lock for anything else is wrong.
 REQUIRED_CUDA = "13.3"
 REQUIRED_TORCH = "2.13.0"
@@ -59,62 +63,6 @@ REPOSITORY = re.compile(r"(?:https://|ssh://|git@)\S+")
 MAX_LOCK_BYTES = 1 << 20  # a lock is a few KiB
 PLACEHOLDER = re.compile(r"<[^<>]*>|\b(?:TODO|FIXME|TBD|XXX|CHANGEME|PLACEHOLDER)\b")
 QUALIFIED_REF = ("refs/tags/", "refs/heads/", "refs/pull/")
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class GitSource(_Frozen):
-    repository: str
-    ref: str
-    commit: str
-    tree: str
-
-
-class UpstreamBase(_Frozen):
-    repository: str
-    ref: str
-    commit: str
-
-
-class PullRequest(_Frozen):
-    number: int = Field(ge=1)
-    head: str
-    merge_commit: str | None
-    title: str
-
-
-class Component(_Frozen):
-    source: GitSource
-    upstream_base: UpstreamBase | None
-    pull_requests: tuple[PullRequest, ...]
-    source_patches: tuple[Any, ...]
-
-
-class BaseImage(_Frozen):
-    reference: str  # repository:tag, without the digest
-    digest: str  # sha256:<64 hex>
-
-    @property
-    def pinned(self) -> str:
-        """The reference a FROM line uses: the tag for people, the digest for the machine."""
-        return f"{self.reference}@{self.digest}"
-
-
-class Versions(_Frozen):
-    cuda: str
-    torch: str
-    nccl: str
-
-
-class SourceLock(_Frozen):
-    schema_: Literal["dcpqual-source-lock/v1"] = Field(alias="schema")
-    image: str
-    base_image: BaseImage
-    versions: Versions
-    torch_cuda_arch_list: str
-    components: dict[str, Component]
 
 
 class LockError(UsageError):

@@ -33,11 +33,11 @@ from harness.errors import DcpqualError, UsageError
 from harness.image.lock import (
     REQUIRED_CUDA,
     REQUIRED_TORCH,
-    SourceLock,
     check_lock,
     load_lock,
 )
 from harness.jsonfile import read_json
+from harness.schema.lock import SourceLock
 
 RUNTIME_SCHEMA = "dcpqual-image-runtime/v1"
 DEFAULT_IMAGE_ROOT = Path("/opt/dcpqual/image")

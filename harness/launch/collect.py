@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.evidence.run_context import RunContext
+from harness.evidence.run_context import RunContext, TorchrunFailure
 from harness.image.identity import image_for_run
 from harness.jsonfile import read_json
 from harness.launch.nodes import NodeMarker
 from harness.launch.plan import RunOptions, RunPlan
+from harness.schema.receipt import ChosenOptions, Launch, NodeState, RunExtra
 
 
 @dataclass(frozen=True)
@@ -65,25 +66,7 @@ class LaunchResult:
         )
 
 
-@dataclass(frozen=True)
-class TorchrunError:
-    """One error file: who failed, when, and what torchrun would print as the root cause."""
-
-    rank: int | None
-    message: str
-    time: float
-    file: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "message": self.message,
-            "timestamp": self.time,
-            "file": self.file,
-        }
-
-
-def parse_error_file(path: Path, root: Path) -> TorchrunError | None:
+def parse_error_file(path: Path, root: Path) -> TorchrunFailure | None:
     """Read a TORCHELASTIC_ERROR_FILE in torch's format; None when absent or not that format."""
     try:
         data = read_json(path)
@@ -91,13 +74,13 @@ def parse_error_file(path: Path, root: Path) -> TorchrunError | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if isinstance(message, str):
-        return TorchrunError(None, message, float(data.get("timestamp", 0)), _rel(path, root))
+        return TorchrunFailure(None, message, float(data.get("timestamp", 0)), _rel(path, root))
     extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
     ours = extra.get("dcpqual") or {}
     rank = ours.get("rank")
     when = ours.get("time", extra.get("timestamp", 0))
     try:
-        return TorchrunError(
+        return TorchrunFailure(
             rank=None if rank is None else int(rank),
             message=str(message.get("message", "")),
             time=float(when),
@@ -114,7 +97,7 @@ def _rel(path: Path, root: Path) -> str:
         return str(path)
 
 
-def first_torchrun_error(out_dir: Path) -> TorchrunError | None:
+def first_torchrun_error(out_dir: Path) -> TorchrunFailure | None:
     """The earliest error file under torchrun/ (every node's agent and worker files)."""
     found = [
         err
@@ -153,9 +136,14 @@ def run_context(
     torchrun did, and a node that never reported counts as a failure too."""
     options = plan.options
     exit_code, timed_out = result.exit_code, result.timed_out
-    extra: dict[str, Any] = {"launch": result.to_json(), "options": chosen_options(options)}
+    extra = RunExtra(
+        launch=Launch.model_validate(result.to_json()),
+        options=ChosenOptions.model_validate(chosen_options(options)),
+        nodes=None
+        if nodes is None
+        else {str(k): None if m is None else NodeState(**m.to_json()) for k, m in nodes.items()},
+    )
     if nodes is not None:
-        extra["nodes"] = {str(k): None if m is None else m.to_json() for k, m in nodes.items()}
         for marker in nodes.values():
             if marker is None or marker.state != "finished":
                 exit_code = exit_code or 1
@@ -179,7 +167,7 @@ def run_context(
         timed_out=timed_out,
         started_at=result.started_at,
         finished_at=result.finished_at,
-        torchrun_error=None if error is None else error.to_json(),
+        torchrun_error=error,
         image=image_for_run(),
         extra=extra,
     )

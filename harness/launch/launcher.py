@@ -33,6 +33,7 @@ from harness.launch.plan import SHUTDOWN_TIMEOUT_S, RunOptions, RunPlan, build_p
 from harness.launch.proctree import Tracker, end_launch_root, identify, start_launch_root
 from harness.launch.progress import Progress, Snapshot, make_progress, poller, snapshot
 from harness.launch.ranklogs import collect_rank_logs
+from harness.schema.receipt import Scrub
 
 # How long node 0 waits for the other nodes' "finished" markers after its own torchrun exits,
 # and how long they wait for its receipt. Their torchruns end within seconds of each other.
@@ -384,17 +385,8 @@ def _finish(
     collect_rank_logs(out_dir, options.world_size, options.nproc_per_node)
     strays = evidence.set_aside(out_dir)
     ctx = run_context(plan, result, nodes=markers)
-    ctx = replace(
-        ctx,
-        extra={
-            **ctx.extra,
-            "scrub": {
-                "changed": list(scrubbed.changed),
-                "renamed": [list(r) for r in scrubbed.renamed],
-            },
-            **({"strays": [s.to_json() for s in strays]} if strays else {}),
-        },
-    )
+    scrub = Scrub(changed=list(scrubbed.changed), renamed=[tuple(r) for r in scrubbed.renamed])
+    ctx = replace(ctx, extra=ctx.extra.model_copy(update={"scrub": scrub, "strays": strays}))
     try:
         receipt = evidence.finalize_bundle(out_dir, ctx)
     except OSError as exc:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from harness.core.signature import COMM_BACKENDS  # vLLM's --dcp-comm-backend values
 from harness.errors import UsageError
+from harness.schema.plan import RankPlan
 
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 RDZV_ID = "dcpqual"
@@ -236,8 +237,9 @@ def torchrun_args(options: RunOptions, log_dir: Path) -> list[str]:
     return args
 
 
-def pytest_args(options: RunOptions, out_dir: Path, targets: tuple[str, ...]) -> list[str]:
-    """The rank half: pytest with the rank plugin, its settings, then the user's arguments."""
+def pytest_args(targets: tuple[str, ...]) -> list[str]:
+    """The rank half: pytest with the rank plugin, then the user's arguments (the plugin's
+    settings travel in the rank plan)."""
     return [
         "-m",
         "pytest",
@@ -245,14 +247,31 @@ def pytest_args(options: RunOptions, out_dir: Path, targets: tuple[str, ...]) ->
         "harness.rank.plugin",
         "-p",
         "no:cacheprovider",  # 16 ranks writing one .pytest_cache would race
-        f"--dcpqual-out={out_dir}",
-        f"--dcpqual-backend={options.backend}",
-        f"--dcpqual-test-timeout={options.resolved_test_timeout:g}",
-        f"--dcpqual-maxfail={options.maxfail}",
-        f"--dcpqual-collect-timeout={options.resolved_test_timeout:g}",  # collection is a test too
-        "--dcpqual-fast-exit",  # records and junit are final: skip 16 interpreter teardowns
         *targets,
     ]
+
+
+def rank_plan(options: RunOptions, out_dir: Path) -> RankPlan:
+    """What every rank of this node runs with, serialized once into its environment."""
+    return RankPlan.model_validate(
+        {
+            "out_dir": str(out_dir),
+            "node_index": options.node_rank,  # which torchrun/node-KK holds its logs
+            "backend": options.backend,
+            "warm_impl": options.warm_impl,
+            "tp": options.tp,
+            "dcp": options.resolved_dcp,
+            "models": options.models,
+            "kv_cache_dtype": options.kv_cache_dtype,
+            "dcp_comm_backend": options.dcp_comm_backend,
+            "real_model": options.real_model,
+            "draft_kv_cache_dtype": options.draft_kv_cache_dtype,
+            "test_timeout_s": options.resolved_test_timeout,
+            "collect_timeout_s": options.resolved_test_timeout,  # collection is a test too
+            "maxfail": options.maxfail,
+            "fast_exit": True,  # records and junit are final: skip 16 interpreter teardowns
+        }
+    )
 
 
 def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
@@ -264,22 +283,11 @@ def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
     probe = RunPlan(options=options, out_dir=out_dir, argv=())
     argv = (
         *torchrun_args(options, probe.log_dir),
-        *pytest_args(options, out_dir, targets),
+        *pytest_args(targets),
     )
     pythonpath = os.environ.get("PYTHONPATH", "")
     env = {
-        "DCPQUAL_RANK_PLUGIN": "1",  # the root conftest collects suites/ only on ranks
-        "DCPQUAL_BACKEND": options.backend,
-        "DCPQUAL_WARM_IMPL": options.warm_impl,
-        "DCPQUAL_TP": str(options.tp),
-        "DCPQUAL_DCP": str(options.resolved_dcp),
-        "DCPQUAL_MODELS": options.models,
-        "DCPQUAL_KV_CACHE_DTYPE": options.kv_cache_dtype,
-        "DCPQUAL_DCP_COMM_BACKEND": options.dcp_comm_backend,
-        "DCPQUAL_REAL_MODEL": options.real_model,
-        "DCPQUAL_DRAFT_KV_CACHE_DTYPE": options.draft_kv_cache_dtype,
-        "DCPQUAL_OUT": str(out_dir),
-        "DCPQUAL_NODE_INDEX": str(options.node_rank),  # which torchrun/node-KK holds its logs
+        **rank_plan(options, out_dir).to_environ(),  # also: the root conftest collects suites/
         "TORCHELASTIC_ERROR_FILE": str(probe.agent_error_file),
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), pythonpath) if p),
         "PYTHONUNBUFFERED": "1",

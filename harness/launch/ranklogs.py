@@ -59,7 +59,9 @@ def rank_map(out_dir: Path, world_size: int) -> dict[tuple[int, int], int]:
             record = RankRecord.read(rank_record_path(out_dir / "records", rank))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        node = record.extra.get("node_index", record.node_rank)
+        node = record.extra.node_index
+        if node is None:
+            node = record.node_rank
         if isinstance(node, int):
             mapping[(node, record.local_rank)] = record.rank
     return mapping

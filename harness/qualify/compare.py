@@ -203,15 +203,8 @@ class Comparison:
 
 
 def describe_signature(row: SignatureRow) -> str:
-    """The same words as TransportSignature.describe(), so rows and lazy events line up."""
-    query = row.query_dtype or row.dtype
-    dtypes = row.dtype if query == row.dtype else f"{query} -> {row.dtype}"
-    backend = "" if row.comm_backend == "ag_rs" else f", {row.comm_backend}"
-    return (
-        f"{row.total_heads} heads x {row.query_head_dim} -> {row.output_head_dim} "
-        f"({dtypes}, dcp={row.dcp_world_size}, max_tokens={row.max_tokens}, "
-        f"{row.device_type}{backend})"
-    )
+    """TransportSignature.describe() of the row, the words lazy events name it by."""
+    return row.transport_signature().describe()
 
 
 def describe_geometry(receipt: Receipt) -> str:

@@ -4,14 +4,18 @@ On each rank it: joins the process group before collection; checks over the side
 every rank collected the same test ids in the same order (else every rank aborts and prints the
 diff, as xdist does); runs each test, then agrees with the other ranks on its outcome, so every
 rank reports the same verdict and the rank whose failure came first is primary; stops the
-session at the first failed test (the N-th with `--dcpqual-maxfail N`, all ranks at the same
+session at the first failed test (the N-th with the plan's `maxfail`, all ranks at the same
 one); runs the cases marked `subworld(size=N)` on lanes of the world side by side, each
 agreed within its lane and skipped elsewhere (`harness.rank.subworld`); keeps
 `records/rank-NN.json` current and writes
 `junit/rank-NN.xml` through pytest's own junitxml. A watchdog thread bounds every test and turns
 hangs, peer failures and SIGTERM into recorded outcomes (see `harness.rank.watchdog`).
 
-Rank-side only: never imports the launcher or the evidence writer. Inert when not under torchrun.
+Its settings come from one serialized `RankPlan` (`harness.schema.plan`, the `DCPQUAL_PLAN`
+environment variable the launcher sets); suites reach the plan, the world and the capture hand-off
+through the fixtures it provides (`rank_plan`, `world`, `record_capture`).
+
+Rank-side only: imports only core, schema and its own package. Inert when not under torchrun.
 """
 
 from __future__ import annotations
@@ -24,54 +28,57 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import pytest
+from pydantic import TypeAdapter
 
-from harness.capture.records import CaptureRecord
-from harness.core.geometry import qualified_degrees
-from harness.models.real.builder import built_trees
 from harness.rank.agreement import Agreement, LocalResult, agree, compare_collections
 from harness.rank.bootstrap import BootstrapError, RankEnv, init_process_group, teardown
+from harness.rank.fixtures import PLUGIN_NAME, rank_plan, record_capture, world
 from harness.rank.rankfiles import RecordKeeper, dump_stacks, junit_path, write_error_file
 from harness.rank.sidechannel import SideChannel
 from harness.rank.subworld import BlockState, Lane, SubworldPlan, join, plan, size_of
 from harness.rank.watchdog import WatchConfig, Watchdog
 from harness.rank.worldbreak import AgentWatch, destroyed_group, group_alive
-from harness.schema.rank_record import Outcome, Selection, TestOutcome, WorldBreak, suite_of
-from harness.transport.registry import transports_used
+from harness.schema.capture import CaptureRecord
+from harness.schema.plan import RankPlan
+from harness.schema.rank_record import (
+    Outcome,
+    RankFacts,
+    RankUse,
+    Selection,
+    SubworldBlock,
+    TestOutcome,
+    WorldBreak,
+    suite_of,
+)
 
-PLUGIN_NAME = "dcpqual-rank"
 # What signal.signal returns and accepts: a Python handler, SIG_DFL/SIG_IGN, or a raw int.
 SignalHandler = Callable[[int, FrameType | None], Any] | int
 MAX_MESSAGE = 2000
+_BLOCKS = TypeAdapter(tuple[SubworldBlock, ...])
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("dcpqual-rank", "dcpqual rank plugin (set by `dcpqual run`)")
-    group.addoption("--dcpqual-out", default=None, help="the run's out folder")
-    group.addoption(
-        "--dcpqual-backend",
-        default=os.environ.get("DCPQUAL_BACKEND", "gloo"),
-        choices=("gloo", "nccl"),
-    )
-    group.addoption("--dcpqual-test-timeout", type=float, default=300.0, help="seconds; 0: none")
-    group.addoption(
-        "--dcpqual-maxfail",
-        type=int,
-        default=1,
-        help="stop after this many agreed failed tests; 0: never stop early",
-    )
-    group.addoption("--dcpqual-abort-grace", type=float, default=3.0)
-    group.addoption("--dcpqual-collect-timeout", type=float, default=300.0)
-    group.addoption(
-        "--dcpqual-fast-exit",
-        action="store_true",
-        help="end the rank with os._exit once pytest is done (skips interpreter teardown)",
-    )
+# Fixtures the plugin provides to the suites (pytest finds them in this module's namespace).
+__all__ = ["PLUGIN_NAME", "RankPlugin", "rank_plan", "record_capture", "world"]
+
+
+class RankHooks:
+    """Hooks the rank plugin calls, implemented where the answer is known (the repository's
+    root conftest), so the rank side imports neither the transports nor the model trees."""
+
+    @pytest.hookspec(firstresult=True)
+    def pytest_dcpqual_rank_use(self) -> RankUse | None:
+        """What this rank has used so far: the transports it created, the trees it built."""
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(RankHooks)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -108,15 +115,15 @@ class RankPlugin:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.env = RankEnv.from_env()
-        out = config.getoption("dcpqual_out") or os.environ.get("DCPQUAL_OUT")
+        self.plan = RankPlan.from_environ(os.environ) or RankPlan()
+        out = self.plan.out_dir
         self.out_dir = Path(out) if out else Path(tempfile.gettempdir()) / "dcpqual-rank-out"
-        self.backend: str = config.getoption("dcpqual_backend")
+        self.backend: str = self.plan.backend
         self.watch_config = WatchConfig(
-            test_timeout_s=float(config.getoption("dcpqual_test_timeout")),
-            abort_grace_s=float(config.getoption("dcpqual_abort_grace")),
+            test_timeout_s=self.plan.test_timeout_s, abort_grace_s=self.plan.abort_grace_s
         )
-        self.collect_timeout_s = float(config.getoption("dcpqual_collect_timeout"))
-        self.maxfail = int(config.getoption("dcpqual_maxfail"))
+        self.collect_timeout_s = self.plan.collect_timeout_s
+        self.maxfail = self.plan.maxfail
         self._agreed_failures = 0
         self._deselected = 0  # collected tests -k, -m or --deselect took away
         self._by_model_source: set[str] = set()  # left out by --models, not by the user
@@ -132,7 +139,7 @@ class RankPlugin:
         self._old_wakeup_fd = -1
         self._old_sigterm: SignalHandler | None = None
         self._session: pytest.Session | None = None
-        self.fast_exit = bool(config.getoption("dcpqual_fast_exit"))
+        self.fast_exit = self.plan.fast_exit
         if config.option.xmlpath is None and not hasattr(config, "workerinput"):
             config.option.xmlpath = str(junit_path(self.out_dir, self.env.rank))
 
@@ -148,7 +155,7 @@ class RankPlugin:
             node_rank=env.node_rank,
             backend=self.backend,
             device="cuda" if self.backend == "nccl" else "cpu",
-            warm_impl=os.environ.get("DCPQUAL_WARM_IMPL", "vendored"),
+            warm_impl=self.plan.warm_impl,
         )
         test_timeout = self.watch_config.test_timeout_s
         pg_timeout = timedelta(seconds=(test_timeout if test_timeout > 0 else 1800.0) + 60.0)
@@ -184,11 +191,7 @@ class RankPlugin:
 
     def _degrees(self) -> dict[str, int]:
         """The tp and dcp the suites on this rank qualify (the `qualification` fixture's)."""
-        try:
-            tp, dcp = qualified_degrees(self.env.world_size)
-        except ValueError:
-            return {}  # the suites' fixture fails on it and says so
-        return {"tp": tp, "dcp": dcp}
+        return {"tp": self.plan.tp, "dcp": self.plan.resolved_dcp(self.env.world_size)}
 
     def _selection(self) -> Selection:
         """What pytest was told to select here, for the evidence to name any narrowing."""
@@ -211,16 +214,12 @@ class RankPlugin:
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         self._deselected += sum(1 for item in items if item.nodeid not in self._by_model_source)
 
-    def _where(self) -> dict[str, object]:
+    def _where(self) -> RankFacts:
         """Where this rank's files and tests live: the pytest rootdir its node ids are relative
         to (a rerun makes them absolute), and the launcher's node index, whose torchrun/node-KK
         folder holds its logs."""
-        extra: dict[str, object] = {**self.keeper.record.extra} if self.keeper else {}
-        extra["rootdir"] = str(self.config.rootpath)
-        node_index = os.environ.get("DCPQUAL_NODE_INDEX", "")
-        if node_index.isdigit():
-            extra["node_index"] = int(node_index)
-        return extra
+        facts = self.keeper.record.extra if self.keeper else RankFacts()
+        return replace(facts, rootdir=str(self.config.rootpath), node_index=self.plan.node_index)
 
     def _install_sigterm(self) -> int | None:
         """Route SIGTERM to the watchdog through a wakeup pipe (works while main is in C++)."""
@@ -241,14 +240,18 @@ class RankPlugin:
         # else: the watchdog got the same signal through the wakeup pipe and handles it
 
     def _note_transports(self) -> None:
-        """Keep `extra["transports"]` current after every test, so even a rank that stops at a
-        failure (and never finishes its session) says which transports it created."""
-        used = list(transports_used())
-        if self.keeper is not None and self.keeper.record.extra.get("transports") != used:
-            self.keeper.update(extra={**self.keeper.record.extra, "transports": used})
-        trees = [tree.to_json() for tree in built_trees()]
-        if self.keeper is not None and self.keeper.record.extra.get("real_trees", []) != trees:
-            self.keeper.update(extra={**self.keeper.record.extra, "real_trees": trees})
+        """Keep `extra.transports` and `extra.real_trees` current after every test, so even a
+        rank that stops at a failure (and never finishes its session) says which transports it
+        created. The code that made them answers `pytest_dcpqual_rank_use`."""
+        if self.keeper is None:
+            return
+        used = self.config.hook.pytest_dcpqual_rank_use()
+        if used is None:
+            return
+        facts = self.keeper.record.extra
+        if (facts.transports, facts.real_trees) != (used.transports, used.real_trees):
+            changed = replace(facts, transports=used.transports, real_trees=used.real_trees)
+            self.keeper.update(extra=changed)
 
     def add_capture(self, record: CaptureRecord) -> None:
         """Hand a capture window's record to this rank's record (suites' `record_capture`)."""
@@ -278,8 +281,8 @@ class RankPlugin:
         order, self.subworld = plan(cases, self.env.world_size)
         items[:] = [items[i] for i in order]
         if self.subworld.lanes and self.keeper is not None:
-            extra = {**self.keeper.record.extra, "subworld": self.subworld.to_json()}
-            self.keeper.update(extra=extra)
+            blocks = _BLOCKS.validate_python(self.subworld.to_json())
+            self.keeper.update(extra=replace(self.keeper.record.extra, subworld=blocks))
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         assert self.keeper is not None and self.channel is not None
@@ -296,7 +299,9 @@ class RankPlugin:
                 f"{self.collect_timeout_s:g}s"
             )
             # Structured, so the evidence blames the rank that hung, not this one.
-            self.keeper.update(extra={**self.keeper.record.extra, "missing_collection": missing})
+            self.keeper.update(
+                extra=replace(self.keeper.record.extra, missing_collection=tuple(missing))
+            )
             self._abort_collection(reason, primary=False)
         mismatch = compare_collections(lists)
         if mismatch is not None:
@@ -419,7 +424,7 @@ class RankPlugin:
     def _stop_after(self, agreement: Agreement, results: dict[int, LocalResult]) -> bool:
         """Stop at this failed test? Decided only from what every rank agreed on, so all ranks
         stop (or go on) at the same test: an incomplete agreement, or any rank that timed out
-        or was aborted (it is gone or out of step), always stops; else `--dcpqual-maxfail`."""
+        or was aborted (it is gone or out of step), always stops; else the plan's `maxfail`."""
         self._agreed_failures += 1
         if not agreement.complete or any(r.kind != "ran" for r in results.values()):
             return True

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness.capture.records import CaptureRecord
+from harness.schema.capture import CaptureRecord
 from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
 
 

@@ -1,22 +1,39 @@
 """The per-rank record (`records/rank-NN.json`): the contract between a rank and the bundle.
 
 The rank plugin fills it while pytest runs; the evidence writer reads it after torchrun exits.
-Rank-side code must stay importable without the evidence or launcher packages.
+Every value is a pydantic dataclass: positional like a frozen dataclass, validated on
+construction and on reading, unknown keys refused, described by `schemas/rank-record.json`.
+Rank-side code must stay importable without the evidence or launcher packages (and without
+torch: nothing here imports it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
+
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    TypeAdapter,
+    computed_field,
+    field_validator,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass
 
 from harness.atomic import atomic_write_text
-from harness.capture.records import CaptureRecord
 from harness.jsonfile import read_json
+from harness.schema.base import Limitation
+from harness.schema.capture import STRICT, CaptureRecord, derived
 
-RANK_RECORD_SCHEMA = "dcpqual-rank-record/v1"
+RANK_RECORD_SCHEMA: Final = "dcpqual-rank-record/v1"
 
 Outcome = Literal["passed", "failed", "skipped", "error"]
 OUTCOMES: tuple[Outcome, ...] = ("passed", "failed", "skipped", "error")
@@ -34,12 +51,14 @@ def suite_of(nodeid: str) -> str:
     return parts[-2] if len(parts) >= 2 else "tests"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=STRICT)
 class TestOutcome:
     """One test's agreed outcome as seen from one rank.
 
     `primary` is False when this rank failed only because a peer failed first (a follow-on
     error); `failing_ranks` lists the ranks whose own failure was primary, agreed by collective.
+    `failed_at`: when this rank saw its own failure (unix time); `agreed`: whether the outcome is
+    the ranks' agreed one (False: the rank stopped before agreement).
     """
 
     __test__ = False  # not a pytest test class
@@ -49,46 +68,36 @@ class TestOutcome:
     duration_s: float = 0.0
     message: str | None = None
     primary: bool = True
-    failing_ranks: tuple[int, ...] = ()
-    # Extensions, all defaulted: when this rank saw its own failure (unix time), and
-    # whether the outcome is the ranks' agreed one (False: the rank stopped before agreement).
+    failing_ranks: tuple[NonNegativeInt, ...] = ()
     failed_at: float | None = None
     agreed: bool = True
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def suite(self) -> str:
         return suite_of(self.nodeid)
 
+    @field_validator("duration_s")
+    @classmethod
+    def _rounded(cls, value: float) -> float:
+        return round(value, 6)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "suite" in data:
+            data = derived(data, "suite", suite_of(str(data.get("nodeid", ""))), "test outcome")
+        return data
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "nodeid": self.nodeid,
-            "suite": self.suite,
-            "outcome": self.outcome,
-            "duration_s": round(self.duration_s, 6),
-            "message": self.message,
-            "primary": self.primary,
-            "failing_ranks": list(self.failing_ranks),
-            "failed_at": self.failed_at,
-            "agreed": self.agreed,
-        }
+        return dict(_OUTCOME.dump_python(self, mode="json"))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TestOutcome:
-        if data["outcome"] not in OUTCOMES:
-            raise ValueError(f"unknown test outcome {data['outcome']!r}")
-        return cls(
-            nodeid=data["nodeid"],
-            outcome=data["outcome"],
-            duration_s=float(data.get("duration_s", 0.0)),
-            message=data.get("message"),
-            primary=bool(data.get("primary", True)),
-            failing_ranks=tuple(data.get("failing_ranks", [])),
-            failed_at=data.get("failed_at"),
-            agreed=bool(data.get("agreed", True)),
-        )
+        return _OUTCOME.validate_python(data)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=STRICT)
 class WorldBreak:
     """This rank's own action broke the world for every rank: it destroyed its default process
     group, or sent a signal to its torchrun agent (or the agent's process group). Recorded when
@@ -103,30 +112,14 @@ class WorldBreak:
     target: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "action": self.action,
-            "test": self.test,
-            "at": self.at,
-            "message": self.message,
-            "signal": self.signal,
-            "target": self.target,
-        }
+        return dict(_BREAK.dump_python(self, mode="json"))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WorldBreak:
-        if data.get("action") not in WORLD_BREAK_ACTIONS:
-            raise ValueError(f"unknown world-breaking action {data.get('action')!r}")
-        return cls(
-            action=data["action"],
-            test=data.get("test"),
-            at=float(data["at"]),
-            message=str(data["message"]),
-            signal=data.get("signal"),
-            target=data.get("target"),
-        )
+        return _BREAK.validate_python(data)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=STRICT)
 class Selection:
     """What this rank's pytest was told to select, beside what it collected: the targets it
     was given, those of them that are not the repository's whole suites/ folder, how many
@@ -135,7 +128,7 @@ class Selection:
 
     targets: tuple[str, ...] = ()
     partial_targets: tuple[str, ...] = ()
-    deselected: int = 0
+    deselected: NonNegativeInt = 0
     ignored: tuple[str, ...] = ()
 
     @classmethod
@@ -160,34 +153,118 @@ class Selection:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "targets": list(self.targets),
-            "partial_targets": list(self.partial_targets),
-            "deselected": self.deselected,
-            "ignored": list(self.ignored),
-        }
+        return dict(_SELECTION.dump_python(self, mode="json"))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Selection:
-        return cls(
-            targets=tuple(str(t) for t in data.get("targets", [])),
-            partial_targets=tuple(str(t) for t in data.get("partial_targets", [])),
-            deselected=int(data.get("deselected", 0)),
-            ignored=tuple(str(t) for t in data.get("ignored", [])),
-        )
+        return _SELECTION.validate_python(data)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=STRICT)
+class RealTree:
+    """One of vLLM's own model trees (`harness.models.real`): what it is, and what the receipt
+    must say about it (`limitations`; "key: text" strings in records written before they were
+    objects)."""
+
+    model: str
+    tp: PositiveInt
+    dcp: PositiveInt
+    kv_cache_dtype: str
+    dcp_comm_backend: str
+    classes: tuple[str, ...] = ()
+    draft_layers: tuple[str, ...] = ()
+    shims: tuple[str, ...] = ()
+    limitations: tuple[Limitation, ...] = ()
+
+    @field_validator("limitations", mode="before")
+    @classmethod
+    def _lines(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return [Limitation.parse(v) if isinstance(v, str) else v for v in value]
+        return value
+
+
+@dataclass(frozen=True, config=STRICT)
+class RealTreeRecord(RealTree):
+    """A real tree as one rank built it, with what it cost there."""
+
+    build_s: NonNegativeFloat = 0.0
+    import_s: NonNegativeFloat = 0.0
+    peak_rss_mib: NonNegativeFloat = 0.0
+
+    def configuration(self) -> RealTree:
+        """What identifies the tree, without what it cost on this rank."""
+        return RealTree(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RealTree)})
+
+
+@dataclass(frozen=True, config=STRICT)
+class SubworldLane:
+    """One lane of a sub-world block: its group size, its ranks, how many cases it ran."""
+
+    size: PositiveInt
+    ranks: tuple[NonNegativeInt, ...]
+    cases: NonNegativeInt = 0
+
+
+@dataclass(frozen=True, config=STRICT)
+class SubworldBlock:
+    """Sub-world cases run side by side on lanes of the world (`harness.rank.subworld`)."""
+
+    block: NonNegativeInt
+    lanes: tuple[SubworldLane, ...] = ()
+
+
+@dataclass(frozen=True, config=STRICT)
+class RankFacts:
+    """Where a rank's files and tests live, and what it used, kept current while it runs.
+
+    `rootdir`: the pytest rootdir its node ids are relative to; `node_index`: the launcher's
+    node whose torchrun/node-KK folder holds its logs; `transports`: the transport backends it
+    created ("torch:ag_rs", "b12x"; `transport` is the one-backend form of older records);
+    `real_trees`: vLLM's own trees it built; `missing_collection`: the ranks that never
+    finished collection within the timeout (this rank's collection abort blames them);
+    `subworld`: the blocks of sub-world cases and their lanes."""
+
+    rootdir: str | None = None
+    node_index: NonNegativeInt | None = None
+    transports: tuple[str, ...] = ()
+    transport: str | None = None
+    real_trees: tuple[RealTreeRecord, ...] = ()
+    missing_collection: tuple[NonNegativeInt, ...] = ()
+    subworld: tuple[SubworldBlock, ...] = ()  # the lanes this rank's collection was placed on
+
+    def used_transports(self) -> tuple[str, ...]:
+        return (*((self.transport,) if self.transport else ()), *self.transports)
+
+
+@dataclass(frozen=True, config=STRICT)
+class RankUse:
+    """What a rank has used so far (transports it created, vLLM trees it built), as the code
+    that made them reports it to the rank plugin."""
+
+    transports: tuple[str, ...] = ()
+    real_trees: tuple[RealTreeRecord, ...] = ()
+
+
+@dataclass(frozen=True, config=STRICT)
 class RankRecord:
     """Everything one rank reports. `complete` is False until the rank's session finished;
-    a record that never became complete belongs to a rank that died."""
+    a record that never became complete belongs to a rank that died.
 
-    rank: int
-    world_size: int
-    local_rank: int = 0
-    node_rank: int = 0
+    `current_test`: the test running at the last write (None between tests). `abort_primary`:
+    the abort was this rank's own fault (collection mismatch, bootstrap failure), not a
+    follow-on; `aborted_at`: unix time of the abort. `waiting_since`: unix time this rank
+    finished `current_test` and began waiting for its peers' results (None while it runs a test
+    or between tests): who is behind, for the progress. `broke_world`: this rank's own action
+    broke the world (see `WorldBreak`); the first one only.
+    """
+
+    rank: NonNegativeInt
+    world_size: PositiveInt
+    local_rank: NonNegativeInt = 0
+    node_rank: NonNegativeInt = 0
     hostname: str = ""
-    pid: int = 0
+    pid: NonNegativeInt = 0
     backend: str = "gloo"
     device: str = "cpu"
     warm_impl: str = "vendored"
@@ -198,23 +275,16 @@ class RankRecord:
     tests: tuple[TestOutcome, ...] = ()
     captures: tuple[CaptureRecord, ...] = ()
     abort_reason: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    # Extensions, all defaulted. `current_test`: the test running at the last write
-    # (None between tests). `abort_primary`: the abort was this rank's own fault (collection
-    # mismatch, bootstrap failure), not a follow-on. `aborted_at`: unix time of the abort.
+    extra: RankFacts = Field(default_factory=RankFacts)
     current_test: str | None = None
     abort_primary: bool = False
     aborted_at: float | None = None
-    # Extension: unix time this rank finished `current_test` and began waiting for its peers'
-    # results (None while it runs a test or between tests): who is behind, for the progress.
     waiting_since: float | None = None
-    # Extension: this rank's own action broke the world (see `WorldBreak`); the first one only.
     broke_world: WorldBreak | None = None
-    # Extensions: the tp and dcp this rank's suites qualified (None: not recorded), and what
-    # its pytest was told to select (None: not recorded).
-    tp: int | None = None
-    dcp: int | None = None
+    tp: PositiveInt | None = None  # the tp and dcp this rank's suites qualified (None: not
+    dcp: PositiveInt | None = None  # recorded), and what its pytest was told to select
     selection: Selection | None = None
+    schema: Literal["dcpqual-rank-record/v1"] = RANK_RECORD_SCHEMA
 
     @property
     def stopped(self) -> bool:
@@ -229,68 +299,14 @@ class RankRecord:
         return replace(self, captures=(*self.captures, capture))
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": RANK_RECORD_SCHEMA,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "local_rank": self.local_rank,
-            "node_rank": self.node_rank,
-            "hostname": self.hostname,
-            "pid": self.pid,
-            "backend": self.backend,
-            "device": self.device,
-            "warm_impl": self.warm_impl,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "complete": self.complete,
-            "collected": list(self.collected),
-            "tests": [t.to_json() for t in self.tests],
-            "captures": [c.to_json() for c in self.captures],
-            "abort_reason": self.abort_reason,
-            "extra": self.extra,
-            "current_test": self.current_test,
-            "abort_primary": self.abort_primary,
-            "aborted_at": self.aborted_at,
-            "waiting_since": self.waiting_since,
-            "broke_world": None if self.broke_world is None else self.broke_world.to_json(),
-            "tp": self.tp,
-            "dcp": self.dcp,
-            "selection": None if self.selection is None else self.selection.to_json(),
-        }
+        return dict(_RECORD.dump_python(self, mode="json"))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RankRecord:
-        if data.get("schema") != RANK_RECORD_SCHEMA:
-            raise ValueError(f"not a {RANK_RECORD_SCHEMA} record: schema={data.get('schema')!r}")
-        return cls(
-            rank=int(data["rank"]),
-            world_size=int(data["world_size"]),
-            local_rank=int(data.get("local_rank", 0)),
-            node_rank=int(data.get("node_rank", 0)),
-            hostname=data.get("hostname", ""),
-            pid=int(data.get("pid", 0)),
-            backend=data.get("backend", "gloo"),
-            device=data.get("device", "cpu"),
-            warm_impl=data.get("warm_impl", "vendored"),
-            started_at=data.get("started_at", ""),
-            finished_at=data.get("finished_at"),
-            complete=bool(data.get("complete", False)),
-            collected=tuple(data.get("collected", [])),
-            tests=tuple(TestOutcome.from_json(t) for t in data.get("tests", [])),
-            captures=tuple(CaptureRecord.from_json(c) for c in data.get("captures", [])),
-            abort_reason=data.get("abort_reason"),
-            extra=dict(data.get("extra", {})),
-            current_test=data.get("current_test"),
-            abort_primary=bool(data.get("abort_primary", False)),
-            aborted_at=data.get("aborted_at"),
-            waiting_since=data.get("waiting_since"),
-            broke_world=(
-                WorldBreak.from_json(data["broke_world"]) if data.get("broke_world") else None
-            ),
-            tp=None if data.get("tp") is None else int(data["tp"]),
-            dcp=None if data.get("dcp") is None else int(data["dcp"]),
-            selection=(Selection.from_json(data["selection"]) if data.get("selection") else None),
-        )
+        if not isinstance(data, dict) or data.get("schema") != RANK_RECORD_SCHEMA:
+            found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"not a {RANK_RECORD_SCHEMA} record: schema={found!r}")
+        return _RECORD.validate_python(data)
 
     def write(self, path: Path) -> None:
         """Write atomically (temp file + rename), so a reader never sees half a record."""
@@ -307,3 +323,9 @@ class RankRecord:
 
 def rank_record_path(records_dir: Path, rank: int) -> Path:
     return records_dir / f"rank-{rank:02d}.json"
+
+
+_OUTCOME = TypeAdapter(TestOutcome)
+_BREAK = TypeAdapter(WorldBreak)
+_SELECTION = TypeAdapter(Selection)
+_RECORD = TypeAdapter(RankRecord)

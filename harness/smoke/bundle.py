@@ -29,7 +29,8 @@ from harness.evidence.junit import junit_path, mangle
 from harness.evidence.run_context import RunContext
 from harness.evidence.schema import Receipt
 from harness.evidence.writer import finalize_bundle
-from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
+from harness.schema.rank_record import RankFacts, RankRecord, TestOutcome, rank_record_path
+from harness.schema.receipt import RunExtra, Smoke, SmokeMachine
 from harness.smoke.outcome import CONTROL_WORK, REQUIRED_CONTROLS, SmokeResult
 from harness.smoke.step import PRODUCTION_DCP, PRODUCTION_TP, SMOKE_MODEL
 
@@ -152,7 +153,7 @@ def rank_record(result: SmokeResult, tests: Sequence[TestOutcome]) -> RankRecord
         collected=tuple(t.nodeid for t in tests),
         tests=tuple(tests),
         captures=smoke_captures(result),
-        extra={"transports": list(result.extra.get("transports", []))},
+        extra=RankFacts(transports=tuple(result.extra.get("transports", []))),
     )
 
 
@@ -191,7 +192,12 @@ def write_smoke_bundle(out_dir: Path, result: SmokeResult, *, command: Sequence[
         command=tuple(command),
         started_at=result.started_at,
         finished_at=result.finished_at,
-        extra={"smoke": {"machine": result.machine.to_json(), "failures": result.failures}},
+        extra=RunExtra(
+            smoke=Smoke(
+                machine=SmokeMachine.model_validate(result.machine.to_json()),
+                failures=list(result.failures),
+            )
+        ),
         limitations=smoke_limitations(result),
     )
     return finalize_bundle(out_dir, context)

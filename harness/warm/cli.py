@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +20,7 @@ from harness.core.signature import (
 )
 from harness.errors import UsageError
 from harness.launch.options import SingleValue
+from harness.schema.signature import SignatureList
 
 if TYPE_CHECKING:
     from harness.warm.discovery import Discovery
@@ -156,7 +156,7 @@ def run_signatures(args: argparse.Namespace) -> int:
     )
     rows = signature_rows(args.model, found)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(SignatureList.model_validate(rows).dumps())
         return 0
     print(
         f"{args.model} tp={args.tp} dcp={args.dcp} backend={args.backend} dtype={args.dtype}: "
@@ -183,7 +183,7 @@ def _print_real(args: argparse.Namespace) -> int:
         )
     rows = real_signature_rows(Request(args.model, args.tp, args.dcp, args.recognizers))
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(SignatureList.model_validate(rows).dumps())
         return 0
     print(f"{args.model} (vLLM's real tree) tp={args.tp} dcp={args.dcp}: {len(rows)} signature(s)")
     for row in rows:

@@ -1,6 +1,6 @@
 """Shared setup of the capture suite: build, warm and step one model at the run's geometry.
 
-Geometry: tp and dcp come from the `qualification` fixture (DCPQUAL_TP / DCPQUAL_DCP, else tp=16
+Geometry: tp and dcp come from the `qualification` fixture (the rank plan, else tp=16
 and dcp = min(world size, 16)), so 16 ranks qualify Kimi-K3 TP16/DCP16 (96 heads x 576 -> 512),
 4 ranks TP16/DCP4 (24 heads) and 2 ranks TP16/DCP2 (12 heads): the same six local Kimi heads
 per rank, a real DCP group at every size. Models stay small (few layers, batch 2, max_tokens 8)

@@ -5,14 +5,12 @@ per rank inside the run's process group, and a warm-then-capture helper.
 Geometry: vLLM builds tp = world size, so the tree is built at tp = the run's world and
 dcp = the run's DCP (`dcpqual run --nproc-per-node 16`: Kimi-K3 TP16/DCP16, 96 heads x 576 ->
 512, six local heads per rank). KV cache dtype and DCP comm backend come from `dcpqual run
---kv-cache-dtype/--dcp-comm-backend` (env DCPQUAL_KV_CACHE_DTYPE / DCPQUAL_DCP_COMM_BACKEND),
-the model from `--real-model` (env DCPQUAL_REAL_MODEL), the draft's own KV cache dtype from
-`--draft-kv-cache-dtype` (env DCPQUAL_DRAFT_KV_CACHE_DTYPE; empty: the target's).
+--kv-cache-dtype/--dcp-comm-backend`, the model from `--real-model`, the draft's own KV cache
+dtype from `--draft-kv-cache-dtype` (empty: the target's), all through the `rank_plan` fixture.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -45,12 +43,12 @@ _CACHE: dict[str, Built] = {}
 
 
 @pytest.fixture(scope="session")
-def real_model() -> str:
-    return os.environ.get("DCPQUAL_REAL_MODEL", "kimi-k3")
+def real_model(rank_plan) -> str:
+    return str(rank_plan.real_model)
 
 
 @pytest.fixture(scope="session")
-def real_tree(world, qualification, real_model) -> Built:
+def real_tree(world, qualification, real_model, rank_plan) -> Built:
     """This rank's real tree (Kimi-K3 unless `--real-model` says otherwise), built on first
     use (build cost is in the tree)."""
     if "tree" not in _CACHE:
@@ -59,9 +57,9 @@ def real_tree(world, qualification, real_model) -> Built:
             real_model,
             tp=world.size,
             dcp=qualification.dcp,
-            kv_cache_dtype=os.environ.get("DCPQUAL_KV_CACHE_DTYPE", "auto"),
-            dcp_comm_backend=os.environ.get("DCPQUAL_DCP_COMM_BACKEND", "ag_rs"),
-            draft_kv_cache_dtype=os.environ.get("DCPQUAL_DRAFT_KV_CACHE_DTYPE") or None,
+            kv_cache_dtype=rank_plan.kv_cache_dtype,
+            dcp_comm_backend=rank_plan.dcp_comm_backend,
+            draft_kv_cache_dtype=rank_plan.draft_kv_cache_dtype or None,
         )
         with watch_managers() as calls:
             tree = build_real(spec)

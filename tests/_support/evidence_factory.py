@@ -14,8 +14,9 @@ from xml.sax.saxutils import quoteattr
 from harness.capture.events import LazyEvent
 from harness.capture.records import CaptureRecord, DetectorStatus, SignatureUse
 from harness.evidence.junit import mangle
-from harness.evidence.run_context import RunContext
+from harness.evidence.run_context import RunContext, TorchrunFailure
 from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
+from harness.schema.receipt import Launch, RunExtra
 from harness.warm.signature import TransportSignature
 
 CAPTURE_TEST = "suites/capture/test_capture.py::test_no_lazy_work[kimi-k3]"
@@ -207,15 +208,15 @@ def killed_run(out: Path, world: int = 4, dead_rank: int = 1) -> RunContext:
         else:
             write_rank(out, rank, world)
     torchrun_logs(out, world)
-    error = {
-        "rank": dead_rank,
-        "message": "Signal 9 (SIGKILL) received by PID 1001",
-        "timestamp": 1764439200.0,
-        "file": f"torchrun/run-1/attempt_0/{dead_rank}/error.json",
-    }
-    (out / error["file"]).write_text(json.dumps({"message": error["message"]}))
-    launch = {"exit_code": 1, "timed_out": False, "leftovers": [4242]}
-    return context(world, exit_code=1, torchrun_error=error, extra={"launch": launch})
+    error = TorchrunFailure(
+        rank=dead_rank,
+        message="Signal 9 (SIGKILL) received by PID 1001",
+        time=1764439200.0,
+        file=f"torchrun/run-1/attempt_0/{dead_rank}/error.json",
+    )
+    (out / error.file).write_text(json.dumps({"message": error.message}))
+    launch = Launch(exit_code=1, timed_out=False, leftovers=[4242])
+    return context(world, exit_code=1, torchrun_error=error, extra=RunExtra(launch=launch))
 
 
 def timed_out_run(out: Path, world: int = 4) -> RunContext:

@@ -37,7 +37,7 @@ def processes_of_run(out: Path) -> list[str]:
     """Live processes whose command line or environment names the run's out folder.
 
     Ranks and torchrun name it on their command line; anything they start inherits
-    DCPQUAL_OUT=<out> in its environment.
+    DCPQUAL_PLAN (which names <out>) in its environment.
     """
     needle = str(out).encode()
     found = []

@@ -12,9 +12,9 @@ from _world import all_reduce_sum, rank
 LEAVE_FREE = int(os.environ.get("DCPQUAL_FILL_LEAVE_BYTES", str(16 << 10)))
 
 
-def test_fills_the_disk():
+def test_fills_the_disk(rank_plan):
     if rank() == 0:
-        ballast = Path(os.environ["DCPQUAL_OUT"]) / "ballast.bin"
+        ballast = Path(str(rank_plan.out_dir)) / "ballast.bin"
         stat = os.statvfs(ballast.parent)
         free = stat.f_bavail * stat.f_frsize
         with ballast.open("wb") as fh:

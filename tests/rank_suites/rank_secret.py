@@ -18,12 +18,12 @@ from _world import fault_rank, rank
 TOKEN = os.environ.get("HF_TOKEN", "")
 
 
-def test_spills_the_token_into_its_output():
+def test_spills_the_token_into_its_output(rank_plan):
     assert TOKEN, "the test that launches this suite plants HF_TOKEN"
     print(f"HF_TOKEN={TOKEN}")
     print(f"stderr: token {TOKEN}", file=sys.stderr)
     logging.getLogger("leaky").warning("using token %s", TOKEN)
-    notes = Path(os.environ["DCPQUAL_OUT"]) / "notes" / f"rank-{rank():02d}.txt"
+    notes = Path(str(rank_plan.out_dir)) / "notes" / f"rank-{rank():02d}.txt"
     notes.parent.mkdir(parents=True, exist_ok=True)
     notes.write_text(f'{{"token": "{TOKEN}"}}\n')
 

@@ -16,11 +16,11 @@ PAT = os.environ.get("GITHUB_PAT", "")
 AUTH = os.environ.get("NPM_AUTH", "")
 
 
-def test_prints_secrets_in_tool_forms():
+def test_prints_secrets_in_tool_forms(rank_plan):
     assert QUOTED and PAT and AUTH, "the test that launches this suite plants them"
     logging.getLogger("leaky").warning("pat %s auth %s", PAT.strip(), AUTH)
     print(f"{PAT.strip()}|{AUTH}")
-    out = Path(os.environ["DCPQUAL_OUT"]) / "notes"
+    out = Path(str(rank_plan.out_dir)) / "notes"
     out.mkdir(exist_ok=True)
     (out / f"rank-{rank()}-{PAT.strip()}.txt").write_text("the name is the leak\n")
 

@@ -11,9 +11,9 @@ import torch.distributed as dist
 from _world import all_reduce_sum, rank
 
 
-def test_leaves_odd_files_in_the_out_folder():
+def test_leaves_odd_files_in_the_out_folder(rank_plan):
     if rank() == 0:
-        out = Path(os.environ["DCPQUAL_OUT"])
+        out = Path(str(rank_plan.out_dir))
         (out / "link-to-hostname").symlink_to("/etc/hostname")
         os.mkfifo(out / "a-fifo")
         forged = {"schema": "dcpqual-receipt/v1", "verdict": "pass"}

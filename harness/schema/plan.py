@@ -1,0 +1,66 @@
+"""The rank plan: everything a rank needs from `dcpqual run`, serialized once.
+
+The launcher builds one `RankPlan` per node and hands it to every rank as one JSON value in the
+`DCPQUAL_PLAN` environment variable (torchrun passes the environment to its workers, the way
+pytest-xdist hands a worker its `workerinput`). The rank plugin reads it once, validated, and
+the suites reach it through the plugin's fixtures (`rank_plan`, `world`, `record_capture`).
+Without it (a developer running torchrun by hand) every field has its default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final, Literal
+
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError
+
+from harness.errors import UsageError
+from harness.schema.base import Model
+
+PLAN_SCHEMA: Final = "dcpqual-rank-plan/v1"
+PLAN_ENV = "DCPQUAL_PLAN"
+
+
+class RankPlan(Model):
+    """What every rank of one node runs with (schema "dcpqual-rank-plan/v1").
+
+    `dcp` None means min(world size, 16), as `dcpqual run` resolves it; `test_timeout_s` and
+    `collect_timeout_s` 0 mean no timeout; `maxfail` 0 never stops early."""
+
+    schema_: Literal["dcpqual-rank-plan/v1"] = Field(default=PLAN_SCHEMA, alias="schema")
+    out_dir: str | None = None  # the run's out folder (records/, junit/ go under it)
+    node_index: NonNegativeInt = 0  # whose torchrun/node-KK folder holds this node's logs
+    backend: Literal["gloo", "nccl"] = "gloo"
+    warm_impl: str = "vendored"
+    tp: PositiveInt = 16
+    dcp: PositiveInt | None = None
+    models: Literal["stand-in", "real", "both"] = "stand-in"
+    kv_cache_dtype: str = "auto"
+    dcp_comm_backend: Literal["ag_rs", "a2a"] = "ag_rs"
+    real_model: Literal["kimi-k3", "deepseek-v3"] = "kimi-k3"  # which real tree suites/real builds
+    draft_kv_cache_dtype: str = ""  # the real draft's own KV cache dtype; "": the target's
+    test_timeout_s: NonNegativeFloat = 300.0
+    collect_timeout_s: NonNegativeFloat = 300.0
+    abort_grace_s: NonNegativeFloat = 3.0
+    maxfail: NonNegativeInt = 1
+    fast_exit: bool = False  # end the rank with os._exit once pytest is done
+
+    def resolved_dcp(self, world_size: int) -> int:
+        return self.dcp if self.dcp is not None else min(world_size, 16)
+
+    def to_environ(self) -> dict[str, str]:
+        return {PLAN_ENV: self.model_dump_json(by_alias=True)}
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> RankPlan | None:
+        """The plan this process was given, or None; a malformed one is a UsageError."""
+        raw = environ.get(PLAN_ENV)
+        if raw is None:
+            return None
+        try:
+            return cls.model_validate_json(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "plan"
+            message = f"${PLAN_ENV} is not a {PLAN_SCHEMA}: {where}: {first['msg']}"
+            raise UsageError(message) from None

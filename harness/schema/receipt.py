@@ -1,0 +1,609 @@
+"""The receipt (`receipt.json`, schema "dcpqual-receipt/v1") as pydantic models.
+
+The field names of design.md are the contract and are kept exactly; fields marked "extension"
+below were added after it (extending is allowed, renaming is not). Models are frozen and forbid
+unknown keys at every level (no free-form dicts), so `dcpqual verify` rejects a receipt that was
+edited to say more than the writer wrote, and `schemas/receipt.json` describes it exactly.
+Values are validated where they are born: geometry and digests check themselves.
+
+`limitations` stays a list of "key: text" lines (what design.md lists and every reader so far
+reads); `limitation_items` (extension) holds the same limitations as `{key, text}` objects, and
+must render to exactly those lines, so a tool can match keys without parsing text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final, Literal
+
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    model_validator,
+)
+
+from harness.core.signature import TransportSignature
+from harness.schema.base import Limitation, Model, is_sha256
+from harness.schema.rank_record import RealTree
+
+SCHEMA: Final = "dcpqual-receipt/v1"
+
+Verdict = Literal["pass", "fail"]
+Status = Literal["qualified", "source-qualified", "not-qualified"]
+Backend = Literal["gloo", "nccl"]
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+
+
+class Geometry(Model):
+    """The parallel geometry qualified; one receipt is about one geometry."""
+
+    world_size: PositiveInt
+    nnodes: PositiveInt
+    nproc_per_node: PositiveInt
+    backend: Backend
+    tp: PositiveInt
+    dcp: PositiveInt
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Geometry:
+        if self.world_size != self.nnodes * self.nproc_per_node:
+            raise ValueError(
+                f"world_size={self.world_size} != nnodes={self.nnodes} x "
+                f"nproc_per_node={self.nproc_per_node}"
+            )
+        if self.tp % self.dcp:
+            raise ValueError(f"dcp={self.dcp} does not divide tp={self.tp}")
+        return self
+
+
+class Gpu(Model):
+    index: NonNegativeInt
+    name: str
+    uuid: str | None = None
+    memory_total_mib: NonNegativeInt | None = None
+
+
+class Environment(Model):
+    """Where the run happened. `env` holds only NCCL_/VLLM_/B12X_/TORCH_/CUDA_ variables,
+    with secret-looking ones (names in `redacted`) replaced by "<redacted>"."""
+
+    torch: str
+    cuda: str | None  # torch.version.cuda; None for a CPU build
+    nccl: str | None
+    device_names: list[str]  # one per visible GPU, or ["cpu"]
+    python: str
+    host: str
+    # extensions
+    hosts: list[str] = Field(default_factory=list)  # hostnames the rank records report
+    platform: str = ""
+    cpu_count: NonNegativeInt | None = None
+    torch_git: str | None = None
+    cuda_available: bool = False
+    driver: str | None = None
+    gpus: list[Gpu] = Field(default_factory=list)
+    nvml: bool = False  # GPU facts came from nvidia-ml-py
+    env: dict[str, str] = Field(default_factory=dict)
+    redacted: list[str] = Field(default_factory=list)
+
+
+class GitPin(Model):
+    """A component's source as the image records it: the lock's pin at build time, or what
+    fetch-source.sh wrote inside the image (name, repository, commit, tree)."""
+
+    name: str | None = None
+    repository: str | None = None
+    ref: str | None = None
+    commit: str | None = None
+    tree: str | None = None
+
+
+class ImageHarness(Model):
+    """The harness tree the image was built from; `dirty` None: not known."""
+
+    commit: str | None = None
+    tree: str | None = None
+    dirty: bool | None = None
+
+
+class ExpectedRuntime(Model):
+    """What a correct image holds, from its source lock."""
+
+    torch: str | None = None
+    torch_commit: str | None = None
+    cuda: str | None = None
+    nccl: str | None = None
+    arch: str | None = None
+    sources: dict[str, GitPin] = Field(default_factory=dict)
+
+
+class ObservedRuntime(Model):
+    """What the in-image check found inside the running container."""
+
+    torch: str | None = None
+    torch_commit: str | None = None
+    cuda: str | None = None
+    nccl: str | None = None
+    arch: list[str] = Field(default_factory=list)
+    cuda_available: bool = False
+    devices: list[str] = Field(default_factory=list)
+    packages: dict[str, str | None] = Field(default_factory=dict)
+    sources: dict[str, GitPin] = Field(default_factory=dict)
+    image_lock_sha256: str | None = None
+    harness: ImageHarness | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class ImageRuntime(Model):
+    """The in-image identity check (`python -m harness.image.verify_runtime`), run again inside
+    the container the suites ran in."""
+
+    schema_: str = Field(default="dcpqual-image-runtime/v1", alias="schema")
+    ok: bool
+    lock_path: str = ""
+    lock_sha256: str | None = None
+    image_lock_sha256: str | None = None
+    expected: ExpectedRuntime = Field(default_factory=ExpectedRuntime)
+    observed: ObservedRuntime = Field(default_factory=ObservedRuntime)
+    mismatches: list[str] = Field(default_factory=list)
+
+
+class Image(Model):
+    """Identity of the image the run used (schema "dcpqual-image-identity/v1", written by
+    `dcpqual image build`), with the in-image check of this run in `runtime`."""
+
+    reference: str | None = None
+    digest: str | None = Field(default=None, pattern=DIGEST_PATTERN)
+    source_lock_sha256: str | None = None
+    # the build's identity (harness.image.identity)
+    schema_: str | None = Field(default=None, alias="schema")
+    image_id: str | None = None
+    repo_digests: list[str] = Field(default_factory=list)
+    image: str | None = None
+    lock_path: str | None = None
+    base_image: str | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+    torch_cuda_arch_list: str | None = None
+    sources: dict[str, GitPin] = Field(default_factory=dict)
+    harness: ImageHarness | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    built_at: str | None = None
+    runtime: ImageRuntime | None = None
+
+    def qualification_blockers(self) -> list[str]:
+        """Why this identity cannot back a `qualified` receipt; [] when it can."""
+        blockers = []
+        if not (self.digest or "").startswith("sha256:"):
+            blockers.append("image digest is missing")
+        if self.harness is None or self.harness.dirty is not False:
+            blockers.append("image was built from a dirty harness tree")
+        if self.runtime is None:
+            blockers.append("the in-image identity check did not run")
+        else:
+            if not self.runtime.ok:
+                first = (self.runtime.mismatches or ["(no detail)"])[0]
+                blockers.append(f"the in-image identity check failed: {first}")
+            if self.runtime.lock_sha256 != self.source_lock_sha256:
+                blockers.append("the in-image check used a different lock than the build")
+        return blockers
+
+
+class Source(Model):
+    """One component's identity: commit and git tree (never a branch), or a package version."""
+
+    version: str | None = None
+    commit: str | None = None
+    tree: str | None = None
+    dirty: bool | None = None
+    dirty_paths: list[str] = Field(default_factory=list)  # first few, for a reviewer
+
+
+class Tally(Model):
+    """Outcomes of one suite, counted per test over all ranks (see harness.evidence.junit)."""
+
+    passed: NonNegativeInt = 0
+    failed: NonNegativeInt = 0
+    skipped: NonNegativeInt = 0
+    errors: NonNegativeInt = 0
+    rank_cases: NonNegativeInt = 0  # extension: testcases in junit/merged.xml, all ranks
+
+
+class SignatureRow(Model):
+    """One transport signature of one model, merged over ranks (see harness.evidence.collect)."""
+
+    model: str
+    total_heads: PositiveInt
+    query_head_dim: PositiveInt
+    output_head_dim: PositiveInt
+    dtype: str
+    warmed: bool
+    used_in_capture: bool
+    # extensions
+    dcp_world_size: PositiveInt = 1
+    max_tokens: PositiveInt = 1
+    device_type: str = "cpu"
+    ranks: list[NonNegativeInt] = Field(default_factory=list)  # ranks that reported it
+    consistent: bool = True  # every reporting rank said the same warmed/used
+    query_dtype: str | None = None  # None in receipts written before it: the same as dtype
+    comm_backend: str = "ag_rs"
+
+    def transport_signature(self) -> TransportSignature:
+        """The signature this row is about (GeometryError/UsageError if the row cannot be one)."""
+        return TransportSignature(
+            dtype=self.dtype,
+            total_heads=self.total_heads,
+            query_head_dim=self.query_head_dim,
+            output_head_dim=self.output_head_dim,
+            dcp_world_size=self.dcp_world_size,
+            max_tokens=self.max_tokens,
+            device_type=self.device_type,
+            query_dtype=self.query_dtype,
+            comm_backend=self.comm_backend,
+        )
+
+
+class CaptureEvent(Model):
+    rank: NonNegativeInt
+    test: str
+    detector: str
+    what: str
+    signature: str | None = None
+    phase: str = "capture"  # "warmup" iterations of the window, or the "capture" itself
+
+
+class Capture(Model):
+    """Lazy work seen in capture windows, negative-control windows excluded."""
+
+    lazy_events: NonNegativeInt
+    by_detector: dict[str, NonNegativeInt]
+    per_rank: dict[int, NonNegativeInt]
+    # extensions
+    windows: NonNegativeInt = 0
+    paths: dict[str, NonNegativeInt] = Field(default_factory=dict)  # cuda-graph | cpu-simulated
+    events: list[CaptureEvent] = Field(default_factory=list)
+    replays: NonNegativeInt = 0  # replays with fresh inputs that matched eager results
+    # Detectors that could not watch at least one window here, with the reason: their silence
+    # proves nothing, so each is named in `limitations`.
+    inactive_detectors: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _sums(self) -> Capture:
+        for name, total in (
+            ("by_detector", sum(self.by_detector.values())),
+            ("per_rank", sum(self.per_rank.values())),
+            ("events", len(self.events)),
+        ):
+            if total != self.lazy_events:
+                raise ValueError(f"lazy_events={self.lazy_events} but {name} adds up to {total}")
+        paths = sum(self.paths.values())
+        if paths != self.windows:
+            raise ValueError(f"windows={self.windows} but paths add up to {paths}")
+        return self
+
+
+class NegativeControl(Model):
+    """Windows that provoke lazy work on purpose: each must be seen by its expected detectors."""
+
+    expected: NonNegativeInt  # negative-control windows run
+    detected: NonNegativeInt  # of those, windows where every expected detector fired
+    lazy_events: NonNegativeInt
+    # extensions
+    by_detector: dict[str, NonNegativeInt] = Field(default_factory=dict)
+    missed: list[str] = Field(default_factory=list)  # "rank N: test" of windows not detected
+
+    @model_validator(mode="after")
+    def _counts(self) -> NegativeControl:
+        if self.detected > self.expected:
+            raise ValueError(f"detected={self.detected} > expected={self.expected}")
+        if len(self.missed) != self.expected - self.detected:
+            raise ValueError(
+                f"{len(self.missed)} missed windows listed, expected - detected = "
+                f"{self.expected - self.detected}"
+            )
+        return self
+
+
+RootCauseKind = Literal[
+    "broke-world",
+    "test",
+    "killed",
+    "lazy-event",
+    "negative-control",
+    "signature",
+    "no-outcome",
+    "torchrun",
+    "junit",
+    "run",
+    "interrupted",
+]
+
+
+class RootCause(Model):
+    rank: NonNegativeInt | None
+    test: str | None
+    message: str
+    kind: RootCauseKind = "test"  # extension: where the cause was found
+
+
+class FailedTest(Model):
+    """extension: one failed test as a pytest user reads it: node id, the ranks whose own
+    failure it was, and the first line of the first of their messages."""
+
+    nodeid: str
+    outcome: Literal["failed", "error"]
+    ranks: list[NonNegativeInt] = Field(default_factory=list)
+    message: str = ""
+
+
+class Ranks(Model):
+    """extension: which ranks left what. A killed rank left no record or an incomplete one;
+    `stopped` names the killed ranks whose record says another rank's fault (or torchrun
+    stopping the job) ended them, so a reader can tell the cause from its consequences."""
+
+    expected: PositiveInt
+    reported: NonNegativeInt
+    complete: NonNegativeInt
+    killed: list[NonNegativeInt] = Field(default_factory=list)
+    stopped: list[NonNegativeInt] = Field(default_factory=list)
+    missing_junit: list[NonNegativeInt] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _counts(self) -> Ranks:
+        if not self.complete <= self.reported <= self.expected:
+            raise ValueError(
+                f"need complete <= reported <= expected, got {self.complete}, "
+                f"{self.reported}, {self.expected}"
+            )
+        if len(self.killed) != self.expected - self.complete:
+            raise ValueError(
+                f"{len(self.killed)} killed ranks listed, expected - complete = "
+                f"{self.expected - self.complete}"
+            )
+        if not set(self.stopped) <= set(self.killed):
+            raise ValueError(f"stopped ranks {self.stopped} are not all killed {self.killed}")
+        return self
+
+
+class Coverage(Model):
+    """extension: what the ranks selected against what they ran, from their records.
+
+    A test a rank collected but never reported an outcome for did not run there (its session
+    ended early, e.g. `pytest.exit`), so a run is only as good as the tests that have outcomes.
+    """
+
+    collected: NonNegativeInt = 0  # distinct test ids any reporting rank selected
+    without_outcome: NonNegativeInt = 0  # (rank, test) pairs collected with no outcome
+    first_without_outcome: str | None = None  # "rank N: <test id>", earliest in test order
+
+    @model_validator(mode="after")
+    def _first(self) -> Coverage:
+        if (self.first_without_outcome is None) != (self.without_outcome == 0):
+            raise ValueError(
+                f"without_outcome={self.without_outcome} but first_without_outcome is "
+                f"{self.first_without_outcome!r}"
+            )
+        return self
+
+
+class Selection(Model):
+    """extension: what the ranks' pytest was told to select, from their records: the targets,
+    those that are not the whole suites/ folder, the most collected tests any rank's -k, -m or
+    --deselect took away, and the --ignore paths. Any of these narrows the run
+    (`rules.narrowing`): a limitation, and never `qualified`."""
+
+    targets: list[str] = Field(default_factory=list)
+    partial_targets: list[str] = Field(default_factory=list)
+    deselected: NonNegativeInt = 0
+    ignored: list[str] = Field(default_factory=list)
+
+
+class Interruption(Model):
+    """The launcher was interrupted: by which signal, when, and how far into the run."""
+
+    signal: str
+    at: str
+    after_s: float
+    exit_code: int
+    tests_done: NonNegativeInt = 0
+    tests_collected: NonNegativeInt = 0
+    running: str | None = None
+
+    def message(self) -> str:
+        """How an interrupted run is named: the signal, when, and how far the tests had got."""
+        return (
+            f"the run was interrupted by {self.signal} at {self.at}, after {self.after_s}s, "
+            f"with {self.tests_done} of {self.tests_collected} collected tests finished on "
+            f"every rank" + (f" and {self.running} running" if self.running else "")
+        )
+
+
+class Launch(Model):
+    """How this node's torchrun ended (`harness.launch.collect.LaunchResult`)."""
+
+    exit_code: int = 0
+    timed_out: bool = False
+    started_at: str = ""
+    finished_at: str = ""
+    elapsed_s: NonNegativeFloat = 0.0
+    leftovers: list[int] = Field(default_factory=list)  # pids ended after torchrun exited
+    interrupted: Interruption | None = None
+    ended_for_ranks_gone_mid_suite: list[NonNegativeInt] = Field(default_factory=list)
+
+
+class RequestedCount(Model):
+    requested: str  # what was typed: auto | cpu | gpu | N
+    resolved: PositiveInt
+
+
+class ChosenOptions(Model):
+    """The run's options a rerun or a reader needs that geometry does not say."""
+
+    nproc_per_node: RequestedCount
+    maxfail: NonNegativeInt = 1
+    tee: list[NonNegativeInt] = Field(default_factory=list)
+    test_timeout_s: float | None = None
+    timeout_s: float | None = None
+    rerun_of: str | None = None
+
+
+class NodeState(Model):
+    """One node's marker in a multi-node run's shared out folder."""
+
+    node_rank: NonNegativeInt
+    nnodes: PositiveInt
+    rdzv_endpoint: str
+    state: Literal["started", "finished"]
+    hostname: str = ""
+    pid: NonNegativeInt = 0
+    exit_code: int | None = None
+    timed_out: bool = False
+    started_at: str = ""
+    finished_at: str = ""
+
+
+class Scrub(Model):
+    """Files the launcher scrubbed of secrets before the writer ran, and names it renamed."""
+
+    changed: list[str] = Field(default_factory=list)
+    renamed: list[tuple[str, str]] = Field(default_factory=list)
+
+
+class Stray(Model):
+    """Something the run left in the out folder that is not evidence, set aside before the
+    bundle (never followed or read): where it was, what it was, what was done with it."""
+
+    path: str
+    kind: str  # "symlink" | "fifo" | "socket" | "device" | "file"
+    action: str  # "removed" | "moved to strays/..."
+
+
+class SmokeMachine(Model):
+    torch: str
+    cuda: str | None = None
+    device: str
+    device_name: str
+    capability: tuple[int, int] | None = None
+    sm: str = "none"
+    triton: str | None = None
+    b12x: str | None = None
+    backend: str = "nccl"
+
+
+class Smoke(Model):
+    """The one-GPU smoke's machine and its failures (`dcpqual gpu-smoke`)."""
+
+    machine: SmokeMachine
+    failures: list[str] = Field(default_factory=list)
+
+
+class RunExtra(Model):
+    """What the launcher (or the smoke) adds about the run; each part only where it applies."""
+
+    launch: Launch | None = None
+    options: ChosenOptions | None = None
+    nodes: dict[str, NodeState | None] | None = None
+    scrub: Scrub | None = None
+    strays: list[Stray] = Field(default_factory=list)
+    smoke: Smoke | None = None
+
+    @property
+    def interrupted(self) -> Interruption | None:
+        return None if self.launch is None else self.launch.interrupted
+
+
+class Run(Model):
+    """extension: how the run was launched and how it ended."""
+
+    command: list[str] = Field(default_factory=list)
+    pytest_args: list[str] = Field(default_factory=list)
+    exit_code: int = 0
+    timed_out: bool = False
+    started_at: str = ""
+    finished_at: str = ""
+    extra: RunExtra = Field(default_factory=RunExtra)  # the launcher's RunContext.extra
+    rootdir: str | None = None  # the ranks' pytest rootdir: node ids are relative to it
+
+
+class Models(Model):
+    """extension: which model trees the ranks built from vLLM's own classes."""
+
+    real: list[str] = Field(default_factory=list)
+    trees: list[RealTree] = Field(default_factory=list)  # one per distinct configuration
+    build_s_max: NonNegativeFloat = 0.0
+    peak_rss_mib_max: NonNegativeFloat = 0.0
+    ranks_with_real_trees: list[NonNegativeInt] = Field(default_factory=list)
+
+
+class Receipt(Model):
+    schema_: Literal["dcpqual-receipt/v1"] = Field(alias="schema")
+    verdict: Verdict
+    status: Status
+    geometry: Geometry
+    environment: Environment
+    image: Image | None
+    sources: dict[str, Source]
+    suites: dict[str, Tally]
+    signatures: list[SignatureRow]
+    capture: Capture
+    negative_control: NegativeControl
+    root_cause: RootCause | None
+    limitations: list[str]  # "key: text" lines
+    # extensions
+    failures: list[str] = Field(default_factory=list)  # every reason the verdict is fail
+    warm_impl: str = "vendored"
+    transports: list[str] = Field(default_factory=list)  # transport backends ranks reported
+    models: Models = Field(default_factory=Models)  # real vLLM trees built (collect)
+    ranks: Ranks
+    # None only in receipts written before coverage was recorded; verify re-derives it.
+    coverage: Coverage | None = None
+    run: Run = Field(default_factory=Run)
+    generated_by: str = ""
+    created_at: str = ""
+    scrubbed_files: list[str] = Field(default_factory=list)  # files a secret was removed from
+    # sha256 of every bundle file except receipt.json, summary.md and SHA256SUMS: a second
+    # witness, so that verify can tell an edited file from an edited SHA256SUMS line.
+    files: dict[str, str] = Field(default_factory=dict)
+    # The failed tests, the root cause's first, then in collection order: the ending's FAILED
+    # lines and what `dcpqual run --rerun-failed` reruns.
+    failed_tests: list[FailedTest] = Field(default_factory=list)
+    # None where the records do not say what was selected (written before they did).
+    selection: Selection | None = None
+    # The limitations as {key, text} objects, rendering to exactly `limitations`; None in
+    # receipts written before them (their keys are then read from the lines).
+    limitation_items: list[Limitation] | None = None
+
+    @model_validator(mode="after")
+    def _files(self) -> Receipt:
+        bad = sorted(rel for rel, digest in self.files.items() if not is_sha256(digest))
+        if bad:
+            raise ValueError(f"files entries that are not sha256 hex digests: {bad}")
+        return self
+
+    @model_validator(mode="after")
+    def _items(self) -> Receipt:
+        if self.limitation_items is not None:
+            lines = [item.line() for item in self.limitation_items]
+            if lines != self.limitations:
+                raise ValueError(
+                    "limitation_items do not render to limitations: "
+                    f"{len(lines)} items, {len(self.limitations)} lines"
+                )
+        return self
+
+    def limitation_keys(self) -> list[str]:
+        """The keys of the limitations, from the objects or, in older receipts, the lines."""
+        if self.limitation_items is not None:
+            return [item.key for item in self.limitation_items]
+        return [line.partition(": ")[0] for line in self.limitations if ": " in line]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Receipt:
+        return cls.model_validate(data)
+
+    def dumps(self) -> str:
+        """The exact text of receipt.json (stable key order, trailing newline)."""
+        return json.dumps(self.to_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
