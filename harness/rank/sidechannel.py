@@ -20,7 +20,8 @@ threads may share it; a new connection after the rendezvous costs every rank sec
 ranks. Reads poll with `check` instead of `store.wait`: a wait holds the client's lock until
 its keys arrive, which would leave the watchdog unable to tell peers this rank is leaving
 while the main thread waits for them, and a wait cut into slices logs two c10d socket warnings
-per expired slice.
+per expired slice. The one wait left is c10d's own: while the main thread creates a process
+group, its rendezvous `get`s hold the client, and the watchdog's store calls queue behind them.
 """
 
 from __future__ import annotations
