@@ -8,6 +8,7 @@ group detector patches fake modules (and is checked to restore the real ones).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
@@ -355,7 +356,34 @@ def test_dynamo_reports_compiles_and_recompiles_inside_the_window_only() -> None
     assert "test_dynamo_reports_compiles" in event.stack
 
 
-def test_dynamo_frame_counter_is_a_backstop(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def dynamo_imported() -> None:
+    """The detector watches compiles through dynamo once dynamo is imported (else its import)."""
+    import torch._dynamo  # noqa: F401
+
+
+def test_dynamo_not_yet_imported_is_watched_for_its_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a process without dynamo the detector imports nothing and reports dynamo's import
+    inside the window (a fresh interpreter doing it for real: tests/test_plugin_isolation.py)."""
+    monkeypatch.delitem(sys.modules, "torch._dynamo", raising=False)
+    detector = DynamoDetector()
+    assert detector.status().active
+    detector.start()
+    assert "torch._dynamo" not in sys.modules and sys.meta_path[0] is detector._watch
+    detector.stop()
+    assert detector.events == [] and detector._watch not in sys.meta_path
+    detector.start()
+    detector.enter_phase("capture")
+    sys.meta_path[0].find_spec("torch._dynamo")  # what `import torch._dynamo` asks first
+    detector.stop()
+    [event] = detector.events
+    assert event.what.startswith("torch._dynamo imported inside the capture window")
+    assert event.phase == "capture" and "test_dynamo_not_yet_imported" in event.stack
+
+
+def test_dynamo_frame_counter_is_a_backstop(
+    monkeypatch: pytest.MonkeyPatch, dynamo_imported: None
+) -> None:
     frames = iter([10, 12])
     monkeypatch.setattr(DynamoDetector, "_frames", staticmethod(lambda: next(frames)))
     detector = DynamoDetector()
@@ -365,7 +393,7 @@ def test_dynamo_frame_counter_is_a_backstop(monkeypatch: pytest.MonkeyPatch) -> 
     assert "2 frame(s)" in event.what
 
 
-def test_dynamo_events_wait_for_stop_even_with_a_strict_sink() -> None:
+def test_dynamo_events_wait_for_stop_even_with_a_strict_sink(dynamo_imported: None) -> None:
     """Dynamo wraps exceptions raised in its callbacks, so the detector holds its events."""
     detector = DynamoDetector()
     sink = Strict()

@@ -117,3 +117,12 @@ def test_block_states_are_gathered_from_every_rank():
         0: {"failed": [], "hard": False},
         1: {"failed": [4], "hard": False},
     }
+
+
+def test_a_thread_s_channel_shares_the_store_client():
+    """No new connection for the watchdog: its channel is the same client, its own state."""
+    chan = channels(2)[0]
+    other = chan.clone()
+    assert other.store is chan.store and other is not chan
+    other.lost = True
+    assert not chan.lost

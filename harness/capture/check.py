@@ -107,6 +107,10 @@ def ranks_failing(ok: bool, *, device: torch.device | str = "cpu") -> tuple[int,
     return tuple(rank for rank, bad in enumerate(flags) if bad)
 
 
+# `torch.testing.assert_close`'s defaults for float32, which every compared pair is cast to.
+DEFAULT_RTOL, DEFAULT_ATOL = 1.3e-6, 1e-5
+
+
 def first_mismatch(
     actual: Sequence[torch.Tensor],
     expected: Sequence[torch.Tensor],
@@ -114,13 +118,53 @@ def first_mismatch(
     rtol: float | None = None,
     atol: float | None = None,
 ) -> str | None:
-    """None when every pair of outputs is close (`torch.testing.assert_close`), else the first
-    mismatch as text: suites collect it and agree across ranks before failing."""
+    """None when every pair of outputs is close, else the first mismatch as text: suites
+    collect it and agree across ranks before failing.
+
+    Close means what `torch.testing.assert_close` means for two float32 CPU tensors (same
+    shape; `|a - e| <= atol + rtol * |e|` elementwise, NaN never close, equal infinities
+    close; its float32 defaults when no tolerance is given), checked with `torch.isclose`:
+    `torch.testing` imports `torch.distributed.tensor` and sympy, hundreds of modules and
+    tens of MB on every rank, for a check that needs one elementwise op.
+    """
+    if (rtol is None) != (atol is None):
+        raise ValueError("give both rtol and atol, or neither")
+    rtol = DEFAULT_RTOL if rtol is None else rtol
+    atol = DEFAULT_ATOL if atol is None else atol
     if len(actual) != len(expected):
         return f"{len(actual)} outputs, expected {len(expected)}"
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-        try:
-            torch.testing.assert_close(a.float().cpu(), e.float().cpu(), rtol=rtol, atol=atol)
-        except AssertionError as exc:
-            return f"output {i}: {exc}"
+        problem = _not_close(a.float().cpu(), e.float().cpu(), rtol, atol)
+        if problem is not None:
+            return f"output {i}: {problem}"
     return None
+
+
+def _not_close(a: torch.Tensor, e: torch.Tensor, rtol: float, atol: float) -> str | None:
+    if a.shape != e.shape:
+        return f"shapes differ: {list(a.shape)}, expected {list(e.shape)}"
+    close = torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=False)
+    if bool(close.all()):
+        return None
+    bad = int((~close).sum())
+    # NaN differences count as the greatest, so the reported index is a mismatched element.
+    abs_diff = (a - e).abs().nan_to_num(nan=float("inf")).masked_fill(close, 0.0)
+    rel_diff = (abs_diff / e.abs()).nan_to_num(nan=float("inf")).masked_fill(close, 0.0)
+    lines = [
+        "Tensor-likes are not close!",
+        f"Mismatched elements: {bad} / {a.numel()} ({100.0 * bad / a.numel():.1f}%)",
+        f"Greatest absolute difference: {float(abs_diff.max())} at index "
+        f"{_index(abs_diff, a.shape)} (up to {atol} allowed)",
+        f"Greatest relative difference: {float(rel_diff.max())} at index "
+        f"{_index(rel_diff, a.shape)} (up to {rtol} allowed)",
+    ]
+    return "\n".join(lines)
+
+
+def _index(diff: torch.Tensor, shape: torch.Size) -> tuple[int, ...]:
+    flat = int(diff.reshape(-1).argmax())
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return tuple(reversed(index))

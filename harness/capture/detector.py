@@ -43,13 +43,15 @@ def short_stack(limit: int = 8) -> str:
     """The caller's last `limit` frames, without the window, the detectors and torch internals.
 
     What a reviewer needs is the code that asked for the lazy work (a decode step calling
-    `registry.get`, a test calling `new_group`), not the detector's hook or dynamo's frames.
+    `registry.get`, a test calling `new_group`), not the detector's hook, dynamo's frames or
+    the import machinery's.
     """
     skipped = (*_MACHINERY, _TORCH_PACKAGE)
     frames = [
         frame
         for frame in traceback.extract_stack()
-        if not str(Path(frame.filename).resolve()).startswith(skipped)
+        if not frame.filename.startswith("<frozen importlib")
+        and not str(Path(frame.filename).resolve()).startswith(skipped)
     ]
     return "".join(traceback.format_list(frames[-limit:]))
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.abc
+import importlib.util
 import re
+import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
@@ -269,13 +272,38 @@ def describe_compile(compile_id: str, trigger: str) -> str:
     return f"dynamo {kind} (compile id {compile_id}, trigger {trigger}) inside the capture window"
 
 
-class DynamoDetector(Detector):
-    """torch.compile work while the window is open: dynamo compiles and recompiles.
+DYNAMO = "torch._dynamo"
 
-    Live: dynamo's compile-start callback (`torch._dynamo.callback.callback_handler`); it runs
-    inside dynamo, which wraps any exception it raises, so events are held and reported when
-    the window closes (strict mode raises then). Backstop: the `frames.total` counter of
-    `torch._dynamo.utils.counters`.
+
+class _ImportWatch(importlib.abc.MetaPathFinder):
+    """First on `sys.meta_path` while a window is open and dynamo was never imported: notes
+    where dynamo's import starts (with the phase), then lets the normal finders import it."""
+
+    def __init__(self, detector: DynamoDetector) -> None:
+        self.detector = detector
+        self.seen: tuple[str, str] | None = None
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == DYNAMO and self.seen is None:
+            self.seen = (short_stack(), self.detector._phase)
+        return None
+
+
+class DynamoDetector(Detector):
+    """torch.compile work while the window is open: dynamo compiles and recompiles, and
+    dynamo's own import.
+
+    Armed lazily: in a process that never imported `torch._dynamo` nothing can have been
+    compiled, and nothing can compile without importing it, so the detector watches for that
+    import instead of importing dynamo itself (seconds of CPU and tens of MB on every rank).
+    The import inside a window is reported as lazy work, with the stack that asked for it, and
+    every frame compiled after it is counted (dynamo's `frames.total` counter starts at its
+    import).
+
+    Once dynamo is imported: live through dynamo's compile-start callback
+    (`torch._dynamo.callback.callback_handler`); it runs inside dynamo, which wraps any
+    exception it raises, so events are held and reported when the window closes (strict mode
+    raises then). Backstop: the `frames.total` counter of `torch._dynamo.utils.counters`.
     """
 
     name = "dynamo"
@@ -285,14 +313,16 @@ class DynamoDetector(Detector):
         self._pending: list[tuple[str, str, str, str]] = []
         self._before = 0
         self._handler: Any = None
+        self._watch: _ImportWatch | None = None
 
     def unavailable_reason(self) -> str | None:
+        if DYNAMO in sys.modules:
+            return None
         try:
-            import torch._dynamo.callback
-            import torch._dynamo.utils  # noqa: F401
-        except Exception as exc:  # an import that fails for any reason means no detector
+            found = importlib.util.find_spec(DYNAMO)
+        except Exception as exc:  # a finder that fails for any reason means no detector
             return f"torch._dynamo is not importable ({type(exc).__name__}: {exc})"
-        return None
+        return None if found is not None else "torch._dynamo is not part of this torch build"
 
     @staticmethod
     def _frames() -> int:
@@ -301,14 +331,22 @@ class DynamoDetector(Detector):
         return int(counters["frames"]["total"])
 
     def _install(self) -> None:
+        self._pending = []
+        if DYNAMO not in sys.modules:
+            self._watch = _ImportWatch(self)
+            sys.meta_path.insert(0, self._watch)
+            return
         from torch._dynamo.callback import callback_handler
 
-        self._pending = []
         self._before = self._frames()
         self._handler = callback_handler
         callback_handler.register_start_callback(self._on_start)
 
     def _uninstall(self) -> None:
+        if self._watch is not None:
+            with contextlib.suppress(ValueError):  # already removed: nothing left to undo
+                sys.meta_path.remove(self._watch)
+            self._watch = None
         if self._handler is not None:
             with contextlib.suppress(ValueError):  # already removed: nothing left to undo
                 self._handler.remove_start_callback(self._on_start)
@@ -320,6 +358,9 @@ class DynamoDetector(Detector):
         self._pending.append((compile_id, trigger, short_stack(), self._phase))
 
     def _collect(self) -> None:
+        if self._watch is not None:
+            self._collect_import(self._watch)
+            return
         pending, self._pending = self._pending, []
         for compile_id, trigger, stack, phase in pending:
             self.report(describe_compile(compile_id, trigger), stack=stack, phase=phase)
@@ -329,4 +370,24 @@ class DynamoDetector(Detector):
                 f"dynamo compiled {compiled} frame(s) in the window that no callback reported "
                 "(frames.total counter)",
                 stack="",
+            )
+
+    def _collect_import(self, watch: _ImportWatch) -> None:
+        """Dynamo was not imported when the window opened: was it imported inside?"""
+        if DYNAMO not in sys.modules and watch.seen is None:
+            return
+        stack, phase = watch.seen or ("", self._phase)
+        self.report(
+            "torch._dynamo imported inside the capture window: torch.compile set up lazily "
+            "(nothing imported it before capture)",
+            stack=stack,
+            phase=phase,
+        )
+        compiled = self._frames() if DYNAMO in sys.modules else 0
+        if compiled > 0:
+            self.report(
+                f"dynamo compiled {compiled} frame(s) in the window after importing it there "
+                "(frames.total counter)",
+                stack=stack,
+                phase=phase,
             )

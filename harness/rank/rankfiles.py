@@ -3,6 +3,11 @@
 Written from two threads (pytest's main thread and the watchdog), so every write goes through
 one lock, and the record is replaced atomically: a rank killed at any moment leaves either the
 previous record or the next one, never half of one.
+
+The record is rewritten on every change (a test starts, waits for its peers, ends), hundreds of
+times per rank, and grows to about 100 KB: it is written as compact JSON, and what only grows
+(collected ids, tests, captures, all frozen values) is serialized once per item, so a change of
+the current test costs a small header and a file write, not a serialization of the whole record.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from harness.atomic import atomic_write_text
 from harness.schema.capture import CaptureRecord
 from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
 
@@ -35,6 +42,44 @@ def junit_path(out_dir: Path, rank: int) -> Path:
     return out_dir / "junit" / f"rank-{rank:02d}.xml"
 
 
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+class RecordText:
+    """A rank record's compact JSON (`RankRecord.to_json`), serializing each collected id, test
+    and capture once: those sequences only grow, item by item, so a record that extends the
+    last one reuses the text of every item it shares with it (by identity)."""
+
+    GROWING = ("collected", "tests", "captures")
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[Sequence[Any], list[str]]] = {}
+
+    def _items(self, key: str, items: Sequence[Any], dump: Callable[[Any], str]) -> str:
+        seen, texts = self._cache.get(key, ((), []))
+        if items is not seen:
+            shared = len(seen) <= len(items) and all(
+                a is b for a, b in zip(seen, items, strict=False)
+            )
+            start = len(seen) if shared else 0
+            texts = (texts if shared else []) + [dump(item) for item in items[start:]]
+            self._cache[key] = (items, texts)
+        return "[" + ",".join(texts) + "]"
+
+    def text(self, record: RankRecord) -> str:
+        head = replace(record, collected=(), tests=(), captures=()).to_json()
+        for key in self.GROWING:
+            del head[key]
+        parts = (
+            ("collected", self._items("collected", record.collected, _compact)),
+            ("tests", self._items("tests", record.tests, lambda t: _compact(t.to_json()))),
+            ("captures", self._items("captures", record.captures, lambda c: _compact(c.to_json()))),
+        )
+        tail = "".join(f',"{key}":{text}' for key, text in parts)
+        return _compact(head)[:-1] + tail + "}\n"
+
+
 class RecordKeeper:
     """Owns this rank's `RankRecord`; every change is written to disk at once."""
 
@@ -44,6 +89,7 @@ class RecordKeeper:
         self._lock = threading.Lock()
         self._sealed = False  # after a final write by the watchdog, main-thread writes stop
         self._stop_reason: str | None = None  # set by `stopping`, used by `finish`
+        self._text = RecordText()
         self._write(record)
 
     @classmethod
@@ -79,7 +125,7 @@ class RecordKeeper:
 
     def _write(self, record: RankRecord) -> None:
         self._record = record
-        record.write(self.path)
+        atomic_write_text(self.path, self._text.text(record), fsync=False)
 
     def update(self, **changes: Any) -> None:
         """Rewrite the record with these fields changed (`dataclasses.replace` checks names)."""

@@ -13,6 +13,15 @@ once. Keys (under a per-run prefix):
     abort               set by a rank leaving abnormally (SIGTERM, timeout, abort)
 
 Every read tolerates a lost store (the agent went away): callers get what was seen so far.
+
+One connection: the channel and the watchdog share the default group's store client, the one
+the rendezvous opened. c10d serializes every operation of a client under its own lock, so
+threads may share it; a new connection after the rendezvous costs every rank seconds at 16
+ranks. Reads poll with `check` instead of `store.wait`: a wait holds the client's lock until
+its keys arrive, which would leave the watchdog unable to tell peers this rank is leaving
+while the main thread waits for them, and a wait cut into slices logs two c10d socket warnings
+per expired slice. The one wait left is c10d's own: while the main thread creates a process
+group, its rendezvous `get`s hold the client, and the watchdog's store calls queue behind them.
 """
 
 from __future__ import annotations
@@ -21,7 +30,6 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
@@ -31,19 +39,9 @@ from harness.rank.agreement import LocalResult
 StoreLost = RuntimeError  # c10d raises RuntimeError subclasses (DistStoreError, DistNetworkError)
 
 
-def _clone(store: dist.Store) -> dist.Store:
-    """A new connection to the same store (own socket), or the store itself if it cannot."""
-    clone: Callable[[], dist.Store] | None = getattr(store, "clone", None)  # not in the stubs
-    if clone is None:
-        return store
-    try:
-        return clone()
-    except RuntimeError:
-        return store
-
-
 class SideChannel:
-    """Deadline-bounded exchanges over a c10d store. One instance per thread (see `clone`)."""
+    """Deadline-bounded exchanges over a c10d store. One instance per thread (see `clone`),
+    all on the same store client."""
 
     def __init__(
         self,
@@ -63,18 +61,16 @@ class SideChannel:
 
     @classmethod
     def for_process_group(cls, rank: int, world_size: int) -> SideChannel:
-        """A private connection to the default group's store, under this run's key prefix."""
-        base = _clone(dist.distributed_c10d._get_default_store())
+        """The default group's store client (no new connection), under this run's key prefix."""
+        base = dist.distributed_c10d._get_default_store()
         run = os.environ.get("TORCHELASTIC_RUN_ID", "local")
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        store = dist.PrefixStore(f"dcpqual/{run}/{attempt}/", base)
-        store.set_timeout(timedelta(seconds=30))
-        return cls(store, rank, world_size)
+        return cls(dist.PrefixStore(f"dcpqual/{run}/{attempt}/", base), rank, world_size)
 
     def clone(self) -> SideChannel:
-        """A second connection for another thread (a store client is not shared across threads)."""
+        """The channel for another thread: its own state (`lost`), the same store client."""
         return SideChannel(
-            _clone(self.store), self.rank, self.world_size, poll_s=self.poll_s, clock=self.clock
+            self.store, self.rank, self.world_size, poll_s=self.poll_s, clock=self.clock
         )
 
     # -- primitives -----------------------------------------------------------------------

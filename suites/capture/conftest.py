@@ -9,15 +9,18 @@ so 16 gloo ranks on 2 cores finish the suite in well under two minutes.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import torch.distributed as dist
 
 from harness.capture.check import default_detectors
 from harness.capture.decode import DecodeStep
 from harness.capture.detector import Detector
+from harness.capture.offrank import OFF_RANK, ControlOutcome, OffRankControls
 from harness.models import BuiltModel, build
 from harness.transport.registry import TransportRegistry
 from harness.warm.impls import resolve_warm_impl
@@ -38,13 +41,71 @@ def pytest_collection_modifyitems(
 
     `dcpqual run` stops at the first failed test. Under a broken warmup (`--warm-impl
     before-kimi`) the Kimi-K3 capture check fails by design; the controls must have run by then
-    so the evidence still shows every detector firing. Items of other suites keep their places.
+    so the evidence still shows every detector firing. The controls run off the ranks (see
+    `off_rank`) come last among the controls, so their child process has the most time to
+    finish in the background. Items of other suites keep their places.
     """
     here = [i for i, item in enumerate(items) if item.nodeid.startswith("suites/capture/")]
     mine = [items[i] for i in here]
-    ordered = sorted(mine, key=lambda item: "test_negative_controls.py" not in item.nodeid)
+    ordered = sorted(mine, key=_place)
     for index, item in zip(here, ordered, strict=True):
         items[index] = item
+
+
+def _off_rank_detector(nodeid: str) -> str | None:
+    return next((d for d in OFF_RANK if f"::test_detector_control[{d}-" in nodeid), None)
+
+
+def _place(item: pytest.Item) -> int:
+    if "test_negative_controls.py" not in item.nodeid:
+        return 2
+    return 1 if _off_rank_detector(item.nodeid) else 0
+
+
+# The child processes of the controls run off the ranks, started by the lowest rank only.
+_OFF_RANK: dict[str, OffRankControls] = {}
+OFF_RANK_TIMEOUT_S = 600.0
+
+
+def _start_off_rank(detector: str) -> OffRankControls:
+    if detector not in _OFF_RANK:
+        cuda = dist.get_backend() == "nccl"
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else "cpu"
+        _OFF_RANK[detector] = OffRankControls.start(
+            detector, device=device, rank=dist.get_rank(), world_size=dist.get_world_size()
+        )
+    return _OFF_RANK[detector]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the off-rank controls in the background as soon as the lowest rank knows it will
+    run them (the rank plugin joined the process group before collection)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() != 0:
+        return
+    for detector in dict.fromkeys(
+        filter(None, map(_off_rank_detector, (i.nodeid for i in session.items)))
+    ):
+        _start_off_rank(detector)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for controls in _OFF_RANK.values():
+        controls.close()
+    _OFF_RANK.clear()
+
+
+@pytest.fixture
+def off_rank(world) -> Callable[[str, str], ControlOutcome | None]:
+    """`off_rank(detector, variant)`: the lowest rank's outcome of one control variant run in
+    its child process (`harness.capture.offrank`); None on every other rank, which runs no
+    window of its own for that control."""
+
+    def outcome(detector: str, variant: str) -> ControlOutcome | None:
+        if world.rank != 0:
+            return None
+        return _start_off_rank(detector).outcomes(OFF_RANK_TIMEOUT_S)[variant]
+
+    return outcome
 
 
 @dataclass

@@ -9,7 +9,9 @@
 - One control per detector (`harness.capture.controls`), in record mode: the detector reports
   it; with that one detector removed, no detector reports anything although the control's own
   counter shows the work was done. A detector that cannot run on this machine is skipped with
-  its reason (also listed as a limitation in every capture record).
+  its reason (also listed as a limitation in every capture record). The dynamo controls run
+  once, in a child process of rank 0 (`harness.capture.offrank`: no rank imports dynamo);
+  rank 0 records their window and their verdict is every rank's.
 
 - Broken warms (`harness.capture.broken_warms`), each caught: a warm that runs only the gather
   (the reduction's first use inside capture, at the run's geometry); at the held-out geometry
@@ -24,15 +26,14 @@ suite's conftest), so a run that qualifies a broken warmup still shows every det
 from __future__ import annotations
 
 import pytest
-import torch
 
 from harness.capture.broken_warms import BROKEN_WARMS
 from harness.capture.check import DETECTOR_NAMES, capture_record, default_detectors
-from harness.capture.controls import CONTROLS, ControlContext
 from harness.capture.detector import without
 from harness.capture.events import LazySpecializationError
+from harness.capture.offrank import OFF_RANK, run_control
 from harness.capture.window import CaptureWindow
-from harness.errors import GeometryError
+from harness.errors import GeometryError, QualificationError
 from harness.transport.registry import TransportRegistry
 from harness.warm.signature import TransportSignature
 
@@ -143,40 +144,49 @@ def test_seed_control_record(
 
 @pytest.mark.parametrize("removed", [False, True], ids=["detected", "detector-removed"])
 @pytest.mark.parametrize("detector", DETECTOR_NAMES)
-def test_detector_control(detector, removed, world, agree, record_capture, request):
+def test_detector_control(detector, removed, world, agree, record_capture, request, off_rank):
     with TransportRegistry("torch", device=world.device) as registry:
-        detectors = default_detectors(registry, device=world.device)
-        status = next(d.status() for d in detectors if d.name == detector)
-        if not status.active:
-            pytest.skip(f"{detector} cannot run here: {status.reason}")
-        control = CONTROLS[detector](ControlContext(registry, world.device, world.rank, world.size))
-        control.setup()
-        if removed:
-            detectors = without(detectors, detector)
-        window = CaptureWindow(detectors, registry=registry, mode="record", warmup_iters=0)
-
-        def step(inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-            control.provoke()
-            return inputs[0] * 2
-
-        before = control.happened()
-        captured = window.capture(step, torch.ones(4, device=world.device))
-        done = control.happened() - before
-        seen = sorted({e.detector for e in window.events})
-        if removed:
-            agree(done > 0 and not seen, f"{detector} removed: its control goes unseen ({seen=})")
-            return
-        _record(
-            record_capture,
-            request,
-            world,
-            window,
-            model="none",
-            warm_impl="none",
-            path=captured.path,
-            expected=(detector,),
+        status = next(
+            d.status()
+            for d in default_detectors(registry, device=world.device)
+            if d.name == detector
         )
-        agree(done > 0 and seen == [detector], f"{detector} reports its control ({seen=})")
+    if not status.active:
+        pytest.skip(f"{detector} cannot run here: {status.reason}")
+    variant = "detector-removed" if removed else "detected"
+    if detector in OFF_RANK:
+        try:
+            outcome = off_rank(detector, variant)
+        except QualificationError as exc:  # no verdict from the child: every rank fails
+            agree(False, f"{detector} control, run off the ranks: {exc}")
+            return
+        if outcome is None:  # the lowest rank's child process ran it: its verdict decides
+            agree(True, f"{detector} control, run once off the ranks by rank 0")
+            return
+    else:
+        outcome = run_control(
+            detector, removed=removed, device=world.device, rank=world.rank, world_size=world.size
+        )
+    seen = list(outcome.seen)
+    if removed:
+        agree(
+            outcome.done > 0 and not seen, f"{detector} removed: its control goes unseen ({seen=})"
+        )
+        return
+    record_capture(
+        capture_record(
+            test=request.node.nodeid,
+            model="none",
+            rank=world.rank,
+            path=outcome.path,
+            warm_impl="none",
+            events=outcome.events,
+            statuses=outcome.statuses,
+            negative_control=True,
+            expected_detectors=(detector,),
+        )
+    )
+    agree(outcome.done > 0 and seen == [detector], f"{detector} reports its control ({seen=})")
 
 
 def _strict_capture(prepared, seed: int) -> tuple[CaptureWindow, LazySpecializationError | None]:

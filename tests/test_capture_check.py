@@ -1,0 +1,74 @@
+"""`first_mismatch` judges closeness exactly as `torch.testing.assert_close` does (its oracle
+here), without importing `torch.testing` on the ranks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.capture.check import first_mismatch
+
+SPECIAL = (math.nan, math.inf, -math.inf, 0.0, -0.0)
+values = st.one_of(
+    st.floats(min_value=-1e3, max_value=1e3, allow_nan=False, width=32),
+    st.sampled_from(SPECIAL),
+)
+
+
+def assert_close_passes(a: torch.Tensor, e: torch.Tensor, **tol: float) -> bool:
+    try:
+        torch.testing.assert_close(a.float(), e.float(), **tol)
+    except AssertionError:
+        return False
+    return True
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(values, values), min_size=1, max_size=12),
+    nudge=st.sampled_from((0.0, 1e-7, 1e-5, 1e-3, 2e-2, 0.5)),
+    tol=st.sampled_from(({}, {"rtol": 2e-2, "atol": 2e-2}, {"rtol": 1.6e-2, "atol": 1e-5})),
+    dtype=st.sampled_from((torch.float32, torch.bfloat16, torch.float16)),
+)
+def test_agrees_with_assert_close(pairs, nudge, tol, dtype) -> None:
+    actual = torch.tensor([a for a, _ in pairs], dtype=torch.float32)
+    expected = torch.tensor([e for _, e in pairs], dtype=torch.float32)
+    # Half of the pairs are near copies: closeness then hinges on the tolerances.
+    near = expected * (1 + nudge) + nudge
+    actual = torch.where(torch.arange(len(pairs)) % 2 == 0, near, actual).to(dtype)
+    expected = expected.to(dtype)
+    verdict = first_mismatch([actual], [expected], **tol)
+    assert (verdict is None) == assert_close_passes(actual, expected, **tol), verdict
+
+
+def test_names_the_output_count_and_the_worst_element() -> None:
+    ok = torch.zeros(2, 3)
+    bad = ok.clone()
+    bad[1, 2] = 0.5
+    bad[0, 0] = 0.1
+    assert first_mismatch([ok, ok], [ok, ok], rtol=0.0, atol=0.0) is None
+    text = first_mismatch([ok, bad], [ok, ok], rtol=0.0, atol=1e-3)
+    assert text is not None and text.startswith("output 1: Tensor-likes are not close!")
+    assert "Mismatched elements: 2 / 6 (33.3%)" in text
+    assert "Greatest absolute difference: 0.5 at index (1, 2)" in text
+    assert first_mismatch([ok], [ok, ok]) == "1 outputs, expected 2"
+
+
+def test_nan_and_shape_are_mismatches() -> None:
+    nan = torch.tensor([1.0, math.nan])
+    text = first_mismatch([nan], [torch.tensor([1.0, 2.0])], rtol=1.0, atol=1.0)
+    assert text is not None and "at index (1,)" in text
+    assert first_mismatch([nan], [nan.clone()]) is not None  # NaN is never close to NaN
+    inf = torch.tensor([math.inf, -math.inf])
+    assert first_mismatch([inf], [inf.clone()]) is None
+    text = first_mismatch([torch.zeros(2, 3)], [torch.zeros(3, 2)])
+    assert text == "output 0: shapes differ: [2, 3], expected [3, 2]"
+
+
+def test_tolerances_come_in_pairs() -> None:
+    with pytest.raises(ValueError, match="both rtol and atol"):
+        first_mismatch([torch.zeros(1)], [torch.zeros(1)], rtol=0.1)

@@ -1,0 +1,93 @@
+"""The rank record on disk: after every change it reads back as exactly the keeper's record
+(the record's own `to_json` is the oracle), compact, and replaced whole."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from harness.capture.events import LazyEvent
+from harness.capture.records import CaptureRecord, DetectorStatus
+from harness.rank.rankfiles import RecordKeeper
+from harness.schema.rank_record import RankRecord, TestOutcome
+
+IDS = tuple(f"suites/x/test_y.py::test_{i}" for i in range(4))
+
+
+def keeper(tmp_path: Path) -> RecordKeeper:
+    return RecordKeeper.start(
+        tmp_path / "records",
+        rank=3,
+        world_size=4,
+        local_rank=3,
+        node_rank=0,
+        backend="gloo",
+        device="cpu",
+        warm_impl="vendored",
+    )
+
+
+def capture(test: str) -> CaptureRecord:
+    return CaptureRecord(
+        test=test,
+        model="kimi-k3",
+        rank=3,
+        path="cpu-simulated",
+        warm_impl="vendored",
+        events=(LazyEvent("dynamo", 3, "compiled step", stack="x.py:1", phase="capture"),),
+        detectors=(DetectorStatus(name="dynamo", active=True),),
+    )
+
+
+def on_disk(k: RecordKeeper) -> dict:
+    text = k.path.read_text()
+    assert "\n" not in text.rstrip("\n") and ": " not in text  # compact: one line, no spaces
+    return json.loads(text)
+
+
+def test_every_change_reads_back_as_the_record(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    assert on_disk(k) == k.record.to_json()
+    k.collected(IDS)
+    for i, nodeid in enumerate(IDS):
+        k.running(nodeid)
+        assert on_disk(k) == k.record.to_json() and on_disk(k)["current_test"] == nodeid
+        k.add_capture(capture(nodeid))
+        k.waiting()
+        assert on_disk(k) == k.record.to_json()
+        k.add_test(TestOutcome(nodeid=nodeid, outcome="passed", duration_s=0.25 * i))
+        assert on_disk(k) == k.record.to_json()
+    k.update(extra={"transports": ["a"]})
+    k.finish()
+    final = RankRecord.read(k.path)
+    assert final == k.record and final.complete and len(final.tests) == len(IDS)
+    assert [c.test for c in final.captures] == list(IDS)
+
+
+def test_a_record_that_does_not_extend_the_last_one_is_written_whole(tmp_path: Path) -> None:
+    """The text reuses serialized items only for a record that keeps them: one that replaces
+    its tests (or drops some) is serialized from scratch, never spliced from stale text."""
+    k = keeper(tmp_path)
+    k.collected(IDS)
+    for nodeid in IDS[:3]:
+        k.add_test(TestOutcome(nodeid=nodeid, outcome="passed"))
+    rewritten = (TestOutcome(nodeid=IDS[3], outcome="failed", message="boom"),)
+    k.update(tests=rewritten, collected=IDS[:1])
+    assert on_disk(k) == k.record.to_json()
+    assert [t["nodeid"] for t in on_disk(k)["tests"]] == [IDS[3]]
+    k.update(tests=(*rewritten[:0], replace(rewritten[0], message="other")))
+    assert on_disk(k)["tests"][0]["message"] == "other"
+
+
+def test_a_killed_rank_s_last_write_names_its_test(tmp_path: Path) -> None:
+    """What the endings rely on: the record on disk after `running` says which test was
+    running, with every test before it, and nothing but whole records in the folder."""
+    k = keeper(tmp_path)
+    k.collected(IDS)
+    k.add_test(TestOutcome(nodeid=IDS[0], outcome="passed"))
+    k.running(IDS[1])
+    seen = RankRecord.read(k.path)
+    assert seen.current_test == IDS[1] and [t.nodeid for t in seen.tests] == [IDS[0]]
+    assert not seen.complete
+    assert sorted(p.name for p in k.path.parent.iterdir()) == [k.path.name]
