@@ -219,20 +219,34 @@ class DeadRankWatch:
         self.tracker = tracker
         self.first_seen: dict[int, float] = {}
 
+    def _record(self, rank: int) -> RankRecord | None:
+        try:
+            return RankRecord.read(rank_record_path(self.records_dir, rank))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def _records(self) -> dict[int, RankRecord]:
         found = {}
         for rank in range(self.world_size):
-            try:
-                found[rank] = RankRecord.read(rank_record_path(self.records_dir, rank))
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
+            record = self._record(rank)
+            if record is not None:
+                found[rank] = record
         return found
 
-    def _gone_mid_suite(self, record: RankRecord) -> bool:
-        if record.complete or record.abort_reason is not None or not record.pid:
+    @staticmethod
+    def _finished(record: RankRecord) -> bool:
+        return record.complete or record.abort_reason is not None
+
+    def _gone_mid_suite(self, rank: int, record: RankRecord) -> bool:
+        if self._finished(record) or not record.pid:
             return False
         known = [p for p in self.tracker.seen if p.pid == record.pid]
-        return bool(known) and not any(alive(p) for p in known)
+        if not known or any(alive(p) for p in known):
+            return False
+        # The rank may have written its final record and exited after it was read: only a
+        # record read after the process was seen gone says how it left.
+        final = self._record(rank)
+        return final is not None and not self._finished(final)
 
     def overdue(self, now: float | None = None) -> list[int]:
         """Ranks gone mid-suite for longer than DEAD_RANK_GRACE_S while their peers still wait.
@@ -244,6 +258,8 @@ class DeadRankWatch:
         if any(r.abort_reason is not None for r in records.values()):
             return []
         for rank, record in records.items():
-            if rank not in self.first_seen and self._gone_mid_suite(record):
+            if self._finished(record):
+                self.first_seen.pop(rank, None)
+            elif rank not in self.first_seen and self._gone_mid_suite(rank, record):
                 self.first_seen[rank] = now
         return sorted(r for r, t in self.first_seen.items() if now - t >= DEAD_RANK_GRACE_S)
