@@ -264,3 +264,23 @@ def test_a_run_starts_fresh_in_its_copy_with_one_openmp_thread(monkeypatch, tmp_
 def test_the_committed_equivalents_file_is_valid() -> None:
     path = Path(__file__).resolve().parent / "mutants-equivalent.json"
     load_equivalents(path)
+
+
+def test_the_module_runs_as_a_command(tmp_path: Path) -> None:
+    """`nox -s mutants` runs `python -m harness.qualify.mutants`: bad input there is one line
+    and exit 2 (here: no targets table in this folder's pyproject)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.qualify.mutants", "--out", "r.json", "--no-run"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2 and not (tmp_path / "r.json").exists()
+    assert done.stderr.strip().splitlines() == [
+        f"mutants: {tmp_path / 'pyproject.toml'}: no [tool.dcpqual-mutants.tests] table"
+    ]

@@ -377,3 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(render(report, args.min_score))
     print(f"report: {args.out}")
     return 1 if report.below(args.min_score) or report.not_run else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
