@@ -210,12 +210,12 @@ def summarize(
             counts[path][status] = counts[path].get(status, 0) + 1
             if status not in KILLED:
                 survivors[name] = diffs.get(name, "")
-    files = tuple(
+    scores = tuple(
         FileScore(path, counts[path], excluded.get(path, 0), unchecked.get(path, 0))
         for path in sorted(counts)
     )
     excluded_reasons = {name: equivalents[name] for name in equivalents}
-    return MutantsReport(files, survivors, excluded_reasons, tuple(skipped))
+    return MutantsReport(scores, survivors, excluded_reasons, tuple(skipped))
 
 
 def _mutmut(*args: str, cwd: Path) -> str:
