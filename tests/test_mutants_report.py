@@ -93,17 +93,49 @@ def test_an_equivalent_needs_a_reason(tmp_path: Path) -> None:
         load_equivalents(path)
 
 
-def _fake_mutmut(monkeypatch: pytest.MonkeyPatch, results: str) -> None:
-    def fake(*args: str) -> str:
+TARGETS = """\
+[project]
+name = "x"
+
+[tool.mutmut]
+source_paths = ["harness"]
+timeout_constant = 30.0
+
+[tool.dcpqual-mutants.tests]
+"harness/transport/combine.py" = ["tests/test_combine.py"]
+"harness/warm/warmup.py" = ["tests/test_warmup.py"]
+"harness/capture/detectors.py" = ["tests/test_capture_detectors.py"]
+"harness/warm/cli.py" = ["tests/test_signatures_cli.py"]
+"""
+
+
+def _fake_mutmut(monkeypatch: pytest.MonkeyPatch, results: str) -> list[Path]:
+    """mutmut's `results` and `show` as a fake; returns the folders it was asked in."""
+    asked: list[Path] = []
+
+    def fake(*args: str, cwd: Path) -> str:
+        asked.append(cwd)
         if args[0] == "results":
             return results
         return f"--- diff of {args[1]}\n"
 
     monkeypatch.setattr(mutants, "_mutmut", fake)
+    return asked
+
+
+def _ran_before(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *paths: str) -> Path:
+    """A checkout with the targets table whose listed files already have a mutmut run."""
+    (tmp_path / "pyproject.toml").write_text(TARGETS)
+    monkeypatch.chdir(tmp_path)
+    for path in paths:
+        (mutants.workdir(Path("mutants-work"), path) / "mutants").mkdir(parents=True)
+    return tmp_path
 
 
 def test_the_cli_writes_the_report_and_exits_by_the_minimum(monkeypatch, tmp_path, capsys):
-    _fake_mutmut(monkeypatch, RESULTS)
+    paths = ["harness/transport/combine.py", "harness/warm/warmup.py"]
+    _ran_before(monkeypatch, tmp_path, *paths, "harness/capture/detectors.py")
+    asked = _fake_mutmut(monkeypatch, RESULTS)
     out = tmp_path / "report.json"
     assert mutants.main(["--out", str(out), "--no-run"]) == 1
     report = json.loads(out.read_text())
@@ -112,15 +144,42 @@ def test_the_cli_writes_the_report_and_exits_by_the_minimum(monkeypatch, tmp_pat
     assert report["survivors"][0]["diff"].startswith("--- diff of harness.transport.combine")
     assert "mutation score" in capsys.readouterr().out
     assert report["not_run"] == ["harness/warm/cli.py"]
+    # Each file's results and diffs come from that file's own scratch copy.
+    assert Path("mutants-work/harness.transport.combine") in asked
     lower = tmp_path / "lower.json"
     assert mutants.main(["--out", str(lower), "--no-run", "--min-score", "50"]) == 1  # cli.py
     ran = RESULTS.replace("x_register__mutmut_1: not checked", "x_register__mutmut_1: killed")
     _fake_mutmut(monkeypatch, ran)
+    (mutants.workdir(Path("mutants-work"), "harness/warm/cli.py") / "mutants").mkdir(parents=True)
     every = tmp_path / "every.json"
     assert mutants.main(["--out", str(every), "--no-run", "--min-score", "50"]) == 0
 
 
+def test_a_listed_file_without_a_run_is_reported_not_run(monkeypatch, tmp_path):
+    _ran_before(monkeypatch, tmp_path, "harness/transport/combine.py")
+    _fake_mutmut(monkeypatch, RESULTS)
+    out = tmp_path / "report.json"
+    assert mutants.main(["--out", str(out), "--no-run", "--min-score", "40"]) == 1
+    report = json.loads(out.read_text())
+    # Only combine's own mutants are read from combine's copy, whatever else mutmut printed.
+    assert [f["path"] for f in report["files"] if f["score"] is not None] == [
+        "harness/transport/combine.py"
+    ]
+    assert sorted(report["not_run"]) == [
+        "harness/capture/detectors.py",
+        "harness/warm/cli.py",
+        "harness/warm/warmup.py",
+    ]
+    one = tmp_path / "one.json"
+    args = ["--out", str(one), "--no-run", "--min-score", "40", "harness/transport/combine.py"]
+    assert mutants.main(args) == 0
+    assert [f["path"] for f in json.loads(one.read_text())["files"]] == [
+        "harness/transport/combine.py"
+    ]
+
+
 def test_the_cli_refuses_bad_input_and_writes_nothing(monkeypatch, tmp_path, capsys):
+    _ran_before(monkeypatch, tmp_path, "harness/transport/combine.py")
     _fake_mutmut(monkeypatch, RESULTS)
     existing = tmp_path / "old.json"
     existing.write_text("{}")
@@ -129,11 +188,99 @@ def test_the_cli_refuses_bad_input_and_writes_nothing(monkeypatch, tmp_path, cap
     _fake_mutmut(monkeypatch, "nothing here\n")
     fresh = tmp_path / "new.json"
     assert mutants.main(["--out", str(fresh), "--no-run"]) == 2
+    _fake_mutmut(monkeypatch, RESULTS)
+    assert mutants.main(["--out", str(fresh), "--no-run", "harness/warm/nope.py"]) == 2
+    assert mutants.main(["--out", str(fresh), "--no-run", "--max-children", "0"]) == 2
     assert not fresh.exists()
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("mutants: ") for line in err)
+    assert len(err) == 4 and all(line.startswith("mutants: ") for line in err)
+    assert "nope.py" in err[2]
+
+
+def test_the_targets_table_needs_tests_for_every_file(tmp_path):
+    bad = tmp_path / "pyproject.toml"
+    bad.write_text('[tool.dcpqual-mutants.tests]\n"harness/a.py" = []\n')
+    with pytest.raises(MutantsError, match="non-empty list of tests"):
+        mutants.load_targets(bad)
+    bad.write_text("[tool.mutmut]\n")
+    with pytest.raises(MutantsError, match=r"no \[tool.dcpqual-mutants.tests\]"):
+        mutants.load_targets(bad)
+
+
+def test_a_narrowed_pyproject_mutates_one_file_with_its_tests_and_keeps_the_rest() -> None:
+    import tomllib
+
+    text = mutants.narrowed_pyproject(TARGETS, "harness/warm/warmup.py", ["tests/test_warmup.py"])
+    data = tomllib.loads(text)
+    assert data["tool"]["mutmut"] == {
+        "source_paths": ["harness"],
+        "timeout_constant": 30.0,
+        "only_mutate": ["harness/warm/warmup.py"],
+        "pytest_add_cli_args_test_selection": ["tests/test_warmup.py"],
+    }
+    assert data["project"] == {"name": "x"}
+    assert "harness/warm/cli.py" in data["tool"]["dcpqual-mutants"]["tests"]
+
+
+def test_a_run_starts_fresh_in_its_copy_with_one_openmp_thread(monkeypatch, tmp_path):
+    """Forked runners inherit the parent's OpenMP pool and block on it: without one thread
+    most torch mutants end as false "timeouts", which would count as kills."""
+    root = tmp_path / "repo"
+    (root / "harness").mkdir(parents=True)
+    (root / "harness" / "m.py").write_text("x = 1\n")
+    (root / "tests").mkdir()
+    (root / "pyproject.toml").write_text(TARGETS)
+    work = tmp_path / "work"
+    stale = mutants.workdir(work, "harness/m.py") / "mutants" / "old"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("a previous run")
+    seen: dict[str, object] = {}
+
+    class FakePopen:
+        def __init__(self, command, *, cwd, env, start_new_session):
+            seen.update(command=command, cwd=cwd, env=env)
+            self.pid = 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(mutants.subprocess, "Popen", FakePopen)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert mutants.run_target(root, work, "harness/m.py", ["tests/t.py"], children=2, limit=9)
+    copy = mutants.workdir(work, "harness/m.py")
+    assert seen["cwd"] == copy and not stale.exists()
+    assert seen["env"]["OMP_NUM_THREADS"] == "1" and seen["env"]["MKL_NUM_THREADS"] == "1"
+    assert seen["command"][-3:] == ["run", "--max-children", "2"]
+    assert (copy / "harness" / "m.py").read_text() == "x = 1\n"
+    assert "harness/m.py" in (copy / "pyproject.toml").read_text()
 
 
 def test_the_committed_equivalents_file_is_valid() -> None:
     path = Path(__file__).resolve().parent / "mutants-equivalent.json"
     load_equivalents(path)
+
+
+def test_the_module_runs_as_a_command(tmp_path: Path) -> None:
+    """`nox -s mutants` runs `python -m harness.qualify.mutants`: bad input there is one line
+    and exit 2 (here: no targets table in this folder's pyproject)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.qualify.mutants", "--out", "r.json", "--no-run"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2 and not (tmp_path / "r.json").exists()
+    assert done.stderr.strip().splitlines() == [
+        f"mutants: {tmp_path / 'pyproject.toml'}: no [tool.dcpqual-mutants.tests] table"
+    ]

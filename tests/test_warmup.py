@@ -34,7 +34,8 @@ class RecordingTransport:
     def _check(self, what: str, tensor: torch.Tensor, shape: tuple[int, ...], dtype) -> None:
         got = (tuple(tensor.shape), tensor.dtype, tensor.device)
         assert got == (shape, dtype, self.device), f"{what}: got {got}, expected {shape} {dtype}"
-        assert not tensor.any(), f"{what}: warmup's dummy tensors are zeros"
+        if tensor.device.type != "meta":  # a meta tensor has no values to check
+            assert not tensor.any(), f"{what}: warmup's dummy tensors are zeros"
 
     def gather_queries(self, q_local: torch.Tensor) -> torch.Tensor:
         sig = self.signature
@@ -57,11 +58,12 @@ class RecordingRegistry:
     transports: dict[TransportSignature, RecordingTransport] = field(default_factory=dict)
     get_or_create_calls: int = 0
     groups: list[object] = field(default_factory=list)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     def get_or_create(self, signature, group=None):
         self.get_or_create_calls += 1
         self.groups.append(group)
-        return self.transports.setdefault(signature, RecordingTransport(signature))
+        return self.transports.setdefault(signature, RecordingTransport(signature, self.device))
 
     def get(self, signature):
         return self.transports.get(signature)
@@ -88,7 +90,7 @@ def test_kimi_k3_warmup_creates_one_transport_and_runs_dummy_tensors(caplog):
     (transport,) = registry.transports.values()
     assert transport.calls == [("gather", (1, 6, 576)), ("reduce", (1, 96, 512))]
     assert report.per_kind == {"kimi-k3": 16}  # 15 target MLA layers and the MTP draft
-    assert "Warmed up 1 B12X DCP transport signature(s)." in caplog.text
+    assert caplog.messages == ["Warmed up 1 B12X DCP transport signature(s)."]
 
 
 def test_mixed_model_warms_each_distinct_signature_once():
@@ -299,3 +301,47 @@ def test_the_warm_device_follows_the_context(monkeypatch) -> None:
     monkeypatch.setattr(warmup.torch.cuda, "current_device", lambda: 3)
     assert warmup._device(WarmContext(device_type="cuda")) == torch.device("cuda", 3)
     assert warmup._device(WarmContext(device_type="cpu")) == torch.device("cpu")
+
+
+def test_the_dummy_tensors_are_made_on_the_warm_device(monkeypatch) -> None:
+    """Every dummy tensor is on the context's device, not torch's default one (the CPU): a
+    CUDA warm that built them on the CPU would warm nothing on the GPU. `meta` stands in for
+    a device other than the default on a CPU-only machine."""
+    meta = torch.device("meta")
+    monkeypatch.setattr(warmup, "_device", lambda context: meta)
+    built = build("kimi-k3", tp=16, dcp=16)
+    registry = RecordingRegistry(device=meta)
+    warm(built.model, registry=registry, context=WarmContext(dcp_world_size=16))
+    (transport,) = registry.transports.values()
+    assert transport.calls == [("gather", (1, 6, 576)), ("reduce", (1, 96, 512))]
+
+
+@pytest.mark.parametrize("default", [torch.float64, torch.bfloat16])
+def test_the_dummy_lse_is_fp32_whatever_torch_s_default_dtype(default: torch.dtype) -> None:
+    """The LSE a transport takes is fp32 by contract; a model loader that changed torch's
+    default dtype (vLLM loads under the model's dtype) must not change the dummy LSE."""
+    built = build("kimi-k3", tp=16, dcp=16)
+    registry = RecordingRegistry()
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        warm(built.model, registry=registry, context=WarmContext(dcp_world_size=16))
+    finally:
+        torch.set_default_dtype(before)
+    (transport,) = registry.transports.values()
+    assert [call for call, _ in transport.calls] == ["gather", "reduce"]
+
+
+def test_before_kimi_walks_the_forward_context_too() -> None:
+    """The pre-seed warm still finds a layer reachable only from the static forward context
+    (DeepSeek-V4 here; the Kimi-K3 layers in the tree are what it misses)."""
+    model, forward_context, wanted = _tree_only_and_context_only()
+    registry = RecordingRegistry()
+    report = warm_before_kimi(
+        model,
+        registry=registry,
+        context=WarmContext(dcp_world_size=16),
+        static_forward_context=forward_context,
+    )
+    assert report.per_kind == {"deepseek-v4": len(report.layers)} and report.count == 1
+    assert set(registry.transports) == set(report.signatures) < wanted

@@ -1,9 +1,16 @@
 """Mutation testing of the harness's own evidence: `nox -s mutants` (weekly, not in CI).
 
-A qualification harness is worth what it can catch. mutmut 3 (configured in pyproject's
-`[tool.mutmut]`) mutates the warm code, the combine, the torch transport and the capture
-detectors one change at a time and runs the fast unit tests that cover the mutated function,
-each mutant under a CPU-time limit. This module turns mutmut's results into a JSON report:
+A qualification harness is worth what it can catch. mutmut 3 mutates the warm code, the
+combine, the torch transport and the capture detectors one change at a time and runs the fast
+unit tests that cover the mutated function, each mutant under a CPU-time limit.
+
+One mutmut run per source file: pyproject's `[tool.dcpqual-mutants.tests]` names each file and
+the fast in-process tests that reach it. Each run happens in its own scratch copy
+(`mutants-work/<file>/`: the sources, the tests and a pyproject whose `[tool.mutmut]` is the
+shared one narrowed to that file and those tests), started fresh, with one OpenMP thread:
+mutmut forks its runners from a process that already ran torch, and a forked child blocks on
+the OpenMP pool it inherited, which mutmut then reports as a "timeout" that counts as a kill.
+This module turns mutmut's results into a JSON report:
 
 - per file: killed, timeout (counts as killed: the mutant made the tests hang), survived,
   no tests (counts as survived: nothing covers it), excluded (listed equivalent mutants) and
@@ -14,7 +21,8 @@ each mutant under a CPU-time limit. This module turns mutmut's results into a JS
 - the files not run, or run only in part (an interrupted run): no score, their counts kept.
 
 `python -m harness.qualify.mutants --out FILE [--equivalents FILE] [--min-score 90]
-[--no-run] [GLOB...]` exits 0 when every file reaches the minimum score, 1 when one does not
+[--max-children 2] [--file-timeout S] [--no-run] [SOURCE_FILE...]` exits 0 when every file
+reaches the minimum score, 1 when one does not
 (or was not run: its mutants "not checked"), 2 on bad input (one line on stderr, nothing
 written). The report is never overwritten.
 """
@@ -23,10 +31,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +50,11 @@ KILLED = ("killed", "timeout")
 # Statuses counted against the score (anything mutmut says that is not a kill).
 NOT_KILLED = ("survived", "no tests", "suspicious", "segfault")
 NOT_CHECKED = "not checked"  # generated but not run (a run limited by globs, or interrupted)
+# One OpenMP/MKL thread in mutmut and every runner it forks (see the module docstring).
+SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+WORK = Path("mutants-work")
+# What a scratch copy needs: mutmut's source path and its also_copy, plus the tests.
+_COPIED = ("harness", "tests", "suites", "conftest.py")
 _RESULT_LINE = re.compile(r"^\s*(?P<name>[\w.ǁ]+__mutmut_\d+): (?P<status>[a-z ]+?)\s*$")
 
 
@@ -163,15 +180,19 @@ class MutantsReport:
 
 
 def summarize(
-    statuses: Mapping[str, str], equivalents: Mapping[str, str], diffs: Mapping[str, str]
+    statuses: Mapping[str, str],
+    equivalents: Mapping[str, str],
+    diffs: Mapping[str, str],
+    files: Iterable[str] = (),
 ) -> MutantsReport:
-    """Score every file; listed equivalents leave the score, but must still exist."""
+    """Score every file (`files` too: one with no results is listed as not run); listed
+    equivalents leave the score, but must still exist."""
     unknown = sorted(set(equivalents) - set(statuses))
     if unknown:
         raise MutantsError(
             f"equivalent mutants not produced by this run (stale list?): {', '.join(unknown[:5])}"
         )
-    counts: dict[str, dict[str, int]] = {}
+    counts: dict[str, dict[str, int]] = {path: {} for path in files}
     excluded: dict[str, int] = {}
     unchecked: dict[str, int] = {}
     survivors: dict[str, str] = {}
@@ -189,21 +210,102 @@ def summarize(
             counts[path][status] = counts[path].get(status, 0) + 1
             if status not in KILLED:
                 survivors[name] = diffs.get(name, "")
-    files = tuple(
+    scores = tuple(
         FileScore(path, counts[path], excluded.get(path, 0), unchecked.get(path, 0))
         for path in sorted(counts)
     )
     excluded_reasons = {name: equivalents[name] for name in equivalents}
-    return MutantsReport(files, survivors, excluded_reasons, tuple(skipped))
+    return MutantsReport(scores, survivors, excluded_reasons, tuple(skipped))
 
 
-def _mutmut(*args: str) -> str:
+def _mutmut(*args: str, cwd: Path) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "mutmut", *args], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "mutmut", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
+        env={**os.environ, **SINGLE_THREAD_ENV},
     )
     if done.returncode != 0:
         raise MutantsError(f"mutmut {' '.join(args)} failed: {done.stderr.strip()[-300:]}")
     return done.stdout
+
+
+def load_targets(pyproject: Path) -> dict[str, tuple[str, ...]]:
+    """`[tool.dcpqual-mutants.tests]`: {source file: the fast tests that reach it}."""
+    try:
+        data = tomllib.loads(pyproject.read_text())
+    except (OSError, ValueError) as exc:
+        raise MutantsError(f"cannot read {pyproject}: {exc}") from None
+    table = data.get("tool", {}).get("dcpqual-mutants", {}).get("tests")
+    if not isinstance(table, dict) or not table:
+        raise MutantsError(f"{pyproject}: no [tool.dcpqual-mutants.tests] table")
+    for path, tests in table.items():
+        if not (isinstance(tests, list) and tests and all(isinstance(t, str) for t in tests)):
+            raise MutantsError(f"{pyproject}: {path!r} needs a non-empty list of tests")
+    return {path: tuple(tests) for path, tests in table.items()}
+
+
+def narrowed_pyproject(text: str, path: str, tests: Sequence[str]) -> str:
+    """The pyproject with `[tool.mutmut]` narrowed to one source file and its tests."""
+    base = tomllib.loads(text).get("tool", {}).get("mutmut", {})
+    config = {**base, "only_mutate": [path], "pytest_add_cli_args_test_selection": list(tests)}
+    section = "[tool.mutmut]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items())
+    kept, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("["):
+            skipping = line.strip() == "[tool.mutmut]"
+        if not skipping:
+            kept.append(line)
+    return "".join(kept).rstrip("\n") + "\n\n" + section
+
+
+def workdir(work: Path, path: str) -> Path:
+    return work / path.removesuffix(".py").replace("/", ".")
+
+
+def run_target(
+    root: Path, work: Path, path: str, tests: Sequence[str], *, children: int, limit: float
+) -> bool:
+    """One fresh mutmut run over one file in its scratch copy; False if it ran out of time
+    (its unfinished mutants then stay "not checked")."""
+    where = workdir(work, path)
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    for name in _COPIED:
+        source = root / name
+        if source.is_dir():
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+            shutil.copytree(source, where / name, ignore=ignore)
+        elif source.exists():
+            shutil.copy2(source, where / name)
+    text = (root / "pyproject.toml").read_text()
+    (where / "pyproject.toml").write_text(narrowed_pyproject(text, path, tests))
+    print(f"mutants: {path} with {' '.join(tests)}", flush=True)
+    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)]
+    env = {**os.environ, **SINGLE_THREAD_ENV}
+    with subprocess.Popen(command, cwd=where, env=env, start_new_session=True) as proc:
+        try:
+            proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            print(f"mutants: {path} stopped after {limit:.0f} s; the rest stays unchecked")
+            return False
+    return True
+
+
+def collect(work: Path, targets: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """Every target's mutant statuses from its scratch copy (a target never run has none)."""
+    statuses: dict[str, str] = {}
+    for path in targets:
+        where = workdir(work, path)
+        if not (where / "mutants").is_dir():
+            continue
+        found = parse_results(_mutmut("results", "--all", "true", cwd=where))
+        statuses.update({n: s for n, s in found.items() if source_file(n) == path})
+    return statuses
 
 
 def render(report: MutantsReport, minimum: float) -> str:
@@ -226,28 +328,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="JSON report (must not exist)")
     parser.add_argument("--equivalents", type=Path, help="JSON {'equivalent': {mutant: reason}}")
     parser.add_argument("--min-score", type=float, default=90.0, help="per file, percent")
-    parser.add_argument("--no-run", action="store_true", help="report the last mutmut run")
-    parser.add_argument("globs", nargs="*", help="mutant name globs for `mutmut run`")
+    parser.add_argument("--max-children", type=int, default=2, help="mutmut runners at once")
+    parser.add_argument(
+        "--file-timeout", type=float, default=3600.0, help="seconds per file before it stops"
+    )
+    parser.add_argument("--work", type=Path, default=WORK, help="scratch copies, one per file")
+    parser.add_argument("--no-run", action="store_true", help="report the last runs")
+    parser.add_argument("files", nargs="*", help="source files (default: every listed one)")
     args = parser.parse_args(argv)
+    root = Path.cwd()
     try:
         if args.out.exists():
             raise MutantsError(f"{args.out} exists; a report is never overwritten")
+        if args.max_children < 1 or args.file_timeout <= 0:
+            raise MutantsError("--max-children and --file-timeout must be positive")
         equivalents = load_equivalents(args.equivalents) if args.equivalents else {}
+        targets = load_targets(root / "pyproject.toml")
+        unknown = sorted(set(args.files) - set(targets))
+        if unknown:
+            raise MutantsError(f"not in [tool.dcpqual-mutants.tests]: {', '.join(unknown)}")
+        chosen = {p: targets[p] for p in (args.files or targets)}
         if not args.no_run:
-            subprocess.run([sys.executable, "-m", "mutmut", "run", *args.globs], check=False)
-        statuses = parse_results(_mutmut("results", "--all", "true"))
+            for path, tests in chosen.items():
+                run_target(
+                    root,
+                    args.work,
+                    path,
+                    tests,
+                    children=args.max_children,
+                    limit=args.file_timeout,
+                )
+        statuses = collect(args.work, chosen)
         if not statuses:
-            raise MutantsError("mutmut reported no mutants (did `mutmut run` run?)")
-        if args.globs:
-            pattern = re.compile("|".join(_glob(g) for g in args.globs))
-            statuses = {n: s for n, s in statuses.items() if pattern.fullmatch(n)}
-            equivalents = {n: r for n, r in equivalents.items() if pattern.fullmatch(n)}
+            raise MutantsError(f"no mutmut results under {args.work} (did `mutmut run` run?)")
+        # A file that did not run cannot confirm its listed equivalents; it is reported not run.
+        produced = {source_file(name) for name in statuses}
+        equivalents = {n: r for n, r in equivalents.items() if source_file(n) in produced}
         diffs = {
-            name: _mutmut("show", name)
+            name: _mutmut("show", name, cwd=workdir(args.work, source_file(name)))
             for name, status in statuses.items()
             if status in NOT_KILLED and name not in equivalents
         }
-        report = summarize(statuses, equivalents, diffs)
+        report = summarize(statuses, equivalents, diffs, chosen)
     except MutantsError as exc:
         print(f"mutants: {exc}", file=sys.stderr)
         return 2
@@ -255,10 +377,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(render(report, args.min_score))
     print(f"report: {args.out}")
     return 1 if report.below(args.min_score) or report.not_run else 0
-
-
-def _glob(pattern: str) -> str:
-    return ".*".join(re.escape(part) for part in pattern.split("*"))
 
 
 if __name__ == "__main__":
