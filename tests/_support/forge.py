@@ -17,6 +17,7 @@ from harness.evidence import rules
 from harness.evidence.files import SUMS_NAME, hash_files, render_sums, sha256_bytes, walk
 from harness.evidence.schema import Receipt, RootCause
 from harness.evidence.summary import render_summary
+from harness.schema.base import Limitation
 
 Edit = Callable[[dict[str, Any]], None]
 
@@ -57,6 +58,9 @@ def forge(bundle: Path, edit: Edit) -> Receipt:
     """Apply `edit` to receipt.json's JSON, make the receipt self-consistent and reseal."""
     data = json.loads((bundle / "receipt.json").read_text())
     edit(data)
+    if data.get("limitation_items") is not None:  # the structured copy follows the edited lines
+        items = [Limitation.parse(line) for line in data["limitations"]]
+        data["limitation_items"] = [item.model_dump() for item in items]
     receipt = self_consistent(Receipt.model_validate(data))
     (bundle / "receipt.json").write_text(receipt.dumps())
     reseal(bundle)
