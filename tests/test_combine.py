@@ -403,8 +403,8 @@ def naive_one_head(outputs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("wide", ["outputs", "lses"], ids=["fp64-outputs", "fp64-lses"])
 def test_one_fp64_input_makes_the_whole_combine_fp64(wide: str) -> None:
     """The accumulation follows the wider input, whichever it is: rounding that input to fp32
-    anywhere costs 1e-9 to 1e-7 against the per-element float64 loop, far above the 1e-12 allowed (the
-    control below shows that tolerance catches it)."""
+    anywhere costs 1e-9 to 1e-7 against the per-element float64 loop, far above the 1e-12
+    allowed (the control below shows that tolerance catches it)."""
     outputs, lses = fp64_digits_that_matter(wide)
     want = naive_one_head(outputs, lses)
     got = combine_local(outputs, lses, out_dtype=torch.float64)
