@@ -375,21 +375,46 @@ def test_combine_local_rejects_mismatched_shapes(outputs, lses) -> None:
         combine_local(outputs, lses)
 
 
-@pytest.mark.parametrize(
-    ("outputs_dtype", "lses_dtype"),
-    [(torch.float64, torch.float32), (torch.float32, torch.float64)],
-    ids=["fp64-outputs", "fp64-lses"],
-)
-def test_one_fp64_input_makes_the_whole_combine_fp64(outputs_dtype, lses_dtype) -> None:
-    """The accumulation follows the wider input, whichever it is: fp32 arithmetic anywhere
-    would cost ~1e-7 against the float64 reference."""
-    parts = make_partials(4, 2, 8, 6, torch.float64, pattern="huge_spread", seed=61)
-    block, lses = parts.head_block(2)
-    block, lses = block.to(outputs_dtype), lses.to(lses_dtype)
-    got = combine_local(block, lses, out_dtype=torch.float64)
-    want = reference_combine(parts.outputs.to(outputs_dtype), parts.lses.to(lses_dtype), 2)
+def fp64_digits_that_matter(wide: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two shards of one (token, head), D = 3, where only one input is fp64 and its digits
+    beyond fp32 reach the result. "outputs": fp64 outputs that fp32 cannot hold (1/3, 1/7,
+    ...) and equal fp32 LSEs (weights exactly 1/2 in any precision). "lses": fp64 LSEs 0 and
+    ln 2 (weights 1/3 and 2/3, which fp32 cannot hold) and small-integer fp32 outputs."""
+    if wide == "outputs":
+        outputs = torch.tensor(
+            [[1 / 3, 1 / 7, 1 / 11], [1 / 13, 1 / 17, 2 / 3]], dtype=torch.float64
+        )
+        lses = torch.zeros(2, dtype=torch.float32)
+    else:
+        outputs = torch.tensor([[1.0, 2.0, -3.0], [5.0, -1.0, 0.5]], dtype=torch.float32)
+        lses = torch.tensor([0.0, math.log(2.0)], dtype=torch.float64)
+    return outputs.view(2, 1, 1, 3), lses.view(2, 1, 1)
+
+
+def naive_one_head(outputs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
+    """`naive_combine` of `[W, B, 1, D]` partials, each head repeated W times, so rank 0's
+    share is exactly that head."""
+    world = outputs.shape[0]
+    want = naive_combine(outputs.repeat(1, 1, world, 1), lses.repeat(1, 1, world), 0, True)
+    assert want.shape == outputs.shape[1:]
+    return want
+
+
+@pytest.mark.parametrize("wide", ["outputs", "lses"], ids=["fp64-outputs", "fp64-lses"])
+def test_one_fp64_input_makes_the_whole_combine_fp64(wide: str) -> None:
+    """The accumulation follows the wider input, whichever it is: rounding that input to fp32
+    anywhere costs 1e-9 to 1e-7 against the per-element float64 loop, far above the 1e-12
+    allowed (the control below shows that tolerance catches it)."""
+    outputs, lses = fp64_digits_that_matter(wide)
+    want = naive_one_head(outputs, lses)
+    got = combine_local(outputs, lses, out_dtype=torch.float64)
     assert got.dtype == torch.float64
-    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(got, want, rtol=1e-12, atol=0.0), (got - want).abs().max()
+    into = torch.zeros(1, 1, 3, dtype=torch.float64)
+    assert combine_local(outputs, lses, out=into) is into
+    assert torch.allclose(into, want, rtol=1e-12, atol=0.0)
+    narrowed = combine_local(outputs.float(), lses.float(), out_dtype=torch.float64)
+    assert not torch.allclose(narrowed, want, rtol=1e-12, atol=0.0)  # the control
 
 
 def test_the_weights_default_to_base_e_and_compute_in_fp32_at_least() -> None:

@@ -11,6 +11,7 @@ from _support.threaded_dist import Member, patch_torch_backend, run_ranks
 
 from harness.transport import torch_backend
 from harness.transport.allocator import CountingAllocator
+from harness.transport.errors import TransportUsageError
 from harness.transport.testing import (
     PATTERNS,
     assert_matches,
@@ -230,3 +231,93 @@ def test_each_reduction_gives_the_bits_of_its_former_local_step(impl, monkeypatc
         runs[name] = run_ranks(world, body)
     for rank, (now, before) in enumerate(zip(runs["now"], runs["before"], strict=True)):
         assert all(bit_equal(a, b) for a, b in zip(now, before, strict=True)), f"rank {rank}"
+
+
+def test_the_reduction_s_lses_are_base_e_by_default() -> None:
+    """`reduce_outputs` without `base_e` combines natural-log LSEs (what vLLM's attention
+    returns); the random pattern's two bases give different results, so base 2 would fail."""
+    world = 2
+    sig = TransportSignature("fp32", 4, 8, 6, world, max_tokens=2)
+    parts = make_partials(world, 2, 4, 6, torch.float32, pattern="random", seed=13)
+
+    def body(member: Member) -> None:
+        got = _transport(sig, member, "ag_rs").reduce_outputs(*parts.of_rank(member.rank))
+        assert_matches(got, parts.expected(member.rank, base_e=True), what="default base")
+        with pytest.raises(AssertionError):  # the control: the bases are told apart here
+            assert_matches(got, parts.expected(member.rank, base_e=False))
+
+    run_ranks(world, body)
+
+
+BAD_OUTS = {
+    "dtype": lambda: torch.zeros(1, 2, 6, dtype=torch.float32),
+    "shape": lambda: torch.zeros(1, 4, 6, dtype=torch.bfloat16),
+    "device": lambda: torch.zeros(1, 2, 6, dtype=torch.bfloat16, device="meta"),
+}
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("bad", list(BAD_OUTS))
+def test_a_wrong_out_is_refused_before_the_use_and_the_exchange(impl, bad) -> None:
+    """An `out` of the wrong dtype, shape (all heads instead of this rank's) or device is a
+    usage error on every rank: nothing reported as used, no collective entered, not a cast
+    or a broadcast into the caller's tensor."""
+    world = 2
+    sig = TransportSignature("bf16", 4, 8, 6, world, max_tokens=2)
+    parts = make_partials(world, 1, 4, 6, torch.bfloat16, pattern="random", seed=4)
+
+    def body(member: Member) -> list[tuple[str, torch.dtype]]:
+        seen: list[tuple[str, torch.dtype]] = []
+        transport = _transport(sig, member, impl, uses=lambda op, dt: seen.append((op, dt)))
+        out = BAD_OUTS[bad]()
+        with pytest.raises(TransportUsageError, match=r"out \[B, h, odim\]"):
+            transport.reduce_outputs(*parts.of_rank(member.rank), out=out)
+        if out.device.type != "meta":
+            assert (out == 0).all()
+        return seen
+
+    assert run_ranks(world, body) == [[], []]
+
+
+@pytest.mark.parametrize("default", [torch.float64, torch.bfloat16])
+def test_the_a2a_reduction_ignores_torch_s_default_dtype(default: torch.dtype) -> None:
+    """The A2A accumulator is fp32 (the weights' dtype) whatever torch's default dtype (a
+    model loader may set bf16): the same bits as under the usual default, and the reference's
+    values. A bf16 accumulator over 4 ranks misses the fp32 tolerance; an fp64 one changes bits."""
+    world = 4
+    sig = TransportSignature("fp32", 2 * world, 8, 6, world, max_tokens=3)
+    parts = make_partials(world, 3, 2 * world, 6, torch.float32, pattern="random", seed=21)
+    inputs = [parts.of_rank(rank) for rank in range(world)]  # drawn under the usual default
+
+    def body(member: Member) -> torch.Tensor:
+        return _transport(sig, member, "a2a").reduce_outputs(*inputs[member.rank])
+
+    usual = run_ranks(world, body)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        under_default = run_ranks(world, body)
+    finally:
+        torch.set_default_dtype(before)
+    for rank, (got, want) in enumerate(zip(under_default, usual, strict=True)):
+        assert_matches(got, parts.expected(rank), what=f"rank {rank}")
+        assert bit_equal(got, want), f"rank {rank}: the default dtype changed the bits"
+
+
+def test_the_a2a_reduction_ignores_torch_s_default_device() -> None:
+    """The A2A accumulator lives on the result's device, not torch's default one: a CUDA
+    transport must not accumulate on the CPU. `meta` as the default device stands in for a
+    device other than the transport's on a CPU-only machine."""
+    world = 2
+    sig = TransportSignature("bf16", 4, 8, 6, world, max_tokens=2)
+    parts = make_partials(world, 2, 4, 6, torch.bfloat16, pattern="mixed", seed=17)
+
+    def body(member: Member) -> torch.Tensor:
+        transport = _transport(sig, member, "a2a")
+        mine = parts.of_rank(member.rank)
+        with torch.device("meta"):
+            return transport.reduce_outputs(*mine)
+
+    for rank, got in enumerate(run_ranks(world, body)):
+        assert got.device.type == "cpu"
+        assert_matches(got, parts.expected(rank), what=f"rank {rank}")
