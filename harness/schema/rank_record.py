@@ -171,6 +171,7 @@ class RealTree:
     dcp: PositiveInt
     kv_cache_dtype: str
     dcp_comm_backend: str
+    draft_kv_cache_dtype: str | None = None  # the draft's own KV cache dtype (None: the target's)
     classes: tuple[str, ...] = ()
     draft_layers: tuple[str, ...] = ()
     shims: tuple[str, ...] = ()
