@@ -28,7 +28,6 @@ from _support.runs import processes_of_run, receipt, records, run
 from harness.cli import main
 from harness.evidence import writer
 from harness.evidence.files import walk
-from harness.launch.ending import DEAD_RANK_GRACE_S
 from harness.launch.proctree import identify
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
@@ -258,8 +257,9 @@ def test_a_rank_exiting_0_mid_suite_is_noticed_within_seconds_and_blamed(
     assert fault_rank in data["ranks"]["killed"] and fault_rank not in data["ranks"]["stopped"]
     assert main(["verify", str(out)]) == 0
     assert processes_of_run(out) == []
-    startup = 40 if nranks > 4 else 20  # interpreter and gloo start-up, before the fault
-    assert elapsed < startup + DEAD_RANK_GRACE_S + 25, f"noticed after {elapsed:.0f}s"
+    # Ended by the dead-rank watch (ended_for above), not by the 300 s per-test timeout its
+    # peers would otherwise wait out: well under half of it, however loaded the machine is.
+    assert elapsed < 150, f"noticed after {elapsed:.0f}s"
 
 
 @pytest.mark.parametrize(
