@@ -1,6 +1,7 @@
 """The mutation report (`harness.qualify.mutants`): statuses parsed from mutmut's own output,
-scored per file, equivalents excluded only when listed with a reason and still produced, and
-the CLI's exits (0 at the minimum, 1 below it, 2 on bad input with nothing written)."""
+scored per file, equivalents excluded only when listed with a reason and the diff that was
+judged, still produced with that diff and not killed, and the CLI's exits (0 at the minimum,
+1 below it, 2 on bad input with nothing written)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 
 from harness.qualify import mutants
 from harness.qualify.mutants import (
+    Equivalent,
     MutantsError,
+    diff_of,
     load_equivalents,
     parse_results,
     source_file,
@@ -67,30 +70,94 @@ def test_scores_count_timeouts_as_kills_and_uncovered_as_survivors() -> None:
     assert report.score == pytest.approx(100.0 * 4 / 6)
 
 
-def test_listed_equivalents_leave_the_score_with_their_reason() -> None:
-    name = "harness.transport.combine.x_sanitize_lse__mutmut_2"
-    report = summarize(parse_results(RESULTS), {name: "same value"}, {})
+SANITIZE_2 = "harness.transport.combine.x_sanitize_lse__mutmut_2"
+DIFF = """\
+--- harness/transport/combine.py
++++ harness/transport/combine.py
+@@ -1,3 +1,3 @@
+ def sanitize_lse(lse):
+-    return torch.nan_to_num(lse, nan=-inf)
++    return torch.nan_to_num(lse, nan=None)"""
+
+
+def _same_value(diff: str = DIFF) -> Equivalent:
+    return Equivalent("same value", tuple(diff.splitlines()))
+
+
+def test_listed_equivalents_leave_the_score_with_their_reason_and_diff() -> None:
+    report = summarize(parse_results(RESULTS), {SANITIZE_2: _same_value()}, {SANITIZE_2: DIFF})
     combine = next(f for f in report.files if f.path == "harness/transport/combine.py")
     assert (combine.scored, combine.excluded) == (3, 1)
-    assert name not in report.survivors
+    assert SANITIZE_2 not in report.survivors
     entry = report.to_json(90.0)["excluded_equivalent"]
     path = "harness/transport/combine.py"
-    assert entry == [{"mutant": name, "file": path, "reason": "same value"}]
+    assert entry == [{"mutant": SANITIZE_2, "file": path, "reason": "same value", "diff": DIFF}]
 
 
 def test_a_stale_equivalent_is_an_error_not_a_silent_exclusion() -> None:
+    gone = "harness.warm.warmup.x_gone__mutmut_9"
     with pytest.raises(MutantsError, match="stale list"):
-        summarize(parse_results(RESULTS), {"harness.warm.warmup.x_gone__mutmut_9": "old"}, {})
+        summarize(parse_results(RESULTS), {gone: _same_value()}, {})
 
 
-def test_an_equivalent_needs_a_reason(tmp_path: Path) -> None:
+def test_an_equivalent_whose_name_now_means_another_change_is_an_error() -> None:
+    """After an edit mutmut renumbers a function's mutants: the listed name then points at
+    another change, which must be judged on its own, not excluded under the old reason."""
+    other = DIFF.replace("nan=None", "nan=0.0")
+    with pytest.raises(MutantsError, match=r"diff is not the listed one.*sanitize_lse__mutmut_2"):
+        summarize(parse_results(RESULTS), {SANITIZE_2: _same_value()}, {SANITIZE_2: other})
+    with pytest.raises(MutantsError, match="diff is not the listed one"):
+        summarize(parse_results(RESULTS), {SANITIZE_2: _same_value()}, {})  # no diff at all
+    context = DIFF.replace(" def sanitize_lse(lse):", " def sanitize_lse(lse, base):")
+    with pytest.raises(MutantsError, match="diff is not the listed one"):
+        summarize(parse_results(RESULTS), {SANITIZE_2: _same_value()}, {SANITIZE_2: context})
+    # Lines added above it in the function move the hunk; the change itself is the same one.
+    moved = DIFF.replace("@@ -1,3 +1,3 @@", "@@ -4,3 +4,3 @@")
+    report = summarize(parse_results(RESULTS), {SANITIZE_2: _same_value()}, {SANITIZE_2: moved})
+    assert SANITIZE_2 in report.excluded
+
+
+def test_an_equivalent_that_a_test_killed_is_an_error() -> None:
+    killed = "harness.transport.combine.x_sanitize_lse__mutmut_1"
+    with pytest.raises(MutantsError, match=r"killed by the tests.*sanitize_lse__mutmut_1"):
+        summarize(parse_results(RESULTS), {killed: _same_value()}, {killed: DIFF})
+
+
+def test_the_diff_leaves_out_mutmuts_status_header() -> None:
+    assert diff_of(f"# {SANITIZE_2}: survived\n{DIFF}\n") == DIFF
+
+
+def _entry(reason: object = "same value", diff: object = None) -> dict[str, object]:
+    return {"reason": reason, "diff": DIFF.splitlines() if diff is None else diff}
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (_entry(" "), "has no reason"),
+        ("same value", "needs exactly 'reason' and 'diff'"),  # the format without diffs
+        ({"reason": "same value"}, "needs exactly 'reason' and 'diff'"),
+        ({**_entry(), "note": "x"}, "needs exactly 'reason' and 'diff'"),
+        (_entry(diff=DIFF), "not a list of lines"),
+        (_entry(diff=DIFF.splitlines()[:3]), "shows no change"),
+    ],
+)
+def test_an_equivalent_needs_a_reason_and_the_diff_it_was_judged_on(
+    tmp_path: Path, entry: object, message: str
+) -> None:
     path = tmp_path / "eq.json"
-    path.write_text(json.dumps({"equivalent": {"harness.warm.warmup.x_warm__mutmut_1": " "}}))
-    with pytest.raises(MutantsError, match="has no reason"):
+    path.write_text(json.dumps({"equivalent": {SANITIZE_2: entry}}))
+    with pytest.raises(MutantsError, match=message):
         load_equivalents(path)
+
+
+def test_the_equivalents_file_must_be_a_table_of_entries(tmp_path: Path) -> None:
+    path = tmp_path / "eq.json"
     path.write_text("[]")
     with pytest.raises(MutantsError, match="expected"):
         load_equivalents(path)
+    path.write_text(json.dumps({"equivalent": {SANITIZE_2: _entry()}}))
+    assert load_equivalents(path) == {SANITIZE_2: _same_value()}
 
 
 TARGETS = """\
@@ -109,7 +176,9 @@ timeout_constant = 30.0
 """
 
 
-def _fake_mutmut(monkeypatch: pytest.MonkeyPatch, results: str) -> list[Path]:
+def _fake_mutmut(
+    monkeypatch: pytest.MonkeyPatch, results: str, shows: dict[str, str] | None = None
+) -> list[Path]:
     """mutmut's `results` and `show` as a fake; returns the folders it was asked in."""
     asked: list[Path] = []
 
@@ -117,7 +186,7 @@ def _fake_mutmut(monkeypatch: pytest.MonkeyPatch, results: str) -> list[Path]:
         asked.append(cwd)
         if args[0] == "results":
             return results
-        return f"--- diff of {args[1]}\n"
+        return (shows or {}).get(args[1], f"--- diff of {args[1]}\n")
 
     monkeypatch.setattr(mutants, "_mutmut", fake)
     return asked
@@ -178,6 +247,35 @@ def test_a_listed_file_without_a_run_is_reported_not_run(monkeypatch, tmp_path):
     ]
 
 
+def test_an_entry_from_the_cli_excludes_its_mutant_only_while_the_diff_holds(
+    monkeypatch, tmp_path, capsys
+):
+    combine = "harness/transport/combine.py"
+    _ran_before(monkeypatch, tmp_path, combine)
+    _fake_mutmut(monkeypatch, RESULTS, {SANITIZE_2: f"# {SANITIZE_2}: survived\n{DIFF}\n"})
+    assert mutants.main(["--entry", SANITIZE_2]) == 0
+    entry = json.loads(capsys.readouterr().out)
+    assert entry == {SANITIZE_2: {"reason": "", "diff": DIFF.splitlines()}}
+    listed = tmp_path / "eq.json"
+    listed.write_text(json.dumps({"equivalent": entry}))
+    with pytest.raises(MutantsError, match="has no reason"):  # the reviewer must write one
+        load_equivalents(listed)
+    entry[SANITIZE_2]["reason"] = "same value"
+    listed.write_text(json.dumps({"equivalent": entry}))
+    args = ["--no-run", "--min-score", "60", "--equivalents", str(listed), combine]
+    out = tmp_path / "report.json"
+    assert mutants.main(["--out", str(out), *args]) == 0  # 2 of 3 once it is excluded
+    assert [e["mutant"] for e in json.loads(out.read_text())["excluded_equivalent"]] == [SANITIZE_2]
+    capsys.readouterr()
+    renumbered = DIFF.replace("nan=None", "nan=0.0")
+    _fake_mutmut(monkeypatch, RESULTS, {SANITIZE_2: f"# {SANITIZE_2}: survived\n{renumbered}"})
+    again = tmp_path / "again.json"
+    assert mutants.main(["--out", str(again), *args]) == 2
+    assert not again.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "diff is not the listed one" in err[0] and SANITIZE_2 in err[0]
+
+
 def test_the_cli_refuses_bad_input_and_writes_nothing(monkeypatch, tmp_path, capsys):
     _ran_before(monkeypatch, tmp_path, "harness/transport/combine.py")
     _fake_mutmut(monkeypatch, RESULTS)
@@ -191,9 +289,10 @@ def test_the_cli_refuses_bad_input_and_writes_nothing(monkeypatch, tmp_path, cap
     _fake_mutmut(monkeypatch, RESULTS)
     assert mutants.main(["--out", str(fresh), "--no-run", "harness/warm/nope.py"]) == 2
     assert mutants.main(["--out", str(fresh), "--no-run", "--max-children", "0"]) == 2
+    assert mutants.main(["--no-run"]) == 2  # no --out
     assert not fresh.exists()
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 4 and all(line.startswith("mutants: ") for line in err)
+    assert len(err) == 5 and all(line.startswith("mutants: ") for line in err)
     assert "nope.py" in err[2]
 
 

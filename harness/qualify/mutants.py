@@ -16,15 +16,17 @@ This module turns mutmut's results into a JSON report:
   no tests (counts as survived: nothing covers it), excluded (listed equivalent mutants) and
   the score `(killed + timeout) / (everything not excluded)`;
 - the surviving mutants with their diffs, so the next engineer can write the missing test;
-- the equivalent mutants excluded, each with the reason given in the equivalents file. A
-  listed name that no longer exists is an error: the list never hides anything silently;
+- the equivalent mutants excluded, each with the reason and the diff given in the
+  equivalents file. mutmut names mutants by function and number, so an edit can give a name
+  to another change: a listed name that no longer exists, whose diff is no longer the listed
+  one, or that a test killed, is an error; the list never hides anything silently;
 - the files not run, or run only in part (an interrupted run): no score, their counts kept.
 
 `python -m harness.qualify.mutants --out FILE [--equivalents FILE] [--min-score 90]
 [--max-children 2] [--file-timeout S] [--no-run] [SOURCE_FILE...]` exits 0 when every file
-reaches the minimum score, 1 when one does not
-(or was not run: its mutants "not checked"), 2 on bad input (one line on stderr, nothing
-written). The report is never overwritten.
+reaches the minimum score, 1 when one does not (or was not run: its mutants "not checked"),
+2 on bad input (one line on stderr, nothing written). The report is never overwritten.
+`--entry MUTANT` prints that mutant's equivalents-file entry from its last run instead.
 """
 
 from __future__ import annotations
@@ -84,19 +86,69 @@ def source_file(mutant: str) -> str:
     raise MutantsError(f"not a mutmut 3 mutant name: {mutant!r}")
 
 
-def load_equivalents(path: Path) -> dict[str, str]:
-    """{mutant name: why it is equivalent}; every entry needs a non-empty reason."""
+@dataclass(frozen=True)
+class Equivalent:
+    """A mutant listed as equivalent: why no input can observe it, and the diff it was judged
+    on. mutmut numbers mutants per function, so after an edit a name can mean another change;
+    the diff is what keeps an exclusion tied to the change that was reviewed."""
+
+    reason: str
+    diff: tuple[str, ...]
+
+    def same_change(self, diff: str) -> bool:
+        """The listed diff is this one, hunk positions aside (an edit elsewhere in the function
+        moves them without changing the mutant or its surroundings)."""
+        return _comparable(self.diff) == _comparable(tuple(diff.splitlines()))
+
+
+_HUNK = re.compile(r"^@@ -\d+(,\d+)? \+\d+(,\d+)? @@")
+
+
+def _comparable(lines: Sequence[str]) -> tuple[str, ...]:
+    return tuple(_HUNK.sub("@@", line).rstrip() for line in lines if line.strip())
+
+
+def diff_of(show: str) -> str:
+    """`mutmut show NAME` output -> the unified diff alone (without its `# NAME: status`
+    header, which changes with the status, not with the mutant)."""
+    lines = show.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("--- ")), len(lines))
+    return "\n".join(lines[start:]).strip("\n")
+
+
+def load_equivalents(path: Path) -> dict[str, Equivalent]:
+    """{mutant name: Equivalent}; every entry needs a non-empty reason and the mutant's diff
+    as a list of lines (`python -m harness.qualify.mutants --entry NAME` prints one)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise MutantsError(f"cannot read equivalents file {path}: {exc}") from None
     entries = data.get("equivalent") if isinstance(data, dict) else None
     if not isinstance(entries, dict):
-        raise MutantsError(f"{path}: expected {{'equivalent': {{mutant: reason}}}}")
-    for name, reason in entries.items():
+        raise MutantsError(f"{path}: expected {{'equivalent': {{mutant: {{reason, diff}}}}}}")
+    loaded = {}
+    for name, entry in entries.items():
+        if not isinstance(entry, dict) or set(entry) != {"reason", "diff"}:
+            raise MutantsError(
+                f"{path}: equivalent mutant {name!r} needs exactly 'reason' and 'diff' "
+                "(its `mutmut show` diff as a list of lines)"
+            )
+        reason, diff = entry["reason"], entry["diff"]
         if not isinstance(reason, str) or not reason.strip():
             raise MutantsError(f"{path}: equivalent mutant {name!r} has no reason")
-    return dict(entries)
+        if not (isinstance(diff, list) and all(isinstance(x, str) for x in diff)):
+            raise MutantsError(f"{path}: equivalent mutant {name!r}: diff is not a list of lines")
+        changed = [x[:1] for x in diff if not x.startswith(("--- ", "+++ "))]
+        if "-" not in changed and "+" not in changed:
+            raise MutantsError(f"{path}: equivalent mutant {name!r}: diff shows no change")
+        loaded[name] = Equivalent(reason, tuple(diff))
+    return loaded
+
+
+def entry_for(name: str, diff: str) -> str:
+    """The equivalents-file entry for one mutant, its reason left for the reviewer to write."""
+    body = {name: {"reason": "", "diff": diff.splitlines()}}
+    return json.dumps(body, indent=2, ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -143,7 +195,7 @@ class FileScore:
 class MutantsReport:
     files: tuple[FileScore, ...]
     survivors: Mapping[str, str]  # name -> diff
-    excluded: Mapping[str, str]  # name -> reason
+    excluded: Mapping[str, Equivalent]
     skipped: tuple[str, ...] = field(default=())  # mutmut "skipped": not counted, listed
 
     @property
@@ -172,8 +224,13 @@ class MutantsReport:
                 for name, diff in sorted(self.survivors.items())
             ],
             "excluded_equivalent": [
-                {"mutant": name, "file": source_file(name), "reason": reason}
-                for name, reason in sorted(self.excluded.items())
+                {
+                    "mutant": name,
+                    "file": source_file(name),
+                    "reason": entry.reason,
+                    "diff": "\n".join(entry.diff),
+                }
+                for name, entry in sorted(self.excluded.items())
             ],
             "skipped": list(self.skipped),
         }
@@ -181,16 +238,28 @@ class MutantsReport:
 
 def summarize(
     statuses: Mapping[str, str],
-    equivalents: Mapping[str, str],
+    equivalents: Mapping[str, Equivalent],
     diffs: Mapping[str, str],
     files: Iterable[str] = (),
 ) -> MutantsReport:
-    """Score every file (`files` too: one with no results is listed as not run); listed
-    equivalents leave the score, but must still exist."""
+    """Score every file (`files` too: one with no results is listed as not run). A listed
+    equivalent leaves the score only if this run produced it, with the listed diff, and no
+    test killed it; anything else is an error, never a silent exclusion."""
     unknown = sorted(set(equivalents) - set(statuses))
     if unknown:
         raise MutantsError(
             f"equivalent mutants not produced by this run (stale list?): {', '.join(unknown[:5])}"
+        )
+    moved = sorted(n for n, e in equivalents.items() if not e.same_change(diffs.get(n, "")))
+    if moved:
+        raise MutantsError(
+            "equivalent mutants whose diff is not the listed one (the name now means another "
+            f"change: review it and update or drop the entry): {', '.join(moved[:5])}"
+        )
+    killed = sorted(n for n in equivalents if statuses[n] in KILLED)
+    if killed:
+        raise MutantsError(
+            f"equivalent mutants killed by the tests (so not equivalent): {', '.join(killed[:5])}"
         )
     counts: dict[str, dict[str, int]] = {path: {} for path in files}
     excluded: dict[str, int] = {}
@@ -214,8 +283,7 @@ def summarize(
         FileScore(path, counts[path], excluded.get(path, 0), unchecked.get(path, 0))
         for path in sorted(counts)
     )
-    excluded_reasons = {name: equivalents[name] for name in equivalents}
-    return MutantsReport(scores, survivors, excluded_reasons, tuple(skipped))
+    return MutantsReport(scores, survivors, dict(equivalents), tuple(skipped))
 
 
 def _mutmut(*args: str, cwd: Path) -> str:
@@ -325,8 +393,15 @@ def render(report: MutantsReport, minimum: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.qualify.mutants", description=__doc__)
-    parser.add_argument("--out", type=Path, required=True, help="JSON report (must not exist)")
-    parser.add_argument("--equivalents", type=Path, help="JSON {'equivalent': {mutant: reason}}")
+    parser.add_argument("--out", type=Path, help="JSON report (must not exist; required)")
+    parser.add_argument(
+        "--equivalents", type=Path, help="JSON {'equivalent': {mutant: {reason, diff}}}"
+    )
+    parser.add_argument(
+        "--entry",
+        metavar="MUTANT",
+        help="print MUTANT's equivalents-file entry (from its last run) and exit; no report",
+    )
     parser.add_argument("--min-score", type=float, default=90.0, help="per file, percent")
     parser.add_argument("--max-children", type=int, default=2, help="mutmut runners at once")
     parser.add_argument(
@@ -338,6 +413,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = Path.cwd()
     try:
+        if args.entry:
+            where = workdir(args.work, source_file(args.entry))
+            print(entry_for(args.entry, diff_of(_mutmut("show", args.entry, cwd=where))))
+            return 0
+        if args.out is None:
+            raise MutantsError("--out FILE is required (or --entry MUTANT)")
         if args.out.exists():
             raise MutantsError(f"{args.out} exists; a report is never overwritten")
         if args.max_children < 1 or args.file_timeout <= 0:
@@ -363,11 +444,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise MutantsError(f"no mutmut results under {args.work} (did `mutmut run` run?)")
         # A file that did not run cannot confirm its listed equivalents; it is reported not run.
         produced = {source_file(name) for name in statuses}
-        equivalents = {n: r for n, r in equivalents.items() if source_file(n) in produced}
+        equivalents = {n: e for n, e in equivalents.items() if source_file(n) in produced}
         diffs = {
-            name: _mutmut("show", name, cwd=workdir(args.work, source_file(name)))
+            name: diff_of(_mutmut("show", name, cwd=workdir(args.work, source_file(name))))
             for name, status in statuses.items()
-            if status in NOT_KILLED and name not in equivalents
+            if status in NOT_KILLED or name in equivalents
         }
         report = summarize(statuses, equivalents, diffs, chosen)
     except MutantsError as exc:
