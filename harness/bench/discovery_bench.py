@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 
-from harness.bench.stats import Summary, summarize
-from harness.errors import UsageError
+from harness.bench.stats import summarize
 from harness.models.builders import KIMI_MLA_EVERY, build
+from harness.schema.bench import DiscoveryResult
 from harness.warm.discovery import discover
 from harness.warm.recognizers import WarmContext, recognizer_set
 
@@ -24,8 +23,7 @@ TP = DCP = 16
 
 
 def _module_count(num_layers: int) -> int:
-    built = build(MODEL, tp=TP, dcp=DCP, num_layers=num_layers)
-    return sum(1 for _ in built.model.modules())
+    return sum(1 for _ in build(MODEL, tp=TP, dcp=DCP, num_layers=num_layers).model.modules())
 
 
 def layers_for(modules: int) -> int:
@@ -37,33 +35,13 @@ def layers_for(modules: int) -> int:
     return max(KIMI_MLA_EVERY, math.ceil(layers / KIMI_MLA_EVERY) * KIMI_MLA_EVERY)
 
 
-@dataclass(frozen=True)
-class DiscoveryResult:
-    model: str
-    tp: int
-    dcp: int
-    layers: int
-    modules: int
-    candidates: int
-    signatures: int
-    seconds: Summary
-    us_per_module: Summary
-    us_per_candidate: Summary
-
-
 def measure_discovery(modules: int, repeats: int, warmup: int = 1) -> DiscoveryResult:
-    if modules < 1 or repeats < 1 or warmup < 0:
-        raise UsageError(
-            f"discovery bench needs modules >= 1, repeats >= 1, warmup >= 0; "
-            f"got {modules}, {repeats}, {warmup}"
-        )
     layers = layers_for(modules)
     built = build(MODEL, tp=TP, dcp=DCP, num_layers=layers)
     count = sum(1 for _ in built.model.modules())
     context = WarmContext(dtype="bf16", max_tokens=64, dcp_world_size=DCP)
     recognizers = recognizer_set("vendored")
     times = []
-    found = None
     for i in range(warmup + repeats):
         t0 = time.perf_counter()
         found = discover(
@@ -72,11 +50,8 @@ def measure_discovery(modules: int, repeats: int, warmup: int = 1) -> DiscoveryR
             recognizers=recognizers,
             static_forward_context=built.static_forward_context,
         )
-        elapsed = time.perf_counter() - t0
         if i >= warmup:
-            times.append(elapsed)
-    assert found is not None
-    seconds = summarize(times)
+            times.append(time.perf_counter() - t0)
     return DiscoveryResult(
         model=MODEL,
         tp=TP,
@@ -85,7 +60,7 @@ def measure_discovery(modules: int, repeats: int, warmup: int = 1) -> DiscoveryR
         modules=count,
         candidates=found.candidates_seen,
         signatures=len(found.signatures),
-        seconds=seconds,
-        us_per_module=seconds.scaled(1e6 / count),
-        us_per_candidate=seconds.scaled(1e6 / found.candidates_seen),
+        seconds=summarize(times),
+        us_per_module=summarize(times, 1e6 / count),
+        us_per_candidate=summarize(times, 1e6 / found.candidates_seen),
     )

