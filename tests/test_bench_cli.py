@@ -129,13 +129,13 @@ def test_real_section_runs_the_real_trees_at_its_own_size(
 
     asked: dict[str, object] = {}
 
-    def fake_launch(nproc: int, backend: str, work: Path, **kw: object) -> str:
-        asked.update(kw, nproc=nproc)
+    def fake_launch(options: BenchOptions, models: str, work: Path, say: object) -> str:
+        asked.update(nproc=options.real_nproc, models=models, work=work.name)
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(driver.importlib.util, "find_spec", lambda name: object())
     monkeypatch.setattr(driver, "measure_runs", fake_launch)
     argv = ("--skip", "transport,capture,discovery,launch", "--real-nproc-per-node", "4")
     got = driver.measure(parse("--out", str(tmp_path / "b.json"), *argv), tmp_path, print)
-    assert (asked["nproc"], asked["models"], asked["bare_repeats"]) == (4, "real", 0)
+    assert (asked["nproc"], asked["models"], asked["work"]) == (4, "real", "real")
     assert got.missing["real"] == "failed: RuntimeError: stop here"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.bench import probe, ranks
+from harness.bench import launching, probe, ranks
 from harness.bench.launching import dead_ranks, profile_of, read_probes, why_failed
 from harness.schema.bench import BenchOptions, ProbePhases, ProbeRecord
 
@@ -199,3 +199,36 @@ def test_profile_takes_median_and_slowest_rank_and_the_launchers_share() -> None
     assert prof.cpu_s_all_ranks == 30.0
     unprofiled = _probe(0, 1.0).model_copy(update={"phases": None})
     assert profile_of([unprofiled], 0.0, 1.0) is None  # not profiled: no table
+
+
+def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls: list[tuple[object, ...]] = []
+    rss = iter([300_000, 400_000, 350_000, 100_000])  # KiB: rank 0 and 1, run 1 then run 2
+
+    def bare(nproc: int, backend: str, out: Path, module: Any, timeout: float) -> float:
+        calls.append(("bare", nproc, module[0]))
+        return 10.0
+
+    def full(nproc: int, backend: str, models: str, work: Path, t: float, prof: bool) -> Any:
+        calls.append(("full", nproc, models))
+        probes = [_probe(r, 1.0).model_copy(update={"ru_maxrss_kib": next(rss)}) for r in (0, 1)]
+        return 30.0, 0, probes, None
+
+    monkeypatch.setattr(launching, "run_ranks", bare)
+    monkeypatch.setattr(launching, "full_run", full)
+    options = BenchOptions(out=tmp_path / "b.json", nproc=2, real_nproc=4, suite_repeats=2)
+    runs = launching.measure_runs(options, "stand-in", tmp_path, say=lambda line: None)
+    assert calls == [("bare", 2, "harness.bench.bare_rank"), ("full", 2, "stand-in")] * 2 + [
+        ("bare", 2, "harness.bench.bare_rank")
+    ]
+    assert runs.ratio is not None and runs.ratio.value == pytest.approx(3.0)
+    # Each rank's peak over both runs, in MB of 1e6 bytes.
+    assert runs.peak_rss_mb_per_rank == {"0": 350_000 * 1024 / 1e6, "1": 400_000 * 1024 / 1e6}
+    assert runs.peak_rss_mb == pytest.approx(409.6)
+    calls.clear()
+    rss = iter([1_000_000, 900_000])
+    real = launching.measure_runs(options, "real", tmp_path, say=lambda line: None)
+    assert calls == [("full", 4, "real")]  # no bare launch, one run, at --real-nproc-per-node
+    assert real.bare_launch_s is None and real.ratio is None and real.models == "real"

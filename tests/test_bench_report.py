@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from harness.bench.launching import MB
-from harness.bench.ranks import capture_overhead, transport_case, with_steps
+from harness.bench.ranks import capture_overhead, interleaved, transport_case
 from harness.bench.report import build_report, evaluate_targets, print_report, write_report
 from harness.bench.stats import ratio_of_medians, summarize
 from harness.errors import UsageError
@@ -33,10 +33,30 @@ MS = 1e-3
 SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "bench.json"
 
 
+class ScriptedClock:
+    """Times each op as the next of a script of seconds, and remembers the order ops ran in."""
+
+    def __init__(self, seconds: list[float]) -> None:
+        self.seconds, self.ran = iter(seconds), []
+
+    def timed(self, op: Any) -> float:
+        self.ran.append(op())
+        return next(self.seconds)
+
+
+def rank_series(ops: dict[str, list[float]]) -> dict[str, np.ndarray]:
+    """One rank's series as the bench records them: its ops, each side's step, the raw reduction."""
+    series = {k: np.asarray(v) for k, v in ops.items()}
+    for side in ("ours", "raw"):
+        series[f"{side}.step"] = np.sum([v for k, v in ops.items() if k.startswith(side)], axis=0)
+    series["raw.reduce_ops"] = series["raw.step"] - series["raw.ag_queries"]
+    return series
+
+
 def slowest(*ranks: dict[str, list[float]]) -> dict[str, np.ndarray]:
     """What `Clock.slowest` returns: per series and iteration the maximum over ranks."""
-    steps = [with_steps(r) for r in ranks]
-    return {k: np.max([s[k] for s in steps], axis=0) for k in steps[0]}
+    series = [rank_series(r) for r in ranks]
+    return {k: np.max([s[k] for s in series], axis=0) for k in series[0]}
 
 
 def ag_rs_case() -> Any:
@@ -71,11 +91,16 @@ def capture() -> Any:
     return capture_overhead("ag_rs", 8, {k: np.asarray(v) for k, v in steps.items()}, lookups)
 
 
-def test_steps_are_summed_per_rank_before_the_slowest_rank_is_taken() -> None:
-    steps = with_steps({"raw.ag_queries": [1.0, 2.0], "raw.ag_lse": [1.0, 1.0],
-                        "ours.gather": [2.0, 3.0], "ours.reduce": [4.0, 5.0]})  # fmt: skip
-    assert steps["raw.step"] == [2.0, 3.0] and steps["ours.step"] == [6.0, 8.0]
-    assert steps["raw.reduce_ops"] == [1.0, 1.0]  # all raw ops but the query all-gather
+def test_interleaved_alternates_which_side_goes_first_and_sums_each_step() -> None:
+    clock = ScriptedClock([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])
+    sides = {"raw": {"a": lambda: "raw.a", "b": lambda: "raw.b"}, "ours": {"c": lambda: "ours.c"}}
+    series = interleaved(clock, sides, warmup=1, iters=2)  # type: ignore[arg-type]
+    assert clock.ran[:3] == ["raw.a", "raw.b", "ours.c"]  # iteration 0: raw first
+    assert clock.ran[3:6] == ["ours.c", "raw.a", "raw.b"]  # iteration 1: ours first
+    assert clock.ran[6:] == ["raw.a", "raw.b", "ours.c"]
+    # The warm-up iteration (1, 2, 3) is dropped; then ours.c 4, raw 5 + 6; raw 7 + 8, ours.c 9.
+    assert series == {"raw.a": [5.0, 7.0], "raw.b": [6.0, 8.0], "raw.step": [11.0, 15.0],
+                      "ours.c": [4.0, 9.0], "ours.step": [4.0, 9.0]}  # fmt: skip
 
 
 def test_transport_case_takes_slowest_rank_per_op_and_per_step() -> None:

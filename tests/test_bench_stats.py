@@ -1,4 +1,4 @@
-"""harness.bench.stats and targets: the arithmetic the bench's numbers rest on."""
+"""harness.bench.stats and the targets: the arithmetic the bench's numbers rest on."""
 
 from __future__ import annotations
 
@@ -7,12 +7,9 @@ import math
 import pytest
 from pydantic import ValidationError
 
+from harness.bench.report import CAPTURE, REAL_MEMORY, TARGETS, TRANSPORT
 from harness.bench.stats import (
-    CAPTURE,
     PCIE_GEN5_X16_BYTES_PER_S,
-    REAL_MEMORY,
-    TARGETS,
-    TRANSPORT,
     bandwidth,
     bus_bytes,
     paired_ratio,

@@ -9,6 +9,7 @@ targets `not-measured`) and the others still run; the exit code is 1 then.
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import platform
 import shutil
@@ -16,15 +17,24 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
 from harness.bench.launching import measure_runs, run_ranks
 from harness.bench.report import build_report, print_report, write_report
+from harness.bench.stats import summarize
 from harness.errors import QualificationError, UsageError
 from harness.launch.plan import REPO_ROOT
-from harness.schema.bench import BenchOptions, Environment, GitSource, NoSource, Results
+from harness.schema.bench import (
+    BenchOptions,
+    DiscoveryResult,
+    Environment,
+    GitSource,
+    NoSource,
+    Results,
+)
 
 
 def check_backend(options: BenchOptions) -> None:
@@ -33,14 +43,11 @@ def check_backend(options: BenchOptions) -> None:
         return
     import torch
 
+    if torch.cuda.device_count() >= options.nproc:
+        return
+    why = f"{options.nproc} ranks need {options.nproc} GPUs, {torch.cuda.device_count()} visible"
     if not torch.cuda.is_available():
         why = f"this torch ({torch.__version__}) reports torch.cuda.is_available() == False"
-    elif torch.cuda.device_count() < options.nproc:
-        why = (
-            f"{options.nproc} ranks need {options.nproc} GPUs, {torch.cuda.device_count()} visible"
-        )
-    else:
-        return
     raise UsageError(
         f"--backend nccl needs CUDA GPUs; {why}; the NCCL measurement runs on the GPU node"
     )
@@ -67,36 +74,67 @@ def environment() -> Environment:
     )
 
 
+def measure_discovery(modules: int, repeats: int, warmup: int = 1) -> DiscoveryResult:
+    """One full `discover(...)` (model walk, forward-context walk, recognizers) of the stand-in
+    Kimi-K3 TP16/DCP16 tree grown to about `modules` modules; the build is not timed. Per module
+    divides by the model's distinct modules, per candidate by everything discovery looked at."""
+    from harness.models.builders import KIMI_MLA_EVERY, build
+    from harness.warm.discovery import discover
+    from harness.warm.recognizers import WarmContext, recognizer_set
+
+    def size(layers: int) -> int:
+        return sum(1 for _ in build("kimi-k3", tp=16, dcp=16, num_layers=layers).model.modules())
+
+    # Layers from the measured modules per layer of two small builds, a multiple of the MLA period.
+    small, large = size(KIMI_MLA_EVERY), size(2 * KIMI_MLA_EVERY)
+    per_layer = (large - small) / KIMI_MLA_EVERY
+    layers = math.ceil(max(modules - (small - per_layer * KIMI_MLA_EVERY), 1) / per_layer)
+    layers = max(1, math.ceil(layers / KIMI_MLA_EVERY)) * KIMI_MLA_EVERY
+    built = build("kimi-k3", tp=16, dcp=16, num_layers=layers)
+    count = sum(1 for _ in built.model.modules())
+    context, recognizers = WarmContext("bf16", 64, dcp_world_size=16), recognizer_set("vendored")
+    times = []
+    for i in range(warmup + repeats):
+        t0 = time.perf_counter()
+        found = discover(built.model, context=context, recognizers=recognizers,
+                         static_forward_context=built.static_forward_context)  # fmt: skip
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return DiscoveryResult(
+        model="kimi-k3", tp=16, dcp=16, layers=layers, modules=count,
+        candidates=found.candidates_seen, signatures=len(found.signatures),
+        seconds=summarize(times), us_per_module=summarize(times, 1e6 / count),
+        us_per_candidate=summarize(times, 1e6 / found.candidates_seen),
+    )  # fmt: skip
+
+
+@dataclass
 class Measured:
     """What the sections measured so far, why the others are missing, and notes."""
 
-    def __init__(self) -> None:
-        self.results: dict[str, object] = {}
-        self.missing: dict[str, str] = {}
-        self.notes: list[str] = []
+    results: dict[str, object] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Measured:
-    got = Measured()
-    got.missing.update({name: f"skipped (--skip {name})" for name in options.skip})
+    got = Measured(missing={name: f"skipped (--skip {name})" for name in options.skip})
 
     def section(names: tuple[str, ...], fn: Callable[[], None]) -> None:
         """Run one measurement; a failure marks its sections failed and the bench goes on."""
         if not names:
             return
-        t0 = time.perf_counter()
-        say(f"dcpqual bench: {' + '.join(names)} ...")
+        t0, what = time.perf_counter(), " + ".join(names)
+        say(f"dcpqual bench: {what} ...")
         try:
             fn()
         except Exception as exc:  # one broken section must not lose the others' numbers
             got.missing.update({n: f"failed: {type(exc).__name__}: {exc}" for n in names})
-            say(f"dcpqual bench: {' + '.join(names)} failed: {exc}")
+            say(f"dcpqual bench: {what} failed: {exc}")
             return
-        say(f"dcpqual bench: {' + '.join(names)} done in {time.perf_counter() - t0:.1f}s")
+        say(f"dcpqual bench: {what} done in {time.perf_counter() - t0:.1f}s")
 
     def discovery() -> None:
-        from harness.bench.discovery_bench import measure_discovery
-
         got.results["discovery"] = measure_discovery(options.modules, options.discovery_repeats)
 
     def ranks() -> None:
@@ -110,19 +148,8 @@ def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Me
         got.results.update(transport=done.transport, capture=done.capture)
 
     def runs(models: str) -> None:
-        real = models == "real"
-        result = measure_runs(
-            options.real_nproc if real else options.nproc,
-            options.backend,
-            work / models,
-            models=models,
-            bare_repeats=0 if real else options.bare_repeats,
-            suite_repeats=1 if real else options.suite_repeats,
-            timeout_s=options.timeout_s,
-            profile=options.profile,
-            say=say,
-        )
-        got.results["real" if real else "launch"] = result
+        result = measure_runs(options, models, work / models, say)
+        got.results["real" if models == "real" else "launch"] = result
         if failed := [c for c in result.suite_exit_codes if c]:
             got.notes.append(
                 f"{models}: {len(failed)} suite run(s) did not pass (exit {failed}); the time "
@@ -148,8 +175,7 @@ def run_bench(options: BenchOptions, stream: TextIO | None = None) -> int:
     check_backend(options)
     if options.out.exists():
         raise UsageError(f"{options.out} already exists; bench results are never overwritten")
-    env = environment()
-    created = datetime.now(UTC).isoformat(timespec="seconds")
+    env, created = environment(), datetime.now(UTC).isoformat(timespec="seconds")
     work = Path(tempfile.mkdtemp(prefix="dcpqual-bench-"))
     got = measure(options, work, say)
     if options.quick:

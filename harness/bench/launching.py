@@ -25,7 +25,7 @@ from harness.errors import QualificationError
 from harness.launch.launcher import launch
 from harness.launch.plan import REPO_ROOT, RunOptions, RunPlan, torchrun_args
 from harness.launch.ranklogs import torchrun_logs
-from harness.schema.bench import ProbeRecord, Profile, Spread, SuiteRuns
+from harness.schema.bench import BenchOptions, ProbeRecord, Profile, Spread, SuiteRuns
 
 MB, GIB = 1e6, float(1 << 30)
 # torchrun's failure table: "rank : 1 (local_rank: 1)" then "exitcode : -6 (pid: ...)".
@@ -149,18 +149,17 @@ def full_run(
 
 
 def measure_runs(
-    nproc: int,
-    backend: str,
-    work: Path,
-    *,
-    models: str = "stand-in",
-    bare_repeats: int = 0,
-    suite_repeats: int = 1,
-    timeout_s: float = 3600.0,
-    profile: bool = False,
-    say: Callable[[str], None] = print,
+    options: BenchOptions, models: str, work: Path, say: Callable[[str], None] = print
 ) -> SuiteRuns:
-    """Bare launches and full runs, alternating; each rank's peak RSS over the full runs."""
+    """Full runs of `models` (for the stand-ins alternating with bare launches of the same size);
+    each rank's peak RSS over the full runs. The real trees run once, at their own rank count."""
+    real = models == "real"
+    nproc, backend, timeout_s = (
+        options.real_nproc if real else options.nproc,
+        options.backend,
+        options.timeout_s,
+    )
+    bare_repeats, suite_repeats = (0, 1) if real else (options.bare_repeats, options.suite_repeats)
     bare: list[float] = []
     suite: list[float] = []
     codes: list[int] = []
@@ -174,7 +173,7 @@ def measure_runs(
             say(f"  bare launch {i + 1}/{bare_repeats}: {bare[-1]:.1f}s")
         if i < suite_repeats:
             seconds, code, probes, prof = full_run(
-                nproc, backend, models, work / f"suite-{i}", timeout_s, profile
+                nproc, backend, models, work / f"suite-{i}", timeout_s, options.profile
             )
             suite.append(seconds)
             codes.append(code)

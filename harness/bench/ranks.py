@@ -98,34 +98,17 @@ class Clock:
 def interleaved(
     clock: Clock, sides: Mapping[str, Mapping[str, Op]], warmup: int, iters: int
 ) -> Series:
-    """Time every side's ops in each iteration; which side goes first rotates."""
+    """Seconds per timed iteration of every side's ops and of its step (their sum, per rank:
+    before the slowest rank is taken); which side goes first rotates."""
     names = list(sides)
-    out: Series = {f"{s}.{op}": [] for s in names for op in sides[s]}
+    out: Series = {f"{s}.{op}": [] for s in names for op in [*sides[s], "step"]}
     for it in range(warmup + iters):
         for side in names[it % len(names) :] + names[: it % len(names)]:
-            for op, fn in sides[side].items():
-                seconds = clock.timed(fn)
+            took = {f"{side}.{op}": clock.timed(fn) for op, fn in sides[side].items()}
+            for key, seconds in {**took, f"{side}.step": sum(took.values())}.items():
                 if it >= warmup:
-                    out[f"{side}.{op}"].append(seconds)
+                    out[key].append(seconds)
     return out
-
-
-def with_steps(series: Series) -> Series:
-    """Add, per rank (before the slowest rank is taken), each side's step (the sum of its ops)
-    and `raw.reduce_ops` (the raw ops but the query all-gather)."""
-
-    def total(keys: list[str]) -> list[float]:
-        summed: list[float] = np.sum([series[k] for k in keys], axis=0).tolist()
-        return summed
-
-    out = {
-        f"{side}.step": total([k for k in series if k.startswith(f"{side}.")])
-        for side in ("ours", "raw")
-    }
-    out["raw.reduce_ops"] = total(
-        [k for k in series if k.startswith("raw.") and k != "raw.ag_queries"]
-    )
-    return {**series, **out}
 
 
 def our_step(t: TorchDCPTransport, batch: int, seed: int) -> dict[str, Op]:
@@ -187,7 +170,7 @@ def transport_case(
     batch: int,
     nbytes: Mapping[str, tuple[int, int]],
 ) -> TransportCase:
-    """One case from the slowest-rank series (with the step series of `with_steps`)."""
+    """One case from the slowest-rank series (`interleaved`'s, and `raw.reduce_ops`)."""
     us = {k: v * US for k, v in slow.items()}
     ops = {k: summarize(v) for k, v in us.items() if not k.endswith(("step", "reduce_ops"))}
     moved = {op: bus_bytes(op, send, recv, t.world) for op, (send, recv) in nbytes.items()}
@@ -221,7 +204,11 @@ def measure_transport(clock: Clock, options: BenchOptions) -> list[TransportCase
             for batch in options.batches:
                 raw, nbytes = raw_ops(t, batch)
                 sides = {"raw": raw, "ours": our_step(t, batch, seed=1000 * clock.rank + batch)}
-                series = with_steps(interleaved(clock, sides, options.warmup, options.iters))
+                series = interleaved(clock, sides, options.warmup, options.iters)
+                # The raw reduction: every raw op but the query all-gather.
+                series["raw.reduce_ops"] = list(
+                    np.subtract(series["raw.step"], series["raw.ag_queries"])
+                )
                 cases.append(transport_case(clock.slowest(series), t, batch, nbytes))
     return cases
 
@@ -264,7 +251,7 @@ def measure_capture(clock: Clock, options: BenchOptions) -> CaptureOverhead | No
             ops = our_step(t, batch, seed=7 + clock.rank)
             return lambda: (reg.get(sig), *(op() for op in ops.values()))
 
-        steps = {name: {"step": eager(reg)} for name, reg in regs.items()}
+        steps = {name: {"eager": eager(reg)} for name, reg in regs.items()}
         # The state between captures: every detector's hooks installed for one window, removed.
         with CaptureWindow(
             default_detectors(regs["after_window"], device=clock.device),
@@ -285,9 +272,7 @@ def measure_capture(clock: Clock, options: BenchOptions) -> CaptureOverhead | No
         clock.barrier()
     if clock.rank != 0:
         return None
-    return capture_overhead(
-        strategy, batch, {k.removesuffix(".step"): v for k, v in slow.items()}, lookups
-    )
+    return capture_overhead(strategy, batch, {n: slow[f"{n}.eager"] for n in regs}, lookups)
 
 
 def run(options: BenchOptions, out: Path) -> int:

@@ -1,5 +1,5 @@
-"""The bench report: each target evaluated from its section, the JSON written once (never
-overwritten), and the printed tables (transport cases, the profile, the targets).
+"""The bench report: the targets (measured and reported, never asserted), each evaluated from
+its section, the JSON written once (never overwritten), and the printed tables.
 
 A section that was skipped or failed is None in `results` and its targets are `not-measured`
 with the reason; nothing is ever filled in with a guess.
@@ -8,6 +8,7 @@ with the reason; nothing is ever filled in with a guess.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -15,15 +16,6 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.atomic import atomic_write_text
-from harness.bench.stats import (
-    CAPTURE,
-    DISCOVERY,
-    LAUNCH,
-    MEMORY,
-    REAL_MEMORY,
-    TRANSPORT,
-    Target,
-)
 from harness.errors import UsageError
 from harness.schema.bench import (
     BenchOptions,
@@ -34,6 +26,38 @@ from harness.schema.bench import (
     Summary,
     TargetResult,
 )
+
+
+@dataclass(frozen=True)
+class Target:
+    """One upper bound ("<= threshold") on one measured quantity."""
+
+    key: str
+    description: str
+    threshold: float
+    unit: str
+
+    def evaluate(self, measured: float | None, detail: str = "") -> TargetResult:
+        """pass when `measured <= threshold`, miss above it, not-measured for None."""
+        over = measured is not None and measured > self.threshold
+        return TargetResult(
+            key=self.key, description=self.description, threshold=self.threshold, unit=self.unit,
+            outcome="not-measured" if measured is None else "miss" if over else "pass",
+            measured=None if measured is None else float(measured),
+            excess=measured / self.threshold - 1.0 if over and measured is not None else None,
+            detail=detail,
+        )  # fmt: skip
+
+
+TRANSPORT = Target("transport_overhead", "transport step vs raw collectives", 1.15, "x")
+LAUNCH = Target("suite_vs_bare_launch", "full dcpqual run vs bare torchrun launch", 2.0, "x")
+DISCOVERY = Target("discovery_us_per_module", "vendored discovery per module", 10.0, "us")
+CAPTURE = Target("capture_overhead_outside_window", "capture machinery, no window open", 2.0, "%")
+MEMORY = Target("peak_rss_per_rank", "peak RSS of a rank during the suites", 400.0, "MB")
+REAL_MEMORY = Target(
+    "peak_rss_per_rank_real", "peak RSS of a rank during the suites on real trees", 1.2, "GiB"
+)
+TARGETS = (TRANSPORT, LAUNCH, DISCOVERY, CAPTURE, MEMORY, REAL_MEMORY)
 
 
 def _spread(s: Summary, fmt: str = ".0f") -> str:

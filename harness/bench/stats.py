@@ -1,5 +1,5 @@
-"""The arithmetic the bench's numbers rest on: robust summaries (numpy's quantiles), ratios, bus
-bandwidth, and the targets, which are measured and reported, never asserted.
+"""The arithmetic the bench's numbers rest on: robust summaries (numpy's quantiles), ratios and
+bus bandwidth.
 
 Machines here are shared and noisy: a mean is dragged by the one iteration that lost its core, a
 median is not. Bus bandwidth follows nccl-tests: `busbw = size / time * (n-1)/n`, size the
@@ -9,13 +9,11 @@ x16 link (64 GB/s per direction, theoretical: 32 GT/s x 16 lanes, 128b/130b).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import numpy.typing as npt
 
 from harness.errors import UsageError
-from harness.schema.bench import Bandwidth, Ratio, Summary, TargetResult
+from harness.schema.bench import Bandwidth, Ratio, Summary
 
 PCIE_GEN5_X16_BYTES_PER_S = 64e9
 KINDS = {"ag_": "all_gather", "rs_": "reduce_scatter", "a2a_": "all_to_all"}
@@ -64,35 +62,3 @@ def bandwidth(op: str, nbytes: float, seconds: float) -> Bandwidth:
     rate = nbytes / seconds
     return Bandwidth(op=op, bus_bytes=nbytes, seconds=seconds, busbw_gb_s=rate / 1e9,
                      pcie_gen5_x16_fraction=rate / PCIE_GEN5_X16_BYTES_PER_S)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Target:
-    """One upper bound ("<= threshold") on one measured quantity."""
-
-    key: str
-    description: str
-    threshold: float
-    unit: str
-
-    def evaluate(self, measured: float | None, detail: str = "") -> TargetResult:
-        """pass when `measured <= threshold`, miss above it, not-measured for None."""
-        over = measured is not None and measured > self.threshold
-        return TargetResult(
-            key=self.key, description=self.description, threshold=self.threshold, unit=self.unit,
-            outcome="not-measured" if measured is None else "miss" if over else "pass",
-            measured=None if measured is None else float(measured),
-            excess=measured / self.threshold - 1.0 if over and measured is not None else None,
-            detail=detail,
-        )  # fmt: skip
-
-
-TRANSPORT = Target("transport_overhead", "transport step vs raw collectives", 1.15, "x")
-LAUNCH = Target("suite_vs_bare_launch", "full dcpqual run vs bare torchrun launch", 2.0, "x")
-DISCOVERY = Target("discovery_us_per_module", "vendored discovery per module", 10.0, "us")
-CAPTURE = Target("capture_overhead_outside_window", "capture machinery, no window open", 2.0, "%")
-MEMORY = Target("peak_rss_per_rank", "peak RSS of a rank during the suites", 400.0, "MB")
-REAL_MEMORY = Target(
-    "peak_rss_per_rank_real", "peak RSS of a rank during the suites on real trees", 1.2, "GiB"
-)
-TARGETS = (TRANSPORT, LAUNCH, DISCOVERY, CAPTURE, MEMORY, REAL_MEMORY)
