@@ -211,7 +211,7 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
         calls.append(("bare", nproc, module[0]))
         return 10.0
 
-    def full(nproc: int, backend: str, models: str, work: Path, t: float, prof: bool) -> Any:
+    def full(options: BenchOptions, nproc: int, models: str, work: Path) -> Any:
         calls.append(("full", nproc, models))
         probes = [_probe(r, 1.0).model_copy(update={"ru_maxrss_kib": next(rss)}) for r in (0, 1)]
         return 30.0, 0, probes, None

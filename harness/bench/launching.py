@@ -126,18 +126,18 @@ def profile_of(probes: Sequence[ProbeRecord], started: float, ended: float) -> P
 
 
 def full_run(
-    nproc: int, backend: str, models: str, work: Path, timeout_s: float, profile: bool
+    options: BenchOptions, nproc: int, models: str, work: Path
 ) -> tuple[float, int, list[ProbeRecord], Profile | None]:
     """One real `dcpqual run` into a scratch folder; seconds, exit code, probes, profile."""
     probes = work / "probe"
     addopts = " ".join(filter(None, (os.environ.get("PYTEST_ADDOPTS"), "-p harness.bench.probe")))
-    env = {**os.environ, ENV_DIR: str(probes), ENV_PROFILE: "1" if profile else "0"}
+    env = {**os.environ, ENV_DIR: str(probes), ENV_PROFILE: "1" if options.profile else "0"}
     env["PYTEST_ADDOPTS"] = addopts
-    flags = {"nproc-per-node": nproc, "backend": backend, "models": models}
-    flags.update({"out": work / "bundle", "timeout": f"{timeout_s:g}"})
+    flags = {"nproc-per-node": nproc, "backend": options.backend, "models": models}
+    flags.update({"out": str(work / "bundle"), "timeout": f"{options.timeout_s:g}"})
     argv = [sys.executable, "-m", "harness", "run", *(f"--{k}={v}" for k, v in flags.items())]
     work.mkdir(parents=True, exist_ok=True)
-    started, limit = time.time(), timeout_s + 120
+    started, limit = time.time(), options.timeout_s + 120
     with (work / "run.log").open("wb") as log:
         try:
             done = subprocess.run(argv, env=env, stdout=log, stderr=log, timeout=limit, check=False)
@@ -154,11 +154,7 @@ def measure_runs(
     """Full runs of `models` (for the stand-ins alternating with bare launches of the same size);
     each rank's peak RSS over the full runs. The real trees run once, at their own rank count."""
     real = models == "real"
-    nproc, backend, timeout_s = (
-        options.real_nproc if real else options.nproc,
-        options.backend,
-        options.timeout_s,
-    )
+    nproc, backend = options.real_nproc if real else options.nproc, options.backend
     bare_repeats, suite_repeats = (0, 1) if real else (options.bare_repeats, options.suite_repeats)
     bare: list[float] = []
     suite: list[float] = []
@@ -169,12 +165,10 @@ def measure_runs(
     for i in range(max(bare_repeats, suite_repeats)):
         if i < bare_repeats:
             module = ("harness.bench.bare_rank", backend)
-            bare.append(run_ranks(nproc, backend, work / f"bare-{i}", module, timeout_s))
+            bare.append(run_ranks(nproc, backend, work / f"bare-{i}", module, options.timeout_s))
             say(f"  bare launch {i + 1}/{bare_repeats}: {bare[-1]:.1f}s")
         if i < suite_repeats:
-            seconds, code, probes, prof = full_run(
-                nproc, backend, models, work / f"suite-{i}", timeout_s, options.profile
-            )
+            seconds, code, probes, prof = full_run(options, nproc, models, work / f"suite-{i}")
             suite.append(seconds)
             codes.append(code)
             for p in probes:
