@@ -232,3 +232,19 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
     real = launching.measure_runs(options, "real", tmp_path, say=lambda line: None)
     assert calls == [("full", 4, "real")]  # no bare launch, one run, at --real-nproc-per-node
     assert real.bare_launch_s is None and real.ratio is None and real.models == "real"
+
+
+def test_slowest_is_each_series_maximum_over_ranks_per_iteration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    peer = {"raw.b": [5.0, 0.0], "ours.a": [0.0, 7.0]}  # the other rank's series
+
+    def all_reduce(tensor: torch.Tensor, op: Any) -> None:
+        assert op == torch.distributed.ReduceOp.MAX
+        other = torch.tensor([peer[name] for name in sorted(peer)], dtype=tensor.dtype)
+        tensor.copy_(torch.maximum(tensor, other))
+
+    monkeypatch.setattr(ranks.dist, "all_reduce", all_reduce)
+    clock = ranks.Clock(0, 2, torch.device("cpu"))
+    slow = clock.slowest({"ours.a": [1.0, 2.0], "raw.b": [3.0, 4.0]})
+    assert {k: v.tolist() for k, v in slow.items()} == {"ours.a": [1.0, 7.0], "raw.b": [5.0, 4.0]}
