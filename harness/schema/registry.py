@@ -60,6 +60,12 @@ def _signatures() -> dict[str, Any]:
     return SignatureList.model_json_schema(mode="serialization")
 
 
+def _bench() -> dict[str, Any]:
+    from harness.schema.bench import BenchReport
+
+    return BenchReport.model_json_schema(by_alias=True, mode="serialization")
+
+
 SCHEMAS: dict[str, SchemaSpec] = {
     "receipt": SchemaSpec("dcpqual-receipt/v1", "an evidence bundle's receipt.json", _receipt),
     "rank-record": SchemaSpec(
@@ -75,6 +81,7 @@ SCHEMAS: dict[str, SchemaSpec] = {
     "signatures": SchemaSpec(
         "dcpqual-signatures/v1", "what `dcpqual signatures --json` prints", _signatures
     ),
+    "bench": SchemaSpec("dcpqual-bench/v1", "what `dcpqual bench --out FILE` writes", _bench),
 }
 
 

@@ -1,0 +1,193 @@
+"""Launching for the bench: every torchrun goes through `harness.launch` (its flags, its process
+tree, its timeout), and a launch that fails names the rank that died first and how.
+
+Measured here: the full `dcpqual run` of all suites (a subprocess, timed as the person waiting
+sees it) against a bare launch of the same size (join the group, one all-reduce), alternating
+so load drift hits both; each full run's ranks carry the probe plugin (peak RSS, CPU, phases).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from harness.bench.probe import ENV_DIR, ENV_PROFILE
+from harness.bench.stats import ratio_of_medians, summarize
+from harness.errors import QualificationError
+from harness.launch.launcher import launch
+from harness.launch.plan import REPO_ROOT, RunOptions, RunPlan, torchrun_args
+from harness.launch.ranklogs import torchrun_logs
+from harness.schema.bench import BenchOptions, ProbeRecord, Profile, Spread, SuiteRuns
+
+MB, GIB = 1e6, float(1 << 30)
+# torchrun's failure table: "rank : 1 (local_rank: 1)" then "exitcode : -6 (pid: ...)".
+_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*exitcode\s*:\s*(-?\d+)")
+
+
+def dead_ranks(agent_log: str) -> list[tuple[int, int, int]]:
+    """(rank, local rank, exit code) of each failed rank torchrun reports, root cause first."""
+    failures, _, root = agent_log.rpartition("Root Cause")
+    found: list[tuple[int, int, int]] = []
+    for text in (root, failures):
+        for r, local, code in _FAILURE.findall(text):
+            if (entry := (int(r), int(local), int(code))) not in found:
+                found.append(entry)
+    return found
+
+
+def _exit_text(code: int) -> str:
+    names = {-s.value: s.name for s in signal.Signals}
+    return f"exit {code} ({names[code]})" if code in names else f"exit {code}"
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:]) or "(empty)"
+
+
+def why_failed(out_dir: Path, code: int, world: int) -> str:
+    """One paragraph: which rank died first and how, and the end of its stderr."""
+    agent = out_dir / "torchrun" / "node-00" / "agent.log"
+    dead = dead_ranks(agent.read_text(errors="replace") if agent.is_file() else "")
+    stderr = {log.local_rank: log.path for log in torchrun_logs(out_dir) if log.stream == "stderr"}
+    if not dead:
+        said = [p for p in stderr.values() if p.read_text(errors="replace").strip()]
+        where = f"; {said[0]}:\n{_tail(said[0])}" if said else ""
+        return f"torchrun exit {code}, no failed rank in its report ({agent}){where}"
+    (rank, local, rc), others = dead[0], dead[1:]
+    text = f"bench rank {rank} of {world} died first ({_exit_text(rc)}; torchrun exit {code})"
+    if others:
+        text += "; then " + ", ".join(f"rank {r} {_exit_text(c)}" for r, _, c in others)
+    path = stderr.get(local)
+    return text + (f"; its stderr ({path}) ends:\n{_tail(path)}" if path else "")
+
+
+def bench_plan(
+    nproc: int, backend: str, out_dir: Path, module_args: Sequence[str], timeout_s: float
+) -> RunPlan:
+    """A torchrun of `python -m MODULE ARGS` with `dcpqual run`'s own flags and environment."""
+    options = RunOptions(
+        nproc_per_node=nproc, backend=backend, tp=nproc, dcp=nproc, timeout_s=timeout_s
+    )
+    argv = (*torchrun_args(options, RunPlan(options, out_dir, ()).log_dir), "-m", *module_args)
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return RunPlan(options, out_dir, argv, env={"PYTHONPATH": path, "PYTHONUNBUFFERED": "1"})
+
+
+def run_ranks(
+    nproc: int, backend: str, out_dir: Path, module_args: Sequence[str], timeout_s: float
+) -> float:
+    """Launch once; seconds it took. A failed launch raises with the dead rank named."""
+    result = launch(bench_plan(nproc, backend, out_dir, module_args, timeout_s))
+    if result.timed_out:
+        raise QualificationError(f"{module_args[0]} ranks ran past {timeout_s:g}s; see {out_dir}")
+    if result.exit_code != 0:
+        raise QualificationError(why_failed(out_dir, result.exit_code, nproc))
+    return result.elapsed_s
+
+
+def read_probes(folder: Path) -> list[ProbeRecord]:
+    return [
+        ProbeRecord.model_validate_json(p.read_text()) for p in sorted(folder.glob("rank-*.json"))
+    ]
+
+
+def profile_of(probes: Sequence[ProbeRecord], started: float, ended: float) -> Profile | None:
+    """Per phase, the median and slowest rank (seconds); the launcher's share around the ranks."""
+    phased = [(p, p.phases) for p in probes if p.phases is not None]
+    if not phased:
+        return None
+    rows: dict[str, list[float]] = {}
+    for p, ph in phased:
+        named = ph.model_dump(include={"import_torch", "configure", "collection", "finish"})
+        for suite, values in ph.suites.items():
+            label = f"suite {suite} ({int(values.get('tests', 0))} tests)"
+            named.update({f"{label}: {k}": v for k, v in values.items() if k != "tests"})
+        named["rank CPU seconds"] = p.cpu_s
+        for name, value in named.items():
+            rows.setdefault(name, []).append(float(value))
+    first, last = min(p.loaded_at for p, _ in phased), max(p.ended_at for p, _ in phased)
+    return Profile(
+        ranks=len(phased),
+        phases_s={k: Spread(median=float(np.median(v)), max=max(v)) for k, v in rows.items()},
+        launcher_before_ranks_s=first - started,
+        ranks_s=last - first,
+        launcher_after_ranks_s=ended - last,
+        cpu_s_all_ranks=sum(p.cpu_s for p, _ in phased),
+        unprobed=tuple(sorted({u for _, ph in phased for u in ph.unprobed})),
+    )
+
+
+def full_run(
+    options: BenchOptions, nproc: int, models: str, work: Path
+) -> tuple[float, int, list[ProbeRecord], Profile | None]:
+    """One real `dcpqual run` into a scratch folder; seconds, exit code, probes, profile."""
+    probes = work / "probe"
+    addopts = " ".join(filter(None, (os.environ.get("PYTEST_ADDOPTS"), "-p harness.bench.probe")))
+    env = {**os.environ, ENV_DIR: str(probes), ENV_PROFILE: "1" if options.profile else "0"}
+    env["PYTEST_ADDOPTS"] = addopts
+    flags = {"nproc-per-node": nproc, "backend": options.backend, "models": models}
+    flags.update({"out": str(work / "bundle"), "timeout": f"{options.timeout_s:g}"})
+    argv = [sys.executable, "-m", "harness", "run", *(f"--{k}={v}" for k, v in flags.items())]
+    work.mkdir(parents=True, exist_ok=True)
+    started, limit = time.time(), options.timeout_s + 120
+    with (work / "run.log").open("wb") as log:
+        try:
+            done = subprocess.run(argv, env=env, stdout=log, stderr=log, timeout=limit, check=False)
+        except subprocess.TimeoutExpired:
+            raise QualificationError(f"dcpqual run ran past {limit:g}s; see {work}") from None
+    ended = time.time()
+    found = read_probes(probes)
+    return ended - started, done.returncode, found, profile_of(found, started, ended)
+
+
+def measure_runs(
+    options: BenchOptions, models: str, work: Path, say: Callable[[str], None] = print
+) -> SuiteRuns:
+    """Full runs of `models` (for the stand-ins alternating with bare launches of the same size);
+    each rank's peak RSS over the full runs. The real trees run once, at their own rank count."""
+    real = models == "real"
+    nproc, backend = options.real_nproc if real else options.nproc, options.backend
+    bare_repeats, suite_repeats = (0, 1) if real else (options.bare_repeats, options.suite_repeats)
+    bare: list[float] = []
+    suite: list[float] = []
+    codes: list[int] = []
+    rss: dict[int, float] = {}
+    cpu: dict[int, float] = {}
+    prof = None
+    for i in range(max(bare_repeats, suite_repeats)):
+        if i < bare_repeats:
+            module = ("harness.bench.bare_rank", backend)
+            bare.append(run_ranks(nproc, backend, work / f"bare-{i}", module, options.timeout_s))
+            say(f"  bare launch {i + 1}/{bare_repeats}: {bare[-1]:.1f}s")
+        if i < suite_repeats:
+            seconds, code, probes, prof = full_run(options, nproc, models, work / f"suite-{i}")
+            suite.append(seconds)
+            codes.append(code)
+            for p in probes:
+                rss[p.rank] = max(p.ru_maxrss_kib * 1024 / MB, rss.get(p.rank, 0.0))
+                cpu[p.rank] = p.cpu_s
+            say(f"  full run ({models}) {i + 1}/{suite_repeats}: {seconds:.1f}s (exit {code})")
+    peak = max(rss.values()) if rss else None
+    bare_s, suite_s = (summarize(bare) if bare else None), summarize(suite)
+    return SuiteRuns(
+        world_size=nproc,
+        backend=backend,
+        models=models,
+        bare_launch_s=bare_s,
+        full_suite_s=suite_s,
+        ratio=None if bare_s is None else ratio_of_medians(suite_s, bare_s),
+        suite_exit_codes=tuple(codes),
+        peak_rss_mb_per_rank={str(r): rss[r] for r in sorted(rss)},
+        peak_rss_mb=peak,
+        peak_rss_gib=None if peak is None else peak * MB / GIB,
+        cpu_s_per_rank={str(r): cpu[r] for r in sorted(cpu)},
+        profile=prof,
+    )
