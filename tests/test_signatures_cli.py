@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from harness.cli import main
+from harness.models.real.signatures import Request
 from harness.warm.cli import describe_row
 
 KIMI = ("--model", "kimi-k3", "--tp", "16", "--dcp", "16")
@@ -272,12 +273,42 @@ def test_source_real_asks_for_the_geometry_and_recognizers_and_prints_the_rows(
         "kimi-k3 (vLLM's real tree) tp=4 dcp=2: 1 signature(s)",
         "  64 heads x 576 -> 512, 3 layer(s): kimi-k3, kimi-k3-mtp",
     ]
-    from harness.models.real.signatures import Request
-
     assert real_requests == [
         Request("kimi-k3", 4, 2, "before-kimi"),
         Request("kimi-k3", 4, 2, "vendored"),
     ]
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ("--attention-backend", "b12x"),
+        ("--backend", "b12x"),
+        ("--dtype", "fp16"),
+        ("--max-tokens", "128"),
+        ("--num-layers", "2"),
+        ("--kv-cache-dtype", "fp8"),
+        ("--dcp-comm-backend", "a2a"),
+        ("--dtype", "fp32", "--num-layers", "4"),
+    ],
+)
+def test_source_real_warns_that_it_ignores_the_stand_in_settings(capsys, real_requests, given):
+    argv = ("--model", "kimi-k3", "--tp", "4", "--dcp", "2", "--source", "real", *given)
+    assert main(["signatures", *argv, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == [REAL_ROW]
+    flags = ", ".join(given[::2])
+    assert captured.err == (
+        f"dcpqual signatures: warning: --source real ignores {flags} "
+        "(vLLM's real tree is built at its own engine settings)\n"
+    )
+    assert real_requests == [Request("kimi-k3", 4, 2, "vendored")]
+
+
+def test_source_real_with_the_stand_in_defaults_spelled_out_warns_of_nothing(capsys, real_requests):
+    argv = ("--model", "kimi-k3", "--tp", "4", "--dcp", "2", "--source", "real")
+    defaults = ("--dtype", "bf16", "--max-tokens", "64", "--kv-cache-dtype", "auto")
+    assert run_json(capsys, *argv, *defaults, "--dcp-comm-backend", "ag_rs") == [REAL_ROW]
 
 
 def test_source_real_refuses_a_model_without_a_real_tree_before_spawning(capsys, real_requests):

@@ -27,6 +27,26 @@ if TYPE_CHECKING:
     from harness.warm.discovery import Discovery
 
 
+# The engine settings only the stand-in tree is built with, as (flag, dest), and their
+# defaults (None: not given): vLLM's real tree is built at its own, so `--source real` warns
+# that it ignores any of these given another value.
+_STAND_IN_ONLY: tuple[tuple[str, str], ...] = (
+    ("--attention-backend", "attention_backend"),
+    ("--backend", "deprecated_backend"),
+    ("--dtype", "dtype"),
+    ("--max-tokens", "max_tokens"),
+    ("--num-layers", "num_layers"),
+    ("--kv-cache-dtype", "kv_cache_dtype"),
+    ("--dcp-comm-backend", "dcp_comm_backend"),
+)
+_DEFAULTS: dict[str, Any] = {
+    "dtype": "bf16",
+    "max_tokens": DEFAULT_MAX_TOKENS,
+    "kv_cache_dtype": "auto",
+    "dcp_comm_backend": DEFAULT_COMM_BACKEND,
+}
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "signatures",
@@ -42,53 +62,51 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         choices=MODEL_CHOICES,
         help="stand-in model family ('mixed': one tree with every family)",
     )
-    for flags, dest, text in (
-        (("--tp", "--tensor-parallel-size"), "tp", "tensor-parallel size"),
-        (("--dcp", "--decode-context-parallel-size"), "dcp", "decode-context-parallel size"),
+    # argparse names each value after its first flag (args.tp, args.dcp, args.attention_backend)
+    # and defaults it to None (not given).
+    for flags, text in (
+        (("--tp", "--tensor-parallel-size"), "tensor-parallel size"),
+        (("--dcp", "--decode-context-parallel-size"), "decode-context-parallel size"),
     ):  # one value however spelled: a contradiction is refused, not last-wins
-        p.add_argument(*flags, dest=dest, required=True, type=int, action=SingleValue, help=text)
+        p.add_argument(*flags, required=True, type=int, action=SingleValue, help=text)
     p.add_argument(
         "--attention-backend",
-        dest="attention_backend",
-        default=None,
         choices=ATTENTION_BACKENDS,
         help="attention backend of the stand-in layers (vLLM's name; default b12x)",
     )
     p.add_argument(
         "--backend",
         dest="deprecated_backend",
-        default=None,
         choices=ATTENTION_BACKENDS,
         help="deprecated alias of --attention-backend (in `run`, --backend is gloo|nccl)",
     )
     p.add_argument(
         "--dtype",
-        default="bf16",
+        default=_DEFAULTS["dtype"],
         choices=sorted(OUTPUT_DTYPES),
         help="the model's dtype, which the warm code warms (default bf16)",
     )
     p.add_argument(
         "--max-tokens",
         type=int,
-        default=DEFAULT_MAX_TOKENS,
+        default=_DEFAULTS["max_tokens"],
         help=f"max_num_batched_tokens: the token capacity of the B12X transports "
         f"(default {DEFAULT_MAX_TOKENS})",
     )
     p.add_argument(
         "--num-layers",
         type=int,
-        default=None,
         help="decoder layers before the MTP draft (default: the family's own depth)",
     )
     p.add_argument(
         "--kv-cache-dtype",
-        default="auto",
+        default=_DEFAULTS["kv_cache_dtype"],
         choices=KV_CACHE_DTYPES,
         help="the KV cache dtype the layers are built with (fp8: Kimi-K3 gathers fp8 queries)",
     )
     p.add_argument(
         "--dcp-comm-backend",
-        default="ag_rs",
+        default=_DEFAULTS["dcp_comm_backend"],
         choices=COMM_BACKENDS,
         help="vLLM's parallel_config.dcp_comm_backend (generic MLA uses B12X only with a2a)",
     )
@@ -229,6 +247,13 @@ def _print_real(args: argparse.Namespace) -> int:
     if args.model not in REAL_MODEL_CHOICES:
         raise UsageError(
             f"--source real builds {', '.join(REAL_MODEL_CHOICES)} only, not {args.model!r}"
+        )
+    ignored = [flag for flag, dest in _STAND_IN_ONLY if getattr(args, dest) != _DEFAULTS.get(dest)]
+    if ignored:
+        print(
+            f"dcpqual signatures: warning: --source real ignores {', '.join(ignored)} "
+            "(vLLM's real tree is built at its own engine settings)",
+            file=sys.stderr,
         )
     rows = real_signature_rows(Request(args.model, args.tp, args.dcp, args.recognizers))
     header = f"{args.model} (vLLM's real tree) tp={args.tp} dcp={args.dcp}"
