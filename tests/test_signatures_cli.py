@@ -80,8 +80,8 @@ def test_vllm_spellings_of_tp_and_dcp_are_the_same_options(capsys):
     assert run_json(capsys, *spelled, "--decode-context-parallel-size", "4") == run_json(
         capsys, "--model", "kimi-k3", "--tp", "16", "--dcp", "4"
     )
-    # The same value under both spellings is one value, not a contradiction.
-    assert len(run_json(capsys, *spelled, "--tp", "16", "--dcp", "4")) == 1
+    # The same value under both spellings, or twice under one, is one value.
+    assert len(run_json(capsys, *spelled, "--tp", "16", "--dcp", "4", "--dcp", "4")) == 1
 
 
 @pytest.mark.parametrize(
@@ -422,6 +422,19 @@ def test_the_command_list_says_what_signatures_does(capsys, monkeypatch):
         (
             ["--model", "kimi-k3", "--tp", "16", "--tensor-parallel-size", "8", "--dcp", "4"],
             "given twice with different values: --tp 16 and --tensor-parallel-size 8",
+        ),
+        (
+            [
+                "--model",
+                "kimi-k3",
+                "--tp",
+                "16",
+                "--dcp",
+                "4",
+                "--decode-context-parallel-size",
+                "2",
+            ],
+            "given twice with different values: --dcp 4 and --decode-context-parallel-size 2",
         ),
         (["--tp", "16", "--dcp", "16"], "the following arguments are required: --model"),
         (["--model", "kimi-k3", "--dcp", "16"], "the following arguments are required: --tp"),
