@@ -45,9 +45,9 @@ import torch.distributed as dist
 
 from harness.errors import GeometryError
 from harness.transport.allocator import Allocator
-from harness.transport.checks import check_gather, check_reduce
+from harness.transport.checks import OperationGuard, UseHook, check_gather, check_reduce
 from harness.transport.combine import accumulate_into, combine_weights, scale_into
-from harness.transport.errors import RegistryClosedError, TransportUsageError
+from harness.transport.errors import TransportUsageError
 from harness.warm.signature import (
     TransportSignature,
     output_torch_dtype,
@@ -59,9 +59,6 @@ Strategy = Literal["ag_rs", "a2a"]
 ReduceScatterImpl = Literal["native", "all_to_all"]
 STRATEGIES: tuple[str, ...] = ("ag_rs", "a2a")
 REDUCE_SCATTER_IMPLS: tuple[str, ...] = ("native", "all_to_all")
-
-# Called with (operation, dtype) before an operation runs: "gather" or "reduce".
-UseHook = Callable[[str, torch.dtype], None]
 
 _ALIGN = 8  # bytes; keeps the fp32 LSE region of a packed A2A chunk viewable as float32
 
@@ -112,7 +109,7 @@ def reduce_scatter_via_all_to_all(
     torch.sum(scratch.view(world, -1), dim=0, out=out)
 
 
-class TorchDCPTransport:
+class TorchDCPTransport(OperationGuard):
     """Query gather and LSE-weighted reduction over one DCP process group (see module doc)."""
 
     backend = "torch"
@@ -150,9 +147,7 @@ class TorchDCPTransport:
                 f"transport [{signature.describe()}] is for {signature.device_type}, "
                 f"the registry allocates on {self.device}"
             )
-        self.closed = False
-        self._on_use = on_use
-        self._ran: set[tuple[str, torch.dtype]] = set()  # uses already reported (fast path)
+        super().__init__(on_use)
         self._buffers: dict[str, torch.Tensor] = {}
         self._allocate(allocator)
 
@@ -191,17 +186,6 @@ class TorchDCPTransport:
         self._buffers.clear()
         self.group = None
         self.closed = True
-
-    def _report_use(self, operation: str, dtype: torch.dtype) -> None:
-        """Tell the registry about the first use of (operation, dtype); remembered only once
-        accepted, so a use a strict window refused is reported again next time."""
-        if self._on_use is not None and (operation, dtype) not in self._ran:
-            self._on_use(operation, dtype)
-            self._ran.add((operation, dtype))
-
-    def _live(self) -> None:
-        if self.closed:
-            raise RegistryClosedError(f"transport [{self.signature.describe()}] is closed")
 
     @staticmethod
     def _out(out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
