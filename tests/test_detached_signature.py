@@ -198,3 +198,77 @@ def test_sign_with_an_unreadable_key_is_one_line_naming_it_once(
     [line] = capsys.readouterr().err.splitlines()
     assert line.count(str(key)) == 1
     assert not out.exists()
+
+
+def _ec_key_pem(folder: Path) -> tuple[Path, Path]:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = folder / "ec.pem", folder / "ec.pub.pem"
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return private, public
+
+
+@pytest.mark.parametrize(
+    ("key", "reason"),
+    [
+        ("text", "not an unencrypted PEM private key"),
+        ("public", "not an unencrypted PEM private key"),
+        ("ec", "not an Ed25519 key (EC"),
+    ],
+)
+def test_sign_refuses_a_key_that_is_not_an_ed25519_private_key(
+    signed: tuple[Path, Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    key: str,
+    reason: str,
+) -> None:
+    bundle, _, public = signed
+    (tmp_path / "text.pem").write_text("not a key\n")
+    ec_private, _ = _ec_key_pem(tmp_path)
+    path = {"text": tmp_path / "text.pem", "public": public, "ec": ec_private}[key]
+    out = tmp_path / "other.sig"
+    capsys.readouterr()
+    assert main(["sign", str(bundle), "--key", str(path), "--out", str(out)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert f"{path}: {reason}" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "reason"),
+    [
+        ("text", "not a PEM public key"),
+        ("private", "not a PEM public key"),
+        ("ec", "not an Ed25519 public key (EC"),
+    ],
+)
+def test_verify_refuses_a_key_that_is_not_an_ed25519_public_key(
+    signed: tuple[Path, Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    key: str,
+    reason: str,
+) -> None:
+    bundle, signature, _ = signed
+    (tmp_path / "text.pem").write_text("not a key\n")
+    _, ec_public = _ec_key_pem(tmp_path)
+    path = {"text": tmp_path / "text.pem", "private": tmp_path / "runner.pem", "ec": ec_public}[key]
+    capsys.readouterr()
+    assert verify_signed(bundle, signature, path) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    [line] = err.splitlines()
+    assert f"{path}: {reason}" in line
