@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from harness.errors import GeometryError
 from harness.transport.allocator import Allocator
-from harness.transport.checks import OperationGuard, UseHook, check_gather, check_reduce
+from harness.transport.checks import OperationGuard, UseHook
 from harness.transport.errors import BackendUnavailableError
 from harness.warm.signature import (
     FP8_E4M3,
@@ -289,9 +289,7 @@ class B12xDCPTransport(OperationGuard):
         self, q_local: torch.Tensor, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """[B, h, qdim] -> [B, h*dcp, qdim] through b12x's `all_gather_heads` (rank-major)."""
-        self._live()
-        check_gather(self.signature, q_local, out, self.device)
-        self._report_use("gather", q_local.dtype)
+        self._begin_gather(q_local, out)
         gathered: torch.Tensor = self.pool.all_gather_heads(
             **gather_kwargs(q_local.contiguous(), plan=self.gather_plan, out=out)
         )
@@ -306,9 +304,7 @@ class B12xDCPTransport(OperationGuard):
         base_e: bool = True,
     ) -> torch.Tensor:
         """[B, H, odim] + fp32 [B, H] -> [B, H/dcp, odim] through `lse_reduce_scatter`."""
-        self._live()
-        check_reduce(self.signature, partial_out, partial_lse, out, self.device)
-        self._report_use("reduce", partial_out.dtype)
+        self._begin_reduce(partial_out, partial_lse, out)
         reduced: torch.Tensor = self.pool.lse_reduce_scatter(
             **reduce_kwargs(
                 partial_out,

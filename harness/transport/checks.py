@@ -2,8 +2,7 @@
 
 Messages carry the signature and the offending values. A batch above max_tokens raises
 `CapacityError`: the static staging cannot hold it, and reallocating would be lazy work.
-`OperationGuard` is what each backend does around an operation: refuse a closed transport, and
-report the first use of each (operation, dtype) to the registry.
+`OperationGuard` is what each backend does before an operation moves data.
 """
 
 from __future__ import annotations
@@ -17,33 +16,6 @@ from harness.warm.signature import TransportSignature, output_torch_dtype, query
 
 # Called with (operation, dtype) before an operation runs: "gather" or "reduce".
 UseHook = Callable[[str, torch.dtype], None]
-
-
-class OperationGuard:
-    """Base of the transports: whether it is closed, and which first uses it reported.
-
-    Each operation calls `_live()` before its input checks and `_report_use` after them, before
-    its first collective, so a strict capture window stops a lazy first use on every rank
-    before any rank enters the exchange."""
-
-    signature: TransportSignature
-    label = "transport"  # how a closed-transport error names it
-
-    def __init__(self, on_use: UseHook | None) -> None:
-        self.closed = False
-        self._on_use = on_use
-        self._ran: set[tuple[str, torch.dtype]] = set()  # uses already reported (fast path)
-
-    def _report_use(self, operation: str, dtype: torch.dtype) -> None:
-        """Tell the registry about the first use of (operation, dtype); remembered only once
-        accepted, so a use a strict window refused is reported again next time."""
-        if self._on_use is not None and (operation, dtype) not in self._ran:
-            self._on_use(operation, dtype)
-            self._ran.add((operation, dtype))
-
-    def _live(self) -> None:
-        if self.closed:
-            raise RegistryClosedError(f"{self.label} [{self.signature.describe()}] is closed")
 
 
 def _where(sig: TransportSignature, op: str) -> str:
@@ -137,3 +109,47 @@ def check_reduce(
         reduced = (batch, sig.local_heads, sig.output_head_dim)
         _check_tensor(sig, op, "out [B, h, odim]", out, reduced, out_dtype, device)
     return batch
+
+
+class OperationGuard:
+    """Base of the transports: what each operation does before it moves data.
+
+    `_begin_gather`/`_begin_reduce` refuse a closed transport, check the inputs, then report the
+    first use of (operation, dtype) to the registry's hook, before the first collective: a
+    strict capture window stops a lazy first use on every rank before any rank enters the
+    exchange. A use is remembered only once accepted, so one a strict window refused is
+    reported again next time."""
+
+    signature: TransportSignature
+    device: torch.device
+    label = "transport"  # how a closed-transport error names it
+
+    def __init__(self, on_use: UseHook | None) -> None:
+        self.closed = False
+        self._on_use = on_use
+        self._ran: set[tuple[str, torch.dtype]] = set()  # uses already reported (fast path)
+
+    def _begin_gather(self, q_local: torch.Tensor, out: torch.Tensor | None) -> int:
+        """The batch of a valid gather on an open transport, its first use reported."""
+        self._live()
+        batch = check_gather(self.signature, q_local, out, self.device)
+        self._report_use("gather", q_local.dtype)
+        return batch
+
+    def _begin_reduce(
+        self, partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor | None
+    ) -> int:
+        """The batch of a valid reduction on an open transport, its first use reported."""
+        self._live()
+        batch = check_reduce(self.signature, partial_out, partial_lse, out, self.device)
+        self._report_use("reduce", partial_out.dtype)
+        return batch
+
+    def _report_use(self, operation: str, dtype: torch.dtype) -> None:
+        if self._on_use is not None and (operation, dtype) not in self._ran:
+            self._on_use(operation, dtype)
+            self._ran.add((operation, dtype))
+
+    def _live(self) -> None:
+        if self.closed:
+            raise RegistryClosedError(f"{self.label} [{self.signature.describe()}] is closed")

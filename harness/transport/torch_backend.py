@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from harness.errors import GeometryError
 from harness.transport.allocator import Allocator
-from harness.transport.checks import OperationGuard, UseHook, check_gather, check_reduce
+from harness.transport.checks import OperationGuard, UseHook
 from harness.transport.combine import accumulate_into, combine_weights, scale_into
 from harness.transport.errors import TransportUsageError
 from harness.warm.signature import (
@@ -201,10 +201,8 @@ class TorchDCPTransport(OperationGuard):
         self, q_local: torch.Tensor, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """[B, h, qdim] -> [B, h*dcp, qdim], rank r's heads at [r*h, (r+1)*h); bit-exact."""
-        self._live()
+        b = self._begin_gather(q_local, out)
         sig, w = self.signature, self.world
-        b = check_gather(sig, q_local, out, self.device)
-        self._report_use("gather", q_local.dtype)
         h, q = sig.local_heads, sig.query_head_dim
         n = b * h * q
         send = self._buffers["gather_send"][:n]
@@ -230,10 +228,8 @@ class TorchDCPTransport(OperationGuard):
 
         `base_e=False` when the LSEs are log2 (exp2/log2 combine).
         """
-        self._live()
+        b = self._begin_reduce(partial_out, partial_lse, out)
         sig = self.signature
-        b = check_reduce(sig, partial_out, partial_lse, out, self.device)
-        self._report_use("reduce", partial_out.dtype)
         shape = (b, sig.local_heads, sig.output_head_dim)
         result = self._out(out, shape, partial_out)
         if self.strategy == "ag_rs":
