@@ -20,6 +20,7 @@ compute the whole-context reference of its own heads without communicating (`ref
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +41,15 @@ def transport_manager(module: nn.Module) -> DCPManager | None:
     if isinstance(manager, DCPManager) and manager.b12x:
         return manager
     return None
+
+
+def transport_layers(built: BuiltModel) -> Iterator[tuple[str, nn.Module, DCPManager]]:
+    """(name, layer, manager) of every forward-context registration (the draft's included)
+    whose decode runs through the B12X DCP transport, in registration order."""
+    for name, module in built.static_forward_context.items():
+        manager = transport_manager(module)
+        if manager is not None:
+            yield name, module, manager
 
 
 @dataclass(frozen=True)
@@ -140,10 +150,7 @@ class DecodeStep(TransportUser):
 
     def _layers(self, built: BuiltModel) -> tuple[DecodeLayer, ...]:
         layers = []
-        for name, module in built.static_forward_context.items():
-            manager = transport_manager(module)
-            if manager is None:
-                continue
+        for name, module, manager in transport_layers(built):
             assert isinstance(module, DCPLayer), f"{name}: a DCP manager on a non-DCP layer"
             dcp = getattr(module, "dcp_world_size", None)
             if isinstance(dcp, int) and dcp != self.world:

@@ -35,7 +35,7 @@ from harness.capture.decode import (
     TransportUser,
     partial_attention,
     seeded_generator,
-    transport_manager,
+    transport_layers,
 )
 from harness.errors import UsageError
 from harness.models import BuiltModel
@@ -89,19 +89,10 @@ class SmokeLayer:
 
 def smoke_layers(built: BuiltModel) -> tuple[SmokeLayer, ...]:
     """Every registration (MTP re-reference included) whose layer uses a DCP transport."""
-    layers = []
-    for name, module in built.static_forward_context.items():
-        manager = transport_manager(module)
-        if manager is None:
-            continue
-        layers.append(
-            SmokeLayer(
-                name,
-                manager.num_heads * built.spec.dcp,
-                manager.query_head_dim,
-                manager.output_head_dim,
-            )
-        )
+    layers = [
+        SmokeLayer(name, m.num_heads * built.spec.dcp, m.query_head_dim, m.output_head_dim)
+        for name, _, m in transport_layers(built)
+    ]
     if not layers:
         raise UsageError(f"no attention layer of {built.spec.model} uses a DCP transport")
     return tuple(layers)
