@@ -17,14 +17,17 @@ import pytest
 from _support.evidence_factory import passing_run
 from _support.forge import reseal
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
 from harness.cli import main
 from harness.evidence.writer import finalize_bundle
 
 
-def write_key(folder: Path, name: str) -> tuple[Path, Path]:
-    key = Ed25519PrivateKey.generate()
+def write_key(folder: Path, name: str, key: PrivateKeyTypes | None = None) -> tuple[Path, Path]:
+    """(private, public) PEM files of `key`, a new Ed25519 key by default."""
+    key = key or Ed25519PrivateKey.generate()
     private = folder / f"{name}.pem"
     public = folder / f"{name}.pub.pem"
     private.write_bytes(
@@ -198,3 +201,43 @@ def test_sign_with_an_unreadable_key_is_one_line_naming_it_once(
     [line] = capsys.readouterr().err.splitlines()
     assert line.count(str(key)) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "key", "reason"),
+    [
+        ("sign", "text", "not an unencrypted PEM private key"),
+        ("sign", "public", "not an unencrypted PEM private key"),
+        ("sign", "ec", "not an Ed25519 key (EC"),
+        ("verify", "text", "not a PEM public key"),
+        ("verify", "private", "not a PEM public key"),
+        ("verify", "ec", "not an Ed25519 public key (EC"),
+    ],
+)
+def test_a_key_that_is_not_the_ed25519_key_asked_for_is_one_line_naming_it(
+    signed: tuple[Path, Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    key: str,
+    reason: str,
+) -> None:
+    bundle, signature, public = signed
+    (tmp_path / "text.pem").write_text("not a key\n")
+    ec_private, ec_public = write_key(tmp_path, "ec", ec.generate_private_key(ec.SECP256R1()))
+    path = {
+        "text": tmp_path / "text.pem",
+        "public": public,
+        "private": tmp_path / "runner.pem",
+        "ec": ec_private if command == "sign" else ec_public,
+    }[key]
+    out = tmp_path / "other.sig"
+    capsys.readouterr()
+    if command == "sign":
+        assert main(["sign", str(bundle), "--key", str(path), "--out", str(out)]) == 2
+    else:
+        assert verify_signed(bundle, signature, path) == 2
+    stdout, err = capsys.readouterr()
+    [line] = err.splitlines()
+    assert f"{path}: {reason}" in line
+    assert stdout == "" and not out.exists()

@@ -93,7 +93,7 @@ def test_allocator_counts_and_reports_a_deliberate_allocation() -> None:
     ]
     assert registry.counters.buffer_allocations == 2
     assert registry.counters.buffer_bytes == 1024
-    assert seen[0].to_json()["signature"]["total_heads"] == 8
+    assert seen[0].signature is not None and seen[0].signature.total_heads == 8
 
 
 def test_a_raising_subscriber_stops_the_allocation() -> None:

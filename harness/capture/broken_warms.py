@@ -18,7 +18,7 @@ passes a check that only counts transports:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -69,24 +69,6 @@ class _GatherOnlyRegistry:
         return None if found is None else _GatherOnlyTransport(found)
 
 
-def warm_gather_only(
-    model: nn.Module,
-    *,
-    registry: TransportRegistryLike,
-    context: WarmContext,
-    group: dist.ProcessGroup | None = None,
-    static_forward_context: Mapping[str, nn.Module] | None = None,
-) -> WarmReport:
-    """Create every transport, exercise only its gather."""
-    return warm(
-        model,
-        registry=_GatherOnlyRegistry(registry),
-        context=context,
-        group=group,
-        static_forward_context=static_forward_context,
-    )
-
-
 def _kimi_local_heads_by_dcp(module: nn.Module, ctx: WarmContext) -> TransportSignature | None:
     signature = recognize_kimi_k3(module, ctx)
     if signature is None:
@@ -101,43 +83,48 @@ KIMI_K3_LOCAL_HEADS_BY_DCP = Recognizer(
 )
 
 
-def warm_local_heads_by_dcp(
-    model: nn.Module,
+def _vendored_except(
+    doc: str,
     *,
-    registry: TransportRegistryLike,
-    context: WarmContext,
-    group: dist.ProcessGroup | None = None,
-    static_forward_context: Mapping[str, nn.Module] | None = None,
-) -> WarmReport:
-    """The vendored warm with Kimi-K3's local heads read as `num_heads // dcp`."""
-    return warm(
-        model,
-        registry=registry,
-        context=context,
-        group=group,
-        static_forward_context=static_forward_context,
-        recognizers=(GENERIC_MLA, DEEPSEEK_V4, KIMI_K3_LOCAL_HEADS_BY_DCP),
-    )
+    wrap_registry: Callable[[TransportRegistryLike], TransportRegistryLike] | None = None,
+    recognizers: str | tuple[Recognizer, ...] = "vendored",
+    keep_group: bool = True,
+) -> WarmFn:
+    """The vendored `warm` with one of its steps replaced: the registry it creates through, the
+    recognizers it discovers with, or the DCP group it creates on (dropped: the world)."""
+
+    def broken(
+        model: nn.Module,
+        *,
+        registry: TransportRegistryLike,
+        context: WarmContext,
+        group: dist.ProcessGroup | None = None,
+        static_forward_context: Mapping[str, nn.Module] | None = None,
+    ) -> WarmReport:
+        return warm(
+            model,
+            registry=registry if wrap_registry is None else wrap_registry(registry),
+            context=context,
+            group=group if keep_group else None,
+            static_forward_context=static_forward_context,
+            recognizers=recognizers,
+        )
+
+    broken.__doc__ = doc
+    return broken
 
 
-def warm_ignoring_dcp_group(
-    model: nn.Module,
-    *,
-    registry: TransportRegistryLike,
-    context: WarmContext,
-    group: dist.ProcessGroup | None = None,
-    static_forward_context: Mapping[str, nn.Module] | None = None,
-) -> WarmReport:
-    """The vendored warm with the DCP group dropped (transports created on the world)."""
-    del group
-    return warm(
-        model,
-        registry=registry,
-        context=context,
-        group=None,
-        static_forward_context=static_forward_context,
-    )
-
+warm_gather_only = _vendored_except(
+    "Create every transport, exercise only its gather.", wrap_registry=_GatherOnlyRegistry
+)
+warm_local_heads_by_dcp = _vendored_except(
+    "The vendored warm with Kimi-K3's local heads read as `num_heads // dcp`.",
+    recognizers=(GENERIC_MLA, DEEPSEEK_V4, KIMI_K3_LOCAL_HEADS_BY_DCP),
+)
+warm_ignoring_dcp_group = _vendored_except(
+    "The vendored warm with the DCP group dropped (transports created on the world).",
+    keep_group=False,
+)
 
 BROKEN_WARMS: dict[str, WarmFn] = {
     "gather-only": warm_gather_only,

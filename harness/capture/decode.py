@@ -20,6 +20,7 @@ compute the whole-context reference of its own heads without communicating (`ref
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +41,15 @@ def transport_manager(module: nn.Module) -> DCPManager | None:
     if isinstance(manager, DCPManager) and manager.b12x:
         return manager
     return None
+
+
+def transport_layers(built: BuiltModel) -> Iterator[tuple[str, nn.Module, DCPManager]]:
+    """(name, layer, manager) of every forward-context registration (the draft's included)
+    whose decode runs through the B12X DCP transport, in registration order."""
+    for name, module in built.static_forward_context.items():
+        manager = transport_manager(module)
+        if manager is not None:
+            yield name, module, manager
 
 
 @dataclass(frozen=True)
@@ -67,14 +77,42 @@ def partial_attention(
     return out, lse
 
 
-def _generator(*parts: int) -> torch.Generator:
+def seeded_generator(*parts: int) -> torch.Generator:
+    """A CPU generator seeded from `parts` (what, seed, layer, rank), so any rank can regenerate
+    any rank's data."""
     seed = 0
     for part in parts:
         seed = (seed * 1_000_003 + part) % (2**63 - 1)
     return torch.Generator().manual_seed(seed)
 
 
-class DecodeStep:
+class TransportUser:
+    """How a decode step reaches its transports, as vLLM's DCP manager does: look the signature
+    up on every call and, on a miss, create it on first use (collective and allocating: the lazy
+    work that warmup exists to move before capture). `used_signatures` lists the signatures asked
+    for since the last `reset_used()`."""
+
+    def __init__(self, registry: TransportRegistryLike, group: dist.ProcessGroup | None) -> None:
+        self.registry = registry
+        self.group = group
+        self._used: set[TransportSignature] = set()
+
+    def _transport(self, signature: TransportSignature) -> DCPTransport:
+        self._used.add(signature)
+        transport = self.registry.get(signature)
+        if transport is None:
+            transport = self.registry.get_or_create(signature, self.group)
+        return transport
+
+    @property
+    def used_signatures(self) -> tuple[TransportSignature, ...]:
+        return tuple(sorted(self._used))
+
+    def reset_used(self) -> None:
+        self._used.clear()
+
+
+class DecodeStep(TransportUser):
     """A callable decode step over a built model's attention layers (see the module doc).
 
     `step(inputs)` takes one query tensor per layer registration (`make_inputs(seed)`) and
@@ -92,9 +130,8 @@ class DecodeStep:
         kv_tokens: int = 3,
         seed: int = 0,
     ) -> None:
+        super().__init__(registry, group)
         self.model_name = built.spec.model
-        self.registry = registry
-        self.group = group
         self.batch = batch
         self.kv_tokens = kv_tokens
         self.seed = seed
@@ -108,16 +145,12 @@ class DecodeStep:
                 f"batch must be in [1, {capacity}] (the layers' capacity), got {batch}"
             )
         self.kv = tuple(self._kv(i, self.rank).to(self.device) for i in range(len(self.layers)))
-        self._used: set[TransportSignature] = set()
         for layer in self.layers:
             layer.manager.hook = self
 
     def _layers(self, built: BuiltModel) -> tuple[DecodeLayer, ...]:
         layers = []
-        for name, module in built.static_forward_context.items():
-            manager = transport_manager(module)
-            if manager is None:
-                continue
+        for name, module, manager in transport_layers(built):
             assert isinstance(module, DCPLayer), f"{name}: a DCP manager on a non-DCP layer"
             dcp = getattr(module, "dcp_world_size", None)
             if isinstance(dcp, int) and dcp != self.world:
@@ -184,15 +217,6 @@ class DecodeStep:
             device_type=partial.device.type,
         )
 
-    def _transport(self, signature: TransportSignature) -> DCPTransport:
-        self._used.add(signature)
-        transport = self.registry.get(signature)
-        if transport is None:
-            # vLLM's DCP manager on a miss: create the transport on first use. Collective
-            # and allocating: the lazy work that warmup exists to move before capture.
-            transport = self.registry.get_or_create(signature, self.group)
-        return transport
-
     # The DCPTransportHook the layers' managers call.
     def query_gather(self, manager: DCPManager, query: torch.Tensor) -> torch.Tensor:
         return self._transport(self._gather_key(manager, query)).gather_queries(query)
@@ -219,26 +243,19 @@ class DecodeStep:
         }
         return tuple(sorted(found))
 
-    @property
-    def used_signatures(self) -> tuple[TransportSignature, ...]:
-        return tuple(sorted(self._used))
-
-    def reset_used(self) -> None:
-        self._used.clear()
-
     # -- data -------------------------------------------------------------------------------
 
     def _query(self, seed: int, layer: int, rank: int) -> torch.Tensor:
         manager = self.layers[layer].manager
         shape = (self.batch, manager.num_heads, manager.query_head_dim)
-        values = torch.randn(shape, generator=_generator(1, seed, layer, rank))
+        values = torch.randn(shape, generator=seeded_generator(1, seed, layer, rank))
         return values.to(manager.output_dtype)  # the layer casts to its query dtype itself
 
     def _kv(self, layer: int, rank: int) -> torch.Tensor:
         manager = self.layers[layer].manager
         tokens = self.kv_tokens + rank % 3  # unequal shards, so the LSE weights differ
         values = torch.randn(
-            (tokens, manager.query_head_dim), generator=_generator(2, self.seed, layer, rank)
+            (tokens, manager.query_head_dim), generator=seeded_generator(2, self.seed, layer, rank)
         )
         return values.to(manager.output_dtype)
 

@@ -62,33 +62,26 @@ def _key_id(public_raw: bytes) -> str:
     return hashlib.sha256(public_raw).hexdigest()
 
 
-def _load_private(path: Path) -> Any:
+def _load_key(path: Path, *, private: bool) -> Any:
+    """The Ed25519 key (private or public) in a PEM file; anything else is one line."""
     serialization = _crypto()
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
+    data = read_bounded(path, MAX_KEY_BYTES)  # missing, unreadable, not a file: already one line
     try:
-        key = serialization.load_pem_private_key(read_bounded(path, MAX_KEY_BYTES), None)
-    except JsonFileRefused:
-        raise  # missing, unreadable or not a regular file: already one line
+        if private:
+            key = serialization.load_pem_private_key(data, None)
+        else:
+            key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError) as exc:
-        raise UsageError(f"{path}: not an unencrypted PEM private key: {exc}") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise UsageError(f"{path}: not an Ed25519 key ({type(key).__name__})")
-    return key
-
-
-def _load_public(path: Path) -> Any:
-    serialization = _crypto()
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-    try:
-        key = serialization.load_pem_public_key(read_bounded(path, MAX_KEY_BYTES))
-    except JsonFileRefused:
-        raise  # missing, unreadable or not a regular file: already one line
-    except (ValueError, TypeError) as exc:
-        raise UsageError(f"{path}: not a PEM public key: {exc}") from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise UsageError(f"{path}: not an Ed25519 public key ({type(key).__name__})")
+        form = "an unencrypted PEM private key" if private else "a PEM public key"
+        raise UsageError(f"{path}: not {form}: {exc}") from None
+    if not isinstance(key, Ed25519PrivateKey if private else Ed25519PublicKey):
+        kind = "key" if private else "public key"
+        raise UsageError(f"{path}: not an Ed25519 {kind} ({type(key).__name__})")
     return key
 
 
@@ -122,7 +115,7 @@ def sign_bundle(bundle: Path, key_path: Path, out: Path) -> Path:
         raise UsageError(f"{out} already exists; a signature is never overwritten")
     if out.resolve().is_relative_to(Path(bundle).resolve()):
         raise UsageError(f"{out} is inside {bundle}; a detached signature goes outside the bundle")
-    key = _load_private(key_path)
+    key = _load_key(key_path, private=True)
     payload = json.dumps(statement(bundle), sort_keys=True, separators=(",", ":")).encode()
     envelope = {
         "payloadType": PAYLOAD_TYPE,
@@ -141,14 +134,14 @@ def sign_bundle(bundle: Path, key_path: Path, out: Path) -> Path:
 def check_signature_inputs(signature: Path, public_key: Path) -> None:
     """Refuse (UsageError) a key or signature file that cannot be read at all, or a missing
     `cryptography`, before any verdict on the bundle: that is bad input, not bad evidence."""
-    _load_public(public_key)
+    _load_key(public_key, private=False)
     read_bounded(signature, MAX_KEY_BYTES)
 
 
 def signature_problems(bundle: Path, signature: Path, public_key: Path) -> list[str]:
     """Why `signature` does not vouch for this very bundle with this key; [] when it does.
     An unreadable key or signature file is a UsageError, never a problem of the bundle."""
-    key = _load_public(public_key)  # first: a missing `cryptography` is one line, exit 2
+    key = _load_key(public_key, private=False)  # first: no `cryptography` is one line, exit 2
     from cryptography.exceptions import InvalidSignature
 
     name = signature.name

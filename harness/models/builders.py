@@ -27,6 +27,7 @@ from harness.models.layers import (
     DecoderLayer,
     DeepseekV4Attention,
     DeepseekV4B12xMLAAttention,
+    EngineSettings,
     KimiDeltaAttention,
     MLAAttention,
     MTPDraftModel,
@@ -111,6 +112,16 @@ class ModelSpec:
     def geometry(self) -> ParallelGeometry:
         return ParallelGeometry(tp=self.tp, dcp=self.dcp)
 
+    @property
+    def engine(self) -> EngineSettings:
+        """The settings every layer of the tree reads at construction."""
+        return EngineSettings(
+            dtype=torch_dtype(self.dtype),
+            kv_cache_dtype=self.kv_cache_dtype,
+            dcp_comm_backend=self.dcp_comm_backend,
+            max_num_tokens=self.max_num_batched_tokens,
+        )
+
 
 @dataclass
 class BuiltModel:
@@ -140,10 +151,7 @@ def _kimi_layer(index: int, spec: ModelSpec, prefix: str) -> DecoderLayer:
             backend=backend_for("kimi-k3", spec.backend),
             dcp_world_size=spec.dcp,
             prefix=prefix,
-            dtype=torch_dtype(spec.dtype),
-            kv_cache_dtype=spec.kv_cache_dtype,
-            dcp_comm_backend=spec.dcp_comm_backend,
-            max_num_tokens=spec.max_num_batched_tokens,
+            engine=spec.engine,
         )
     else:
         attn = KimiDeltaAttention(
@@ -179,9 +187,7 @@ def _deepseek_v4_layer(index: int, spec: ModelSpec, prefix: str) -> DecoderLayer
             backend=backend,
             prefix=prefix,
             dcp_world_size=spec.dcp,
-            dtype=torch_dtype(spec.dtype),
-            dcp_comm_backend=spec.dcp_comm_backend,
-            max_num_tokens=spec.max_num_batched_tokens,
+            engine=spec.engine,
         )
     )
 
@@ -197,11 +203,8 @@ def _generic_mla_layer(index: int, spec: ModelSpec, prefix: str) -> DecoderLayer
             backend=backend_for("generic-mla", spec.backend),
             dcp_world_size=spec.dcp,
             prefix=prefix,
-            dtype=torch_dtype(spec.dtype),
-            kv_cache_dtype=spec.kv_cache_dtype,
-            dcp_comm_backend=spec.dcp_comm_backend,
+            engine=spec.engine,
             use_b12x_dcp_a2a=spec.use_b12x_dcp_a2a,
-            max_num_tokens=spec.max_num_batched_tokens,
         )
     )
 

@@ -60,8 +60,12 @@ class DCPManager:
         return self._bound().combine(self, partial_output, partial_lse)
 
 
+def quantized_kv_cache(kv_cache_dtype: str) -> bool:
+    """Whether the layers quantize their DCP queries under this KV cache dtype: an fp8 cache,
+    except `fp8_ds_mla` (whose queries stay in the model dtype)."""
+    return kv_cache_dtype.startswith("fp8") and kv_cache_dtype != "fp8_ds_mla"
+
+
 def kimi_query_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
     """Kimi-K3's DCP query dtype: fp8 e4m3 under a quantized KV cache, except `fp8_ds_mla`."""
-    if kv_cache_dtype.startswith("fp8") and kv_cache_dtype != "fp8_ds_mla":
-        return torch.float8_e4m3fn
-    return dtype
+    return torch.float8_e4m3fn if quantized_kv_cache(kv_cache_dtype) else dtype

@@ -14,12 +14,13 @@ query dtype) and capacity, and its decode forward calls `dcp_manager.query_gathe
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from harness.models.backends import AttentionBackend
-from harness.models.dcp import DCPManager, kimi_query_dtype
+from harness.models.dcp import DCPManager, kimi_query_dtype, quantized_kv_cache
 
 # What a layer's decode attends with: gathered queries -> (partial output, fp32 LSE).
 Attend = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -29,6 +30,40 @@ GENERIC_B12X_DCP_SIZES = (2, 4, 8)
 
 def _meta_linear(in_features: int, out_features: int) -> nn.Linear:
     return nn.Linear(in_features, out_features, bias=False, device="meta")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What a real layer reads from vLLM's engine config at construction: the model dtype, the
+    KV cache dtype, `dcp_comm_backend` and the token capacity its DCP manager is sized for."""
+
+    dtype: torch.dtype = torch.bfloat16
+    kv_cache_dtype: str = "auto"
+    dcp_comm_backend: str = "ag_rs"
+    max_num_tokens: int = 64
+
+    def manager(
+        self,
+        layer_name: str,
+        *,
+        num_heads: int,
+        query_head_dim: int,
+        output_head_dim: int,
+        query_dtype: torch.dtype,
+        b12x: bool,
+    ) -> DCPManager:
+        """The DCP manager a layer builds from its own heads and dims and these settings."""
+        return DCPManager(
+            layer_name=layer_name,
+            num_heads=num_heads,
+            query_head_dim=query_head_dim,
+            output_head_dim=output_head_dim,
+            query_dtype=query_dtype,
+            output_dtype=self.dtype,
+            max_num_tokens=self.max_num_tokens,
+            comm_backend=self.dcp_comm_backend,
+            b12x=b12x,
+        )
 
 
 class MLAImpl:
@@ -77,11 +112,8 @@ class MLAAttention(DCPLayer):
         backend: type[AttentionBackend],
         dcp_world_size: int,
         prefix: str,
-        dtype: torch.dtype = torch.bfloat16,
-        kv_cache_dtype: str = "auto",
-        dcp_comm_backend: str = "ag_rs",
+        engine: EngineSettings = EngineSettings(),
         use_b12x_dcp_a2a: bool = True,
-        max_num_tokens: int = 64,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -90,7 +122,7 @@ class MLAAttention(DCPLayer):
         self.head_size = kv_lora_rank + qk_rope_head_dim
         self.layer_name = prefix
         self.attn_backend = backend
-        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_cache_dtype = engine.kv_cache_dtype
         self.impl = MLAImpl(
             num_heads=num_heads, head_size=self.head_size, dcp_world_size=dcp_world_size
         )
@@ -98,23 +130,19 @@ class MLAAttention(DCPLayer):
         dcp = self.impl.dcp_world_size
         self.dcp_b12x = (
             backend.get_name() == "B12X_MLA_SPARSE"
-            and dcp_comm_backend == "a2a"
+            and engine.dcp_comm_backend == "a2a"
             and use_b12x_dcp_a2a
             and dcp in GENERIC_B12X_DCP_SIZES
         )
         self.dcp_manager = None
         if dcp > 1:
-            quantized = kv_cache_dtype.startswith("fp8") and kv_cache_dtype != "fp8_ds_mla"
-            fp8 = quantized and self.impl.supports_quant_query_input
-            self.dcp_manager = DCPManager(
-                layer_name=prefix,
+            fp8 = quantized_kv_cache(engine.kv_cache_dtype) and self.impl.supports_quant_query_input
+            self.dcp_manager = engine.manager(
+                prefix,
                 num_heads=num_heads,
-                query_head_dim=kv_lora_rank + qk_rope_head_dim,
+                query_head_dim=self.head_size,
                 output_head_dim=kv_lora_rank,
-                query_dtype=torch.float8_e4m3fn if fp8 else dtype,
-                output_dtype=dtype,
-                max_num_tokens=max_num_tokens,
-                comm_backend=dcp_comm_backend,
+                query_dtype=torch.float8_e4m3fn if fp8 else engine.dtype,
                 b12x=self.dcp_b12x,
             )
 
@@ -165,24 +193,19 @@ class DeepseekV4B12xMLAAttention(DeepseekV4Attention):
         backend: type[AttentionBackend],
         prefix: str,
         dcp_world_size: int,
-        dtype: torch.dtype = torch.bfloat16,
-        dcp_comm_backend: str = "ag_rs",
-        max_num_tokens: int = 64,
+        engine: EngineSettings = EngineSettings(),
     ) -> None:
         super().__init__(
             n_heads=n_heads, tp_size=tp_size, head_dim=head_dim, backend=backend, prefix=prefix
         )
         self.dcp_world_size = dcp_world_size
         if dcp_world_size > 1:
-            self.dcp_manager = DCPManager(
-                layer_name=prefix,
+            self.dcp_manager = engine.manager(
+                prefix,
                 num_heads=self.n_local_heads,
                 query_head_dim=head_dim,
                 output_head_dim=head_dim,
-                query_dtype=dtype,
-                output_dtype=dtype,
-                max_num_tokens=max_num_tokens,
-                comm_backend=dcp_comm_backend,
+                query_dtype=engine.dtype,
                 b12x=backend.get_name() == "V4_B12X_SPARSE",
             )
 
@@ -206,10 +229,7 @@ class MultiHeadLatentAttention(DCPLayer):
         backend: type[AttentionBackend],
         dcp_world_size: int,
         prefix: str,
-        dtype: torch.dtype = torch.bfloat16,
-        kv_cache_dtype: str = "auto",
-        dcp_comm_backend: str = "ag_rs",
-        max_num_tokens: int = 64,
+        engine: EngineSettings = EngineSettings(),
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -224,19 +244,16 @@ class MultiHeadLatentAttention(DCPLayer):
             num_heads=self.num_local_heads, head_size=self.head_size, dcp_world_size=dcp_world_size
         )
         self.kv_cache = torch.tensor([])
-        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_cache_dtype = engine.kv_cache_dtype
         self.o_proj = _meta_linear(self.num_local_heads * 128, 1024)
         self.dcp_manager = None
         if self.dcp_world_size > 1:
-            self.dcp_manager = DCPManager(
-                layer_name=prefix,
+            self.dcp_manager = engine.manager(
+                prefix,
                 num_heads=self.num_local_heads,
                 query_head_dim=self.head_size,
                 output_head_dim=kv_lora_rank,
-                query_dtype=kimi_query_dtype(kv_cache_dtype, dtype),
-                output_dtype=dtype,
-                max_num_tokens=max_num_tokens,
-                comm_backend=dcp_comm_backend,
+                query_dtype=kimi_query_dtype(engine.kv_cache_dtype, engine.dtype),
                 b12x=backend.get_name() == "B12X_MLA",
             )
 
@@ -257,10 +274,6 @@ class KimiDeltaAttention(nn.Module):
         backend: type[AttentionBackend],
         dcp_world_size: int,
         prefix: str,
-        dtype: torch.dtype = torch.bfloat16,
-        kv_cache_dtype: str = "auto",
-        dcp_comm_backend: str = "ag_rs",
-        max_num_tokens: int = 64,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads

@@ -31,7 +31,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from harness.capture.decode import partial_attention, transport_manager
+from harness.capture.decode import (
+    TransportUser,
+    partial_attention,
+    seeded_generator,
+    transport_layers,
+)
 from harness.errors import UsageError
 from harness.models import BuiltModel
 from harness.warm.protocols import DCPTransport, TransportRegistryLike
@@ -84,32 +89,16 @@ class SmokeLayer:
 
 def smoke_layers(built: BuiltModel) -> tuple[SmokeLayer, ...]:
     """Every registration (MTP re-reference included) whose layer uses a DCP transport."""
-    layers = []
-    for name, module in built.static_forward_context.items():
-        manager = transport_manager(module)
-        if manager is None:
-            continue
-        layers.append(
-            SmokeLayer(
-                name,
-                manager.num_heads * built.spec.dcp,
-                manager.query_head_dim,
-                manager.output_head_dim,
-            )
-        )
+    layers = [
+        SmokeLayer(name, m.num_heads * built.spec.dcp, m.query_head_dim, m.output_head_dim)
+        for name, _, m in transport_layers(built)
+    ]
     if not layers:
         raise UsageError(f"no attention layer of {built.spec.model} uses a DCP transport")
     return tuple(layers)
 
 
-def _generator(*parts: int) -> torch.Generator:
-    seed = 0
-    for part in parts:
-        seed = (seed * 1_000_003 + part) % (2**63 - 1)
-    return torch.Generator().manual_seed(seed)
-
-
-class SmokeStep:
+class SmokeStep(TransportUser):
     """`step(inputs)`: one gathered query per registration in, one reduced output per
     registration out; see the module doc. `used_signatures` lists the transports asked for."""
 
@@ -129,8 +118,8 @@ class SmokeStep:
             raise UsageError(f"batch must be in [1, max_tokens={max_tokens}], got {batch}")
         if kv_tokens < 1:
             raise UsageError(f"kv_tokens must be at least 1, got {kv_tokens}")
+        super().__init__(registry, None)
         self.layers = layers
-        self.registry = registry
         self.device = device
         self.dtype = DTYPES[dtype_name(dtype)]
         self.max_tokens = max_tokens
@@ -139,51 +128,46 @@ class SmokeStep:
         self.kv_tokens = kv_tokens
         # Unequal cache lengths per layer, so a step that mixed up layers would show it.
         self.kv = tuple(self._kv(i, kv_tokens + i).to(device) for i in range(len(layers)))
-        self._used: set[TransportSignature] = set()
+
+    def _one_rank(
+        self, dtype: torch.dtype, heads: int, qdim: int, odim: int, device_type: str
+    ) -> TransportSignature:
+        return TransportSignature(
+            dtype=dtype_name(dtype),
+            total_heads=heads,
+            query_head_dim=qdim,
+            output_head_dim=odim,
+            dcp_world_size=1,
+            max_tokens=self.max_tokens,
+            device_type=device_type,
+        )
 
     def signature_for(self, query: torch.Tensor, output_head_dim: int) -> TransportSignature:
         """The transport a layer needs, keyed by the tensor it hands over, on a one-rank group."""
         _, heads, qdim = query.shape
-        return TransportSignature(
-            dtype=dtype_name(query.dtype),
-            total_heads=heads,
-            query_head_dim=qdim,
-            output_head_dim=output_head_dim,
-            dcp_world_size=1,
-            max_tokens=self.max_tokens,
-            device_type=query.device.type,
-        )
+        return self._one_rank(query.dtype, heads, qdim, output_head_dim, query.device.type)
 
     def expected_signatures(self) -> tuple[TransportSignature, ...]:
         found = {
-            TransportSignature(
-                dtype=dtype_name(self.dtype),
-                total_heads=layer.heads,
-                query_head_dim=layer.query_head_dim,
-                output_head_dim=layer.output_head_dim,
-                dcp_world_size=1,
-                max_tokens=self.max_tokens,
-                device_type=self.device.type,
+            self._one_rank(
+                self.dtype,
+                layer.heads,
+                layer.query_head_dim,
+                layer.output_head_dim,
+                self.device.type,
             )
             for layer in self.layers
         }
         return tuple(sorted(found))
 
-    @property
-    def used_signatures(self) -> tuple[TransportSignature, ...]:
-        return tuple(sorted(self._used))
-
-    def reset_used(self) -> None:
-        self._used.clear()
-
     def _query(self, seed: int, layer: int) -> torch.Tensor:
         spec = self.layers[layer]
         shape = (self.batch, spec.heads, spec.query_head_dim)
-        return torch.randn(shape, generator=_generator(1, seed, layer)).to(self.dtype)
+        return torch.randn(shape, generator=seeded_generator(1, seed, layer)).to(self.dtype)
 
     def _kv(self, layer: int, tokens: int) -> torch.Tensor:
         width = self.layers[layer].query_head_dim
-        values = torch.randn((tokens, width), generator=_generator(2, self.seed, layer))
+        values = torch.randn((tokens, width), generator=seeded_generator(2, self.seed, layer))
         return values.to(self.dtype)
 
     def make_inputs(self, seed: int) -> tuple[torch.Tensor, ...]:
@@ -194,12 +178,7 @@ class SmokeStep:
             raise UsageError(f"the step takes {len(self.layers)} query tensors, got {len(inputs)}")
         outputs = []
         for layer, query, kv in zip(self.layers, inputs, self.kv, strict=True):
-            signature = self.signature_for(query, layer.output_head_dim)
-            self._used.add(signature)
-            transport = self.registry.get(signature)
-            if transport is None:
-                # What a DCP manager does on a miss: create the transport on first use.
-                transport = self.registry.get_or_create(signature, None)
+            transport = self._transport(self.signature_for(query, layer.output_head_dim))
             gathered = transport.gather_queries(query)
             partial, lse = partial_attention(gathered, kv, layer.output_head_dim)
             outputs.append(transport.reduce_outputs(partial.to(query.dtype), lse))

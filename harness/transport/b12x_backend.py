@@ -31,8 +31,8 @@ import torch.distributed as dist
 
 from harness.errors import GeometryError
 from harness.transport.allocator import Allocator
-from harness.transport.checks import check_gather, check_reduce
-from harness.transport.errors import BackendUnavailableError, RegistryClosedError
+from harness.transport.checks import OperationGuard, UseHook
+from harness.transport.errors import BackendUnavailableError
 from harness.warm.signature import (
     FP8_E4M3,
     TransportSignature,
@@ -219,11 +219,12 @@ def load_b12x_api() -> B12xApi:
     )
 
 
-class B12xDCPTransport:
+class B12xDCPTransport(OperationGuard):
     """One b12x DCP pool for a signature, with its plans prepared at creation (collective)."""
 
     backend = "b12x"
     strategy = "fused"
+    label = "b12x transport"
 
     def __init__(
         self,
@@ -232,7 +233,7 @@ class B12xDCPTransport:
         *,
         allocator: Allocator,
         api: B12xApi | None = None,
-        on_use: Callable[[str, torch.dtype], None] | None = None,
+        on_use: UseHook | None = None,
     ) -> None:
         check_pool_geometry(signature)
         if api is None:
@@ -245,9 +246,7 @@ class B12xDCPTransport:
         self.signature = signature
         self.group = group if group is not None else dist.group.WORLD
         self.device = allocator.device
-        self.closed = False
-        self._on_use = on_use
-        self._ran: set[tuple[str, torch.dtype]] = set()  # uses already reported (fast path)
+        super().__init__(on_use)
         self._api = api
         self.pool = api.pool_from_process_group(
             **pool_kwargs(signature, process_group=self.group, device=self.device)
@@ -286,24 +285,11 @@ class B12xDCPTransport:
         self._api.prepare(plan, call)
         return plan
 
-    def _report_use(self, operation: str, dtype: torch.dtype) -> None:
-        """Tell the registry about the first use of (operation, dtype); remembered only once
-        accepted, so a use a strict window refused is reported again next time."""
-        if self._on_use is not None and (operation, dtype) not in self._ran:
-            self._on_use(operation, dtype)
-            self._ran.add((operation, dtype))
-
-    def _live(self) -> None:
-        if self.closed:
-            raise RegistryClosedError(f"b12x transport [{self.signature.describe()}] is closed")
-
     def gather_queries(
         self, q_local: torch.Tensor, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """[B, h, qdim] -> [B, h*dcp, qdim] through b12x's `all_gather_heads` (rank-major)."""
-        self._live()
-        check_gather(self.signature, q_local, out, self.device)
-        self._report_use("gather", q_local.dtype)
+        self._begin_gather(q_local, out)
         gathered: torch.Tensor = self.pool.all_gather_heads(
             **gather_kwargs(q_local.contiguous(), plan=self.gather_plan, out=out)
         )
@@ -318,9 +304,7 @@ class B12xDCPTransport:
         base_e: bool = True,
     ) -> torch.Tensor:
         """[B, H, odim] + fp32 [B, H] -> [B, H/dcp, odim] through `lse_reduce_scatter`."""
-        self._live()
-        check_reduce(self.signature, partial_out, partial_lse, out, self.device)
-        self._report_use("reduce", partial_out.dtype)
+        self._begin_reduce(partial_out, partial_lse, out)
         reduced: torch.Tensor = self.pool.lse_reduce_scatter(
             **reduce_kwargs(
                 partial_out,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from harness.warm.signature import TransportSignature
 
@@ -38,17 +37,6 @@ class TransportCreated:
     strategy: str = ""
     frozen: bool = False
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": "transport-created",
-            "signature": self.signature.to_json(),
-            "rank": self.rank,
-            "backend": self.backend,
-            "strategy": self.strategy,
-            "frozen": self.frozen,
-            "stack": self.stack,
-        }
-
 
 @dataclass(frozen=True)
 class BufferAllocated:
@@ -61,17 +49,6 @@ class BufferAllocated:
     rank: int = 0
     frozen: bool = False
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": "buffer-allocated",
-            "signature": None if self.signature is None else self.signature.to_json(),
-            "name": self.name,
-            "nbytes": self.nbytes,
-            "rank": self.rank,
-            "frozen": self.frozen,
-            "stack": self.stack,
-        }
-
 
 @dataclass(frozen=True)
 class RegistryMiss:
@@ -82,16 +59,6 @@ class RegistryMiss:
     stack: str = ""
     rank: int = 0
     frozen: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": "registry-miss",
-            "signature": self.signature.to_json(),
-            "op": self.op,
-            "rank": self.rank,
-            "frozen": self.frozen,
-            "stack": self.stack,
-        }
 
 
 @dataclass(frozen=True)
@@ -109,17 +76,6 @@ class OperationFirstUse:
     stack: str = ""
     rank: int = 0
     frozen: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": "operation-first-use",
-            "signature": self.signature.to_json(),
-            "operation": self.operation,
-            "dtype": self.dtype,
-            "rank": self.rank,
-            "frozen": self.frozen,
-            "stack": self.stack,
-        }
 
 
 RegistryEvent = TransportCreated | BufferAllocated | RegistryMiss | OperationFirstUse

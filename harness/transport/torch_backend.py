@@ -45,9 +45,9 @@ import torch.distributed as dist
 
 from harness.errors import GeometryError
 from harness.transport.allocator import Allocator
-from harness.transport.checks import check_gather, check_reduce
+from harness.transport.checks import OperationGuard, UseHook
 from harness.transport.combine import accumulate_into, combine_weights, scale_into
-from harness.transport.errors import RegistryClosedError, TransportUsageError
+from harness.transport.errors import TransportUsageError
 from harness.warm.signature import (
     TransportSignature,
     output_torch_dtype,
@@ -59,9 +59,6 @@ Strategy = Literal["ag_rs", "a2a"]
 ReduceScatterImpl = Literal["native", "all_to_all"]
 STRATEGIES: tuple[str, ...] = ("ag_rs", "a2a")
 REDUCE_SCATTER_IMPLS: tuple[str, ...] = ("native", "all_to_all")
-
-# Called with (operation, dtype) before an operation runs: "gather" or "reduce".
-UseHook = Callable[[str, torch.dtype], None]
 
 _ALIGN = 8  # bytes; keeps the fp32 LSE region of a packed A2A chunk viewable as float32
 
@@ -112,7 +109,7 @@ def reduce_scatter_via_all_to_all(
     torch.sum(scratch.view(world, -1), dim=0, out=out)
 
 
-class TorchDCPTransport:
+class TorchDCPTransport(OperationGuard):
     """Query gather and LSE-weighted reduction over one DCP process group (see module doc)."""
 
     backend = "torch"
@@ -150,9 +147,7 @@ class TorchDCPTransport:
                 f"transport [{signature.describe()}] is for {signature.device_type}, "
                 f"the registry allocates on {self.device}"
             )
-        self.closed = False
-        self._on_use = on_use
-        self._ran: set[tuple[str, torch.dtype]] = set()  # uses already reported (fast path)
+        super().__init__(on_use)
         self._buffers: dict[str, torch.Tensor] = {}
         self._allocate(allocator)
 
@@ -192,17 +187,6 @@ class TorchDCPTransport:
         self.group = None
         self.closed = True
 
-    def _report_use(self, operation: str, dtype: torch.dtype) -> None:
-        """Tell the registry about the first use of (operation, dtype); remembered only once
-        accepted, so a use a strict window refused is reported again next time."""
-        if self._on_use is not None and (operation, dtype) not in self._ran:
-            self._on_use(operation, dtype)
-            self._ran.add((operation, dtype))
-
-    def _live(self) -> None:
-        if self.closed:
-            raise RegistryClosedError(f"transport [{self.signature.describe()}] is closed")
-
     @staticmethod
     def _out(out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         if out is None:
@@ -217,10 +201,8 @@ class TorchDCPTransport:
         self, q_local: torch.Tensor, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """[B, h, qdim] -> [B, h*dcp, qdim], rank r's heads at [r*h, (r+1)*h); bit-exact."""
-        self._live()
+        b = self._begin_gather(q_local, out)
         sig, w = self.signature, self.world
-        b = check_gather(sig, q_local, out, self.device)
-        self._report_use("gather", q_local.dtype)
         h, q = sig.local_heads, sig.query_head_dim
         n = b * h * q
         send = self._buffers["gather_send"][:n]
@@ -246,10 +228,8 @@ class TorchDCPTransport:
 
         `base_e=False` when the LSEs are log2 (exp2/log2 combine).
         """
-        self._live()
+        b = self._begin_reduce(partial_out, partial_lse, out)
         sig = self.signature
-        b = check_reduce(sig, partial_out, partial_lse, out, self.device)
-        self._report_use("reduce", partial_out.dtype)
         shape = (b, sig.local_heads, sig.output_head_dim)
         result = self._out(out, shape, partial_out)
         if self.strategy == "ag_rs":

@@ -8,6 +8,8 @@ warm implementation still shows the controls firing.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from harness.capture.callsites import CallSiteKey, CallSiteRouter, RealDecodeStep, warm_exactly
@@ -35,7 +37,9 @@ def with_draft(real_tree) -> None:
         pytest.skip(f"{real_tree.tree.spec.model} is built without a draft")
 
 
-def _record(record_capture, request, world, warmed, window, used, **extra):
+def _record(record_capture, request, world, window, used, *, warm_impl, warmed, **extra):
+    """This rank's record of one capture on the real tree: `warmed` are the signatures the warm
+    created, `used` the ones the call sites were served."""
     model = request.getfixturevalue("model_row")
     record_capture(
         capture_record(
@@ -43,10 +47,10 @@ def _record(record_capture, request, world, warmed, window, used, **extra):
             model=model,
             rank=world.rank,
             path="cpu-simulated",
-            warm_impl=warmed.warm_impl,
+            warm_impl=warm_impl,
             events=window.events,
             statuses=window.statuses,
-            signatures=signature_uses(model, warmed.report.signatures, used),
+            signatures=signature_uses(model, warmed, used),
             **extra,
         )
     )
@@ -63,9 +67,10 @@ def test_control_before_kimi_is_caught_on_the_real_tree(
         record_capture,
         request,
         world,
-        warmed,
         window,
         router.served,
+        warm_impl=warmed.warm_impl,
+        warmed=warmed.report.signatures,
         negative_control=True,
         expected_detectors=("transport-registry",),
     )
@@ -107,20 +112,16 @@ def test_modules_only_warm_against_the_draft(
         step = RealDecodeStep(sites, rank=world.rank)
         with CallSiteRouter(sites, registry, tree.dcp_group) as router:
             window.capture(step, step.make_inputs(seed=31))
-    model = request.getfixturevalue("model_row")
-    record_capture(
-        capture_record(
-            test=request.node.nodeid,
-            model=model,
-            rank=world.rank,
-            path="cpu-simulated",
-            warm_impl="exact-keys-modules-only",
-            events=window.events,
-            statuses=window.statuses,
-            signatures=signature_uses(model, warmed, router.served),
-            negative_control=differs,
-            expected_detectors=("transport-registry",) if differs else (),
-        )
+    _record(
+        record_capture,
+        request,
+        world,
+        window,
+        router.served,
+        warm_impl="exact-keys-modules-only",
+        warmed=warmed,
+        negative_control=differs,
+        expected_detectors=("transport-registry",) if differs else (),
     )
     lazy = {e.signature for e in window.events if e.detector == "transport-registry"}
     expected = {k.signature(device) for k in draft_only}
@@ -137,16 +138,25 @@ def test_real_capture_has_no_lazy_work(
 ):
     warmed = warm_real(warm_impl_name)
     window = warmed.window("strict")
+    record = functools.partial(
+        _record,
+        record_capture,
+        request,
+        world,
+        window,
+        warm_impl=warmed.warm_impl,
+        warmed=warmed.report.signatures,
+    )
     with warmed.router() as router:
         try:
             captured = window.capture(warmed.step, warmed.step.make_inputs(seed=32))
         except LazySpecializationError:
-            _record(record_capture, request, world, warmed, window, router.served)
+            record(router.served)
             raise
         fresh = warmed.step.make_inputs(seed=33)
         replayed = captured.replay(fresh)
         eager = warmed.step(fresh)
-    _record(record_capture, request, world, warmed, window, router.served, replays=captured.replays)
+    record(router.served, replays=captured.replays)
     same = all(a.equal(b) for a, b in zip(replayed, eager, strict=True))
     model = warmed.built.tree.spec.model
     agree(not window.events, f"real {model}: lazy work inside capture")

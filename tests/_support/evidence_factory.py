@@ -191,20 +191,26 @@ def failing_run(out: Path, world: int = 4, bad_rank: int = 2) -> RunContext:
     return context(world, exit_code=1)
 
 
+def write_partial_rank(out: Path, rank: int, world: int) -> None:
+    """A rank that stopped in the capture test: the two tests before it passed, no capture, an
+    incomplete record and no JUnit report."""
+    write_rank(
+        out,
+        rank,
+        world,
+        tests=[passed(n) for n in NODES[:2]],
+        captures=[],
+        complete=False,
+        junit=False,
+    )
+
+
 def killed_run(out: Path, world: int = 4, dead_rank: int = 1) -> RunContext:
     """`dead_rank` dies in the capture test: partial record, no JUnit report."""
     out.mkdir(parents=True, exist_ok=True)
     for rank in range(world):
         if rank == dead_rank:
-            write_rank(
-                out,
-                rank,
-                world,
-                tests=[passed(n) for n in NODES[:2]],
-                captures=[],
-                complete=False,
-                junit=False,
-            )
+            write_partial_rank(out, rank, world)
         else:
             write_rank(out, rank, world)
     torchrun_logs(out, world)
@@ -223,15 +229,7 @@ def timed_out_run(out: Path, world: int = 4) -> RunContext:
     """Every rank hangs in the capture test until the run's timeout kills them all."""
     out.mkdir(parents=True, exist_ok=True)
     for rank in range(world):
-        write_rank(
-            out,
-            rank,
-            world,
-            tests=[passed(n) for n in NODES[:2]],
-            captures=[],
-            complete=False,
-            junit=False,
-        )
+        write_partial_rank(out, rank, world)
         stack = out / "stacks" / f"rank-{rank:02d}.txt"
         stack.parent.mkdir(parents=True, exist_ok=True)
         stack.write_text('Thread 0x1 (most recent call first):\n  File "x.py", line 1\n')
