@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import TypeAdapter
+from harness.schema.base import adapter_of
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def _receipt() -> dict[str, Any]:
 def _rank_record() -> dict[str, Any]:
     from harness.schema.rank_record import RankRecord
 
-    return TypeAdapter(RankRecord).json_schema(mode="serialization")
+    return adapter_of(RankRecord).json_schema(mode="serialization")
 
 
 def _source_lock() -> dict[str, Any]:
