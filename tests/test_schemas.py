@@ -19,12 +19,14 @@ from harness.core.signature import TransportSignature
 from harness.errors import UsageError
 from harness.evidence.run_context import RunContext
 from harness.evidence.writer import finalize_bundle
+from harness.launch import nodes
 from harness.launch.plan import RunOptions, build_plan
 from harness.schema import SCHEMAS, schema_text
 from harness.schema.capture import CaptureRecord, DetectorStatus, LazyEvent, SignatureUse
+from harness.schema.launch import Launch
 from harness.schema.plan import PLAN_ENV, RankPlan
 from harness.schema.rank_record import RankFacts, RankRecord, TestOutcome, rank_record_path
-from harness.schema.receipt import ChosenOptions, Launch, Receipt, RequestedCount, RunExtra
+from harness.schema.receipt import ChosenOptions, Receipt, RequestedCount, RunExtra
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA_DIR = REPO / "schemas"
@@ -223,3 +225,14 @@ def test_an_unknown_key_anywhere_in_a_rank_record_is_refused(bundle: Path, path:
         validator("rank-record").validate(edited)
     with pytest.raises(ValueError, match="surprise"):
         RankRecord.from_json(edited)
+
+
+def test_a_node_marker_the_launcher_writes_validates(tmp_path: Path) -> None:
+    started = nodes.started_marker(1, 2, "h:1", "2026-01-01T00:00:00+00:00")
+    finished = nodes.finished_marker(started, Launch(exit_code=3, timed_out=True))
+    for marker in (started, finished):
+        nodes.write_marker(tmp_path, marker)
+        data = json.loads(nodes.marker_path(tmp_path, 1).read_text())
+        validator("node-marker").validate(data)
+        with pytest.raises(jsonschema.ValidationError):
+            validator("node-marker").validate({**data, "surprise": 1})

@@ -26,6 +26,7 @@ from pydantic import (
 
 from harness.core.signature import TransportSignature
 from harness.schema.base import Limitation, Model, is_sha256
+from harness.schema.launch import Interruption, Launch, NodeState
 from harness.schema.rank_record import RealTree
 
 SCHEMA: Final = "dcpqual-receipt/v1"
@@ -398,39 +399,6 @@ class Selection(Model):
     ignored: list[str] = Field(default_factory=list)
 
 
-class Interruption(Model):
-    """The launcher was interrupted: by which signal, when, and how far into the run."""
-
-    signal: str
-    at: str
-    after_s: float
-    exit_code: int
-    tests_done: NonNegativeInt = 0
-    tests_collected: NonNegativeInt = 0
-    running: str | None = None
-
-    def message(self) -> str:
-        """How an interrupted run is named: the signal, when, and how far the tests had got."""
-        return (
-            f"the run was interrupted by {self.signal} at {self.at}, after {self.after_s}s, "
-            f"with {self.tests_done} of {self.tests_collected} collected tests finished on "
-            f"every rank" + (f" and {self.running} running" if self.running else "")
-        )
-
-
-class Launch(Model):
-    """How this node's torchrun ended (`harness.launch.collect.LaunchResult`)."""
-
-    exit_code: int = 0
-    timed_out: bool = False
-    started_at: str = ""
-    finished_at: str = ""
-    elapsed_s: NonNegativeFloat = 0.0
-    leftovers: list[int] = Field(default_factory=list)  # pids ended after torchrun exited
-    interrupted: Interruption | None = None
-    ended_for_ranks_gone_mid_suite: list[NonNegativeInt] = Field(default_factory=list)
-
-
 class RequestedCount(Model):
     requested: str  # what was typed: auto | cpu | gpu | N
     resolved: PositiveInt
@@ -445,21 +413,6 @@ class ChosenOptions(Model):
     test_timeout_s: float | None = None
     timeout_s: float | None = None
     rerun_of: str | None = None
-
-
-class NodeState(Model):
-    """One node's marker in a multi-node run's shared out folder."""
-
-    node_rank: NonNegativeInt
-    nnodes: PositiveInt
-    rdzv_endpoint: str
-    state: Literal["started", "finished"]
-    hostname: str = ""
-    pid: NonNegativeInt = 0
-    exit_code: int | None = None
-    timed_out: bool = False
-    started_at: str = ""
-    finished_at: str = ""
 
 
 class Scrub(Model):

@@ -66,6 +66,12 @@ def _bench() -> dict[str, Any]:
     return BenchReport.model_json_schema(by_alias=True, mode="serialization")
 
 
+def _node_marker() -> dict[str, Any]:
+    from harness.schema.launch import NodeState
+
+    return NodeState.model_json_schema(mode="serialization")
+
+
 SCHEMAS: dict[str, SchemaSpec] = {
     "receipt": SchemaSpec("dcpqual-receipt/v1", "an evidence bundle's receipt.json", _receipt),
     "rank-record": SchemaSpec(
@@ -82,6 +88,9 @@ SCHEMAS: dict[str, SchemaSpec] = {
         "dcpqual-signatures/v1", "what `dcpqual signatures --json` prints", _signatures
     ),
     "bench": SchemaSpec("dcpqual-bench/v1", "what `dcpqual bench --out FILE` writes", _bench),
+    "node-marker": SchemaSpec(
+        "dcpqual-node-marker/v1", "a multi-node run's nodes/node-KK.json", _node_marker
+    ),
 }
 
 
