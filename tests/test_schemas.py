@@ -13,6 +13,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from _support.identities import make_identity
 
 from harness.cli import main
 from harness.core.signature import TransportSignature
@@ -23,6 +24,7 @@ from harness.launch import nodes
 from harness.launch.plan import RunOptions, build_plan
 from harness.schema import SCHEMAS, schema_text
 from harness.schema.capture import CaptureRecord, DetectorStatus, LazyEvent, SignatureUse
+from harness.schema.image import Image
 from harness.schema.launch import Launch
 from harness.schema.plan import PLAN_ENV, RankPlan
 from harness.schema.rank_record import RankFacts, RankRecord, TestOutcome, rank_record_path
@@ -236,3 +238,15 @@ def test_a_node_marker_the_launcher_writes_validates(tmp_path: Path) -> None:
         validator("node-marker").validate(data)
         with pytest.raises(jsonschema.ValidationError):
             validator("node-marker").validate({**data, "surprise": 1})
+
+
+def test_an_image_identity_validates_and_is_the_receipts_image() -> None:
+    identity = make_identity(LOCK)
+    data = json.loads(json.dumps(identity.to_json()))
+    validator("image-identity").validate(data)
+    for edited in ({**data, "surprise": 1}, {k: v for k, v in data.items() if k != "digest"}):
+        with pytest.raises(jsonschema.ValidationError):
+            validator("image-identity").validate(edited)
+    receipt_image = committed("receipt")["$defs"]["Image"]
+    assert set(data) == set(receipt_image["properties"])
+    assert isinstance(identity, Image) and Image.model_validate(data) == Image(**dict(identity))

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, computed_field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, computed_field
 
 if TYPE_CHECKING:
     # To the type checker a derived field is the property it reads as.
@@ -54,6 +54,14 @@ class JsonValue:
         """The value `data` describes; a wrong type or an unknown key is a ValidationError."""
         value: Self = adapter_of(cls).validate_python(data)
         return value
+
+
+def first_error(exc: ValidationError, top: str = "(top)") -> str:
+    """The first thing a validation refused, as one line: "where: why" (`top` names the whole
+    value when the problem is not in one field)."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or top
+    return f"{where}: {first['msg']}"
 
 
 class Limitation(Model):

@@ -72,6 +72,12 @@ def _node_marker() -> dict[str, Any]:
     return NodeState.model_json_schema(mode="serialization")
 
 
+def _image_identity() -> dict[str, Any]:
+    from harness.schema.image import ImageIdentity
+
+    return ImageIdentity.model_json_schema(by_alias=True, mode="serialization")
+
+
 SCHEMAS: dict[str, SchemaSpec] = {
     "receipt": SchemaSpec("dcpqual-receipt/v1", "an evidence bundle's receipt.json", _receipt),
     "rank-record": SchemaSpec(
@@ -88,6 +94,9 @@ SCHEMAS: dict[str, SchemaSpec] = {
         "dcpqual-signatures/v1", "what `dcpqual signatures --json` prints", _signatures
     ),
     "bench": SchemaSpec("dcpqual-bench/v1", "what `dcpqual bench --out FILE` writes", _bench),
+    "image-identity": SchemaSpec(
+        "dcpqual-image-identity/v1", "an image build's identity.json", _image_identity
+    ),
     "node-marker": SchemaSpec(
         "dcpqual-node-marker/v1", "a multi-node run's nodes/node-KK.json", _node_marker
     ),
