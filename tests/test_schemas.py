@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 import pytest
 from _support.identities import make_identity
+from _support.smoke import passing_result
 
 from harness.cli import main
 from harness.core.signature import TransportSignature
@@ -250,3 +251,11 @@ def test_an_image_identity_validates_and_is_the_receipts_image() -> None:
     receipt_image = committed("receipt")["$defs"]["Image"]
     assert set(data) == set(receipt_image["properties"])
     assert isinstance(identity, Image) and Image.model_validate(data) == Image(**dict(identity))
+
+
+def test_a_smoke_result_validates(tmp_path: Path) -> None:
+    data = json.loads(json.dumps(passing_result().to_json()))
+    validator("smoke-result").validate(data)
+    for path in [("surprise",), ("machine", "surprise"), ("controls", 0, "events", 0, "surprise")]:
+        with pytest.raises(jsonschema.ValidationError):
+            validator("smoke-result").validate(_put(data, path, 1))

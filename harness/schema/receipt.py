@@ -29,6 +29,7 @@ from harness.schema.base import Limitation, Model, is_sha256
 from harness.schema.image import Image
 from harness.schema.launch import Interruption, Launch, NodeState
 from harness.schema.rank_record import RealTree
+from harness.schema.smoke import Smoke
 
 SCHEMA: Final = "dcpqual-receipt/v1"
 
@@ -328,25 +329,6 @@ class Stray(Model):
     path: str
     kind: str  # "symlink" | "fifo" | "socket" | "device" | "file"
     action: str  # "removed" | "moved to strays/..."
-
-
-class SmokeMachine(Model):
-    torch: str
-    cuda: str | None = None
-    device: str
-    device_name: str
-    capability: tuple[int, int] | None = None
-    sm: str = "none"
-    triton: str | None = None
-    b12x: str | None = None
-    backend: str = "nccl"
-
-
-class Smoke(Model):
-    """The one-GPU smoke's machine and its failures (`dcpqual gpu-smoke`)."""
-
-    machine: SmokeMachine
-    failures: list[str] = Field(default_factory=list)
 
 
 class RunExtra(Model):

@@ -78,6 +78,12 @@ def _image_identity() -> dict[str, Any]:
     return ImageIdentity.model_json_schema(by_alias=True, mode="serialization")
 
 
+def _smoke_result() -> dict[str, Any]:
+    from harness.schema.smoke import SmokeResult
+
+    return adapter_of(SmokeResult).json_schema(mode="serialization")
+
+
 SCHEMAS: dict[str, SchemaSpec] = {
     "receipt": SchemaSpec("dcpqual-receipt/v1", "an evidence bundle's receipt.json", _receipt),
     "rank-record": SchemaSpec(
@@ -99,6 +105,9 @@ SCHEMAS: dict[str, SchemaSpec] = {
     ),
     "node-marker": SchemaSpec(
         "dcpqual-node-marker/v1", "a multi-node run's nodes/node-KK.json", _node_marker
+    ),
+    "smoke-result": SchemaSpec(
+        "dcpqual-smoke-result/v1", "a GPU smoke bundle's smoke/result.json", _smoke_result
     ),
 }
 
