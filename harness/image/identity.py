@@ -9,8 +9,8 @@ embeds it without a conversion.
 Inside a container started by `dcpqual gpu16`, the build identity arrives in the environment
 variable `DCPQUAL_IMAGE_IDENTITY`; `image_for_run()` re-runs the in-image check there and returns
 the identity with that check as its `runtime` (None outside such a container).
-`qualification_blockers()` lists why an identity cannot back a `qualified` receipt; an empty
-list means it can.
+`Image.qualification_blockers()` lists why an identity cannot back a `qualified` receipt; an
+empty list means it can.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from harness.errors import UsageError
 from harness.jsonfile import JsonSyntaxError, read_json
@@ -29,7 +28,6 @@ __all__ = [
     "IDENTITY_SCHEMA",
     "ImageIdentity",
     "image_for_run",
-    "qualification_blockers",
     "read_identity",
 ]
 
@@ -48,13 +46,6 @@ def read_identity(path: Path) -> ImageIdentity:
     if not isinstance(data, dict):
         raise UsageError(f"{path}: an image identity is a JSON object, not {type(data).__name__}")
     return ImageIdentity.from_json(data)
-
-
-def qualification_blockers(image: dict[str, Any] | None) -> list[str]:
-    """Why this image identity cannot back a `qualified` receipt; [] when it can."""
-    if image is None:
-        return ["no image: the run did not use a source-locked image"]
-    return Image.model_validate(image).qualification_blockers()
 
 
 def image_for_run() -> Image | None:
