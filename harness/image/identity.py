@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness.errors import UsageError
 from harness.jsonfile import JsonSyntaxError, read_json
-from harness.schema.image import IDENTITY_SCHEMA, Image, ImageIdentity, ImageRuntime
+from harness.schema.image import IDENTITY_SCHEMA, Image, ImageIdentity
 
 __all__ = [
     "IDENTITY_ENV",
@@ -60,6 +60,5 @@ def image_for_run() -> Image | None:
     from harness.image import verify_runtime  # imports torch; only inside an image run
 
     identity = ImageIdentity.from_json(json.loads(raw))
-    report = verify_runtime.verify(verify_runtime.default_lock_path())
-    runtime = ImageRuntime.model_validate(report.to_json())
+    runtime = verify_runtime.verify(verify_runtime.default_lock_path())
     return identity.model_copy(update={"runtime": runtime})
