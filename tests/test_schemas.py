@@ -24,6 +24,7 @@ from harness.evidence.writer import finalize_bundle
 from harness.launch import nodes
 from harness.launch.plan import RunOptions, build_plan
 from harness.schema import SCHEMAS, schema_text
+from harness.schema.base import adapter_of
 from harness.schema.capture import CaptureRecord, DetectorStatus, LazyEvent, SignatureUse
 from harness.schema.image import Image
 from harness.schema.launch import Launch
@@ -259,3 +260,12 @@ def test_a_smoke_result_validates(tmp_path: Path) -> None:
     for path in [("surprise",), ("machine", "surprise"), ("controls", 0, "events", 0, "surprise")]:
         with pytest.raises(jsonschema.ValidationError):
             validator("smoke-result").validate(_put(data, path, 1))
+
+
+def test_a_value_class_builds_its_adapter_once_and_refuses_unknown_keys() -> None:
+    assert adapter_of(CaptureRecord) is adapter_of(CaptureRecord)
+    assert adapter_of(CaptureRecord) is not adapter_of(LazyEvent)
+    event = LazyEvent("transport-registry", 0, "created transport", KIMI)
+    assert LazyEvent.from_json(event.to_json()) == event
+    with pytest.raises(ValueError, match="surprise"):
+        LazyEvent.from_json({**event.to_json(), "surprise": 1})
