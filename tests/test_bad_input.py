@@ -37,7 +37,7 @@ from _support.locks import DELETE, pinned_lock_data, set_at, write_lock
 from harness.cli import main
 from harness.evidence.writer import finalize_bundle
 from harness.launch import launcher
-from harness.launch.collect import LaunchResult
+from harness.schema.launch import Launch
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -343,13 +343,11 @@ REMOVED_CHECKS: list[tuple[str, str, object]] = [
 ]
 
 
-def fake_launch(plan: Any, **kwargs: Any) -> LaunchResult:
+def fake_launch(plan: Any, **kwargs: Any) -> Launch:
     """What a launch does to the out folder first (torchrun's log folder), without torchrun."""
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     stamp = "2026-01-01T00:00:00+00:00"
-    return LaunchResult(
-        exit_code=1, timed_out=False, started_at=stamp, finished_at=stamp, elapsed_s=0.0
-    )
+    return Launch(exit_code=1, timed_out=False, started_at=stamp, finished_at=stamp, elapsed_s=0.0)
 
 
 @pytest.mark.parametrize(

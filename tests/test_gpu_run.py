@@ -17,12 +17,8 @@ from harness.cli import main
 from harness.errors import UsageError
 from harness.image import gpu_run
 from harness.image.gpu_run import GpuInfo, GpuUnavailable
-from harness.image.identity import (
-    IDENTITY_ENV,
-    ImageIdentity,
-    image_for_run,
-    qualification_blockers,
-)
+from harness.image.identity import IDENTITY_ENV, ImageIdentity, image_for_run
+from harness.schema.image import Image
 
 
 @pytest.fixture
@@ -184,17 +180,31 @@ def test_identity_round_trip_and_bad_schema(identity: ImageIdentity) -> None:
     del broken["digest"]
     with pytest.raises(UsageError, match="digest"):
         ImageIdentity.from_json(broken)
+    with pytest.raises(UsageError, match=r"image identity: harness\.surprise: Extra inputs"):
+        ImageIdentity.from_json({**identity.to_json(), "harness": {"surprise": 1}})
+    with pytest.raises(UsageError, match="image identity: digest: String should match"):
+        ImageIdentity.from_json({**identity.to_json(), "digest": "latest"})
+
+
+def test_what_the_in_image_check_holds_against_an_image(
+    identity: ImageIdentity, lock_file: Path
+) -> None:
+    assert identity.check_failure() is None
+    failed = make_identity(lock_file, runtime_ok=False)
+    assert failed.check_failure() == "cuda: expected 13.3, found none"
+    assert identity.model_copy(update={"runtime": None}).check_failure() == "the check did not run"
 
 
 def test_qualification_blockers(identity: ImageIdentity, lock_file: Path) -> None:
-    assert qualification_blockers(identity.to_json()) == []
-    assert qualification_blockers(None) == ["no image: the run did not use a source-locked image"]
-    failed = make_identity(lock_file, runtime_ok=False).to_json()
-    assert qualification_blockers(failed) == [
+    assert identity.qualification_blockers() == []
+    failed = make_identity(lock_file, runtime_ok=False)
+    assert failed.qualification_blockers() == [
         "the in-image identity check failed: cuda: expected 13.3, found none"
     ]
-    dirty = {**identity.to_json(), "harness": {"dirty": True}, "runtime": None}
-    assert qualification_blockers(dirty) == [
+    dirty = Image.model_validate(
+        {**identity.to_json(), "harness": {"dirty": True}, "runtime": None}
+    )
+    assert dirty.qualification_blockers() == [
         "image was built from a dirty harness tree",
         "the in-image identity check did not run",
     ]

@@ -309,8 +309,17 @@ def test_run_build_records_id_digest_labels_and_the_in_image_check(harness_repo:
         "tree": plan.harness.tree,
         "dirty": False,
     }
-    assert data["runtime"] == {"ok": True, "mismatches": []}
+    assert (data["runtime"]["ok"], data["runtime"]["mismatches"]) == (True, [])
     assert data["built_at"].endswith("Z")
+
+
+def test_run_build_refuses_an_in_image_report_it_cannot_read(harness_repo: Path) -> None:
+    plan = build.plan_build(harness_repo)
+    client = FakeClient(BUILD_EVENTS, dict(plan.labels), {"ok": True, "surprise": 1})
+    with pytest.raises(
+        ImageBuildError, match=r"in-image check's report is not valid: surprise: Extra"
+    ):
+        build.run_build(plan, client, lambda _: None)
 
 
 def test_run_build_refuses_an_image_without_the_lock_labels(harness_repo: Path) -> None:

@@ -6,19 +6,18 @@ import io
 import json
 from pathlib import Path
 
-from harness.launch.collect import (
-    LaunchResult,
-    first_torchrun_error,
-    parse_error_file,
-    run_context,
-)
-from harness.launch.nodes import NodeMarker
+from harness.launch.collect import first_torchrun_error, parse_error_file, run_context
 from harness.launch.plan import RunOptions, build_plan
 from harness.launch.progress import PlainProgress, Snapshot, snapshot, wants_plain
+from harness.schema.launch import Launch, NodeState
 from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
-from harness.schema.receipt import Launch
 
-RESULT = LaunchResult(1, False, "2026-01-01T00:00:00+00:00", "2026-01-01T00:01:00+00:00", 60.0)
+RESULT = Launch(
+    exit_code=1,
+    started_at="2026-01-01T00:00:00+00:00",
+    finished_at="2026-01-01T00:01:00+00:00",
+    elapsed_s=60.0,
+)
 
 
 def write_error(path: Path, rank: int | None, when: float, message: str) -> None:
@@ -61,18 +60,19 @@ def test_run_context_carries_the_launch_and_the_geometry(tmp_path):
     assert ctx.command == plan.argv and ctx.pytest_args == plan.targets
     assert ctx.torchrun_error is not None and ctx.torchrun_error.rank == 1
     assert ctx.extra.launch is not None
-    assert ctx.extra.launch == Launch.model_validate(RESULT.to_json())
-    assert LaunchResult.from_json(RESULT.to_json()) == RESULT
+    assert ctx.extra.launch == RESULT
 
 
-def marker(k: int, state: str = "finished", code: int | None = 0) -> NodeMarker:
-    return NodeMarker(k, 2, "h:1", state, exit_code=code)  # type: ignore[arg-type]
+def marker(k: int, state: str = "finished", code: int | None = 0) -> NodeState:
+    return NodeState.model_validate(
+        {"node_rank": k, "nnodes": 2, "rdzv_endpoint": "h:1", "state": state, "exit_code": code}
+    )
 
 
 def test_a_failing_or_silent_node_fails_the_multi_node_run(tmp_path):
     options = RunOptions(nproc_per_node=2, nnodes=2, rdzv_endpoint="h:1", out_dir=tmp_path)
     plan = build_plan(options, tmp_path)
-    ok = LaunchResult(0, False, "", "", 1.0)
+    ok = Launch(exit_code=0, elapsed_s=1.0)
     assert run_context(plan, ok, nodes={0: marker(0), 1: marker(1)}).exit_code == 0
     assert run_context(plan, ok, nodes={0: marker(0), 1: marker(1, code=1)}).exit_code == 1
     assert run_context(plan, ok, nodes={0: marker(0), 1: None}).exit_code == 1

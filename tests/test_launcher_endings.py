@@ -159,8 +159,8 @@ def test_a_second_interrupt_hurries_the_ending_and_still_ends_everything(tmp_pat
     sender.join()
     helper = wait_for(pidfile)
     try:
-        assert result.interrupted is not None and result.interrupted["signal"] == "SIGINT"
-        assert result.interrupted["exit_code"] == 130
+        assert result.interrupted is not None and result.interrupted.signal == "SIGINT"
+        assert result.interrupted.exit_code == 130
         assert identify(helper) is None, "the helper that ignores SIGTERM survived"
         assert time.monotonic() - started < 1.5 + 5.0, "the second ^C did not skip the grace"
     finally:
@@ -200,7 +200,7 @@ def test_a_rank_that_exits_mid_suite_ends_the_tree_within_seconds(tmp_path):
     waiting_peer = wait_for(pidfile)
     path = rank_record_path(plan.out_dir / "records", 1)
     since_it_left = time.time() - path.stat().st_mtime - 2.0  # it wrote, slept 2 s, exited
-    assert result.ended_for == (1,) and not result.timed_out
+    assert result.ended_for_ranks_gone_mid_suite == [1] and not result.timed_out
     assert since_it_left < ending.DEAD_RANK_GRACE_S + 10, f"took {since_it_left:.1f}s"
     assert identify(waiting_peer) is None
     rec = RankRecord.read(path)
@@ -211,4 +211,5 @@ def test_without_the_watch_a_rank_gone_mid_suite_is_waited_for(tmp_path, monkeyp
     monkeypatch.setattr(ending.DeadRankWatch, "overdue", lambda self, now=None: [])
     plan, _pidfile = plan_for(tmp_path, EARLY_EXIT, timeout_s=8)
     result = launch(plan, tick_s=0.2)
-    assert result.timed_out and result.ended_for == ()  # only the whole-run timeout ended it
+    # only the whole-run timeout ended it
+    assert result.timed_out and result.ended_for_ranks_gone_mid_suite == []

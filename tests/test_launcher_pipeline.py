@@ -16,9 +16,9 @@ import pytest
 
 from harness.errors import UsageError
 from harness.launch import launcher, nodes
-from harness.launch.collect import LaunchResult
 from harness.launch.plan import RunOptions
 from harness.launch.progress import PlainProgress
+from harness.schema.launch import Launch
 
 
 @dataclass
@@ -66,7 +66,9 @@ def fake_launch(exit_code: int = 0, timed_out: bool = False):
             time.sleep(0.05)
         if tick is not None:
             tick(0.1)
-        return LaunchResult(exit_code, timed_out, "s", "f", 0.2)
+        return Launch(
+            exit_code=exit_code, timed_out=timed_out, started_at="s", finished_at="f", elapsed_s=0.2
+        )
 
     return run, calls
 
@@ -147,7 +149,7 @@ def test_two_nodes_share_one_folder_and_node0_finalizes_after_both(tmp_path, mon
 
 
 def test_node_k_refuses_a_folder_of_another_run(tmp_path):
-    nodes.write_marker(tmp_path, nodes.NodeMarker(0, 2, "10.0.0.1:1", "started"))
+    nodes.write_marker(tmp_path, nodes.started_marker(0, 2, "10.0.0.1:1", "t0"))
     with pytest.raises(UsageError, match="belongs to another run"):
         nodes.join_out_dir(tmp_path, nnodes=2, endpoint="127.0.0.1:1", wait_s=1)
 
@@ -167,7 +169,23 @@ def test_node_k_refuses_a_finished_bundle(tmp_path):
 
 
 def test_node_markers_round_trip(tmp_path):
-    marker = nodes.NodeMarker(1, 2, "h:1", "finished", exit_code=3, timed_out=True)
+    marker = nodes.finished_marker(
+        nodes.started_marker(1, 2, "h:1", "t0"),
+        Launch(exit_code=3, timed_out=True, finished_at="t1"),
+    )
+    assert (marker.state, marker.exit_code, marker.timed_out) == ("finished", 3, True)
+    assert (marker.started_at, marker.finished_at, marker.node_rank) == ("t0", "t1", 1)
     nodes.write_marker(tmp_path, marker)
     assert nodes.read_marker(tmp_path, 1) == marker
+    assert nodes.read_marker(tmp_path, 0) is None
+
+
+def test_a_marker_that_is_not_a_whole_valid_one_reads_as_none(tmp_path):
+    nodes.write_marker(tmp_path, nodes.started_marker(0, 2, "h:1", "t0"))
+    path = nodes.marker_path(tmp_path, 0)
+    data = json.loads(path.read_text())
+    for edited in ({**data, "surprise": 1}, {**data, "state": "halfway"}, {**data, "pid": -1}):
+        path.write_text(json.dumps(edited))
+        assert nodes.read_marker(tmp_path, 0) is None, edited
+    path.write_text(json.dumps(data)[:-5])
     assert nodes.read_marker(tmp_path, 0) is None

@@ -3,10 +3,12 @@ every key the builder reports is one the record's model accepts (it refuses unkn
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 from torch import nn
 
-from harness.models.real.builder import RealSpec, RealTree
+from harness.models.real.builder import RealSpec, RealTree, _vllm_class
 from harness.schema.rank_record import RealTreeRecord
 
 SPECS = [
@@ -40,3 +42,9 @@ def test_every_key_the_builder_reports_is_in_the_record_model(spec: RealSpec) ->
     assert record.draft_kv_cache_dtype == spec.draft_kv_cache_dtype
     assert record.dcp_comm_backend == spec.dcp_comm_backend
     assert [item.line() for item in record.limitations] == list(tree.limitations())
+
+
+def test_a_draft_class_path_must_name_a_class() -> None:
+    assert _vllm_class("collections:OrderedDict") is OrderedDict
+    with pytest.raises(TypeError, match="builtins:len is a builtin_function_or_method"):
+        _vllm_class("builtins:len")

@@ -13,18 +13,24 @@ from typing import Any
 
 import jsonschema
 import pytest
+from _support.identities import make_identity
+from _support.smoke import passing_result
 
 from harness.cli import main
 from harness.core.signature import TransportSignature
 from harness.errors import UsageError
 from harness.evidence.run_context import RunContext
 from harness.evidence.writer import finalize_bundle
+from harness.launch import nodes
 from harness.launch.plan import RunOptions, build_plan
 from harness.schema import SCHEMAS, schema_text
+from harness.schema.base import adapter_of
 from harness.schema.capture import CaptureRecord, DetectorStatus, LazyEvent, SignatureUse
+from harness.schema.image import Image
+from harness.schema.launch import Launch
 from harness.schema.plan import PLAN_ENV, RankPlan
 from harness.schema.rank_record import RankFacts, RankRecord, TestOutcome, rank_record_path
-from harness.schema.receipt import ChosenOptions, Launch, Receipt, RequestedCount, RunExtra
+from harness.schema.receipt import ChosenOptions, Receipt, RequestedCount, RunExtra
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA_DIR = REPO / "schemas"
@@ -223,3 +229,43 @@ def test_an_unknown_key_anywhere_in_a_rank_record_is_refused(bundle: Path, path:
         validator("rank-record").validate(edited)
     with pytest.raises(ValueError, match="surprise"):
         RankRecord.from_json(edited)
+
+
+def test_a_node_marker_the_launcher_writes_validates(tmp_path: Path) -> None:
+    started = nodes.started_marker(1, 2, "h:1", "2026-01-01T00:00:00+00:00")
+    finished = nodes.finished_marker(started, Launch(exit_code=3, timed_out=True))
+    for marker in (started, finished):
+        nodes.write_marker(tmp_path, marker)
+        data = json.loads(nodes.marker_path(tmp_path, 1).read_text())
+        validator("node-marker").validate(data)
+        with pytest.raises(jsonschema.ValidationError):
+            validator("node-marker").validate({**data, "surprise": 1})
+
+
+def test_an_image_identity_validates_and_is_the_receipts_image() -> None:
+    identity = make_identity(LOCK)
+    data = json.loads(json.dumps(identity.to_json()))
+    validator("image-identity").validate(data)
+    for edited in ({**data, "surprise": 1}, {k: v for k, v in data.items() if k != "digest"}):
+        with pytest.raises(jsonschema.ValidationError):
+            validator("image-identity").validate(edited)
+    receipt_image = committed("receipt")["$defs"]["Image"]
+    assert set(data) == set(receipt_image["properties"])
+    assert isinstance(identity, Image) and Image.model_validate(data) == Image(**dict(identity))
+
+
+def test_a_smoke_result_validates(tmp_path: Path) -> None:
+    data = json.loads(json.dumps(passing_result().to_json()))
+    validator("smoke-result").validate(data)
+    for path in [("surprise",), ("machine", "surprise"), ("controls", 0, "events", 0, "surprise")]:
+        with pytest.raises(jsonschema.ValidationError):
+            validator("smoke-result").validate(_put(data, path, 1))
+
+
+def test_a_value_class_builds_its_adapter_once_and_refuses_unknown_keys() -> None:
+    assert adapter_of(CaptureRecord) is adapter_of(CaptureRecord)
+    assert adapter_of(CaptureRecord) is not adapter_of(LazyEvent)
+    event = LazyEvent("transport-registry", 0, "created transport", KIMI)
+    assert LazyEvent.from_json(event.to_json()) == event
+    with pytest.raises(ValueError, match="surprise"):
+        LazyEvent.from_json({**event.to_json(), "surprise": 1})

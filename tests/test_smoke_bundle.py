@@ -13,8 +13,8 @@ from _support.smoke import FAULTS, H200, passing_result
 
 from harness.evidence.schema import Receipt
 from harness.evidence.verify import verify_bundle
+from harness.schema.smoke import REQUIRED_CONTROLS, SmokeResult
 from harness.smoke.bundle import CAPTURE_TEST, PINNED_TORCH, control_test, write_smoke_bundle
-from harness.smoke.outcome import REQUIRED_CONTROLS, SmokeResult
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -65,7 +65,7 @@ def test_limitations_name_world_1_b12x_sm_and_the_installed_torch(tmp_path: Path
 
 def test_the_pinned_torch_is_no_limitation(tmp_path: Path) -> None:
     pinned = dataclasses.replace(
-        passing_result(), machine=dataclasses.replace(H200, torch="2.13.0")
+        passing_result(), machine=H200.model_copy(update={"torch": "2.13.0"})
     )
     _, receipt = bundle(tmp_path, pinned)
     assert "torch" not in keys(receipt)

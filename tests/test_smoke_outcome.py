@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from _support.smoke import FAULTS, passing_result
+from _support.smoke import FAULTS, H200, passing_result
 
-from harness.smoke.outcome import REQUIRED_CONTROLS, SmokeResult
+from harness.schema.smoke import REQUIRED_CONTROLS, SmokeMachine, SmokeResult
 
 
 def test_a_clean_run_passes() -> None:
@@ -55,3 +55,24 @@ def test_results_survive_json(fault: str | None) -> None:
     again = SmokeResult.from_json(json.loads(json.dumps(result.to_json())))
     assert again == result
     assert again.failures == result.failures
+
+
+def test_a_result_whose_failures_were_edited_is_refused() -> None:
+    data = json.loads(json.dumps(passing_result().to_json()))
+    assert data["failures"] == [] and data["schema"] == "dcpqual-smoke-result/v1"
+    with pytest.raises(ValueError, match="failures="):
+        SmokeResult.from_json({**data, "failures": ["made up"]})
+    broken = json.loads(json.dumps(FAULTS["capture-simulated"][0](passing_result()).to_json()))
+    with pytest.raises(ValueError, match="failures="):
+        SmokeResult.from_json({**broken, "failures": []})
+    with pytest.raises(ValueError, match="surprise"):
+        SmokeResult.from_json({**data, "surprise": 1})
+
+
+def test_the_machines_sm_is_its_capability() -> None:
+    assert H200.sm == "sm_90"
+    assert SmokeMachine(torch="2.13.0", device="cpu", device_name="x").sm == "none"
+    data = H200.model_dump()
+    assert SmokeMachine.model_validate({**data, "sm": "sm_90"}) == H200
+    with pytest.raises(ValueError, match="sm='sm_120' but the fields give 'sm_90'"):
+        SmokeMachine.model_validate({**data, "sm": "sm_120"})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import subprocess
@@ -15,7 +14,8 @@ from _support.locks import TEMPLATE, pinned_lock_data, write_lock
 
 from harness.image import verify_runtime
 from harness.image.lock import load_pinned_lock
-from harness.image.verify_runtime import Observed, compare, expected_from, verify
+from harness.image.verify_runtime import compare, expected_from, verify
+from harness.schema.image import ExpectedRuntime, ObservedRuntime
 
 
 def fake_image_root(root: Path, lock_file: Path) -> Path:
@@ -54,20 +54,31 @@ def test_pinned_lock_with_matching_provenance_still_fails_on_cpu_torch(tmp_path:
     assert any(m.startswith("torch: ") for m in report.mismatches)
     assert any(m.startswith("nccl: expected 2.28.9, found none") for m in report.mismatches)
     assert report.image_lock_sha256 == report.lock_sha256
+    assert report.observed.harness is not None and report.observed.harness.dirty is False
+    assert sorted(report.observed.sources) == sorted(report.expected.sources)
 
 
-def _matching(lock_file: Path) -> tuple[dict, Observed]:
+def test_a_provenance_file_that_is_not_one_is_a_note_and_no_provenance(tmp_path: Path) -> None:
+    lock_file = write_lock(tmp_path / "source.lock.json", pinned_lock_data())
+    root = fake_image_root(tmp_path / "image", lock_file)
+    (root / "sources" / "b12x.json").write_text(json.dumps({"commit": "a" * 40, "surprise": 1}))
+    report = verify(lock_file, image_root=root)
+    assert "source b12x: no provenance in the image" in report.mismatches
+    assert any("b12x.json: not a provenance record: surprise" in n for n in report.observed.notes)
+
+
+def _matching(lock_file: Path) -> tuple[ExpectedRuntime, ObservedRuntime]:
     expected = expected_from(load_pinned_lock(lock_file))
-    observed = Observed(
+    observed = ObservedRuntime(
         torch="2.13.0",
-        torch_commit=expected["torch_commit"],
+        torch_commit=expected.torch_commit,
         cuda="13.3",
         nccl="2.28.9",
-        arch=("sm_120a",),
+        arch=["sm_120a"],
         cuda_available=True,
-        devices=("NVIDIA RTX PRO 6000 Blackwell Server Edition",) * 16,
+        devices=["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 16,
         packages={"vllm": "0.32.1.dev0", "b12x": "1.5.1"},
-        sources={k: dict(v) for k, v in expected["sources"].items()},
+        sources=expected.sources,
         image_lock_sha256="a" * 64,
         harness=None,
     )
@@ -77,19 +88,22 @@ def _matching(lock_file: Path) -> tuple[dict, Observed]:
 def test_compare_passes_only_when_everything_matches(tmp_path: Path) -> None:
     expected, good = _matching(write_lock(tmp_path / "source.lock.json", pinned_lock_data()))
     assert compare(expected, good, "a" * 64) == []
-    wrong_tree = {**good.sources, "b12x": {**good.sources["b12x"], "tree": "0" * 40}}
+    wrong_tree = {
+        **good.sources,
+        "b12x": good.sources["b12x"].model_copy(update={"tree": "0" * 40}),
+    }
     cases = {
         "torch: expected 2.13.0, found 2.13.0+cu133": {"torch": "2.13.0+cu133"},
         "torch commit: expected": {"torch_commit": "0" * 40},
         "cuda: expected 13.3, found 13.0": {"cuda": "13.0"},
         "nccl: expected 2.28.9, found 2.27.3": {"nccl": "2.27.3"},
-        "cuda arch: expected only sm_120a, found sm_90 sm_120a": {"arch": ("sm_90", "sm_120a")},
+        "cuda arch: expected only sm_120a, found sm_90 sm_120a": {"arch": ["sm_90", "sm_120a"]},
         "source b12x: tree expected": {"sources": wrong_tree},
         "package vllm: not installed": {"packages": {"vllm": None, "b12x": "1.5.1"}},
         "lock sha256: expected": {"image_lock_sha256": "b" * 64},
     }
     for needle, change in cases.items():
-        got = compare(expected, dataclasses.replace(good, **change), "a" * 64)
+        got = compare(expected, good.model_copy(update=change), "a" * 64)
         assert len(got) == 1 and got[0].startswith(needle), (needle, got)
 
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 from typing import Protocol
 
 from harness.schema.base import Limitation
+from harness.schema.image import Image
+from harness.schema.launch import Interruption
 from harness.schema.receipt import (
     Capture,
     Coverage,
     Environment,
     Geometry,
-    Image,
-    Interruption,
     NegativeControl,
     Ranks,
     Run,

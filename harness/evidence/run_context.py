@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.schema.receipt import Image, RunExtra
+from harness.schema.image import Image
+from harness.schema.receipt import RunExtra
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from harness.schema.image import DIGEST_PATTERN, Image
 from harness.schema.receipt import (
-    DIGEST_PATTERN,
     SCHEMA,
     Backend,
     Capture,
@@ -14,7 +14,6 @@ from harness.schema.receipt import (
     FailedTest,
     Geometry,
     Gpu,
-    Image,
     Models,
     NegativeControl,
     Ranks,

@@ -21,11 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from harness import gitinfo
 from harness.errors import DcpqualError, UsageError
 from harness.image import dockerfile
-from harness.image.identity import ImageIdentity
 from harness.image.lock import load_pinned_lock, lock_sha256
+from harness.schema.base import first_error
+from harness.schema.image import GitPin, ImageHarness, ImageIdentity, ImageRuntime
 from harness.schema.lock import SourceLock
 
 DEFAULT_LOCK = Path("images/kimi-k3-cu133-torch213/source.lock.json")
@@ -246,30 +249,45 @@ def _utc_now() -> str:
 def identity_from(
     plan: BuildPlan, inspect: Mapping[str, Any], runtime: dict[str, Any] | None, built_at: str
 ) -> ImageIdentity:
-    """The receipt's image identity, from the plan and what the engine says about the image."""
+    """The receipt's image identity, from the plan and what the engine says about the image;
+    an engine answer or in-image report that does not fit it is an ImageBuildError."""
     image_id = str(inspect["Id"])
-    repo_digests = tuple(inspect.get("RepoDigests") or ())
+    repo_digests = [str(d) for d in inspect.get("RepoDigests") or ()]
     digest = repo_digests[0].rpartition("@")[2] if repo_digests else image_id
     labels = dict((inspect.get("Config") or {}).get("Labels") or {})
-    return ImageIdentity(
-        reference=plan.tag,
-        image_id=image_id,
-        digest=digest,
-        repo_digests=repo_digests,
-        image=plan.lock.image,
-        lock_path=str(plan.lock_path),
-        source_lock_sha256=plan.lock_sha256,
-        base_image=plan.lock.base_image.pinned,
-        versions=plan.lock.versions.model_dump(),
-        torch_cuda_arch_list=plan.lock.torch_cuda_arch_list,
-        sources={
-            name: comp.source.model_dump() for name, comp in sorted(plan.lock.components.items())
-        },
-        harness=plan.harness.to_json(),
-        labels=labels,
-        built_at=built_at,
-        runtime=runtime,
-    )
+    try:
+        report = None if runtime is None else ImageRuntime.model_validate(runtime)
+    except ValidationError as exc:
+        raise ImageBuildError(
+            f"the in-image check's report is not valid: {first_error(exc)}"
+        ) from None
+    try:
+        return ImageIdentity(
+            reference=plan.tag,
+            image_id=image_id,
+            digest=digest,
+            repo_digests=repo_digests,
+            image=plan.lock.image,
+            lock_path=str(plan.lock_path),
+            source_lock_sha256=plan.lock_sha256,
+            base_image=plan.lock.base_image.pinned,
+            versions=plan.lock.versions.model_dump(),
+            torch_cuda_arch_list=plan.lock.torch_cuda_arch_list,
+            sources={
+                name: GitPin(**comp.source.model_dump())
+                for name, comp in sorted(plan.lock.components.items())
+            },
+            harness=ImageHarness(
+                commit=plan.harness.commit, tree=plan.harness.tree, dirty=plan.harness.dirty
+            ),
+            labels=labels,
+            built_at=built_at,
+            runtime=report,
+        )
+    except ValidationError as exc:
+        raise ImageBuildError(
+            f"the built image's identity is not valid: {first_error(exc)}"
+        ) from None
 
 
 def label_mismatches(expected: Mapping[str, str], found: Mapping[str, str]) -> list[str]:

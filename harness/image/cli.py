@@ -72,11 +72,10 @@ def cmd_image_build(args: argparse.Namespace) -> int:
     identity = run_build(plan, client, console.print)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out, identity.to_json())
-    runtime = identity.runtime or {}
-    if not runtime.get("ok"):
-        first = (runtime.get("mismatches") or ["no report"])[0]
+    failure = identity.check_failure()
+    if failure is not None:
         raise QualificationError(
-            f"image {identity.image_id} failed its in-image identity check: {first} "
+            f"image {identity.image_id} failed its in-image identity check: {failure} "
             f"(identity written to {args.out})"
         )
     print(f"{identity.reference} {identity.digest} (identity: {args.out})")

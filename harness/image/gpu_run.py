@@ -216,10 +216,9 @@ def check_identity_current(identity: ImageIdentity, lock_path: Path) -> None:
             f"image {identity.digest} was built from lock sha256 {identity.source_lock_sha256}, "
             f"{lock_path} is now {current}; rebuild with nox -s image"
         )
-    runtime = identity.runtime or {}
-    if not runtime.get("ok"):
-        first = (runtime.get("mismatches") or ["the check did not run"])[0]
-        raise UsageError(f"image {identity.digest} failed its in-image identity check: {first}")
+    failure = identity.check_failure()
+    if failure is not None:
+        raise UsageError(f"image {identity.digest} failed its in-image identity check: {failure}")
 
 
 def run_container(client: Any, spec: ContainerSpec, emit: Emit) -> int:

@@ -10,10 +10,11 @@ built with (`<image root>/build.json`), and that the vLLM fork and b12x are inst
 when everything matches; 1 with every mismatch listed; 2 for unusable arguments. Outside an image
 (a CPU torch, no CUDA) it lists those mismatches: it never passes by default.
 
-The report (`RuntimeReport.to_json()`): `schema` ("dcpqual-image-runtime/v1"), `ok`,
-`lock_path`, `lock_sha256`, `image_lock_sha256`, `expected` {torch, torch_commit, cuda, nccl,
-arch, sources}, `observed` {torch, torch_commit, cuda, nccl, arch, cuda_available, devices,
-packages, sources, harness}, `mismatches` [one line each].
+The report is the receipt's own `ImageRuntime` (`harness.schema.image`; schema
+"dcpqual-image-runtime/v1"): `ok`, `lock_path`, `lock_sha256`, `image_lock_sha256`, `expected`
+{torch, torch_commit, cuda, nccl, arch, sources}, `observed` {torch, torch_commit, cuda, nccl,
+arch, cuda_available, devices, packages, sources, image_lock_sha256, harness, notes},
+`mismatches` [one line each].
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from harness.errors import DcpqualError, UsageError
 from harness.image.lock import (
@@ -37,9 +39,18 @@ from harness.image.lock import (
     load_lock,
 )
 from harness.jsonfile import read_json
+from harness.schema.base import first_error
+from harness.schema.image import (
+    ExpectedRuntime,
+    GitPin,
+    ImageHarness,
+    ImageRuntime,
+    ObservedRuntime,
+)
 from harness.schema.lock import SourceLock
 
-RUNTIME_SCHEMA = "dcpqual-image-runtime/v1"
+M = TypeVar("M", bound=BaseModel)
+
 DEFAULT_IMAGE_ROOT = Path("/opt/dcpqual/image")
 DEFAULT_LOCK = Path("images/kimi-k3-cu133-torch213/source.lock.json")
 # Components that are Python distributions in the image: name in the lock -> distribution.
@@ -54,63 +65,6 @@ def default_image_root() -> Path:
     return Path(os.environ.get("DCPQUAL_IMAGE_ROOT") or DEFAULT_IMAGE_ROOT)
 
 
-@dataclass(frozen=True)
-class Observed:
-    """What this environment holds; None where it holds nothing to compare."""
-
-    torch: str | None
-    torch_commit: str | None
-    cuda: str | None
-    nccl: str | None
-    arch: tuple[str, ...]
-    cuda_available: bool
-    devices: tuple[str, ...]
-    packages: dict[str, str | None]
-    sources: dict[str, dict[str, str]]
-    image_lock_sha256: str | None
-    harness: dict[str, Any] | None
-    notes: tuple[str, ...] = ()  # why something could not be observed
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "torch": self.torch,
-            "torch_commit": self.torch_commit,
-            "cuda": self.cuda,
-            "nccl": self.nccl,
-            "arch": list(self.arch),
-            "cuda_available": self.cuda_available,
-            "devices": list(self.devices),
-            "packages": dict(self.packages),
-            "sources": {k: dict(v) for k, v in self.sources.items()},
-            "harness": self.harness,
-            "notes": list(self.notes),
-        }
-
-
-@dataclass(frozen=True)
-class RuntimeReport:
-    ok: bool
-    lock_path: str
-    lock_sha256: str | None
-    image_lock_sha256: str | None
-    expected: dict[str, Any]
-    observed: Observed
-    mismatches: tuple[str, ...]
-    schema: str = field(default=RUNTIME_SCHEMA)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": self.schema,
-            "ok": self.ok,
-            "lock_path": self.lock_path,
-            "lock_sha256": self.lock_sha256,
-            "image_lock_sha256": self.image_lock_sha256,
-            "expected": self.expected,
-            "observed": self.observed.to_json(),
-            "mismatches": list(self.mismatches),
-        }
-
-
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = read_json(path)
@@ -119,7 +73,20 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def observe(image_root: Path) -> Observed:
+def _provenance(path: Path, model: type[M], notes: list[str]) -> M | None:
+    """The provenance record at `path` as `model`; None (with a note) where there is none or
+    it is not one."""
+    data = _read_json(path)
+    if data is None:
+        return None
+    try:
+        return model.model_validate({k: None if v is None else str(v) for k, v in data.items()})
+    except ValidationError as exc:
+        notes.append(f"{path}: not a provenance record: {first_error(exc)}")
+        return None
+
+
+def observe(image_root: Path) -> ObservedRuntime:
     """Read torch and the image's provenance files; never raises, records what it lacked."""
     notes: list[str] = []
     import torch
@@ -142,51 +109,59 @@ def observe(image_root: Path) -> Observed:
             packages[name] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             packages[name] = None
-    sources: dict[str, dict[str, str]] = {}
+    sources: dict[str, GitPin] = {}
     source_dir = image_root / "sources"
     if source_dir.is_dir():
         for path in sorted(source_dir.glob("*.json")):
-            data = _read_json(path)
-            if data is not None:
-                sources[path.stem] = {k: str(v) for k, v in data.items()}
+            if (pin := _provenance(path, GitPin, notes)) is not None:
+                sources[path.stem] = pin
     else:
         notes.append(f"no provenance folder {source_dir} (not inside a dcpqual image?)")
     build = _read_json(image_root / "build.json") or {}
-    return Observed(
+    harness = None
+    if isinstance(build.get("harness"), dict):
+        try:
+            harness = ImageHarness.model_validate(build["harness"])
+        except ValidationError as exc:
+            notes.append(f"build.json harness: {first_error(exc)}")
+    lock_sha = build.get("lock_sha256")
+    return ObservedRuntime(
         torch=torch.__version__,
         torch_commit=getattr(torch.version, "git_version", None),
         cuda=torch.version.cuda,
         nccl=nccl,
-        arch=tuple(flags.split()) if flags else (),
+        arch=flags.split() if flags else [],
         cuda_available=available,
-        devices=devices,
+        devices=list(devices),
         packages=packages,
         sources=sources,
-        image_lock_sha256=build.get("lock_sha256"),
-        harness=build.get("harness"),
-        notes=tuple(notes),
+        image_lock_sha256=None if lock_sha is None else str(lock_sha),
+        harness=harness,
+        notes=notes,
     )
 
 
-def expected_from(lock: SourceLock | None) -> dict[str, Any]:
+def expected_from(lock: SourceLock | None) -> ExpectedRuntime:
     """What a correct image holds, from the lock (the image's fixed versions without one)."""
     if lock is None:
-        return {"torch": REQUIRED_TORCH, "cuda": REQUIRED_CUDA, "sources": {}}
+        return ExpectedRuntime(torch=REQUIRED_TORCH, cuda=REQUIRED_CUDA)
     pytorch = lock.components.get("pytorch")
-    return {
-        "torch": lock.versions.torch,
-        "torch_commit": pytorch.source.commit if pytorch else None,
-        "cuda": lock.versions.cuda,
-        "nccl": lock.versions.nccl,
-        "arch": "sm_" + lock.torch_cuda_arch_list.replace(".", ""),
-        "sources": {
-            name: {"commit": c.source.commit, "tree": c.source.tree}
+    return ExpectedRuntime(
+        torch=lock.versions.torch,
+        torch_commit=pytorch.source.commit if pytorch else None,
+        cuda=lock.versions.cuda,
+        nccl=lock.versions.nccl,
+        arch="sm_" + lock.torch_cuda_arch_list.replace(".", ""),
+        sources={
+            name: GitPin(commit=c.source.commit, tree=c.source.tree)
             for name, c in lock.components.items()
         },
-    }
+    )
 
 
-def compare(expected: dict[str, Any], observed: Observed, lock_sha256: str | None) -> list[str]:
+def compare(
+    expected: ExpectedRuntime, observed: ObservedRuntime, lock_sha256: str | None
+) -> list[str]:
     """Every difference between `expected` and `observed`, one line each (pure)."""
     out: list[str] = []
 
@@ -194,24 +169,25 @@ def compare(expected: dict[str, Any], observed: Observed, lock_sha256: str | Non
         if want is not None and want != got:
             out.append(f"{what}: expected {want}, found {got if got is not None else 'none'}")
 
-    differ("torch", expected.get("torch"), observed.torch)
-    differ("torch commit", expected.get("torch_commit"), observed.torch_commit)
-    differ("cuda", expected.get("cuda"), observed.cuda)
-    differ("nccl", expected.get("nccl"), observed.nccl)
-    arch = expected.get("arch")
-    if arch is not None and observed.arch != (arch,):
+    differ("torch", expected.torch, observed.torch)
+    differ("torch commit", expected.torch_commit, observed.torch_commit)
+    differ("cuda", expected.cuda, observed.cuda)
+    differ("nccl", expected.nccl, observed.nccl)
+    arch = expected.arch
+    if arch is not None and observed.arch != [arch]:
         found = " ".join(observed.arch) or "none (no CUDA build)"
         out.append(f"cuda arch: expected only {arch}, found {found}")
-    for name, want in sorted(expected.get("sources", {}).items()):
+    for name, want in sorted(expected.sources.items()):
         got = observed.sources.get(name)
         if got is None:
             out.append(f"source {name}: no provenance in the image")
             continue
-        for key in ("commit", "tree"):
-            if got.get(key) != want[key]:
-                out.append(f"source {name}: {key} expected {want[key]}, found {got.get(key)}")
+        pairs = (("commit", want.commit, got.commit), ("tree", want.tree, got.tree))
+        for key, wanted, seen in pairs:
+            if seen != wanted:
+                out.append(f"source {name}: {key} expected {wanted}, found {seen}")
     for name, version in sorted(observed.packages.items()):
-        if name in expected.get("sources", {}) and version is None:
+        if name in expected.sources and version is None:
             out.append(f"package {name}: not installed")
     if lock_sha256 is not None and observed.image_lock_sha256 != lock_sha256:
         found = observed.image_lock_sha256 or "none (no build.json)"
@@ -219,7 +195,7 @@ def compare(expected: dict[str, Any], observed: Observed, lock_sha256: str | Non
     return out
 
 
-def verify(lock_path: Path, image_root: Path | None = None) -> RuntimeReport:
+def verify(lock_path: Path, image_root: Path | None = None) -> ImageRuntime:
     """Check this environment against the lock at `lock_path`."""
     lock_path = Path(lock_path)
     if not lock_path.is_file():
@@ -235,14 +211,14 @@ def verify(lock_path: Path, image_root: Path | None = None) -> RuntimeReport:
     observed = observe(image_root)
     # An unpinned lock value never matches anything, so a template lock can never pass.
     mismatches += compare(expected, observed, lock_sha)
-    return RuntimeReport(
+    return ImageRuntime(
         ok=not mismatches,
         lock_path=str(lock_path),
         lock_sha256=lock_sha,
         image_lock_sha256=observed.image_lock_sha256,
         expected=expected,
         observed=observed,
-        mismatches=tuple(mismatches),
+        mismatches=mismatches,
     )
 
 
@@ -264,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"verify_runtime: error: {exc}", file=sys.stderr)
         return exc.exit_code
     if args.json:
-        print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+        print(json.dumps(report.model_dump(mode="json", by_alias=True), indent=2, sort_keys=True))
     for line in report.mismatches:
         print(f"verify_runtime: mismatch: {line}", file=sys.stderr)
     verdict = "ok" if report.ok else f"{len(report.mismatches)} mismatch(es)"

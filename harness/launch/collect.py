@@ -9,61 +9,14 @@ its own). Everything becomes one `RunContext`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from harness.evidence.run_context import RunContext, TorchrunFailure
 from harness.image.identity import image_for_run
 from harness.jsonfile import read_json
-from harness.launch.nodes import NodeMarker
 from harness.launch.plan import RunOptions, RunPlan
-from harness.schema.receipt import ChosenOptions, Launch, NodeState, RunExtra
-
-
-@dataclass(frozen=True)
-class LaunchResult:
-    """How the one torchrun launch ended. `leftovers`: pids the launcher had to kill after
-    torchrun exited (should be empty; reported so a leak is visible)."""
-
-    exit_code: int
-    timed_out: bool
-    started_at: str
-    finished_at: str
-    elapsed_s: float
-    leftovers: tuple[int, ...] = ()
-    # How the launcher was interrupted ({signal, at, after_s, exit_code}), if it was.
-    interrupted: dict[str, Any] | None = None
-    # Ranks whose process left mid-suite, for which the launcher ended the tree.
-    ended_for: tuple[int, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "exit_code": self.exit_code,
-            "timed_out": self.timed_out,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "elapsed_s": round(self.elapsed_s, 3),
-            "leftovers": list(self.leftovers),
-        }
-        if self.interrupted is not None:
-            data["interrupted"] = dict(self.interrupted)
-        if self.ended_for:
-            data["ended_for_ranks_gone_mid_suite"] = list(self.ended_for)
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LaunchResult:
-        return cls(
-            exit_code=int(data["exit_code"]),
-            timed_out=bool(data["timed_out"]),
-            started_at=data["started_at"],
-            finished_at=data["finished_at"],
-            elapsed_s=float(data["elapsed_s"]),
-            leftovers=tuple(data.get("leftovers", [])),
-            interrupted=data.get("interrupted"),
-            ended_for=tuple(data.get("ended_for_ranks_gone_mid_suite", [])),
-        )
+from harness.schema.launch import Launch, NodeState
+from harness.schema.receipt import ChosenOptions, RequestedCount, RunExtra
 
 
 def parse_error_file(path: Path, root: Path) -> TorchrunFailure | None:
@@ -109,39 +62,37 @@ def first_torchrun_error(out_dir: Path) -> TorchrunFailure | None:
     return min(found, key=lambda e: (e.time, e.rank is None, e.rank or 0))
 
 
-def chosen_options(options: RunOptions) -> dict[str, Any]:
+def chosen_options(options: RunOptions) -> ChosenOptions:
     """The run's options a rerun or a reader needs that geometry does not say: how
     --nproc-per-node was given (auto|cpu|gpu|N) and what it resolved to, --maxfail, --tee,
     and the bundle a --rerun-failed run reran."""
-    return {
-        "nproc_per_node": {
-            "requested": options.nproc_requested or str(options.nproc_per_node),
-            "resolved": options.nproc_per_node,
-        },
-        "maxfail": options.maxfail,
-        "tee": list(options.tee),
-        "test_timeout_s": options.resolved_test_timeout,
-        "timeout_s": options.timeout_s,
-        "rerun_of": None if options.rerun_of is None else str(options.rerun_of),
-    }
+    return ChosenOptions(
+        nproc_per_node=RequestedCount(
+            requested=options.nproc_requested or str(options.nproc_per_node),
+            resolved=options.nproc_per_node,
+        ),
+        maxfail=options.maxfail,
+        tee=list(options.tee),
+        test_timeout_s=options.resolved_test_timeout,
+        timeout_s=options.timeout_s,
+        rerun_of=None if options.rerun_of is None else str(options.rerun_of),
+    )
 
 
 def run_context(
     plan: RunPlan,
-    result: LaunchResult,
+    result: Launch,
     *,
-    nodes: dict[int, NodeMarker | None] | None = None,
+    nodes: dict[int, NodeState | None] | None = None,
 ) -> RunContext:
     """The hand-off to `finalize_bundle`. With several nodes, the run failed if any node's
     torchrun did, and a node that never reported counts as a failure too."""
     options = plan.options
     exit_code, timed_out = result.exit_code, result.timed_out
     extra = RunExtra(
-        launch=Launch.model_validate(result.to_json()),
-        options=ChosenOptions.model_validate(chosen_options(options)),
-        nodes=None
-        if nodes is None
-        else {str(k): None if m is None else NodeState(**m.to_json()) for k, m in nodes.items()},
+        launch=result,
+        options=chosen_options(options),
+        nodes=None if nodes is None else {str(k): m for k, m in nodes.items()},
     )
     if nodes is not None:
         for marker in nodes.values():

@@ -6,9 +6,9 @@
   is also a child subreaper (Linux `PR_SET_CHILD_SUBREAPER`) for the launch, so a process a rank
   double-forks into its own session re-parents to the launcher instead of to init, and the
   final scan finds it however briefly the run saw it.
-- Interruptions: ^C or SIGTERM ends the tree and becomes a value, `Interruption`, that the
-  evidence names; while the tree is being ended a second ^C does not abort the ending, it only
-  skips the grace period (SIGKILL at once), so nothing is orphaned.
+- Interruptions: ^C or SIGTERM ends the tree and becomes a value, the schema's `Interruption`,
+  that the evidence names; while the tree is being ended a second ^C does not abort the ending,
+  it only skips the grace period (SIGKILL at once), so nothing is orphaned.
 - Early exits: a rank whose process is gone while its record says it is neither complete nor
   aborted left mid-suite (any exit code); its peers would wait for it until the per-test timeout.
   `DeadRankWatch` notices it within seconds so the launcher can end the tree.
@@ -33,6 +33,7 @@ import psutil
 
 from harness.launch.proctree import Proc, Tracker, alive
 from harness.launch.progress import Snapshot
+from harness.schema.launch import Interruption
 from harness.schema.rank_record import RankRecord, rank_record_path
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -153,40 +154,18 @@ class Cgroup:
                 time.sleep(0.05)
 
 
-@dataclass(frozen=True)
-class Interruption:
-    """The launcher was interrupted: by which signal, when, and how far into the run."""
-
-    signal: str  # "SIGINT" | "SIGTERM"
-    at: str  # UTC, ISO 8601
-    after_s: float
-    exit_code: int  # what `dcpqual run` exits with: 128 + the signal number
-    tests_done: int = 0  # tests every reporting rank had finished when the signal came
-    tests_collected: int = 0
-    running: str | None = None  # a test running then
-
-    @classmethod
-    def now(cls, sig: int, after_s: float, seen: Snapshot | None = None) -> Interruption:
-        return cls(
-            signal=signal.Signals(sig).name,
-            at=datetime.now(UTC).isoformat(timespec="seconds"),
-            after_s=round(after_s, 3),
-            exit_code=128 + sig,
-            tests_done=0 if seen is None else seen.done,
-            tests_collected=0 if seen is None else seen.total,
-            running=None if seen is None else seen.current,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "signal": self.signal,
-            "at": self.at,
-            "after_s": self.after_s,
-            "exit_code": self.exit_code,
-            "tests_done": self.tests_done,
-            "tests_collected": self.tests_collected,
-            "running": self.running,
-        }
+def interruption(sig: int, after_s: float, seen: Snapshot | None = None) -> Interruption:
+    """The interruption by signal `sig`, `after_s` into the launch, with how far the tests had
+    got (`seen`: what the records said when the signal came)."""
+    return Interruption(
+        signal=signal.Signals(sig).name,
+        at=datetime.now(UTC).isoformat(timespec="seconds"),
+        after_s=round(after_s, 3),
+        exit_code=128 + sig,
+        tests_done=0 if seen is None else seen.done,
+        tests_collected=0 if seen is None else seen.total,
+        running=None if seen is None else seen.current,
+    )
 
 
 class Shield:

@@ -28,11 +28,12 @@ from typing import IO, Any, TextIO
 
 from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
-from harness.launch.collect import LaunchResult, run_context
+from harness.launch.collect import run_context
 from harness.launch.plan import SHUTDOWN_TIMEOUT_S, RunOptions, RunPlan, build_plan
 from harness.launch.proctree import Tracker, end_launch_root, identify, start_launch_root
 from harness.launch.progress import Progress, Snapshot, make_progress, poller, snapshot
 from harness.launch.ranklogs import collect_rank_logs
+from harness.schema.launch import Interruption, Launch, NodeState
 from harness.schema.receipt import Scrub
 
 # How long node 0 waits for the other nodes' "finished" markers after its own torchrun exits,
@@ -108,7 +109,7 @@ def launch(
     tick: Callable[[float], None] | None = None,
     tick_s: float = 0.5,
     console: TextIO | None = None,
-) -> LaunchResult:
+) -> Launch:
     """Run the planned torchrun once and end its whole tree: at the overall timeout, when a rank
     left mid-suite, on ^C or SIGTERM (returned as `interrupted`, not raised), and after torchrun
     exits, when every process the run left behind (orphans adopted as subreaper) is ended.
@@ -179,22 +180,22 @@ def launch(
             ending.set_subreaper(False)
         if in_main:
             signal.signal(signal.SIGTERM, previous)
-    return LaunchResult(
+    return Launch(
         exit_code=int(proc.returncode),
         timed_out=outcome.timed_out,
         started_at=started_at,
         finished_at=_now(),
-        elapsed_s=time.monotonic() - t0,
-        leftovers=tuple(p.pid for p in leftovers),
-        interrupted=None if outcome.interrupted is None else outcome.interrupted.to_json(),
-        ended_for=tuple(outcome.dead_ranks),
+        elapsed_s=round(time.monotonic() - t0, 3),
+        leftovers=[p.pid for p in leftovers],
+        interrupted=outcome.interrupted,
+        ended_for_ranks_gone_mid_suite=list(outcome.dead_ranks),
     )
 
 
 @dataclass(frozen=True)
 class _Outcome:
     timed_out: bool = False
-    interrupted: ending.Interruption | None = None
+    interrupted: Interruption | None = None
     dead_ranks: tuple[int, ...] = ()
 
 
@@ -233,7 +234,7 @@ def _supervise(
         sig = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
         # What had run when the signal came, before ending the tree marks the rest stopped.
         seen = snapshot(plan.out_dir / "records", plan.options.world_size, 0.0)
-        interrupted = ending.Interruption.now(sig, time.monotonic() - t0, seen)
+        interrupted = ending.interruption(sig, time.monotonic() - t0, seen)
         with ending.Shield() as shield:  # a second ^C hurries the ending, never aborts it
             tracker.end_all(grace_s=5.0, hurry=shield.hurry)
             proc.wait()
@@ -312,7 +313,7 @@ def run(
     out_dir = prepare(options, evidence)
     plan = build_plan(options, out_dir)
     endpoint = options.rdzv_endpoint or ""
-    marker = nodes.NodeMarker.here(options.node_rank, options.nnodes, endpoint, _now())
+    marker = nodes.started_marker(options.node_rank, options.nnodes, endpoint, _now())
     if options.multi_node:
         nodes.write_marker(out_dir, marker)
     _say(
@@ -343,8 +344,8 @@ def _finish(
     evidence: Evidence,
     stream: TextIO,
     plan: RunPlan,
-    marker: nodes.NodeMarker,
-    result: LaunchResult,
+    marker: NodeState,
+    result: Launch,
     seen: Snapshot,
 ) -> int:
     """Scrub first, then name the interruption, set strays aside, write and verify the bundle."""
@@ -353,27 +354,18 @@ def _finish(
     if result.interrupted is not None:
         _say(
             stream,
-            f"dcpqual run: interrupted by {result.interrupted['signal']} after "
+            f"dcpqual run: interrupted by {result.interrupted.signal} after "
             f"{result.elapsed_s:.1f}s; whole tree ended, writing the bundle of what ran",
         )
     if options.multi_node:
-        finished = nodes.NodeMarker(
-            **{
-                **marker.to_json(),
-                "state": "finished",
-                "exit_code": result.exit_code,
-                "timed_out": result.timed_out,
-                "finished_at": result.finished_at,
-            }
-        )
-        nodes.write_marker(out_dir, finished)
+        nodes.write_marker(out_dir, nodes.finished_marker(marker, result))
     _say(
         stream,
         f"dcpqual run: torchrun exited {result.exit_code} after {result.elapsed_s:.1f}s"
         + (" (timed out: whole tree ended)" if result.timed_out else "")
         + (
-            f" (rank(s) {list(result.ended_for)} left mid-suite: whole tree ended)"
-            if result.ended_for
+            f" (rank(s) {result.ended_for_ranks_gone_mid_suite} left mid-suite: whole tree ended)"
+            if result.ended_for_ranks_gone_mid_suite
             else ""
         ),
     )
@@ -395,7 +387,7 @@ def _finish(
     problems = evidence.verify_bundle(out_dir)
     report(stream, out_dir, receipt, problems)
     if result.interrupted is not None:
-        return int(result.interrupted["exit_code"])
+        return result.interrupted.exit_code
     passed = getattr(receipt, "verdict", None) == "pass"
     return 0 if passed and not problems and ctx.exit_code == 0 and not ctx.timed_out else 1
 
@@ -430,7 +422,7 @@ def _unfinished(out_dir: Path, exc: OSError) -> str:
     )
 
 
-def _follow_node0(stream: TextIO, out_dir: Path, result: LaunchResult) -> int:
+def _follow_node0(stream: TextIO, out_dir: Path, result: Launch) -> int:
     receipt = nodes.wait_for_receipt(out_dir, NODE_WAIT_S)
     if receipt is None:
         _say(stream, f"dcpqual run: node 0 wrote no bundle in {out_dir} within {NODE_WAIT_S:g}s")

@@ -19,89 +19,58 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from harness.atomic import atomic_write_text
 from harness.errors import UsageError
 from harness.jsonfile import read_json
+from harness.schema.launch import Launch, NodeState
 
 NODES_DIR = "nodes"
 RECEIPT = "receipt.json"
-State = Literal["started", "finished"]
 
 
-@dataclass(frozen=True)
-class NodeMarker:
-    """One node's state in the shared out folder."""
+def started_marker(node_rank: int, nnodes: int, endpoint: str, started_at: str) -> NodeState:
+    """This node's marker before its torchrun starts."""
+    return NodeState(
+        node_rank=node_rank,
+        nnodes=nnodes,
+        rdzv_endpoint=endpoint,
+        state="started",
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+        started_at=started_at,
+    )
 
-    node_rank: int
-    nnodes: int
-    rdzv_endpoint: str
-    state: State
-    hostname: str = ""
-    pid: int = 0
-    exit_code: int | None = None
-    timed_out: bool = False
-    started_at: str = ""
-    finished_at: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "node_rank": self.node_rank,
-            "nnodes": self.nnodes,
-            "rdzv_endpoint": self.rdzv_endpoint,
-            "state": self.state,
-            "hostname": self.hostname,
-            "pid": self.pid,
-            "exit_code": self.exit_code,
-            "timed_out": self.timed_out,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
+def finished_marker(started: NodeState, launch: Launch) -> NodeState:
+    """The same node's marker once its torchrun has exited, with how it ended."""
+    return started.model_copy(
+        update={
+            "state": "finished",
+            "exit_code": launch.exit_code,
+            "timed_out": launch.timed_out,
+            "finished_at": launch.finished_at,
         }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> NodeMarker:
-        return cls(
-            node_rank=int(data["node_rank"]),
-            nnodes=int(data["nnodes"]),
-            rdzv_endpoint=str(data["rdzv_endpoint"]),
-            state=data["state"],
-            hostname=data.get("hostname", ""),
-            pid=int(data.get("pid", 0)),
-            exit_code=data.get("exit_code"),
-            timed_out=bool(data.get("timed_out", False)),
-            started_at=data.get("started_at", ""),
-            finished_at=data.get("finished_at", ""),
-        )
-
-    @classmethod
-    def here(cls, node_rank: int, nnodes: int, endpoint: str, started_at: str) -> NodeMarker:
-        return cls(
-            node_rank=node_rank,
-            nnodes=nnodes,
-            rdzv_endpoint=endpoint,
-            state="started",
-            hostname=socket.gethostname(),
-            pid=os.getpid(),
-            started_at=started_at,
-        )
+    )
 
 
 def marker_path(out_dir: Path, node_rank: int) -> Path:
     return out_dir / NODES_DIR / f"node-{node_rank:02d}.json"
 
 
-def write_marker(out_dir: Path, marker: NodeMarker) -> None:
-    text = json.dumps(marker.to_json(), indent=2, sort_keys=True) + "\n"
+def write_marker(out_dir: Path, marker: NodeState) -> None:
+    text = json.dumps(marker.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
     atomic_write_text(marker_path(out_dir, marker.node_rank), text, fsync=False)
 
 
-def read_marker(out_dir: Path, node_rank: int) -> NodeMarker | None:
+def read_marker(out_dir: Path, node_rank: int) -> NodeState | None:
+    """Node `node_rank`'s marker; None while there is none, or none that is whole and valid
+    (a marker being replaced, or a folder another tool wrote to)."""
     try:
-        return NodeMarker.from_json(read_json(marker_path(out_dir, node_rank)))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return NodeState.model_validate(read_json(marker_path(out_dir, node_rank)))
+    except (OSError, ValueError):
         return None
 
 
@@ -131,7 +100,7 @@ def join_out_dir(out_dir: Path, *, nnodes: int, endpoint: str, wait_s: float) ->
         time.sleep(0.2)
 
 
-def wait_for_nodes(out_dir: Path, nnodes: int, wait_s: float) -> dict[int, NodeMarker | None]:
+def wait_for_nodes(out_dir: Path, nnodes: int, wait_s: float) -> dict[int, NodeState | None]:
     """Node 0: every node's marker once all say "finished", or what was there at the deadline."""
     deadline = time.monotonic() + wait_s
     while True:

@@ -8,15 +8,60 @@ exact. Nothing here imports torch.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, computed_field
+
+if TYPE_CHECKING:
+    # To the type checker a derived field is the property it reads as.
+    derived_field = property
+else:
+
+    def derived_field(func: Callable[[Any], Any]) -> Any:
+        """A read-only property that is also written to the JSON (and shown in the JSON Schema
+        as `readOnly`): pydantic's `computed_field` over the property."""
+        return computed_field(property(func))
 
 
 class Model(BaseModel):
     """Base of every on-disk model: immutable, no unknown keys, fields by name or alias."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
+def adapter_of(cls: type[Any]) -> TypeAdapter[Any]:
+    """One TypeAdapter per class, built the first time it is needed (building one costs
+    milliseconds; a rank record update must not pay it again)."""
+    found = _ADAPTERS.get(cls)
+    if found is None:
+        found = _ADAPTERS[cls] = TypeAdapter(cls)
+    return found
+
+
+class JsonValue:
+    """`to_json`/`from_json` for a pydantic dataclass, through its own cached TypeAdapter: the
+    JSON form is exactly what the model validates and what its JSON Schema describes."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(adapter_of(type(self)).dump_python(self, mode="json"))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Self:
+        """The value `data` describes; a wrong type or an unknown key is a ValidationError."""
+        value: Self = adapter_of(cls).validate_python(data)
+        return value
+
+
+def first_error(exc: ValidationError, top: str = "(top)") -> str:
+    """The first thing a validation refused, as one line: "where: why" (`top` names the whole
+    value when the problem is not in one field)."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or top
+    return f"{where}: {first['msg']}"
 
 
 class Limitation(Model):

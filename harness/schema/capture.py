@@ -8,24 +8,25 @@ readers and recomputed, never trusted, when a record is read back.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from typing import Annotated, Any
 
-from pydantic import (
-    ConfigDict,
-    Field,
-    NonNegativeInt,
-    TypeAdapter,
-    computed_field,
-    model_validator,
-)
+from pydantic import ConfigDict, Field, NonNegativeInt, model_validator
 from pydantic.dataclasses import dataclass
 
+from harness.schema.base import JsonValue, derived_field
 from harness.schema.signature import SignatureField
 
 STRICT = ConfigDict(extra="forbid")
 # Strings to the code that builds them, checked whole on validation (and in the JSON Schema).
 Phase = Annotated[str, Field(pattern=r"^(warmup|capture)$")]
 CapturePath = Annotated[str, Field(pattern=r"^(cuda-graph|cpu-simulated)$")]
+
+
+def per_detector(names: Iterable[object]) -> dict[str, int]:
+    """How many events each detector reported, by name (sorted); non-names are not counted."""
+    return dict(sorted(Counter(n for n in names if isinstance(n, str)).items()))
 
 
 def derived(data: dict[str, Any], name: str, value: object, what: str) -> dict[str, Any]:
@@ -38,7 +39,7 @@ def derived(data: dict[str, Any], name: str, value: object, what: str) -> dict[s
 
 
 @dataclass(frozen=True, config=STRICT)
-class LazyEvent:
+class LazyEvent(JsonValue):
     """One piece of lazy specialization a detector saw while a capture window was open.
 
     `detector` is the detector's registered name (e.g. "transport-registry"), `what` a short
@@ -54,16 +55,9 @@ class LazyEvent:
     stack: str = ""
     phase: Phase = "capture"
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(_EVENT.dump_python(self, mode="json"))
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LazyEvent:
-        return _EVENT.validate_python(data)
-
 
 @dataclass(frozen=True, config=STRICT)
-class DetectorStatus:
+class DetectorStatus(JsonValue):
     """Whether one detector watched a window on this machine, and if not, why.
 
     A detector that cannot run here (no CUDA for `cuda-memory`, Triton or b12x not importable)
@@ -75,16 +69,9 @@ class DetectorStatus:
     active: bool
     reason: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(_STATUS.dump_python(self, mode="json"))
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DetectorStatus:
-        return _STATUS.validate_python(data)
-
 
 @dataclass(frozen=True, config=STRICT)
-class SignatureUse:
+class SignatureUse(JsonValue):
     """A transport signature of a model: was it warmed, and did the captured step use it?"""
 
     model: str
@@ -92,16 +79,9 @@ class SignatureUse:
     warmed: bool
     used_in_capture: bool
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(_USE.dump_python(self, mode="json"))
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SignatureUse:
-        return _USE.validate_python(data)
-
 
 @dataclass(frozen=True, config=STRICT)
-class CaptureRecord:
+class CaptureRecord(JsonValue):
     """One capture window run by a suite test on one rank.
 
     `negative_control` marks windows where lazy work was provoked on purpose; their events are
@@ -123,14 +103,10 @@ class CaptureRecord:
     detectors: tuple[DetectorStatus, ...] = ()
     replays: NonNegativeInt = 0
 
-    @computed_field  # type: ignore[prop-decorator]
-    @property
+    @derived_field
     def by_detector(self) -> dict[str, int]:
         """Lazy events per detector name (sorted), for the receipt's `capture.by_detector`."""
-        counts: dict[str, int] = {}
-        for event in self.events:
-            counts[event.detector] = counts.get(event.detector, 0) + 1
-        return dict(sorted(counts.items()))
+        return per_detector(e.detector for e in self.events)
 
     @property
     def detected(self) -> bool:
@@ -138,32 +114,14 @@ class CaptureRecord:
         seen = {e.detector for e in self.events}
         return bool(self.expected_detectors) and set(self.expected_detectors) <= seen
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(_CAPTURE.dump_python(self, mode="json"))
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CaptureRecord:
-        return _CAPTURE.validate_python(data)
-
     @model_validator(mode="before")
     @classmethod
     def _derived(cls, data: Any) -> Any:
         """A written record carries `by_detector`; it must be what its events give."""
         if isinstance(data, dict) and "by_detector" in data:
-            counts: dict[str, int] = {}
-            for event in data.get("events", ()):
-                name = (
-                    event.get("detector")
-                    if isinstance(event, dict)
-                    else getattr(event, "detector", None)
-                )
-                if isinstance(name, str):
-                    counts[name] = counts.get(name, 0) + 1
-            data = derived(data, "by_detector", dict(sorted(counts.items())), "capture")
+            names = (
+                e.get("detector") if isinstance(e, dict) else getattr(e, "detector", None)
+                for e in data.get("events", ())
+            )
+            data = derived(data, "by_detector", per_detector(names), "capture")
         return data
-
-
-_EVENT = TypeAdapter(LazyEvent)
-_STATUS = TypeAdapter(DetectorStatus)
-_USE = TypeAdapter(SignatureUse)
-_CAPTURE = TypeAdapter(CaptureRecord)

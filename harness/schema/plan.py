@@ -15,7 +15,7 @@ from typing import Final, Literal
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError
 
 from harness.errors import UsageError
-from harness.schema.base import Model
+from harness.schema.base import Model, first_error
 
 PLAN_SCHEMA: Final = "dcpqual-rank-plan/v1"
 PLAN_ENV = "DCPQUAL_PLAN"
@@ -60,7 +60,5 @@ class RankPlan(Model):
         try:
             return cls.model_validate_json(raw)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "plan"
-            message = f"${PLAN_ENV} is not a {PLAN_SCHEMA}: {where}: {first['msg']}"
+            message = f"${PLAN_ENV} is not a {PLAN_SCHEMA}: {first_error(exc, 'plan')}"
             raise UsageError(message) from None

@@ -14,15 +14,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Self
 
 from pydantic import (
     Field,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveInt,
-    TypeAdapter,
-    computed_field,
     field_validator,
     model_validator,
 )
@@ -30,7 +28,7 @@ from pydantic.dataclasses import dataclass
 
 from harness.atomic import atomic_write_text
 from harness.jsonfile import read_json
-from harness.schema.base import Limitation
+from harness.schema.base import JsonValue, Limitation, derived_field
 from harness.schema.capture import STRICT, CaptureRecord, derived
 
 RANK_RECORD_SCHEMA: Final = "dcpqual-rank-record/v1"
@@ -52,7 +50,7 @@ def suite_of(nodeid: str) -> str:
 
 
 @dataclass(frozen=True, config=STRICT)
-class TestOutcome:
+class TestOutcome(JsonValue):
     """One test's agreed outcome as seen from one rank.
 
     `primary` is False when this rank failed only because a peer failed first (a follow-on
@@ -72,8 +70,7 @@ class TestOutcome:
     failed_at: float | None = None
     agreed: bool = True
 
-    @computed_field  # type: ignore[prop-decorator]
-    @property
+    @derived_field
     def suite(self) -> str:
         return suite_of(self.nodeid)
 
@@ -89,16 +86,9 @@ class TestOutcome:
             data = derived(data, "suite", suite_of(str(data.get("nodeid", ""))), "test outcome")
         return data
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(_OUTCOME.dump_python(self, mode="json"))
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TestOutcome:
-        return _OUTCOME.validate_python(data)
-
 
 @dataclass(frozen=True, config=STRICT)
-class WorldBreak:
+class WorldBreak(JsonValue):
     """This rank's own action broke the world for every rank: it destroyed its default process
     group, or sent a signal to its torchrun agent (or the agent's process group). Recorded when
     it happened, so the rank that did it is the root cause, not the peers that suffered it.
@@ -111,16 +101,9 @@ class WorldBreak:
     signal: str | None = None
     target: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(_BREAK.dump_python(self, mode="json"))
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> WorldBreak:
-        return _BREAK.validate_python(data)
-
 
 @dataclass(frozen=True, config=STRICT)
-class Selection:
+class Selection(JsonValue):
     """What this rank's pytest was told to select, beside what it collected: the targets it
     was given, those of them that are not the repository's whole suites/ folder, how many
     collected tests -k, -m or --deselect took away, and the paths --ignore left out. A run is
@@ -151,13 +134,6 @@ class Selection:
             deselected=deselected,
             ignored=tuple(ignored),
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(_SELECTION.dump_python(self, mode="json"))
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Selection:
-        return _SELECTION.validate_python(data)
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -248,7 +224,7 @@ class RankUse:
 
 
 @dataclass(frozen=True, config=STRICT)
-class RankRecord:
+class RankRecord(JsonValue):
     """Everything one rank reports. `complete` is False until the rank's session finished;
     a record that never became complete belongs to a rank that died.
 
@@ -299,15 +275,12 @@ class RankRecord:
     def with_capture(self, capture: CaptureRecord) -> RankRecord:
         return replace(self, captures=(*self.captures, capture))
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(_RECORD.dump_python(self, mode="json"))
-
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RankRecord:
+    def from_json(cls, data: dict[str, Any]) -> Self:
         if not isinstance(data, dict) or data.get("schema") != RANK_RECORD_SCHEMA:
             found = data.get("schema") if isinstance(data, dict) else type(data).__name__
             raise ValueError(f"not a {RANK_RECORD_SCHEMA} record: schema={found!r}")
-        return _RECORD.validate_python(data)
+        return super().from_json(data)
 
     def write(self, path: Path) -> None:
         """Write atomically (temp file + rename), so a reader never sees half a record."""
@@ -324,9 +297,3 @@ class RankRecord:
 
 def rank_record_path(records_dir: Path, rank: int) -> Path:
     return records_dir / f"rank-{rank:02d}.json"
-
-
-_OUTCOME = TypeAdapter(TestOutcome)
-_BREAK = TypeAdapter(WorldBreak)
-_SELECTION = TypeAdapter(Selection)
-_RECORD = TypeAdapter(RankRecord)

@@ -26,14 +26,16 @@ from pydantic import (
 
 from harness.core.signature import TransportSignature
 from harness.schema.base import Limitation, Model, is_sha256
+from harness.schema.image import Image
+from harness.schema.launch import Interruption, Launch, NodeState
 from harness.schema.rank_record import RealTree
+from harness.schema.smoke import Smoke
 
 SCHEMA: Final = "dcpqual-receipt/v1"
 
 Verdict = Literal["pass", "fail"]
 Status = Literal["qualified", "source-qualified", "not-qualified"]
 Backend = Literal["gloo", "nccl"]
-DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 
 
 class Geometry(Model):
@@ -86,107 +88,6 @@ class Environment(Model):
     nvml: bool = False  # GPU facts came from nvidia-ml-py
     env: dict[str, str] = Field(default_factory=dict)
     redacted: list[str] = Field(default_factory=list)
-
-
-class GitPin(Model):
-    """A component's source as the image records it: the lock's pin at build time, or what
-    fetch-source.sh wrote inside the image (name, repository, commit, tree)."""
-
-    name: str | None = None
-    repository: str | None = None
-    ref: str | None = None
-    commit: str | None = None
-    tree: str | None = None
-
-
-class ImageHarness(Model):
-    """The harness tree the image was built from; `dirty` None: not known."""
-
-    commit: str | None = None
-    tree: str | None = None
-    dirty: bool | None = None
-
-
-class ExpectedRuntime(Model):
-    """What a correct image holds, from its source lock."""
-
-    torch: str | None = None
-    torch_commit: str | None = None
-    cuda: str | None = None
-    nccl: str | None = None
-    arch: str | None = None
-    sources: dict[str, GitPin] = Field(default_factory=dict)
-
-
-class ObservedRuntime(Model):
-    """What the in-image check found inside the running container."""
-
-    torch: str | None = None
-    torch_commit: str | None = None
-    cuda: str | None = None
-    nccl: str | None = None
-    arch: list[str] = Field(default_factory=list)
-    cuda_available: bool = False
-    devices: list[str] = Field(default_factory=list)
-    packages: dict[str, str | None] = Field(default_factory=dict)
-    sources: dict[str, GitPin] = Field(default_factory=dict)
-    image_lock_sha256: str | None = None
-    harness: ImageHarness | None = None
-    notes: list[str] = Field(default_factory=list)
-
-
-class ImageRuntime(Model):
-    """The in-image identity check (`python -m harness.image.verify_runtime`), run again inside
-    the container the suites ran in."""
-
-    schema_: str = Field(default="dcpqual-image-runtime/v1", alias="schema")
-    ok: bool
-    lock_path: str = ""
-    lock_sha256: str | None = None
-    image_lock_sha256: str | None = None
-    expected: ExpectedRuntime = Field(default_factory=ExpectedRuntime)
-    observed: ObservedRuntime = Field(default_factory=ObservedRuntime)
-    mismatches: list[str] = Field(default_factory=list)
-
-
-class Image(Model):
-    """Identity of the image the run used (schema "dcpqual-image-identity/v1", written by
-    `dcpqual image build`), with the in-image check of this run in `runtime`."""
-
-    reference: str | None = None
-    digest: str | None = Field(default=None, pattern=DIGEST_PATTERN)
-    source_lock_sha256: str | None = None
-    # the build's identity (harness.image.identity)
-    schema_: str | None = Field(default=None, alias="schema")
-    image_id: str | None = None
-    repo_digests: list[str] = Field(default_factory=list)
-    image: str | None = None
-    lock_path: str | None = None
-    base_image: str | None = None
-    versions: dict[str, str] = Field(default_factory=dict)
-    torch_cuda_arch_list: str | None = None
-    sources: dict[str, GitPin] = Field(default_factory=dict)
-    harness: ImageHarness | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    built_at: str | None = None
-    runtime: ImageRuntime | None = None
-
-    def qualification_blockers(self) -> list[str]:
-        """Why this identity cannot back a `qualified` receipt; [] when it can."""
-        blockers = []
-        if not (self.digest or "").startswith("sha256:"):
-            blockers.append("image digest is missing")
-        if self.harness is None or self.harness.dirty is not False:
-            blockers.append("image was built from a dirty harness tree")
-        if self.runtime is None:
-            blockers.append("the in-image identity check did not run")
-        else:
-            if not self.runtime.ok:
-                first = (self.runtime.mismatches or ["(no detail)"])[0]
-                blockers.append(f"the in-image identity check failed: {first}")
-            if self.runtime.lock_sha256 != self.source_lock_sha256:
-                blockers.append("the in-image check used a different lock than the build")
-        return blockers
 
 
 class Source(Model):
@@ -398,39 +299,6 @@ class Selection(Model):
     ignored: list[str] = Field(default_factory=list)
 
 
-class Interruption(Model):
-    """The launcher was interrupted: by which signal, when, and how far into the run."""
-
-    signal: str
-    at: str
-    after_s: float
-    exit_code: int
-    tests_done: NonNegativeInt = 0
-    tests_collected: NonNegativeInt = 0
-    running: str | None = None
-
-    def message(self) -> str:
-        """How an interrupted run is named: the signal, when, and how far the tests had got."""
-        return (
-            f"the run was interrupted by {self.signal} at {self.at}, after {self.after_s}s, "
-            f"with {self.tests_done} of {self.tests_collected} collected tests finished on "
-            f"every rank" + (f" and {self.running} running" if self.running else "")
-        )
-
-
-class Launch(Model):
-    """How this node's torchrun ended (`harness.launch.collect.LaunchResult`)."""
-
-    exit_code: int = 0
-    timed_out: bool = False
-    started_at: str = ""
-    finished_at: str = ""
-    elapsed_s: NonNegativeFloat = 0.0
-    leftovers: list[int] = Field(default_factory=list)  # pids ended after torchrun exited
-    interrupted: Interruption | None = None
-    ended_for_ranks_gone_mid_suite: list[NonNegativeInt] = Field(default_factory=list)
-
-
 class RequestedCount(Model):
     requested: str  # what was typed: auto | cpu | gpu | N
     resolved: PositiveInt
@@ -447,21 +315,6 @@ class ChosenOptions(Model):
     rerun_of: str | None = None
 
 
-class NodeState(Model):
-    """One node's marker in a multi-node run's shared out folder."""
-
-    node_rank: NonNegativeInt
-    nnodes: PositiveInt
-    rdzv_endpoint: str
-    state: Literal["started", "finished"]
-    hostname: str = ""
-    pid: NonNegativeInt = 0
-    exit_code: int | None = None
-    timed_out: bool = False
-    started_at: str = ""
-    finished_at: str = ""
-
-
 class Scrub(Model):
     """Files the launcher scrubbed of secrets before the writer ran, and names it renamed."""
 
@@ -476,25 +329,6 @@ class Stray(Model):
     path: str
     kind: str  # "symlink" | "fifo" | "socket" | "device" | "file"
     action: str  # "removed" | "moved to strays/..."
-
-
-class SmokeMachine(Model):
-    torch: str
-    cuda: str | None = None
-    device: str
-    device_name: str
-    capability: tuple[int, int] | None = None
-    sm: str = "none"
-    triton: str | None = None
-    b12x: str | None = None
-    backend: str = "nccl"
-
-
-class Smoke(Model):
-    """The one-GPU smoke's machine and its failures (`dcpqual gpu-smoke`)."""
-
-    machine: SmokeMachine
-    failures: list[str] = Field(default_factory=list)
 
 
 class RunExtra(Model):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import TypeAdapter
+from harness.schema.base import adapter_of
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def _receipt() -> dict[str, Any]:
 def _rank_record() -> dict[str, Any]:
     from harness.schema.rank_record import RankRecord
 
-    return TypeAdapter(RankRecord).json_schema(mode="serialization")
+    return adapter_of(RankRecord).json_schema(mode="serialization")
 
 
 def _source_lock() -> dict[str, Any]:
@@ -66,6 +66,24 @@ def _bench() -> dict[str, Any]:
     return BenchReport.model_json_schema(by_alias=True, mode="serialization")
 
 
+def _node_marker() -> dict[str, Any]:
+    from harness.schema.launch import NodeState
+
+    return NodeState.model_json_schema(mode="serialization")
+
+
+def _image_identity() -> dict[str, Any]:
+    from harness.schema.image import ImageIdentity
+
+    return ImageIdentity.model_json_schema(by_alias=True, mode="serialization")
+
+
+def _smoke_result() -> dict[str, Any]:
+    from harness.schema.smoke import SmokeResult
+
+    return adapter_of(SmokeResult).json_schema(mode="serialization")
+
+
 SCHEMAS: dict[str, SchemaSpec] = {
     "receipt": SchemaSpec("dcpqual-receipt/v1", "an evidence bundle's receipt.json", _receipt),
     "rank-record": SchemaSpec(
@@ -82,6 +100,15 @@ SCHEMAS: dict[str, SchemaSpec] = {
         "dcpqual-signatures/v1", "what `dcpqual signatures --json` prints", _signatures
     ),
     "bench": SchemaSpec("dcpqual-bench/v1", "what `dcpqual bench --out FILE` writes", _bench),
+    "image-identity": SchemaSpec(
+        "dcpqual-image-identity/v1", "an image build's identity.json", _image_identity
+    ),
+    "node-marker": SchemaSpec(
+        "dcpqual-node-marker/v1", "a multi-node run's nodes/node-KK.json", _node_marker
+    ),
+    "smoke-result": SchemaSpec(
+        "dcpqual-smoke-result/v1", "a GPU smoke bundle's smoke/result.json", _smoke_result
+    ),
 }
 
 

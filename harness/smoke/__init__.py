@@ -1,6 +1,7 @@
 """The one-GPU smoke (`dcpqual gpu-smoke`): the GPU paths of the harness on one CUDA device.
 
-- `outcome`: what the smoke saw, as values, and the verdict (capture passed, every control fired).
+- what the smoke saw, as values, and its verdict (capture passed, every control fired), live in
+  `harness.schema.smoke`: they are the format of the bundle's `smoke/result.json`.
 - `step`: the stand-in Kimi-K3 decode step at world 1, and the registry view that maps the
   signatures vendored warmup finds at TP16/DCP16 onto the world-1 DCP group.
 - `run`: one process group of one rank, warm, strict CUDA-graph capture, replays, then the

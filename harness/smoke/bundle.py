@@ -30,8 +30,8 @@ from harness.evidence.run_context import RunContext
 from harness.evidence.schema import Receipt
 from harness.evidence.writer import finalize_bundle
 from harness.schema.rank_record import RankFacts, RankRecord, TestOutcome, rank_record_path
-from harness.schema.receipt import RunExtra, Smoke, SmokeMachine
-from harness.smoke.outcome import CONTROL_WORK, REQUIRED_CONTROLS, SmokeResult
+from harness.schema.receipt import RunExtra
+from harness.schema.smoke import CONTROL_WORK, REQUIRED_CONTROLS, Smoke, SmokeResult
 from harness.smoke.step import PRODUCTION_DCP, PRODUCTION_TP, SMOKE_MODEL
 
 SUITE_FILE = "smoke/gpu_smoke.py"
@@ -71,7 +71,7 @@ def smoke_captures(result: SmokeResult) -> tuple[CaptureRecord, ...]:
             model=capture.model,
             rank=0,
             path=capture.path,
-            warm_impl=str(result.extra.get("warm_impl", "vendored")),
+            warm_impl=result.extra.warm_impl,
             signatures=capture.signatures,
             events=capture.events,
             detectors=capture.statuses,
@@ -146,14 +146,14 @@ def rank_record(result: SmokeResult, tests: Sequence[TestOutcome]) -> RankRecord
         pid=os.getpid(),
         backend=result.machine.backend,
         device=result.machine.device,
-        warm_impl=str(result.extra.get("warm_impl", "vendored")),
+        warm_impl=result.extra.warm_impl,
         started_at=result.started_at,
         finished_at=result.finished_at,
         complete=True,
         collected=tuple(t.nodeid for t in tests),
         tests=tuple(tests),
         captures=smoke_captures(result),
-        extra=RankFacts(transports=tuple(result.extra.get("transports", []))),
+        extra=RankFacts(transports=result.extra.transports),
     )
 
 
@@ -192,12 +192,7 @@ def write_smoke_bundle(out_dir: Path, result: SmokeResult, *, command: Sequence[
         command=tuple(command),
         started_at=result.started_at,
         finished_at=result.finished_at,
-        extra=RunExtra(
-            smoke=Smoke(
-                machine=SmokeMachine.model_validate(result.machine.to_json()),
-                failures=list(result.failures),
-            )
-        ),
+        extra=RunExtra(smoke=Smoke(machine=result.machine, failures=result.failures)),
         limitations=smoke_limitations(result),
     )
     return finalize_bundle(out_dir, context)

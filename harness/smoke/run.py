@@ -45,7 +45,7 @@ from harness.capture.records import DetectorStatus
 from harness.capture.window import CPU_SIMULATED, CUDA_GRAPH, CaptureWindow
 from harness.errors import UsageError
 from harness.models import build
-from harness.smoke.outcome import CaptureOutcome, ControlOutcome, Machine, SmokeResult
+from harness.schema.smoke import CaptureOutcome, ControlOutcome, SmokeMachine, SmokeResult, SmokeUse
 from harness.smoke.step import (
     DTYPE,
     MAX_TOKENS,
@@ -105,14 +105,14 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()
 
 
-def machine_facts(device: torch.device, backend: str) -> Machine:
+def machine_facts(device: torch.device, backend: str) -> SmokeMachine:
     """What the smoke runs on; torch is whatever is installed (its version is recorded)."""
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         name, capability = props.name, (int(props.major), int(props.minor))
     else:
         name, capability = platform.processor() or platform.machine() or "cpu", None
-    return Machine(
+    return SmokeMachine(
         torch=torch.__version__,
         cuda=torch.version.cuda,
         device=str(device),
@@ -381,5 +381,5 @@ def run_smoke(
         warmed=warmed_sigs,
         started_at=started_at,
         finished_at=_now(),
-        extra={"transports": list(transports_used()), "warm_impl": config.warm_impl},
+        extra=SmokeUse(warm_impl=config.warm_impl, transports=tuple(transports_used())),
     )

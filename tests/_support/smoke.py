@@ -12,16 +12,17 @@ from collections.abc import Callable
 
 from harness.capture.events import LazyEvent
 from harness.capture.records import DetectorStatus, SignatureUse
-from harness.smoke.outcome import (
+from harness.schema.smoke import (
     REQUIRED_CONTROLS,
     CaptureOutcome,
     ControlOutcome,
-    Machine,
+    SmokeMachine,
     SmokeResult,
+    SmokeUse,
 )
 from harness.warm.signature import TransportSignature
 
-H200 = Machine(
+H200 = SmokeMachine(
     torch="2.11.0+cu130",
     cuda="13.0",
     device="cuda:0",
@@ -80,7 +81,7 @@ def passing_result() -> SmokeResult:
         warmed=(WORLD1,),
         started_at="2026-12-01T09:00:00+00:00",
         finished_at="2026-12-01T09:00:30+00:00",
-        extra={"transports": ["torch:ag_rs"], "warm_impl": "vendored"},
+        extra=SmokeUse(warm_impl="vendored", transports=("torch:ag_rs",)),
     )
 
 

@@ -150,7 +150,10 @@ def _vllm_class(path: str) -> type:
     import importlib
 
     module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+    found = getattr(importlib.import_module(module), name)
+    if not isinstance(found, type):
+        raise TypeError(f"{path} is a {type(found).__name__}, not a class")
+    return found
 
 
 def _module_names(module: nn.Module) -> set[int]:

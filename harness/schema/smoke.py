@@ -1,4 +1,5 @@
-"""What one GPU smoke saw, as values, and the rule that decides whether it passed.
+"""The one-GPU smoke's result (`smoke/result.json`, schema "dcpqual-smoke-result/v1") as values,
+and the rule that decides whether the smoke passed.
 
 The smoke passes only when the strict capture of the decode step passed on the real CUDA-graph
 path (no lazy event, every replay with fresh inputs matching eager and the reference, every
@@ -6,17 +7,23 @@ transport the step used warmed) and every required negative control fired inside
 capture: its detector reported an event in the capture phase, and the control's own counter,
 kept without the detector, shows the lazy work was done. A control that could not run here
 (its detector inactive, its library missing) is a failure with its reason, never a pass.
+
+The machine is the receipt's own `SmokeMachine`; `failures` is written for readers and, when a
+result is read back, must be what the rule gives. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, Literal
 
-from harness.capture.events import LazyEvent
-from harness.capture.records import DetectorStatus, SignatureUse
-from harness.warm.signature import TransportSignature
+from pydantic import Field, NonNegativeInt, field_validator, model_validator
+from pydantic.dataclasses import dataclass
 
+from harness.schema.base import JsonValue, Model, derived_field
+from harness.schema.capture import STRICT, DetectorStatus, LazyEvent, SignatureUse, derived
+from harness.schema.signature import SignatureField
+
+SMOKE_RESULT_SCHEMA: Final = "dcpqual-smoke-result/v1"
 CUDA_GRAPH = "cuda-graph"
 # The detectors whose negative controls the smoke must see fire, in the order they run.
 REQUIRED_CONTROLS: tuple[str, ...] = (
@@ -33,8 +40,51 @@ CONTROL_WORK: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class ControlOutcome:
+def sm_of(capability: tuple[int, int] | None) -> str:
+    """The device's SM name ("sm_90"), or "none" without a CUDA device."""
+    return "none" if capability is None else f"sm_{capability[0]}{capability[1]}"
+
+
+# The device and software the smoke ran on (torch is whatever is installed); `sm` is derived
+# from `capability`: filled in when absent, refused when it disagrees. (Receipt models keep
+# their docstrings: they are descriptions in the committed receipt schema.)
+class SmokeMachine(Model):
+    torch: str
+    cuda: str | None = None
+    device: str
+    device_name: str
+    capability: tuple[int, int] | None = None
+    sm: str = "none"
+    triton: str | None = None
+    b12x: str | None = None
+    backend: str = "nccl"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sm(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            cap = data.get("capability")
+            try:
+                sm = sm_of(None if cap is None else (int(cap[0]), int(cap[1])))
+            except (TypeError, ValueError, IndexError):
+                return data  # the field validation names what is wrong with it
+            data = {**derived(data, "sm", sm, "machine"), "sm": sm}
+        return data
+
+
+class Smoke(Model):
+    """The one-GPU smoke's machine and its failures (`dcpqual gpu-smoke`)."""
+
+    machine: SmokeMachine
+    failures: list[str] = Field(default_factory=list)
+
+
+def _rounded(value: float) -> float:
+    return round(value, 6)
+
+
+@dataclass(frozen=True, config=STRICT)
+class ControlOutcome(JsonValue):
     """One negative control: did its detector fire inside a real capture?
 
     `ran` is False when the control could not run here (`error` says why); `happened` is the
@@ -45,11 +95,13 @@ class ControlOutcome:
     detector: str
     ran: bool
     path: str = ""
-    happened: int = 0
+    happened: NonNegativeInt = 0
     events: tuple[LazyEvent, ...] = ()
     statuses: tuple[DetectorStatus, ...] = ()
     error: str = ""
     duration_s: float = 0.0
+
+    _duration = field_validator("duration_s")(_rounded)
 
     @property
     def fired(self) -> bool:
@@ -75,34 +127,9 @@ class ControlOutcome:
             )
         return None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "detector": self.detector,
-            "ran": self.ran,
-            "path": self.path,
-            "happened": self.happened,
-            "events": [e.to_json() for e in self.events],
-            "statuses": [s.to_json() for s in self.statuses],
-            "error": self.error,
-            "duration_s": round(self.duration_s, 6),
-        }
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ControlOutcome:
-        return cls(
-            detector=data["detector"],
-            ran=bool(data["ran"]),
-            path=data.get("path", ""),
-            happened=int(data.get("happened", 0)),
-            events=tuple(LazyEvent.from_json(e) for e in data.get("events", [])),
-            statuses=tuple(DetectorStatus.from_json(s) for s in data.get("statuses", [])),
-            error=data.get("error", ""),
-            duration_s=float(data.get("duration_s", 0.0)),
-        )
-
-
-@dataclass(frozen=True)
-class CaptureOutcome:
+@dataclass(frozen=True, config=STRICT)
+class CaptureOutcome(JsonValue):
     """The strict capture of the decode step and its replays.
 
     `replays` counts replays that ran; `mismatches` names every replay that differed from the
@@ -111,14 +138,16 @@ class CaptureOutcome:
 
     model: str
     path: str
-    expected_replays: int
-    replays: int = 0
+    expected_replays: NonNegativeInt
+    replays: NonNegativeInt = 0
     events: tuple[LazyEvent, ...] = ()
     statuses: tuple[DetectorStatus, ...] = ()
     signatures: tuple[SignatureUse, ...] = ()
     mismatches: tuple[str, ...] = ()
     error: str = ""
     duration_s: float = 0.0
+
+    _duration = field_validator("duration_s")(_rounded)
 
     def problems(self) -> list[str]:
         found = []
@@ -143,93 +172,29 @@ class CaptureOutcome:
         found.extend(f"replay mismatch: {m}" for m in self.mismatches)
         return found
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "path": self.path,
-            "expected_replays": self.expected_replays,
-            "replays": self.replays,
-            "events": [e.to_json() for e in self.events],
-            "statuses": [s.to_json() for s in self.statuses],
-            "signatures": [s.to_json() for s in self.signatures],
-            "mismatches": list(self.mismatches),
-            "error": self.error,
-            "duration_s": round(self.duration_s, 6),
-        }
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CaptureOutcome:
-        return cls(
-            model=data["model"],
-            path=data["path"],
-            expected_replays=int(data["expected_replays"]),
-            replays=int(data.get("replays", 0)),
-            events=tuple(LazyEvent.from_json(e) for e in data.get("events", [])),
-            statuses=tuple(DetectorStatus.from_json(s) for s in data.get("statuses", [])),
-            signatures=tuple(SignatureUse.from_json(s) for s in data.get("signatures", [])),
-            mismatches=tuple(data.get("mismatches", [])),
-            error=data.get("error", ""),
-            duration_s=float(data.get("duration_s", 0.0)),
-        )
+@dataclass(frozen=True, config=STRICT)
+class SmokeUse(JsonValue):
+    """What the smoke ran with and used: the warm implementation and the transport backends it
+    created ("torch:ag_rs", "b12x")."""
+
+    warm_impl: str = "vendored"
+    transports: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Machine:
-    """The device and software the smoke ran on (the torch version is whatever is installed)."""
-
-    torch: str
-    cuda: str | None
-    device: str
-    device_name: str
-    capability: tuple[int, int] | None = None
-    triton: str | None = None
-    b12x: str | None = None
-    backend: str = "nccl"
-
-    @property
-    def sm(self) -> str:
-        return "none" if self.capability is None else f"sm_{self.capability[0]}{self.capability[1]}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "torch": self.torch,
-            "cuda": self.cuda,
-            "device": self.device,
-            "device_name": self.device_name,
-            "capability": None if self.capability is None else list(self.capability),
-            "sm": self.sm,
-            "triton": self.triton,
-            "b12x": self.b12x,
-            "backend": self.backend,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Machine:
-        cap = data.get("capability")
-        return cls(
-            torch=data["torch"],
-            cuda=data.get("cuda"),
-            device=data["device"],
-            device_name=data["device_name"],
-            capability=None if cap is None else (int(cap[0]), int(cap[1])),
-            triton=data.get("triton"),
-            b12x=data.get("b12x"),
-            backend=data.get("backend", "nccl"),
-        )
-
-
-@dataclass(frozen=True)
-class SmokeResult:
+@dataclass(frozen=True, config=STRICT)
+class SmokeResult(JsonValue):
     """Everything one smoke run saw; `failures` is the verdict (empty means pass)."""
 
-    machine: Machine
+    machine: SmokeMachine
     capture: CaptureOutcome
     controls: tuple[ControlOutcome, ...]
-    discovered: tuple[TransportSignature, ...] = ()  # vendored discovery at TP16/DCP16
-    warmed: tuple[TransportSignature, ...] = ()  # their world-1 projections, created
+    discovered: tuple[SignatureField, ...] = ()  # vendored discovery at TP16/DCP16
+    warmed: tuple[SignatureField, ...] = ()  # their world-1 projections, created
     started_at: str = ""
     finished_at: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: SmokeUse = Field(default_factory=SmokeUse)
+    schema: Literal["dcpqual-smoke-result/v1"] = SMOKE_RESULT_SCHEMA
 
     def control(self, detector: str) -> ControlOutcome | None:
         return next((c for c in self.controls if c.detector == detector), None)
@@ -248,8 +213,9 @@ class SmokeResult:
             return f"{detector} control is missing from the run"
         return outcome.problem()
 
-    @property
+    @derived_field
     def failures(self) -> list[str]:
+        """Every reason the smoke failed: the capture's, then each required control's."""
         found = self.capture_problems()
         for detector in REQUIRED_CONTROLS:
             problem = self.control_problem(detector)
@@ -261,28 +227,16 @@ class SmokeResult:
     def passed(self) -> bool:
         return not self.failures
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "machine": self.machine.to_json(),
-            "capture": self.capture.to_json(),
-            "controls": [c.to_json() for c in self.controls],
-            "discovered": [s.to_json() for s in self.discovered],
-            "warmed": [s.to_json() for s in self.warmed],
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "extra": self.extra,
-            "failures": self.failures,
-        }
-
+    @model_validator(mode="wrap")
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SmokeResult:
-        return cls(
-            machine=Machine.from_json(data["machine"]),
-            capture=CaptureOutcome.from_json(data["capture"]),
-            controls=tuple(ControlOutcome.from_json(c) for c in data.get("controls", [])),
-            discovered=tuple(TransportSignature.from_json(s) for s in data.get("discovered", [])),
-            warmed=tuple(TransportSignature.from_json(s) for s in data.get("warmed", [])),
-            started_at=data.get("started_at", ""),
-            finished_at=data.get("finished_at", ""),
-            extra=dict(data.get("extra", {})),
-        )
+    def _claimed_failures(cls, data: Any, handler: Any) -> Any:
+        """A written result carries `failures`; they must be what its values give."""
+        claimed = data.get("failures") if isinstance(data, dict) else None
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k != "failures"}
+        value = handler(data)
+        if claimed is not None and list(claimed) != value.failures:
+            raise ValueError(
+                f"smoke result: failures={claimed!r} but the values give {value.failures!r}"
+            )
+        return value

@@ -1,0 +1,68 @@
+"""What the launcher writes about its own launch: each node's marker in a multi-node run's shared
+out folder (`nodes/node-KK.json`, schema "dcpqual-node-marker/v1") and how its torchrun ended.
+
+The launcher builds these values and the receipt carries the same ones (`run.extra.launch`,
+`run.extra.nodes`), so there is one shape per value from the launch to the receipt.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt
+
+from harness.schema.base import Model
+
+NodeStateName = Literal["started", "finished"]
+
+
+# Each node writes its marker "started" before its torchrun and "finished" with torchrun's exit
+# status after (`harness.launch.nodes`); the receipt keeps every node's last marker. (Docstrings
+# of receipt models are descriptions in the committed receipt schema.)
+class NodeState(Model):
+    """One node's marker in a multi-node run's shared out folder."""
+
+    node_rank: NonNegativeInt
+    nnodes: PositiveInt
+    rdzv_endpoint: str
+    state: NodeStateName
+    hostname: str = ""
+    pid: NonNegativeInt = 0
+    exit_code: int | None = None
+    timed_out: bool = False
+    started_at: str = ""
+    finished_at: str = ""
+
+
+class Interruption(Model):
+    """The launcher was interrupted: by which signal, when, and how far into the run."""
+
+    signal: str  # "SIGINT" | "SIGTERM"
+    at: str  # UTC, ISO 8601
+    after_s: float
+    exit_code: int  # what `dcpqual run` exits with: 128 + the signal number
+    tests_done: NonNegativeInt = 0  # tests every reporting rank had finished at the signal
+    tests_collected: NonNegativeInt = 0
+    running: str | None = None  # a test running then
+
+    def message(self) -> str:
+        """How an interrupted run is named: the signal, when, and how far the tests had got."""
+        return (
+            f"the run was interrupted by {self.signal} at {self.at}, after {self.after_s}s, "
+            f"with {self.tests_done} of {self.tests_collected} collected tests finished on "
+            f"every rank" + (f" and {self.running} running" if self.running else "")
+        )
+
+
+class Launch(Model):
+    """How this node's torchrun ended (`harness.launch.launcher.launch`)."""
+
+    exit_code: int = 0
+    timed_out: bool = False
+    started_at: str = ""
+    finished_at: str = ""
+    elapsed_s: NonNegativeFloat = 0.0
+    leftovers: list[int] = Field(default_factory=list)  # pids ended after torchrun exited
+    interrupted: Interruption | None = None
+    # Ranks whose process left mid-suite, for which the launcher ended the tree.
+    ended_for_ranks_gone_mid_suite: list[NonNegativeInt] = Field(default_factory=list)
