@@ -272,7 +272,7 @@ class RankPlugin:
         facts = self.keeper.record.extra
         if (facts.transports, facts.real_trees) != (used.transports, used.real_trees):
             changed = replace(facts, transports=used.transports, real_trees=used.real_trees)
-            self.keeper.update(extra=changed)
+            self.keeper.note(extra=changed)  # written by the caller's next write
 
     def add_capture(self, record: CaptureRecord) -> None:
         """Hand a capture window's record to this rank's record (suites' `record_capture`)."""
