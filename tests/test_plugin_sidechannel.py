@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import torch.distributed as dist
 
 from harness.rank.agreement import LocalResult
@@ -36,6 +37,30 @@ def test_gather_waits_for_a_late_rank():
     threading.Thread(target=late).start()
     got = chans[0].gather_results(4, time.monotonic() + 5)
     assert got[1].outcome == "failed"
+
+
+def test_a_peer_posting_just_after_is_seen_well_before_a_full_pause():
+    store = dist.HashStore()
+    mine, peer = (SideChannel(store, r, 2, poll_s=1.0) for r in range(2))
+    mine.post_result(0, LocalResult(rank=0, outcome="passed"))
+    threading.Timer(0.02, peer.post_result, (0, LocalResult(rank=1, outcome="passed"))).start()
+    started = time.monotonic()
+    assert sorted(mine.gather_results(0, started + 10)) == [0, 1]
+    assert time.monotonic() - started < 0.6
+
+
+def test_a_long_wait_backs_off_to_the_poll_interval(monkeypatch: pytest.MonkeyPatch):
+    now = [0.0]
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        now[0] += seconds
+
+    monkeypatch.setattr("harness.rank.sidechannel.time.sleep", sleep)
+    mine = SideChannel(dist.HashStore(), 0, 2, poll_s=0.08, clock=lambda: now[0])
+    assert mine.gather_results(0, deadline=0.5) == {}
+    assert pauses == [0.01, 0.02, 0.04, 0.08, 0.08, 0.08, 0.08, 0.08, 0.08]
 
 
 def test_gather_stops_at_the_deadline_with_what_arrived():

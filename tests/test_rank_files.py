@@ -1,14 +1,17 @@
-"""The rank record on disk: after every change it reads back as exactly the keeper's record
-(the record's own `to_json` is the oracle), compact, and replaced whole."""
+"""The rank record on disk: after every write it reads back as exactly the keeper's record
+(the record's own `to_json` is the oracle), compact, and replaced whole; what only the live
+progress reads (the running test, since when the rank waits) reaches it by the next heartbeat."""
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
 from harness.capture.events import LazyEvent
 from harness.capture.records import CaptureRecord, DetectorStatus
+from harness.evidence.collect import in_progress
 from harness.rank.rankfiles import RecordKeeper
 from harness.schema.rank_record import RankRecord, TestOutcome
 
@@ -52,10 +55,13 @@ def test_every_change_reads_back_as_the_record(tmp_path: Path) -> None:
     k.collected(IDS)
     for i, nodeid in enumerate(IDS):
         k.running(nodeid)
+        k.heartbeat()
         assert on_disk(k) == k.record.to_json() and on_disk(k)["current_test"] == nodeid
         k.add_capture(capture(nodeid))
-        k.waiting()
         assert on_disk(k) == k.record.to_json()
+        k.waiting()
+        k.heartbeat()
+        assert on_disk(k) == k.record.to_json() and on_disk(k)["waiting_since"] is not None
         k.add_test(TestOutcome(nodeid=nodeid, outcome="passed", duration_s=0.25 * i))
         assert on_disk(k) == k.record.to_json()
     k.update(extra={"transports": ["a"]})
@@ -81,13 +87,54 @@ def test_a_record_that_does_not_extend_the_last_one_is_written_whole(tmp_path: P
 
 
 def test_a_killed_rank_s_last_write_names_its_test(tmp_path: Path) -> None:
-    """What the endings rely on: the record on disk after `running` says which test was
-    running, with every test before it, and nothing but whole records in the folder."""
+    """What the endings rely on: a rank killed just after a test began leaves a whole record
+    with every test before it, from which the evidence names the test it was in, and nothing
+    but whole records in the folder."""
     k = keeper(tmp_path)
     k.collected(IDS)
     k.add_test(TestOutcome(nodeid=IDS[0], outcome="passed"))
     k.running(IDS[1])
     seen = RankRecord.read(k.path)
-    assert seen.current_test == IDS[1] and [t.nodeid for t in seen.tests] == [IDS[0]]
-    assert not seen.complete
+    assert [t.nodeid for t in seen.tests] == [IDS[0]] and not seen.complete
+    assert in_progress(seen) == IDS[1]
     assert sorted(p.name for p in k.path.parent.iterdir()) == [k.path.name]
+
+
+def test_the_running_test_and_the_wait_cost_no_write_until_the_heartbeat(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    k.collected(IDS)
+    written = k.path.read_text()
+    k.running(IDS[0])
+    k.waiting()
+    assert k.path.read_text() == written  # in memory only
+    assert k.record.current_test == IDS[0] and k.record.waiting_since is not None
+    k.heartbeat()
+    assert on_disk(k)["current_test"] == IDS[0] and on_disk(k) == k.record.to_json()
+
+
+def test_a_noted_change_travels_with_the_next_write(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    k.note(current_test=IDS[0])
+    k.add_test(TestOutcome(nodeid=IDS[1], outcome="passed"))
+    assert on_disk(k) == k.record.to_json() and on_disk(k)["current_test"] is None
+    k.note(extra=replace(k.record.extra, transports=("t",)))
+    k.finish()
+    assert RankRecord.read(k.path).extra.transports == ("t",)
+
+
+def test_a_heartbeat_with_nothing_noted_only_touches_the_record(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    written = k.path.read_text()
+    before = k.path.stat().st_mtime_ns
+    os.utime(k.path, ns=(before - 10**9, before - 10**9))
+    k.heartbeat()
+    assert k.path.read_text() == written and k.path.stat().st_mtime_ns > before - 10**9
+
+
+def test_nothing_is_written_after_the_record_is_final(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    k.finish()
+    final = k.path.read_text()
+    k.running(IDS[0])
+    k.heartbeat()
+    assert k.path.read_text() == final and RankRecord.read(k.path).complete

@@ -113,14 +113,63 @@ def test_verify_works_without_torch(
     assert proc.returncode == 1, proc.stdout + proc.stderr
 
 
+# `dcpqual run` up to the point where it would start torchrun, with the launch replaced by a
+# line that names the heavy packages imported by then: the checks of its options need none.
+UNTIL_LAUNCH = f"""
+import sys
+import harness.launch.launcher as launcher
+from harness.cli import main
+def launch(options):
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})
+    print("would launch", options.warm_impl, "with", heavy)
+    return 0
+launcher.run = launch
+raise SystemExit(main(["run", "--nproc-per-node", "2", *sys.argv[1:]]))
+"""
+
+
+def _until_launch(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", UNTIL_LAUNCH, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("warm_impl", ["vendored", "before-kimi"])
+def test_run_checks_its_options_without_importing_torch(warm_impl: str, repo_root: Path) -> None:
+    """Torch is importable here: what is pinned is that the launcher does not import it."""
+    proc = _until_launch(["--warm-impl", warm_impl], repo_root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == f"would launch {warm_impl} with []"
+
+
+def test_run_refuses_a_tp_the_stand_ins_cannot_split_without_torch(
+    light_env: dict[str, str], repo_root: Path
+) -> None:
+    proc = _until_launch(["--tp", "3", "--dcp", "1"], repo_root, light_env)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr.splitlines() == [
+        "dcpqual run: error: deepseek-v4 has 128 attention heads, not divisible by tp=3; "
+        "the suites build every stand-in model at --tp"
+    ]
+
+
 def test_the_torch_free_choices_name_what_the_builders_build() -> None:
     from harness.core import choices
     from harness.core.signature import OUTPUT_DTYPES
     from harness.models import backends, builders
-    from harness.warm import recognizers
+    from harness.warm import impls, recognizers
     from harness.warm.signature import MODEL_DTYPES
 
     assert (*builders.FAMILIES, "mixed") == choices.MODEL_CHOICES
+    assert {k: f.num_heads for k, f in builders.FAMILIES.items()} == choices.FAMILY_HEADS
+    assert tuple(impls.BUILTIN_IMPLS) == choices.WARM_IMPL_NAMES
     for name in choices.ATTENTION_BACKENDS:
         for family in builders.FAMILIES:
             assert backends.backend_for(family, name).get_name()

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "FAMILY_HEADS",
     "KV_CACHE_DTYPES",
     "MODEL_CHOICES",
     "MODEL_FAMILIES",
     "RECOGNIZER_SET_NAMES",
+    "WARM_IMPL_NAMES",
 ]
 
 # Stand-in model families with published head geometry; "mixed" combines them in one tree.
 MODEL_FAMILIES: tuple[str, ...] = ("kimi-k3", "deepseek-v4", "generic-mla")
 MODEL_CHOICES: tuple[str, ...] = (*MODEL_FAMILIES, "mixed")
+# Attention heads of each family (before the TP split): what `dcpqual run` checks --tp against
+# before it starts torchrun, without importing the builders.
+FAMILY_HEADS: dict[str, int] = {"kimi-k3": 96, "deepseek-v4": 128, "generic-mla": 128}
 # CLI names of attention backends; "b12x" picks each family's B12X backend.
 ATTENTION_BACKENDS: tuple[str, ...] = (
     "b12x",
@@ -29,3 +34,6 @@ ATTENTION_BACKENDS: tuple[str, ...] = (
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla")
 # Recognizer sets of the warm code: after the Kimi-K3 fix, and from before it.
 RECOGNIZER_SET_NAMES: tuple[str, ...] = ("vendored", "before-kimi")
+# Built-in warm implementations (`--warm-impl`); other names (vllm, package.module:function)
+# are resolved by importing what they name.
+WARM_IMPL_NAMES: tuple[str, ...] = ("vendored", "before-kimi")

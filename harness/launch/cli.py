@@ -51,6 +51,12 @@ def _check_backend_available(backend: str) -> None:
 
 
 def _check_warm_impl(name: str) -> None:
+    """A built-in name needs no check (importing the warm code costs the launcher a torch
+    import before torchrun starts); any other name is resolved, so a bad one is refused here."""
+    from harness.core.choices import WARM_IMPL_NAMES
+
+    if name in WARM_IMPL_NAMES:
+        return
     try:
         from harness.warm.impls import resolve_warm_impl
     except ImportError:  # warm package not present: the ranks get the name as it is
@@ -78,14 +84,14 @@ def _check_suites_geometry(options: RunOptions) -> None:
     """
     if options.pytest_args:
         return
+    from harness.core.choices import FAMILY_HEADS
+    from harness.core.geometry import ParallelGeometry
     from harness.errors import GeometryError
-    from harness.models.builders import FAMILIES
-    from harness.warm.geometry import ParallelGeometry
 
     geometry = ParallelGeometry(tp=options.tp, dcp=options.resolved_dcp)
-    for model, family in FAMILIES.items():
+    for model, num_heads in FAMILY_HEADS.items():
         try:
-            geometry.local_heads(family.num_heads, model=model)
+            geometry.local_heads(num_heads, model=model)
         except GeometryError as exc:
             raise GeometryError(f"{exc}; the suites build every stand-in model at --tp") from None
 

@@ -27,7 +27,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -89,6 +89,27 @@ def pytest_configure(config: pytest.Config) -> None:
     plugin = RankPlugin(config)
     config.pluginmanager.register(plugin, PLUGIN_NAME)
     plugin.start()
+
+
+HYPOTHESIS_PLUGIN = "hypothesispytest"  # Hypothesis's pytest11 entry point
+
+
+def drop_unused_hypothesis(
+    pluginmanager: pytest.PytestPluginManager, modules: Mapping[str, object] = sys.modules
+) -> bool:
+    """Unregister Hypothesis's pytest plugin where no Hypothesis code ran in this process.
+
+    Its terminal summary imports Hypothesis to report failing examples and observations, which
+    only Hypothesis's own tests produce; where it was never imported there is nothing to report,
+    and the import costs each rank about a second of CPU at the end of its session (seconds of
+    a 16-rank run on a few cores). True when the plugin was dropped."""
+    if "hypothesis" in modules:
+        return False
+    plugin = pluginmanager.get_plugin(HYPOTHESIS_PLUGIN)
+    if plugin is None:
+        return False
+    pluginmanager.unregister(plugin)
+    return True
 
 
 def _short(report: pytest.TestReport | pytest.CollectReport) -> str:
@@ -251,7 +272,7 @@ class RankPlugin:
         facts = self.keeper.record.extra
         if (facts.transports, facts.real_trees) != (used.transports, used.real_trees):
             changed = replace(facts, transports=used.transports, real_trees=used.real_trees)
-            self.keeper.update(extra=changed)
+            self.keeper.note(extra=changed)  # written by the caller's next write
 
     def add_capture(self, record: CaptureRecord) -> None:
         """Hand a capture window's record to this rank's record (suites' `record_capture`)."""
@@ -457,6 +478,7 @@ class RankPlugin:
         self._session = session
         if self.watchdog is not None:
             self.watchdog.session_finishing()
+        drop_unused_hypothesis(self.config.pluginmanager)
 
     @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:

@@ -4,10 +4,15 @@ Written from two threads (pytest's main thread and the watchdog), so every write
 one lock, and the record is replaced atomically: a rank killed at any moment leaves either the
 previous record or the next one, never half of one.
 
-The record is rewritten on every change (a test starts, waits for its peers, ends), hundreds of
-times per rank, and grows to about 100 KB: it is written as compact JSON, and what only grows
-(collected ids, tests, captures, all frozen values) is serialized once per item, so a change of
-the current test costs a small header and a file write, not a serialization of the whole record.
+The record is rewritten for every change that is evidence (a test's outcome, a capture, the
+end), hundreds of times per rank, and grows to about 100 KB: it is written as compact JSON, and
+what only grows (collected ids, tests, captures, all frozen values) is serialized once per item.
+What only the launcher's live progress reads (which test runs, since when this rank waits for its
+peers) is noted in memory and reaches the disk with the next write or the watchdog's heartbeat,
+at most a heartbeat late: the file write, a rename over the last record, costs milliseconds of
+I/O with 16 ranks writing at once, and those notes were two of every test's three writes. The
+evidence never needs them: the test a dead rank was in is the first it collected and did not
+report (`harness.evidence.collect.in_progress`).
 """
 
 from __future__ import annotations
@@ -90,6 +95,7 @@ class RecordKeeper:
         self._sealed = False  # after a final write by the watchdog, main-thread writes stop
         self._stop_reason: str | None = None  # set by `stopping`, used by `finish`
         self._text = RecordText()
+        self._unwritten = False  # noted changes the file does not hold yet
         self._write(record)
 
     @classmethod
@@ -126,6 +132,7 @@ class RecordKeeper:
     def _write(self, record: RankRecord) -> None:
         self._record = record
         atomic_write_text(self.path, self._text.text(record), fsync=False)
+        self._unwritten = False
 
     def update(self, **changes: Any) -> None:
         """Rewrite the record with these fields changed (`dataclasses.replace` checks names)."""
@@ -133,15 +140,24 @@ class RecordKeeper:
             if not self._sealed:
                 self._write(replace(self._record, **changes))
 
+    def note(self, **changes: Any) -> None:
+        """Change the record in memory only: the file gets it with the next write or heartbeat.
+        For what no evidence depends on, or what a write right after carries."""
+        with self._lock:
+            if not self._sealed:
+                self._record = replace(self._record, **changes)
+                self._unwritten = True
+
     def collected(self, nodeids: tuple[str, ...]) -> None:
         self.update(collected=nodeids)
 
     def running(self, nodeid: str | None) -> None:
-        self.update(current_test=nodeid, waiting_since=None)
+        """The test that runs now (noted: for the live progress)."""
+        self.note(current_test=nodeid, waiting_since=None)
 
     def waiting(self) -> None:
-        """The test's body is done here; the rank now waits for its peers' results."""
-        self.update(waiting_since=time.time())
+        """The test's body is done here; the rank now waits for its peers' results (noted)."""
+        self.note(waiting_since=time.time())
 
     def add_test(self, outcome: TestOutcome) -> None:
         with self._lock:
@@ -204,9 +220,13 @@ class RecordKeeper:
             self._sealed = True
 
     def heartbeat(self) -> None:
-        """Touch the record: its mtime is this rank's last sign of life for the launcher."""
+        """Write what was noted, else touch the record: its mtime is this rank's last sign of
+        life for the launcher. Called from the watchdog's thread, so it never raises OSError."""
         with self._lock, contextlib.suppress(OSError):
-            os.utime(self.path)
+            if self._unwritten and not self._sealed:
+                self._write(self._record)
+            else:
+                os.utime(self.path)
 
 
 def dump_stacks(out_dir: Path, rank: int, reason: str) -> Path:

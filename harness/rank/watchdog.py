@@ -44,7 +44,7 @@ class WatchConfig:
     test_timeout_s: float = 300.0
     abort_grace_s: float = 3.0  # a peer failed: how long this rank may still finish the test
     exchange_grace_s: float = 5.0  # after a timeout: how long to wait for peers' reports
-    heartbeat_s: float = 1.0
+    heartbeat_s: float = 1.0  # the record's mtime, and what its keeper noted, at this pace
     tick_s: float = 0.1
     # After SIGTERM during agreement: how long the main thread may still take to record the
     # test (its peers' wait is cut to 2 s by the abort). Well inside torchrun's shutdown timeout.
