@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 from harness.bench import launching, probe, ranks
 from harness.bench.launching import dead_ranks, profile_of, read_probes, why_failed
 from harness.schema.bench import BenchOptions, ProbePhases, ProbeRecord
+from harness.schema.rank_record import RankRecord
 
 # torchrun 2.13's report after rank 1 aborted and the agent ended rank 0.
 AGENT_LOG = """\
@@ -227,11 +229,23 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
     # Each rank's peak over both runs, in MB of 1e6 bytes.
     assert runs.peak_rss_mb_per_rank == {"0": 350_000 * 1024 / 1e6, "1": 400_000 * 1024 / 1e6}
     assert runs.peak_rss_mb == pytest.approx(409.6)
+    assert runs.real_import_s is None and runs.real_build_s is None  # stand-ins: no vLLM
     calls.clear()
     rss = iter([1_000_000, 900_000])
+    records = tmp_path / "suite-0" / "bundle" / "records"
+    records.mkdir(parents=True)
+    for rank in range(4):  # what each rank's record says its vLLM import and build cost
+        tree = {"model": "kimi-k3", "tp": 4, "dcp": 4, "kv_cache_dtype": "auto",
+                "dcp_comm_backend": "ag_rs", "import_s": 20.0 + rank,
+                "build_s": 2.0 * rank}  # fmt: skip
+        record = RankRecord(rank=rank, world_size=4, extra={"real_trees": [tree]})
+        (records / f"rank-{rank:02d}.json").write_text(json.dumps(record.to_json()))
     real = launching.measure_runs(options, "real", tmp_path, say=lambda line: None)
     assert calls == [("full", 4, "real")]  # no bare launch, one run, at --real-nproc-per-node
     assert real.bare_launch_s is None and real.ratio is None and real.models == "real"
+    assert real.real_import_s is not None and real.real_build_s is not None
+    assert (real.real_import_s.median, real.real_import_s.max) == (21.5, 23.0)
+    assert (real.real_build_s.median, real.real_build_s.max) == (3.0, 6.0)
 
 
 def test_slowest_is_each_series_maximum_over_ranks_per_iteration(

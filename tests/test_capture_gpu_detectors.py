@@ -6,8 +6,11 @@ b12x where they are installed."""
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.util
+import sys
 from collections.abc import Iterator
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -151,16 +154,56 @@ def _triton_compiles(knobs: SimpleNamespace, name: str) -> Any:
                 is_manual_warmup=False, already_compiled=False)  # fmt: skip
 
 
-def test_triton_detector_reasons() -> None:
-    missing = TritonJitDetector()
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        assert "triton is not importable" in missing.status().reason
+def test_triton_detector_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     no_cuda = TritonJitDetector(_knobs(), cuda_available=lambda: False).status()
-    assert not no_cuda.active and "CUDA is not available" in no_cuda.reason
+    assert not no_cuda.active and "CUDA is not available (triton installed" in no_cuda.reason
     old = TritonJitDetector(SimpleNamespace(runtime=SimpleNamespace()), cuda_available=lambda: True)
     assert "no knobs.runtime.jit_post_compile_hook" in old.status().reason
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
+    missing = TritonJitDetector(cuda_available=lambda: True).status()
+    assert not missing.active and "triton is not importable (ModuleNotFoundError" in missing.reason
+    absent = TritonJitDetector(cuda_available=lambda: False).status()
+    assert "CUDA is not available (triton not installed" in absent.reason
+
+
+class _FakeTriton(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves an importable `triton` and records every time its module is executed."""
+
+    def __init__(self) -> None:
+        self.executed: list[str] = []
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> Any:
+        if name.partition(".")[0] != "triton":
+            return None
+        return importlib.util.spec_from_loader(name, self, is_package=True)
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.executed.append(module.__name__)
+        setattr(module, "knobs", _knobs())  # noqa: B010
+
+
+def test_triton_detector_on_a_cpu_rank_says_why_without_importing_triton(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Importing triton maps its large native library into the process: a rank without CUDA,
+    where no kernel can compile, must not pay that for a detector that cannot run."""
+    fake = _FakeTriton()
+    real = {m: sys.modules.pop(m) for m in list(sys.modules) if m.partition(".")[0] == "triton"}
+    monkeypatch.setattr(sys, "meta_path", [fake, *sys.meta_path])
+    try:
+        status = TritonJitDetector(cuda_available=lambda: False).status()
+        assert not status.active and "CUDA is not available (triton installed" in status.reason
+        assert fake.executed == [] and "triton" not in sys.modules
+        # With CUDA the same detector does import it, and becomes active.
+        assert TritonJitDetector(cuda_available=lambda: True).status().active
+        assert fake.executed == ["triton"]
+    finally:  # the fake must not outlive the test; the real modules come back
+        for name in [m for m in sys.modules if m.partition(".")[0] == "triton"]:
+            del sys.modules[name]
+        sys.modules.update(real)
 
 
 def test_triton_hook_reports_compiles_and_chains_the_previous_hook() -> None:

@@ -1,7 +1,7 @@
 """The rank side stays self-contained and light: the plugin loads no controller or evidence code,
 and a rank's suite process (plugin, the suites' conftests, a capture window with every detector,
-an output comparison) never imports sympy or torch._dynamo, which cost every rank seconds of
-CPU and tens of MB."""
+an output comparison) never imports sympy, torch._dynamo or triton (where installed), which cost
+every rank seconds of CPU and tens of MB."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ with TransportRegistry("torch", device="cpu") as registry:
     captured = window.capture(lambda inputs: inputs[0] * 2, torch.ones(3))
     same = first_mismatch(captured.replay(torch.ones(3)), [torch.full((3,), 2.0)])
     differ = first_mismatch([torch.ones(3)], [torch.zeros(3)], rtol=0.0, atol=0.0)
-HEAVY = ("sympy", "torch._dynamo", "torch.distributed.tensor")
+HEAVY = ("sympy", "torch._dynamo", "torch.distributed.tensor", "triton")
 heavy = sorted(m for m in HEAVY if m in sys.modules)
 statuses = {s.name: s.active for s in window.statuses}
 # The negative control of the lazily armed dynamo detector: a compile inside the window, in a

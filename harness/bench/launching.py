@@ -26,6 +26,7 @@ from harness.launch.launcher import launch
 from harness.launch.plan import REPO_ROOT, RunOptions, RunPlan, torchrun_args
 from harness.launch.ranklogs import torchrun_logs
 from harness.schema.bench import BenchOptions, ProbeRecord, Profile, Spread, SuiteRuns
+from harness.schema.rank_record import RankRecord
 
 MB, GIB = 1e6, float(1 << 30)
 # torchrun's failure table: "rank : 1 (local_rank: 1)" then "exitcode : -6 (pid: ...)".
@@ -148,6 +149,18 @@ def full_run(
     return ended - started, done.returncode, found, profile_of(found, started, ended)
 
 
+def real_tree_costs(bundle: Path) -> tuple[list[float], list[float]]:
+    """Seconds each rank spent importing vLLM and building its trees (the bundle's records), so
+    the real run's wall time splits into what vLLM costs and what the harness adds."""
+    imports: list[float] = []
+    builds: list[float] = []
+    for path in sorted((bundle / "records").glob("rank-*.json")):
+        for tree in RankRecord.read(path).extra.real_trees:
+            imports.append(tree.import_s)
+            builds.append(tree.build_s)
+    return imports, builds
+
+
 def measure_runs(
     options: BenchOptions, models: str, work: Path, say: Callable[[str], None] = print
 ) -> SuiteRuns:
@@ -162,6 +175,8 @@ def measure_runs(
     rss: dict[int, float] = {}
     cpu: dict[int, float] = {}
     prof = None
+    imports: list[float] = []
+    builds: list[float] = []
     for i in range(max(bare_repeats, suite_repeats)):
         if i < bare_repeats:
             module = ("harness.bench.bare_rank", backend)
@@ -174,6 +189,14 @@ def measure_runs(
             for p in probes:
                 rss[p.rank] = max(p.ru_maxrss_kib * 1024 / MB, rss.get(p.rank, 0.0))
                 cpu[p.rank] = p.cpu_s
+            if real:
+                imports, builds = real_tree_costs(work / f"suite-{i}" / "bundle")
+                if imports:
+                    say(
+                        f"  vLLM per rank: import {np.median(imports):.1f}s (max "
+                        f"{max(imports):.1f}), build {np.median(builds):.1f}s "
+                        f"(max {max(builds):.1f})"
+                    )
             say(f"  full run ({models}) {i + 1}/{suite_repeats}: {seconds:.1f}s (exit {code})")
     peak = max(rss.values()) if rss else None
     bare_s, suite_s = (summarize(bare) if bare else None), summarize(suite)
@@ -190,4 +213,6 @@ def measure_runs(
         peak_rss_gib=None if peak is None else peak * MB / GIB,
         cpu_s_per_rank={str(r): cpu[r] for r in sorted(cpu)},
         profile=prof,
+        real_import_s=summarize(imports) if imports else None,
+        real_build_s=summarize(builds) if builds else None,
     )

@@ -9,6 +9,7 @@ packages.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -171,6 +172,14 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def _installed(package: str) -> bool:
+    """Whether `package` can be found, without importing it."""
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a broken parent, or a module without a spec
+        return False
+
+
 class TritonJitDetector(Detector):
     """A Triton kernel JIT-compiled while the window is open.
 
@@ -197,17 +206,21 @@ class TritonJitDetector(Detector):
         return self._knobs
 
     def unavailable_reason(self) -> str | None:
+        # CUDA first: without it no kernel can compile, and importing triton only to say so
+        # maps its 70-80 MB native library into every CPU rank.
+        if not self._cuda_available():
+            installed = self._knobs is not None or _installed("triton")
+            return (
+                f"CUDA is not available (triton {'installed' if installed else 'not installed'}"
+                ", not imported): no Triton kernel can be JIT-compiled here, so its hook cannot"
+                " fire"
+            )
         try:
             knobs = self._load()
         except Exception as exc:  # not installed, or broken at import
             return f"triton is not importable ({type(exc).__name__}: {exc})"
         if not hasattr(getattr(knobs, "runtime", None), "jit_post_compile_hook"):
             return "this triton has no knobs.runtime.jit_post_compile_hook"
-        if not self._cuda_available():
-            return (
-                "triton is importable but CUDA is not available: no Triton kernel can be "
-                "JIT-compiled here, so its hook cannot fire"
-            )
         return None
 
     def _install(self) -> None:

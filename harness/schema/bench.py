@@ -206,6 +206,10 @@ class SuiteRuns(Model):
     peak_rss_gib: float | None
     cpu_s_per_rank: dict[str, float]  # rank -> CPU seconds of its last run
     profile: Profile | None
+    # The real run's vLLM cost over its ranks (each rank's records): importing vLLM, building
+    # the trees; None for the stand-ins.
+    real_import_s: Summary | None = None
+    real_build_s: Summary | None = None
 
 
 class Results(Model):
