@@ -340,6 +340,13 @@ def test_describe_compile_tells_first_compiles_from_recompiles() -> None:
 
 @pytest.mark.slow
 def test_dynamo_reports_compiles_and_recompiles_inside_the_window_only() -> None:
+    """Dynamo caches compiles by code object for the life of the process: a second run of this
+    test in one process (mutmut runs pytest many times in its own) would find `double`'s
+    shapes already compiled and see no recompile, so it starts from a reset dynamo."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
     def double(x: torch.Tensor) -> torch.Tensor:
         return x * 2 + 1
 
