@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -41,8 +41,17 @@ class ObservableRegistry(Protocol):
     def counters(self) -> Any: ...
 
 
+RegistryEvent = RegistryMiss | TransportCreated | OperationFirstUse | BufferAllocated
+
+
 class _RegistryDetector(Detector):
-    """Subscribes to one registry while the window is open."""
+    """Subscribes to one registry while the window is open: reports the events it describes
+    live, and at stop what the registry counted beyond those events (the backstop)."""
+
+    # Per counter of the registry's `counters`: how the live events it counts begin, and the
+    # word the backstop uses for them.
+    backstops: ClassVar[tuple[tuple[str, str, str], ...]]
+    counted_by: ClassVar[str]
 
     def __init__(self, registry: ObservableRegistry) -> None:
         super().__init__()
@@ -59,16 +68,25 @@ class _RegistryDetector(Detector):
             self._unsubscribe()
             self._unsubscribe = None
 
-    def _on_event(self, event: object) -> None:
+    def describe(self, event: RegistryEvent) -> str | None:
+        """What this detector reports for a registry event; None for events of another kind."""
         raise NotImplementedError
 
-    def _count(self, kind: str) -> int:
-        return sum(1 for e in self.events if e.what.startswith(kind))
+    def _on_event(self, event: object) -> None:
+        if isinstance(event, RegistryEvent) and (what := self.describe(event)) is not None:
+            self.report(what, signature=event.signature, stack=event.stack or None)
 
-    def _delta(self, counter: str) -> int:
-        # A registry that does not count something (an older fake) reports it through events only.
+    def _collect(self) -> None:
         after, before = self.registry.counters, self._before
-        return int(getattr(after, counter, 0)) - int(getattr(before, counter, 0))
+        for counter, kind, noun in self.backstops:
+            # A registry that does not count something (an older fake) reports it by events only.
+            counted = int(getattr(after, counter, 0)) - int(getattr(before, counter, 0))
+            unseen = counted - sum(1 for e in self.events if e.what.startswith(kind))
+            if unseen > 0:
+                self.report(
+                    f"{kind}: {self.counted_by} counted {unseen} more {noun} in the window than "
+                    "its events reported"
+                )
 
 
 class TransportRegistryDetector(_RegistryDetector):
@@ -82,41 +100,27 @@ class TransportRegistryDetector(_RegistryDetector):
     """
 
     name = "transport-registry"
+    counted_by = "the registry"
+    backstops = (
+        ("misses", "registry miss", "misses"),
+        ("creations", "transport created", "creations"),
+        ("first_uses", "first use of", "first_uses"),
+    )
 
-    def _on_event(self, event: object) -> None:
+    def describe(self, event: RegistryEvent) -> str | None:
         if isinstance(event, RegistryMiss):
-            self.report(
+            return (
                 f"registry miss in {event.op}: this transport was not warmed and would be "
-                "created lazily inside capture",
-                signature=event.signature,
-                stack=event.stack or None,
+                "created lazily inside capture"
             )
-        elif isinstance(event, TransportCreated):
-            self.report(
-                f"transport created lazily inside capture ({event.backend}/{event.strategy})",
-                signature=event.signature,
-                stack=event.stack or None,
-            )
-        elif isinstance(event, OperationFirstUse):
-            self.report(
+        if isinstance(event, TransportCreated):
+            return f"transport created lazily inside capture ({event.backend}/{event.strategy})"
+        if isinstance(event, OperationFirstUse):
+            return (
                 f"first use of {event.operation} with {event.dtype} inside capture: warmup never "
-                "ran this operation with this dtype, so its kernels specialize lazily here",
-                signature=event.signature,
-                stack=event.stack or None,
+                "ran this operation with this dtype, so its kernels specialize lazily here"
             )
-
-    def _collect(self) -> None:
-        for counter, kind in (
-            ("misses", "registry miss"),
-            ("creations", "transport created"),
-            ("first_uses", "first use of"),
-        ):
-            unseen = self._delta(counter) - self._count(kind)
-            if unseen > 0:
-                self.report(
-                    f"{kind}: the registry counted {unseen} more {counter} in the window than "
-                    "its events reported"
-                )
+        return None
 
 
 class TransportBufferDetector(_RegistryDetector):
@@ -128,23 +132,16 @@ class TransportBufferDetector(_RegistryDetector):
     """
 
     name = "transport-buffers"
+    counted_by = "the registry's allocator"
+    backstops = (("buffer_allocations", "buffer allocation", "allocations"),)
 
-    def _on_event(self, event: object) -> None:
+    def describe(self, event: RegistryEvent) -> str | None:
         if isinstance(event, BufferAllocated):
-            self.report(
+            return (
                 f"buffer allocation {event.name!r} of {event.nbytes} bytes through the transport "
-                "registry's allocator",
-                signature=event.signature,
-                stack=event.stack or None,
+                "registry's allocator"
             )
-
-    def _collect(self) -> None:
-        unseen = self._delta("buffer_allocations") - self._count("buffer allocation")
-        if unseen > 0:
-            self.report(
-                f"buffer allocation: the registry's allocator counted {unseen} more allocations "
-                "in the window than its events reported"
-            )
+        return None
 
 
 # -- process groups -------------------------------------------------------------------------
