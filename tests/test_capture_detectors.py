@@ -9,13 +9,13 @@ group detector patches fake modules (and is checked to restore the real ones).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
+from _support.detector_fakes import Counters, FakeRegistry, Strict, fake_dist
 from _support.gloo_spawn import gloo_group, spawn
 
 from harness.capture.detector import Detector, short_stack, without
@@ -26,7 +26,7 @@ from harness.capture.detectors import (
     TransportRegistryDetector,
     describe_compile,
 )
-from harness.capture.events import LazyEvent, LazySpecializationError
+from harness.capture.events import LazySpecializationError
 from harness.transport.events import (
     BufferAllocated,
     OperationFirstUse,
@@ -37,41 +37,6 @@ from harness.transport.registry import TransportRegistry
 from harness.warm.signature import TransportSignature
 
 SIG = TransportSignature("bf16", 8, 576, 512, 2, max_tokens=4)
-
-
-class Strict:
-    """A sink that raises like a strict window."""
-
-    def __init__(self) -> None:
-        self.seen: list[LazyEvent] = []
-
-    def __call__(self, event: LazyEvent) -> None:
-        self.seen.append(event)
-        raise LazySpecializationError(event)
-
-
-@dataclass(frozen=True)
-class Counters:
-    creations: int = 0
-    misses: int = 0
-    buffer_allocations: int = 0
-    first_uses: int = 0
-
-
-class FakeRegistry:
-    """Delivers whatever events a test emits, with counters the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.subscribers: list[Any] = []
-        self.counters = Counters()
-
-    def subscribe(self, callback: Any) -> Any:
-        self.subscribers.append(callback)
-        return lambda: self.subscribers.remove(callback)
-
-    def emit(self, event: object) -> None:
-        for callback in tuple(self.subscribers):
-            callback(event)
 
 
 # -- base contract ----------------------------------------------------------------------------
@@ -266,26 +231,8 @@ def test_buffer_counter_is_a_backstop() -> None:
 # -- process groups ---------------------------------------------------------------------------
 
 
-def _fake_dist() -> tuple[SimpleNamespace, SimpleNamespace, list[str]]:
-    calls: list[str] = []
-    world = SimpleNamespace(group_count=0, pg_map={})
-
-    def new_group(ranks: Any = None, **kwargs: Any) -> str:
-        calls.append(f"new_group({ranks})")
-        world.group_count += 1
-        return "group"
-
-    def new_subgroups(group_size: int, **kwargs: Any) -> tuple[str, list[str]]:
-        calls.append(f"new_subgroups({group_size})")
-        return c10d.new_group([0]), [c10d.new_group([1])]
-
-    c10d = SimpleNamespace(_world=world, new_group=new_group, new_subgroups=new_subgroups)
-    public = SimpleNamespace(new_group=new_group, new_subgroups=new_subgroups)
-    return public, c10d, calls
-
-
 def test_new_group_is_reported_once_even_when_nested() -> None:
-    public, c10d, calls = _fake_dist()
+    public, c10d, calls = fake_dist()
     detector = ProcessGroupDetector((public, c10d))
     detector.start()
     public.new_group(ranks=[0, 1])
@@ -298,7 +245,7 @@ def test_new_group_is_reported_once_even_when_nested() -> None:
 
 
 def test_strict_sink_raises_before_the_group_is_created() -> None:
-    public, c10d, calls = _fake_dist()
+    public, c10d, calls = fake_dist()
     detector = ProcessGroupDetector((public, c10d))
     detector.start(Strict())
     with pytest.raises(LazySpecializationError, match="new_group"):
@@ -308,7 +255,7 @@ def test_strict_sink_raises_before_the_group_is_created() -> None:
 
 
 def test_group_counter_catches_a_factory_bound_before_the_window() -> None:
-    public, c10d, _ = _fake_dist()
+    public, c10d, _ = fake_dist()
     bound = public.new_group  # taken before the window: the wrapper never sees it
     detector = ProcessGroupDetector((public, c10d))
     detector.start()

@@ -57,7 +57,7 @@ class _RegistryDetector(Detector):
         super().__init__()
         self.registry = registry
         self._unsubscribe: Callable[[], None] | None = None
-        self._before: Any = None
+        self._before: Any  # the registry's counters when the window opened
 
     def _install(self) -> None:
         self._before = self.registry.counters
@@ -79,8 +79,7 @@ class _RegistryDetector(Detector):
     def _collect(self) -> None:
         after, before = self.registry.counters, self._before
         for counter, kind, noun in self.backstops:
-            # A registry that does not count something (an older fake) reports it by events only.
-            counted = int(getattr(after, counter, 0)) - int(getattr(before, counter, 0))
+            counted = getattr(after, counter) - getattr(before, counter)
             unseen = counted - sum(1 for e in self.events if e.what.startswith(kind))
             if unseen > 0:
                 self.report(
@@ -167,9 +166,11 @@ def c10d_groups(c10d: ModuleType | None = None) -> tuple[int, int]:
     """(group counter, groups held) of c10d's world: a new group moves one or both (the
     counter names unnamed groups; locally synchronized groups only enter the map)."""
     if c10d is None:
-        import torch.distributed.distributed_c10d as c10d
-    world = getattr(c10d, "_world", None)
-    return int(getattr(world, "group_count", 0)), len(getattr(world, "pg_map", None) or {})
+        import torch.distributed.distributed_c10d as real
+
+        c10d = real
+    world = c10d._world
+    return int(world.group_count), len(world.pg_map)
 
 
 class ProcessGroupDetector(Detector):
@@ -194,8 +195,8 @@ class ProcessGroupDetector(Detector):
             modules = (dist, c10d)
         self._modules = tuple(modules)
         self._patched: list[tuple[ModuleType, str, Callable[..., Any]]] = []
-        self._depth = 0
-        self._before = (0, 0)
+        self._depth = 0  # wrapped factory calls in progress (back to 0 after each call)
+        self._before: tuple[int, int]  # c10d_groups() when the window opened
 
     def unavailable_reason(self) -> str | None:
         if not torch.distributed.is_available():
@@ -207,7 +208,6 @@ class ProcessGroupDetector(Detector):
         return next((m for m in self._modules if hasattr(m, "_world")), None)
 
     def _install(self) -> None:
-        self._depth = 0
         self._before = c10d_groups(self._c10d)
         wrapped: dict[int, Callable[..., Any]] = {}
         for module in self._modules:
@@ -242,8 +242,8 @@ class ProcessGroupDetector(Detector):
         return wrapper
 
     def _collect(self) -> None:
-        after = c10d_groups(self._c10d)
-        created = max(a - b for a, b in zip(after, self._before, strict=True))
+        (count, held), (count_before, held_before) = c10d_groups(self._c10d), self._before
+        created = max(count - count_before, held - held_before)
         if created > 0 and not self.events:
             self.report(
                 f"{created} process group(s) created inside the capture window without going "
@@ -307,8 +307,10 @@ class DynamoDetector(Detector):
 
     def __init__(self) -> None:
         super().__init__()
-        self._pending: list[tuple[str, str, str, str]] = []
-        self._before = 0
+        # Set by `_install`: compiles started in the window (compile id, trigger, stack, phase)
+        # and dynamo's frame counter when it opened.
+        self._pending: list[tuple[str, str, str, str]]
+        self._before: int
         self._handler: Any = None
         self._watch: _ImportWatch | None = None
 
