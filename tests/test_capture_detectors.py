@@ -323,9 +323,10 @@ def test_dynamo_not_yet_imported_is_watched_for_its_import(monkeypatch: pytest.M
     detector = DynamoDetector()
     assert detector.status().active
     detector.start()
-    assert "torch._dynamo" not in sys.modules and sys.meta_path[0] is detector._watch
+    watch = detector._watch
+    assert "torch._dynamo" not in sys.modules and sys.meta_path[0] is watch
     detector.stop()
-    assert detector.events == [] and detector._watch not in sys.meta_path
+    assert detector.events == [] and watch not in sys.meta_path
     detector.start()
     detector.enter_phase("capture")
     sys.meta_path[0].find_spec("torch._dynamo")  # what `import torch._dynamo` asks first

@@ -56,17 +56,17 @@ class _RegistryDetector(Detector):
     def __init__(self, registry: ObservableRegistry) -> None:
         super().__init__()
         self.registry = registry
-        self._unsubscribe: Callable[[], None] | None = None
-        self._before: Any  # the registry's counters when the window opened
+        # Set by `_install` (`_uninstall` runs only after it succeeded): the registry's counters
+        # when the window opened, and how to leave it.
+        self._before: Any
+        self._unsubscribe: Callable[[], None]
 
     def _install(self) -> None:
         self._before = self.registry.counters
         self._unsubscribe = self.registry.subscribe(self._on_event)
 
     def _uninstall(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
+        self._unsubscribe()
 
     def describe(self, event: RegistryEvent) -> str | None:
         """What this detector reports for a registry event; None for events of another kind."""
