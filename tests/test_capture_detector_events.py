@@ -9,6 +9,7 @@ torch.distributed and dynamo paths are in tests/test_capture_detectors.py)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,7 +17,6 @@ import pytest
 import torch
 from _support.detector_fakes import (
     GROUPS_BEFORE,
-    Counters,
     FakeRegistry,
     Strict,
     fake_dist,
@@ -34,6 +34,7 @@ from harness.capture.events import LazySpecializationError
 from harness.transport.events import (
     BufferAllocated,
     OperationFirstUse,
+    RegistryCounters,
     RegistryMiss,
     TransportCreated,
 )
@@ -52,7 +53,7 @@ def test_registry_events_read_in_full_with_the_registrys_stack() -> None:
     registry.emit(TransportCreated(SIG, "created stack", backend="torch", strategy="a2a"))
     registry.emit(OperationFirstUse(SIG, "gather", "float16", "use stack", rank=0, frozen=True))
     registry.emit(object())  # not a registry event: nothing
-    registry.counters = Counters(misses=1, creations=1, first_uses=1)
+    registry.counters = RegistryCounters(misses=1, creations=1, first_uses=1)
     detector.stop()
     assert [(e.what, e.stack, e.signature) for e in detector.events] == [
         (
@@ -80,7 +81,7 @@ def test_an_event_without_a_stack_gets_the_stack_that_delivered_it() -> None:
     detector = TransportRegistryDetector(registry)
     detector.start()
     _registry_delivers(registry, RegistryMiss(SIG, op="get"))
-    registry.counters = Counters(misses=1)
+    registry.counters = RegistryCounters(misses=1)
     detector.stop()
     [event] = detector.events
     assert "in _registry_delivers" in event.stack
@@ -88,11 +89,11 @@ def test_an_event_without_a_stack_gets_the_stack_that_delivered_it() -> None:
 
 def test_each_registry_backstop_reads_in_full_and_fires_only_beyond_the_live_events() -> None:
     registry = FakeRegistry()
-    registry.counters = Counters(misses=5, creations=5, first_uses=5)  # before the window
+    registry.counters = RegistryCounters(misses=5, creations=5, first_uses=5)  # before the window
     detector = TransportRegistryDetector(registry)
     detector.start()
     registry.emit(RegistryMiss(SIG, op="get"))
-    registry.counters = Counters(misses=7, creations=6, first_uses=5)
+    registry.counters = RegistryCounters(misses=7, creations=6, first_uses=5)
     detector.stop()
     assert [(e.what, e.stack) for e in detector.events[1:]] == [
         (
@@ -106,9 +107,9 @@ def test_each_registry_backstop_reads_in_full_and_fires_only_beyond_the_live_eve
             detector.events[2].stack,
         ),
     ]
-    registry.counters = Counters(first_uses=4)
+    registry.counters = RegistryCounters(first_uses=4)
     detector.start()
-    registry.counters = Counters(first_uses=5)  # one more than its (zero) events
+    registry.counters = RegistryCounters(first_uses=5)  # one more than its (zero) events
     detector.stop()
     assert [e.what for e in detector.events] == [
         "first use of: the registry counted 1 more first_uses in the window than its events "
@@ -122,7 +123,7 @@ def test_a_counter_that_matches_its_events_adds_nothing() -> None:
     detector.start()
     registry.emit(BufferAllocated(SIG, "gather_recv", 64, "alloc stack"))
     registry.emit(BufferAllocated(None, "scratch", 8, ""))
-    registry.counters = Counters(buffer_allocations=2)
+    registry.counters = RegistryCounters(buffer_allocations=2)
     detector.stop()
     assert [(e.what, e.signature) for e in detector.events] == [
         (
@@ -134,7 +135,7 @@ def test_a_counter_that_matches_its_events_adds_nothing() -> None:
     ]
     assert detector.events[0].stack == "alloc stack"
     detector.start()
-    registry.counters = Counters(buffer_allocations=3)
+    registry.counters = RegistryCounters(buffer_allocations=3)
     detector.stop()
     assert [e.what for e in detector.events] == [
         "buffer allocation: the registry's allocator counted 1 more allocations in the window "
@@ -265,6 +266,16 @@ def dynamo_imported() -> None:
     import torch._dynamo  # noqa: F401
 
 
+@pytest.fixture
+def unimported_dynamo(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """A process that has not imported dynamo (it is put back after the test); the returned
+    call completes "the import", as if whatever asked for it had finished importing it."""
+    import torch._dynamo as dynamo
+
+    monkeypatch.delitem(sys.modules, "torch._dynamo")
+    return lambda: monkeypatch.setitem(sys.modules, "torch._dynamo", dynamo)
+
+
 def _compile_starts(detector: DynamoDetector, args: object) -> None:
     """Where dynamo would call the detector's start callback from."""
     detector._on_start(args)
@@ -366,19 +377,19 @@ def test_stop_holds_when_something_else_already_removed_the_hooks(
 
 
 def test_one_detector_serves_windows_before_and_after_dynamos_import(
-    monkeypatch: pytest.MonkeyPatch, dynamo_imported: None
+    monkeypatch: pytest.MonkeyPatch, unimported_dynamo: Callable[[], None]
 ) -> None:
-    import torch._dynamo as dynamo
-
-    _frames_counter(monkeypatch, 4, 4, 4, 4)
+    _frames_counter(monkeypatch, 4, 4)
     detector = DynamoDetector()
+    detector.start()  # not imported: the import watch
+    watch = detector._watch
+    detector.stop()
+    assert watch is not None and watch not in sys.meta_path
+    unimported_dynamo()
     detector.start()  # imported: the callback
     detector.stop()
     monkeypatch.delitem(sys.modules, "torch._dynamo")
-    detector.start()  # not imported: the import watch
-    detector.stop()
-    monkeypatch.setitem(sys.modules, "torch._dynamo", dynamo)
-    detector.start()  # imported again
+    detector.start()  # not imported again
     detector.stop()
     assert detector.events == []
 
@@ -393,11 +404,8 @@ def _imports_other(watch: Any) -> None:
 
 
 def test_the_import_event_has_the_importers_stack_and_phase_and_reads_in_full(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, unimported_dynamo: Callable[[], None]
 ) -> None:
-    import torch._dynamo as dynamo
-
-    monkeypatch.delitem(sys.modules, "torch._dynamo", raising=False)
     _frames_counter(monkeypatch, 1)
     detector = DynamoDetector()
     detector.start()
@@ -405,7 +413,7 @@ def test_the_import_event_has_the_importers_stack_and_phase_and_reads_in_full(
     _imports_dynamo(sys.meta_path[0])  # in warm-up
     detector.enter_phase("capture")
     _imports_dynamo(sys.meta_path[0])  # the second ask is not the import's start
-    monkeypatch.setitem(sys.modules, "torch._dynamo", dynamo)  # the import completed
+    unimported_dynamo()  # the import completed
     detector.stop()
     assert [(e.what, e.phase) for e in detector.events] == [
         (
@@ -424,16 +432,13 @@ def test_the_import_event_has_the_importers_stack_and_phase_and_reads_in_full(
 
 
 def test_an_import_that_went_around_the_watch_is_still_reported(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, unimported_dynamo: Callable[[], None]
 ) -> None:
-    import torch._dynamo as dynamo
-
-    monkeypatch.delitem(sys.modules, "torch._dynamo", raising=False)
     _frames_counter(monkeypatch, 0)
     detector = DynamoDetector()
     detector.start()
     detector.enter_phase("capture")
-    monkeypatch.setitem(sys.modules, "torch._dynamo", dynamo)  # no finder was asked
+    unimported_dynamo()  # no finder was asked
     detector.stop()
     [event] = detector.events
     assert event.what.startswith("torch._dynamo imported inside the capture window")
@@ -441,9 +446,8 @@ def test_an_import_that_went_around_the_watch_is_still_reported(
 
 
 def test_only_dynamos_import_is_lazy_work_and_nothing_imports_it_for_the_check(
-    monkeypatch: pytest.MonkeyPatch,
+    unimported_dynamo: Callable[[], None],
 ) -> None:
-    monkeypatch.delitem(sys.modules, "torch._dynamo", raising=False)
     detector = DynamoDetector()
     detector.start()
     _imports_other(sys.meta_path[0])
@@ -482,11 +486,13 @@ def _broken_finder(name: str) -> None:
     ],
 )
 def test_a_torch_without_dynamo_says_why(
-    monkeypatch: pytest.MonkeyPatch, find_spec: Any, reason: str
+    monkeypatch: pytest.MonkeyPatch,
+    unimported_dynamo: Callable[[], None],
+    find_spec: Any,
+    reason: str,
 ) -> None:
     import importlib.util
 
-    monkeypatch.delitem(sys.modules, "torch._dynamo", raising=False)
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     status = DynamoDetector().status()
     assert (status.active, status.reason) == (False, reason)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from _support.detector_fakes import Counters, FakeRegistry, Strict, fake_dist
+from _support.detector_fakes import FakeRegistry, Strict, fake_dist
 from _support.gloo_spawn import gloo_group, spawn
 
 from harness.capture.detector import Detector, short_stack, without
@@ -30,6 +30,7 @@ from harness.capture.events import LazySpecializationError
 from harness.transport.events import (
     BufferAllocated,
     OperationFirstUse,
+    RegistryCounters,
     RegistryMiss,
     TransportCreated,
 )
@@ -120,7 +121,7 @@ def test_creation_is_reported_and_buffers_are_not_the_registry_detectors_job() -
     registry.emit(RegistryMiss(SIG, op="get_or_create"))
     registry.emit(BufferAllocated(SIG, "gather_send", 16, "stack"))
     registry.emit(TransportCreated(SIG, "stack", backend="torch", strategy="ag_rs"))
-    registry.counters = Counters(creations=1, misses=1, buffer_allocations=1)
+    registry.counters = RegistryCounters(creations=1, misses=1, buffer_allocations=1)
     detector.stop()
     assert [e.what.split(":")[0] for e in detector.events] == [
         "registry miss in get_or_create",
@@ -133,7 +134,7 @@ def test_registry_counters_are_a_backstop_for_unreported_work() -> None:
     registry = FakeRegistry()
     detector = TransportRegistryDetector(registry)
     detector.start()
-    registry.counters = Counters(creations=1, misses=2)  # nobody emitted an event
+    registry.counters = RegistryCounters(creations=1, misses=2)  # nobody emitted an event
     detector.stop()
     whats = [e.what for e in detector.events]
     assert any("2 more misses" in w for w in whats)
@@ -145,7 +146,7 @@ def test_first_use_of_an_operation_and_dtype_is_reported() -> None:
     detector = TransportRegistryDetector(registry)
     detector.start(rank=3)
     registry.emit(OperationFirstUse(SIG, "reduce", "bfloat16", "stack", rank=3, frozen=True))
-    registry.counters = Counters(first_uses=1)
+    registry.counters = RegistryCounters(first_uses=1)
     detector.stop()
     [event] = detector.events
     assert event.signature == SIG and event.rank == 3
@@ -156,7 +157,7 @@ def test_first_use_counter_is_a_backstop() -> None:
     registry = FakeRegistry()
     detector = TransportRegistryDetector(registry)
     detector.start()
-    registry.counters = Counters(first_uses=2)  # nobody emitted an event
+    registry.counters = RegistryCounters(first_uses=2)  # nobody emitted an event
     detector.stop()
     assert [e.what for e in detector.events] == [
         "first use of: the registry counted 2 more first_uses in the window than its events "

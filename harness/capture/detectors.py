@@ -24,6 +24,7 @@ from harness.capture.detector import Detector, short_stack
 from harness.transport.events import (
     BufferAllocated,
     OperationFirstUse,
+    RegistryEvent,
     RegistryMiss,
     TransportCreated,
 )
@@ -39,9 +40,6 @@ class ObservableRegistry(Protocol):
 
     @property
     def counters(self) -> Any: ...
-
-
-RegistryEvent = RegistryMiss | TransportCreated | OperationFirstUse | BufferAllocated
 
 
 class _RegistryDetector(Detector):

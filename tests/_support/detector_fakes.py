@@ -4,11 +4,11 @@ moves by hand, and `torch.distributed` modules whose group factories only count.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 from harness.capture.events import LazyEvent, LazySpecializationError
+from harness.transport.events import RegistryCounters
 
 
 class Strict:
@@ -32,20 +32,12 @@ class Recording:
         self.seen.append(event)
 
 
-@dataclass(frozen=True)
-class Counters:
-    creations: int = 0
-    misses: int = 0
-    buffer_allocations: int = 0
-    first_uses: int = 0
-
-
 class FakeRegistry:
     """Delivers whatever events a test emits, with counters the test moves by hand."""
 
     def __init__(self) -> None:
         self.subscribers: list[Any] = []
-        self.counters = Counters()
+        self.counters = RegistryCounters()
 
     def subscribe(self, callback: Any) -> Any:
         self.subscribers.append(callback)
