@@ -9,13 +9,13 @@ group detector patches fake modules (and is checked to restore the real ones).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
+from _support.detector_fakes import FakeRegistry, Strict, fake_dist
 from _support.gloo_spawn import gloo_group, spawn
 
 from harness.capture.detector import Detector, short_stack, without
@@ -26,10 +26,11 @@ from harness.capture.detectors import (
     TransportRegistryDetector,
     describe_compile,
 )
-from harness.capture.events import LazyEvent, LazySpecializationError
+from harness.capture.events import LazySpecializationError
 from harness.transport.events import (
     BufferAllocated,
     OperationFirstUse,
+    RegistryCounters,
     RegistryMiss,
     TransportCreated,
 )
@@ -37,41 +38,6 @@ from harness.transport.registry import TransportRegistry
 from harness.warm.signature import TransportSignature
 
 SIG = TransportSignature("bf16", 8, 576, 512, 2, max_tokens=4)
-
-
-class Strict:
-    """A sink that raises like a strict window."""
-
-    def __init__(self) -> None:
-        self.seen: list[LazyEvent] = []
-
-    def __call__(self, event: LazyEvent) -> None:
-        self.seen.append(event)
-        raise LazySpecializationError(event)
-
-
-@dataclass(frozen=True)
-class Counters:
-    creations: int = 0
-    misses: int = 0
-    buffer_allocations: int = 0
-    first_uses: int = 0
-
-
-class FakeRegistry:
-    """Delivers whatever events a test emits, with counters the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.subscribers: list[Any] = []
-        self.counters = Counters()
-
-    def subscribe(self, callback: Any) -> Any:
-        self.subscribers.append(callback)
-        return lambda: self.subscribers.remove(callback)
-
-    def emit(self, event: object) -> None:
-        for callback in tuple(self.subscribers):
-            callback(event)
 
 
 # -- base contract ----------------------------------------------------------------------------
@@ -155,7 +121,7 @@ def test_creation_is_reported_and_buffers_are_not_the_registry_detectors_job() -
     registry.emit(RegistryMiss(SIG, op="get_or_create"))
     registry.emit(BufferAllocated(SIG, "gather_send", 16, "stack"))
     registry.emit(TransportCreated(SIG, "stack", backend="torch", strategy="ag_rs"))
-    registry.counters = Counters(creations=1, misses=1, buffer_allocations=1)
+    registry.counters = RegistryCounters(creations=1, misses=1, buffer_allocations=1)
     detector.stop()
     assert [e.what.split(":")[0] for e in detector.events] == [
         "registry miss in get_or_create",
@@ -168,7 +134,7 @@ def test_registry_counters_are_a_backstop_for_unreported_work() -> None:
     registry = FakeRegistry()
     detector = TransportRegistryDetector(registry)
     detector.start()
-    registry.counters = Counters(creations=1, misses=2)  # nobody emitted an event
+    registry.counters = RegistryCounters(creations=1, misses=2)  # nobody emitted an event
     detector.stop()
     whats = [e.what for e in detector.events]
     assert any("2 more misses" in w for w in whats)
@@ -180,7 +146,7 @@ def test_first_use_of_an_operation_and_dtype_is_reported() -> None:
     detector = TransportRegistryDetector(registry)
     detector.start(rank=3)
     registry.emit(OperationFirstUse(SIG, "reduce", "bfloat16", "stack", rank=3, frozen=True))
-    registry.counters = Counters(first_uses=1)
+    registry.counters = RegistryCounters(first_uses=1)
     detector.stop()
     [event] = detector.events
     assert event.signature == SIG and event.rank == 3
@@ -191,7 +157,7 @@ def test_first_use_counter_is_a_backstop() -> None:
     registry = FakeRegistry()
     detector = TransportRegistryDetector(registry)
     detector.start()
-    registry.counters = Counters(first_uses=2)  # nobody emitted an event
+    registry.counters = RegistryCounters(first_uses=2)  # nobody emitted an event
     detector.stop()
     assert [e.what for e in detector.events] == [
         "first use of: the registry counted 2 more first_uses in the window than its events "
@@ -266,26 +232,8 @@ def test_buffer_counter_is_a_backstop() -> None:
 # -- process groups ---------------------------------------------------------------------------
 
 
-def _fake_dist() -> tuple[SimpleNamespace, SimpleNamespace, list[str]]:
-    calls: list[str] = []
-    world = SimpleNamespace(group_count=0, pg_map={})
-
-    def new_group(ranks: Any = None, **kwargs: Any) -> str:
-        calls.append(f"new_group({ranks})")
-        world.group_count += 1
-        return "group"
-
-    def new_subgroups(group_size: int, **kwargs: Any) -> tuple[str, list[str]]:
-        calls.append(f"new_subgroups({group_size})")
-        return c10d.new_group([0]), [c10d.new_group([1])]
-
-    c10d = SimpleNamespace(_world=world, new_group=new_group, new_subgroups=new_subgroups)
-    public = SimpleNamespace(new_group=new_group, new_subgroups=new_subgroups)
-    return public, c10d, calls
-
-
 def test_new_group_is_reported_once_even_when_nested() -> None:
-    public, c10d, calls = _fake_dist()
+    public, c10d, calls = fake_dist()
     detector = ProcessGroupDetector((public, c10d))
     detector.start()
     public.new_group(ranks=[0, 1])
@@ -298,7 +246,7 @@ def test_new_group_is_reported_once_even_when_nested() -> None:
 
 
 def test_strict_sink_raises_before_the_group_is_created() -> None:
-    public, c10d, calls = _fake_dist()
+    public, c10d, calls = fake_dist()
     detector = ProcessGroupDetector((public, c10d))
     detector.start(Strict())
     with pytest.raises(LazySpecializationError, match="new_group"):
@@ -308,7 +256,7 @@ def test_strict_sink_raises_before_the_group_is_created() -> None:
 
 
 def test_group_counter_catches_a_factory_bound_before_the_window() -> None:
-    public, c10d, _ = _fake_dist()
+    public, c10d, _ = fake_dist()
     bound = public.new_group  # taken before the window: the wrapper never sees it
     detector = ProcessGroupDetector((public, c10d))
     detector.start()
@@ -340,6 +288,13 @@ def test_describe_compile_tells_first_compiles_from_recompiles() -> None:
 
 @pytest.mark.slow
 def test_dynamo_reports_compiles_and_recompiles_inside_the_window_only() -> None:
+    """Dynamo caches compiles by code object for the life of the process: a second run of this
+    test in one process (mutmut runs pytest many times in its own) would find `double`'s
+    shapes already compiled and see no recompile, so it starts from a reset dynamo."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
     def double(x: torch.Tensor) -> torch.Tensor:
         return x * 2 + 1
 
@@ -369,9 +324,10 @@ def test_dynamo_not_yet_imported_is_watched_for_its_import(monkeypatch: pytest.M
     detector = DynamoDetector()
     assert detector.status().active
     detector.start()
-    assert "torch._dynamo" not in sys.modules and sys.meta_path[0] is detector._watch
+    watch = detector._watch
+    assert "torch._dynamo" not in sys.modules and sys.meta_path[0] is watch
     detector.stop()
-    assert detector.events == [] and detector._watch not in sys.meta_path
+    assert detector.events == [] and watch not in sys.meta_path
     detector.start()
     detector.enter_phase("capture")
     sys.meta_path[0].find_spec("torch._dynamo")  # what `import torch._dynamo` asks first

@@ -63,11 +63,15 @@ class Detector(ABC):
     name: ClassVar[str]
 
     def __init__(self) -> None:
-        self.events: list[LazyEvent] = []
-        self._sink: Sink | None = None
-        self._rank = 0
-        self._phase = "warmup"
         self._running = False
+        self._begin(None, rank=0)
+
+    def _begin(self, sink: Sink | None, *, rank: int) -> None:
+        """A new window's state: no events yet, its sink and rank, in the warm-up phase."""
+        self.events: list[LazyEvent] = []
+        self._sink = sink
+        self._rank = rank
+        self._phase = "warmup"
 
     # -- what the window asks ---------------------------------------------------------------
 
@@ -90,10 +94,7 @@ class Detector(ABC):
         reason = self.unavailable_reason()
         if reason is not None:
             raise RuntimeError(f"detector {self.name!r} cannot run here: {reason}")
-        self.events = []
-        self._sink = sink
-        self._rank = rank
-        self._phase = "warmup"
+        self._begin(sink, rank=rank)
         self._install()
         self._running = True
 

@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -24,6 +24,7 @@ from harness.capture.detector import Detector, short_stack
 from harness.transport.events import (
     BufferAllocated,
     OperationFirstUse,
+    RegistryEvent,
     RegistryMiss,
     TransportCreated,
 )
@@ -42,33 +43,47 @@ class ObservableRegistry(Protocol):
 
 
 class _RegistryDetector(Detector):
-    """Subscribes to one registry while the window is open."""
+    """Subscribes to one registry while the window is open: reports the events it describes
+    live, and at stop what the registry counted beyond those events (the backstop)."""
+
+    # Per counter of the registry's `counters`: how the live events it counts begin, and the
+    # word the backstop uses for them.
+    backstops: ClassVar[tuple[tuple[str, str, str], ...]]
+    counted_by: ClassVar[str]
 
     def __init__(self, registry: ObservableRegistry) -> None:
         super().__init__()
         self.registry = registry
-        self._unsubscribe: Callable[[], None] | None = None
-        self._before: Any = None
+        # Set by `_install` (`_uninstall` runs only after it succeeded): the registry's counters
+        # when the window opened, and how to leave it.
+        self._before: Any
+        self._unsubscribe: Callable[[], None]
 
     def _install(self) -> None:
         self._before = self.registry.counters
         self._unsubscribe = self.registry.subscribe(self._on_event)
 
     def _uninstall(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
+        self._unsubscribe()
 
-    def _on_event(self, event: object) -> None:
+    def describe(self, event: RegistryEvent) -> str | None:
+        """What this detector reports for a registry event; None for events of another kind."""
         raise NotImplementedError
 
-    def _count(self, kind: str) -> int:
-        return sum(1 for e in self.events if e.what.startswith(kind))
+    def _on_event(self, event: object) -> None:
+        if isinstance(event, RegistryEvent) and (what := self.describe(event)) is not None:
+            self.report(what, signature=event.signature, stack=event.stack or None)
 
-    def _delta(self, counter: str) -> int:
-        # A registry that does not count something (an older fake) reports it through events only.
+    def _collect(self) -> None:
         after, before = self.registry.counters, self._before
-        return int(getattr(after, counter, 0)) - int(getattr(before, counter, 0))
+        for counter, kind, noun in self.backstops:
+            counted = getattr(after, counter) - getattr(before, counter)
+            unseen = counted - sum(1 for e in self.events if e.what.startswith(kind))
+            if unseen > 0:
+                self.report(
+                    f"{kind}: {self.counted_by} counted {unseen} more {noun} in the window than "
+                    "its events reported"
+                )
 
 
 class TransportRegistryDetector(_RegistryDetector):
@@ -82,41 +97,27 @@ class TransportRegistryDetector(_RegistryDetector):
     """
 
     name = "transport-registry"
+    counted_by = "the registry"
+    backstops = (
+        ("misses", "registry miss", "misses"),
+        ("creations", "transport created", "creations"),
+        ("first_uses", "first use of", "first_uses"),
+    )
 
-    def _on_event(self, event: object) -> None:
+    def describe(self, event: RegistryEvent) -> str | None:
         if isinstance(event, RegistryMiss):
-            self.report(
+            return (
                 f"registry miss in {event.op}: this transport was not warmed and would be "
-                "created lazily inside capture",
-                signature=event.signature,
-                stack=event.stack or None,
+                "created lazily inside capture"
             )
-        elif isinstance(event, TransportCreated):
-            self.report(
-                f"transport created lazily inside capture ({event.backend}/{event.strategy})",
-                signature=event.signature,
-                stack=event.stack or None,
-            )
-        elif isinstance(event, OperationFirstUse):
-            self.report(
+        if isinstance(event, TransportCreated):
+            return f"transport created lazily inside capture ({event.backend}/{event.strategy})"
+        if isinstance(event, OperationFirstUse):
+            return (
                 f"first use of {event.operation} with {event.dtype} inside capture: warmup never "
-                "ran this operation with this dtype, so its kernels specialize lazily here",
-                signature=event.signature,
-                stack=event.stack or None,
+                "ran this operation with this dtype, so its kernels specialize lazily here"
             )
-
-    def _collect(self) -> None:
-        for counter, kind in (
-            ("misses", "registry miss"),
-            ("creations", "transport created"),
-            ("first_uses", "first use of"),
-        ):
-            unseen = self._delta(counter) - self._count(kind)
-            if unseen > 0:
-                self.report(
-                    f"{kind}: the registry counted {unseen} more {counter} in the window than "
-                    "its events reported"
-                )
+        return None
 
 
 class TransportBufferDetector(_RegistryDetector):
@@ -128,23 +129,16 @@ class TransportBufferDetector(_RegistryDetector):
     """
 
     name = "transport-buffers"
+    counted_by = "the registry's allocator"
+    backstops = (("buffer_allocations", "buffer allocation", "allocations"),)
 
-    def _on_event(self, event: object) -> None:
+    def describe(self, event: RegistryEvent) -> str | None:
         if isinstance(event, BufferAllocated):
-            self.report(
+            return (
                 f"buffer allocation {event.name!r} of {event.nbytes} bytes through the transport "
-                "registry's allocator",
-                signature=event.signature,
-                stack=event.stack or None,
+                "registry's allocator"
             )
-
-    def _collect(self) -> None:
-        unseen = self._delta("buffer_allocations") - self._count("buffer allocation")
-        if unseen > 0:
-            self.report(
-                f"buffer allocation: the registry's allocator counted {unseen} more allocations "
-                "in the window than its events reported"
-            )
+        return None
 
 
 # -- process groups -------------------------------------------------------------------------
@@ -170,9 +164,11 @@ def c10d_groups(c10d: ModuleType | None = None) -> tuple[int, int]:
     """(group counter, groups held) of c10d's world: a new group moves one or both (the
     counter names unnamed groups; locally synchronized groups only enter the map)."""
     if c10d is None:
-        import torch.distributed.distributed_c10d as c10d
-    world = getattr(c10d, "_world", None)
-    return int(getattr(world, "group_count", 0)), len(getattr(world, "pg_map", None) or {})
+        import torch.distributed.distributed_c10d as real
+
+        c10d = real
+    world = c10d._world
+    return int(world.group_count), len(world.pg_map)
 
 
 class ProcessGroupDetector(Detector):
@@ -197,8 +193,8 @@ class ProcessGroupDetector(Detector):
             modules = (dist, c10d)
         self._modules = tuple(modules)
         self._patched: list[tuple[ModuleType, str, Callable[..., Any]]] = []
-        self._depth = 0
-        self._before = (0, 0)
+        self._depth = 0  # wrapped factory calls in progress (back to 0 after each call)
+        self._before: tuple[int, int]  # c10d_groups() when the window opened
 
     def unavailable_reason(self) -> str | None:
         if not torch.distributed.is_available():
@@ -210,7 +206,6 @@ class ProcessGroupDetector(Detector):
         return next((m for m in self._modules if hasattr(m, "_world")), None)
 
     def _install(self) -> None:
-        self._depth = 0
         self._before = c10d_groups(self._c10d)
         wrapped: dict[int, Callable[..., Any]] = {}
         for module in self._modules:
@@ -245,8 +240,8 @@ class ProcessGroupDetector(Detector):
         return wrapper
 
     def _collect(self) -> None:
-        after = c10d_groups(self._c10d)
-        created = max(a - b for a, b in zip(after, self._before, strict=True))
+        (count, held), (count_before, held_before) = c10d_groups(self._c10d), self._before
+        created = max(count - count_before, held - held_before)
         if created > 0 and not self.events:
             self.report(
                 f"{created} process group(s) created inside the capture window without going "
@@ -310,8 +305,10 @@ class DynamoDetector(Detector):
 
     def __init__(self) -> None:
         super().__init__()
-        self._pending: list[tuple[str, str, str, str]] = []
-        self._before = 0
+        # Set by `_install`: compiles started in the window (compile id, trigger, stack, phase)
+        # and dynamo's frame counter when it opened.
+        self._pending: list[tuple[str, str, str, str]]
+        self._before: int
         self._handler: Any = None
         self._watch: _ImportWatch | None = None
 
