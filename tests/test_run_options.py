@@ -119,8 +119,8 @@ def test_nproc_words_resolve_like_torchrun_and_are_recorded(launched):
         resolve_nproc("gpu", cuda_count=lambda: 0)
     options = options_of(launched, "--nproc-per-node", "cpu", "--tp", "16", "--dcp", "1")
     assert options.nproc_per_node == cores
-    recorded = chosen_options(options)["nproc_per_node"]
-    assert recorded == {"requested": "cpu", "resolved": cores}
+    recorded = chosen_options(options).nproc_per_node
+    assert (recorded.requested, recorded.resolved) == ("cpu", cores)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
