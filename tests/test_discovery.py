@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from _support.layers import generic_layer, kimi_layer
 from torch import nn
 
 from harness.models import build
-from harness.models.backends import B12XMLABackend, B12XMLASparseBackend, FlashMLABackend
-from harness.models.layers import MLAAttention, MultiHeadLatentAttention
+from harness.models.backends import B12XMLABackend, FlashMLABackend
+from harness.models.layers import MultiHeadLatentAttention
 from harness.warm.discovery import discover
 from harness.warm.recognizers import (
     RECOGNIZER_SETS,
@@ -193,24 +194,11 @@ def test_a_draft_layer_under_an_mtp_name_is_discovered():
     assert [layer.name for layer in found.layers][-1] == "model.mtp.layers.4.mtp_block.self_attn"
 
 
-def _kimi_layer(backend=B12XMLABackend) -> MultiHeadLatentAttention:
-    """One Kimi-K3 MLA layer at TP16/DCP16 (children: its `o_proj`)."""
-    return MultiHeadLatentAttention(
-        num_heads=96,
-        tp_size=16,
-        kv_lora_rank=512,
-        qk_rope_head_dim=64,
-        backend=backend,
-        dcp_world_size=16,
-        prefix="model.layers.3.self_attn",
-    )
-
-
 def test_every_candidate_is_counted_repeats_included():
     """A layer referenced twice in the tree (as an MTP head re-references a decoder's) is a
     candidate each time, and so is every forward-context value: the counts say how much the
     walk saw, the duplicates how much of it was skipped."""
-    layer = _kimi_layer()
+    layer = kimi_layer()
     tree = nn.Sequential(layer, layer)  # root, layer, o_proj, layer again, o_proj again
     found = discover(
         tree,
@@ -225,7 +213,7 @@ def test_every_candidate_is_counted_repeats_included():
 def test_a_recognized_class_that_needs_no_transport_does_not_end_the_walk():
     """A layer of a recognized class on another backend gives no signature; the layers after
     it are still inspected."""
-    tree = nn.Sequential(_kimi_layer(backend=FlashMLABackend), _kimi_layer())
+    tree = nn.Sequential(kimi_layer(backend=FlashMLABackend), kimi_layer())
     found = discover(
         tree, context=WarmContext(dcp_world_size=16), recognizers=recognizer_set("vendored")
     )
@@ -237,16 +225,9 @@ def test_kinds_by_signature_names_every_kind_that_needs_each_signature():
     """A generic MLA layer with 6 local heads at DCP16 needs the very transport Kimi-K3 does:
     one signature, needed by both kinds (sorted); a DeepSeek-V4 layer needs its own."""
     dsv4 = build("deepseek-v4", tp=16, dcp=16, num_layers=1).static_forward_context
-    generic = MLAAttention(
-        num_heads=6,
-        kv_lora_rank=512,
-        qk_rope_head_dim=64,
-        backend=B12XMLASparseBackend,
-        dcp_world_size=16,
-        prefix="model.layers.1.self_attn.attn",
-    )
+    generic = generic_layer(num_heads=6, dcp=16)
     generic.dcp_b12x = True  # the gate, opened at a DCP size the fork does not offer
-    tree = nn.Sequential(_kimi_layer(), generic, *dsv4.values())
+    tree = nn.Sequential(kimi_layer(), generic, *dsv4.values())
     found = discover(
         tree, context=WarmContext(dcp_world_size=16), recognizers=recognizer_set("vendored")
     )

@@ -4,11 +4,11 @@ one means (real vLLM layers do not all carry every attribute the fork's layers d
 from __future__ import annotations
 
 import pytest
+from _support.layers import generic_layer, kimi_layer
 from torch import nn
 
 from harness.errors import UsageError
-from harness.models.backends import B12XMLABackend, B12XMLASparseBackend, FlashMLABackend
-from harness.models.layers import MLAAttention, MultiHeadLatentAttention
+from harness.models.backends import B12XMLABackend, FlashMLABackend
 from harness.warm.recognizers import (
     WarmContext,
     backend_name,
@@ -18,34 +18,6 @@ from harness.warm.recognizers import (
 )
 
 CONTEXT = WarmContext(dcp_world_size=16)
-
-
-def kimi_layer(dcp: int = 16) -> MultiHeadLatentAttention:
-    """Kimi-K3 at TP16: 6 local heads."""
-    return MultiHeadLatentAttention(
-        num_heads=96,
-        tp_size=16,
-        kv_lora_rank=512,
-        qk_rope_head_dim=64,
-        backend=B12XMLABackend,
-        dcp_world_size=dcp,
-        prefix="model.layers.3.self_attn",
-    )
-
-
-def generic_layer(dcp: int = 8) -> MLAAttention:
-    """A generic MLA layer inside the fork's `dcp_b12x` gate (sparse B12X, a2a, DCP8)."""
-    layer = MLAAttention(
-        num_heads=16,
-        kv_lora_rank=512,
-        qk_rope_head_dim=64,
-        backend=B12XMLASparseBackend,
-        dcp_world_size=dcp,
-        prefix="model.layers.0.self_attn.attn",
-        dcp_comm_backend="a2a",
-    )
-    assert layer.dcp_b12x
-    return layer
 
 
 class _ImplWithoutDCP:
@@ -72,7 +44,9 @@ def test_the_getter_wins_over_the_attn_backend_attribute() -> None:
 
 
 def test_generic_mla_inside_the_gate_is_local_heads_times_dcp() -> None:
-    sig = recognize_generic_mla(generic_layer(), WarmContext(dcp_world_size=8))
+    layer = generic_layer()
+    assert layer.dcp_b12x
+    sig = recognize_generic_mla(layer, WarmContext(dcp_world_size=8))
     assert sig is not None
     assert (sig.total_heads, sig.query_head_dim, sig.output_head_dim) == (128, 576, 512)
     assert sig.dcp_world_size == 8
