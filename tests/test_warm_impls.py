@@ -120,8 +120,11 @@ def test_vllm_is_production_s_warm_where_the_fork_resolves(
     assert (impl.name, impl.fn, resolved) == ("vllm", vllm_adapter.warm_vllm, [True])
 
 
-def test_vllm_is_refused_in_one_line_where_the_fork_is_absent() -> None:
-    """Neither this environment's vLLM (none, or upstream 0.32) has the fork's DCP warm."""
+def test_vllm_is_refused_in_one_line_where_the_fork_is_absent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fork's warm module made unimportable, whether or not this environment has a vLLM."""
+    monkeypatch.setitem(sys.modules, vllm_adapter.WARMUP_MODULE, None)
     with pytest.raises(UsageError, match="needs the B12X vLLM fork") as raised:
         resolve_warm_impl("vllm")
     assert "\n" not in str(raised.value)
