@@ -4,7 +4,7 @@ tests that change one attribute of one layer and watch what the warm code makes 
 from __future__ import annotations
 
 from harness.models.backends import AttentionBackend, B12XMLABackend, B12XMLASparseBackend
-from harness.models.layers import MLAAttention, MultiHeadLatentAttention
+from harness.models.layers import EngineSettings, MLAAttention, MultiHeadLatentAttention
 
 # MLA's latent shape: a 576-wide query head (512 + 64) gathered, the 512-wide latent reduced.
 MLA_DIMS = {"kv_lora_rank": 512, "qk_rope_head_dim": 64}
@@ -25,5 +25,5 @@ def generic_layer(*, num_heads: int = 16, dcp: int = 8) -> MLAAttention:
     fork's `dcp_b12x` gate at DCP 2, 4 or 8."""
     return MLAAttention(
         num_heads=num_heads, backend=B12XMLASparseBackend, dcp_world_size=dcp, **MLA_DIMS,
-        prefix="model.layers.0.self_attn.attn", dcp_comm_backend="a2a",
+        prefix="model.layers.0.self_attn.attn", engine=EngineSettings(dcp_comm_backend="a2a"),
     )  # fmt: skip
