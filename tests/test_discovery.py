@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from _support.layers import generic_layer, kimi_layer
 from torch import nn
 
 from harness.models import build
-from harness.models.backends import B12XMLABackend
+from harness.models.backends import B12XMLABackend, FlashMLABackend
 from harness.models.layers import MultiHeadLatentAttention
 from harness.warm.discovery import discover
 from harness.warm.recognizers import (
@@ -191,3 +192,48 @@ def test_a_draft_layer_under_an_mtp_name_is_discovered():
     )
     assert [(s.local_heads, s.dcp_world_size) for s in found.signatures] == [(12, 8), (6, 16)]
     assert [layer.name for layer in found.layers][-1] == "model.mtp.layers.4.mtp_block.self_attn"
+
+
+def test_every_candidate_is_counted_repeats_included():
+    """A layer referenced twice in the tree (as an MTP head re-references a decoder's) is a
+    candidate each time, and so is every forward-context value: the counts say how much the
+    walk saw, the duplicates how much of it was skipped."""
+    layer = kimi_layer()
+    tree = nn.Sequential(layer, layer)  # root, layer, o_proj, layer again, o_proj again
+    found = discover(
+        tree,
+        context=WarmContext(dcp_world_size=16),
+        recognizers=recognizer_set("vendored"),
+        static_forward_context={"model.layers.3.self_attn": layer},
+    )
+    assert (found.candidates_seen, found.duplicates_skipped) == (6, 3)
+    assert len(found.layers) == 1
+
+
+def test_a_recognized_class_that_needs_no_transport_does_not_end_the_walk():
+    """A layer of a recognized class on another backend gives no signature; the layers after
+    it are still inspected."""
+    tree = nn.Sequential(kimi_layer(backend=FlashMLABackend), kimi_layer())
+    found = discover(
+        tree, context=WarmContext(dcp_world_size=16), recognizers=recognizer_set("vendored")
+    )
+    assert [layer.name for layer in found.layers] == ["1"]
+    assert [shape(s) for s in found.signatures] == [(96, 576, 512)]
+
+
+def test_kinds_by_signature_names_every_kind_that_needs_each_signature():
+    """A generic MLA layer with 6 local heads at DCP16 needs the very transport Kimi-K3 does:
+    one signature, needed by both kinds (sorted); a DeepSeek-V4 layer needs its own."""
+    dsv4 = build("deepseek-v4", tp=16, dcp=16, num_layers=1).static_forward_context
+    generic = generic_layer(num_heads=6, dcp=16)
+    generic.dcp_b12x = True  # the gate, opened at a DCP size the fork does not offer
+    tree = nn.Sequential(kimi_layer(), generic, *dsv4.values())
+    found = discover(
+        tree, context=WarmContext(dcp_world_size=16), recognizers=recognizer_set("vendored")
+    )
+    kimi_sig, dsv4_sig = sorted(found.signatures, key=lambda s: s.query_head_dim, reverse=True)
+    assert found.kinds_by_signature == {
+        kimi_sig: ("generic-mla", "kimi-k3"),
+        dsv4_sig: ("deepseek-v4",),
+    }
+    assert shape(kimi_sig) == (96, 576, 512) and shape(dsv4_sig) == (128, 512, 512)

@@ -15,6 +15,7 @@ from harness.warm.signature import (
     dtype_name,
     output_torch_dtype,
     query_torch_dtype,
+    wire_dtype,
 )
 
 KIMI = dict(
@@ -129,3 +130,38 @@ def test_core_vocabulary_imports_without_torch():
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_dtype_names_are_checked_when_given_as_names():
+    assert dtype_name("fp16") == "fp16"
+    with pytest.raises(UsageError, match="unknown dtype 'int8'"):
+        dtype_name("int8")
+
+
+def test_an_unsupported_torch_dtype_names_itself_and_the_supported_ones():
+    with pytest.raises(UsageError) as raised:
+        dtype_name(torch.int8)
+    assert str(raised.value) == (
+        "unsupported dtype torch.int8; expected one of ['bf16', 'fp16', 'fp32', 'fp8_e4m3fn']"
+    )
+
+
+@pytest.mark.parametrize(
+    "dtype, wire",
+    [
+        (torch.float8_e4m3fn, torch.uint8),  # gloo has no fp8: its bytes travel
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float16, torch.float16),
+        (torch.float32, torch.float32),
+        (torch.int8, torch.int8),  # one byte, but not a float: moves as itself
+        (torch.uint8, torch.uint8),
+    ],
+)
+def test_only_one_byte_floats_travel_as_bytes(dtype, wire):
+    assert wire_dtype(dtype) is wire
+
+
+def test_fp8_round_trips_bit_exact_through_its_wire_dtype():
+    values = torch.tensor([0.0, -0.0, 1.5, -448.0, float("nan")]).to(torch.float8_e4m3fn)
+    back = values.view(wire_dtype(values.dtype)).clone().view(torch.float8_e4m3fn)
+    assert torch.equal(back.view(torch.uint8), values.view(torch.uint8))

@@ -9,10 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from harness.errors import UsageError
 from harness.models import build
 from harness.warm import discovery, warmup
-from harness.warm.impls import resolve_warm_impl
 from harness.warm.protocols import DCPTransport, TransportRegistryLike
 from harness.warm.recognizers import WarmContext, recognizer_set
 from harness.warm.signature import TransportSignature, output_torch_dtype, query_torch_dtype
@@ -117,28 +115,6 @@ def test_before_kimi_warmup_misses_kimi_k3():
     )
     assert report.count == 0 and registry.transports == {}
     assert report.recognizer_set == "before-kimi"
-
-
-def test_warm_impls_resolve_builtins_and_dotted_paths():
-    assert resolve_warm_impl("vendored").fn is warm
-    assert resolve_warm_impl("before-kimi").fn is warm_before_kimi
-    assert resolve_warm_impl("harness.warm.warmup:warm").fn is warm
-
-
-@pytest.mark.parametrize(
-    "name, message",
-    [
-        ("nonsense", "unknown --warm-impl 'nonsense'"),
-        ("no.such.module:warm", "cannot import 'no.such.module'"),
-        ("harness.warm.warmup:nope", "has no 'nope'"),
-        ("harness.warm.warmup:logger", "not callable"),
-        ("harness.warm.warmup:exercise", "lacks keyword parameter"),
-        (":warm", "expected 'package.module:function'"),
-    ],
-)
-def test_bad_warm_impls_are_usage_errors(name, message):
-    with pytest.raises(UsageError, match=message):
-        resolve_warm_impl(name)
 
 
 # -- what the fake checks, and what warmup must pass on ---------------------------------------

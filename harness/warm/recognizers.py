@@ -91,6 +91,20 @@ def _int(module: nn.Module, name: str) -> int:
     return int(value)
 
 
+def _mla_signature(
+    module: nn.Module, ctx: WarmContext, *, heads: str, dcp: int
+) -> TransportSignature:
+    """An MLA layer's transport: its local heads (read from `heads`) x dcp, the query head
+    `head_size` (576) gathered, the latent `kv_lora_rank` (512) reduced."""
+    return _signature(
+        ctx,
+        local_heads=_int(module, heads),
+        dcp=dcp,
+        qdim=_int(module, "head_size"),
+        odim=_int(module, "kv_lora_rank"),
+    )
+
+
 def recognize_generic_mla(module: nn.Module, ctx: WarmContext) -> TransportSignature | None:
     """vLLM `MLAAttention` behind the fork's `dcp_b12x` gate: local heads x dcp, 576 -> 512."""
     if not getattr(module, "dcp_b12x", False):
@@ -98,13 +112,7 @@ def recognize_generic_mla(module: nn.Module, ctx: WarmContext) -> TransportSigna
     dcp = _impl_dcp(module)
     if dcp <= 1:
         return None
-    return _signature(
-        ctx,
-        local_heads=_int(module, "num_heads"),
-        dcp=dcp,
-        qdim=_int(module, "head_size"),
-        odim=_int(module, "kv_lora_rank"),
-    )
+    return _mla_signature(module, ctx, heads="num_heads", dcp=dcp)
 
 
 def recognize_deepseek_v4(module: nn.Module, ctx: WarmContext) -> TransportSignature | None:
@@ -131,13 +139,7 @@ def recognize_kimi_k3(module: nn.Module, ctx: WarmContext) -> TransportSignature
     dcp = int(getattr(module, "dcp_world_size", 0) or _impl_dcp(module))
     if dcp <= 1:
         return None
-    return _signature(
-        ctx,
-        local_heads=_int(module, "num_local_heads"),
-        dcp=dcp,
-        qdim=_int(module, "head_size"),
-        odim=_int(module, "kv_lora_rank"),
-    )
+    return _mla_signature(module, ctx, heads="num_local_heads", dcp=dcp)
 
 
 RecognizeFn = Callable[[nn.Module, WarmContext], TransportSignature | None]
