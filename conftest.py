@@ -22,8 +22,7 @@ collect_ignore = [] if PLAN_ENV in os.environ else ["suites"]
 def pytest_dcpqual_rank_use() -> RankUse:
     """For the rank plugin: the transports this rank created and the vLLM trees it built."""
     from harness.models.real.builder import built_trees
-    from harness.schema.rank_record import RealTreeRecord
     from harness.transport.registry import transports_used
 
-    trees = tuple(RealTreeRecord(**tree.to_json()) for tree in built_trees())
+    trees = tuple(tree.record() for tree in built_trees())
     return RankUse(transports=tuple(transports_used()), real_trees=trees)

@@ -9,7 +9,6 @@ import pytest
 from torch import nn
 
 from harness.models.real.builder import RealSpec, RealTree, _vllm_class
-from harness.schema.rank_record import RealTreeRecord
 
 SPECS = [
     RealSpec(model="kimi-k3", tp=2, dcp=2),
@@ -37,7 +36,7 @@ def test_every_key_the_builder_reports_is_in_the_record_model(spec: RealSpec) ->
         import_s=2.0,
         draft_layers=("draft.layers.0.attn",) if draft is not None else (),
     )
-    record = RealTreeRecord(**tree.to_json())
+    record = tree.record()
     assert record.configuration().model == spec.model
     assert record.draft_kv_cache_dtype == spec.draft_kv_cache_dtype
     assert record.dcp_comm_backend == spec.dcp_comm_backend

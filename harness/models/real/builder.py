@@ -29,6 +29,8 @@ from harness.core.signature import COMM_BACKENDS
 from harness.errors import UsageError
 from harness.models.real.configs import MAX_MODEL_LEN, REAL_MODEL_CHOICES, TINY_CONFIGS
 from harness.models.real.shims import SHIMS, Shim, applied
+from harness.schema.base import Limitation
+from harness.schema.rank_record import RealTreeRecord
 
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")
 
@@ -97,24 +99,24 @@ class RealTree:
     def layers(self) -> dict[str, nn.Module]:
         return dict(self.static_forward_context)
 
-    def to_json(self) -> dict[str, Any]:
+    def record(self) -> RealTreeRecord:
         """The rank record's view: which classes were real, which shims, the build cost."""
-        return {
-            "model": self.spec.model,
-            "tp": self.spec.tp,
-            "dcp": self.spec.dcp,
-            "kv_cache_dtype": self.spec.kv_cache_dtype,
-            "dcp_comm_backend": self.spec.dcp_comm_backend,
-            "draft_kv_cache_dtype": self.spec.draft_kv_cache_dtype,
-            "classes": list(self.attention_classes),
-            "draft_layers": list(self.draft_layers),
-            "shims": [s.name for s in self.shims],
-            "build_s": round(self.build_s, 3),
-            "import_s": round(self.import_s, 3),
+        return RealTreeRecord(
+            model=self.spec.model,
+            tp=self.spec.tp,
+            dcp=self.spec.dcp,
+            kv_cache_dtype=self.spec.kv_cache_dtype,
+            dcp_comm_backend=self.spec.dcp_comm_backend,
+            draft_kv_cache_dtype=self.spec.draft_kv_cache_dtype,
+            classes=self.attention_classes,
+            draft_layers=self.draft_layers,
+            shims=tuple(s.name for s in self.shims),
+            limitations=tuple(Limitation.parse(line) for line in self.limitations()),
+            build_s=round(self.build_s, 3),
+            import_s=round(self.import_s, 3),
             # This process's peak RSS so far (the rank plugin re-reads it after every test).
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "limitations": list(self.limitations()),
-        }
+            peak_rss_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        )
 
     def limitations(self) -> tuple[str, ...]:
         """What the receipt must say about this tree: real classes, shims, what was left out."""
