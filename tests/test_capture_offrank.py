@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 
-from harness.capture.offrank import VARIANTS, OffRankControls, run_control
+from harness.capture.offrank import VARIANTS, ControlOutcome, OffRankControls, run_control
 from harness.errors import QualificationError
 
 
@@ -21,6 +22,15 @@ def test_a_control_is_seen_by_its_detector_only_and_unseen_without_it(detector) 
     assert any(s.name == detector and s.active for s in seen.statuses)
     unseen = run_control(detector, removed=True, device="cpu", rank=0, world_size=1)
     assert unseen.done > 0 and unseen.seen == () and not unseen.events
+    for outcome in (seen, unseen):
+        assert ControlOutcome.from_json(json.loads(json.dumps(outcome.to_json()))) == outcome
+
+
+def test_an_outcome_with_a_key_the_model_does_not_know_is_refused() -> None:
+    outcome = {"done": 1, "seen": [], "path": "cpu-simulated", "events": [], "statuses": []}
+    assert ControlOutcome.from_json(outcome).done == 1
+    with pytest.raises(ValidationError, match="Unexpected keyword argument"):
+        ControlOutcome.from_json({**outcome, "passed": True})
 
 
 def child(code: str) -> OffRankControls:

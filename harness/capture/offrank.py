@@ -19,19 +19,22 @@ import argparse
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
 from typing import Any
+
+from pydantic.dataclasses import dataclass
 
 from harness.capture.events import LazyEvent
 from harness.capture.records import DetectorStatus
 from harness.errors import QualificationError
+from harness.schema.base import JsonValue
+from harness.schema.capture import STRICT
 
 OFF_RANK: tuple[str, ...] = ("dynamo",)
 VARIANTS: tuple[str, ...] = ("detected", "detector-removed")
 
 
-@dataclass(frozen=True)
-class ControlOutcome:
+@dataclass(frozen=True, config=STRICT)
+class ControlOutcome(JsonValue):
     """What one control window showed: work done by the control's own count, the detectors
     that reported it, and the window's events and detector statuses (for its capture record)."""
 
@@ -40,25 +43,6 @@ class ControlOutcome:
     path: str
     events: tuple[LazyEvent, ...]
     statuses: tuple[DetectorStatus, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "done": self.done,
-            "seen": list(self.seen),
-            "path": self.path,
-            "events": [e.to_json() for e in self.events],
-            "statuses": [s.to_json() for s in self.statuses],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ControlOutcome:
-        return cls(
-            done=int(data["done"]),
-            seen=tuple(data["seen"]),
-            path=str(data["path"]),
-            events=tuple(LazyEvent.from_json(e) for e in data["events"]),
-            statuses=tuple(DetectorStatus.from_json(s) for s in data["statuses"]),
-        )
 
 
 def run_control(
