@@ -7,8 +7,8 @@ without this package.
 
 from __future__ import annotations
 
+import importlib
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,97 +17,65 @@ from harness.schema.base import adapter_of
 
 @dataclass(frozen=True)
 class SchemaSpec:
-    """One format: its versioned id, what it is, and how to build its JSON Schema."""
+    """One format: its versioned id, what it is, and its model as "module:Class" (imported only
+    when its schema is asked for, so the registry costs no model imports)."""
 
     id: str
     what: str
-    build: Callable[[], dict[str, Any]]
+    model: str
 
-
-def _receipt() -> dict[str, Any]:
-    from harness.schema.receipt import Receipt
-
-    return Receipt.model_json_schema(by_alias=True, mode="serialization")
-
-
-def _rank_record() -> dict[str, Any]:
-    from harness.schema.rank_record import RankRecord
-
-    return adapter_of(RankRecord).json_schema(mode="serialization")
-
-
-def _source_lock() -> dict[str, Any]:
-    from harness.schema.lock import SourceLock
-
-    return SourceLock.model_json_schema(by_alias=True, mode="serialization")
-
-
-def _rank_plan() -> dict[str, Any]:
-    from harness.schema.plan import RankPlan
-
-    return RankPlan.model_json_schema(by_alias=True, mode="serialization")
-
-
-def _signature() -> dict[str, Any]:
-    from harness.schema.signature import SignatureJson
-
-    return SignatureJson.model_json_schema(mode="serialization")
-
-
-def _signatures() -> dict[str, Any]:
-    from harness.schema.signature import SignatureList
-
-    return SignatureList.model_json_schema(mode="serialization")
-
-
-def _bench() -> dict[str, Any]:
-    from harness.schema.bench import BenchReport
-
-    return BenchReport.model_json_schema(by_alias=True, mode="serialization")
-
-
-def _node_marker() -> dict[str, Any]:
-    from harness.schema.launch import NodeState
-
-    return NodeState.model_json_schema(mode="serialization")
-
-
-def _image_identity() -> dict[str, Any]:
-    from harness.schema.image import ImageIdentity
-
-    return ImageIdentity.model_json_schema(by_alias=True, mode="serialization")
-
-
-def _smoke_result() -> dict[str, Any]:
-    from harness.schema.smoke import SmokeResult
-
-    return adapter_of(SmokeResult).json_schema(mode="serialization")
+    def build(self) -> dict[str, Any]:
+        module, _, name = self.model.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        return dict(adapter_of(cls).json_schema(mode="serialization"))
 
 
 SCHEMAS: dict[str, SchemaSpec] = {
-    "receipt": SchemaSpec("dcpqual-receipt/v1", "an evidence bundle's receipt.json", _receipt),
+    "receipt": SchemaSpec(
+        "dcpqual-receipt/v1", "an evidence bundle's receipt.json", "harness.schema.receipt:Receipt"
+    ),
     "rank-record": SchemaSpec(
-        "dcpqual-rank-record/v1", "a bundle's records/rank-NN.json", _rank_record
+        "dcpqual-rank-record/v1",
+        "a bundle's records/rank-NN.json",
+        "harness.schema.rank_record:RankRecord",
     ),
     "rank-plan": SchemaSpec(
-        "dcpqual-rank-plan/v1", "what every rank runs with ($DCPQUAL_PLAN)", _rank_plan
+        "dcpqual-rank-plan/v1",
+        "what every rank runs with ($DCPQUAL_PLAN)",
+        "harness.schema.plan:RankPlan",
     ),
     "source-lock": SchemaSpec(
-        "dcpqual-source-lock/v1", "an image's source.lock.json", _source_lock
+        "dcpqual-source-lock/v1", "an image's source.lock.json", "harness.schema.lock:SourceLock"
     ),
-    "signature": SchemaSpec("dcpqual-signature/v1", "one DCP transport signature", _signature),
+    "signature": SchemaSpec(
+        "dcpqual-signature/v1",
+        "one DCP transport signature",
+        "harness.schema.signature:SignatureJson",
+    ),
     "signatures": SchemaSpec(
-        "dcpqual-signatures/v1", "what `dcpqual signatures --json` prints", _signatures
+        "dcpqual-signatures/v1",
+        "what `dcpqual signatures --json` prints",
+        "harness.schema.signature:SignatureList",
     ),
-    "bench": SchemaSpec("dcpqual-bench/v1", "what `dcpqual bench --out FILE` writes", _bench),
+    "bench": SchemaSpec(
+        "dcpqual-bench/v1",
+        "what `dcpqual bench --out FILE` writes",
+        "harness.schema.bench:BenchReport",
+    ),
     "image-identity": SchemaSpec(
-        "dcpqual-image-identity/v1", "an image build's identity.json", _image_identity
+        "dcpqual-image-identity/v1",
+        "an image build's identity.json",
+        "harness.schema.image:ImageIdentity",
     ),
     "node-marker": SchemaSpec(
-        "dcpqual-node-marker/v1", "a multi-node run's nodes/node-KK.json", _node_marker
+        "dcpqual-node-marker/v1",
+        "a multi-node run's nodes/node-KK.json",
+        "harness.schema.launch:NodeState",
     ),
     "smoke-result": SchemaSpec(
-        "dcpqual-smoke-result/v1", "a GPU smoke bundle's smoke/result.json", _smoke_result
+        "dcpqual-smoke-result/v1",
+        "a GPU smoke bundle's smoke/result.json",
+        "harness.schema.smoke:SmokeResult",
     ),
 }
 
