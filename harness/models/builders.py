@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from harness.core.choices import KV_CACHE_DTYPES, MODEL_CHOICES
+from harness.core.choices import FAMILY_HEADS, KV_CACHE_DTYPES, MODEL_CHOICES
 from harness.core.geometry import ParallelGeometry
 from harness.core.signature import (
     COMM_BACKENDS,
@@ -49,14 +49,22 @@ class FamilyConfig:
 
 FAMILIES: dict[str, FamilyConfig] = {
     # Kimi-K3: 96 MLA heads, latent 512 + rope 64 = 576-wide query head, 512-wide output head.
-    "kimi-k3": FamilyConfig(num_heads=96, kv_lora_rank=512, qk_rope_head_dim=64, default_layers=61),
+    "kimi-k3": FamilyConfig(
+        num_heads=FAMILY_HEADS["kimi-k3"], kv_lora_rank=512, qk_rope_head_dim=64, default_layers=61
+    ),
     # DeepSeek-V4 B12X attention: 128 heads of 512 for both query and output.
     "deepseek-v4": FamilyConfig(
-        num_heads=128, kv_lora_rank=512, qk_rope_head_dim=0, default_layers=61
+        num_heads=FAMILY_HEADS["deepseek-v4"],
+        kv_lora_rank=512,
+        qk_rope_head_dim=0,
+        default_layers=61,
     ),
     # Generic MLA (DeepSeek-V3 shape) through vLLM's MLAAttention.
     "generic-mla": FamilyConfig(
-        num_heads=128, kv_lora_rank=512, qk_rope_head_dim=64, default_layers=61
+        num_heads=FAMILY_HEADS["generic-mla"],
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        default_layers=61,
     ),
 }
 
