@@ -82,6 +82,11 @@ SCHEMAS: dict[str, SchemaSpec] = {
         "a nightly report's nightly.json",
         "harness.schema.compare:NightlyResult",
     ),
+    "mutants": SchemaSpec(
+        "dcpqual-mutants/v1",
+        "the mutation report (tests/mutants-report.json)",
+        "harness.schema.mutants:MutantsReportFile",
+    ),
     "smoke-result": SchemaSpec(
         "dcpqual-smoke-result/v1",
         "a GPU smoke bundle's smoke/result.json",
