@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -38,6 +38,12 @@ from harness.schema.compare import (
     SuiteDelta,
 )
 
+if TYPE_CHECKING:
+    from harness.evidence.verify import VerifyResult
+
+# How a bundle is verified before it is compared (`harness.evidence.verify.verify_bundle`).
+Verify = Callable[[Path], "VerifyResult"]
+
 RECEIPT_NAME = "receipt.json"
 STATUS_RANK = {"not-qualified": 0, "source-qualified": 1, "qualified": 2}
 NO_SIGNATURE = "(none)"
@@ -53,7 +59,7 @@ class Bundle:
     sums_sha256: str
 
 
-def load_bundle(path: Path, verify: Callable[[Path], Any] | None = None) -> Bundle:
+def load_bundle(path: Path, verify: Verify | None = None) -> Bundle:
     """Verify a bundle and read its receipt; anything unusable is a UsageError (exit 2)."""
     if verify is None:
         from harness.evidence.verify import verify_bundle

@@ -20,11 +20,10 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from harness.atomic import atomic_write_text
 from harness.errors import UsageError
-from harness.qualify.compare import compare_bundles, load_bundle
+from harness.qualify.compare import Verify, compare_bundles, load_bundle
 from harness.qualify.report import render_markdown
 from harness.schema.compare import NightlyResult
 
@@ -32,7 +31,6 @@ from harness.schema.compare import NightlyResult
 BUNDLE_NAME = re.compile(r"^\d{8}T\d{6}Z-[A-Za-z0-9._-]+$")
 
 Runner = Callable[[Sequence[str]], int]
-Verify = Callable[[Path], Any]
 Emit = Callable[[str], None]
 
 
