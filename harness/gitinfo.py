@@ -27,9 +27,6 @@ class GitIdentity:
     dirty: bool
     dirty_paths: tuple[str, ...] = ()  # what differs, in `git status` order
 
-    def to_json(self) -> dict[str, object]:
-        return {"commit": self.commit, "tree": self.tree, "dirty": self.dirty}
-
 
 def _run(repo: Path, *args: str) -> str:
     """One git command in `repo`; its stdout as is. Errors are UsageErrors."""

@@ -295,3 +295,60 @@ def test_signature_words_match_for_fp8_queries_and_a2a() -> None:
     row = signature_row("kimi-k3", sig) | {"query_dtype": "fp8_e4m3fn", "comm_backend": "a2a"}
     data = receipt(signatures=[row])
     assert describe_signature(Receipt.from_json(data).signatures[0]) == sig.describe()
+
+
+def test_the_json_form_is_every_field_of_the_comparison() -> None:
+    """The whole `--json` value, key by key: its format is the one the compare schema commits."""
+    data = json.loads(json.dumps(compare_receipts(receipt(), before_kimi()).to_json()))
+    geometry = "2 ranks (1 x 2), gloo, tp=2 dcp=2"
+    side = {"geometry": geometry, "receipt_sha256": "", "sums_sha256": ""}
+    capture_test = "suites/capture/test_capture.py::test_capture_has_no_lazy_work[kimi-k3]"
+    assert data == {
+        "schema": "dcpqual-compare/v1",
+        "regressed": True,
+        "base": {
+            **side,
+            "path": "base",
+            "root_cause": None,
+            "status": "source-qualified",
+            "verdict": "pass",
+            "warm_impl": "vendored",
+        },
+        "head": {
+            **side,
+            "path": "head",
+            "root_cause": f"rank 0, {capture_test}: lazy specialization",
+            "status": "not-qualified",
+            "verdict": "fail",
+            "warm_impl": "before-kimi",
+        },
+        "identity": [{"field": "warm_impl", "base": "vendored", "head": "before-kimi"}],
+        "improvements": [],
+        "notes": [],
+        "lazy_events": [
+            {"detector": "transport-registry", "signature": KIMI_WORDS, "base": 0, "head": 2}
+        ],
+        "regressions": [
+            "verdict pass -> fail",
+            "status source-qualified -> not-qualified",
+            "suite capture: failed+errors 0 -> 1",
+            f"lazy events in capture (transport-registry, {KIMI_WORDS}): 0 -> 2",
+            f"kimi-k3 {KIMI_WORDS}: used in capture but not warmed",
+        ],
+        "signatures": [
+            {
+                "model": "kimi-k3",
+                "signature": KIMI_WORDS,
+                "change": "changed",
+                "base": {"warmed": True, "used_in_capture": True},
+                "head": {"warmed": False, "used_in_capture": True},
+            }
+        ],
+        "suites": [
+            {
+                "name": "capture",
+                "base": {"passed": 3, "failed": 0, "skipped": 1, "errors": 0},
+                "head": {"passed": 2, "failed": 1, "skipped": 1, "errors": 0},
+            }
+        ],
+    }

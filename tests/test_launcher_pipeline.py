@@ -9,16 +9,26 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from _support.evidence_factory import COMBINE_TEST, failing_run, passing_run
 
 from harness.errors import UsageError
+from harness.evidence.writer import finalize_bundle
 from harness.launch import launcher, nodes
 from harness.launch.plan import RunOptions
 from harness.launch.progress import PlainProgress
 from harness.schema.launch import Launch
+from harness.schema.receipt import Receipt
+
+
+def made_receipt(folder: Path, verdict: str) -> Receipt:
+    """A real receipt with this verdict, from a synthetic 2-rank out folder (rank 1 fails)."""
+    made = passing_run(folder, 2) if verdict == "pass" else failing_run(folder, 2, bad_rank=1)
+    receipt = finalize_bundle(folder, made)
+    assert receipt.verdict == verdict
+    return receipt
 
 
 @dataclass
@@ -34,16 +44,12 @@ class FakeEvidence:
             path.mkdir(parents=True, exist_ok=True)
             return path
 
-        def finalize(out: Path, ctx: Any) -> Any:
+        def finalize(out: Path, ctx: Any) -> Receipt:
             self.contexts.append(ctx)
-            (out / "receipt.json").write_text(json.dumps({"verdict": self.verdict}))
+            receipt = made_receipt(out.with_name(f"{out.name}-made"), self.verdict)
+            (out / "receipt.json").write_text(receipt.model_dump_json())
             (out / "SHA256SUMS").write_text("")
-            cause = SimpleNamespace(rank=1, test="t", message="boom")
-            return SimpleNamespace(
-                verdict=self.verdict,
-                status="source-qualified" if self.verdict == "pass" else "not-qualified",
-                root_cause=None if self.verdict == "pass" else cause,
-            )
+            return receipt
 
         return launcher.Evidence(
             prepare_out_dir=prepare,
@@ -104,7 +110,7 @@ def test_exit_code_follows_the_verified_verdict(
     assert f"verdict {verdict.upper()}" in text
     assert str(tmp_path / "out") in text
     if verdict == "fail":
-        assert "root cause: rank 1 in t: boom" in text
+        assert f"root cause: rank 1 in {COMBINE_TEST}: AssertionError: combine mismatch" in text
 
 
 def test_a_timed_out_run_never_exits_zero(tmp_path, monkeypatch):
@@ -143,9 +149,67 @@ def test_two_nodes_share_one_folder_and_node0_finalizes_after_both(tmp_path, mon
     second.join(60)
     assert results[0][0] == 0 and results[1][0] == 0
     assert "node 0's bundle says PASS" in results[1][1]
+    assert "= 4 passed (PASS) =" in results[1][1]  # node 0's ending, told on node 1 too
     [ctx] = evidence.contexts  # only node 0 wrote the bundle
     assert ctx.extra.nodes is not None and sorted(ctx.extra.nodes) == ["0", "1"]
     assert all(m is not None and m.state == "finished" for m in ctx.extra.nodes.values())
+
+
+def follow(out: Path, exit_code: int = 0) -> tuple[int, str]:
+    """Node 1's ending, once node 0 has finished the bundle in `out`."""
+    stream = io.StringIO()
+    launch = Launch(exit_code=exit_code, started_at="s", finished_at="f", elapsed_s=0.1)
+    return launcher._follow_node0(stream, out, launch), stream.getvalue()
+
+
+def test_node_k_tells_node_0s_failure_and_exits_1(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    receipt = made_receipt(tmp_path / "made", "fail")
+    (out / "receipt.json").write_text(receipt.model_dump_json())
+    (out / "SHA256SUMS").write_text("")
+    code, text = follow(out)
+    assert code == 1
+    assert text.startswith(f"dcpqual run: node 0's bundle says FAIL: {out}\n")
+    assert f"FAILED {COMBINE_TEST} - rank 1: AssertionError: combine mismatch" in text
+    assert f"rerun the failed tests: dcpqual run --rerun-failed {out}" in text
+
+
+def test_node_k_does_not_pass_when_its_own_torchrun_failed(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "receipt.json").write_text(made_receipt(tmp_path / "made", "pass").model_dump_json())
+    (out / "SHA256SUMS").write_text("")
+    assert follow(out, exit_code=0)[0] == 0
+    assert follow(out, exit_code=1)[0] == 1
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ('{"verdict": "pass"}', "receipt.json: schema: Field required"),
+        ('{"verdict": "pass",', "receipt.json: "),
+    ],
+)
+def test_node_k_refuses_a_receipt_that_is_not_one_at_once(tmp_path, monkeypatch, text, why):
+    monkeypatch.setattr(launcher, "NODE_WAIT_S", 30.0)
+    (tmp_path / "receipt.json").write_text(text)
+    (tmp_path / "SHA256SUMS").write_text("")
+    started = time.monotonic()
+    code, said = follow(tmp_path)
+    assert time.monotonic() - started < 5  # not read again until the deadline
+    assert code == 1
+    (line,) = said.splitlines()
+    said_first = f"dcpqual run: node 0's bundle in {tmp_path} has no valid receipt: {why}"
+    assert line.startswith(said_first)
+
+
+def test_node_k_waits_for_sha256sums_then_gives_up_at_the_deadline(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "NODE_WAIT_S", 0.5)
+    (tmp_path / "receipt.json").write_text(made_receipt(tmp_path / "m", "pass").model_dump_json())
+    code, said = follow(tmp_path)  # no SHA256SUMS: node 0 has not finished the bundle
+    assert code == 1
+    assert said == f"dcpqual run: node 0 wrote no bundle in {tmp_path} within 0.5s\n"
 
 
 def test_node_k_refuses_a_folder_of_another_run(tmp_path):

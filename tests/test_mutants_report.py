@@ -20,6 +20,7 @@ from harness.qualify.mutants import (
     source_file,
     summarize,
 )
+from harness.schema.mutants import MutantsReportFile
 
 RESULTS = """\
     harness.transport.combine.x_sanitize_lse__mutmut_1: killed
@@ -89,7 +90,7 @@ def test_listed_equivalents_leave_the_score_with_their_reason_and_diff() -> None
     combine = next(f for f in report.files if f.path == "harness/transport/combine.py")
     assert (combine.scored, combine.excluded) == (3, 1)
     assert SANITIZE_2 not in report.survivors
-    entry = report.to_json(90.0)["excluded_equivalent"]
+    entry = report.written(90.0).model_dump(mode="json")["excluded_equivalent"]
     path = "harness/transport/combine.py"
     assert entry == [{"mutant": SANITIZE_2, "file": path, "reason": "same value", "diff": DIFF}]
 
@@ -383,3 +384,19 @@ def test_the_module_runs_as_a_command(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines() == [
         f"mutants: {tmp_path / 'pyproject.toml'}: no [tool.dcpqual-mutants.tests] table"
     ]
+
+
+def test_the_committed_report_is_the_models_own_text(repo_root: Path) -> None:
+    """The report file reads as its model and is written back byte for byte, so what the
+    model describes (and the committed schema says) is exactly the file's format."""
+    text = (repo_root / "tests" / "mutants-report.json").read_text()
+    report = MutantsReportFile.model_validate_json(text)
+    assert report.text() == text
+    assert report.excluded_equivalent and all(e.reason for e in report.excluded_equivalent)
+    with pytest.raises(ValueError, match="surprise"):
+        MutantsReportFile.model_validate({**json.loads(text), "surprise": 1})
+
+
+def test_a_written_report_escapes_mutmuts_method_names_as_before() -> None:
+    text = summarize(parse_results(RESULTS), {}, {}).written(90.0).text()
+    assert "x\\u01c1DynamoDetector\\u01c1_collect__mutmut_4" in text and "ǁ" not in text

@@ -17,6 +17,7 @@ from harness.rank.subworld import (
     plan,
     size_of,
 )
+from harness.schema.rank_record import SubworldBlock, SubworldLane
 
 TRANSPORT = [("transport", size) for size in (2, 4, 16) * 3]
 
@@ -63,15 +64,15 @@ def test_the_plan_moves_the_placed_cases_to_the_front_of_their_suite_in_order() 
     assert subworld.lane_of(0) is None and subworld.lane_of(7) is None
     assert subworld.block_ending_at(6) == 0 and subworld.block_size(0) == 6
     assert [subworld.block_ending_at(p) for p in range(11)].count(None) == 10
-    assert subworld.to_json() == [
-        {
-            "block": 0,
-            "lanes": [
-                {"size": 2, "ranks": list(range(8)), "cases": 3},
-                {"size": 4, "ranks": list(range(8, 16)), "cases": 3},
-            ],
-        }
-    ]
+    assert subworld.record_blocks() == (
+        SubworldBlock(
+            0,
+            (
+                SubworldLane(2, tuple(range(8)), cases=3),
+                SubworldLane(4, tuple(range(8, 16)), cases=3),
+            ),
+        ),
+    )
 
 
 def test_at_four_ranks_the_order_and_the_world_are_what_they_were() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,9 +24,11 @@ from harness.evidence.run_context import RunContext
 from harness.evidence.writer import finalize_bundle
 from harness.launch import nodes
 from harness.launch.plan import RunOptions, build_plan
+from harness.qualify.compare import compare_receipts
 from harness.schema import SCHEMAS, schema_text
 from harness.schema.base import adapter_of
 from harness.schema.capture import CaptureRecord, DetectorStatus, LazyEvent, SignatureUse
+from harness.schema.compare import Comparison, NightlyResult
 from harness.schema.image import Image
 from harness.schema.launch import Launch
 from harness.schema.plan import PLAN_ENV, RankPlan
@@ -269,3 +272,49 @@ def test_a_value_class_builds_its_adapter_once_and_refuses_unknown_keys() -> Non
     assert LazyEvent.from_json(event.to_json()) == event
     with pytest.raises(ValueError, match="surprise"):
         LazyEvent.from_json({**event.to_json(), "surprise": 1})
+
+
+def _comparison(bundle: Path) -> Comparison:
+    base = json.loads((bundle / "receipt.json").read_text())
+    head = _put(_put(base, ("warm_impl",), "before-kimi"), ("environment", "torch"), "2.14.0")
+    return compare_receipts(base, head, base_ref=(str(bundle), "a" * 64, "b" * 64))
+
+
+def test_a_comparison_and_a_nightly_result_validate_and_read_back(bundle: Path) -> None:
+    comparison = _comparison(bundle)
+    assert comparison.identity and comparison.signatures and comparison.suites
+    night = NightlyResult(bundle.parent, bundle, None, (0,), (), "pass", comparison)
+    for name, value in (("compare", comparison), ("nightly", night)):
+        data = json.loads(json.dumps(value.to_json()))
+        validator(name).validate(data)
+        assert type(value).from_json(data) == value
+    data = json.loads(json.dumps(night.to_json()))
+    for path in [
+        ("surprise",),
+        ("comparison", "surprise"),
+        ("comparison", "base", "surprise"),
+        ("comparison", "signatures", 0, "surprise"),
+        ("comparison", "suites", 0, "base", "surprise"),
+        ("comparison", "identity", 0, "surprise"),
+    ]:
+        with pytest.raises(jsonschema.ValidationError):
+            validator("nightly").validate(_put(data, path, 1))
+        with pytest.raises(ValueError, match="surprise"):
+            NightlyResult.from_json(_put(data, path, 1))
+
+
+@pytest.mark.parametrize(
+    "path, value, said",
+    [
+        (("exit_code",), 1, "nightly result: exit_code=1 but the values give 0"),
+        (("comparison", "regressed"), True, "comparison: regressed=True but the values give False"),
+        (("comparison", "signatures", 0, "change"), "new", "change='new' but the values give"),
+    ],
+)
+def test_a_nightly_result_whose_derived_values_were_edited_is_refused(
+    bundle: Path, path: tuple[str | int, ...], value: object, said: str
+) -> None:
+    night = NightlyResult(bundle.parent, bundle, None, (0,), (), "pass", _comparison(bundle))
+    data = json.loads(json.dumps(night.to_json()))
+    with pytest.raises(ValueError, match=re.escape(said)):
+        NightlyResult.from_json(_put(data, path, value))

@@ -11,6 +11,7 @@ import pytest
 
 from harness.cli import main
 from harness.models.real.signatures import Request
+from harness.schema.signature import SignatureListRow
 from harness.warm.cli import describe_row
 
 KIMI = ("--model", "kimi-k3", "--tp", "16", "--dcp", "16")
@@ -221,7 +222,7 @@ def test_a_row_shows_a_query_dtype_conversion_and_every_kind_that_shares_it():
         "max_tokens": 256, "comm_backend": "ag_rs", "layers": 7,
         "kinds": ["generic-mla", "kimi-k3"],
     }  # fmt: skip
-    assert describe_row(row) == (
+    assert describe_row(SignatureListRow(model="mixed", **row)) == (
         "  64 heads (8 local x dcp 8) x 576 -> 512, fp8_e4m3fn -> bf16, max_tokens=256, "
         "7 layer(s): generic-mla, kimi-k3"
     )
@@ -256,7 +257,7 @@ def real_requests(monkeypatch) -> list[Any]:
 
     def rows(request):
         requests.append(request)
-        return [dict(REAL_ROW)]
+        return [SignatureListRow.model_validate(REAL_ROW)]
 
     monkeypatch.setattr(real, "real_signature_rows", rows)
     return requests

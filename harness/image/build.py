@@ -247,20 +247,14 @@ def _utc_now() -> str:
 
 
 def identity_from(
-    plan: BuildPlan, inspect: Mapping[str, Any], runtime: dict[str, Any] | None, built_at: str
+    plan: BuildPlan, inspect: Mapping[str, Any], runtime: ImageRuntime | None, built_at: str
 ) -> ImageIdentity:
-    """The receipt's image identity, from the plan and what the engine says about the image;
-    an engine answer or in-image report that does not fit it is an ImageBuildError."""
+    """The receipt's image identity, from the plan, what the engine says about the image and
+    the in-image check's report; an engine answer that does not fit it is an ImageBuildError."""
     image_id = str(inspect["Id"])
     repo_digests = [str(d) for d in inspect.get("RepoDigests") or ()]
     digest = repo_digests[0].rpartition("@")[2] if repo_digests else image_id
     labels = dict((inspect.get("Config") or {}).get("Labels") or {})
-    try:
-        report = None if runtime is None else ImageRuntime.model_validate(runtime)
-    except ValidationError as exc:
-        raise ImageBuildError(
-            f"the in-image check's report is not valid: {first_error(exc)}"
-        ) from None
     try:
         return ImageIdentity(
             reference=plan.tag,
@@ -282,7 +276,7 @@ def identity_from(
             ),
             labels=labels,
             built_at=built_at,
-            runtime=report,
+            runtime=runtime,
         )
     except ValidationError as exc:
         raise ImageBuildError(
@@ -298,8 +292,9 @@ def label_mismatches(expected: Mapping[str, str], found: Mapping[str, str]) -> l
     ]
 
 
-def check_in_image(client: Any, image_id: str) -> dict[str, Any]:
-    """Run `verify_runtime --json` in a throwaway container (no GPU needed); its report."""
+def check_in_image(client: Any, image_id: str) -> ImageRuntime:
+    """Run `verify_runtime --json` in a throwaway container (no GPU needed); its report (one
+    that is not JSON, or not the report's model, is an ImageBuildError)."""
     container = client.containers.run(
         image_id,
         ["python", "-m", "harness.image.verify_runtime", "--json"],
@@ -316,7 +311,12 @@ def check_in_image(client: Any, image_id: str) -> dict[str, Any]:
     except json.JSONDecodeError:
         code = status.get("StatusCode")
         raise ImageBuildError(f"in-image check printed no JSON report (exit {code})") from None
-    return dict(report)
+    try:
+        return ImageRuntime.model_validate(report)
+    except ValidationError as exc:
+        raise ImageBuildError(
+            f"the in-image check's report is not valid: {first_error(exc)}"
+        ) from None
 
 
 def run_build(plan: BuildPlan, client: Any, emit: Emit) -> ImageIdentity:

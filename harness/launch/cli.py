@@ -7,6 +7,7 @@ Every check that can refuse the run happens before the out folder is created, so
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -111,7 +112,7 @@ def options_from_args(
         from harness.launch.rerun import rerun_source
 
         source = rerun_source(rerun_of)
-        for dest, value in source.settings.items():
+        for dest, value in dataclasses.asdict(source.settings).items():
             if dest not in chosen.explicit:
                 values[dest] = value
         pytest_args = source.targets

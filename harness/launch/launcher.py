@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import IO, TYPE_CHECKING, TextIO
 
 from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
@@ -34,7 +34,10 @@ from harness.launch.proctree import Tracker, end_launch_root, identify, start_la
 from harness.launch.progress import Progress, Snapshot, make_progress, poller, snapshot
 from harness.launch.ranklogs import collect_rank_logs
 from harness.schema.launch import Interruption, Launch, NodeState
-from harness.schema.receipt import Scrub
+from harness.schema.receipt import Receipt, Scrub, Stray
+
+if TYPE_CHECKING:
+    from harness.evidence.redact import ScrubReport
 
 # How long node 0 waits for the other nodes' "finished" markers after its own torchrun exits,
 # and how long they wait for its receipt. Their torchruns end within seconds of each other.
@@ -47,13 +50,10 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-@dataclass(frozen=True)
-class _NoScrub:
-    changed: tuple[str, ...] = ()
-    renamed: tuple[tuple[str, str], ...] = ()
+def _nothing_scrubbed(out_dir: Path) -> ScrubReport:
+    from harness.evidence.redact import ScrubReport
 
-
-_NOTHING_SCRUBBED = _NoScrub()
+    return ScrubReport(changed=(), renamed=())
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,10 @@ class Evidence:
 
     prepare_out_dir: Callable[[Path], Path]
     default_out_dir: Callable[[], Path]
-    finalize_bundle: Callable[[Path, RunContext], Any]
+    finalize_bundle: Callable[[Path, RunContext], Receipt]
     verify_bundle: Callable[[Path], list[str]]
-    scrub_out_dir: Callable[[Path], Any] = lambda out_dir: _NOTHING_SCRUBBED
-    set_aside: Callable[[Path], list[Any]] = lambda out_dir: []
+    scrub_out_dir: Callable[[Path], ScrubReport] = _nothing_scrubbed
+    set_aside: Callable[[Path], list[Stray]] = lambda out_dir: []
 
     @classmethod
     def load(cls) -> Evidence:
@@ -280,24 +280,22 @@ def _say(stream: TextIO, text: str) -> None:
     stream.flush()
 
 
-def report(stream: TextIO, out_dir: Path, receipt: Any, problems: list[str]) -> None:
+def report(stream: TextIO, out_dir: Path, receipt: Receipt, problems: list[str]) -> None:
     """A few lines for the person at the terminal, ending as pytest does; the bundle has the
     rest."""
-    verdict = str(getattr(receipt, "verdict", "fail")).upper()
-    _say(stream, f"dcpqual run: verdict {verdict} (status {getattr(receipt, 'status', '?')})")
-    cause = getattr(receipt, "root_cause", None)
+    from harness.evidence.ending import ending_lines
+
+    _say(stream, f"dcpqual run: verdict {receipt.verdict.upper()} (status {receipt.status})")
+    cause = receipt.root_cause
     if cause is not None:
-        where = f" in {cause.test}" if getattr(cause, "test", None) else ""
+        where = f" in {cause.test}" if cause.test else ""
         who = "?" if cause.rank is None else cause.rank
         _say(stream, f"  root cause: rank {who}{where}: {cause.message}")
     for problem in problems:
         _say(stream, f"  bundle problem: {problem}")
     _say(stream, f"  evidence: {out_dir}  (summary.md, receipt.json, logs/)")
-    if hasattr(receipt, "failed_tests"):
-        from harness.evidence.ending import ending_lines
-
-        for line in ending_lines(receipt, out_dir):
-            _say(stream, line)
+    for line in ending_lines(receipt, out_dir):
+        _say(stream, line)
 
 
 def run(
@@ -377,7 +375,7 @@ def _finish(
     collect_rank_logs(out_dir, options.world_size, options.nproc_per_node)
     strays = evidence.set_aside(out_dir)
     ctx = run_context(plan, result, nodes=markers)
-    scrub = Scrub(changed=list(scrubbed.changed), renamed=[tuple(r) for r in scrubbed.renamed])
+    scrub = Scrub(changed=list(scrubbed.changed), renamed=list(scrubbed.renamed))
     ctx = replace(ctx, extra=ctx.extra.model_copy(update={"scrub": scrub, "strays": strays}))
     try:
         receipt = evidence.finalize_bundle(out_dir, ctx)
@@ -388,23 +386,8 @@ def _finish(
     report(stream, out_dir, receipt, problems)
     if result.interrupted is not None:
         return result.interrupted.exit_code
-    passed = getattr(receipt, "verdict", None) == "pass"
+    passed = receipt.verdict == "pass"
     return 0 if passed and not problems and ctx.exit_code == 0 and not ctx.timed_out else 1
-
-
-def _say_ending(stream: TextIO, data: dict[str, Any], out_dir: Path) -> None:
-    """Node 0's ending on this node too, when its receipt reads as one."""
-    from pydantic import ValidationError
-
-    from harness.evidence.ending import ending_lines
-    from harness.evidence.schema import Receipt
-
-    try:
-        receipt = Receipt.model_validate(data)
-    except ValidationError:
-        return
-    for line in ending_lines(receipt, out_dir):
-        _say(stream, line)
 
 
 def _unfinished(out_dir: Path, exc: OSError) -> str:
@@ -423,11 +406,18 @@ def _unfinished(out_dir: Path, exc: OSError) -> str:
 
 
 def _follow_node0(stream: TextIO, out_dir: Path, result: Launch) -> int:
-    receipt = nodes.wait_for_receipt(out_dir, NODE_WAIT_S)
+    """Node K > 0: node 0's verdict and ending, told on this node too."""
+    from harness.evidence.ending import ending_lines
+
+    try:
+        receipt = nodes.wait_for_receipt(out_dir, NODE_WAIT_S)
+    except nodes.InvalidReceipt as exc:
+        _say(stream, f"dcpqual run: node 0's bundle in {out_dir} has no valid receipt: {exc}")
+        return 1
     if receipt is None:
         _say(stream, f"dcpqual run: node 0 wrote no bundle in {out_dir} within {NODE_WAIT_S:g}s")
         return 1
-    verdict = receipt.get("verdict")
-    _say(stream, f"dcpqual run: node 0's bundle says {str(verdict).upper()}: {out_dir}")
-    _say_ending(stream, receipt, out_dir)
-    return 0 if verdict == "pass" and result.exit_code == 0 else 1
+    _say(stream, f"dcpqual run: node 0's bundle says {receipt.verdict.upper()}: {out_dir}")
+    for line in ending_lines(receipt, out_dir):
+        _say(stream, line)
+    return 0 if receipt.verdict == "pass" and result.exit_code == 0 else 1

@@ -20,12 +20,15 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
+
+from pydantic import ValidationError
 
 from harness.atomic import atomic_write_text
 from harness.errors import UsageError
 from harness.jsonfile import read_json
+from harness.schema.base import first_error
 from harness.schema.launch import Launch, NodeState
+from harness.schema.receipt import Receipt
 
 NODES_DIR = "nodes"
 RECEIPT = "receipt.json"
@@ -112,14 +115,25 @@ def wait_for_nodes(out_dir: Path, nnodes: int, wait_s: float) -> dict[int, NodeS
         time.sleep(0.2)
 
 
-def wait_for_receipt(out_dir: Path, wait_s: float) -> dict[str, Any] | None:
-    """Node K > 0: node 0's receipt once it and SHA256SUMS are written, else None."""
+class InvalidReceipt(ValueError):
+    """Node 0's bundle is finished but its receipt is not one: this node cannot tell its verdict."""
+
+
+def wait_for_receipt(out_dir: Path, wait_s: float) -> Receipt | None:
+    """Node K > 0: node 0's receipt once it and SHA256SUMS are written, else None at the
+    deadline. Node 0 renames the whole receipt into place before it writes SHA256SUMS, so one
+    that is there but does not read as a receipt never will: InvalidReceipt, with the first
+    thing wrong. One not readable yet (a shared folder's lagging view) is waited for."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if (out_dir / "SHA256SUMS").exists():
             try:
-                return dict(read_json(out_dir / RECEIPT))
-            except (OSError, ValueError, TypeError):
+                return Receipt.model_validate(read_json(out_dir / RECEIPT))
+            except OSError:
                 pass
+            except ValidationError as exc:
+                raise InvalidReceipt(f"{RECEIPT}: {first_error(exc)}") from None
+            except ValueError as exc:
+                raise InvalidReceipt(f"{RECEIPT}: {exc}") from None
         time.sleep(0.2)
     return None

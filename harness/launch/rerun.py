@@ -9,20 +9,31 @@ absolute so the rerun works from any working directory.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from harness.errors import UsageError
 
 
 @dataclass(frozen=True)
+class RerunSettings:
+    """The bundle's run options a rerun keeps unless flags override them (RunOptions names;
+    `nproc_per_node` as asked for, resolved again like a flag's text)."""
+
+    nproc_per_node: str
+    nnodes: int
+    backend: str
+    tp: int
+    dcp: int
+    warm_impl: str
+
+
+@dataclass(frozen=True)
 class RerunSource:
-    """What a rerun takes from the bundle: option values (by RunOptions field) and targets."""
+    """What a rerun takes from the bundle: its run options and the failed tests as targets."""
 
     bundle: Path
-    settings: Mapping[str, Any]
+    settings: RerunSettings
     targets: tuple[str, ...]
 
 
@@ -55,14 +66,14 @@ def rerun_source(bundle: Path) -> RerunSource:
         raise UsageError(f"--rerun-failed {bundle}: its receipt names no failed test to rerun")
     root = Path(receipt.run.rootdir) if receipt.run.rootdir else None
     g = receipt.geometry
-    settings = {
-        "nproc_per_node": str(g.nproc_per_node),
-        "nnodes": g.nnodes,
-        "backend": g.backend,
-        "tp": g.tp,
-        "dcp": g.dcp,
-        "warm_impl": receipt.warm_impl,
-    }
+    settings = RerunSettings(
+        nproc_per_node=str(g.nproc_per_node),
+        nnodes=g.nnodes,
+        backend=g.backend,
+        tp=g.tp,
+        dcp=g.dcp,
+        warm_impl=receipt.warm_impl,
+    )
     return RerunSource(
         bundle=Path(bundle),
         settings=settings,

@@ -20,15 +20,30 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from harness.errors import UsageError
 from harness.evidence.files import SUMS_NAME, sha256_file
 from harness.evidence.schema import Receipt, SignatureRow, Tally
+from harness.schema.compare import (
+    Change,
+    Comparison,
+    Count,
+    Side,
+    SignatureDelta,
+    SignatureUse,
+    SuiteCounts,
+    SuiteDelta,
+)
 
-COMPARE_SCHEMA = "dcpqual-compare/v1"
+if TYPE_CHECKING:
+    from harness.evidence.verify import VerifyResult
+
+# How a bundle is verified before it is compared (`harness.evidence.verify.verify_bundle`).
+Verify = Callable[[Path], "VerifyResult"]
+
 RECEIPT_NAME = "receipt.json"
 STATUS_RANK = {"not-qualified": 0, "source-qualified": 1, "qualified": 2}
 NO_SIGNATURE = "(none)"
@@ -44,7 +59,7 @@ class Bundle:
     sums_sha256: str
 
 
-def load_bundle(path: Path, verify: Callable[[Path], Any] | None = None) -> Bundle:
+def load_bundle(path: Path, verify: Verify | None = None) -> Bundle:
     """Verify a bundle and read its receipt; anything unusable is a UsageError (exit 2)."""
     if verify is None:
         from harness.evidence.verify import verify_bundle
@@ -62,144 +77,6 @@ def load_bundle(path: Path, verify: Callable[[Path], Any] | None = None) -> Bund
     except (OSError, ValidationError) as exc:
         raise UsageError(f"{receipt_path}: unreadable receipt: {exc}") from None
     return Bundle(path, receipt, sha256_file(receipt_path), sha256_file(path / SUMS_NAME))
-
-
-@dataclass(frozen=True)
-class Change:
-    """One identity field that differs; None means absent on that side."""
-
-    field: str
-    base: str | None
-    head: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"field": self.field, "base": self.base, "head": self.head}
-
-
-@dataclass(frozen=True)
-class Count:
-    """A count on both sides, e.g. lazy events of one detector and signature."""
-
-    detector: str
-    signature: str
-    base: int
-    head: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "detector": self.detector,
-            "signature": self.signature,
-            "base": self.base,
-            "head": self.head,
-        }
-
-
-@dataclass(frozen=True)
-class SignatureUse:
-    warmed: bool
-    used_in_capture: bool
-
-    @property
-    def lazy(self) -> bool:
-        """Used by the captured step but not created by warmup: created lazily in capture."""
-        return self.used_in_capture and not self.warmed
-
-    def to_json(self) -> dict[str, bool]:
-        return {"warmed": self.warmed, "used_in_capture": self.used_in_capture}
-
-
-SignatureChange = Literal["new", "gone", "changed", "same"]
-
-
-@dataclass(frozen=True)
-class SignatureDelta:
-    model: str
-    signature: str  # TransportSignature.describe() form, as lazy events name it
-    base: SignatureUse | None
-    head: SignatureUse | None
-
-    @property
-    def change(self) -> SignatureChange:
-        if self.base is None:
-            return "new"
-        if self.head is None:
-            return "gone"
-        return "same" if self.base == self.head else "changed"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "signature": self.signature,
-            "change": self.change,
-            "base": None if self.base is None else self.base.to_json(),
-            "head": None if self.head is None else self.head.to_json(),
-        }
-
-
-@dataclass(frozen=True)
-class SuiteDelta:
-    name: str
-    base: Tally | None
-    head: Tally | None
-
-    def to_json(self) -> dict[str, Any]:
-        def side(t: Tally | None) -> dict[str, int] | None:
-            return None if t is None else t.model_dump(exclude={"rank_cases"})
-
-        return {"name": self.name, "base": side(self.base), "head": side(self.head)}
-
-
-@dataclass(frozen=True)
-class Side:
-    """What identifies one side of the comparison at a glance."""
-
-    path: str
-    receipt_sha256: str
-    sums_sha256: str
-    verdict: str
-    status: str
-    warm_impl: str
-    geometry: str
-    root_cause: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    base: Side
-    head: Side
-    signatures: tuple[SignatureDelta, ...]
-    lazy_events: tuple[Count, ...]
-    suites: tuple[SuiteDelta, ...]
-    identity: tuple[Change, ...]
-    regressions: tuple[str, ...]
-    improvements: tuple[str, ...]
-    notes: tuple[str, ...]
-
-    @property
-    def regressed(self) -> bool:
-        return bool(self.regressions)
-
-    @property
-    def exit_code(self) -> int:
-        return 1 if self.regressed else 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": COMPARE_SCHEMA,
-            "regressed": self.regressed,
-            "base": self.base.to_json(),
-            "head": self.head.to_json(),
-            "regressions": list(self.regressions),
-            "improvements": list(self.improvements),
-            "notes": list(self.notes),
-            "signatures": [s.to_json() for s in self.signatures],
-            "lazy_events": [c.to_json() for c in self.lazy_events],
-            "suites": [s.to_json() for s in self.suites],
-            "identity": [c.to_json() for c in self.identity],
-        }
 
 
 def describe_signature(row: SignatureRow) -> str:
@@ -260,9 +137,17 @@ def _lazy_counts(base: Receipt, head: Receipt) -> tuple[Count, ...]:
     )
 
 
+def _counts(tally: Tally | None) -> SuiteCounts | None:
+    if tally is None:
+        return None
+    return SuiteCounts(tally.passed, tally.failed, tally.skipped, tally.errors)
+
+
 def _suites(base: Receipt, head: Receipt) -> tuple[SuiteDelta, ...]:
     names = sorted(base.suites.keys() | head.suites.keys())
-    return tuple(SuiteDelta(n, base.suites.get(n), head.suites.get(n)) for n in names)
+    return tuple(
+        SuiteDelta(n, _counts(base.suites.get(n)), _counts(head.suites.get(n))) for n in names
+    )
 
 
 def _flatten(value: Any, prefix: str, out: dict[str, str]) -> None:
@@ -298,7 +183,7 @@ def _identity(base: Receipt, head: Receipt) -> tuple[Change, ...]:
     )
 
 
-def _bad(t: Tally | None) -> int:
+def _bad(t: SuiteCounts | None) -> int:
     return 0 if t is None else t.failed + t.errors
 
 

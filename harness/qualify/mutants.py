@@ -43,11 +43,10 @@ import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from harness.atomic import atomic_write_text
+from harness.schema.mutants import ExcludedMutant, FileRow, MutantsReportFile, Survivor
 
-SCHEMA = "dcpqual-mutants/v1"
 KILLED = ("killed", "timeout")
 # Statuses counted against the score (anything mutmut says that is not a kill).
 NOT_KILLED = ("survived", "no tests", "suspicious", "segfault")
@@ -177,18 +176,18 @@ class FileScore:
     def score(self) -> float:
         return 100.0 if self.scored == 0 else 100.0 * self.killed / self.scored
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "score": round(self.score, 1) if self.ran else None,
-            "not_checked": self.not_checked,
-            "killed": self.counts.get("killed", 0),
-            "timeout": self.counts.get("timeout", 0),
-            "survived": self.counts.get("survived", 0),
-            "no_tests": self.counts.get("no tests", 0),
-            "other": sum(v for k, v in self.counts.items() if k not in (*KILLED, *NOT_KILLED[:2])),
-            "excluded_equivalent": self.excluded,
-        }
+    def row(self) -> FileRow:
+        return FileRow(
+            path=self.path,
+            score=round(self.score, 1) if self.ran else None,
+            not_checked=self.not_checked,
+            killed=self.counts.get("killed", 0),
+            timeout=self.counts.get("timeout", 0),
+            survived=self.counts.get("survived", 0),
+            no_tests=self.counts.get("no tests", 0),
+            other=sum(v for k, v in self.counts.items() if k not in (*KILLED, *NOT_KILLED[:2])),
+            excluded_equivalent=self.excluded,
+        )
 
 
 @dataclass(frozen=True)
@@ -210,30 +209,29 @@ class MutantsReport:
     def not_run(self) -> tuple[FileScore, ...]:
         return tuple(f for f in self.files if not f.ran)
 
-    def to_json(self, minimum: float) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA,
-            "tool": "mutmut",
-            "min_score": minimum,
-            "score": round(self.score, 1),
-            "files": [f.to_json() for f in self.files],
-            "below_min_score": [f.path for f in self.below(minimum)],
-            "not_run": [f.path for f in self.not_run],
-            "survivors": [
-                {"mutant": name, "file": source_file(name), "diff": diff}
+    def written(self, minimum: float) -> MutantsReportFile:
+        """The report file's value, judged against `minimum`."""
+        return MutantsReportFile(
+            min_score=minimum,
+            score=round(self.score, 1),
+            files=tuple(f.row() for f in self.files),
+            below_min_score=tuple(f.path for f in self.below(minimum)),
+            not_run=tuple(f.path for f in self.not_run),
+            survivors=tuple(
+                Survivor(mutant=name, file=source_file(name), diff=diff)
                 for name, diff in sorted(self.survivors.items())
-            ],
-            "excluded_equivalent": [
-                {
-                    "mutant": name,
-                    "file": source_file(name),
-                    "reason": entry.reason,
-                    "diff": "\n".join(entry.diff),
-                }
+            ),
+            excluded_equivalent=tuple(
+                ExcludedMutant(
+                    mutant=name,
+                    file=source_file(name),
+                    reason=entry.reason,
+                    diff="\n".join(entry.diff),
+                )
                 for name, entry in sorted(self.excluded.items())
-            ],
-            "skipped": list(self.skipped),
-        }
+            ),
+            skipped=self.skipped,
+        )
 
 
 def summarize(
@@ -454,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MutantsError as exc:
         print(f"mutants: {exc}", file=sys.stderr)
         return 2
-    atomic_write_text(args.out, json.dumps(report.to_json(args.min_score), indent=2) + "\n")
+    atomic_write_text(args.out, report.written(args.min_score).text())
     print(render(report, args.min_score))
     print(f"report: {args.out}")
     return 1 if report.below(args.min_score) or report.not_run else 0

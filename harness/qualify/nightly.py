@@ -18,20 +18,19 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from harness.atomic import atomic_write_text
 from harness.errors import UsageError
-from harness.qualify.compare import Comparison, compare_bundles, load_bundle
+from harness.qualify.compare import Verify, compare_bundles, load_bundle
 from harness.qualify.report import render_markdown
+from harness.schema.compare import NightlyResult
 
 # Bundle folders that `dcpqual gpu16` names: UTC time first, so names sort by date.
 BUNDLE_NAME = re.compile(r"^\d{8}T\d{6}Z-[A-Za-z0-9._-]+$")
 
 Runner = Callable[[Sequence[str]], int]
-Verify = Callable[[Path], Any]
 Emit = Callable[[str], None]
 
 
@@ -51,45 +50,6 @@ def run_command(argv: Sequence[str]) -> int:
 def bundles_in(archive: Path) -> list[Path]:
     """Dated bundle folders in the archive, oldest first."""
     return sorted(p for p in archive.iterdir() if p.is_dir() and BUNDLE_NAME.match(p.name))
-
-
-@dataclass(frozen=True)
-class NightlyResult:
-    """How one nightly went: what ran, what it left, how it compares with the last one."""
-
-    archive: Path
-    bundle: Path | None
-    previous: Path | None
-    step_exit_codes: tuple[int, ...]
-    problems: tuple[str, ...]  # why the night failed, one line each
-    verdict: str | None = None
-    comparison: Comparison | None = None
-    skipped_previous: tuple[str, ...] = ()  # earlier bundles passed over, and why
-
-    @property
-    def ran(self) -> bool:
-        return self.bundle is not None
-
-    @property
-    def exit_code(self) -> int:
-        if self.bundle is None:
-            failed = [c for c in self.step_exit_codes if c]
-            return failed[-1] if failed else 2
-        return 1 if self.problems else 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": "dcpqual-nightly/v1",
-            "archive": str(self.archive),
-            "bundle": None if self.bundle is None else str(self.bundle),
-            "previous": None if self.previous is None else str(self.previous),
-            "step_exit_codes": list(self.step_exit_codes),
-            "verdict": self.verdict,
-            "problems": list(self.problems),
-            "skipped_previous": list(self.skipped_previous),
-            "exit_code": self.exit_code,
-            "comparison": None if self.comparison is None else self.comparison.to_json(),
-        }
 
 
 def newest_valid(

@@ -7,8 +7,7 @@ with backticks and line breaks removed, so it cannot add markup, links, mentions
 
 from __future__ import annotations
 
-from harness.evidence.schema import Tally
-from harness.qualify.compare import Comparison, SignatureUse
+from harness.schema.compare import Comparison, SignatureUse, SuiteCounts
 
 MAX_CELL = 160
 
@@ -37,7 +36,7 @@ def _use(u: SignatureUse | None) -> str:
     return f"{warmed}, {used}"
 
 
-def _tally(t: Tally | None) -> str:
+def _tally(t: SuiteCounts | None) -> str:
     if t is None:
         return "absent"
     return f"{t.passed} / {t.failed} / {t.skipped} / {t.errors}"

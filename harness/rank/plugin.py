@@ -35,7 +35,6 @@ from types import FrameType
 from typing import Any
 
 import pytest
-from pydantic import TypeAdapter
 
 from harness.rank.agreement import Agreement, LocalResult, agree, compare_collections
 from harness.rank.bootstrap import BootstrapError, RankEnv, init_process_group, teardown
@@ -52,7 +51,6 @@ from harness.schema.rank_record import (
     RankFacts,
     RankUse,
     Selection,
-    SubworldBlock,
     TestOutcome,
     WorldBreak,
     suite_of,
@@ -61,7 +59,6 @@ from harness.schema.rank_record import (
 # What signal.signal returns and accepts: a Python handler, SIG_DFL/SIG_IGN, or a raw int.
 SignalHandler = Callable[[int, FrameType | None], Any] | int
 MAX_MESSAGE = 2000
-_BLOCKS = TypeAdapter(tuple[SubworldBlock, ...])
 
 
 # Fixtures the plugin provides to the suites (pytest finds them in this module's namespace).
@@ -302,7 +299,7 @@ class RankPlugin:
         order, self.subworld = plan(cases, self.env.world_size)
         items[:] = [items[i] for i in order]
         if self.subworld.lanes and self.keeper is not None:
-            blocks = _BLOCKS.validate_python(self.subworld.to_json())
+            blocks = self.subworld.record_blocks()
             self.keeper.update(extra=replace(self.keeper.record.extra, subworld=blocks))
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:

@@ -30,6 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from harness.schema.rank_record import SubworldBlock, SubworldLane
+
 MARKER = "subworld"
 
 
@@ -62,14 +64,18 @@ class SubworldPlan:
     def block_size(self, block: int) -> int:
         return sum(1 for b in self.blocks.values() if b == block)
 
-    def to_json(self) -> list[dict[str, Any]]:
+    def record_blocks(self) -> tuple[SubworldBlock, ...]:
         """Per block: its lanes and how many cases each runs (for the rank record)."""
-        out: dict[int, dict[tuple[int, ...], dict[str, Any]]] = {}
+        cases: dict[int, dict[Lane, int]] = {}
         for position, lane in sorted(self.lanes.items()):
-            lanes = out.setdefault(self.blocks[position], {})
-            entry = lanes.setdefault(lane.ranks, {"size": lane.size, "ranks": list(lane.ranks)})
-            entry["cases"] = entry.get("cases", 0) + 1
-        return [{"block": b, "lanes": list(lanes.values())} for b, lanes in sorted(out.items())]
+            lanes = cases.setdefault(self.blocks[position], {})
+            lanes[lane] = lanes.get(lane, 0) + 1
+        return tuple(
+            SubworldBlock(
+                block, tuple(SubworldLane(lane.size, lane.ranks, n) for lane, n in lanes.items())
+            )
+            for block, lanes in sorted(cases.items())
+        )
 
 
 def lanes_for(sizes: Sequence[int], world_size: int) -> dict[int, Lane] | None:

@@ -56,6 +56,19 @@ class JsonValue:
         return value
 
 
+def checked_derived(data: Any, handler: Callable[[Any], Any], name: str, what: str) -> Any:
+    """For a wrap validator: `data` validated without its derived key `name`, which, when
+    written, must equal what the validated fields give (a ValueError naming both otherwise)."""
+    if not isinstance(data, dict) or name not in data:
+        return handler(data)
+    claimed = data[name]
+    value = handler({k: v for k, v in data.items() if k != name})
+    given = getattr(value, name)
+    if claimed != given:
+        raise ValueError(f"{what}: {name}={claimed!r} but the values give {given!r}")
+    return value
+
+
 def first_error(exc: ValidationError, top: str = "(top)") -> str:
     """The first thing a validation refused, as one line: "where: why" (`top` names the whole
     value when the problem is not in one field)."""

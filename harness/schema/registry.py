@@ -72,6 +72,21 @@ SCHEMAS: dict[str, SchemaSpec] = {
         "a multi-node run's nodes/node-KK.json",
         "harness.schema.launch:NodeState",
     ),
+    "compare": SchemaSpec(
+        "dcpqual-compare/v1",
+        "what `dcpqual compare --json` prints (and a nightly's compare.json)",
+        "harness.schema.compare:Comparison",
+    ),
+    "nightly": SchemaSpec(
+        "dcpqual-nightly/v1",
+        "a nightly report's nightly.json",
+        "harness.schema.compare:NightlyResult",
+    ),
+    "mutants": SchemaSpec(
+        "dcpqual-mutants/v1",
+        "the mutation report (tests/mutants-report.json)",
+        "harness.schema.mutants:MutantsReportFile",
+    ),
     "smoke-result": SchemaSpec(
         "dcpqual-smoke-result/v1",
         "a GPU smoke bundle's smoke/result.json",

@@ -70,6 +70,9 @@ SignatureField = Annotated[
 ]
 
 
+RowSource = Literal["stand-in", "real"]
+
+
 class SignatureListRow(SignatureJson):
     """One row of `dcpqual signatures --json`: the signature, the model it came from, the layer
     kinds that asked for it and how many layers did; `source` "real" for vLLM's own tree."""
@@ -77,7 +80,7 @@ class SignatureListRow(SignatureJson):
     model: str = Field(min_length=1)
     kinds: list[str]
     layers: PositiveInt
-    source: Literal["stand-in", "real"] | None = None
+    source: RowSource | None = None
 
 
 class SignatureList(RootModel[list[SignatureListRow]]):

@@ -19,7 +19,7 @@ from typing import Any, Final, Literal
 from pydantic import Field, NonNegativeInt, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from harness.schema.base import JsonValue, Model, derived_field
+from harness.schema.base import JsonValue, Model, checked_derived, derived_field
 from harness.schema.capture import STRICT, DetectorStatus, LazyEvent, SignatureUse, derived
 from harness.schema.signature import SignatureField
 
@@ -231,12 +231,4 @@ class SmokeResult(JsonValue):
     @classmethod
     def _claimed_failures(cls, data: Any, handler: Any) -> Any:
         """A written result carries `failures`; they must be what its values give."""
-        claimed = data.get("failures") if isinstance(data, dict) else None
-        if isinstance(data, dict):
-            data = {k: v for k, v in data.items() if k != "failures"}
-        value = handler(data)
-        if claimed is not None and list(claimed) != value.failures:
-            raise ValueError(
-                f"smoke result: failures={claimed!r} but the values give {value.failures!r}"
-            )
-        return value
+        return checked_derived(data, handler, "failures", "smoke result")

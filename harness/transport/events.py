@@ -91,13 +91,3 @@ class RegistryCounters:
     misses: int = 0
     hits: int = 0
     first_uses: int = 0  # (transport, operation, dtype) run for the first time
-
-    def to_json(self) -> dict[str, int]:
-        return {
-            "creations": self.creations,
-            "buffer_allocations": self.buffer_allocations,
-            "buffer_bytes": self.buffer_bytes,
-            "misses": self.misses,
-            "hits": self.hits,
-            "first_uses": self.first_uses,
-        }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harness.core.choices import (
     ATTENTION_BACKENDS,
@@ -18,10 +18,11 @@ from harness.core.signature import (
     DEFAULT_COMM_BACKEND,
     DEFAULT_MAX_TOKENS,
     OUTPUT_DTYPES,
+    TransportSignature,
 )
 from harness.errors import UsageError
 from harness.launch.options import SingleValue
-from harness.schema.signature import SignatureList
+from harness.schema.signature import RowSource, SignatureList, SignatureListRow
 
 if TYPE_CHECKING:
     from harness.warm.discovery import Discovery
@@ -39,7 +40,7 @@ _STAND_IN_ONLY: tuple[tuple[str, str], ...] = (
     ("--kv-cache-dtype", "kv_cache_dtype"),
     ("--dcp-comm-backend", "dcp_comm_backend"),
 )
-_DEFAULTS: dict[str, Any] = {
+_DEFAULTS: dict[str, object] = {
     "dtype": "bf16",
     "max_tokens": DEFAULT_MAX_TOKENS,
     "kv_cache_dtype": "auto",
@@ -127,14 +128,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run_signatures)
 
 
-def signature_rows(model: str, found: Discovery) -> list[dict[str, Any]]:
-    rows = []
-    for sig in found.signatures:
-        row = {"model": model, **sig.to_json()}
-        row["kinds"] = list(found.kinds_by_signature[sig])
-        row["layers"] = sum(1 for layer in found.layers if layer.signature == sig)
-        rows.append(row)
-    return rows
+def signature_rows(
+    model: str, found: Discovery, source: RowSource | None = None
+) -> list[SignatureListRow]:
+    """One row per distinct signature discovery found, with the layer kinds and the number of
+    layers that need it; a row that does not fit the published model is refused here."""
+    return [
+        SignatureListRow(
+            model=model,
+            **sig.to_json(),
+            kinds=list(found.kinds_by_signature[sig]),
+            layers=sum(1 for layer in found.layers if layer.signature == sig),
+            source=source,
+        )
+        for sig in found.signatures
+    ]
 
 
 def attention_backend(args: argparse.Namespace) -> str:
@@ -153,46 +161,46 @@ def attention_backend(args: argparse.Namespace) -> str:
     return str(args.attention_backend or "b12x")
 
 
-def _dtypes(row: dict[str, Any]) -> str:
-    q, o = row["query_dtype"], row["dtype"]
+def _dtypes(sig: TransportSignature) -> str:
+    q, o = sig.query_dtype, sig.dtype
     return o if q == o else f"{q} -> {o}"
 
 
-def _backend(row: dict[str, Any]) -> str:
-    return "" if row["comm_backend"] == DEFAULT_COMM_BACKEND else f"{row['comm_backend']}, "
+def _backend(sig: TransportSignature) -> str:
+    return "" if sig.comm_backend == DEFAULT_COMM_BACKEND else f"{sig.comm_backend}, "
 
 
-def _users(row: dict[str, Any]) -> str:
-    return f"{row['layers']} layer(s): {', '.join(row['kinds'])}"
+def _users(row: SignatureListRow) -> str:
+    return f"{row.layers} layer(s): {', '.join(row.kinds)}"
 
 
-def describe_row(row: dict[str, Any]) -> str:
+def describe_row(row: SignatureListRow) -> str:
     """A stand-in row for people: geometry, dtypes, capacity, a comm backend other than the
     default, and the layers that need it."""
+    sig = row.value()
     return (
-        f"  {row['total_heads']} heads ({row['local_heads']} local x dcp "
-        f"{row['dcp_world_size']}) x {row['query_head_dim']} -> {row['output_head_dim']}, "
-        f"{_dtypes(row)}, max_tokens={row['max_tokens']}, {_backend(row)}{_users(row)}"
+        f"  {sig.total_heads} heads ({sig.local_heads} local x dcp "
+        f"{sig.dcp_world_size}) x {sig.query_head_dim} -> {sig.output_head_dim}, "
+        f"{_dtypes(sig)}, max_tokens={sig.max_tokens}, {_backend(sig)}{_users(row)}"
     )
 
 
-def describe_real_row(row: dict[str, Any]) -> str:
+def describe_real_row(row: SignatureListRow) -> str:
     """A real-tree row for people: its head geometry and the layers that need it."""
     return (
-        f"  {row['total_heads']} heads x {row['query_head_dim']} -> {row['output_head_dim']}, "
-        f"{_users(row)}"
+        f"  {row.total_heads} heads x {row.query_head_dim} -> {row.output_head_dim}, {_users(row)}"
     )
 
 
 def _print_rows(
     args: argparse.Namespace,
-    rows: list[dict[str, Any]],
+    rows: list[SignatureListRow],
     header: str,
-    describe: Callable[[dict[str, Any]], str],
+    describe: Callable[[SignatureListRow], str],
 ) -> int:
-    """The rows as JSON (checked against the published model first), or one line each."""
+    """The rows as JSON, or one line each."""
     if args.json:
-        print(SignatureList.model_validate(rows).dumps())
+        print(SignatureList(rows).dumps())
         return 0
     print(f"{header}: {len(rows)} signature(s)")
     for row in rows:

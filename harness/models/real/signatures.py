@@ -8,7 +8,6 @@ of CPU per rank: `--tp 16` needs a machine that fits 16 of them.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -17,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.schema.signature import SignatureList, SignatureListRow
+
+ROWS = "rows.json"  # rank 0's rows, as `dcpqual signatures --json` prints them
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ def _rank(rank: int, request: Request, folder: str) -> None:
     import torch.distributed as dist
 
     from harness.models.real.builder import RealSpec, build_real
+    from harness.warm.cli import signature_rows
     from harness.warm.discovery import discover
     from harness.warm.recognizers import WarmContext, recognizer_set
 
@@ -65,18 +68,13 @@ def _rank(rank: int, request: Request, folder: str) -> None:
             static_forward_context=tree.static_forward_context,
         )
         if rank == 0:
-            rows = []
-            for sig in found.signatures:
-                row = {"model": request.model, "source": "real", **sig.to_json()}
-                row["kinds"] = list(found.kinds_by_signature[sig])
-                row["layers"] = sum(1 for layer in found.layers if layer.signature == sig)
-                rows.append(row)
-            Path(folder, "rows.json").write_text(json.dumps(rows))
+            rows = signature_rows(request.model, found, source="real")
+            Path(folder, ROWS).write_text(SignatureList(rows).dumps())
     finally:
         dist.destroy_process_group()
 
 
-def real_signature_rows(request: Request) -> list[dict[str, Any]]:
+def real_signature_rows(request: Request) -> list[SignatureListRow]:
     """Spawn `request.tp` gloo ranks, build the real tree on each, return rank 0's rows."""
     import importlib.util
 
@@ -89,5 +87,4 @@ def real_signature_rows(request: Request) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as folder:
         os.environ.pop("VLLM_DIST_IDENT", None)  # one identity per rank (see the shims)
         mp.spawn(_rank, args=(request, folder), nprocs=request.tp, join=True)
-        rows: list[dict[str, Any]] = json.loads(Path(folder, "rows.json").read_text())
-        return rows
+        return SignatureList.model_validate_json(Path(folder, ROWS).read_bytes()).root
