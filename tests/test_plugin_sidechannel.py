@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch.distributed as dist
+from _support.watchdog import CountingStore
 
 from harness.rank.agreement import LocalResult
 from harness.rank.sidechannel import SideChannel
@@ -151,3 +152,30 @@ def test_a_thread_s_channel_shares_the_store_client():
     assert other.store is chan.store and other is not chan
     other.lost = True
     assert not chan.lost
+
+
+def test_failures_and_aborts_raise_the_alarm_and_a_lost_store_reads_as_none():
+    chans = channels(2)
+    assert chans[0].alarms() == 0
+    chans[1].next_fail_seq(3)
+    assert chans[0].alarms() == 1
+    chans[1].signal_abort("leaving")
+    chans[0].signal_abort("leaving too")  # the first reason stays; every abort is an alarm
+    assert chans[0].alarms() == 3
+    lost = SideChannel(DeadStore(), 0, 2)  # type: ignore[arg-type]
+    assert lost.alarms() == 0 and lost.lost
+
+
+def test_an_exchange_that_completes_at_once_never_asks_about_aborts():
+    store = CountingStore(dist.HashStore())
+    chans = [SideChannel(store, r, 3, poll_s=0.005) for r in range(3)]  # type: ignore[arg-type]
+    for c in chans:
+        c.post_result(0, LocalResult(rank=c.rank, outcome="passed"))
+    store.calls.clear()
+    assert sorted(chans[0].gather_results(0, time.monotonic() + 5)) == [0, 1, 2]
+    assert store.calls == {"check": 1, "multi_get": 1}, store.calls
+    # Control: a long wait does ask, and an abort then cuts it short.
+    chans[1].signal_abort("gone")
+    store.calls.clear()
+    assert sorted(chans[0].gather_results(1, time.monotonic() + 60)) == []
+    assert store.calls["check"] > 4, store.calls
