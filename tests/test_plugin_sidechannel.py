@@ -166,16 +166,34 @@ def test_failures_and_aborts_raise_the_alarm_and_a_lost_store_reads_as_none():
     assert lost.alarms() == 0 and lost.lost
 
 
-def test_an_exchange_that_completes_at_once_never_asks_about_aborts():
-    store = CountingStore(dist.HashStore())
-    chans = [SideChannel(store, r, 3, poll_s=0.005) for r in range(3)]  # type: ignore[arg-type]
-    for c in chans:
-        c.post_result(0, LocalResult(rank=c.rank, outcome="passed"))
-    store.calls.clear()
-    assert sorted(chans[0].gather_results(0, time.monotonic() + 5)) == [0, 1, 2]
-    assert store.calls == {"check": 1, "multi_get": 1}, store.calls
+class LateStore(CountingStore):
+    """Runs `late` just before its third `check`: a peer that posts during the quick looks."""
+
+    def __init__(self, inner: dist.Store, late) -> None:
+        super().__init__(inner)
+        self.late = late
+
+    def check(self, keys):
+        self.calls["check"] += 1
+        self.checked.append(list(keys))
+        if len(self.checked) == 3:
+            self.late()
+        return self.inner.check(keys)
+
+
+def test_an_exchange_that_completes_within_the_quick_looks_never_asks_about_aborts():
+    chans: list[SideChannel] = []
+    store = LateStore(dist.HashStore(), lambda: chans[1].post_result(0, ok(1)))
+    chans += [SideChannel(store, r, 2, poll_s=0.08) for r in range(2)]  # type: ignore[arg-type]
+    chans[0].post_result(0, ok(0))
+    assert sorted(chans[0].gather_results(0, time.monotonic() + 5)) == [0, 1]
+    assert len(store.checked) == 3 and ["abort"] not in store.checked, store.checked
     # Control: a long wait does ask, and an abort then cuts it short.
     chans[1].signal_abort("gone")
-    store.calls.clear()
-    assert sorted(chans[0].gather_results(1, time.monotonic() + 60)) == []
-    assert store.calls["check"] > 4, store.calls
+    started = time.monotonic()
+    assert sorted(chans[0].gather_results(1, started + 60)) == []
+    assert ["abort"] in store.checked and time.monotonic() - started < 5
+
+
+def ok(rank: int) -> LocalResult:
+    return LocalResult(rank=rank, outcome="passed")

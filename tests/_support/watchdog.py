@@ -44,12 +44,15 @@ class CountingStore:
     def __init__(self, inner: dist.Store) -> None:
         self.inner = inner
         self.calls: Counter[str] = Counter()
+        self.checked: list[list[str]] = []  # the keys of every `check`, in order
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.inner, name)
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.calls[name] += 1
+            if name == "check":
+                self.checked.append(list(args[0]))
             return method(*args, **kwargs)
 
         return counted
