@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from pydantic import ValidationError
 
 from harness.rank.agreement import (
     Agreement,
@@ -108,9 +111,22 @@ def test_an_ordinary_failure_beats_later_timeouts():
     assert agree(T, results, 2).primary_ranks == (1,)
 
 
-def test_local_result_round_trips_through_json():
+def test_local_result_round_trips_through_json_and_the_wire():
     res = timeout(3, True, {"0": 4, "default_pg": 2})
     assert LocalResult.from_json(res.to_json()) == res
+    assert LocalResult.from_wire(res.to_wire()) == res
+    assert LocalResult.from_wire(res.to_wire().encode()) == res  # as the store hands it back
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"extra": 1}, {"outcome": "exploded"}, {"rank": -1}, {"kind": "lost"}, {"seqs": {"0": "x"}}],
+    ids=["unknown-key", "outcome", "rank", "kind", "seqs"],
+)
+def test_a_peer_result_that_is_not_a_local_result_is_refused(change):
+    wire = json.loads(ok(1).to_wire())
+    with pytest.raises(ValidationError):
+        LocalResult.from_wire(json.dumps({**wire, **change}))
 
 
 def test_passing_agreement_keeps_local_outcome():

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch.distributed as dist
+from _support.watchdog import CountingStore
 
 from harness.rank.agreement import LocalResult
 from harness.rank.sidechannel import SideChannel
@@ -151,3 +152,48 @@ def test_a_thread_s_channel_shares_the_store_client():
     assert other.store is chan.store and other is not chan
     other.lost = True
     assert not chan.lost
+
+
+def test_failures_and_aborts_raise_the_alarm_and_a_lost_store_reads_as_none():
+    chans = channels(2)
+    assert chans[0].alarms() == 0
+    chans[1].next_fail_seq(3)
+    assert chans[0].alarms() == 1
+    chans[1].signal_abort("leaving")
+    chans[0].signal_abort("leaving too")  # the first reason stays; every abort is an alarm
+    assert chans[0].alarms() == 3
+    lost = SideChannel(DeadStore(), 0, 2)  # type: ignore[arg-type]
+    assert lost.alarms() == 0 and lost.lost
+
+
+class LateStore(CountingStore):
+    """Runs `late` just before its third `check`: a peer that posts during the quick looks."""
+
+    def __init__(self, inner: dist.Store, late) -> None:
+        super().__init__(inner)
+        self.late = late
+
+    def check(self, keys):
+        self.calls["check"] += 1
+        self.checked.append(list(keys))
+        if len(self.checked) == 3:
+            self.late()
+        return self.inner.check(keys)
+
+
+def test_an_exchange_that_completes_within_the_quick_looks_never_asks_about_aborts():
+    chans: list[SideChannel] = []
+    store = LateStore(dist.HashStore(), lambda: chans[1].post_result(0, ok(1)))
+    chans += [SideChannel(store, r, 2, poll_s=0.08) for r in range(2)]  # type: ignore[arg-type]
+    chans[0].post_result(0, ok(0))
+    assert sorted(chans[0].gather_results(0, time.monotonic() + 5)) == [0, 1]
+    assert len(store.checked) == 3 and ["abort"] not in store.checked, store.checked
+    # Control: a long wait does ask, and an abort then cuts it short.
+    chans[1].signal_abort("gone")
+    started = time.monotonic()
+    assert sorted(chans[0].gather_results(1, started + 60)) == []
+    assert ["abort"] in store.checked and time.monotonic() - started < 5
+
+
+def ok(rank: int) -> LocalResult:
+    return LocalResult(rank=rank, outcome="passed")

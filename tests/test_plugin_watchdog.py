@@ -7,9 +7,13 @@ what would end a rank.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
-from _support.watchdog import NODEID, make, record
+import pytest
+import torch.distributed as dist
+from _support.watchdog import NODEID, CountingStore, make, open_world, record
 
 from harness.rank.agreement import LocalResult
 from harness.rank.watchdog import EXIT_FAILED, EXIT_TERMINATED
@@ -143,3 +147,73 @@ def test_another_lanes_trouble_does_not_abort_a_sub_world_case(watchdog_world):
     dog.begin_test(1, NODEID)
     assert exits.done.wait(10), "a world-wide case must still be aborted"
     assert exits.codes == [EXIT_FAILED]
+
+
+def test_while_nothing_happens_a_running_test_costs_one_store_read_per_look(tmp_path):
+    store = CountingStore(dist.HashStore())
+    world = open_world(tmp_path, store)
+    dog, exits = make(world, tick_s=0.05, heartbeat_s=0.2, test_timeout_s=60)
+    dog.begin_test(0, NODEID)
+    time.sleep(0.6)
+    looks = dict(store.calls)
+    assert set(looks) == {"add"} and 3 <= looks["add"] <= 20, looks  # the alarm counter only
+    assert dog.body_done()
+    dog.idle()
+    store.calls.clear()
+    time.sleep(0.4)
+    assert store.total() == 0, f"an idle rank's watchdog used the store: {store.calls}"
+    # Control: once a peer failed, the same looks read the failure and abort keys too.
+    world[1][1].next_fail_seq(1)
+    dog.begin_test(1, NODEID)
+    deadline = time.monotonic() + 5
+    while store.calls["check"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert store.calls["check"] >= 1, store.calls
+    dog.stop()
+    assert exits.codes == []
+
+
+def test_a_peer_failure_after_an_earlier_alarm_elsewhere_is_still_seen(watchdog_world):
+    """Another lane's failure moves the alarm while this rank runs its own case; a failure of
+    the next world-wide test moves it again, and this rank is aborted for it."""
+    _, chans, _ = watchdog_world
+    dog, exits = make(watchdog_world, test_timeout_s=60, abort_grace_s=0.1)
+    dog.begin_test(0, NODEID, ranks=(0,))
+    chans[1].next_fail_seq(5)  # a case of rank 1's lane
+    assert not exits.done.wait(0.4), "another lane's failure aborted this lane's case"
+    assert dog.body_done()
+    dog.idle()
+    dog.begin_test(1, NODEID)
+    seq = chans[1].next_fail_seq(1)
+    chans[1].post_result(1, LocalResult(rank=1, outcome="failed", message="boom", fail_seq=seq))
+    assert exits.done.wait(10), "the peer's failure of the running test was never seen"
+    assert exits.codes == [EXIT_FAILED]
+
+
+def test_the_agents_exit_wakes_the_watchdog_at_once(watchdog_world):
+    """With the heartbeat and the looks 30 s apart, only the agent's pidfd can wake it."""
+    out, _, _ = watchdog_world
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        try:
+            os.close(os.pidfd_open(agent.pid))
+        except OSError:
+            pytest.skip("this kernel gives no pidfd: the parent pid is compared each tick")
+        _, exits = make(watchdog_world, agent_pid=agent.pid, tick_s=30, heartbeat_s=30)
+        time.sleep(0.2)
+        assert exits.codes == []
+        agent.kill()
+        assert exits.done.wait(5), "the agent's exit was not noticed"
+    finally:
+        agent.kill()
+        agent.wait()
+    assert exits.codes == [EXIT_TERMINATED]
+    assert "orphaned" in (record(out).abort_reason or "")
+
+
+def test_stop_wakes_a_sleeping_watchdog_at_once(watchdog_world):
+    dog, _ = make(watchdog_world, tick_s=30, heartbeat_s=30)
+    time.sleep(0.1)
+    started = time.monotonic()
+    dog.stop()
+    assert time.monotonic() - started < 1 and not dog.is_alive()

@@ -20,18 +20,23 @@ from __future__ import annotations
 import difflib
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
+from pydantic import Field, NonNegativeInt
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from harness.schema.base import JsonValue, adapter_of
+from harness.schema.capture import STRICT
 from harness.schema.rank_record import Outcome, TestOutcome
 
 ResultKind = Literal["ran", "timeout", "aborted"]
 FAILING: frozenset[str] = frozenset({"failed", "error"})
 
 
-@dataclass(frozen=True)
-class LocalResult:
-    """What one rank saw of one test, before agreement.
+@pydantic_dataclass(frozen=True, config=STRICT)
+class LocalResult(JsonValue):
+    """What one rank saw of one test, before agreement; what the side channel carries.
 
     `kind` is "ran" when the test finished normally on this rank, "timeout" when the watchdog
     gave up on it, "aborted" when the watchdog stopped it after a peer's failure. `seqs` maps a
@@ -40,7 +45,7 @@ class LocalResult:
     failure is its own action that breaks every rank's collectives (see `agree`, rule 0).
     """
 
-    rank: int
+    rank: NonNegativeInt
     outcome: Outcome
     kind: ResultKind = "ran"
     message: str | None = None
@@ -48,41 +53,22 @@ class LocalResult:
     failed_at: float | None = None
     fail_seq: int | None = None
     in_collective: bool = False
-    seqs: Mapping[str, int] = field(default_factory=dict)
+    seqs: dict[str, int] = Field(default_factory=dict)
     broke_world: bool = False
 
     @property
     def failing(self) -> bool:
         return self.outcome in FAILING
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "outcome": self.outcome,
-            "kind": self.kind,
-            "message": self.message,
-            "duration_s": self.duration_s,
-            "failed_at": self.failed_at,
-            "fail_seq": self.fail_seq,
-            "in_collective": self.in_collective,
-            "seqs": dict(self.seqs),
-            "broke_world": self.broke_world,
-        }
+    def to_wire(self) -> str:
+        """Compact JSON, straight from the model (each rank posts one per test)."""
+        return adapter_of(LocalResult).dump_json(self).decode()
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> LocalResult:
-        return cls(
-            rank=int(data["rank"]),
-            outcome=data["outcome"],
-            kind=data.get("kind", "ran"),
-            message=data.get("message"),
-            duration_s=float(data.get("duration_s", 0.0)),
-            failed_at=data.get("failed_at"),
-            fail_seq=data.get("fail_seq"),
-            in_collective=bool(data.get("in_collective", False)),
-            seqs={str(k): int(v) for k, v in dict(data.get("seqs", {})).items()},
-            broke_world=bool(data.get("broke_world", False)),
-        )
+    def from_wire(cls, raw: bytes | str) -> LocalResult:
+        """A peer's posted result; a wrong type or an unknown key is a ValidationError."""
+        value: LocalResult = adapter_of(cls).validate_json(raw)
+        return value
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ once. Keys (under a per-run prefix):
     failseq             global counter: order in which ranks observed failures
     fails/<i>           how many ranks failed test i so far
     abort               set by a rank leaving abnormally (SIGTERM, timeout, abort)
+    alarms              global counter, raised after every failure and every abort: a watchdog
+                        reads this one key while nothing happened, and the others only when it
+                        moved
 
 Every read tolerates a lost store (the agent went away): callers get what was seen so far.
 
@@ -81,11 +84,13 @@ class SideChannel:
         except StoreLost:
             self.lost = True
 
-    def _get_many(self, keys: Sequence[str]) -> list[Any] | None:
+    def _get_many(
+        self, keys: Sequence[str], decode: Callable[[bytes], Any] = json.loads
+    ) -> list[Any] | None:
         try:
             if not self.store.check(list(keys)):
                 return None
-            return [json.loads(v) for v in self.store.multi_get(list(keys))]
+            return [decode(v) for v in self.store.multi_get(list(keys))]
         except StoreLost:
             self.lost = True
             return None
@@ -115,12 +120,14 @@ class SideChannel:
         *,
         early: Callable[[], bool] | None = None,
         ranks: Sequence[int] | None = None,
+        decode: Callable[[bytes], Any] = json.loads,
     ) -> dict[int, Any]:
         """Values of `prefix/<rank>` for every rank (or `ranks`), or those that arrived by
         `deadline`.
 
         `early()` returning True (a peer aborted) ends the wait sooner, after a short grace
-        for stragglers that are still posting.
+        for stragglers that are still posting. It is asked only once the quick looks are over:
+        most exchanges end within them, and each question is a store round trip.
         """
         expected = list(range(self.world_size) if ranks is None else ranks)
         keys = [f"{prefix}/{r}" for r in expected]
@@ -129,20 +136,21 @@ class SideChannel:
         # to `poll_s` (a fixed pause cost every exchange half a pause on average).
         pause = self.poll_s / 8
         while not self.lost:
-            values = self._get_many(keys)
+            values = self._get_many(keys, decode)
             if values is not None:
                 return dict(zip(expected, values, strict=True))
             now = self.clock()
             if now >= cut:
                 break
-            if early is not None and cut == deadline and early():
+            slow = pause >= self.poll_s
+            if early is not None and slow and cut == deadline and early():
                 cut = min(deadline, now + 2.0)
             time.sleep(pause)
             pause = min(self.poll_s, pause * 2)
         present = self._present(keys)
         out: dict[int, Any] = {}
         for key in present:
-            values = self._get_many([key])
+            values = self._get_many([key], decode)
             if values is not None:
                 out[int(key.rsplit("/", 1)[1])] = values[0]
         return out
@@ -158,15 +166,25 @@ class SideChannel:
     # -- per-test results -----------------------------------------------------------------
 
     def next_fail_seq(self, index: int) -> int:
-        """Claim a place in the global failure order, and count a failure of test `index`."""
+        """Claim a place in the global failure order, and count a failure of test `index`.
+        The alarm is raised last, so whoever sees it move finds the failure counted."""
         self._counter(f"fails/{index}", 1)
-        return self._counter("failseq", 1)
+        seq = self._counter("failseq", 1)
+        self._counter("alarms", 1)
+        return seq
 
     def failures_in(self, index: int) -> int:
         return self._counter(f"fails/{index}")
 
+    def alarms(self) -> int:
+        """How many failures and aborts any rank has reported so far (one store read)."""
+        return self._counter("alarms")
+
     def post_result(self, index: int, result: LocalResult) -> None:
-        self._set(f"res/{index}/{self.rank}", result.to_json())
+        try:
+            self.store.set(f"res/{index}/{self.rank}", result.to_wire())
+        except StoreLost:
+            self.lost = True
 
     def has_posted(self, index: int) -> bool:
         return bool(self._present([f"res/{index}/{self.rank}"]))
@@ -183,8 +201,9 @@ class SideChannel:
         A lane's wait is not cut short by an abort elsewhere in the world: its own ranks are
         still finishing their case, and the launcher ends the job when a rank leaves."""
         early = self.aborted if ranks is None else None
-        raw = self._gather(f"res/{index}", deadline, early=early, ranks=ranks)
-        return {r: LocalResult.from_json(v) for r, v in raw.items()}
+        return self._gather(
+            f"res/{index}", deadline, early=early, ranks=ranks, decode=LocalResult.from_wire
+        )
 
     # -- sub-world blocks -----------------------------------------------------------------
 
@@ -205,6 +224,8 @@ class SideChannel:
             self.store.compare_set("abort", "", json.dumps({"rank": self.rank, "reason": reason}))
         except StoreLost:
             self.lost = True
+            return
+        self._counter("alarms", 1)
 
     def abort_info(self) -> dict[str, Any] | None:
         values = self._get_many(["abort"])

@@ -7,7 +7,13 @@ others and never leaves an unexplained gap.
 
 SIGTERM (torchrun stopping the job) reaches the watchdog through `signal.set_wakeup_fd`: the
 interpreter's C-level handler writes the signal number to a pipe the watchdog selects on, even
-while the main thread is stuck in C++.
+while the main thread is stuck in C++. The agent's exit reaches it the same way, through a pidfd
+of the parent (where the kernel has none, the parent pid is compared at every wake-up).
+
+It sleeps until the next thing that can be due: the heartbeat, the running test's timeout, the
+next look at its peers (every `tick_s` while a test runs, one store read of the alarm counter
+unless a rank failed or left), the end of a peer failure's grace. Sixteen ranks on a few cores
+pay every wake-up and every store round trip; a rank idle between tests wakes once a heartbeat.
 
 Exactly one thread decides a test's fate: the main thread by `body_done()`, or the watchdog by
 claiming the test first; whichever loses that race steps aside.
@@ -15,6 +21,7 @@ claiming the test first; whichever loses that race steps aside.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -45,10 +52,18 @@ class WatchConfig:
     abort_grace_s: float = 3.0  # a peer failed: how long this rank may still finish the test
     exchange_grace_s: float = 5.0  # after a timeout: how long to wait for peers' reports
     heartbeat_s: float = 1.0  # the record's mtime, and what its keeper noted, at this pace
-    tick_s: float = 0.1
+    tick_s: float = 0.5  # while a test runs: how often to look for a peer's failure
     # After SIGTERM during agreement: how long the main thread may still take to record the
     # test (its peers' wait is cut to 2 s by the abort). Well inside torchrun's shutdown timeout.
     agree_wait_s: float = 3.0
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when process `pid` exits (None: the kernel has none)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def main_thread_in_collective() -> bool:
@@ -73,7 +88,10 @@ class Watchdog:
         config: WatchConfig,
         wakeup_fd: int | None = None,
         exit_fn: Callable[[int], None] = os._exit,
+        agent_pid: int | None = None,
     ) -> None:
+        """`agent_pid`: the process whose exit orphans this rank (default: its parent, the
+        torchrun agent)."""
         self.rank = rank
         self.world_size = world_size
         self.channel = channel
@@ -89,9 +107,15 @@ class Watchdog:
         self._ranks: tuple[int, ...] | None = None  # the lane running a sub-world case
         self._test_started = 0.0
         self._peer_failure_seen: float | None = None
+        self._alarms_seen = 0  # the side channel's alarm counter at the last look
+        self._peer_left = False  # a peer left the job (the abort key is set; it stays set)
         self._stopping = threading.Event()
         self._finished = threading.Event()
         self._ppid = os.getppid()
+        self._parent_fd = _pidfd(self._ppid if agent_pid is None else agent_pid)
+        self._kick_r, self._kick_w = os.pipe()  # `stop` wakes the thread at once
+        os.set_blocking(self._kick_r, False)
+        os.set_blocking(self._kick_w, False)
         self._thread = threading.Thread(target=self._run, name="dcpqual-watchdog", daemon=True)
 
     def start(self) -> None:
@@ -133,8 +157,20 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stopping.set()
+        with contextlib.suppress(OSError):
+            os.write(self._kick_w, b"x")
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
+        if not self._thread.is_alive():
+            self._close_fds()
+
+    def _close_fds(self) -> None:
+        fds, self._parent_fd = (self._kick_r, self._kick_w, self._parent_fd), None
+        self._kick_r = self._kick_w = -1
+        for fd in fds:
+            if fd is not None and fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def test_deadline(self) -> float:
         """Monotonic time by which every live peer has finished or timed out this test."""
@@ -150,15 +186,19 @@ class Watchdog:
 
     def _run(self) -> None:
         last_beat = 0.0
+        next_look = 0.0  # the next look at the peers while a test runs
         while not self._stopping.is_set():
-            if self._wait_for_signal(self.config.tick_s):
+            woke = self._sleep(self._next_wake(last_beat, next_look))
+            if self._stopping.is_set():
+                return
+            if woke == "sigterm":
                 self._terminate("received SIGTERM (torchrun stopped the job or it was cancelled)")
                 return
             now = time.monotonic()
             if now - last_beat >= self.config.heartbeat_s:
                 self.keeper.heartbeat()
                 last_beat = now
-            if os.getppid() != self._ppid:
+            if woke == "orphaned" or os.getppid() != self._ppid:
                 self._terminate("orphaned: the torchrun agent that started this rank is gone")
                 return
             with self._lock:
@@ -174,25 +214,48 @@ class Watchdog:
             if timeout > 0 and now - started > timeout and self._claim(index):
                 self._on_timeout(index, nodeid, now - started)
                 return
+            if self._peer_failure_seen is None and now < next_look:
+                continue
+            next_look = now + self.config.tick_s
             if self._peer_failed(index, now) and self._claim(index):
                 self._on_peer_failure(index, nodeid)
                 return
 
-    def _wait_for_signal(self, timeout: float) -> bool:
-        if self.wakeup_fd is None:
+    def _next_wake(self, last_beat: float, next_look: float) -> float:
+        """Seconds until the next thing that can be due (see the module doc)."""
+        now = time.monotonic()
+        wake = last_beat + self.config.heartbeat_s
+        if self._parent_fd is None:  # no pidfd: the parent pid is compared at each wake-up
+            wake = min(wake, now + self.config.tick_s)
+        with self._lock:
+            phase, started, seen = self._phase, self._test_started, self._peer_failure_seen
+        if phase == "body":
+            if self.config.test_timeout_s > 0:
+                wake = min(wake, started + self.config.test_timeout_s)
+            wake = min(wake, next_look if seen is None else seen + self.config.abort_grace_s)
+        return max(0.0, wake - now)
+
+    def _sleep(self, timeout: float) -> Literal["sigterm", "orphaned"] | None:
+        """Wait up to `timeout`; say whether SIGTERM arrived or the parent exited."""
+        fds = [fd for fd in (self._kick_r, self.wakeup_fd, self._parent_fd) if fd is not None]
+        try:
+            ready, _, _ = select.select(fds, [], [], timeout)
+        except (OSError, ValueError):  # an fd is being closed at the end
             self._stopping.wait(timeout)
-            return False
-        try:
-            ready, _, _ = select.select([self.wakeup_fd], [], [], timeout)
-        except (OSError, ValueError):
-            return False
-        if not ready:
-            return False
-        try:
-            data = os.read(self.wakeup_fd, 64)
-        except OSError:  # nothing to read, or the pipe is being closed at the end
-            return False
-        return signal.SIGTERM in data
+            return None
+        if self._kick_r in ready:
+            with contextlib.suppress(OSError):
+                os.read(self._kick_r, 64)
+        if self.wakeup_fd is not None and self.wakeup_fd in ready:
+            try:
+                data = os.read(self.wakeup_fd, 64)
+            except OSError:  # nothing to read, or the pipe is being closed at the end
+                data = b""
+            if signal.SIGTERM in data:
+                return "sigterm"
+        if self._parent_fd is not None and self._parent_fd in ready:
+            return "orphaned"
+        return None
 
     def _claim(self, index: int) -> bool:
         with self._lock:
@@ -206,8 +269,13 @@ class Watchdog:
         sub-world case is not stopped by another lane's trouble: that would make its own
         case fail first, at an earlier test, and take the blame."""
         if self._peer_failure_seen is None:
-            left = self._ranks is None and self.channel.aborted()
-            if self.channel.failures_in(index) or left:
+            alarms = self.channel.alarms()  # the one read while nothing happened anywhere
+            if alarms != self._alarms_seen or self.channel.lost:
+                self._alarms_seen = alarms
+                self._peer_left = self._peer_left or self.channel.aborted()
+                if self.channel.failures_in(index):
+                    self._peer_failure_seen = now
+            if self._ranks is None and self._peer_left:
                 self._peer_failure_seen = now
             return False
         return now - self._peer_failure_seen >= self.config.abort_grace_s

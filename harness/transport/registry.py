@@ -220,7 +220,9 @@ class TransportRegistry:
     ) -> DCPTransport:
         """The transport for `signature` on `group` (default: the world), created if missing.
 
-        Collective over `group` on every call; see the module doc.
+        Collective over `group` on every call; see the module doc. On a hit too: without it, a
+        rank that holds the transport while a peer does not (or ranks that ask for two different
+        held signatures) would go on into mismatched collectives instead of one clear error.
         """
         self._check_open()
         if not isinstance(signature, TransportSignature):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,32 @@ class Exits:
 World = tuple[Path, list[SideChannel], RecordKeeper]
 
 
-def open_world(tmp_path: Path) -> World:
+class CountingStore:
+    """A c10d store that counts the operations made through it, by operation name."""
+
+    def __init__(self, inner: dist.Store) -> None:
+        self.inner = inner
+        self.calls: Counter[str] = Counter()
+        self.checked: list[list[str]] = []  # the keys of every `check`, in order
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            if name == "check":
+                self.checked.append(list(args[0]))
+            return method(*args, **kwargs)
+
+        return counted
+
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+def open_world(tmp_path: Path, store: Any = None) -> World:
     """Rank 0 of a two-rank world, its record started and one test collected."""
-    store = dist.HashStore()
+    store = dist.HashStore() if store is None else store
     chans = [SideChannel(store, r, 2, poll_s=0.005) for r in range(2)]
     keeper = RecordKeeper.start(
         tmp_path / "records",
@@ -55,7 +79,13 @@ def open_world(tmp_path: Path) -> World:
     return tmp_path, chans, keeper
 
 
-def make(world: World, *, wakeup_fd: int | None = None, **config: Any) -> tuple[Watchdog, Exits]:
+def make(
+    world: World,
+    *,
+    wakeup_fd: int | None = None,
+    agent_pid: int | None = None,
+    **config: Any,
+) -> tuple[Watchdog, Exits]:
     out, chans, keeper = world
     exits = Exits()
     dog = Watchdog(
@@ -64,9 +94,10 @@ def make(world: World, *, wakeup_fd: int | None = None, **config: Any) -> tuple[
         channel=chans[0],
         keeper=keeper,
         out_dir=out,
-        config=WatchConfig(tick_s=0.02, exchange_grace_s=0.5, **config),
+        config=WatchConfig(**{"tick_s": 0.02, "exchange_grace_s": 0.5, **config}),
         wakeup_fd=wakeup_fd,
         exit_fn=exits,
+        agent_pid=agent_pid,
     )
     dog.start()
     return dog, exits
