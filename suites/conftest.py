@@ -134,7 +134,16 @@ STAND_IN_SUITES = ("suites/warmup/", "suites/capture/")
 REAL_SUITES = ("suites/real/",)
 
 
+# Suites that run before the others, in collection order otherwise (identical on every rank).
+# The transport's own checks need no model and no warm implementation: a broken transport stops
+# the run before the checks built on it, and the capture suite's off-rank control process
+# (started when collection ends) finishes in the background meanwhile instead of being waited
+# for. The capture suite still runs its negative controls before its capture checks.
+FIRST_SUITES = ("suites/transport/",)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(FIRST_SUITES))  # stable
     chosen = MODEL_SOURCES[plan_of(config).models]
     dropped_prefixes = [
         *(() if "stand-in" in chosen else STAND_IN_SUITES),
