@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 import torch.distributed as dist
 
-from harness.capture.check import ranks_failing
+from harness.capture.check import ranks_failing_each
 from harness.rank.fixtures import World, plan_of
 from harness.schema.plan import RankPlan
 from harness.warm.geometry import ParallelGeometry
@@ -116,13 +116,25 @@ def warm_impl_name(rank_plan: RankPlan) -> str:
 
 
 @pytest.fixture
-def agree(world) -> Callable[[bool, str], None]:
+def agree_all(world) -> Callable[..., None]:
+    """`agree_all((ok, what), ...)`: every rank contributes its verdict on each check, all in one
+    collective; all ranks fail, on the first check that failed anywhere, unless all passed."""
+
+    def check(*checks: tuple[bool, str]) -> None:
+        each = ranks_failing_each([ok for ok, _ in checks], device=world.device)
+        for (_, what), failing in zip(checks, each, strict=True):
+            if failing:
+                pytest.fail(f"{what}: failed on rank(s) {list(failing)} of {world.size}")
+
+    return check
+
+
+@pytest.fixture
+def agree(agree_all) -> Callable[[bool, str], None]:
     """`agree(ok, what)`: every rank contributes its verdict; all fail unless all passed."""
 
     def check(ok: bool, what: str) -> None:
-        failing = ranks_failing(ok, device=world.device)
-        if failing:
-            pytest.fail(f"{what}: failed on rank(s) {list(failing)} of {world.size}")
+        agree_all((ok, what))
 
     return check
 
