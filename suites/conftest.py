@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 import torch.distributed as dist
 
-from harness.capture.check import ranks_failing
+from harness.capture.check import ranks_failing_each
 from harness.rank.fixtures import World, plan_of
 from harness.schema.plan import RankPlan
 from harness.warm.geometry import ParallelGeometry
@@ -116,13 +116,25 @@ def warm_impl_name(rank_plan: RankPlan) -> str:
 
 
 @pytest.fixture
-def agree(world) -> Callable[[bool, str], None]:
+def agree_all(world) -> Callable[..., None]:
+    """`agree_all((ok, what), ...)`: every rank contributes its verdict on each check, all in one
+    collective; all ranks fail, on the first check that failed anywhere, unless all passed."""
+
+    def check(*checks: tuple[bool, str]) -> None:
+        each = ranks_failing_each([ok for ok, _ in checks], device=world.device)
+        for (_, what), failing in zip(checks, each, strict=True):
+            if failing:
+                pytest.fail(f"{what}: failed on rank(s) {list(failing)} of {world.size}")
+
+    return check
+
+
+@pytest.fixture
+def agree(agree_all) -> Callable[[bool, str], None]:
     """`agree(ok, what)`: every rank contributes its verdict; all fail unless all passed."""
 
     def check(ok: bool, what: str) -> None:
-        failing = ranks_failing(ok, device=world.device)
-        if failing:
-            pytest.fail(f"{what}: failed on rank(s) {list(failing)} of {world.size}")
+        agree_all((ok, what))
 
     return check
 
@@ -134,7 +146,16 @@ STAND_IN_SUITES = ("suites/warmup/", "suites/capture/")
 REAL_SUITES = ("suites/real/",)
 
 
+# Suites that run before the others, in collection order otherwise (identical on every rank).
+# The transport's own checks need no model and no warm implementation: a broken transport stops
+# the run before the checks built on it, and the capture suite's off-rank control process
+# (started when collection ends) finishes in the background meanwhile instead of being waited
+# for. The capture suite still runs its negative controls before its capture checks.
+FIRST_SUITES = ("suites/transport/",)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(FIRST_SUITES))  # stable
     chosen = MODEL_SOURCES[plan_of(config).models]
     dropped_prefixes = [
         *(() if "stand-in" in chosen else STAND_IN_SUITES),

@@ -10,7 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.capture import check
 from harness.capture.check import first_mismatch
+from harness.errors import UsageError
 
 SPECIAL = (math.nan, math.inf, -math.inf, 0.0, -0.0)
 values = st.one_of(
@@ -72,3 +74,23 @@ def test_nan_and_shape_are_mismatches() -> None:
 def test_tolerances_come_in_pairs() -> None:
     with pytest.raises(ValueError, match="both rtol and atol"):
         first_mismatch([torch.zeros(1)], [torch.zeros(1)], rtol=0.1)
+
+
+def test_many_checks_agree_in_one_collective_each_attributed_to_its_ranks(monkeypatch) -> None:
+    """One all_gather carries every check of a rank (one bit each); each check's failing ranks
+    come back on their own, whichever bit and rank they are."""
+    calls = []
+
+    def three_ranks(value: int, *, device: object = "cpu") -> tuple[int, ...]:
+        calls.append(value)
+        return (value, 0b101, 0)  # this rank is rank 0; rank 1 failed checks 0 and 2
+
+    monkeypatch.setattr(check, "gather_ints", three_ranks)
+    assert check.ranks_failing_each([True, False, True]) == ((1,), (0,), (1,))
+    assert calls == [0b010]
+    assert check.ranks_failing_each([False] * 3) == ((0, 1), (0,), (0, 1))
+    assert check.ranks_failing(True) == (1,) and check.ranks_failing(False) == (0, 1)
+    assert len(calls) == 4  # one collective per call, however many checks
+    for count in (0, check.MAX_CHECKS_AT_ONCE + 1):
+        with pytest.raises(UsageError, match=f"1 to 63 checks at once, got {count}"):
+            check.ranks_failing_each([True] * count)

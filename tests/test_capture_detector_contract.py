@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from _support.detector_fakes import Recording, Strict
 
 from harness.capture.detector import Detector, short_stack
 from harness.capture.events import LazySpecializationError
+from harness.transport.events import caller_stack
 from harness.warm.signature import TransportSignature
 
 SIG = TransportSignature("bf16", 8, 576, 512, 2, max_tokens=4)
@@ -157,3 +159,55 @@ def test_status_names_the_detector_and_an_active_one_gives_no_reason() -> None:
     status = Manual().status()
     assert (status.name, status.active, status.reason) == ("manual", True, "")
     assert Manual().running is False
+
+
+def _stdlib_stack(skipped: tuple[str, ...], limit: int, *, frozen: bool) -> str:
+    """The same stack the slow, obvious way: every frame extracted and resolved, then filtered."""
+    frames = [
+        frame
+        for frame in traceback.extract_stack()[:-1]  # not this helper's own frame
+        if not (frozen and frame.filename.startswith("<frozen importlib"))
+        and not str(Path(frame.filename).resolve()).startswith(skipped)
+    ]
+    return "".join(traceback.format_list(frames[-limit:]))
+
+
+@pytest.mark.parametrize("limit", [1, 3, 8, 200])
+def test_caller_stack_writes_what_the_standard_library_writes(limit: int) -> None:
+    """Frames kept, their order, their source lines and the format are the standard library's;
+    skipped files (here: this test module) leave no frame, however deep they recur."""
+    here = str(Path(__file__).resolve())
+
+    def both(depth: int) -> tuple[str, str]:
+        if depth:
+            return both(depth - 1)
+        return caller_stack((here,), limit), _stdlib_stack((here,), limit, frozen=False)
+
+    fast, slow = both(5)
+    assert fast == slow and fast.count('  File "') == min(limit, slow.count('  File "'))
+    assert here not in fast
+    kept = caller_stack((), limit)  # nothing skipped: the innermost frame is the caller
+    assert kept.splitlines()[-2].endswith(
+        "in test_caller_stack_writes_what_the_standard_library_writes"
+    )
+
+
+def test_short_stacks_resolve_paths_so_a_link_to_a_skipped_file_is_skipped(tmp_path: Path) -> None:
+    """A module imported through a symlinked folder is recognised by its real path."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "linked_caller.py").write_text(
+        "from harness.transport.events import caller_stack\n"
+        "def ask(skipped):\n    return caller_stack(skipped, 50)\n"
+    )
+    (tmp_path / "link").symlink_to(real)
+    sys.path.insert(0, str(tmp_path / "link"))
+    try:
+        module = importlib.import_module("linked_caller")
+    finally:
+        sys.path.remove(str(tmp_path / "link"))
+        sys.modules.pop("linked_caller", None)
+    files = [line.split('"')[1] for line in _frames(module.ask(()))]
+    assert str(tmp_path / "link" / "linked_caller.py") in files  # named as imported
+    files = [line.split('"')[1] for line in _frames(module.ask((str(real),)))]
+    assert not any(f.endswith("linked_caller.py") for f in files) and files

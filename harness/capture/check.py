@@ -23,6 +23,7 @@ from harness.capture.gpu_detectors import (
     TritonJitDetector,
 )
 from harness.capture.records import CaptureRecord, DetectorStatus, SignatureUse
+from harness.errors import UsageError
 from harness.warm.signature import TransportSignature
 
 DETECTOR_NAMES: tuple[str, ...] = (
@@ -103,8 +104,23 @@ def gather_ints(value: int, *, device: torch.device | str = "cpu") -> tuple[int,
 
 def ranks_failing(ok: bool, *, device: torch.device | str = "cpu") -> tuple[int, ...]:
     """The ranks (in the world) whose local check failed; every rank gets the same answer."""
-    flags = gather_ints(0 if ok else 1, device=device)
-    return tuple(rank for rank, bad in enumerate(flags) if bad)
+    return ranks_failing_each((ok,), device=device)[0]
+
+
+MAX_CHECKS_AT_ONCE = 63  # one bit per check in one int64 per rank
+
+
+def ranks_failing_each(
+    oks: Sequence[bool], *, device: torch.device | str = "cpu"
+) -> tuple[tuple[int, ...], ...]:
+    """Per local check, the ranks (in the world) where it failed: every rank gets the same
+    answer, from one all_gather for all of them (each collective costs every rank a wake-up)."""
+    if not 0 < len(oks) <= MAX_CHECKS_AT_ONCE:
+        raise UsageError(f"1 to {MAX_CHECKS_AT_ONCE} checks at once, got {len(oks)}")
+    masks = gather_ints(sum(1 << i for i, ok in enumerate(oks) if not ok), device=device)
+    return tuple(
+        tuple(rank for rank, mask in enumerate(masks) if mask >> i & 1) for i in range(len(oks))
+    )
 
 
 # `torch.testing.assert_close`'s defaults for float32, which every compared pair is cast to.

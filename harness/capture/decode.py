@@ -286,15 +286,14 @@ class DecodeStep(TransportUser):
         """This rank's heads of whole-context attention, fp32 on CPU, for `make_inputs(seed)`.
 
         Queries are rounded to the layer's query dtype first, as the layer rounds them before the
-        gather (fp8 under an fp8 KV cache).
+        gather (fp8 under an fp8 KV cache). A rank's heads after the reduction are the queries it
+        gathered out (heads are independent), so only its own queries meet the whole context.
         """
         results = []
         for i, layer in enumerate(self.layers):
             manager = layer.manager
-            queries = torch.cat([self._query(seed, i, r) for r in range(self.world)], dim=1)
+            queries = self._query(seed, i, self.rank).to(manager.query_dtype)
             kv = torch.cat([self._kv(i, r) for r in range(self.world)], dim=0)
-            queries = queries.to(manager.query_dtype)
             out, _ = partial_attention(queries, kv, manager.output_head_dim)
-            h = manager.num_heads
-            results.append(out[:, self.rank * h : (self.rank + 1) * h])
+            results.append(out)
         return tuple(results)

@@ -14,7 +14,6 @@ it with that reason in the record instead of letting it pass silently.
 
 from __future__ import annotations
 
-import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 
 from harness.capture.events import LazyEvent
 from harness.capture.records import DetectorStatus
+from harness.transport.events import caller_stack
 from harness.warm.signature import TransportSignature
 
 Sink = Callable[[LazyEvent], None]
@@ -35,6 +35,7 @@ _MACHINERY = tuple(
 )
 assert torch.__file__ is not None  # a regular package, never a namespace one
 _TORCH_PACKAGE = str(Path(torch.__file__).resolve().parent)
+_SKIPPED = (*_MACHINERY, _TORCH_PACKAGE)
 # The memory pool a captured CUDA graph owns (`torch.cuda.CUDAGraph.pool()`).
 GraphPool = tuple[int, int]
 
@@ -46,14 +47,7 @@ def short_stack(limit: int = 8) -> str:
     `registry.get`, a test calling `new_group`), not the detector's hook, dynamo's frames or
     the import machinery's.
     """
-    skipped = (*_MACHINERY, _TORCH_PACKAGE)
-    frames = [
-        frame
-        for frame in traceback.extract_stack()
-        if not frame.filename.startswith("<frozen importlib")
-        and not str(Path(frame.filename).resolve()).startswith(skipped)
-    ]
-    return "".join(traceback.format_list(frames[-limit:]))
+    return caller_stack(_SKIPPED, limit, named=("<frozen importlib",))
 
 
 class Detector(ABC):

@@ -7,23 +7,46 @@ window), so a subscriber does not have to track window state itself.
 
 from __future__ import annotations
 
+import functools
+import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 from harness.warm.signature import TransportSignature
 
 _THIS_PACKAGE = str(Path(__file__).resolve().parent)
 
 
+@functools.cache
+def _resolved(filename: str) -> str:
+    """A frame's file as a real path: resolving walks every path component, and the same few
+    files recur in every stack, so each is resolved once per process."""
+    return str(Path(filename).resolve())
+
+
+def caller_stack(skipped: tuple[str, ...], limit: int = 8, *, named: tuple[str, ...] = ()) -> str:
+    """The innermost `limit` frames of the calling stack, outermost first, as
+    `traceback.format_list` writes them: without frames whose real path starts with one of
+    `skipped` or whose file name as given starts with one of `named` (e.g. "<frozen importlib").
+
+    Events are made on hot paths (every transport creation, buffer and first use), so only the
+    frames kept are formatted and have their source lines looked up."""
+    kept: list[tuple[FrameType, int]] = []
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and len(kept) < limit:
+        name = frame.f_code.co_filename
+        if not name.startswith(named) and not _resolved(name).startswith(skipped):
+            kept.append((frame, frame.f_lineno))
+        frame = frame.f_back
+    kept.reverse()
+    return "".join(traceback.StackSummary.extract(iter(kept)).format())
+
+
 def short_stack(limit: int = 8) -> str:
     """The caller's last `limit` frames outside harness/transport/, formatted for a reviewer."""
-    frames = [
-        f
-        for f in traceback.extract_stack()
-        if not str(Path(f.filename).resolve()).startswith(_THIS_PACKAGE)
-    ]
-    return "".join(traceback.format_list(frames[-limit:]))
+    return caller_stack((_THIS_PACKAGE,), limit)
 
 
 @dataclass(frozen=True)

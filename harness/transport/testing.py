@@ -23,7 +23,7 @@ LSE patterns (domain.md section 1), per (token, head):
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -53,7 +53,8 @@ class Partials:
 
     The LSEs (small) are held whole; outputs are built per (source rank, head block of H/W
     heads) from their own seed, so a rank of a 16-rank job builds only the 2W blocks it needs
-    (its own partial, and every rank's partial for its heads) instead of all W^2.
+    (its own partial, and every rank's partial for its heads) instead of all W^2, and each of
+    them once however often a test asks (its partial per reduction, its oracle per LSE base).
     """
 
     world: int
@@ -66,13 +67,26 @@ class Partials:
     lses: torch.Tensor
     garbage: torch.Tensor
     flip: torch.Tensor
+    _blocks: dict[tuple[int, int], torch.Tensor] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def local_heads(self) -> int:
         return self.total_heads // self.world
 
     def block(self, src: int, index: int) -> torch.Tensor:
-        """Rank `src`'s partial output for head block `index`: `[B, H/W, D]`."""
+        """Rank `src`'s partial output for head block `index`: `[B, H/W, D]` (a new tensor)."""
+        return self._block(src, index).clone()
+
+    def _block(self, src: int, index: int) -> torch.Tensor:
+        """`block`, built on first use and kept (callers only read it: `cat`, `stack`)."""
+        key = (src, index)
+        if key not in self._blocks:
+            self._blocks[key] = self._build_block(src, index)
+        return self._blocks[key]
+
+    def _build_block(self, src: int, index: int) -> torch.Tensor:
         h, b = self.local_heads, self.batch
         heads = slice(index * h, (index + 1) * h)
         gen = torch.Generator().manual_seed(_block_seed(self.seed, src, index))
@@ -90,13 +104,13 @@ class Partials:
 
     def of_rank(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         """What rank `rank` hands to `reduce_outputs`: `[B, H, D]` and `[B, H]`."""
-        blocks = [self.block(rank, j) for j in range(self.world)]
+        blocks = [self._block(rank, j) for j in range(self.world)]
         return torch.cat(blocks, dim=1), self.lses[rank].clone()
 
     def head_block(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Every rank's partials for rank `rank`'s heads: `[W, B, h, D]` and `[W, B, h]`."""
         h = self.local_heads
-        outputs = torch.stack([self.block(src, rank) for src in range(self.world)])
+        outputs = torch.stack([self._block(src, rank) for src in range(self.world)])
         return outputs, self.lses[:, :, rank * h : (rank + 1) * h].clone()
 
     @property

@@ -28,7 +28,7 @@ EAGER_TOLERANCE = {"rtol": 1.6e-2, "atol": 1e-5}
 
 @pytest.mark.parametrize("model", MODELS)
 def test_capture_has_no_lazy_work(
-    model, world, warm_impl_name, prepare, agree, record_capture, request
+    model, world, warm_impl_name, prepare, agree_all, record_capture, request
 ):
     prepared = prepare(model, warm_impl_name)
     step = prepared.step
@@ -71,7 +71,9 @@ def test_capture_has_no_lazy_work(
                 problems.append(f"replay (seed {seed}) vs {label}: {mismatch}")
     record(replays=captured.replays, path=captured.path)
 
-    agree(not window.events, f"{model}: lazy work inside capture")
-    agree(set(used) == set(step.expected_signatures()), f"{model}: step used every transport")
-    agree(set(used) <= set(prepared.report.signatures), f"{model}: used signatures were warmed")
-    agree(not problems, f"{model}: replays match eager and reference ({problems[:1]})")
+    agree_all(
+        (not window.events, f"{model}: lazy work inside capture"),
+        (set(used) == set(step.expected_signatures()), f"{model}: step used every transport"),
+        (set(used) <= set(prepared.report.signatures), f"{model}: used signatures were warmed"),
+        (not problems, f"{model}: replays match eager and reference ({problems[:1]})"),
+    )

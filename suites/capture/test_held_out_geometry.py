@@ -18,7 +18,7 @@ EAGER_TOLERANCE = {"rtol": 1.6e-2, "atol": 1e-5}
 
 
 def test_kimi_capture_has_no_lazy_work_at_the_held_out_geometry(
-    held_out, world, warm_impl_name, prepare, agree, record_capture, request
+    held_out, world, warm_impl_name, prepare, agree_all, record_capture, request
 ):
     prepared = prepare(MODEL, warm_impl_name, held_out)
     step = prepared.step
@@ -59,7 +59,9 @@ def test_kimi_capture_has_no_lazy_work_at_the_held_out_geometry(
     ]
     record(replays=captured.replays, path=captured.path)
     where = f"{MODEL} at TP{held_out.tp}/DCP{held_out.dcp}"
-    agree(not window.events, f"{where}: lazy work inside capture")
-    agree(set(used) == set(step.expected_signatures()), f"{where}: step used every transport")
-    agree(set(used) <= set(prepared.report.signatures), f"{where}: used signatures were warmed")
-    agree(not problems, f"{where}: replay matches eager and reference ({problems[:1]})")
+    agree_all(
+        (not window.events, f"{where}: lazy work inside capture"),
+        (set(used) == set(step.expected_signatures()), f"{where}: step used every transport"),
+        (set(used) <= set(prepared.report.signatures), f"{where}: used signatures were warmed"),
+        (not problems, f"{where}: replay matches eager and reference ({problems[:1]})"),
+    )
