@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 NODE_WAIT_S = 120.0
 # How long node K waits for node 0 to create the shared out folder.
 JOIN_WAIT_S = 120.0
+# How often the launcher looks at the run while torchrun runs: the progress line, the overall
+# timeout, ranks gone mid-suite (their grace is DEAD_RANK_GRACE_S). At 16 ranks nearly every
+# record changes between two looks, and each is parsed again then.
+TICK_S = 1.0
 # How often the process tree is walked while torchrun runs (each walk reads every process's
 # /proc entry). Endings walk it again before they act, the subreaper and the cgroup catch what
 # re-parents or hides between walks, and the dead-rank watch walks it for a rank it has not
@@ -113,7 +117,7 @@ def launch(
     plan: RunPlan,
     *,
     tick: Callable[[float], None] | None = None,
-    tick_s: float = 0.5,
+    tick_s: float = TICK_S,
     console: TextIO | None = None,
     reader: RecordReader | None = None,
 ) -> Launch:
