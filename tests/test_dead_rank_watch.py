@@ -3,6 +3,7 @@ it left says it neither completed nor aborted, however the reads and its exit in
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.launch import rankview
 from harness.launch.ending import DEAD_RANK_GRACE_S, DeadRankWatch
 from harness.launch.proctree import Tracker
+from harness.launch.rankview import RecordReader
 from harness.schema.rank_record import RankRecord, rank_record_path
 
 
@@ -30,7 +33,7 @@ def rank_pid(tracker: Tracker) -> int:
 
 
 def watch_over(tmp_path: Path, tracker: Tracker) -> DeadRankWatch:
-    return DeadRankWatch(tmp_path, world_size=1, tracker=tracker)
+    return DeadRankWatch(RecordReader(tmp_path, world_size=1), tracker)
 
 
 def running(tracker: Tracker) -> RankRecord:
@@ -82,9 +85,44 @@ def test_a_live_rank_is_never_overdue(tmp_path: Path) -> None:
     try:
         tracker = Tracker(child.pid)
         running(tracker).write(rank_record_path(tmp_path, 0))
-        watch = watch_over(tmp_path, tracker)
+        watch = DeadRankWatch(RecordReader(tmp_path, world_size=1), tracker)
         assert watch.overdue(now=0.0) == []
         assert watch.overdue(now=10 * DEAD_RANK_GRACE_S) == []
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_final_word_is_read_from_the_file_even_when_the_cache_looks_current(
+    tmp_path: Path, gone: Tracker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writes the stat identity cannot tell apart: the cached record still says running,
+    the file says complete. The watch reads the file before it calls the rank gone."""
+    path = rank_record_path(tmp_path, 0)
+    running(gone).write(path)
+    monkeypatch.setattr(rankview._Stamp, "of", classmethod(lambda cls, p: cls(0, 0, 0, 0, 0)))
+    watch = watch_over(tmp_path, gone)
+    assert watch.reader.statuses()[0].current_test is not None  # cached as running
+    replace(running(gone), complete=True, current_test=None).write(path)
+    assert not watch.reader.statuses()[0].finished, "the collision this test needs did not happen"
+    assert watch.overdue(now=100.0) == []
+    assert watch.overdue(now=100.0 + 10 * DEAD_RANK_GRACE_S) == []
+
+
+def test_a_rank_the_tracker_has_not_seen_is_looked_for_as_soon_as_its_record_names_it(
+    tmp_path: Path,
+) -> None:
+    tracker = Tracker(os.getpid())  # started before the rank: no scan has seen it
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        watch = watch_over(tmp_path, tracker)
+        record = RankRecord(rank=0, world_size=1, pid=child.pid, current_test="t.py::test_x")
+        record.write(rank_record_path(tmp_path, 0))
+        assert child.pid not in {p.pid for p in tracker.seen}
+        assert watch.overdue(now=100.0) == []
+        assert child.pid in {p.pid for p in tracker.seen}
+    finally:
+        child.kill()
+        child.wait()
+    assert watch.overdue(now=200.0) == []
+    assert watch.overdue(now=200.0 + DEAD_RANK_GRACE_S) == [0]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -80,6 +82,35 @@ def test_capture_environment_on_this_machine(monkeypatch) -> None:
     assert env.hosts == ["node0", "node1"]
     if not torch.cuda.is_available():
         assert env.device_names == ["cpu"] and env.gpus == [] and env.nccl is None
+
+
+# The environment as a process that has not imported torch captures it, and whether it did.
+NOT_IMPORTED = """
+import json, sys
+from harness.evidence.environment import capture_environment
+env = capture_environment(environ={}).model_dump(mode="json")
+print(json.dumps({"env": env, "imported": "torch" in sys.modules}))
+"""
+
+
+def test_a_launcher_without_torch_imported_records_what_torch_itself_says() -> None:
+    """The oracle is torch, imported here: every fact it gives, the other process wrote too."""
+    proc = subprocess.run(
+        [sys.executable, "-c", NOT_IMPORTED], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = json.loads(proc.stdout)
+    facts = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "torch_git": torch.version.git_version,
+        "cuda_available": torch.cuda.is_available(),
+    }
+    assert {k: found["env"][k] for k in facts} == facts
+    here = capture_environment(environ={}).model_dump(mode="json")
+    assert found["env"] == here
+    built_for_gpu = torch.version.cuda is not None or torch.version.hip is not None
+    assert found["imported"] == built_for_gpu, "a CPU build imported torch for nothing"
 
 
 def test_git_source_names_commit_and_tree(repo_root: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from harness.launch.collect import first_torchrun_error, parse_error_file, run_context
 from harness.launch.plan import RunOptions, build_plan
 from harness.launch.progress import PlainProgress, Snapshot, snapshot, wants_plain
+from harness.launch.rankview import RecordReader
 from harness.schema.launch import Launch, NodeState
 from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
 
@@ -85,7 +86,8 @@ def write_record(out: Path, rank: int, **kw) -> None:
 
 
 def test_progress_snapshot_counts_tests_every_rank_finished(tmp_path):
-    assert snapshot(tmp_path / "records", 2, 1.0) == Snapshot(1.0, 2)
+    reader = RecordReader(tmp_path / "records", 2)
+    assert snapshot(reader, 1.0) == Snapshot(1.0, 2)
     done = TestOutcome("a.py::t1", "passed")
     write_record(tmp_path, 0, collected=("a.py::t1", "a.py::t2"), tests=(done,))
     write_record(
@@ -95,7 +97,7 @@ def test_progress_snapshot_counts_tests_every_rank_finished(tmp_path):
         tests=(),
         current_test="a.py::t1",
     )
-    snap = snapshot(tmp_path / "records", 2, 3.0)
+    snap = snapshot(reader, 3.0)
     assert (snap.done, snap.total, snap.alive, snap.reported) == (0, 2, 2, 2)
     assert snap.current == "a.py::t1"
     assert "tests 0/2" in snap.line() and "ranks alive 2/2" in snap.line()

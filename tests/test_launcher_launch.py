@@ -28,6 +28,9 @@ from harness.launch.proctree import (
     identify,
     start_launch_root,
 )
+from harness.launch.progress import snapshot
+from harness.launch.rankview import RecordReader
+from harness.schema.rank_record import RankRecord, rank_record_path
 
 
 def wait_for(path: Path) -> int:
@@ -51,6 +54,33 @@ def test_overall_timeout_ends_the_whole_tree(tmp_path):
     assert ticks and ticks[-1] >= 3
     assert identify(child) is None, "the agent's child (a rank) survived the timeout"
     assert plan.agent_log.exists()
+
+
+def test_supervision_walks_the_tree_and_parses_a_record_only_as_often_as_it_must(
+    tmp_path, monkeypatch
+):
+    """Many ticks, few walks of /proc, and an unchanged record parsed once."""
+    plan, _pidfile = fake_plan(tmp_path, "exit", timeout_s=60)  # the agent lives about 1 s
+    records = plan.out_dir / "records"
+    records.mkdir(parents=True)
+    RankRecord(rank=0, world_size=2, current_test="t.py::test_x").write(
+        rank_record_path(records, 0)
+    )
+    walks: list[float] = []
+    walk = Tracker.scan
+    monkeypatch.setattr(Tracker, "scan", lambda self: walks.append(time.monotonic()) or walk(self))
+    reader = RecordReader(records, world_size=2)
+    ticks: list[float] = []
+
+    def tick(elapsed_s: float) -> None:
+        assert snapshot(reader, elapsed_s).current == "t.py::test_x"
+        ticks.append(time.monotonic())
+
+    result = launch(plan, tick=tick, tick_s=0.05, reader=reader)
+    assert result.exit_code == 0 and len(ticks) >= 5
+    while_ticking = [t for t in walks if t <= ticks[-1]]
+    assert len(while_ticking) <= 1 + result.elapsed_s / launcher_module.SCAN_S, (walks, ticks)
+    assert reader.parsed == 1
 
 
 def test_processes_left_behind_by_a_finished_agent_are_ended_and_reported(tmp_path):
@@ -101,6 +131,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 from harness.launch.launcher import launch
+from harness.launch.progress import snapshot
+from harness.launch.rankview import RecordReader
 import pytest
 
 from harness.launch.plan import RunOptions, build_plan

@@ -63,7 +63,7 @@ def fake_launch(exit_code: int = 0, timed_out: bool = False):
     """A launch that returns at once, after every node has joined (torchrun's rendezvous)."""
     calls: list[Any] = []
 
-    def run(plan, *, tick=None, tick_s=0.5, console=None):
+    def run(plan, *, tick=None, tick_s=0.5, console=None, reader=None):
         calls.append(plan)
         deadline = time.monotonic() + 20
         everyone = range(plan.options.nnodes if plan.options.multi_node else 0)

@@ -1,4 +1,5 @@
-"""The process tree as the launcher reads it: identities by (pid, create time), zombies gone."""
+"""The process tree as the launcher reads it: identities by (pid, create time), zombies gone;
+and the wait for torchrun's exit, with or without a pidfd."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import subprocess
 import sys
 import time
 
-from harness.launch.proctree import Proc, alive, children_of, descendants, identify
+import pytest
+
+from harness.launch.proctree import ExitWait, Proc, alive, children_of, descendants, identify
 
 
 def test_a_live_child_is_seen_with_its_identity() -> None:
@@ -38,3 +41,31 @@ def test_a_pid_that_does_not_exist_has_no_identity_and_no_tree() -> None:
     pid = 2**22 + 12345  # above Linux's pid_max
     assert identify(pid) is None
     assert descendants(pid) == set() and children_of(pid) == set()
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "popen-wait"])
+def test_exit_wait_returns_when_the_child_exits_with_its_status(
+    pidfd: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not pidfd:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    elif not hasattr(os, "pidfd_open"):
+        pytest.skip("no pidfd on this platform")
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.readline(); raise SystemExit(5)"],
+        stdin=subprocess.PIPE,
+    )
+    waiter = ExitWait(child)
+    try:
+        assert (waiter._fd is not None) == pidfd
+        assert waiter.wait(0.2) is False and child.returncode is None
+        assert child.stdin is not None
+        child.stdin.close()  # the child reads EOF and exits
+        started = time.monotonic()
+        assert waiter.wait(30.0) is True
+        assert time.monotonic() - started < 10, "the exit was not noticed when it happened"
+        assert child.returncode == 5
+    finally:
+        waiter.close()
+        child.kill()
+        child.wait()

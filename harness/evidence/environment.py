@@ -8,10 +8,14 @@ bundle.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import socket
+import sys
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from harness.evidence.redact import (
@@ -134,31 +138,78 @@ def _torch_gpus() -> list[Gpu]:
     return gpus
 
 
+@dataclass(frozen=True)
+class _TorchBuild:
+    """What torch says about its own build: `torch.__version__` and `torch.version`."""
+
+    version: str
+    cuda: str | None
+    hip: str | None
+    git: str | None
+
+
+def _cpu_build() -> _TorchBuild | None:
+    """The build of a torch that is not imported yet, read from its `torch/version.py` alone,
+    when that build has neither CUDA nor ROCm: then there is no GPU, NCCL or device runtime to
+    ask torch about, and importing it (seconds, after the ranks have finished) would add
+    nothing. None for any other build, or when torch is imported already (asking it is free)."""
+    if "torch" in sys.modules:
+        return None
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    source = importlib.util.spec_from_file_location("_dcpqual_torch_build", path)
+    if source is None or source.loader is None:
+        return None
+    module = importlib.util.module_from_spec(source)
+    try:
+        source.loader.exec_module(module)
+    except (OSError, SyntaxError, ImportError):
+        return None
+    version, cuda, hip = (getattr(module, n, None) for n in ("__version__", "cuda", "hip"))
+    if not isinstance(version, str) or cuda is not None or hip is not None:
+        return None
+    git = getattr(module, "git_version", None)
+    return _TorchBuild(version, None, None, git if isinstance(git, str) else None)
+
+
 def capture_environment(
     environ: Mapping[str, str] | None = None, hosts: Iterable[str] = ()
 ) -> Environment:
     """Describe this process's machine. `hosts` are the hostnames the ranks reported."""
-    import torch  # here, not at import: `verify` reads bundles without torch
-
     environ = os.environ if environ is None else environ
     env, redacted = filtered_env(environ)
+    build = _cpu_build()
+    if build is None:
+        import torch  # here, not at import: `verify` reads bundles without torch
+
+        build = _TorchBuild(
+            str(torch.__version__),
+            torch.version.cuda,
+            getattr(torch.version, "hip", None),
+            getattr(torch.version, "git_version", None),
+        )
+        cuda_available, nccl = torch.cuda.is_available(), _nccl_version()
+    else:
+        cuda_available, nccl = False, None
     nvml = _nvml_gpus()
     if nvml is not None:
         gpus, driver = nvml
     else:
-        gpus, driver = _torch_gpus(), None
+        gpus, driver = (_torch_gpus() if cuda_available else []), None
     return Environment(
-        torch=torch.__version__,
-        cuda=torch.version.cuda,
-        nccl=_nccl_version(),
+        torch=build.version,
+        cuda=build.cuda,
+        nccl=nccl,
         device_names=[g.name for g in gpus] or ["cpu"],
         python=platform.python_version(),
         host=socket.gethostname(),
         hosts=sorted({h for h in hosts if h}),
         platform=platform.platform(),
         cpu_count=os.cpu_count(),
-        torch_git=getattr(torch.version, "git_version", None),
-        cuda_available=torch.cuda.is_available(),
+        torch_git=build.git,
+        cuda_available=cuda_available,
         driver=driver,
         gpus=gpus,
         nvml=nvml is not None,

@@ -33,8 +33,8 @@ import psutil
 
 from harness.launch.proctree import Proc, Tracker, alive
 from harness.launch.progress import Snapshot
+from harness.launch.rankview import RankStatus, RecordReader
 from harness.schema.launch import Interruption
-from harness.schema.rank_record import RankRecord, rank_record_path
 
 PR_SET_CHILD_SUBREAPER = 36
 # How long a rank may be gone mid-suite before the launcher ends the tree: long enough for
@@ -190,42 +190,41 @@ class Shield:
 
 
 class DeadRankWatch:
-    """Finds ranks that left mid-suite: process gone, record neither complete nor aborted."""
+    """Finds ranks that left mid-suite: process gone, record neither complete nor aborted.
 
-    def __init__(self, records_dir: Path, world_size: int, tracker: Tracker) -> None:
-        self.records_dir = records_dir
-        self.world_size = world_size
+    It reads the records through the launcher's shared `RecordReader`, so a tick costs a stat
+    per rank while nothing changed. A record naming a process the tracker has not seen yet
+    makes it walk the tree at once, so a rank is known from its first record on, whatever the
+    launcher's scan cadence."""
+
+    def __init__(self, reader: RecordReader, tracker: Tracker) -> None:
+        self.reader = reader
         self.tracker = tracker
         self.first_seen: dict[int, float] = {}
+        self._looked_for: set[int] = set()
 
-    def _record(self, rank: int) -> RankRecord | None:
-        try:
-            return RankRecord.read(rank_record_path(self.records_dir, rank))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+    def _records(self) -> dict[int, RankStatus]:
+        return self.reader.statuses()
 
-    def _records(self) -> dict[int, RankRecord]:
-        found = {}
-        for rank in range(self.world_size):
-            record = self._record(rank)
-            if record is not None:
-                found[rank] = record
-        return found
+    def _look_for_new(self, records: dict[int, RankStatus]) -> None:
+        """One scan when a running rank names a pid the tracker has not seen (nor looked for)."""
+        seen = {p.pid for p in self.tracker.seen}
+        new = {r.pid for r in records.values() if r.pid and not r.finished}
+        new -= seen | self._looked_for
+        if new:
+            self._looked_for |= new
+            self.tracker.scan()
 
-    @staticmethod
-    def _finished(record: RankRecord) -> bool:
-        return record.complete or record.abort_reason is not None
-
-    def _gone_mid_suite(self, rank: int, record: RankRecord) -> bool:
-        if self._finished(record) or not record.pid:
+    def _gone_mid_suite(self, rank: int, record: RankStatus) -> bool:
+        if record.finished or not record.pid:
             return False
         known = [p for p in self.tracker.seen if p.pid == record.pid]
         if not known or any(alive(p) for p in known):
             return False
         # The rank may have written its final record and exited after it was read: only a
-        # record read after the process was seen gone says how it left.
-        final = self._record(rank)
-        return final is not None and not self._finished(final)
+        # record read from the file after the process was seen gone says how it left.
+        final = self.reader.status(rank, fresh=True)
+        return final is not None and not final.finished
 
     def overdue(self, now: float | None = None) -> list[int]:
         """Ranks gone mid-suite for longer than DEAD_RANK_GRACE_S while their peers still wait.
@@ -236,8 +235,9 @@ class DeadRankWatch:
         records = self._records()
         if any(r.abort_reason is not None for r in records.values()):
             return []
+        self._look_for_new(records)
         for rank, record in records.items():
-            if self._finished(record):
+            if record.finished:
                 self.first_seen.pop(rank, None)
             elif rank not in self.first_seen and self._gone_mid_suite(rank, record):
                 self.first_seen[rank] = now

@@ -30,9 +30,10 @@ from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
 from harness.launch.collect import run_context
 from harness.launch.plan import SHUTDOWN_TIMEOUT_S, RunOptions, RunPlan, build_plan
-from harness.launch.proctree import Tracker, end_launch_root, identify, start_launch_root
+from harness.launch.proctree import ExitWait, Tracker, end_launch_root, identify, start_launch_root
 from harness.launch.progress import Progress, Snapshot, make_progress, poller, snapshot
 from harness.launch.ranklogs import collect_rank_logs
+from harness.launch.rankview import RecordReader
 from harness.schema.launch import Interruption, Launch, NodeState
 from harness.schema.receipt import Receipt, Scrub, Stray
 
@@ -44,6 +45,15 @@ if TYPE_CHECKING:
 NODE_WAIT_S = 120.0
 # How long node K waits for node 0 to create the shared out folder.
 JOIN_WAIT_S = 120.0
+# How often the launcher looks at the run while torchrun runs: the progress line, the overall
+# timeout, ranks gone mid-suite (their grace is DEAD_RANK_GRACE_S). At 16 ranks nearly every
+# record changes between two looks, and each is parsed again then.
+TICK_S = 1.0
+# How often the process tree is walked while torchrun runs (each walk reads every process's
+# /proc entry). Endings walk it again before they act, the subreaper and the cgroup catch what
+# re-parents or hides between walks, and the dead-rank watch walks it for a rank it has not
+# seen yet.
+SCAN_S = 2.0
 
 
 def _now() -> str:
@@ -107,16 +117,20 @@ def launch(
     plan: RunPlan,
     *,
     tick: Callable[[float], None] | None = None,
-    tick_s: float = 0.5,
+    tick_s: float = TICK_S,
     console: TextIO | None = None,
+    reader: RecordReader | None = None,
 ) -> Launch:
     """Run the planned torchrun once and end its whole tree: at the overall timeout, when a rank
     left mid-suite, on ^C or SIGTERM (returned as `interrupted`, not raised), and after torchrun
     exits, when every process the run left behind (orphans adopted as subreaper) is ended.
 
     With `--tee`, torchrun's console (its agent log plus the tee'd ranks' lines) is read through
-    a pipe: all of it still goes to agent.log, and the ranks' lines also to `console`."""
+    a pipe: all of it still goes to agent.log, and the ranks' lines also to `console`.
+    `reader`: the records as the `tick` reads them, shared with the dead-rank watch."""
     plan.log_dir.mkdir(parents=True, exist_ok=True)
+    if reader is None:
+        reader = RecordReader(plan.out_dir / "records", plan.options.world_size)
     timeout_s = plan.options.timeout_s
     started_at, t0 = _now(), time.monotonic()
     in_main = threading.current_thread() is threading.main_thread()
@@ -157,7 +171,7 @@ def launch(
             )
             relay.start()
         tracker = Tracker(proc.pid, adopter=os.getpid() if adopting else None)
-        outcome = _supervise(plan, proc, tracker, t0, timeout_s, tick, tick_s)
+        outcome = _supervise(proc, tracker, reader, t0, timeout_s, tick, tick_s)
         if relay is not None:
             relay.join(timeout=5.0)
             if not relay.is_alive() and proc.stdout is not None:
@@ -200,24 +214,25 @@ class _Outcome:
 
 
 def _supervise(
-    plan: RunPlan,
     proc: subprocess.Popen[bytes],
     tracker: Tracker,
+    reader: RecordReader,
     t0: float,
     timeout_s: float,
     tick: Callable[[float], None] | None,
     tick_s: float,
 ) -> _Outcome:
     """Wait for torchrun; end the tree on a timeout, a rank gone mid-suite, ^C or SIGTERM."""
-    watch = ending.DeadRankWatch(plan.out_dir / "records", plan.options.world_size, tracker)
+    watch = ending.DeadRankWatch(reader, tracker)
+    exit_wait = ExitWait(proc)
+    next_scan = 0.0
     try:
         while True:
-            try:
-                proc.wait(timeout=tick_s)
+            if exit_wait.wait(tick_s):
                 return _Outcome()
-            except subprocess.TimeoutExpired:
-                pass
-            tracker.scan()
+            if time.monotonic() >= next_scan:
+                tracker.scan()
+                next_scan = time.monotonic() + SCAN_S
             elapsed = time.monotonic() - t0
             if tick is not None:
                 tick(elapsed)
@@ -233,7 +248,7 @@ def _supervise(
     except KeyboardInterrupt as exc:
         sig = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
         # What had run when the signal came, before ending the tree marks the rest stopped.
-        seen = snapshot(plan.out_dir / "records", plan.options.world_size, 0.0)
+        seen = snapshot(reader, 0.0, fresh=True)
         interrupted = ending.interruption(sig, time.monotonic() - t0, seen)
         with ending.Shield() as shield:  # a second ^C hurries the ending, never aborts it
             tracker.end_all(grace_s=5.0, hurry=shield.hurry)
@@ -243,6 +258,8 @@ def _supervise(
         tracker.end_all(grace_s=5.0)
         proc.wait()
         raise
+    finally:
+        exit_wait.close()
 
 
 # torchrun's prefix on a tee'd rank line: "[default0]:..." (role name + local rank).
@@ -320,17 +337,18 @@ def run(
         f"{options.nproc_per_node}), backend {options.backend}, evidence -> {out_dir}",
     )
     progress = make_progress(stream, plain=bool(options.tee)) if progress is None else progress
-    records = out_dir / "records"
+    reader = RecordReader(out_dir / "records", options.world_size)
     try:
         result = launch(
             plan,
-            tick=poller(records, options.world_size, progress),
+            tick=poller(reader, progress),
             console=stream if options.tee else None,
+            reader=reader,
         )
     except BaseException:
         progress.close()
         raise
-    seen = snapshot(records, options.world_size, result.elapsed_s)
+    seen = snapshot(reader, result.elapsed_s, fresh=True)
     progress.close(seen)
     # Every ending, from here: the bundle is written even if ^C comes again meanwhile.
     with ending.Shield():

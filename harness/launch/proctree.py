@@ -13,7 +13,9 @@ that reaps the launcher's own children, and torchrun's exit status belongs to it
 from __future__ import annotations
 
 import os
+import select
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -104,6 +106,40 @@ def children_of(parent: int) -> set[Proc]:
         return set()
 
 
+class ExitWait:
+    """Waits for a child process to exit without polling for it: Linux's pidfd becomes readable
+    when the process exits (one wakeup, no CPU meanwhile); where there is none, `Popen.wait`
+    polls as it always does. Either way the exit status is collected by the child's `Popen`."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self._poll: select.poll | None = None
+        self._fd: int | None = None
+        try:
+            self._fd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):  # not Linux >= 5.3, or the process is already gone
+            return
+        self._poll = select.poll()
+        self._poll.register(self._fd, select.POLLIN)
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once the process has exited (its returncode set), after at most `timeout_s`."""
+        if self._poll is not None and not self._poll.poll(timeout_s * 1000):
+            return False
+        if self._poll is not None and self.proc.poll() is not None:
+            return True
+        try:  # no pidfd (or it woke without the exit status ready): Popen's own wait
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = self._poll = None
+
+
 class Tracker:
     """Remembers every process ever seen under one root (the torchrun agent).
 
@@ -127,6 +163,8 @@ class Tracker:
             with _LAUNCH_ROOTS_LOCK:
                 others = _LAUNCH_ROOTS - {self.root}
                 for orphan in children_of(self.adopter) - self._before:
+                    if orphan.pid == self.root:
+                        continue  # the root itself, whose tree was just read
                     if orphan.pid in others:
                         continue  # another launch's torchrun, not an orphan of this run
                     self.seen.add(orphan)

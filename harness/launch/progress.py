@@ -2,9 +2,11 @@
 an ETA from the collected count, and which ranks hold a test up while the others wait for them.
 
 The ranks already keep `records/rank-NN.json` current after every test, so the launcher only
-polls those files; nothing extra travels between processes. On a terminal the line is a rich
-live display; when stdout is not a terminal, or CI=true, plain lines are printed, one per change
-of the counts and at least every `heartbeat_s`, so CI logs stay short and greppable.
+polls those files, through the `RecordReader` it shares with the dead-rank watch (a file is
+parsed again only when it changed); nothing extra travels between processes. On a terminal the
+line is a rich live display; when stdout is not a terminal, or CI=true, plain lines are printed,
+one per change of the counts and at least every `heartbeat_s`, so CI logs stay short and
+greppable.
 """
 
 from __future__ import annotations
@@ -12,12 +14,11 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol, TextIO
 
-from harness.schema.rank_record import RankRecord, rank_record_path
+from harness.launch.rankview import RecordReader
 
 
 @dataclass(frozen=True)
@@ -63,17 +64,14 @@ class Snapshot:
         return "  ".join(parts)
 
 
-def snapshot(records_dir: Path, world_size: int, elapsed_s: float) -> Snapshot:
-    """Read whatever records exist now; unreadable or missing ones count as not reported."""
-    records: list[RankRecord] = []
-    for rank in range(world_size):
-        try:
-            records.append(RankRecord.read(rank_record_path(records_dir, rank)))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+def snapshot(reader: RecordReader, elapsed_s: float, *, fresh: bool = False) -> Snapshot:
+    """What the records say now; unreadable or missing ones count as not reported. `fresh`:
+    every file read again (the last word, once torchrun has exited)."""
+    records = list(reader.statuses(fresh=fresh).values())
+    world_size = reader.world_size
     if not records:
         return Snapshot(elapsed_s=elapsed_s, world_size=world_size)
-    alive = sum(1 for r in records if not r.complete and r.abort_reason is None)
+    alive = sum(1 for r in records if not r.finished)
     failed = len({t.nodeid for r in records for t in r.tests if t.outcome in ("failed", "error")})
     running = [r.current_test for r in records if r.current_test]
     behind, waited = slowest(records, time.time())
@@ -91,7 +89,23 @@ def snapshot(records_dir: Path, world_size: int, elapsed_s: float) -> Snapshot:
     )
 
 
-def slowest(records: list[RankRecord], now: float) -> tuple[tuple[int, ...], float]:
+class _AtTest(Protocol):
+    """What `slowest` reads of a rank: a `RankStatus`, or a whole `RankRecord`."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def current_test(self) -> str | None: ...
+
+    @property
+    def waiting_since(self) -> float | None: ...
+
+    @property
+    def abort_reason(self) -> str | None: ...
+
+
+def slowest(records: Sequence[_AtTest], now: float) -> tuple[tuple[int, ...], float]:
     """Ranks still in the body of a test that other ranks finished and wait on, and the
     longest wait so far. Empty while nobody waits (every rank still runs, or between tests)."""
     for test in dict.fromkeys(r.current_test for r in records if r.current_test):
@@ -164,10 +178,10 @@ def make_progress(stream: TextIO | None = None, *, plain: bool = False) -> Progr
     return PlainProgress(stream) if plain or wants_plain(stream) else RichProgress(stream)
 
 
-def poller(records_dir: Path, world_size: int, progress: Progress) -> Callable[[float], None]:
-    """The launcher's per-tick callback: read the records, show the counts."""
+def poller(reader: RecordReader, progress: Progress) -> Callable[[float], None]:
+    """The launcher's per-tick callback: read the records that changed, show the counts."""
 
     def poll(elapsed_s: float) -> None:
-        progress.update(snapshot(records_dir, world_size, elapsed_s))
+        progress.update(snapshot(reader, elapsed_s))
 
     return poll
