@@ -1,4 +1,5 @@
-"""Every rank passes: collectives agree, one skip, one parametrized pair."""
+"""Every rank passes: collectives agree, one skip, one parametrized pair, and the session
+started as the launcher set it up."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ def test_all_reduce():
 def test_sum_of_ranks(value):
     world = dist.get_world_size()
     assert all_reduce_sum(value * dist.get_rank()) == value * world * (world - 1) / 2
+
+
+def test_no_installed_pytest_plugin_was_loaded(request):
+    assert request.config.pluginmanager.list_plugin_distinfo() == []
 
 
 def test_skipped_everywhere():
