@@ -1,7 +1,9 @@
 """Every rank passes: collectives agree, one skip, one parametrized pair, and the session
-started as the launcher set it up."""
+started as the launcher and the rank plugin set it up."""
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 import torch.distributed as dist
@@ -26,6 +28,10 @@ def test_sum_of_ranks(value):
 
 def test_no_installed_pytest_plugin_was_loaded(request):
     assert request.config.pluginmanager.list_plugin_distinfo() == []
+
+
+def test_the_collected_heap_is_out_of_the_collectors_reach():
+    assert gc.get_freeze_count() > 50_000  # torch and the modules alone are more
 
 
 def test_skipped_everywhere():
