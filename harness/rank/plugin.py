@@ -21,7 +21,6 @@ Rank-side only: imports only core, schema and its own package. Inert when not un
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -108,17 +107,6 @@ def drop_unused_hypothesis(
         return False
     pluginmanager.unregister(plugin)
     return True
-
-
-def freeze_collected_heap() -> None:
-    """Move every object alive once the tests are collected (torch, the suites' modules and
-    parameters: about 200k) out of the cyclic garbage collector's reach.
-
-    They live as long as the rank, yet every full collection during the tests, and pytest's own
-    at the end (it looks for failing finalizers), would walk all of them again: tenths of a
-    CPU-second per rank, times 16 ranks. What the tests create is still collected, and a
-    finalizer error in it still reported."""
-    gc.freeze()
 
 
 def _short(report: pytest.TestReport | pytest.CollectReport) -> str:
@@ -320,7 +308,6 @@ class RankPlugin:
         self._index = {id(item): i for i, item in enumerate(session.items)}
         self.keeper.collected(nodeids)
         self.keeper.update(selection=self._selection())
-        freeze_collected_heap()
         self.channel.post_collection(nodeids)
         lists = self.channel.gather_collections(time.monotonic() + self.collect_timeout_s)
         missing = [r for r in range(self.env.world_size) if r not in lists]

@@ -30,8 +30,13 @@ def test_no_installed_pytest_plugin_was_loaded(request):
     assert request.config.pluginmanager.list_plugin_distinfo() == []
 
 
+COLLECTED_WITH_GC = gc.isenabled()
+
+
 def test_the_collected_heap_is_out_of_the_collectors_reach():
+    assert not COLLECTED_WITH_GC, "no collections while start-up builds the heap"
     assert gc.get_freeze_count() > 50_000  # torch and the modules alone are more
+    assert gc.isenabled(), "what the tests make is collected"
 
 
 def test_skipped_everywhere():
