@@ -29,7 +29,7 @@ def test_single_node_plan_runs_pytest_with_the_rank_plugin_once():
     assert flag(argv, "--log-dir") == str(OUT / "torchrun" / "node-00")
     assert flag(argv, "--redirects") == "3"
     tail = argv[argv.index("-m", 3) :]
-    assert tail[:5] == ("-m", "pytest", "-p", "harness.rank.plugin", "-p")
+    assert tail[:6] == ("-m", "pytest", "-p", "harness.rank.heap", "-p", "harness.rank.plugin")
     assert not any(a.startswith("--dcpqual") for a in tail), "settings travel in the plan"
     assert tail[-1] == str(REPO_ROOT / "suites")
     assert plan.targets == (str(REPO_ROOT / "suites"),)

@@ -30,7 +30,7 @@ def test_all_ranks_pass_and_the_bundle_verifies(tmp_path):
     assert sorted(recs) == [0, 1, 2, 3]
     assert all(r.complete and r.abort_reason is None for r in recs.values())
     assert len({tuple((t.nodeid, t.outcome) for t in r.tests) for r in recs.values()}) == 1
-    assert [t.outcome for t in recs[0].tests].count("passed") == 5
+    assert [t.outcome for t in recs[0].tests].count("passed") == 7
     assert sorted(p.name for p in (out / "junit").glob("rank-*.xml")) == [
         f"rank-0{r}.xml" for r in range(4)
     ]

@@ -30,7 +30,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=DESCRIPTION,
     )
     add_arguments(p)
-    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- PYTEST_ARGS...")
+    p.add_argument(
+        "pytest_args",
+        nargs=argparse.REMAINDER,
+        help="-- PYTEST_ARGS...: pytest arguments for every rank; ranks load no installed "
+        "pytest plugin unless it is named here with -p NAME (e.g. -p timeout --timeout 60)",
+    )
     p.set_defaults(func=run_command)
 
 

@@ -237,14 +237,23 @@ def torchrun_args(options: RunOptions, log_dir: Path) -> list[str]:
     return args
 
 
+# The plugins a rank loads besides pytest's own: exactly these, in this order (the heap's
+# collector is off before the rank plugin imports torch). Entry-point autoload is off on the
+# ranks (RANK_PYTEST_ENV): the suites use no third-party plugin, and each one installed (anyio,
+# xdist, hypothesis, ...) costs every rank its import and the assertion rewriting of its whole
+# distribution, uncached where bytecode is not written. A user's own plugin is named with
+# `-p NAME` in PYTEST_ARGS (its entry-point name works), or in PYTEST_PLUGINS.
+RANK_PLUGINS: tuple[str, ...] = ("harness.rank.heap", "harness.rank.plugin")
+RANK_PYTEST_ENV: Mapping[str, str] = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
 def pytest_args(targets: tuple[str, ...]) -> list[str]:
     """The rank half: pytest with the rank plugin, then the user's arguments (the plugin's
     settings travel in the rank plan)."""
     return [
         "-m",
         "pytest",
-        "-p",
-        "harness.rank.plugin",
+        *(arg for name in RANK_PLUGINS for arg in ("-p", name)),
         "-p",
         "no:cacheprovider",  # 16 ranks writing one .pytest_cache would race
         *targets,
@@ -291,5 +300,6 @@ def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
         "TORCHELASTIC_ERROR_FILE": str(probe.agent_error_file),
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), pythonpath) if p),
         "PYTHONUNBUFFERED": "1",
+        **RANK_PYTEST_ENV,
     }
     return RunPlan(options=options, out_dir=out_dir, argv=argv, env=env, targets=targets)
