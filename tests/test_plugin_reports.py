@@ -36,6 +36,15 @@ def test_local_outcome(reports, expected):
     assert local_outcome(reports) == expected
 
 
+def test_a_message_no_utf8_encoder_takes_is_escaped_not_lost():
+    """A lone surrogate (from a non-UTF-8 path through os.fsdecode) would make the result
+    unsendable to peers and the receipt unwritable; escaped, the failure itself arrives."""
+    reports = [report("call", "failed", "open('/data/\udcff') failed")]
+    outcome, message = local_outcome(reports)
+    assert (outcome, message) == ("failed", "open('/data/\\udcff') failed")
+    assert message is not None and message.encode("utf-8")
+
+
 def test_a_rank_that_passed_a_failed_test_reports_it_failed_as_a_follow_on():
     reports = protocol()
     recorded = TestOutcome(

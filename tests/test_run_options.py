@@ -18,7 +18,7 @@ from harness.launch import launcher
 from harness.launch.collect import chosen_options
 from harness.launch.options import RUN_OPTIONS, resolve_nproc
 from harness.launch.plan import RunOptions, build_plan
-from harness.launch.rerun import absolute_nodeid
+from harness.launch.rerun import absolute_nodeid, plugin_args
 from harness.schema.plan import RankPlan
 
 SUITE = "tests/rank_suites/rank_pass.py"
@@ -214,6 +214,14 @@ def test_rerun_refuses_a_bundle_that_does_not_verify(capsys, launched, tmp_path:
 def test_rerun_refuses_extra_pytest_arguments(capsys, launched, tmp_path: Path):
     line = one_line_error(capsys, "--rerun-failed", str(tmp_path))
     assert "--rerun-failed chooses the tests itself" in line
+
+
+def test_a_rerun_names_the_plugins_its_run_named():
+    """Ranks load only the plugins named on the command line; a rerun keeps the run's."""
+    run = ["suites/x", "-p", "xdist", "-ptimeout", "-p", "no:warnings", "-k", "p", "--pdb"]
+    assert plugin_args(run) == ("-p", "xdist", "-p", "timeout", "-p", "no:warnings")
+    assert plugin_args(["suites", "-k", "-p"]) == ()
+    assert plugin_args(["-p"]) == ()
 
 
 def test_node_ids_are_made_absolute_against_the_rank_rootdir():

@@ -4,7 +4,7 @@
 created lazily inside capture; `--warm-impl vendored` passes; `dcpqual compare` shows exactly that
 difference. Run here at 2 ranks (tp = dcp = 2, where Kimi still has 96 heads); the README gives
 the same pair at 16 ranks. Also: `--warm-impl package.module:function` runs the named callable
-on every rank (this module's `recording_warm`).
+on every rank (`tests/_support/recording_warm.py`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _support.recording_warm import MARKS_ENV
 
 from harness.qualify.compare import compare_bundles, load_bundle
-from harness.warm.warmup import WarmReport, warm
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun"), pytest.mark.slow]
 
@@ -28,15 +28,7 @@ WORLD = 2
 KIMI = "96 heads x 576 -> 512"
 # The capture check of the Kimi-K3 stand-in only: the two runs then differ in nothing else.
 TARGET = ("suites/capture/test_capture.py", "-k", "kimi")
-MARKS_ENV = "DCPQUAL_TEST_WARM_MARKS"
-DOTTED = "test_showcase:recording_warm"
-
-
-def recording_warm(model: Any, **kwargs: Any) -> WarmReport:
-    """A warm implementation named by dotted path: the vendored warmup, leaving a mark per rank."""
-    marks = Path(os.environ[MARKS_ENV])
-    (marks / f"rank-{os.environ['RANK']}").write_text(type(model).__name__ + "\n")
-    return warm(model, **kwargs)
+DOTTED = "_support.recording_warm:recording_warm"
 
 
 def dcpqual_run(

@@ -120,7 +120,7 @@ def options_from_args(
         for dest, value in dataclasses.asdict(source.settings).items():
             if dest not in chosen.explicit:
                 values[dest] = value
-        pytest_args = source.targets
+        pytest_args = (*source.plugins, *source.targets)
     spec = values.pop("nproc_per_node")
     if spec is None:
         raise UsageError("--nproc-per-node N|auto|cpu|gpu is required (or --rerun-failed BUNDLE)")

@@ -9,6 +9,7 @@ absolute so the rerun works from any working directory.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,24 @@ class RerunSource:
     bundle: Path
     settings: RerunSettings
     targets: tuple[str, ...]
+    plugins: tuple[str, ...] = ()  # the run's own `-p NAME` arguments, given again
+
+
+def plugin_args(pytest_args: Sequence[str]) -> tuple[str, ...]:
+    """The `-p NAME` / `-pNAME` arguments among a run's pytest arguments, as `-p NAME` pairs.
+
+    Ranks load no installed plugin unless it is named, so a rerun names the same ones: without
+    them a failed test that used a plugin's fixture would fail differently, or not be found."""
+    found: list[str] = []
+    args = iter(pytest_args)
+    for arg in args:
+        if arg == "-p":
+            name = next(args, None)
+            if name is not None:
+                found += ["-p", name]
+        elif arg.startswith("-p") and not arg.startswith("--"):
+            found += ["-p", arg[2:]]
+    return tuple(found)
 
 
 def absolute_nodeid(nodeid: str, rootdir: Path | None) -> str:
@@ -78,4 +97,5 @@ def rerun_source(bundle: Path) -> RerunSource:
         bundle=Path(bundle),
         settings=settings,
         targets=tuple(dict.fromkeys(absolute_nodeid(n, root) for n in nodeids)),
+        plugins=plugin_args(receipt.run.pytest_args),
     )

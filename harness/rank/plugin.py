@@ -114,7 +114,9 @@ def _short(report: pytest.TestReport | pytest.CollectReport) -> str:
     text = getattr(crash, "message", None) or report.longreprtext.strip().splitlines()[-1:]
     if isinstance(text, list):
         text = text[0] if text else report.outcome
-    return str(text)[:MAX_MESSAGE]
+    # A message can hold what no UTF-8 encoder takes (a lone surrogate from os.fsdecode or a
+    # surrogateescape decode); escaped here, it reaches peers and the receipt as the failure.
+    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")[:MAX_MESSAGE]
 
 
 def local_outcome(reports: list[pytest.TestReport]) -> tuple[Outcome, str | None]:
