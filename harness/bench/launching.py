@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.bench.probe import ENV_DIR, ENV_PROFILE
-from harness.bench.stats import ratio_of_medians, summarize
+from harness.bench.report import ratio_of_medians, summarize
 from harness.errors import QualificationError
 from harness.launch.launcher import launch
 from harness.launch.plan import REPO_ROOT, RunOptions, RunPlan, torchrun_args
@@ -169,37 +169,28 @@ def measure_runs(
     real = models == "real"
     nproc, backend = options.real_nproc if real else options.nproc, options.backend
     bare_repeats, suite_repeats = (0, 1) if real else (options.bare_repeats, options.suite_repeats)
+    bare_rank = ("harness.bench.bare_rank", backend, f"{options.timeout_s:g}")
     bare: list[float] = []
-    suite: list[float] = []
-    codes: list[int] = []
-    rss: dict[int, float] = {}
-    cpu: dict[int, float] = {}
-    prof = None
-    imports: list[float] = []
-    builds: list[float] = []
+    runs: list[tuple[float, int, list[ProbeRecord], Profile | None]] = []
     for i in range(max(bare_repeats, suite_repeats)):
         if i < bare_repeats:
-            module = ("harness.bench.bare_rank", backend)
-            bare.append(run_ranks(nproc, backend, work / f"bare-{i}", module, options.timeout_s))
+            bare.append(run_ranks(nproc, backend, work / f"bare-{i}", bare_rank, options.timeout_s))
             say(f"  bare launch {i + 1}/{bare_repeats}: {bare[-1]:.1f}s")
         if i < suite_repeats:
-            seconds, code, probes, prof = full_run(options, nproc, models, work / f"suite-{i}")
-            suite.append(seconds)
-            codes.append(code)
-            for p in probes:
-                rss[p.rank] = max(p.ru_maxrss_kib * 1024 / MB, rss.get(p.rank, 0.0))
-                cpu[p.rank] = p.cpu_s
-            if real:
-                imports, builds = real_tree_costs(work / f"suite-{i}" / "bundle")
-                if imports:
-                    say(
-                        f"  vLLM per rank: import {np.median(imports):.1f}s (max "
-                        f"{max(imports):.1f}), build {np.median(builds):.1f}s "
-                        f"(max {max(builds):.1f})"
-                    )
+            runs.append(full_run(options, nproc, models, work / f"suite-{i}"))
+            seconds, code = runs[-1][:2]
             say(f"  full run ({models}) {i + 1}/{suite_repeats}: {seconds:.1f}s (exit {code})")
+    imports, builds = real_tree_costs(work / "suite-0" / "bundle") if real else ([], [])
+    if imports:
+        say(
+            f"  vLLM per rank: import {np.median(imports):.1f}s (max {max(imports):.1f}), "
+            f"build {np.median(builds):.1f}s (max {max(builds):.1f})"
+        )
+    rss: dict[int, float] = {}
+    for p in (p for run in runs for p in run[2]):
+        rss[p.rank] = max(p.ru_maxrss_kib * 1024 / MB, rss.get(p.rank, 0.0))
     peak = max(rss.values()) if rss else None
-    bare_s, suite_s = (summarize(bare) if bare else None), summarize(suite)
+    bare_s, suite_s = (summarize(bare) if bare else None), summarize([run[0] for run in runs])
     return SuiteRuns(
         world_size=nproc,
         backend=backend,
@@ -207,12 +198,12 @@ def measure_runs(
         bare_launch_s=bare_s,
         full_suite_s=suite_s,
         ratio=None if bare_s is None else ratio_of_medians(suite_s, bare_s),
-        suite_exit_codes=tuple(codes),
+        suite_exit_codes=tuple(run[1] for run in runs),
         peak_rss_mb_per_rank={str(r): rss[r] for r in sorted(rss)},
         peak_rss_mb=peak,
         peak_rss_gib=None if peak is None else peak * MB / GIB,
-        cpu_s_per_rank={str(r): cpu[r] for r in sorted(cpu)},
-        profile=prof,
+        cpu_s_per_rank={str(p.rank): p.cpu_s for p in sorted(runs[-1][2], key=lambda p: p.rank)},
+        profile=runs[-1][3],
         real_import_s=summarize(imports) if imports else None,
         real_build_s=summarize(builds) if builds else None,
     )
