@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +286,21 @@ def test_the_bare_launch_checks_its_one_all_reduce(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(bare_rank.dist, "all_reduce", lambda t: None)  # the peer's 1 is lost
     with pytest.raises(RuntimeError, match=r"all_reduce gave 1\.0, not 2"):
         bare_rank.all_reduce_once(env, cpu)
+
+
+def test_the_bare_rank_imports_only_torch_and_the_bootstrap(repo_root: Path) -> None:
+    """The bare launch is the baseline: every bench rank imports its module, never the other way
+    round, so nothing the suites or the measurements need can enter its time."""
+    code = "import sys, harness.bench.bare_rank; print(' '.join(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, check=True
+    )
+    loaded = set(done.stdout.split())
+    assert {m for m in loaded if m.startswith("harness")} == {
+        "harness",
+        "harness.bench",
+        "harness.bench.bare_rank",
+        "harness.rank",
+        "harness.rank.bootstrap",
+    }
+    assert "torch.distributed" in loaded and "pydantic" not in loaded
