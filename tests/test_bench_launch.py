@@ -231,7 +231,7 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
     def full(options: BenchOptions, nproc: int, models: str, work: Path) -> Any:
         calls.append(("full", nproc, models))
         probes = [_probe(r, 1.0).model_copy(update={"ru_maxrss_kib": next(rss)}) for r in (0, 1)]
-        return 30.0, 0, probes, None
+        return launching.FullRun(30.0, 0, probes, None)
 
     monkeypatch.setattr(launching, "run_ranks", bare)
     monkeypatch.setattr(launching, "full_run", full)
