@@ -1,4 +1,4 @@
-"""harness.bench.stats and the targets: the arithmetic the bench's numbers rest on."""
+"""The bench's statistics and targets (harness.bench.report): the arithmetic its numbers rest on."""
 
 from __future__ import annotations
 
