@@ -96,7 +96,7 @@ class FakeGroup:
             self._note(f"exit {code}")
             raise Exited(code)
 
-        monkeypatch.setattr(bare_rank.os, "_exit", leave)
+        monkeypatch.setattr(ranks.os, "_exit", leave)
 
         def measure(clock: Any, options: Any) -> Any:
             self._note("measure")

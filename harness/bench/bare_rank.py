@@ -1,22 +1,18 @@
 """Every bench rank's life, and the bare launch a full suite run is compared with.
 
 A bench rank joins the group as the rank plugin does (`harness.rank.bootstrap`, with a timeout),
-does its work, waits at a barrier for every rank (rank 0 may still be writing), leaves the group
-and ends with `os._exit`: interpreter teardown with c10d's threads alive can die in C++
-(`terminate called without an active exception`). With one all-reduce as its work this is the
-bare launch: `dcpqual run`'s torchrun flags and bootstrap without suites, rank plugin or bundle.
-It imports only torch and the bootstrap, so the ratio isolates what everything else adds.
+does its work, waits at a barrier for every rank (rank 0 may still be writing) and leaves the
+group. With one all-reduce as its work this is the bare launch: `dcpqual run`'s torchrun flags
+and bootstrap without suites, rank plugin or bundle, ending as a plain Python process ends. It
+imports only torch and the bootstrap, so the ratio isolates what everything else adds.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
-from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -27,22 +23,15 @@ EXIT_BACKEND = 3  # this rank cannot run the backend: one line on stderr, before
 Work = Callable[[RankEnv, torch.device], None]
 
 
-def leave(code: int) -> NoReturn:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
-
-
-def run_rank(name: str, backend: str, timeout_s: float, work: Work) -> NoReturn:
-    """Join, work, wait for all, leave. A failing rank prints why and exits 1 (torchrun then
-    ends its peers); one that cannot join says why in one line and exits 3."""
+def run_rank(name: str, backend: str, timeout_s: float, work: Work) -> int:
+    """Join, work, wait for all, leave; the exit code. A failing rank prints why (1; torchrun
+    then ends its peers); one that cannot join says why in one line (3)."""
     try:
         env = RankEnv.from_env()
         device = init_process_group(backend, env, timedelta(seconds=timeout_s))
     except BootstrapError as exc:
         print(f"{name}: {exc}", file=sys.stderr)
-        leave(EXIT_BACKEND)
+        return EXIT_BACKEND
     try:
         try:
             work(env, device)
@@ -51,8 +40,8 @@ def run_rank(name: str, backend: str, timeout_s: float, work: Work) -> NoReturn:
             teardown()
     except BaseException:
         traceback.print_exc()
-        leave(1)
-    leave(0)
+        return 1
+    return 0
 
 
 def all_reduce_once(env: RankEnv, device: torch.device) -> None:
@@ -63,4 +52,6 @@ def all_reduce_once(env: RankEnv, device: torch.device) -> None:
 
 
 if __name__ == "__main__":
-    run_rank("harness.bench.bare_rank", sys.argv[1], float(sys.argv[2]), all_reduce_once)
+    raise SystemExit(
+        run_rank("harness.bench.bare_rank", sys.argv[1], float(sys.argv[2]), all_reduce_once)
+    )

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -272,11 +274,17 @@ def measure(options: BenchOptions, out: Path, env: RankEnv, device: torch.device
     atomic_write_text(out, Results(transport=transport, capture=capture).model_dump_json())
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Run this rank, then end with `os._exit`: interpreter teardown with c10d's threads alive
+    can die in C++ (`terminate called without an active exception`)."""
     options_json, out = sys.argv[1:3] if argv is None else argv
     options = BenchOptions.model_validate_json(options_json)
     work = functools.partial(measure, options, Path(out))
-    run_rank("harness.bench.ranks", options.backend, options.timeout_s, work)
+    code = run_rank("harness.bench.ranks", options.backend, options.timeout_s, work)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
