@@ -110,18 +110,12 @@ def interleaved(
 def our_step(t: TorchDCPTransport, batch: int, seed: int) -> dict[str, Op]:
     """One decode step's two transport calls on fixed inputs, into static outputs (`out=`)."""
     sig, gen = t.signature, torch.Generator().manual_seed(seed)
-    heads, all_heads, qdim, odim = (
-        sig.local_heads,
-        sig.total_heads,
-        sig.query_head_dim,
-        sig.output_head_dim,
-    )
     qdt, dt = query_torch_dtype(sig), output_torch_dtype(sig)
-    q = torch.randn(batch, heads, qdim, generator=gen).to(t.device, qdt)
-    part = torch.randn(batch, all_heads, odim, generator=gen).to(t.device, dt)
-    lse = torch.randn(batch, all_heads, generator=gen).to(t.device)
-    gathered = torch.empty(batch, all_heads, qdim, dtype=qdt, device=t.device)
-    reduced = torch.empty(batch, heads, odim, dtype=dt, device=t.device)
+    q = torch.randn(batch, sig.local_heads, sig.query_head_dim, generator=gen).to(t.device, qdt)
+    part = torch.randn(batch, sig.total_heads, sig.output_head_dim, generator=gen).to(t.device, dt)
+    lse = torch.randn(batch, sig.total_heads, generator=gen).to(t.device)
+    gathered = torch.empty(batch, sig.total_heads, sig.query_head_dim, dtype=qdt, device=t.device)
+    reduced = torch.empty(batch, sig.local_heads, sig.output_head_dim, dtype=dt, device=t.device)
     return {
         "gather": lambda: t.gather_queries(q, out=gathered),
         "reduce": lambda: t.reduce_outputs(part, lse, out=reduced),
