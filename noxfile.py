@@ -46,7 +46,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff, mypy (strict on harness/), compileall, git diff --check; actionlint and zizmor."""
+    """ruff, mypy (strict on harness/ and bench/), compileall, git diff --check; actionlint,
+    zizmor."""
     install_harness(session, "dev")  # mypy needs the harness's dependencies and stubs
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")

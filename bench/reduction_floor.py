@@ -15,6 +15,7 @@ import multiprocessing as mp
 import sys
 import time
 from collections.abc import Callable, Sequence
+from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 
 import numpy as np
@@ -23,6 +24,7 @@ import torch
 from harness.transport.combine import accumulate_into, combine_weights, scale_into
 
 WORLD, HEADS, OUT_DIM = 16, 96, 512
+Seconds = dict[str, list[float]]  # step -> seconds per timed iteration
 LOCAL = HEADS // WORLD
 # One-pass candidates per strategy (each reads the input once and writes the output once);
 # the floor is the fastest of them (a mixed-dtype multiply with `out=` can be the slower one).
@@ -65,11 +67,11 @@ def steps(batch: int, seed: int) -> dict[str, Callable[[], object]]:
 
 def time_steps(
     batch: int, iters: int, warmup: int, seed: int, barrier: Barrier | None = None
-) -> dict[str, list[float]]:
+) -> Seconds:
     """Seconds per step and timed iteration, in this process."""
     torch.set_num_threads(1)  # as a rank under torchrun (OMP_NUM_THREADS=1)
     work = steps(batch, seed)
-    seconds: dict[str, list[float]] = {name: [] for name in work}
+    seconds: Seconds = {name: [] for name in work}
     for i in range(warmup + iters):
         for name, step in work.items():
             if barrier is not None:
@@ -82,7 +84,7 @@ def time_steps(
     return seconds
 
 
-def _worker(args: tuple[int, int, int, int, Barrier, mp.Queue]) -> None:
+def _worker(args: tuple[int, int, int, int, Barrier, Queue[Seconds]]) -> None:
     batch, iters, warmup, seed, barrier, queue = args
     queue.put(time_steps(batch, iters, warmup, seed, barrier))
 

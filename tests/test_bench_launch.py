@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from harness.bench import launching, probe, ranks
+from harness.bench import bare_rank, launching, probe, ranks
 from harness.bench.launching import dead_ranks, profile_of, read_probes, why_failed
 from harness.schema.bench import BenchOptions, ProbePhases, ProbeRecord
 from harness.schema.rank_record import RankRecord
@@ -74,18 +76,27 @@ def test_without_torchruns_report_the_first_rank_stderr_is_shown(tmp_path: Path)
     assert "no failed rank in its report" in text and text.endswith("boom")
 
 
+class Exited(Exception):
+    """What the fake `os._exit` raises: a bench rank never returns from leaving."""
+
+
 class FakeGroup:
     """Stands in for torch.distributed and the bootstrap: records the order of calls."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, me: int, fail: bool = False) -> None:
         self.calls: list[str] = []
-        env = ranks.RankEnv(rank=me, world_size=2)
-        monkeypatch.setattr(ranks.RankEnv, "from_env", staticmethod(lambda: env))
-        monkeypatch.setattr(ranks, "init_process_group", lambda *a: self._note("init", "cpu"))
-        monkeypatch.setattr(ranks, "teardown", lambda: self._note("teardown"))
-        monkeypatch.setattr(ranks.Clock, "barrier", lambda clock: self._note("barrier"))
+        env = bare_rank.RankEnv(rank=me, world_size=2)
+        monkeypatch.setattr(bare_rank.RankEnv, "from_env", staticmethod(lambda: env))
+        monkeypatch.setattr(bare_rank, "init_process_group", lambda *a: self._note("init", "cpu"))
+        monkeypatch.setattr(bare_rank, "teardown", lambda: self._note("teardown"))
+        monkeypatch.setattr(bare_rank.dist, "barrier", lambda **kw: self._note("barrier"))
         monkeypatch.setattr(ranks, "atomic_write_text", lambda *a: self._note("write"))
-        monkeypatch.setattr(ranks.os, "_exit", lambda code: self._note(f"exit {code}"))
+
+        def leave(code: int) -> None:
+            self._note(f"exit {code}")
+            raise Exited(code)
+
+        monkeypatch.setattr(ranks.os, "_exit", leave)
 
         def measure(clock: Any, options: Any) -> Any:
             self._note("measure")
@@ -99,6 +110,10 @@ class FakeGroup:
     def _note(self, what: str, value: Any = None) -> Any:
         self.calls.append(what)
         return torch.device(value) if value else None
+
+    def run(self, main: Any, *argv: str) -> None:
+        with pytest.raises(Exited):
+            main(list(argv))
 
 
 OPTIONS = BenchOptions(out=Path("/nonexistent/bench.json")).model_dump_json()
@@ -115,7 +130,7 @@ def test_every_rank_waits_for_rank_0s_write_then_all_leave(
     monkeypatch: pytest.MonkeyPatch, me: int, expected: list[str]
 ) -> None:
     group = FakeGroup(monkeypatch, me)
-    ranks.main([OPTIONS, "/nonexistent/out.json"])
+    group.run(ranks.main, OPTIONS, "/nonexistent/out.json")
     assert group.calls == expected
 
 
@@ -123,7 +138,7 @@ def test_a_failing_rank_prints_why_leaves_the_group_and_exits_1(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     group = FakeGroup(monkeypatch, 1, fail=True)
-    ranks.main([OPTIONS, "/nonexistent/out.json"])
+    group.run(ranks.main, OPTIONS, "/nonexistent/out.json")
     assert group.calls == ["init", "measure", "teardown", "exit 1"]
     assert "RuntimeError: measurement broke" in capsys.readouterr().err
 
@@ -134,10 +149,10 @@ def test_a_rank_that_cannot_join_says_why_in_one_line_and_exits_3(
     group = FakeGroup(monkeypatch, 0)
 
     def refuse(*args: Any) -> None:
-        raise ranks.BootstrapError("backend nccl needs CUDA")
+        raise bare_rank.BootstrapError("backend nccl needs CUDA")
 
-    monkeypatch.setattr(ranks, "init_process_group", refuse)
-    ranks.main([OPTIONS, "/nonexistent/out.json"])
+    monkeypatch.setattr(bare_rank, "init_process_group", refuse)
+    group.run(ranks.main, OPTIONS, "/nonexistent/out.json")
     assert group.calls == ["exit 3"]
     assert capsys.readouterr().err.strip() == "harness.bench.ranks: backend nccl needs CUDA"
 
@@ -216,7 +231,7 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
     def full(options: BenchOptions, nproc: int, models: str, work: Path) -> Any:
         calls.append(("full", nproc, models))
         probes = [_probe(r, 1.0).model_copy(update={"ru_maxrss_kib": next(rss)}) for r in (0, 1)]
-        return 30.0, 0, probes, None
+        return launching.FullRun(30.0, 0, probes, None)
 
     monkeypatch.setattr(launching, "run_ranks", bare)
     monkeypatch.setattr(launching, "full_run", full)
@@ -262,3 +277,30 @@ def test_slowest_is_each_series_maximum_over_ranks_per_iteration(
     clock = ranks.Clock(0, 2, torch.device("cpu"))
     slow = clock.slowest({"ours.a": [1.0, 2.0], "raw.b": [3.0, 4.0]})
     assert {k: v.tolist() for k, v in slow.items()} == {"ours.a": [1.0, 7.0], "raw.b": [5.0, 4.0]}
+
+
+def test_the_bare_launch_checks_its_one_all_reduce(monkeypatch: pytest.MonkeyPatch) -> None:
+    env, cpu = bare_rank.RankEnv(rank=0, world_size=2), torch.device("cpu")
+    monkeypatch.setattr(bare_rank.dist, "all_reduce", lambda t: t.mul_(2))  # 1 + 1 from a peer
+    bare_rank.all_reduce_once(env, cpu)
+    monkeypatch.setattr(bare_rank.dist, "all_reduce", lambda t: None)  # the peer's 1 is lost
+    with pytest.raises(RuntimeError, match=r"all_reduce gave 1\.0, not 2"):
+        bare_rank.all_reduce_once(env, cpu)
+
+
+def test_the_bare_rank_imports_only_torch_and_the_bootstrap(repo_root: Path) -> None:
+    """The bare launch is the baseline: every bench rank imports its module, never the other way
+    round, so nothing the suites or the measurements need can enter its time."""
+    code = "import sys, harness.bench.bare_rank; print(' '.join(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, check=True
+    )
+    loaded = set(done.stdout.split())
+    assert {m for m in loaded if m.startswith("harness")} == {
+        "harness",
+        "harness.bench",
+        "harness.bench.bare_rank",
+        "harness.rank",
+        "harness.rank.bootstrap",
+    }
+    assert "torch.distributed" in loaded and "pydantic" not in loaded

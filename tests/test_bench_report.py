@@ -12,11 +12,20 @@ from typing import Any
 import jsonschema
 import numpy as np
 import pytest
+import torch
+import torch.distributed as dist
 
 from harness.bench.launching import MB
-from harness.bench.ranks import capture_overhead, interleaved, transport_case
-from harness.bench.report import build_report, evaluate_targets, print_report, write_report
-from harness.bench.stats import ratio_of_medians, summarize
+from harness.bench.ranks import capture_overhead, interleaved, raw_ops, transport_case
+from harness.bench.report import (
+    build_report,
+    evaluate_targets,
+    print_report,
+    ratio_of_medians,
+    summarize,
+    write_report,
+)
+from harness.core.signature import TransportSignature
 from harness.errors import UsageError
 from harness.schema.bench import (
     BenchOptions,
@@ -28,6 +37,7 @@ from harness.schema.bench import (
     SuiteRuns,
     TransportResults,
 )
+from harness.transport.torch_backend import A2ALayout, all_gather_flat, reduce_scatter_flat
 
 MS = 1e-3
 SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "bench.json"
@@ -65,17 +75,17 @@ def ag_rs_case() -> Any:
              "raw.rs_outputs": [2 * MS, 3 * MS], "ours.gather": [2 * MS, 3 * MS],
              "ours.reduce": [4 * MS, 5 * MS]}  # fmt: skip
     rank1 = {**rank0, "raw.ag_queries": [3 * MS, 1 * MS], "ours.gather": [4 * MS, 1 * MS]}
-    nbytes = {"ag_queries": (6912, 13824), "ag_lse": (384, 768), "rs_outputs": (196608, 98304)}
+    moved = {"ag_queries": 6912.0, "ag_lse": 384.0, "rs_outputs": 98304.0}  # bus bytes
     t = SimpleNamespace(strategy="ag_rs", reduce_scatter="native", world=2)
-    return transport_case(slowest(rank0, rank1), t, 8, nbytes)  # type: ignore[arg-type]
+    return transport_case(slowest(rank0, rank1), t, 8, moved)  # type: ignore[arg-type]
 
 
 def a2a_case() -> Any:
     one = {"raw.ag_queries": [MS, MS], "raw.a2a_outputs": [MS, MS], "ours.gather": [MS, MS],
            "ours.reduce": [MS, MS]}  # fmt: skip
     t = SimpleNamespace(strategy="a2a", reduce_scatter="native", world=2)
-    nbytes = {"ag_queries": (6912, 13824), "a2a_outputs": (100000, 100000)}
-    return transport_case(slowest(one, one), t, 8, nbytes)  # type: ignore[arg-type]
+    moved = {"ag_queries": 6912.0, "a2a_outputs": 50000.0}
+    return transport_case(slowest(one, one), t, 8, moved)  # type: ignore[arg-type]
 
 
 def transport() -> TransportResults:
@@ -103,6 +113,33 @@ def test_interleaved_alternates_which_side_goes_first_and_sums_each_step() -> No
                       "ours.c": [4.0, 9.0], "ours.step": [4.0, 9.0]}  # fmt: skip
 
 
+def test_raw_ops_are_the_transports_collectives_with_the_bytes_each_moves() -> None:
+    """B=8 at 2 ranks: an all-gather counts its gathered output, the others their input."""
+    sig = TransportSignature("bf16", 96, 576, 512, 2, 8, "cpu")
+
+    def transport(strategy: str, reduce_scatter: str = "native") -> Any:
+        cpu = torch.device("cpu")
+        fields = {"strategy": strategy, "reduce_scatter": reduce_scatter, "device": cpu}
+        return SimpleNamespace(signature=sig, world=2, group=None, **fields)
+
+    ops, moved = raw_ops(transport("ag_rs"), 8)
+    gathered_queries, gathered_lse, partials = (
+        2 * 8 * 48 * 576 * 2,
+        2 * 8 * 96 * 4,
+        8 * 96 * 512 * 4,
+    )
+    assert moved == {"ag_queries": gathered_queries / 2, "ag_lse": gathered_lse / 2,
+                     "rs_outputs": partials / 2}  # fmt: skip
+    assert ops["ag_queries"].func is ops["ag_lse"].func is all_gather_flat  # type: ignore[attr-defined]
+    assert ops["rs_outputs"].func is reduce_scatter_flat  # type: ignore[attr-defined]
+    ops, _ = raw_ops(transport("ag_rs", "all_to_all"), 8)  # a group without a reduce-scatter
+    assert ops["rs_outputs"].func is dist.all_to_all_single  # type: ignore[attr-defined]
+    ops, moved = raw_ops(transport("a2a"), 8)
+    chunk = A2ALayout.for_batch(8, 48, 512, 2).chunk_bytes
+    assert set(ops) == {"ag_queries", "a2a_outputs"} and moved["a2a_outputs"] == 2 * chunk / 2
+    assert ops["a2a_outputs"].func is dist.all_to_all_single  # type: ignore[attr-defined]
+
+
 def test_transport_case_takes_slowest_rank_per_op_and_per_step() -> None:
     ag_rs, a2a = ag_rs_case(), a2a_case()
     assert (ag_rs.strategy, ag_rs.batch, ag_rs.world_size) == ("ag_rs", 8, 2)
@@ -118,8 +155,10 @@ def test_transport_case_takes_slowest_rank_per_op_and_per_step() -> None:
     assert transport().worst.label == "ag_rs B=8"
     bw = {b.op: b for b in ag_rs.bandwidth}
     assert set(bw) == {"raw.ag_queries", "raw.ag_lse", "raw.rs_outputs", "ours.step", "raw.step"}
-    assert bw["raw.ag_queries"].bus_bytes == pytest.approx(13824 / 2)  # gathered output x 1/2
-    assert bw["raw.rs_outputs"].bus_bytes == pytest.approx(196608 / 2)  # the input x 1/2
+    assert bw["raw.ag_queries"].bus_bytes == pytest.approx(6912.0)
+    assert (
+        bw["ours.step"].bus_bytes == bw["raw.step"].bus_bytes == pytest.approx(6912 + 384 + 98304)
+    )
     assert bw["ours.step"].seconds == pytest.approx(8 * MS)
 
 

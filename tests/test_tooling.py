@@ -92,9 +92,9 @@ def test_the_all_check_sees_a_face_without_all(tmp_path: Path) -> None:
     assert _reexports(init) == ({"build"}, {"build", "x"})
 
 
-def test_lint_runs_mypy_strict_on_the_harness(repo_root: Path) -> None:
+def test_lint_runs_mypy_strict_on_the_harness_and_the_bench_scripts(repo_root: Path) -> None:
     mypy = tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"]["mypy"]
-    assert mypy["strict"] is True and mypy["files"] == ["harness"]
+    assert mypy["strict"] is True and mypy["files"] == ["harness", "bench"]
     lint = (repo_root / "noxfile.py").read_text().split("def lint(", 1)[1].split("\ndef ", 1)[0]
     assert 'session.run("mypy")' in lint
 

@@ -1,7 +1,8 @@
 """Benchmarks: `dcpqual bench` measures transport, launch, discovery, capture and memory costs.
 
-Driver side: `cli` (options) -> `driver` (sections in one session) -> `report` (targets, JSON,
-tables), with `stats` and `launching` (torchrun through `harness.launch`). Rank side, under
-torchrun: `ranks` (transport and capture), `bare_rank`, and `probe`, the plugin on a measured
-run's ranks. The results file is `harness.schema.bench`; the method is in bench/README.md.
+Driver side: `cli` (options) -> `driver` (sections in one session) -> `report` (statistics,
+targets, JSON, tables), with `launching` (torchrun through `harness.launch`). Rank side, under
+torchrun: `bare_rank` (every bench rank's life, and the bare launch), `ranks` (transport and
+capture), and `probe`, the plugin on a measured run's ranks. The results file is
+`harness.schema.bench`; the method is in bench/README.md.
 """

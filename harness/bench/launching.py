@@ -15,12 +15,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from harness.bench.probe import ENV_DIR, ENV_PROFILE
-from harness.bench.stats import ratio_of_medians, summarize
+from harness.bench.report import ratio_of_medians, summarize
 from harness.errors import QualificationError
 from harness.launch.launcher import launch
 from harness.launch.plan import REPO_ROOT, RunOptions, RunPlan, torchrun_args
@@ -126,10 +127,18 @@ def profile_of(probes: Sequence[ProbeRecord], started: float, ended: float) -> P
     )
 
 
-def full_run(
-    options: BenchOptions, nproc: int, models: str, work: Path
-) -> tuple[float, int, list[ProbeRecord], Profile | None]:
-    """One real `dcpqual run` into a scratch folder; seconds, exit code, probes, profile."""
+@dataclass(frozen=True)
+class FullRun:
+    """One full `dcpqual run` as the bench saw it: wall seconds, exit code, each rank's probe."""
+
+    seconds: float
+    exit_code: int
+    probes: list[ProbeRecord]
+    profile: Profile | None
+
+
+def full_run(options: BenchOptions, nproc: int, models: str, work: Path) -> FullRun:
+    """One real `dcpqual run` into a scratch folder, timed as the person waiting sees it."""
     probes = work / "probe"
     addopts = " ".join(filter(None, (os.environ.get("PYTEST_ADDOPTS"), "-p harness.bench.probe")))
     env = {**os.environ, ENV_DIR: str(probes), ENV_PROFILE: "1" if options.profile else "0"}
@@ -146,7 +155,7 @@ def full_run(
             raise QualificationError(f"dcpqual run ran past {limit:g}s; see {work}") from None
     ended = time.time()
     found = read_probes(probes)
-    return ended - started, done.returncode, found, profile_of(found, started, ended)
+    return FullRun(ended - started, done.returncode, found, profile_of(found, started, ended))
 
 
 def real_tree_costs(bundle: Path) -> tuple[list[float], list[float]]:
@@ -169,37 +178,28 @@ def measure_runs(
     real = models == "real"
     nproc, backend = options.real_nproc if real else options.nproc, options.backend
     bare_repeats, suite_repeats = (0, 1) if real else (options.bare_repeats, options.suite_repeats)
+    bare_rank = ("harness.bench.bare_rank", backend, f"{options.timeout_s:g}")
     bare: list[float] = []
-    suite: list[float] = []
-    codes: list[int] = []
-    rss: dict[int, float] = {}
-    cpu: dict[int, float] = {}
-    prof = None
-    imports: list[float] = []
-    builds: list[float] = []
+    runs: list[FullRun] = []
     for i in range(max(bare_repeats, suite_repeats)):
         if i < bare_repeats:
-            module = ("harness.bench.bare_rank", backend)
-            bare.append(run_ranks(nproc, backend, work / f"bare-{i}", module, options.timeout_s))
+            bare.append(run_ranks(nproc, backend, work / f"bare-{i}", bare_rank, options.timeout_s))
             say(f"  bare launch {i + 1}/{bare_repeats}: {bare[-1]:.1f}s")
         if i < suite_repeats:
-            seconds, code, probes, prof = full_run(options, nproc, models, work / f"suite-{i}")
-            suite.append(seconds)
-            codes.append(code)
-            for p in probes:
-                rss[p.rank] = max(p.ru_maxrss_kib * 1024 / MB, rss.get(p.rank, 0.0))
-                cpu[p.rank] = p.cpu_s
-            if real:
-                imports, builds = real_tree_costs(work / f"suite-{i}" / "bundle")
-                if imports:
-                    say(
-                        f"  vLLM per rank: import {np.median(imports):.1f}s (max "
-                        f"{max(imports):.1f}), build {np.median(builds):.1f}s "
-                        f"(max {max(builds):.1f})"
-                    )
-            say(f"  full run ({models}) {i + 1}/{suite_repeats}: {seconds:.1f}s (exit {code})")
-    peak = max(rss.values()) if rss else None
-    bare_s, suite_s = (summarize(bare) if bare else None), summarize(suite)
+            runs.append(run := full_run(options, nproc, models, work / f"suite-{i}"))
+            took = f"{run.seconds:.1f}s (exit {run.exit_code})"
+            say(f"  full run ({models}) {i + 1}/{suite_repeats}: {took}")
+    imports, builds = real_tree_costs(work / "suite-0" / "bundle") if real else ([], [])
+    if imports:
+        say(
+            f"  vLLM per rank: import {np.median(imports):.1f}s (max {max(imports):.1f}), "
+            f"build {np.median(builds):.1f}s (max {max(builds):.1f})"
+        )
+    rss: dict[int, float] = {}
+    for p in (p for run in runs for p in run.probes):
+        rss[p.rank] = max(p.ru_maxrss_kib * 1024 / MB, rss.get(p.rank, 0.0))
+    peak, last = (max(rss.values()) if rss else None), runs[-1].probes
+    bare_s, suite_s = (summarize(bare) if bare else None), summarize([run.seconds for run in runs])
     return SuiteRuns(
         world_size=nproc,
         backend=backend,
@@ -207,12 +207,12 @@ def measure_runs(
         bare_launch_s=bare_s,
         full_suite_s=suite_s,
         ratio=None if bare_s is None else ratio_of_medians(suite_s, bare_s),
-        suite_exit_codes=tuple(codes),
+        suite_exit_codes=tuple(run.exit_code for run in runs),
         peak_rss_mb_per_rank={str(r): rss[r] for r in sorted(rss)},
         peak_rss_mb=peak,
         peak_rss_gib=None if peak is None else peak * MB / GIB,
-        cpu_s_per_rank={str(r): cpu[r] for r in sorted(cpu)},
-        profile=prof,
+        cpu_s_per_rank={str(p.rank): p.cpu_s for p in sorted(last, key=lambda p: p.rank)},
+        profile=runs[-1].profile,
         real_import_s=summarize(imports) if imports else None,
         real_build_s=summarize(builds) if builds else None,
     )

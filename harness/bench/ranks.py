@@ -6,34 +6,31 @@ Capture: the eager step and registry lookups on a registry that never saw the ca
 (`plain`), one after a window was opened and closed (`after_window`), and one with a no-op
 subscriber left (`noop_subscriber`). Each series becomes its slowest rank per iteration in one
 all-reduce (a collective is done when its last rank is); rank 0 summarizes and writes OUT.
-
-Shutdown is symmetric: every rank waits at a barrier until rank 0 has written, all leave the
-group, and each ends with `os._exit` (interpreter teardown with c10d's threads alive can die in
-C++ with `terminate called without an active exception`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from harness.atomic import atomic_write_text
-from harness.bench.stats import bandwidth, bus_bytes, paired_ratio, summarize
+from harness.bench.bare_rank import run_rank
+from harness.bench.report import bandwidth, bus_bytes, paired_ratio, summarize
 from harness.capture.check import default_detectors
 from harness.capture.window import CaptureWindow
 from harness.core.signature import TransportSignature
-from harness.rank.bootstrap import BootstrapError, RankEnv, init_process_group, teardown
+from harness.rank.bootstrap import RankEnv
 from harness.schema.bench import (
     BenchOptions,
     CaptureOverhead,
@@ -51,7 +48,6 @@ from harness.transport.torch_backend import (
 from harness.warm.signature import output_torch_dtype, query_torch_dtype, wire_dtype
 
 US = 1e6
-EXIT_BACKEND = 3  # this rank cannot run the backend: one line on stderr, before any collective
 Op = Callable[[], object]
 Series = dict[str, list[float]]  # "side.op" -> seconds per timed iteration
 
@@ -113,29 +109,24 @@ def interleaved(
 
 def our_step(t: TorchDCPTransport, batch: int, seed: int) -> dict[str, Op]:
     """One decode step's two transport calls on fixed inputs, into static outputs (`out=`)."""
-    sig, device, gen = t.signature, t.device, torch.Generator().manual_seed(seed)
-    qdt, dt, h, big_h = (
-        query_torch_dtype(sig),
-        output_torch_dtype(sig),
-        sig.local_heads,
-        sig.total_heads,
-    )
-    q = torch.randn(batch, h, sig.query_head_dim, generator=gen).to(device, qdt)
-    part = torch.randn(batch, big_h, sig.output_head_dim, generator=gen).to(device, dt)
-    lse = torch.randn(batch, big_h, generator=gen).to(device)
-    gathered = torch.empty(batch, big_h, sig.query_head_dim, dtype=qdt, device=device)
-    reduced = torch.empty(batch, h, sig.output_head_dim, dtype=dt, device=device)
+    sig, gen = t.signature, torch.Generator().manual_seed(seed)
+    qdt, dt = query_torch_dtype(sig), output_torch_dtype(sig)
+    q = torch.randn(batch, sig.local_heads, sig.query_head_dim, generator=gen).to(t.device, qdt)
+    part = torch.randn(batch, sig.total_heads, sig.output_head_dim, generator=gen).to(t.device, dt)
+    lse = torch.randn(batch, sig.total_heads, generator=gen).to(t.device)
+    gathered = torch.empty(batch, sig.total_heads, sig.query_head_dim, dtype=qdt, device=t.device)
+    reduced = torch.empty(batch, sig.local_heads, sig.output_head_dim, dtype=dt, device=t.device)
     return {
         "gather": lambda: t.gather_queries(q, out=gathered),
         "reduce": lambda: t.reduce_outputs(part, lse, out=reduced),
     }
 
 
-def raw_ops(t: TorchDCPTransport, batch: int) -> tuple[dict[str, Op], dict[str, tuple[int, int]]]:
-    """The collectives the transport calls for one step, and the bytes each sends and receives."""
-    sig, w, group, f32 = t.signature, t.world, t.group, torch.float32
+def raw_ops(t: TorchDCPTransport, batch: int) -> tuple[dict[str, Op], dict[str, float]]:
+    """The collectives the transport calls for one step, on flat buffers of its sizes and
+    dtypes, and the bytes each moves per link (an all-gather's output, another op's input)."""
+    sig, w, f32 = t.signature, t.world, torch.float32
     h, big_h, o = sig.local_heads, sig.total_heads, sig.output_head_dim
-    a2a_chunk = A2ALayout.for_batch(batch, h, o, output_torch_dtype(sig).itemsize).chunk_bytes
     native = t.strategy == "ag_rs" and t.reduce_scatter == "native"
     qn = batch * h * sig.query_head_dim
     sizes = {"ag_queries": (qn, w * qn, wire_dtype(query_torch_dtype(sig)))}  # send, recv, dtype
@@ -143,43 +134,33 @@ def raw_ops(t: TorchDCPTransport, batch: int) -> tuple[dict[str, Op], dict[str, 
         sizes["ag_lse"] = (batch * big_h, w * batch * big_h, f32)
         sizes["rs_outputs"] = (batch * big_h * o, (1 if native else w) * batch * h * o, f32)
     else:
-        sizes["a2a_outputs"] = (w * a2a_chunk, w * a2a_chunk, torch.uint8)
-    bufs = {
-        op: (
-            torch.zeros(send, dtype=dt, device=t.device),
-            torch.zeros(recv, dtype=dt, device=t.device),
-        )
-        for op, (send, recv, dt) in sizes.items()
-    }
-
-    def call(op: str) -> Op:
-        send, recv = bufs[op]
-        if op.startswith("ag_"):
-            return lambda: all_gather_flat(recv, send, group=group)
+        chunk = A2ALayout.for_batch(batch, h, o, output_torch_dtype(sig).itemsize).chunk_bytes
+        sizes["a2a_outputs"] = (w * chunk, w * chunk, torch.uint8)
+    ops: dict[str, Op] = {}
+    moved: dict[str, float] = {}
+    for op, (send_n, recv_n, dt) in sizes.items():
+        send, recv = (torch.zeros(n, dtype=dt, device=t.device) for n in (send_n, recv_n))
+        gathers = op.startswith("ag_")
+        collective = all_gather_flat
         if op == "rs_outputs" and native:
-            assert reduce_scatter_flat is not None
-            return lambda: reduce_scatter_flat(recv, send, group=group)
-        return lambda: dist.all_to_all_single(recv, send, group=group)
-
-    return {op: call(op) for op in bufs}, {op: (s.nbytes, r.nbytes) for op, (s, r) in bufs.items()}
+            collective = reduce_scatter_flat
+        elif not gathers:
+            collective = dist.all_to_all_single
+        ops[op] = functools.partial(collective, recv, send, group=t.group)
+        moved[op] = bus_bytes((recv if gathers else send).nbytes, w)
+    return ops, moved
 
 
 def transport_case(
-    slow: Mapping[str, np.ndarray],
-    t: TorchDCPTransport,
-    batch: int,
-    nbytes: Mapping[str, tuple[int, int]],
+    slow: Mapping[str, np.ndarray], t: TorchDCPTransport, batch: int, moved: Mapping[str, float]
 ) -> TransportCase:
     """One case from the slowest-rank series (`interleaved`'s, and `raw.reduce_ops`)."""
     us = {k: v * US for k, v in slow.items()}
     ops = {k: summarize(v) for k, v in us.items() if not k.endswith(("step", "reduce_ops"))}
-    moved = {op: bus_bytes(op, send, recv, t.world) for op, (send, recv) in nbytes.items()}
     step = paired_ratio(us["ours.step"], us["raw.step"])
-    bws = [bandwidth(f"raw.{op}", moved[op], ops[f"raw.{op}"].median / US) for op in nbytes]
-    bws += [
-        bandwidth(f"{side}.step", sum(moved.values()), median / US)
-        for side, median in (("ours", step.numerator_median), ("raw", step.denominator_median))
-    ]
+    steps = {"ours.step": step.numerator_median, "raw.step": step.denominator_median}
+    bws = [bandwidth(f"raw.{op}", b, ops[f"raw.{op}"].median / US) for op, b in moved.items()]
+    bws += [bandwidth(op, sum(moved.values()), median / US) for op, median in steps.items()]
     return TransportCase(
         strategy=t.strategy,
         reduce_scatter=t.reduce_scatter,
@@ -202,14 +183,14 @@ def measure_transport(clock: Clock, options: BenchOptions) -> list[TransportCase
             t = registry.get_or_create(sig)
             assert isinstance(t, TorchDCPTransport)
             for batch in options.batches:
-                raw, nbytes = raw_ops(t, batch)
+                raw, moved = raw_ops(t, batch)
                 sides = {"raw": raw, "ours": our_step(t, batch, seed=1000 * clock.rank + batch)}
                 series = interleaved(clock, sides, options.warmup, options.iters)
                 # The raw reduction: every raw op but the query all-gather.
                 series["raw.reduce_ops"] = list(
                     np.subtract(series["raw.step"], series["raw.ag_queries"])
                 )
-                cases.append(transport_case(clock.slowest(series), t, batch, nbytes))
+                cases.append(transport_case(clock.slowest(series), t, batch, moved))
     return cases
 
 
@@ -232,12 +213,8 @@ def capture_overhead(
 
 def measure_capture(clock: Clock, options: BenchOptions) -> CaptureOverhead | None:
     """The capture overhead on rank 0; None on the others (they take part in the steps)."""
-    strategy, batch, sig = (
-        options.strategies[0],
-        options.capture_batch,
-        clock.signature(options.capture_batch),
-    )
-    names = ("plain", "after_window", "noop_subscriber")
+    strategy, batch = options.strategies[0], options.capture_batch
+    sig, names = clock.signature(batch), ("plain", "after_window", "noop_subscriber")
     with contextlib.ExitStack() as stack:
         regs = {
             n: stack.enter_context(TransportRegistry("torch", strategy, clock.device))
@@ -253,11 +230,11 @@ def measure_capture(clock: Clock, options: BenchOptions) -> CaptureOverhead | No
 
         steps = {name: {"eager": eager(reg)} for name, reg in regs.items()}
         # The state between captures: every detector's hooks installed for one window, removed.
+        after = regs["after_window"]
         with CaptureWindow(
-            default_detectors(regs["after_window"], device=clock.device),
-            registry=regs["after_window"],
+            default_detectors(after, device=clock.device), registry=after
         ).watching():
-            regs["after_window"].get(sig)
+            after.get(sig)
         regs["noop_subscriber"].subscribe(lambda event: None)
         slow = clock.slowest(interleaved(clock, steps, options.warmup, options.capture_iters))
         # Lookups are local: rank 0 loops while the others wait at the barrier, so oversubscribed
@@ -275,45 +252,33 @@ def measure_capture(clock: Clock, options: BenchOptions) -> CaptureOverhead | No
     return capture_overhead(strategy, batch, {n: slow[f"{n}.eager"] for n in regs}, lookups)
 
 
-def run(options: BenchOptions, out: Path) -> int:
-    env = RankEnv.from_env()
-    try:
-        device = init_process_group(options.backend, env, timedelta(seconds=options.timeout_s))
-    except BootstrapError as exc:
-        print(f"harness.bench.ranks: {exc}", file=sys.stderr)
-        return EXIT_BACKEND
+def measure(options: BenchOptions, out: Path, env: RankEnv, device: torch.device) -> None:
+    """The wanted sections on every rank; rank 0 writes their results."""
     clock = Clock(env.rank, env.world_size, device)
-    try:
-        cases = measure_transport(clock, options) if options.wants("transport") else None
-        capture = measure_capture(clock, options) if options.wants("capture") else None
-        if env.rank == 0:
-            name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-            transport = None
-            if cases is not None:
-                transport = TransportResults(
-                    backend=options.backend,
-                    world_size=env.world_size,
-                    device_name=name,
-                    cases=tuple(cases),
-                )
-            atomic_write_text(out, Results(transport=transport, capture=capture).model_dump_json())
-        clock.barrier()  # nobody leaves while rank 0 still writes
-    finally:
-        teardown()
-    return 0
+    cases = measure_transport(clock, options) if options.wants("transport") else None
+    capture = measure_capture(clock, options) if options.wants("capture") else None
+    if env.rank != 0:
+        return
+    transport = None
+    if cases is not None:
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        transport = TransportResults(
+            backend=options.backend, world_size=env.world_size, device_name=name, cases=tuple(cases)
+        )
+    atomic_write_text(out, Results(transport=transport, capture=capture).model_dump_json())
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    try:
-        code = run(BenchOptions.model_validate_json(args[0]), Path(args[1]))
-    except BaseException:  # a failing rank says why; torchrun then ends its peers
-        traceback.print_exc()
-        code = 1
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Run this rank, then end with `os._exit`: interpreter teardown with c10d's threads alive
+    can die in C++ (`terminate called without an active exception`)."""
+    options_json, out = sys.argv[1:3] if argv is None else argv
+    options = BenchOptions.model_validate_json(options_json)
+    work = functools.partial(measure, options, Path(out))
+    code = run_rank("harness.bench.ranks", options.backend, options.timeout_s, work)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(code)  # the group is gone: skip interpreter teardown with c10d threads alive
+    os._exit(code)
 
 
 if __name__ == "__main__":
