@@ -26,7 +26,7 @@ def _resolved(filename: str) -> str:
     return str(Path(filename).resolve())
 
 
-def caller_stack(skipped: tuple[str, ...], limit: int = 8, *, named: tuple[str, ...] = ()) -> str:
+def caller_stack(skipped: tuple[str, ...], limit: int, *, named: tuple[str, ...] = ()) -> str:
     """The innermost `limit` frames of the calling stack, outermost first, as
     `traceback.format_list` writes them: without frames whose real path starts with one of
     `skipped` or whose file name as given starts with one of `named` (e.g. "<frozen importlib").
