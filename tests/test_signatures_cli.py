@@ -463,3 +463,23 @@ def test_a_value_outside_a_flags_choices_is_refused_by_the_parser(capsys, flag):
     argv = ["--model", "kimi-k3", "--tp", "16", "--dcp", "16", flag, "bogus"]
     line = refusal(capsys, *argv)
     assert line.startswith(f"dcpqual signatures: error: argument {flag}: invalid choice: 'bogus'")
+
+
+def test_rows_say_which_tree_they_came_from(capsys, monkeypatch):
+    """The stand-in's rows name no source; the real tree's rows, built by the same function,
+    say "real"."""
+    import harness.warm.cli as cli
+
+    built = cli.signature_rows
+    real: list[list[SignatureListRow]] = []
+
+    def rows(model, found, source=None):
+        real.append(built(model, found, source="real"))
+        return built(model, found, source)
+
+    monkeypatch.setattr(cli, "signature_rows", rows)
+    [row] = run_json(capsys, *KIMI)
+    assert row.get("source") is None
+    assert [(r.source, r.model, r.layers) for r in real[0]] == [
+        ("real", row["model"], row["layers"])
+    ]
