@@ -78,9 +78,9 @@ class SideChannel:
 
     # -- primitives -----------------------------------------------------------------------
 
-    def _set(self, key: str, value: Any) -> None:
+    def _set(self, key: str, value: Any, encode: Callable[[Any], str] = json.dumps) -> None:
         try:
-            self.store.set(key, json.dumps(value))
+            self.store.set(key, encode(value))
         except StoreLost:
             self.lost = True
 
@@ -181,10 +181,7 @@ class SideChannel:
         return self._counter("alarms")
 
     def post_result(self, index: int, result: LocalResult) -> None:
-        try:
-            self.store.set(f"res/{index}/{self.rank}", result.to_wire())
-        except StoreLost:
-            self.lost = True
+        self._set(f"res/{index}/{self.rank}", result, encode=LocalResult.to_wire)
 
     def has_posted(self, index: int) -> bool:
         return bool(self._present([f"res/{index}/{self.rank}"]))
