@@ -89,7 +89,8 @@ def test_many_checks_agree_in_one_collective_each_attributed_to_its_ranks(monkey
     assert check.ranks_failing_each([True, False, True]) == ((1,), (0,), (1,))
     assert calls == [0b010]
     assert check.ranks_failing_each([False] * 3) == ((0, 1), (0,), (0, 1))
-    assert check.ranks_failing(True) == (1,) and check.ranks_failing(False) == (0, 1)
+    assert check.ranks_failing_each([True]) == ((1,),)
+    assert check.ranks_failing_each([False]) == ((0, 1),)
     assert len(calls) == 4  # one collective per call, however many checks
     for count in (0, check.MAX_CHECKS_AT_ONCE + 1):
         with pytest.raises(UsageError, match=f"1 to 63 checks at once, got {count}"):

@@ -102,11 +102,6 @@ def gather_ints(value: int, *, device: torch.device | str = "cpu") -> tuple[int,
     return tuple(int(t.item()) for t in every)
 
 
-def ranks_failing(ok: bool, *, device: torch.device | str = "cpu") -> tuple[int, ...]:
-    """The ranks (in the world) whose local check failed; every rank gets the same answer."""
-    return ranks_failing_each((ok,), device=device)[0]
-
-
 MAX_CHECKS_AT_ONCE = 63  # one bit per check in one int64 per rank
 
 
