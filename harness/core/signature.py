@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from harness.errors import GeometryError, UsageError
 
@@ -30,7 +30,7 @@ QUERY_DTYPES: tuple[str, ...] = (*OUTPUT_DTYPES, FP8_E4M3)
 
 # vLLM's `parallel_config.dcp_comm_backend` values; "ag_rs" is vLLM's default.
 COMM_BACKENDS: tuple[str, ...] = ("ag_rs", "a2a")
-DEFAULT_COMM_BACKEND = "ag_rs"
+DEFAULT_COMM_BACKEND: Final = "ag_rs"
 
 DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
 DEFAULT_MAX_TOKENS = 64
