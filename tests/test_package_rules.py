@@ -13,8 +13,15 @@ from pathlib import Path
 import pytest
 
 HARNESS = Path(__file__).resolve().parent.parent / "harness"
-# Torch-free single modules every package may use (atomic writes, the JSON reader, errors, git).
-FOUNDATION = ("harness.atomic", "harness.jsonfile", "harness.errors", "harness.gitinfo")
+# Torch-free single modules every package may use (atomic writes, the JSON reader, errors, git,
+# the pidfd).
+FOUNDATION = (
+    "harness.atomic",
+    "harness.jsonfile",
+    "harness.errors",
+    "harness.gitinfo",
+    "harness.pidfd",
+)
 
 
 def imports_of(path: Path) -> set[str]:

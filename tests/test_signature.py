@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
+from typing import get_args
 
 import pytest
 import torch
+from pydantic import ValidationError
 
+from harness.core.signature import COMM_BACKENDS, DEVICE_TYPES, OUTPUT_DTYPES, QUERY_DTYPES
 from harness.errors import GeometryError, UsageError
+from harness.schema.signature import (
+    CommBackend,
+    DeviceType,
+    OutputDtype,
+    QueryDtype,
+    SignatureJson,
+)
 from harness.warm.signature import (
     TransportSignature,
     dtype_name,
@@ -38,18 +49,38 @@ def test_json_round_trip_keeps_every_field():
     sig = TransportSignature(**KIMI, max_tokens=8192, device_type="cuda")
     data = json.loads(json.dumps(sig.to_json()))
     assert data["local_heads"] == 6
-    assert TransportSignature.from_json(data) == sig
+    assert SignatureJson.read(data) == sig
 
 
-def test_from_json_rejects_inconsistent_local_heads():
+def test_the_writer_writes_exactly_the_models_fields_and_choices():
+    """`to_json` (core) and `SignatureJson` (schema) describe one format: the same keys in the
+    same order, the same defaults, the same allowed values."""
+    written = list(TransportSignature(**KIMI).to_json())
+    assert written == [k for k in SignatureJson.model_fields if k != "output_dtype"]
+    defaults = {f.name: f.default for f in dataclasses.fields(TransportSignature)}
+    for name, field in SignatureJson.model_fields.items():
+        if not field.is_required() and name in defaults:
+            assert field.default == defaults[name], name
+    assert get_args(OutputDtype) == OUTPUT_DTYPES and get_args(QueryDtype) == QUERY_DTYPES
+    assert get_args(CommBackend) == COMM_BACKENDS and get_args(DeviceType) == DEVICE_TYPES
+
+
+def test_reading_refuses_inconsistent_local_heads():
     data = TransportSignature(**KIMI).to_json() | {"local_heads": 5}
-    with pytest.raises(UsageError, match="local_heads=5"):
-        TransportSignature.from_json(data)
+    with pytest.raises(ValidationError, match="local_heads=5 does not match"):
+        SignatureJson.read(data)
 
 
-def test_from_json_names_missing_fields():
-    with pytest.raises(UsageError, match="total_heads"):
-        TransportSignature.from_json({"dtype": "bf16"})
+def test_reading_names_missing_fields_and_refuses_unknown_ones():
+    with pytest.raises(ValidationError, match="total_heads\n  Field required"):
+        SignatureJson.read({"dtype": "bf16"})
+    with pytest.raises(ValidationError, match="heads\n  Extra inputs are not permitted"):
+        SignatureJson.read(TransportSignature(**KIMI).to_json() | {"heads": 96})
+
+
+def test_reading_refuses_a_geometry_the_signature_cannot_have():
+    with pytest.raises(ValidationError, match="total_heads=90 is not divisible"):
+        SignatureJson.read(TransportSignature(**KIMI).to_json() | {"total_heads": 90})
 
 
 @pytest.mark.parametrize(
@@ -117,11 +148,11 @@ def test_json_adds_fields_and_reads_the_older_form():
     data = TransportSignature(**KIMI, query_dtype="fp8_e4m3fn", comm_backend="a2a").to_json()
     assert data["dtype"] == "bf16" and data["query_dtype"] == "fp8_e4m3fn"
     assert data["comm_backend"] == "a2a"
-    assert TransportSignature.from_json(data).query_dtype == "fp8_e4m3fn"
+    assert SignatureJson.read(data).query_dtype == "fp8_e4m3fn"
     older = dict(KIMI, max_tokens=64, device_type="cpu", local_heads=6)
-    assert TransportSignature.from_json(older) == TransportSignature(**KIMI)
-    with pytest.raises(UsageError, match="output_dtype='fp16' does not match"):
-        TransportSignature.from_json(older | {"output_dtype": "fp16"})
+    assert SignatureJson.read(older) == TransportSignature(**KIMI)
+    with pytest.raises(ValidationError, match="output_dtype='fp16' does not match"):
+        SignatureJson.read(older | {"output_dtype": "fp16"})
 
 
 def test_core_vocabulary_imports_without_torch():

@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 from harness.capture.check import default_detectors
 from harness.capture.controls import NegativeControl, NewGroupControl
 from harness.capture.detector import Detector
+from harness.schema.signature import SignatureJson
 from harness.smoke import run as smoke_run
 from harness.smoke.run import SmokeConfig, indexed, run_smoke
 from harness.smoke.step import SmokeLayer, SmokeStep
@@ -145,8 +146,8 @@ def test_the_capture_itself_is_clean_and_replays_match(runs: dict[str, Any]) -> 
 def test_warmup_found_the_production_kimi_signature_and_made_its_world_1_form(
     runs: dict[str, Any],
 ) -> None:
-    (found,) = [TransportSignature.from_json(s) for s in runs["cpu"]["discovered"]]
-    (made,) = [TransportSignature.from_json(s) for s in runs["cpu"]["warmed"]]
+    (found,) = [SignatureJson.read(s) for s in runs["cpu"]["discovered"]]
+    (made,) = [SignatureJson.read(s) for s in runs["cpu"]["warmed"]]
     assert found.describe() == "96 heads x 576 -> 512 (bf16, dcp=16, max_tokens=8, cpu)"
     assert made.describe() == "96 heads x 576 -> 512 (bf16, dcp=1, max_tokens=8, cpu)"
 

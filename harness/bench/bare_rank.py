@@ -35,13 +35,18 @@ def run_rank(name: str, backend: str, timeout_s: float, work: Work) -> int:
     try:
         try:
             work(env, device)
-            dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
+            barrier(device)
         finally:
             teardown()
     except BaseException:
         traceback.print_exc()
         return 1
     return 0
+
+
+def barrier(device: torch.device) -> None:
+    """Every rank of the group here (NCCL told which GPU is this rank's)."""
+    dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def all_reduce_once(env: RankEnv, device: torch.device) -> None:

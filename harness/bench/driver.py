@@ -16,6 +16,7 @@ import shutil
 import sys
 import tempfile
 import time
+import timeit
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -73,13 +74,13 @@ def environment() -> Environment:
     )
 
 
-def measure_discovery(modules: int, repeats: int, warmup: int = 1) -> DiscoveryResult:
+def measure_discovery(modules: int, repeats: int) -> DiscoveryResult:
     """One full `discover(...)` (model walk, forward-context walk, recognizers) of the stand-in
     Kimi-K3 TP16/DCP16 tree grown to about `modules` modules; the build is not timed. Per module
     divides by the model's distinct modules, per candidate by everything discovery looked at."""
     from harness.models.builders import KIMI_MLA_EVERY as PERIOD
     from harness.models.builders import build
-    from harness.warm.discovery import discover
+    from harness.warm.discovery import Discovery, discover
     from harness.warm.recognizers import WarmContext, recognizer_set
 
     def size(layers: int) -> int:
@@ -91,17 +92,18 @@ def measure_discovery(modules: int, repeats: int, warmup: int = 1) -> DiscoveryR
     built = build("kimi-k3", tp=16, dcp=16, num_layers=layers)
     count = sum(1 for _ in built.model.modules())
     context, recognizers = WarmContext("bf16", 64, dcp_world_size=16), recognizer_set("vendored")
-    times = []
-    for i in range(warmup + repeats):
-        t0 = time.perf_counter()
-        found = discover(
+
+    def once() -> Discovery:
+        return discover(
             built.model,
             context=context,
             recognizers=recognizers,
             static_forward_context=built.static_forward_context,
         )
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+
+    found = once()  # warm-up, untimed; what the timed runs find too
+    # timeit turns the collector off while it times; discovery runs with it on.
+    times = timeit.repeat(once, setup="gc.enable()", number=1, repeat=repeats)
     return DiscoveryResult(
         model="kimi-k3",
         tp=16,

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from harness.atomic import atomic_write_text
-from harness.bench.bare_rank import run_rank
+from harness.bench.bare_rank import barrier, run_rank
 from harness.bench.report import bandwidth, bus_bytes, paired_ratio, summarize
 from harness.capture.check import default_detectors
 from harness.capture.window import CaptureWindow
@@ -61,16 +61,12 @@ class Clock:
     world_size: int
     device: torch.device
 
-    def barrier(self) -> None:
-        cuda = self.device.type == "cuda"
-        dist.barrier(device_ids=[self.device.index] if cuda else None)
-
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     def timed(self, op: Op) -> float:
-        self.barrier()
+        barrier(self.device)
         self.sync()
         t0 = time.perf_counter()
         op()
@@ -129,25 +125,23 @@ def raw_ops(t: TorchDCPTransport, batch: int) -> tuple[dict[str, Op], dict[str, 
     h, big_h, o = sig.local_heads, sig.total_heads, sig.output_head_dim
     native = t.strategy == "ag_rs" and t.reduce_scatter == "native"
     qn = batch * h * sig.query_head_dim
-    sizes = {"ag_queries": (qn, w * qn, wire_dtype(query_torch_dtype(sig)))}  # send, recv, dtype
-    if t.strategy == "ag_rs":  # without a reduce-scatter in the group the transport all-to-alls
-        sizes["ag_lse"] = (batch * big_h, w * batch * big_h, f32)
-        sizes["rs_outputs"] = (batch * big_h * o, (1 if native else w) * batch * h * o, f32)
+    # The outputs' reduction: a reduce-scatter where the group has one, an all-to-all otherwise.
+    rs = reduce_scatter_flat if native else dist.all_to_all_single
+    sizes: dict[str, tuple[Callable[..., object], int, int, torch.dtype]] = {  # send, recv n
+        "ag_queries": (all_gather_flat, qn, w * qn, wire_dtype(query_torch_dtype(sig)))
+    }
+    if t.strategy == "ag_rs":
+        sizes["ag_lse"] = (all_gather_flat, batch * big_h, w * batch * big_h, f32)
+        sizes["rs_outputs"] = (rs, batch * big_h * o, (1 if native else w) * batch * h * o, f32)
     else:
         chunk = A2ALayout.for_batch(batch, h, o, output_torch_dtype(sig).itemsize).chunk_bytes
-        sizes["a2a_outputs"] = (w * chunk, w * chunk, torch.uint8)
+        sizes["a2a_outputs"] = (dist.all_to_all_single, w * chunk, w * chunk, torch.uint8)
     ops: dict[str, Op] = {}
     moved: dict[str, float] = {}
-    for op, (send_n, recv_n, dt) in sizes.items():
+    for op, (collective, send_n, recv_n, dt) in sizes.items():
         send, recv = (torch.zeros(n, dtype=dt, device=t.device) for n in (send_n, recv_n))
-        gathers = op.startswith("ag_")
-        collective = all_gather_flat
-        if op == "rs_outputs" and native:
-            collective = reduce_scatter_flat
-        elif not gathers:
-            collective = dist.all_to_all_single
         ops[op] = functools.partial(collective, recv, send, group=t.group)
-        moved[op] = bus_bytes((recv if gathers else send).nbytes, w)
+        moved[op] = bus_bytes((recv if op.startswith("ag_") else send).nbytes, w)
     return ops, moved
 
 
@@ -246,7 +240,7 @@ def measure_capture(clock: Clock, options: BenchOptions) -> CaptureOverhead | No
                 for _ in range(options.lookup_loops):
                     get(sig)
                 lookups[name].append((time.perf_counter() - t0) / options.lookup_loops)
-        clock.barrier()
+        barrier(clock.device)
     if clock.rank != 0:
         return None
     return capture_overhead(strategy, batch, {n: slow[f"{n}.eager"] for n in regs}, lookups)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from harness.errors import GeometryError, UsageError
 
@@ -30,7 +30,7 @@ QUERY_DTYPES: tuple[str, ...] = (*OUTPUT_DTYPES, FP8_E4M3)
 
 # vLLM's `parallel_config.dcp_comm_backend` values; "ag_rs" is vLLM's default.
 COMM_BACKENDS: tuple[str, ...] = ("ag_rs", "a2a")
-DEFAULT_COMM_BACKEND = "ag_rs"
+DEFAULT_COMM_BACKEND: Final = "ag_rs"
 
 DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
 DEFAULT_MAX_TOKENS = 64
@@ -116,27 +116,7 @@ class TransportSignature:
         )
 
     def to_json(self) -> dict[str, Any]:
+        """The JSON form ("dcpqual-signature/v1"), read back by `harness.schema.signature`."""
         data = dataclasses.asdict(self)
         data["local_heads"] = self.local_heads
         return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TransportSignature:
-        """Read `to_json` output, also the older form without query dtype and comm backend."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = {"dtype", "total_heads", "query_head_dim", "output_head_dim", "dcp_world_size"}
-        missing -= data.keys()
-        if missing:
-            raise UsageError(f"transport signature is missing {sorted(missing)}")
-        sig = cls(**{k: v for k, v in data.items() if k in names})
-        if "local_heads" in data and data["local_heads"] != sig.local_heads:
-            raise UsageError(
-                f"transport signature local_heads={data['local_heads']} does not match "
-                f"total_heads/dcp_world_size={sig.local_heads}"
-            )
-        if "output_dtype" in data and data["output_dtype"] != sig.dtype:
-            raise UsageError(
-                f"transport signature output_dtype={data['output_dtype']!r} does not match "
-                f"dtype={sig.dtype!r} (dtype is the output dtype)"
-            )
-        return sig

@@ -24,6 +24,8 @@ from typing import Protocol, TypeVar
 
 import psutil
 
+from harness.pidfd import pidfd_open
+
 _GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
@@ -114,10 +116,8 @@ class ExitWait:
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
         self._poll: select.poll | None = None
-        self._fd: int | None = None
-        try:
-            self._fd = os.pidfd_open(proc.pid)
-        except (AttributeError, OSError):  # not Linux >= 5.3, or the process is already gone
+        self._fd = pidfd_open(proc.pid)
+        if self._fd is None:
             return
         self._poll = select.poll()
         self._poll.register(self._fd, select.POLLIN)

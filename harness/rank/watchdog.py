@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from harness.pidfd import pidfd_open
 from harness.rank.agreement import Agreement, LocalResult, agree
 from harness.rank.bootstrap import collective_sequence_numbers
 from harness.rank.rankfiles import RecordKeeper, dump_stacks, write_error_file
@@ -56,14 +57,6 @@ class WatchConfig:
     # After SIGTERM during agreement: how long the main thread may still take to record the
     # test (its peers' wait is cut to 2 s by the abort). Well inside torchrun's shutdown timeout.
     agree_wait_s: float = 3.0
-
-
-def _pidfd(pid: int) -> int | None:
-    """A descriptor that becomes readable when process `pid` exits (None: the kernel has none)."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
 
 
 def main_thread_in_collective() -> bool:
@@ -112,7 +105,7 @@ class Watchdog:
         self._stopping = threading.Event()
         self._finished = threading.Event()
         self._ppid = os.getppid()
-        self._parent_fd = _pidfd(self._ppid if agent_pid is None else agent_pid)
+        self._parent_fd = pidfd_open(self._ppid if agent_pid is None else agent_pid)
         self._kick_r, self._kick_w = os.pipe()  # `stop` wakes the thread at once
         os.set_blocking(self._kick_r, False)
         os.set_blocking(self._kick_w, False)

@@ -1,32 +1,44 @@
 """The transport signature on disk, and the rows `dcpqual signatures --json` prints.
 
 `TransportSignature` (harness.core) is the value the code passes around; `SignatureJson` is its
-JSON form with every field named, so a record or receipt that carries one is checked key by key.
+JSON form with every field named, and the one reader of it: a record, receipt or warm report
+that carries one is checked key by key, and the derived fields against the value. The writer is
+`TransportSignature.to_json` (torch- and pydantic-free, so the vendored warm code and the bare
+rank can write one); a test pins that what it writes is exactly what this model reads.
 `SignatureField` is the annotated type a model uses for a signature field: it validates through
 `SignatureJson`, holds a `TransportSignature`, and dumps with `TransportSignature.to_json`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     Field,
     PlainSerializer,
     PlainValidator,
     PositiveInt,
+    PrivateAttr,
     RootModel,
     WithJsonSchema,
+    model_validator,
 )
 
-from harness.core.signature import TransportSignature
+from harness.core.signature import (
+    DEFAULT_COMM_BACKEND,
+    DEFAULT_MAX_TOKENS,
+    TransportSignature,
+)
+from harness.errors import UsageError
 from harness.schema.base import Model
 
 OutputDtype = Literal["bf16", "fp16", "fp32"]
 QueryDtype = Literal["bf16", "fp16", "fp32", "fp8_e4m3fn"]
 CommBackend = Literal["ag_rs", "a2a"]
 DeviceType = Literal["cpu", "cuda"]
+_FIELDS = {f.name for f in dataclasses.fields(TransportSignature)}
 
 
 class SignatureJson(Model):
@@ -40,22 +52,47 @@ class SignatureJson(Model):
     query_head_dim: PositiveInt
     output_head_dim: PositiveInt
     dcp_world_size: PositiveInt
-    max_tokens: PositiveInt = 64
+    max_tokens: PositiveInt = DEFAULT_MAX_TOKENS
     device_type: DeviceType = "cpu"
     query_dtype: QueryDtype | None = None
-    comm_backend: CommBackend = "ag_rs"
+    comm_backend: CommBackend = DEFAULT_COMM_BACKEND
     local_heads: PositiveInt | None = None
     output_dtype: OutputDtype | None = None
 
+    _value: TransportSignature = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        """A geometry the signature cannot have, or a derived field that disagrees with it, is
+        refused (the GeometryError/UsageError text inside the ValidationError)."""
+        sig = TransportSignature(**self.model_dump(include=_FIELDS, exclude_none=True))
+        if self.local_heads is not None and self.local_heads != sig.local_heads:
+            raise UsageError(
+                f"transport signature local_heads={self.local_heads} does not match "
+                f"total_heads/dcp_world_size={sig.local_heads}"
+            )
+        if self.output_dtype is not None and self.output_dtype != sig.dtype:
+            raise UsageError(
+                f"transport signature output_dtype={self.output_dtype!r} does not match "
+                f"dtype={sig.dtype!r} (dtype is the output dtype)"
+            )
+        self._value = sig
+        return self
+
     def value(self) -> TransportSignature:
-        """The signature, with the derived fields checked (UsageError/GeometryError)."""
-        return TransportSignature.from_json(self.model_dump(exclude_none=True))
+        """The signature this JSON names."""
+        return self._value
+
+    @classmethod
+    def read(cls, data: object) -> TransportSignature:
+        """The signature in `data` (a JSON object), checked by the model."""
+        return cls.model_validate(data).value()
 
 
 def _validate(data: object) -> TransportSignature:
     if isinstance(data, TransportSignature):
         return data
-    return SignatureJson.model_validate(data).value()
+    return SignatureJson.read(data)
 
 
 def _dump(sig: TransportSignature) -> dict[str, Any]:
