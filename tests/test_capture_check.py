@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from _support.gloo_spawn import gloo_group, spawn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -76,22 +77,62 @@ def test_tolerances_come_in_pairs() -> None:
         first_mismatch([torch.zeros(1)], [torch.zeros(1)], rtol=0.1)
 
 
+class ThreeRanks:
+    """The two collectives of `ranks_failing_each` over a fake world of three ranks: this rank
+    is rank 0, the others' failure masks are given."""
+
+    def __init__(self, others: tuple[int, int]) -> None:
+        self.others = others
+        self.calls: list[tuple[str, int]] = []
+
+    def any_nonzero(self, value: int, *, device: object = "cpu") -> bool:
+        self.calls.append(("all_reduce", value))
+        return any((value, *self.others))
+
+    def gather(self, value: int, *, device: object = "cpu") -> tuple[int, ...]:
+        self.calls.append(("all_gather", value))
+        return (value, *self.others)
+
+
 def test_many_checks_agree_in_one_collective_each_attributed_to_its_ranks(monkeypatch) -> None:
-    """One all_gather carries every check of a rank (one bit each); each check's failing ranks
-    come back on their own, whichever bit and rank they are."""
-    calls = []
-
-    def three_ranks(value: int, *, device: object = "cpu") -> tuple[int, ...]:
-        calls.append(value)
-        return (value, 0b101, 0)  # this rank is rank 0; rank 1 failed checks 0 and 2
-
-    monkeypatch.setattr(check, "gather_ints", three_ranks)
+    """Every check of a rank travels in one collective (one bit each); each check's failing
+    ranks come back on their own, whichever bit and rank they are."""
+    world = ThreeRanks((0b101, 0))  # rank 1 failed checks 0 and 2
+    monkeypatch.setattr(check, "any_rank_nonzero", world.any_nonzero)
+    monkeypatch.setattr(check, "gather_ints", world.gather)
     assert check.ranks_failing_each([True, False, True]) == ((1,), (0,), (1,))
-    assert calls == [0b010]
+    assert world.calls == [("all_reduce", 0b010), ("all_gather", 0b010)]
     assert check.ranks_failing_each([False] * 3) == ((0, 1), (0,), (0, 1))
     assert check.ranks_failing_each([True]) == ((1,),)
     assert check.ranks_failing_each([False]) == ((0, 1),)
-    assert len(calls) == 4  # one collective per call, however many checks
+    assert [name for name, _ in world.calls].count("all_gather") == 4  # one mask exchange each
     for count in (0, check.MAX_CHECKS_AT_ONCE + 1):
         with pytest.raises(UsageError, match=f"1 to 63 checks at once, got {count}"):
             check.ranks_failing_each([True] * count)
+
+
+def test_checks_that_pass_everywhere_take_one_small_all_reduce(monkeypatch) -> None:
+    """The common case costs one single-element all_reduce and no all_gather; a failure on
+    another rank alone (this rank passed everything) still names that rank."""
+    world = ThreeRanks((0, 0))
+    monkeypatch.setattr(check, "any_rank_nonzero", world.any_nonzero)
+    monkeypatch.setattr(check, "gather_ints", world.gather)
+    assert check.ranks_failing_each([True, True, True]) == ((), (), ())
+    assert world.calls == [("all_reduce", 0)]
+    world = ThreeRanks((0, 0b10))
+    monkeypatch.setattr(check, "any_rank_nonzero", world.any_nonzero)
+    monkeypatch.setattr(check, "gather_ints", world.gather)
+    assert check.ranks_failing_each([True, True]) == ((), (2,))
+    assert world.calls == [("all_reduce", 0), ("all_gather", 0)]
+
+
+def _agree_on_two_ranks(rank: int, world: int, store: str) -> None:
+    with gloo_group(rank, world, store):
+        assert check.ranks_failing_each([True, True]) == ((), ())
+        assert check.ranks_failing_each([True, rank == 0]) == ((), (1,))
+        assert check.ranks_failing_each([False, True]) == ((0, 1), ())
+        assert check.any_rank_nonzero(rank) and not check.any_rank_nonzero(0)
+
+
+def test_agreement_on_a_real_gloo_group() -> None:
+    spawn(_agree_on_two_ranks, world=2)
