@@ -1,11 +1,11 @@
 """The transport registry: one transport per signature, created collectively, observable.
 
 `get_or_create(signature, group)` is collective over `group` on every call, hit or miss: the
-ranks first all-gather an 8-byte digest of (signature, backend, strategy, whether they already
-hold it); if the digests differ, every rank sees it and they all exchange the full values with
-`all_gather_object` and raise the same `SignatureMismatchError`, naming the differing values and
-ranks, instead of a hang in the creation collectives that would follow. Non-collective lookups
-use `get` (the one to use inside a CUDA graph capture).
+ranks first compare a 7-byte digest of (signature, backend, strategy, whether they already
+hold it) in one small all_reduce; if the digests differ, every rank sees it and they all exchange
+the full values with `all_gather_object` and raise the same `SignatureMismatchError`, naming the
+differing values and ranks, instead of a hang in the creation collectives that would follow.
+Non-collective lookups use `get` (the one to use inside a CUDA graph capture).
 
 Observability (for the capture window and its detectors):
 - `subscribe(callback) -> unsubscribe`: callbacks get `RegistryMiss`, `BufferAllocated` and
@@ -50,7 +50,6 @@ from harness.transport.torch_backend import (
     REDUCE_SCATTER_IMPLS,
     STRATEGIES,
     TorchDCPTransport,
-    all_gather_flat,
 )
 from harness.warm.protocols import DCPTransport
 from harness.warm.signature import TransportSignature
@@ -281,7 +280,7 @@ class TransportRegistry:
             held = "present on another group"
         mine: tuple[Any, ...] = (signature, self.backend, self.strategy_for(signature), held)
         size = dist.get_world_size(group)
-        if not self._digests_agree(mine, group, size):
+        if not self._digests_agree(mine, group):
             self._raise_disagreement(signature, mine, group, size)
         if held == "present on another group":
             raise SignatureMismatchError(
@@ -294,16 +293,16 @@ class TransportRegistry:
                 f"{signature.dcp_world_size} ranks, get_or_create got a group of {size}"
             )
 
-    def _digests_agree(
-        self, mine: tuple[Any, ...], group: dist.ProcessGroup | None, size: int
-    ) -> bool:
-        """One small all-gather of an 8-byte digest per rank: the cheap common case."""
+    def _digests_agree(self, mine: tuple[Any, ...], group: dist.ProcessGroup | None) -> bool:
+        """The cheap common case: one two-element all_reduce (MAX) of a 7-byte digest and its
+        negation; max(d) == -max(-d) == min(d) exactly when every rank's digest is the same.
+        (7 bytes keep the digest non-negative in int64, so its negation cannot overflow.)"""
         text = repr((mine[0].describe(), *mine[1:])).encode()
-        digest = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big", signed=True)
-        local = torch.tensor([digest], dtype=torch.int64, device=self.device)
-        gathered = torch.empty(size, dtype=torch.int64, device=self.device)
-        all_gather_flat(gathered, local, group=group)
-        return bool((gathered == local).all())
+        digest = int.from_bytes(hashlib.blake2b(text, digest_size=7).digest(), "big")
+        both = torch.tensor([digest, -digest], dtype=torch.int64, device=self.device)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+        highest, negated_lowest = both.tolist()
+        return bool(highest == -negated_lowest)
 
     def _raise_disagreement(
         self,
