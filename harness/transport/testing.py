@@ -23,11 +23,15 @@ LSE patterns (domain.md section 1), per (token, head):
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from harness.transport.reference import reference_combine_heads, reference_gather
+from harness.transport.registry import TransportRegistry
+from harness.warm.protocols import DCPTransport
 from harness.warm.signature import TransportSignature
 
 PATTERNS: tuple[str, ...] = (
@@ -320,3 +324,44 @@ MODELS: dict[str, ModelGeometry] = {
     # DeepSeek-V4 B12X attention TP16: 128 heads / 16 = 8 per rank; 512 both ways.
     "deepseek-v4": ModelGeometry("deepseek-v4", 8, 512, 512),
 }
+
+
+# -- suite helpers ----------------------------------------------------------------------------
+
+
+@dataclass
+class SuiteTransports:
+    """One transport per (implementation, signature) for a whole session of the suite: created
+    on its first request with the registry's collective `get_or_create` (its agreement and its
+    creation collectives), fetched with the local `get` on every later request.
+
+    Every rank of a group runs the same cases in the same order, so every rank makes its first
+    request for a transport in the same case; the agreement on a hit is what lets production
+    code ask again safely, and the registry's own suite and unit tests keep it pinned. A request
+    is remembered before its collective, so a creation that failed on some ranks is never
+    retried by those ranks alone: a later request finds no transport on them and fails there,
+    without entering a collective its peers are not in.
+    """
+
+    registries: Mapping[str, TransportRegistry]
+    _asked: set[tuple[str, TransportSignature]] = field(default_factory=set, init=False)
+
+    def get(
+        self, impl: str, signature: TransportSignature, group: dist.ProcessGroup
+    ) -> DCPTransport:
+        registry = self.registries[impl]
+        key = (impl, signature)
+        if key not in self._asked:
+            self._asked.add(key)
+            return registry.get_or_create(signature, group)
+        transport = registry.get(signature)
+        if transport is None:
+            raise AssertionError(
+                f"{impl} transport [{signature.describe()}] is missing on this rank: "
+                "its creation failed in an earlier case"
+            )
+        if getattr(transport, "group", group) is not group:
+            raise AssertionError(
+                f"{impl} transport [{signature.describe()}] was created on another process group"
+            )
+        return transport

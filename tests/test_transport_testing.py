@@ -1,0 +1,109 @@
+"""The transport suite's helpers: a suite's transports are created collectively once and
+fetched locally after."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+from _support.gloo_spawn import gloo_group, spawn
+
+import harness.transport.registry as registry_module
+from harness.transport.registry import TransportRegistry
+from harness.transport.testing import SuiteTransports
+from harness.warm.signature import TransportSignature
+
+SIG = TransportSignature("bf16", 8, 24, 16, 2, max_tokens=4)
+OTHER = TransportSignature("fp16", 8, 24, 16, 2, max_tokens=4)
+
+# -- SuiteTransports, locally (a stand-in registry records what was asked) -------------------
+
+
+@dataclass
+class _Transport:
+    group: object
+
+
+@dataclass
+class _Registry:
+    fail_creation: bool = False
+    held: dict[TransportSignature, _Transport] = field(default_factory=dict)
+    calls: list[tuple[str, TransportSignature]] = field(default_factory=list)
+
+    def get_or_create(self, signature: TransportSignature, group: object) -> _Transport:
+        self.calls.append(("get_or_create", signature))
+        if self.fail_creation:
+            raise RuntimeError("creation failed")
+        return self.held.setdefault(signature, _Transport(group))
+
+    def get(self, signature: TransportSignature) -> _Transport | None:
+        self.calls.append(("get", signature))
+        return self.held.get(signature)
+
+
+def _suite(**registries: Any) -> SuiteTransports:
+    return SuiteTransports(registries)
+
+
+def test_first_request_is_collective_later_ones_are_local() -> None:
+    ag_rs, a2a = _Registry(), _Registry()
+    transports = _suite(ag_rs=ag_rs, a2a=a2a)
+    group = object()
+    first = transports.get("ag_rs", SIG, group)  # type: ignore[arg-type]
+    assert transports.get("ag_rs", SIG, group) is first  # type: ignore[arg-type]
+    transports.get("ag_rs", OTHER, group)  # type: ignore[arg-type]
+    transports.get("a2a", SIG, group)  # type: ignore[arg-type]
+    assert ag_rs.calls == [("get_or_create", SIG), ("get", SIG), ("get_or_create", OTHER)]
+    assert a2a.calls == [("get_or_create", SIG)]
+
+
+def test_a_failed_creation_is_not_retried_collectively() -> None:
+    registry = _Registry(fail_creation=True)
+    transports = _suite(ag_rs=registry)
+    with pytest.raises(RuntimeError, match="creation failed"):
+        transports.get("ag_rs", SIG, object())  # type: ignore[arg-type]
+    with pytest.raises(AssertionError, match="missing on this rank"):
+        transports.get("ag_rs", SIG, object())  # type: ignore[arg-type]
+    assert registry.calls == [("get_or_create", SIG), ("get", SIG)]
+
+
+def test_a_transport_of_another_group_is_an_error() -> None:
+    transports = _suite(ag_rs=_Registry())
+    transports.get("ag_rs", SIG, object())  # type: ignore[arg-type]
+    with pytest.raises(AssertionError, match="another process group"):
+        transports.get("ag_rs", SIG, object())  # type: ignore[arg-type]
+
+
+# -- SuiteTransports on a real 2-rank group ---------------------------------------------------
+
+
+def _one_agreement_per_transport(rank: int, world: int, store: str) -> None:
+    agreements: list[int] = []
+    real = registry_module.all_gather_flat
+
+    def counting(*args: Any, **kwargs: Any) -> object:
+        agreements.append(1)
+        return real(*args, **kwargs)
+
+    registry_module.all_gather_flat = counting
+    try:
+        with gloo_group(rank, world, store), TransportRegistry() as registry:
+            transports = SuiteTransports({"ag_rs": registry})
+            group = dist.group.WORLD
+            assert group is not None
+            first = transports.get("ag_rs", SIG, group)
+            assert len(agreements) == 1 and registry.counters.creations == 1
+            for _ in range(3):
+                assert transports.get("ag_rs", SIG, group) is first
+            assert len(agreements) == 1  # no collective on a later request
+            assert registry.counters.hits == 3
+    finally:
+        registry_module.all_gather_flat = real
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_later_requests_make_no_collective() -> None:
+    spawn(_one_agreement_per_transport)
