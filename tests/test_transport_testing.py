@@ -1,5 +1,5 @@
-"""The transport suite's helpers: a suite's transports are created collectively once and
-fetched locally after."""
+"""The transport suite's helpers: one case over data-only variants reports every failing
+variant; a suite's transports are created collectively once and fetched locally after."""
 
 from __future__ import annotations
 
@@ -12,11 +12,44 @@ from _support.gloo_spawn import gloo_group, spawn
 
 import harness.transport.registry as registry_module
 from harness.transport.registry import TransportRegistry
-from harness.transport.testing import SuiteTransports
+from harness.transport.testing import SuiteTransports, Variants
 from harness.warm.signature import TransportSignature
 
 SIG = TransportSignature("bf16", 8, 24, 16, 2, max_tokens=4)
 OTHER = TransportSignature("fp16", 8, 24, 16, 2, max_tokens=4)
+
+# -- Variants ---------------------------------------------------------------------------------
+
+
+def test_variants_that_all_pass_pass() -> None:
+    variants = Variants()
+    for name in ("a", "b"):
+        with variants.check(name):
+            assert name
+    variants.assert_all_passed()
+    assert (variants.checked, variants.failed) == (2, [])
+
+
+def test_every_failing_variant_is_named_with_its_message() -> None:
+    variants = Variants()
+    for name in ("random base_e", "nan_inf base_2", "huge_offset base_e"):
+        with variants.check(name):
+            assert name.endswith("base_2"), f"{name} is off"
+    with pytest.raises(AssertionError) as info:
+        variants.assert_all_passed()
+    message = str(info.value)
+    assert message.startswith("2 of 3 variants failed:")
+    assert "random base_e: random base_e is off" in message
+    assert "huge_offset base_e: huge_offset base_e is off" in message
+    assert "nan_inf base_2" not in message
+
+
+def test_a_variant_that_does_not_fail_a_check_stops_the_case() -> None:
+    variants = Variants()
+    with pytest.raises(RuntimeError, match="boom"), variants.check("a"):
+        raise RuntimeError("boom")
+    assert variants.failed == []
+
 
 # -- SuiteTransports, locally (a stand-in registry records what was asked) -------------------
 

@@ -23,7 +23,8 @@ LSE patterns (domain.md section 1), per (token, head):
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -365,3 +366,31 @@ class SuiteTransports:
                 f"{impl} transport [{signature.describe()}] was created on another process group"
             )
         return transport
+
+
+@dataclass
+class Variants:
+    """The checks of one case over variants that differ only in data (LSE patterns, bases):
+    every variant is checked, and the case fails once, at the end, naming every variant that
+    failed with its message, so grouping them in one case hides no failure.
+
+    Only the checks go inside `check`, never a collective: an `AssertionError` from a check
+    is kept and the next variant runs, which is safe because every rank finished the
+    variant's collectives; anything else propagates at once."""
+
+    failed: list[str] = field(default_factory=list)
+    checked: int = 0
+
+    @contextmanager
+    def check(self, name: str) -> Iterator[None]:
+        self.checked += 1
+        try:
+            yield
+        except AssertionError as error:
+            self.failed.append(f"{name}: {error}")
+
+    def assert_all_passed(self) -> None:
+        if self.failed:
+            raise AssertionError(
+                f"{len(self.failed)} of {self.checked} variants failed:\n" + "\n".join(self.failed)
+            )

@@ -22,13 +22,15 @@ from harness.transport.testing import (
     MODELS,
     SUITE_MAX_TOKENS,
     Partials,
+    Variants,
     assert_matches,
     bit_equal,
     make_partials,
 )
 from harness.warm.signature import output_torch_dtype
 
-BASES = pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+# LSE bases by the names the cases report: e (natural log) and 2 (log2 LSEs).
+BASES = {"base_e": True, "base_2": False}
 
 
 def _seed(*parts: object) -> int:
@@ -64,28 +66,37 @@ def test_reduction_matches_oracle(dcp, model, dtype, impl, dcp_group, transports
     sig = spec.signature(dtype, dcp, world.device.type)
     transport = transports.get(impl, sig, group.group)
     parts = _partials(sig, 3, "mixed", _seed(dcp, model, dtype))
-    for base_e in (True, False):
+    variants = Variants()
+    for base, base_e in BASES.items():
         got = _reduce(transport, parts, group.rank, world.device, base_e)
         expected = parts.expected(group.rank, base_e=base_e)
-        assert_matches(got, expected, what=f"{impl} base_e={base_e} rank {group.rank}")
+        with variants.check(base):
+            assert_matches(got, expected, what=f"{impl} {base} rank {group.rank}")
+    variants.assert_all_passed()
 
 
-@BASES
-@pytest.mark.parametrize("pattern", ADVERSARIAL)
 @pytest.mark.parametrize("dcp", DCP_SIZES)
-def test_adversarial_pattern(dcp, pattern, base_e, dcp_group, transports, world) -> None:
-    """Each domain.md LSE case alone (Kimi-K3 geometry, bf16), through every implementation."""
+def test_adversarial_patterns(dcp, dcp_group, transports, world) -> None:
+    """Each domain.md LSE case alone (Kimi-K3 geometry, bf16), in both LSE bases, through every
+    implementation; one case per DCP size that names every (pattern, base, implementation)
+    that failed."""
     group = dcp_group(dcp)
     spec = MODELS["kimi-k3"]
     sig = spec.signature("bf16", dcp, world.device.type)
-    parts = _partials(sig, 2, pattern, _seed(dcp, pattern))
-    expected = parts.expected(group.rank, base_e=base_e)
-    for impl in IMPLS:
-        transport = transports.get(impl, sig, group.group)
-        got = _reduce(transport, parts, group.rank, world.device, base_e)
-        assert_matches(got, expected, what=f"{impl} {pattern} rank {group.rank}")
-        if pattern == "all_empty":
-            assert bit_equal(got, torch.zeros_like(got)), f"{impl}: all-empty is not exactly 0"
+    variants = Variants()
+    for pattern in ADVERSARIAL:
+        parts = _partials(sig, 2, pattern, _seed(dcp, pattern))
+        for base, base_e in BASES.items():
+            expected = parts.expected(group.rank, base_e=base_e)
+            for impl in IMPLS:
+                transport = transports.get(impl, sig, group.group)
+                got = _reduce(transport, parts, group.rank, world.device, base_e)
+                with variants.check(f"{pattern} {base} {impl}"):
+                    assert_matches(got, expected, what=f"{impl} {pattern} rank {group.rank}")
+                    if pattern == "all_empty":
+                        zero = torch.zeros_like(got)
+                        assert bit_equal(got, zero), f"{impl}: all-empty is not exactly 0"
+    variants.assert_all_passed()
 
 
 @pytest.mark.parametrize("dcp", DCP_SIZES)
