@@ -1,5 +1,6 @@
 """The transport suite's helpers: one case over data-only variants reports every failing
-variant; a suite's transports are created collectively once and fetched locally after."""
+variant; a suite's transports are created collectively once and fetched locally after; a
+world's partials compute their oracle once per rank and base."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 from _support.gloo_spawn import gloo_group, spawn
 
 import harness.transport.registry as registry_module
+from harness.transport.reference import reference_combine_heads
 from harness.transport.registry import TransportRegistry
-from harness.transport.testing import SuiteTransports, Variants
+from harness.transport.testing import SuiteTransports, Variants, bit_equal, make_partials
 from harness.warm.signature import TransportSignature
 
 SIG = TransportSignature("bf16", 8, 24, 16, 2, max_tokens=4)
@@ -49,6 +52,22 @@ def test_a_variant_that_does_not_fail_a_check_stops_the_case() -> None:
     with pytest.raises(RuntimeError, match="boom"), variants.check("a"):
         raise RuntimeError("boom")
     assert variants.failed == []
+
+
+# -- Partials --------------------------------------------------------------------------------
+
+
+def test_the_oracle_is_computed_once_and_handed_out_as_new_tensors() -> None:
+    parts = make_partials(4, 3, 8, 16, torch.bfloat16, pattern="mixed", seed=3)
+    for base_e in (True, False):
+        first = parts.expected(1, base_e=base_e)
+        again = parts.expected(1, base_e=base_e)
+        assert again is not first and bit_equal(again, first)
+        first.fill_(0)  # a caller's write does not reach the next caller
+        direct = reference_combine_heads(*parts.head_block(1), base_e=base_e).bfloat16()
+        assert bit_equal(parts.expected(1, base_e=base_e), direct)
+    assert not bit_equal(parts.expected(1), parts.expected(1, base_e=False))
+    assert not bit_equal(parts.expected(0), parts.expected(1))
 
 
 # -- SuiteTransports, locally (a stand-in registry records what was asked) -------------------

@@ -59,7 +59,8 @@ class Partials:
     The LSEs (small) are held whole; outputs are built per (source rank, head block of H/W
     heads) from their own seed, so a rank of a 16-rank job builds only the 2W blocks it needs
     (its own partial, and every rank's partial for its heads) instead of all W^2, and each of
-    them once however often a test asks (its partial per reduction, its oracle per LSE base).
+    them once however often a test asks (its partial per reduction, its oracle per LSE base);
+    the oracle's result too, per rank and base.
     """
 
     world: int
@@ -73,6 +74,9 @@ class Partials:
     garbage: torch.Tensor
     flip: torch.Tensor
     _blocks: dict[tuple[int, int], torch.Tensor] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _expected: dict[tuple[int, bool], torch.Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -125,8 +129,13 @@ class Partials:
 
     def expected(self, rank: int, *, base_e: bool = True) -> torch.Tensor:
         """The oracle for rank `rank`: the independent float64 reference on its head block
-        (`harness.transport.reference`, no code shared with the transports), in `dtype`."""
-        return reference_combine_heads(*self.head_block(rank), base_e=base_e).to(self.dtype)
+        (`harness.transport.reference`, no code shared with the transports), in `dtype`; computed
+        once per (rank, base) however often asked (a new tensor each time)."""
+        key = (rank, base_e)
+        if key not in self._expected:
+            combined = reference_combine_heads(*self.head_block(rank), base_e=base_e)
+            self._expected[key] = combined.to(self.dtype)
+        return self._expected[key].clone()
 
 
 def _block_seed(seed: int, src: int, index: int) -> int:
