@@ -23,11 +23,16 @@ LSE patterns (domain.md section 1), per (token, head):
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from harness.transport.reference import reference_combine_heads, reference_gather
+from harness.transport.registry import TransportRegistry
+from harness.warm.protocols import DCPTransport
 from harness.warm.signature import TransportSignature
 
 PATTERNS: tuple[str, ...] = (
@@ -54,7 +59,8 @@ class Partials:
     The LSEs (small) are held whole; outputs are built per (source rank, head block of H/W
     heads) from their own seed, so a rank of a 16-rank job builds only the 2W blocks it needs
     (its own partial, and every rank's partial for its heads) instead of all W^2, and each of
-    them once however often a test asks (its partial per reduction, its oracle per LSE base).
+    them once however often a test asks (its partial per reduction, its oracle per LSE base);
+    the oracle's result too, per rank and base.
     """
 
     world: int
@@ -68,6 +74,9 @@ class Partials:
     garbage: torch.Tensor
     flip: torch.Tensor
     _blocks: dict[tuple[int, int], torch.Tensor] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _expected: dict[tuple[int, bool], torch.Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -120,8 +129,13 @@ class Partials:
 
     def expected(self, rank: int, *, base_e: bool = True) -> torch.Tensor:
         """The oracle for rank `rank`: the independent float64 reference on its head block
-        (`harness.transport.reference`, no code shared with the transports), in `dtype`."""
-        return reference_combine_heads(*self.head_block(rank), base_e=base_e).to(self.dtype)
+        (`harness.transport.reference`, no code shared with the transports), in `dtype`; computed
+        once per (rank, base) however often asked (a new tensor each time)."""
+        key = (rank, base_e)
+        if key not in self._expected:
+            combined = reference_combine_heads(*self.head_block(rank), base_e=base_e)
+            self._expected[key] = combined.to(self.dtype)
+        return self._expected[key].clone()
 
 
 def _block_seed(seed: int, src: int, index: int) -> int:
@@ -320,3 +334,72 @@ MODELS: dict[str, ModelGeometry] = {
     # DeepSeek-V4 B12X attention TP16: 128 heads / 16 = 8 per rank; 512 both ways.
     "deepseek-v4": ModelGeometry("deepseek-v4", 8, 512, 512),
 }
+
+
+# -- suite helpers ----------------------------------------------------------------------------
+
+
+@dataclass
+class SuiteTransports:
+    """One transport per (implementation, signature) for a whole session of the suite: created
+    on its first request with the registry's collective `get_or_create` (its agreement and its
+    creation collectives), fetched with the local `get` on every later request.
+
+    Every rank of a group runs the same cases in the same order, so every rank makes its first
+    request for a transport in the same case; the agreement on a hit is what lets production
+    code ask again safely, and the registry's own suite and unit tests keep it pinned. A request
+    is remembered before its collective, so a creation that failed on some ranks is never
+    retried by those ranks alone: a later request finds no transport on them and fails there,
+    without entering a collective its peers are not in.
+    """
+
+    registries: Mapping[str, TransportRegistry]
+    _asked: set[tuple[str, TransportSignature]] = field(default_factory=set, init=False)
+
+    def get(
+        self, impl: str, signature: TransportSignature, group: dist.ProcessGroup
+    ) -> DCPTransport:
+        registry = self.registries[impl]
+        key = (impl, signature)
+        if key not in self._asked:
+            self._asked.add(key)
+            return registry.get_or_create(signature, group)
+        transport = registry.get(signature)
+        if transport is None:
+            raise AssertionError(
+                f"{impl} transport [{signature.describe()}] is missing on this rank: "
+                "its creation failed in an earlier case"
+            )
+        if getattr(transport, "group", group) is not group:
+            raise AssertionError(
+                f"{impl} transport [{signature.describe()}] was created on another process group"
+            )
+        return transport
+
+
+@dataclass
+class Variants:
+    """The checks of one case over variants that differ only in data (LSE patterns, bases):
+    every variant is checked, and the case fails once, at the end, naming every variant that
+    failed with its message, so grouping them in one case hides no failure.
+
+    Only the checks go inside `check`, never a collective: an `AssertionError` from a check
+    is kept and the next variant runs, which is safe because every rank finished the
+    variant's collectives; anything else propagates at once."""
+
+    failed: list[str] = field(default_factory=list)
+    checked: int = 0
+
+    @contextmanager
+    def check(self, name: str) -> Iterator[None]:
+        self.checked += 1
+        try:
+            yield
+        except AssertionError as error:
+            self.failed.append(f"{name}: {error}")
+
+    def assert_all_passed(self) -> None:
+        if self.failed:
+            raise AssertionError(
+                f"{len(self.failed)} of {self.checked} variants failed:\n" + "\n".join(self.failed)
+            )

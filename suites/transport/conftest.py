@@ -1,7 +1,8 @@
 """Fixtures of the transport suite: one registry per reduction implementation, DCP groups.
 
 Every rank runs the same tests in the same order; transports are created on first use inside a
-test (collective over that test's DCP group) and reused by later tests of the session.
+test (collective over that test's DCP group) and fetched locally by later tests of the session
+(`transports`).
 Geometries and implementations live in `harness.transport.testing` (shared with unit tests).
 """
 
@@ -14,7 +15,7 @@ import pytest
 import torch.distributed as dist
 
 from harness.transport.registry import TransportRegistry
-from harness.transport.testing import IMPLS
+from harness.transport.testing import IMPLS, SuiteTransports
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -37,6 +38,13 @@ def registries(world) -> Iterator[dict[str, TransportRegistry]]:
     yield made
     for registry in made.values():
         registry.close()
+
+
+@pytest.fixture(scope="session")
+def transports(registries) -> SuiteTransports:
+    """`transports.get(impl, signature, group)`: created collectively on the session's first
+    request, a local lookup after (see `SuiteTransports`)."""
+    return SuiteTransports(registries)
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from harness.warm.signature import query_torch_dtype
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("dcp", DCP_SIZES)
-def test_gather_is_bit_exact(dcp, model, dtype, dcp_group, registries, world) -> None:
+def test_gather_is_bit_exact(dcp, model, dtype, dcp_group, transports, world) -> None:
     group = dcp_group(dcp)
     spec = MODELS[model]
     sig = spec.signature(dtype, dcp, world.device.type)
-    transport = registries["ag_rs"].get_or_create(sig, group.group)
+    transport = transports.get("ag_rs", sig, group.group)
     for batch in (1, SUITE_MAX_TOKENS):
         queries = make_queries(
             dcp, batch, spec.local_heads, spec.query_head_dim, query_torch_dtype(sig), seed=batch
@@ -39,10 +39,10 @@ def test_gather_is_bit_exact(dcp, model, dtype, dcp_group, registries, world) ->
 
 
 @pytest.mark.parametrize("dcp", DCP_SIZES)
-def test_gather_into_out_and_same_result_twice(dcp, dcp_group, registries, world) -> None:
+def test_gather_into_out_and_same_result_twice(dcp, dcp_group, transports, world) -> None:
     group = dcp_group(dcp)
     sig = MODELS["kimi-k3"].signature("bf16", dcp, world.device.type)
-    transport = registries["a2a"].get_or_create(sig, group.group)
+    transport = transports.get("a2a", sig, group.group)
     queries = make_queries(
         dcp, 3, sig.local_heads, sig.query_head_dim, query_torch_dtype(sig), seed=5
     )

@@ -9,6 +9,7 @@ its own partial, and checks its heads against the reference on its head block.
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import pytest
@@ -22,13 +23,15 @@ from harness.transport.testing import (
     MODELS,
     SUITE_MAX_TOKENS,
     Partials,
+    Variants,
     assert_matches,
     bit_equal,
     make_partials,
 )
 from harness.warm.signature import output_torch_dtype
 
-BASES = pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+# LSE bases by the names the cases report: e (natural log) and 2 (log2 LSEs).
+BASES = {"base_e": True, "base_2": False}
 
 
 def _seed(*parts: object) -> int:
@@ -48,6 +51,11 @@ def _partials(sig, batch: int, pattern: str, seed: int) -> Partials:
     )
 
 
+# The implementations of one geometry are adjacent cases that reduce the same inputs against
+# the same oracle: built once for them (`Partials` keeps its blocks and its oracle results).
+_shared_partials = functools.lru_cache(maxsize=2)(_partials)
+
+
 def _reduce(transport, parts, rank, device, base_e):
     out, lse = parts.of_rank(rank)
     return transport.reduce_outputs(out.to(device), lse.to(device), base_e=base_e).cpu()
@@ -57,39 +65,48 @@ def _reduce(transport, parts, rank, device, base_e):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("dcp", DCP_SIZES)
-def test_reduction_matches_oracle(dcp, model, dtype, impl, dcp_group, registries, world) -> None:
+def test_reduction_matches_oracle(dcp, model, dtype, impl, dcp_group, transports, world) -> None:
     """Mixed adversarial patterns (every kind in one tensor), both LSE bases."""
     group = dcp_group(dcp)
     spec = MODELS[model]
     sig = spec.signature(dtype, dcp, world.device.type)
-    transport = registries[impl].get_or_create(sig, group.group)
-    parts = _partials(sig, 3, "mixed", _seed(dcp, model, dtype))
-    for base_e in (True, False):
+    transport = transports.get(impl, sig, group.group)
+    parts = _shared_partials(sig, 3, "mixed", _seed(dcp, model, dtype))
+    variants = Variants()
+    for base, base_e in BASES.items():
         got = _reduce(transport, parts, group.rank, world.device, base_e)
         expected = parts.expected(group.rank, base_e=base_e)
-        assert_matches(got, expected, what=f"{impl} base_e={base_e} rank {group.rank}")
+        with variants.check(base):
+            assert_matches(got, expected, what=f"{impl} {base} rank {group.rank}")
+    variants.assert_all_passed()
 
 
-@BASES
-@pytest.mark.parametrize("pattern", ADVERSARIAL)
 @pytest.mark.parametrize("dcp", DCP_SIZES)
-def test_adversarial_pattern(dcp, pattern, base_e, dcp_group, registries, world) -> None:
-    """Each domain.md LSE case alone (Kimi-K3 geometry, bf16), through every implementation."""
+def test_adversarial_patterns(dcp, dcp_group, transports, world) -> None:
+    """Each domain.md LSE case alone (Kimi-K3 geometry, bf16), in both LSE bases, through every
+    implementation; one case per DCP size that names every (pattern, base, implementation)
+    that failed."""
     group = dcp_group(dcp)
     spec = MODELS["kimi-k3"]
     sig = spec.signature("bf16", dcp, world.device.type)
-    parts = _partials(sig, 2, pattern, _seed(dcp, pattern))
-    expected = parts.expected(group.rank, base_e=base_e)
-    for impl, registry in registries.items():
-        transport = registry.get_or_create(sig, group.group)
-        got = _reduce(transport, parts, group.rank, world.device, base_e)
-        assert_matches(got, expected, what=f"{impl} {pattern} rank {group.rank}")
-        if pattern == "all_empty":
-            assert bit_equal(got, torch.zeros_like(got)), f"{impl}: all-empty is not exactly 0"
+    variants = Variants()
+    for pattern in ADVERSARIAL:
+        parts = _partials(sig, 2, pattern, _seed(dcp, pattern))
+        for base, base_e in BASES.items():
+            expected = parts.expected(group.rank, base_e=base_e)
+            for impl in IMPLS:
+                transport = transports.get(impl, sig, group.group)
+                got = _reduce(transport, parts, group.rank, world.device, base_e)
+                with variants.check(f"{pattern} {base} {impl}"):
+                    assert_matches(got, expected, what=f"{impl} {pattern} rank {group.rank}")
+                    if pattern == "all_empty":
+                        zero = torch.zeros_like(got)
+                        assert bit_equal(got, zero), f"{impl}: all-empty is not exactly 0"
+    variants.assert_all_passed()
 
 
 @pytest.mark.parametrize("dcp", DCP_SIZES)
-def test_one_hot_routing_is_exact(dcp, dcp_group, registries, world) -> None:
+def test_one_hot_routing_is_exact(dcp, dcp_group, transports, world) -> None:
     """One live rank per (token, head): the result is that rank's output, bit for bit, and its
     encoded channels name the source rank, the global head and the token."""
     group = dcp_group(dcp)
@@ -100,8 +117,8 @@ def test_one_hot_routing_is_exact(dcp, dcp_group, registries, world) -> None:
     block, block_lses = parts.head_block(group.rank)  # [W, B, h, D], [W, B, h]
     live = torch.isfinite(block_lses).int().argmax(dim=0)  # [B, h]: the one live source rank
     heads = torch.arange(group.rank * h, (group.rank + 1) * h, dtype=torch.float32)
-    for impl, registry in registries.items():
-        transport = registry.get_or_create(sig, group.group)
+    for impl in IMPLS:
+        transport = transports.get(impl, sig, group.group)
         got = _reduce(transport, parts, group.rank, world.device, True)
         assert torch.equal(got[..., 0].float(), live.float() + 1), f"{impl}: wrong source rank"
         assert torch.equal(got[..., 1].float(), heads.expand_as(live) + 1), f"{impl}: wrong head"
@@ -114,14 +131,14 @@ def test_one_hot_routing_is_exact(dcp, dcp_group, registries, world) -> None:
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("dcp", DCP_SIZES)
-def test_ag_rs_equals_a2a(dcp, dtype, dcp_group, registries, world) -> None:
+def test_ag_rs_equals_a2a(dcp, dtype, dcp_group, transports, world) -> None:
     group = dcp_group(dcp)
     spec = MODELS["kimi-k3"]
     sig = spec.signature(dtype, dcp, world.device.type)
     parts = _partials(sig, 3, "random", _seed(dcp, dtype, "agrs=a2a"))
     results = {}
-    for impl, registry in registries.items():
-        transport = registry.get_or_create(sig, group.group)
+    for impl in IMPLS:
+        transport = transports.get(impl, sig, group.group)
         results[impl] = _reduce(transport, parts, group.rank, world.device, True)
     for impl in ("ag_rs", "ag_rs_a2a"):
         assert_matches(results[impl], results["a2a"], what=f"{impl} vs a2a")
@@ -129,11 +146,11 @@ def test_ag_rs_equals_a2a(dcp, dtype, dcp_group, registries, world) -> None:
 
 @pytest.mark.parametrize("impl", list(IMPLS))
 @pytest.mark.parametrize("dcp", DCP_SIZES)
-def test_same_seed_same_bits(dcp, impl, dcp_group, registries, world) -> None:
+def test_same_seed_same_bits(dcp, impl, dcp_group, transports, world) -> None:
     group = dcp_group(dcp)
     spec = MODELS["kimi-k3"]
     sig = spec.signature("bf16", dcp, world.device.type)
-    transport = registries[impl].get_or_create(sig, group.group)
+    transport = transports.get(impl, sig, group.group)
     runs = []
     for _ in range(2):
         parts = _partials(sig, 2, "mixed", _seed(dcp, "twice"))
@@ -142,14 +159,14 @@ def test_same_seed_same_bits(dcp, impl, dcp_group, registries, world) -> None:
 
 
 @pytest.mark.parametrize("dcp", DCP_SIZES)
-def test_capacity_is_fixed_at_creation(dcp, dcp_group, registries, world) -> None:
+def test_capacity_is_fixed_at_creation(dcp, dcp_group, registries, transports, world) -> None:
     """A batch of max_tokens works; one more is a clear error, on every rank, before any
     collective; and no call allocates anything after creation."""
     group = dcp_group(dcp)
     spec = MODELS["kimi-k3"]
     sig = spec.signature("bf16", dcp, world.device.type)
     registry = registries["ag_rs"]
-    transport = registry.get_or_create(sig, group.group)
+    transport = transports.get("ag_rs", sig, group.group)
     before = registry.counters
     for batch in (SUITE_MAX_TOKENS, 1):
         parts = _partials(sig, batch, "random", batch)
