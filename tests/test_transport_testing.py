@@ -12,7 +12,6 @@ import torch
 import torch.distributed as dist
 from _support.gloo_spawn import gloo_group, spawn
 
-import harness.transport.registry as registry_module
 from harness.transport.reference import reference_combine_heads
 from harness.transport.registry import TransportRegistry
 from harness.transport.testing import SuiteTransports, Variants, bit_equal, make_partials
@@ -133,13 +132,13 @@ def test_a_transport_of_another_group_is_an_error() -> None:
 
 def _one_agreement_per_transport(rank: int, world: int, store: str) -> None:
     agreements: list[int] = []
-    real = registry_module.all_gather_flat
+    real = TransportRegistry._digests_agree
 
-    def counting(*args: Any, **kwargs: Any) -> object:
+    def counting(*args: Any, **kwargs: Any) -> bool:
         agreements.append(1)
         return real(*args, **kwargs)
 
-    registry_module.all_gather_flat = counting
+    TransportRegistry._digests_agree = counting
     try:
         with gloo_group(rank, world, store), TransportRegistry() as registry:
             transports = SuiteTransports({"ag_rs": registry})
@@ -152,7 +151,7 @@ def _one_agreement_per_transport(rank: int, world: int, store: str) -> None:
             assert len(agreements) == 1  # no collective on a later request
             assert registry.counters.hits == 3
     finally:
-        registry_module.all_gather_flat = real
+        TransportRegistry._digests_agree = real
 
 
 @pytest.mark.slow
