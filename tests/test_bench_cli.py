@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed
 
 from harness.bench.cli import QUICK, options_from_args, register
 from harness.cli import COMMAND_MODULES, main
@@ -100,6 +101,31 @@ def test_nccl_fails_closed_without_gpus(tmp_path: Path, capsys: pytest.CaptureFi
     assert err.count("\n") == 0  # one line
     assert "--backend nccl needs CUDA GPUs" in err and "GPU node" in err
     assert not out.exists()
+
+
+def test_nccl_is_checked_for_the_largest_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real-tree run has its own rank count: 8 GPUs cannot run its 16 ranks."""
+    from harness.bench.driver import check_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    out = str(tmp_path / "b.json")
+    small = (
+        "--backend",
+        "nccl",
+        "--out",
+        out,
+        "--nproc-per-node",
+        "8",
+        "--real-nproc-per-node",
+        "16",
+    )
+    with pytest.raises(UsageError, match="16 ranks on this node need 16 GPUs, 8 visible"):
+        check_backend(parse(*small))
+    check_backend(parse(*small, "--skip", "real"))
 
 
 def test_quick_profile_and_the_real_run_size(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from typing import TextIO
 from harness.bench.launching import measure_runs, run_ranks
 from harness.bench.report import build_report, print_report, summarize, write_report
 from harness.errors import QualificationError, UsageError
+from harness.launch.options import check_backend_available
 from harness.launch.plan import REPO_ROOT
 from harness.schema.bench import (
     BenchOptions,
@@ -38,18 +39,11 @@ from harness.schema.bench import (
 
 
 def check_backend(options: BenchOptions) -> None:
-    """Fail closed before measuring anything when NCCL cannot run here."""
-    if options.backend != "nccl":
-        return
-    import torch
-
-    if torch.cuda.device_count() >= options.nproc:
-        return
-    why = f"{options.nproc} ranks need {options.nproc} GPUs, {torch.cuda.device_count()} visible"
-    if not torch.cuda.is_available():
-        why = f"this torch ({torch.__version__}) reports torch.cuda.is_available() == False"
-    raise UsageError(
-        f"--backend nccl needs CUDA GPUs; {why}; the NCCL measurement runs on the GPU node"
+    """Fail closed before measuring anything when the backend cannot run the largest launch
+    here (the real-tree run has its own rank count)."""
+    ranks = max(options.nproc, options.real_nproc if options.wants("real") else 0)
+    check_backend_available(
+        options.backend, ranks, remedy="the NCCL measurement runs on the GPU node"
     )
 
 

@@ -12,7 +12,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from harness.errors import UsageError
-from harness.launch.options import add_arguments, choose, resolve_nproc
+from harness.launch.options import (
+    add_arguments,
+    check_backend_available,
+    choose,
+    resolve_nproc,
+)
 from harness.launch.plan import RunOptions
 
 DESCRIPTION = (
@@ -45,15 +50,6 @@ def _pytest_args(extra: list[str]) -> tuple[str, ...]:
     if extra:
         raise UsageError(f"unexpected argument {extra[0]!r}; pytest arguments go after --")
     return ()
-
-
-def _check_backend_available(backend: str) -> None:
-    if backend != "nccl":
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise UsageError("--backend nccl needs CUDA GPUs, and torch.cuda.is_available() is False")
 
 
 def _check_warm_impl(name: str) -> None:
@@ -138,7 +134,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     options = options_from_args(args)
     _check_suites_geometry(options)
-    _check_backend_available(options.backend)
+    check_backend_available(options.backend, options.nproc_per_node)
     _check_warm_impl(options.warm_impl)
     _check_real_trees_available(options.models)
     return launcher.run(options)
