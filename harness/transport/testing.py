@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from harness.transport.reference import reference_combine_heads, reference_gather
-from harness.transport.registry import TransportRegistry
+from harness.transport.registry import TransportRegistry, created_on
 from harness.warm.protocols import DCPTransport
 from harness.warm.signature import TransportSignature
 
@@ -370,7 +370,7 @@ class SuiteTransports:
                 f"{impl} transport [{signature.describe()}] is missing on this rank: "
                 "its creation failed in an earlier case"
             )
-        if getattr(transport, "group", group) is not group:
+        if not created_on(transport, group):
             raise AssertionError(
                 f"{impl} transport [{signature.describe()}] was created on another process group"
             )
