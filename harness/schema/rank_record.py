@@ -297,3 +297,15 @@ class RankRecord(JsonValue):
 
 def rank_record_path(records_dir: Path, rank: int) -> Path:
     return records_dir / f"rank-{rank:02d}.json"
+
+
+# Where a rank's other files lie in the out folder: written by the rank, read by the launcher
+# and the evidence writer.
+
+
+def junit_path(out_dir: Path, rank: int) -> Path:
+    return out_dir / "junit" / f"rank-{rank:02d}.xml"
+
+
+def stacks_path(out_dir: Path, rank: int) -> Path:
+    return out_dir / "stacks" / f"rank-{rank:02d}.txt"
