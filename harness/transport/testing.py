@@ -6,7 +6,8 @@ from, so a misrouted slice cannot pass: channel 0 holds the source rank + 1, cha
 + 1 (global head for queries), channel 2 the token + 1 (small integers, exact in bf16); the
 rest is seeded noise.
 
-LSE patterns (domain.md section 1), per (token, head):
+LSE patterns (the empty and degenerate shards of `harness.transport.reference`), per
+(token, head):
 - `random`: N(0, 3^2) on every rank;
 - `empty_shards`: some ranks -inf, with NaN outputs;
 - `nan_inf`: some ranks NaN or +inf (empty shards too), with NaN / huge garbage outputs;

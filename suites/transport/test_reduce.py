@@ -83,7 +83,7 @@ def test_reduction_matches_oracle(dcp, model, dtype, impl, dcp_group, transports
 
 @pytest.mark.parametrize("dcp", DCP_SIZES)
 def test_adversarial_patterns(dcp, dcp_group, transports, world) -> None:
-    """Each domain.md LSE case alone (Kimi-K3 geometry, bf16), in both LSE bases, through every
+    """Each adversarial LSE pattern alone (Kimi-K3 geometry, bf16), in both LSE bases, through every
     implementation; one case per DCP size that names every (pattern, base, implementation)
     that failed."""
     group = dcp_group(dcp)
