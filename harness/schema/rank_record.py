@@ -103,6 +103,18 @@ class WorldBreak(JsonValue):
 
 
 @dataclass(frozen=True, config=STRICT)
+class ErrorNote(JsonValue):
+    """What a rank adds to torchrun's per-worker error file (`extraInfo.dcpqual`) when it fails
+    first: its global rank, the test (None: outside a test), the message and when. torchrun's
+    own fields say none of this by rank, so the launcher reads the root cause from here."""
+
+    rank: NonNegativeInt
+    test: str | None
+    message: str
+    time: float
+
+
+@dataclass(frozen=True, config=STRICT)
 class Selection(JsonValue):
     """What this rank's pytest was told to select, beside what it collected: the targets it
     was given, those of them that are not the repository's whole suites/ folder, how many
