@@ -16,7 +16,7 @@ A suite's placed cases move, in their order, to the front of that suite: one blo
 runs the block's cases of its lane, agreeing on each with its lane only; a case of another
 lane is a skip on this rank, and its record line names the ranks that ran it. After the
 block's last case every rank meets every other (`join`) to learn which of the block's cases
-failed, so the whole world stops at the same place (`--dcpqual-maxfail`): a lane that reached
+failed, so the whole world stops at the same place (`dcpqual run --maxfail`): a lane that reached
 its stop runs none of its remaining cases of the block, which keep no outcome there, as any
 test after a stop.
 
