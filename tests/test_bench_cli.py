@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed
 
 from harness.bench.cli import QUICK, options_from_args, register
 from harness.cli import COMMAND_MODULES, main
@@ -102,6 +103,31 @@ def test_nccl_fails_closed_without_gpus(tmp_path: Path, capsys: pytest.CaptureFi
     assert not out.exists()
 
 
+def test_nccl_is_checked_for_the_largest_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real-tree run has its own rank count: 8 GPUs cannot run its 16 ranks."""
+    from harness.bench.driver import check_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    out = str(tmp_path / "b.json")
+    small = (
+        "--backend",
+        "nccl",
+        "--out",
+        out,
+        "--nproc-per-node",
+        "8",
+        "--real-nproc-per-node",
+        "16",
+    )
+    with pytest.raises(UsageError, match="16 ranks on this node need 16 GPUs, 8 visible"):
+        check_backend(parse(*small))
+    check_backend(parse(*small, "--skip", "real"))
+
+
 def test_quick_profile_and_the_real_run_size(tmp_path: Path) -> None:
     options = parse("--out", str(tmp_path / "b.json"), "--quick", "--profile")
     assert options.profile and options.real_nproc == QUICK["real_nproc"] == 2
@@ -113,7 +139,7 @@ def test_real_section_without_vllm_is_skipped_with_the_reason(
 ) -> None:
     from harness.bench import driver
 
-    monkeypatch.setattr(driver.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(driver, "vllm_installed", lambda: False)
     others = "transport,capture,discovery,launch"
     got = driver.measure(
         parse("--out", str(tmp_path / "b.json"), "--skip", others), tmp_path, print
@@ -133,7 +159,7 @@ def test_real_section_runs_the_real_trees_at_its_own_size(
         asked.update(nproc=options.real_nproc, models=models, work=work.name)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(driver.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(driver, "vllm_installed", lambda: True)
     monkeypatch.setattr(driver, "measure_runs", fake_launch)
     argv = ("--skip", "transport,capture,discovery,launch", "--real-nproc-per-node", "4")
     got = driver.measure(parse("--out", str(tmp_path / "b.json"), *argv), tmp_path, print)

@@ -77,7 +77,7 @@ def test_without_torchruns_report_the_first_rank_stderr_is_shown(tmp_path: Path)
 
 
 class Exited(Exception):
-    """What the fake `os._exit` raises: a bench rank never returns from leaving."""
+    """What the fake `exit_now` raises: a bench rank never returns from leaving."""
 
 
 class FakeGroup:
@@ -96,7 +96,7 @@ class FakeGroup:
             self._note(f"exit {code}")
             raise Exited(code)
 
-        monkeypatch.setattr(ranks.os, "_exit", leave)
+        monkeypatch.setattr(ranks, "exit_now", leave)
 
         def measure(clock: Any, options: Any) -> Any:
             self._note("measure")

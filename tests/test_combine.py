@@ -1,5 +1,5 @@
 """The combine oracle against an independent per-element float64 reference, on every adversarial
-LSE case of domain.md, and proof that the checks catch a wrong combine (deliberate mutations)."""
+LSE pattern, and proof that the checks catch a wrong combine (deliberate mutations)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def naive_combine(outputs: torch.Tensor, lses: torch.Tensor, rank: int, base_e: bool):
-    """domain.md section 1, one (token, head) at a time, in Python floats (float64)."""
+    """The definitions of `harness.transport.reference`, one (token, head) at a time, in
+    Python floats (float64)."""
     world, batch, heads, dim = outputs.shape
     h = heads // world
     exp = math.exp if base_e else (lambda x: 2.0**x)
@@ -81,7 +82,7 @@ def test_the_float64_reference_matches_the_per_element_loop(pattern: str, base_e
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
 def test_the_merged_lse_matches_the_reference(pattern: str, base_e: bool) -> None:
-    """`combine_weights(...).lse` is the merged L of domain.md (-inf where every shard is
+    """`combine_weights(...).lse` is the merged L of the definitions (-inf where every shard is
     empty), not only a by-product of the weights."""
     parts = make_partials(4, 3, 8, 4, torch.float32, pattern=pattern, seed=41)
     got = combine.combine_weights(parts.lses, base_e=base_e).lse.double()

@@ -10,6 +10,7 @@ from harness.launch.collect import first_torchrun_error, parse_error_file, run_c
 from harness.launch.plan import RunOptions, build_plan
 from harness.launch.progress import PlainProgress, Snapshot, snapshot, wants_plain
 from harness.launch.rankview import RecordReader
+from harness.rank.rankfiles import write_error_file
 from harness.schema.launch import Launch, NodeState
 from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
 
@@ -41,6 +42,27 @@ def test_error_files_in_both_of_torchs_shapes(tmp_path):
     assert parse_error_file(plain, tmp_path).message == "SIGSEGV"  # type: ignore[union-attr]
     (tmp_path / "junk.json").write_text("{not json")
     assert parse_error_file(tmp_path / "junk.json", tmp_path) is None
+
+
+def test_the_rank_s_error_file_names_its_rank_to_the_launcher(tmp_path, monkeypatch):
+    """The rank writes its note through the schema's ErrorNote, the launcher reads it back."""
+    path = tmp_path / "torchrun/node-00/run/attempt_0/3/error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    write_error_file(3, "suites/x.py::t", "boom", "Traceback ...")
+    err = parse_error_file(path, tmp_path)
+    assert err is not None and (err.rank, err.message) == (3, "rank 3 in suites/x.py::t: boom")
+    note = json.loads(path.read_text())["message"]["extraInfo"]["dcpqual"]
+    assert set(note) == {"rank", "test", "message", "time"} and err.time == note["time"]
+
+
+def test_a_note_that_is_not_the_rank_s_names_no_rank(tmp_path):
+    path = tmp_path / "error.json"
+    extra = {"timestamp": "9", "dcpqual": {"rank": 2, "message": "m", "time": 1.0, "who": "me"}}
+    path.write_text(json.dumps({"message": {"message": "boom", "extraInfo": extra}}))
+    err = parse_error_file(path, tmp_path)
+    assert err is not None and (err.rank, err.message, err.time) == (None, "boom", 9.0)
+    path.write_text(json.dumps({"message": ["not", "torch's", "shape"]}))
+    assert parse_error_file(path, tmp_path) is None
 
 
 def test_first_error_is_the_earliest_over_every_node(tmp_path):

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import pytest
 import torch.distributed as dist
 from _support.watchdog import CountingStore
+from pydantic import ValidationError
 
 from harness.rank.agreement import LocalResult
-from harness.rank.sidechannel import SideChannel
+from harness.rank.sidechannel import AbortNotice, SideChannel
+from harness.rank.subworld import BlockReport
 
 
 def channels(world: int) -> list[SideChannel]:
@@ -88,7 +91,7 @@ def test_first_abort_reason_wins():
     chans = channels(2)
     chans[1].signal_abort("first")
     chans[0].signal_abort("second")
-    assert chans[0].abort_info() == {"rank": 1, "reason": "first"}
+    assert chans[0].abort_info() == AbortNotice(rank=1, reason="first")
     assert chans[0].aborted()
 
 
@@ -137,12 +140,25 @@ def test_a_lane_gathers_its_own_ranks_keyed_by_global_rank():
 
 def test_block_states_are_gathered_from_every_rank():
     chans = channels(2)
-    chans[0].post_block(1, {"failed": [], "hard": False})
-    chans[1].post_block(1, {"failed": [4], "hard": False})
+    chans[0].post_block(1, BlockReport())
+    chans[1].post_block(1, BlockReport(failed=(4,), hard=True))
     assert chans[0].gather_block(1, time.monotonic() + 5) == {
-        0: {"failed": [], "hard": False},
-        1: {"failed": [4], "hard": False},
+        0: BlockReport(failed=(), hard=False),
+        1: BlockReport(failed=(4,), hard=True),
     }
+
+
+def test_the_wire_keeps_its_json_shape_and_refuses_unknown_keys():
+    """Ranks of one run may post and read these keys from different threads and versions of
+    the value; the JSON is the contract: plain objects, unknown keys an error."""
+    chans = channels(2)
+    chans[1].post_block(2, BlockReport(failed=(3, 5), hard=False))
+    chans[1].signal_abort("terminated")
+    assert json.loads(chans[0].store.get("blk/2/1")) == {"failed": [3, 5], "hard": False}
+    assert json.loads(chans[0].store.get("abort")) == {"rank": 1, "reason": "terminated"}
+    chans[0].store.set("blk/2/0", json.dumps({"failed": [], "hard": False, "extra": 1}))
+    with pytest.raises(ValidationError):
+        chans[0].gather_block(2, time.monotonic() + 5)
 
 
 def test_a_thread_s_channel_shares_the_store_client():

@@ -37,7 +37,8 @@ def test_a_test_past_its_timeout_is_failed_with_stacks_and_the_rank_exits(watchd
     assert "per-test timeout" in (out / "stacks" / "rank-00.txt").read_text()
     posted = chans[1].peer_results(0)[0]
     assert posted.kind == "timeout" and posted.fail_seq == 1
-    assert chans[1].abort_info()["rank"] == 0
+    notice = chans[1].abort_info()
+    assert notice is not None and notice.rank == 0
 
 
 def test_a_peer_failure_aborts_a_rank_still_in_the_test_after_the_grace(watchdog_world):

@@ -9,6 +9,7 @@ import pytest
 
 from harness.rank.agreement import LocalResult, agree
 from harness.rank.subworld import (
+    BlockReport,
     BlockState,
     Lane,
     join,
@@ -126,32 +127,32 @@ def test_a_lane_stops_at_its_failure_only_when_maxfail_is_reached() -> None:
 
 
 def test_the_join_gives_every_rank_the_same_stop() -> None:
-    posted = {0: {"failed": [], "hard": False}, 1: {"failed": [5], "hard": False}}
-    joined = merge({**posted, 2: {"failed": [5, 2], "hard": False}}, 3)
+    posted = {0: BlockReport(), 1: BlockReport(failed=(5,))}
+    joined = merge({**posted, 2: BlockReport(failed=(5, 2))}, 3)
     assert joined.failed == (2, 5) and not joined.missing
     assert joined.stop(0, 2) and not joined.stop(0, 3) and joined.stop(1, 3)
     assert not joined.stop(9, 0)
-    clean = merge({r: {"failed": [], "hard": False} for r in range(3)}, 3)
+    clean = merge({r: BlockReport() for r in range(3)}, 3)
     assert not clean.stop(0, 1)
     assert merge(posted, 3).missing == (2,) and merge(posted, 3).stop(0, 0)
-    assert merge({0: {"failed": [], "hard": True}}, 1).stop(0, 0)
+    assert merge({0: BlockReport(hard=True)}, 1).stop(0, 0)
 
 
 def test_join_posts_this_ranks_failures_and_reads_everyones() -> None:
     class Channel:
         def __init__(self) -> None:
-            self.store: dict[int, dict] = {1: {"failed": [7], "hard": False}}
+            self.store: dict[int, BlockReport] = {1: BlockReport(failed=(7,))}
 
-        def post_block(self, block: int, value: dict) -> None:
+        def post_block(self, block: int, report: BlockReport) -> None:
             assert block == 3
-            self.store[0] = value
+            self.store[0] = report
 
-        def gather_block(self, block: int, deadline: float) -> dict[int, dict]:
+        def gather_block(self, block: int, deadline: float) -> dict[int, BlockReport]:
             return dict(self.store)
 
     state = BlockState()
     state.note_failure(2, hard=False)
     channel = Channel()
     joined = join(channel, 3, state, 2, wait_s=1.0)
-    assert channel.store[0] == {"failed": [2], "hard": False}
+    assert channel.store[0] == BlockReport(failed=(2,), hard=False)
     assert joined.failed == (2, 7) and joined.missing == ()

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed
 
 from harness.cli import build_parser, main
 from harness.errors import UsageError
 from harness.launch import launcher
 from harness.launch.collect import chosen_options
-from harness.launch.options import RUN_OPTIONS, resolve_nproc
+from harness.launch.options import RUN_OPTIONS, check_backend_available, resolve_nproc
 from harness.launch.plan import RunOptions, build_plan
 from harness.launch.rerun import absolute_nodeid, plugin_args
 from harness.schema.plan import RankPlan
@@ -107,6 +108,42 @@ def test_the_same_value_under_two_spellings_is_one_value(launched):
         "2",
     )
     assert (twice.nproc_per_node, twice.tp, twice.dcp) == (2, 4, 2)
+
+
+def machine(monkeypatch, *, cuda: bool, nccl: bool, gpus: int) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: nccl)
+
+
+@pytest.mark.parametrize(
+    "cuda, nccl, gpus, ranks, refused",
+    [
+        (True, True, 8, 8, None),  # one GPU per local rank: runs
+        (True, True, 8, 2, None),
+        (True, True, 1, 2, "2 ranks on this node need 2 GPUs, 1 visible"),
+        (True, False, 8, 8, "built without NCCL"),
+        (False, True, 0, 1, "torch.cuda.is_available() == False"),
+    ],
+)
+def test_nccl_needs_cuda_nccl_and_a_gpu_per_local_rank(
+    monkeypatch, cuda, nccl, gpus, ranks, refused
+):
+    machine(monkeypatch, cuda=cuda, nccl=nccl, gpus=gpus)
+    check_backend_available("gloo", ranks)  # gloo asks nothing of the machine
+    if refused is None:
+        check_backend_available("nccl", ranks)
+        return
+    with pytest.raises(UsageError, match="--backend nccl needs CUDA GPUs") as info:
+        check_backend_available("nccl", ranks, remedy="try elsewhere")
+    assert refused in str(info.value) and str(info.value).endswith("; try elsewhere")
+
+
+def test_run_refuses_nccl_with_fewer_gpus_than_ranks_per_node(monkeypatch, launched, capsys):
+    machine(monkeypatch, cuda=True, nccl=True, gpus=1)
+    assert main(["run", "--nproc-per-node", "2", "--backend", "nccl"]) == 2
+    assert "2 ranks on this node need 2 GPUs, 1 visible" in capsys.readouterr().err
+    assert launched == []
 
 
 def test_nproc_words_resolve_like_torchrun_and_are_recorded(launched):

@@ -113,6 +113,24 @@ def test_verify_works_without_torch(
     assert proc.returncode == 1, proc.stdout + proc.stderr
 
 
+def test_verify_imports_no_torch_where_torch_is_installed(tmp_path: Path, repo_root: Path) -> None:
+    """Working without torch is not enough: an import of torch guarded by `except ImportError`
+    would pass the light environment and still cost every verify torch's import here."""
+    bundle = tmp_path / "good"
+    finalize_bundle(bundle, passing_run(bundle, world=2))
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "harness", "verify", str(bundle)],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    names = imported_modules(proc.stderr)
+    assert "harness.evidence.verify" in names, "importtime output not understood"
+    assert sorted(n for n in names if n.split(".")[0] in HEAVY) == []
+
+
 # `dcpqual run` up to the point where it would start torchrun, with the launch replaced by a
 # line that names the heavy packages imported by then: the checks of its options need none.
 UNTIL_LAUNCH = f"""

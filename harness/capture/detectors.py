@@ -123,7 +123,7 @@ class TransportRegistryDetector(_RegistryDetector):
 class TransportBufferDetector(_RegistryDetector):
     """A buffer allocated through the registry's allocator while the window is open.
 
-    On CPU this is the simulation's memory-growth signal (domain.md section 4); on GPU it also
+    On CPU this is the simulation's memory-growth signal; on GPU it also
     catches lazy staging that the graph's private memory pool would hide from
     `torch.cuda.memory_stats()` deltas.
     """

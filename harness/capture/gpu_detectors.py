@@ -95,7 +95,7 @@ def memory_growth(
 
 
 class CudaMemoryDetector(Detector):
-    """Device memory growth across the capture (domain.md section 4), CUDA only.
+    """Device memory growth across the capture, CUDA only.
 
     The baseline is taken when the capture begins, after the window's warm-up iterations: those
     run on the capture's side stream precisely so that allocator and library first-use settles

@@ -158,8 +158,8 @@ def _in_order(items: Iterable[str]) -> list[str]:
 
 
 def transports(ranks: RankFiles) -> list[str]:
-    """Transport backends the ranks say they ran (record `extra["transport"]` or
-    `extra["transports"]`), e.g. "torch:ag_rs", "torch:a2a" or "b12x"."""
+    """Transport backends the ranks say they ran (record `extra.used_transports()`), e.g.
+    "torch:ag_rs", "torch:a2a" or "b12x"."""
     return sorted({t for record in ranks.records.values() for t in record.extra.used_transports()})
 
 

@@ -70,7 +70,7 @@ def failed_tests(ranks: RankFiles, root_cause: RootCause | None) -> list[FailedT
 
 
 def ranks_rootdir(ranks: RankFiles) -> str | None:
-    """The pytest rootdir the ranks report (`extra["rootdir"]`), lowest rank first."""
+    """The pytest rootdir the ranks report (`extra.rootdir`), lowest rank first."""
     for rank in sorted(ranks.records):
         rootdir = ranks.records[rank].extra.rootdir
         if rootdir:

@@ -36,17 +36,13 @@ from junitparser import (
 
 from harness.evidence.collect import RankFiles, in_progress
 from harness.evidence.schema import Tally
-from harness.schema.rank_record import RankRecord, suite_of
+from harness.schema.rank_record import RankRecord, junit_path, suite_of
 
 PROP_RANK = "dcpqual.rank"
 PROP_SUITE = "dcpqual.suite"
 PROP_SOURCE = "dcpqual.source"
 LIFECYCLE_SUITE = "ranks"  # suite of the synthesized cases of ranks that left nothing
 OUTCOME_ORDER = ("failed", "error", "passed", "skipped")  # precedence across ranks
-
-
-def junit_path(out_dir: Path, rank: int) -> Path:
-    return out_dir / "junit" / f"rank-{rank:02d}.xml"
 
 
 def mangle(nodeid: str) -> tuple[str, str]:

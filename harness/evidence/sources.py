@@ -1,6 +1,6 @@
 """Source identity: commit and git tree of the harness checkout, versions of vLLM and b12x.
 
-Identity is a commit *and* a tree, never a branch or tag (domain.md section 5). A dirty checkout
+Identity is a commit *and* a tree, never a branch or tag. A dirty checkout
 is recorded as such: its commit and tree then do not fully identify the code that ran, which the
 receipt says in its limitations. Peers are looked up in installed package metadata, without
 importing them (importing vLLM is slow and can fail on a CPU build).

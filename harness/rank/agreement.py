@@ -26,7 +26,7 @@ from typing import Literal
 from pydantic import Field, NonNegativeInt
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from harness.schema.base import JsonValue, adapter_of
+from harness.schema.base import JsonValue
 from harness.schema.capture import STRICT
 from harness.schema.rank_record import Outcome, TestOutcome
 
@@ -59,16 +59,6 @@ class LocalResult(JsonValue):
     @property
     def failing(self) -> bool:
         return self.outcome in FAILING
-
-    def to_wire(self) -> str:
-        """Compact JSON, straight from the model (each rank posts one per test)."""
-        return adapter_of(LocalResult).dump_json(self).decode()
-
-    @classmethod
-    def from_wire(cls, raw: bytes | str) -> LocalResult:
-        """A peer's posted result; a wrong type or an unknown key is a ValidationError."""
-        value: LocalResult = adapter_of(cls).validate_json(raw)
-        return value
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,6 @@ Rank-side only: imports only core, schema and its own package. Inert when not un
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import signal
 import sys
@@ -37,7 +35,7 @@ from typing import Any
 import pytest
 
 from harness.rank.agreement import Agreement, LocalResult, agree, compare_collections
-from harness.rank.bootstrap import BootstrapError, RankEnv, init_process_group, teardown
+from harness.rank.bootstrap import BootstrapError, RankEnv, exit_now, init_process_group, teardown
 from harness.rank.fixtures import PLUGIN_NAME, rank_plan, record_capture, world
 from harness.rank.rankfiles import RecordKeeper, dump_stacks, junit_path, write_error_file
 from harness.rank.sidechannel import SideChannel
@@ -496,17 +494,7 @@ class RankPlugin:
                 self.watchdog.stop()
             self._restore_sigterm()
         if self.fast_exit and self._session is not None:
-            self._exit_now(int(self._session.exitstatus))
-
-    @staticmethod
-    def _exit_now(code: int) -> None:
-        """Skip interpreter teardown: records and junit are final, and 16 ranks tearing down
-        torch on a few cores cost seconds of every run. Output is flushed first."""
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+            exit_now(int(self._session.exitstatus))  # records and junit are final
 
     def _restore_sigterm(self) -> None:
         if self._wakeup is None:

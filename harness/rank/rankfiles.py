@@ -32,19 +32,18 @@ from typing import Any
 
 from harness.atomic import atomic_write_text
 from harness.schema.capture import CaptureRecord
-from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
+from harness.schema.rank_record import (
+    ErrorNote,
+    RankRecord,
+    TestOutcome,
+    rank_record_path,
+    stacks_path,
+)
+from harness.schema.rank_record import junit_path as junit_path  # re-exported for the plugin
 
 
 def utc_now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
-def stacks_path(out_dir: Path, rank: int) -> Path:
-    return out_dir / "stacks" / f"rank-{rank:02d}.txt"
-
-
-def junit_path(out_dir: Path, rank: int) -> Path:
-    return out_dir / "junit" / f"rank-{rank:02d}.xml"
 
 
 def _compact(value: Any) -> str:
@@ -257,7 +256,7 @@ def write_error_file(rank: int, test: str | None, message: str, callstack: str =
             "extraInfo": {
                 "py_callstack": callstack or message,
                 "timestamp": str(int(time.time())),
-                "dcpqual": {"rank": rank, "test": test, "message": message, "time": time.time()},
+                "dcpqual": ErrorNote(rank, test, message, time.time()).to_json(),
             },
         }
     }

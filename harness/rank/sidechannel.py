@@ -7,10 +7,12 @@ once. Keys (under a per-run prefix):
 
     col/<rank>          the test ids this rank collected (JSON list)
     res/<i>/<rank>      this rank's `LocalResult` for test number i
-    blk/<b>/<rank>      this rank's failures in block b of sub-world cases (`harness.rank.subworld`)
+    blk/<b>/<rank>      this rank's `BlockReport`: its failures in block b of sub-world cases
+                        (`harness.rank.subworld`)
     failseq             global counter: order in which ranks observed failures
     fails/<i>           how many ranks failed test i so far
-    abort               set by a rank leaving abnormally (SIGTERM, timeout, abort)
+    abort               an `AbortNotice`, set by the first rank leaving abnormally (SIGTERM,
+                        timeout, abort)
     alarms              global counter, raised after every failure and every abort: a watchdog
                         reads this one key while nothing happened, and the others only when it
                         moved
@@ -33,13 +35,27 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypeVar
 
 import torch.distributed as dist
+from pydantic import NonNegativeInt
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from harness.rank.agreement import LocalResult
+from harness.rank.subworld import BlockReport
+from harness.schema.base import JsonValue
+from harness.schema.capture import STRICT
 
 StoreLost = RuntimeError  # c10d raises RuntimeError subclasses (DistStoreError, DistNetworkError)
+T = TypeVar("T")
+
+
+@pydantic_dataclass(frozen=True, config=STRICT)
+class AbortNotice(JsonValue):
+    """The `abort` key: the first rank that left abnormally, and why (peers name it)."""
+
+    rank: NonNegativeInt
+    reason: str
 
 
 class SideChannel:
@@ -78,15 +94,13 @@ class SideChannel:
 
     # -- primitives -----------------------------------------------------------------------
 
-    def _set(self, key: str, value: Any, encode: Callable[[Any], str] = json.dumps) -> None:
+    def _set(self, key: str, value: T, encode: Callable[[T], str] = json.dumps) -> None:
         try:
             self.store.set(key, encode(value))
         except StoreLost:
             self.lost = True
 
-    def _get_many(
-        self, keys: Sequence[str], decode: Callable[[bytes], Any] = json.loads
-    ) -> list[Any] | None:
+    def _get_many(self, keys: Sequence[str], decode: Callable[[bytes], T]) -> list[T] | None:
         try:
             if not self.store.check(list(keys)):
                 return None
@@ -120,8 +134,8 @@ class SideChannel:
         *,
         early: Callable[[], bool] | None = None,
         ranks: Sequence[int] | None = None,
-        decode: Callable[[bytes], Any] = json.loads,
-    ) -> dict[int, Any]:
+        decode: Callable[[bytes], T],
+    ) -> dict[int, T]:
         """Values of `prefix/<rank>` for every rank (or `ranks`), or those that arrived by
         `deadline`.
 
@@ -148,7 +162,7 @@ class SideChannel:
             time.sleep(pause)
             pause = min(self.poll_s, pause * 2)
         present = self._present(keys)
-        out: dict[int, Any] = {}
+        out: dict[int, T] = {}
         for key in present:
             values = self._get_many([key], decode)
             if values is not None:
@@ -161,7 +175,8 @@ class SideChannel:
         self._set(f"col/{self.rank}", list(nodeids))
 
     def gather_collections(self, deadline: float) -> dict[int, list[str]]:
-        return {r: list(v) for r, v in self._gather("col", deadline, early=self.aborted).items()}
+        lists = self._gather("col", deadline, early=self.aborted, decode=json.loads)
+        return {r: list(v) for r, v in lists.items()}
 
     # -- per-test results -----------------------------------------------------------------
 
@@ -204,29 +219,28 @@ class SideChannel:
 
     # -- sub-world blocks -----------------------------------------------------------------
 
-    def post_block(self, block: int, value: dict[str, Any]) -> None:
-        self._set(f"blk/{block}/{self.rank}", value)
+    def post_block(self, block: int, report: BlockReport) -> None:
+        self._set(f"blk/{block}/{self.rank}", report, encode=BlockReport.to_wire)
 
-    def gather_block(self, block: int, deadline: float) -> dict[int, dict[str, Any]]:
-        return {
-            r: dict(v)
-            for r, v in self._gather(f"blk/{block}", deadline, early=self.aborted).items()
-        }
+    def gather_block(self, block: int, deadline: float) -> dict[int, BlockReport]:
+        return self._gather(
+            f"blk/{block}", deadline, early=self.aborted, decode=BlockReport.from_wire
+        )
 
     # -- aborts ---------------------------------------------------------------------------
 
     def signal_abort(self, reason: str) -> None:
         """Tell peers this rank is leaving abnormally; the first reason wins."""
         try:
-            self.store.compare_set("abort", "", json.dumps({"rank": self.rank, "reason": reason}))
+            self.store.compare_set("abort", "", AbortNotice(self.rank, reason).to_wire())
         except StoreLost:
             self.lost = True
             return
         self._counter("alarms", 1)
 
-    def abort_info(self) -> dict[str, Any] | None:
-        values = self._get_many(["abort"])
-        return None if values is None else dict(values[0])
+    def abort_info(self) -> AbortNotice | None:
+        values = self._get_many(["abort"], decode=AbortNotice.from_wire)
+        return None if values is None else values[0]
 
     def aborted(self) -> bool:
         return self.lost or bool(self._present(["abort"]))

@@ -16,7 +16,7 @@ A suite's placed cases move, in their order, to the front of that suite: one blo
 runs the block's cases of its lane, agreeing on each with its lane only; a case of another
 lane is a skip on this rank, and its record line names the ranks that ran it. After the
 block's last case every rank meets every other (`join`) to learn which of the block's cases
-failed, so the whole world stops at the same place (`--dcpqual-maxfail`): a lane that reached
+failed, so the whole world stops at the same place (`dcpqual run --maxfail`): a lane that reached
 its stop runs none of its remaining cases of the block, which keep no outcome there, as any
 test after a stop.
 
@@ -30,6 +30,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pydantic import NonNegativeInt
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from harness.schema.base import JsonValue
+from harness.schema.capture import STRICT
 from harness.schema.rank_record import SubworldBlock, SubworldLane
 
 MARKER = "subworld"
@@ -126,6 +131,15 @@ def plan(
     return order, SubworldPlan(lanes, blocks, block_ends)
 
 
+@pydantic_dataclass(frozen=True, config=STRICT)
+class BlockReport(JsonValue):
+    """What one rank posts after a block (`join`): its lane's agreed failed cases (positions in
+    the collection) and whether one of them was a failure the run cannot go on after."""
+
+    failed: tuple[NonNegativeInt, ...] = ()
+    hard: bool = False
+
+
 @dataclass
 class BlockState:
     """This rank's view of the block it is in: its lane's agreed failures so far."""
@@ -142,6 +156,9 @@ class BlockState:
         if self.hard:
             return True
         return maxfail > 0 and bool(self.failed) and failures_before + len(self.failed) >= maxfail
+
+    def report(self) -> BlockReport:
+        return BlockReport(tuple(self.failed), self.hard)
 
 
 @dataclass(frozen=True)
@@ -175,15 +192,15 @@ def size_of(item: Marked) -> int | None:
 
 
 class BlockChannel(Protocol):
-    def post_block(self, block: int, value: dict[str, Any]) -> None: ...
+    def post_block(self, block: int, report: BlockReport) -> None: ...
 
-    def gather_block(self, block: int, deadline: float) -> dict[int, dict[str, Any]]: ...
+    def gather_block(self, block: int, deadline: float) -> dict[int, BlockReport]: ...
 
 
-def merge(posted: Mapping[int, Mapping[str, Any]], world_size: int) -> Joined:
-    """Every rank's block state -> the one `Joined` every rank applies."""
-    failed = sorted({int(p) for value in posted.values() for p in value.get("failed", [])})
-    hard = any(bool(value.get("hard")) for value in posted.values())
+def merge(posted: Mapping[int, BlockReport], world_size: int) -> Joined:
+    """Every rank's block report -> the one `Joined` every rank applies."""
+    failed = sorted({p for report in posted.values() for p in report.failed})
+    hard = any(report.hard for report in posted.values())
     missing = tuple(r for r in range(world_size) if r not in posted)
     return Joined(tuple(failed), hard, missing)
 
@@ -192,5 +209,5 @@ def join(
     channel: BlockChannel, block: int, state: BlockState, world_size: int, *, wait_s: float
 ) -> Joined:
     """Post this rank's block state and wait (at most `wait_s`) for every rank's."""
-    channel.post_block(block, {"failed": list(state.failed), "hard": state.hard})
+    channel.post_block(block, state.report())
     return merge(channel.gather_block(block, time.monotonic() + wait_s), world_size)

@@ -333,7 +333,7 @@ class Watchdog:
         if failed:
             who = f"rank(s) {', '.join(map(str, failed))} failed it"
         elif info:
-            who = f"rank {info.get('rank')} left the job ({info.get('reason')})"
+            who = f"rank {info.rank} left the job ({info.reason})"
         else:
             who = "a peer failed"
         mine = self._aborted(

@@ -55,6 +55,16 @@ class JsonValue:
         value: Self = adapter_of(cls).validate_python(data)
         return value
 
+    def to_wire(self) -> str:
+        """Compact JSON text, straight from the model (what the ranks' side channel carries)."""
+        return adapter_of(type(self)).dump_json(self).decode()
+
+    @classmethod
+    def from_wire(cls, raw: bytes | str) -> Self:
+        """The value a peer posted; a wrong type or an unknown key is a ValidationError."""
+        value: Self = adapter_of(cls).validate_json(raw)
+        return value
+
 
 def checked_derived(data: Any, handler: Callable[[Any], Any], name: str, what: str) -> Any:
     """For a wrap validator: `data` validated without its derived key `name`, which, when

@@ -103,6 +103,18 @@ class WorldBreak(JsonValue):
 
 
 @dataclass(frozen=True, config=STRICT)
+class ErrorNote(JsonValue):
+    """What a rank adds to torchrun's per-worker error file (`extraInfo.dcpqual`) when it fails
+    first: its global rank, the test (None: outside a test), the message and when. torchrun's
+    own fields say none of this by rank, so the launcher reads the root cause from here."""
+
+    rank: NonNegativeInt
+    test: str | None
+    message: str
+    time: float
+
+
+@dataclass(frozen=True, config=STRICT)
 class Selection(JsonValue):
     """What this rank's pytest was told to select, beside what it collected: the targets it
     was given, those of them that are not the repository's whole suites/ folder, how many
@@ -297,3 +309,15 @@ class RankRecord(JsonValue):
 
 def rank_record_path(records_dir: Path, rank: int) -> Path:
     return records_dir / f"rank-{rank:02d}.json"
+
+
+# Where a rank's other files lie in the out folder: written by the rank, read by the launcher
+# and the evidence writer.
+
+
+def junit_path(out_dir: Path, rank: int) -> Path:
+    return out_dir / "junit" / f"rank-{rank:02d}.xml"
+
+
+def stacks_path(out_dir: Path, rank: int) -> Path:
+    return out_dir / "stacks" / f"rank-{rank:02d}.txt"

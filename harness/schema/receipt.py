@@ -1,14 +1,15 @@
 """The receipt (`receipt.json`, schema "dcpqual-receipt/v1") as pydantic models.
 
-The field names of design.md are the contract and are kept exactly; fields marked "extension"
-below were added after it (extending is allowed, renaming is not). Models are frozen and forbid
-unknown keys at every level (no free-form dicts), so `dcpqual verify` rejects a receipt that was
-edited to say more than the writer wrote, and `schemas/receipt.json` describes it exactly.
+The field names of v1 as first written are the contract and are kept exactly; fields marked
+"extension" below were added since (extending is allowed, renaming is not). Models are frozen
+and forbid unknown keys at every level (no free-form dicts), so `dcpqual verify` rejects a
+receipt that was edited to say more than the writer wrote, and `schemas/receipt.json` describes
+it exactly.
 Values are validated where they are born: geometry and digests check themselves.
 
-`limitations` stays a list of "key: text" lines (what design.md lists and every reader so far
-reads); `limitation_items` (extension) holds the same limitations as `{key, text}` objects, and
-must render to exactly those lines, so a tool can match keys without parsing text.
+`limitations` stays a list of "key: text" lines (the v1 form, which every reader reads);
+`limitation_items` (extension) holds the same limitations as `{key, text}` objects, and must
+render to exactly those lines, so a tool can match keys without parsing text.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The DCP output combine: LSE-weighted sum of per-rank partial attention outputs.
 
 This is the oracle every transport is checked against, and also the local step of the A2A
-strategy. The math is domain.md section 1, written as small named steps so the unit tests can
-break each one on purpose and show that the adversarial cases catch it:
+strategy. The math is the definitions of `harness.transport.reference`, written as small named
+steps so the unit tests can break each one on purpose and show that the adversarial cases catch
+it:
 
 - `sanitize_lse`: NaN or +inf counts as -inf (an empty shard);
 - `reference_max`: m = max_n l_n, and 0 where every shard is empty (so no -inf - -inf);

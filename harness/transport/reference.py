@@ -1,6 +1,6 @@
 """An independent float64 reference for the DCP query gather and the LSE combine.
 
-Written from domain.md section 1 alone, in numpy, so that it shares no code and no formulas
+Written from the definitions below alone, in numpy, so that it shares no code and no formulas
 with what it checks: `combine` (the torch oracle and the transports' in-place steps) computes
 the weights as `exp(l_n - m) / sum_n exp(l_n - m)` in fp32 with named masking helpers; this
 module computes the merged LSE `L = m + log sum_n exp(l_n - m)` first and then the textbook

@@ -75,6 +75,11 @@ BACKENDS: tuple[str, ...] = ("torch", "b12x")
 Subscriber = Callable[[RegistryEvent], None]
 
 
+def created_on(transport: DCPTransport, group: dist.ProcessGroup | None) -> bool:
+    """Was `transport` created on `group`? One that names no group (a stand-in) is on any."""
+    return getattr(transport, "group", group) is group
+
+
 def _global_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
@@ -274,7 +279,7 @@ class TransportRegistry:
         """Exchange what each rank asks for; raise the same error on every rank if they differ."""
         if existing is None:
             held = "absent"
-        elif getattr(existing, "group", group) is group:
+        elif created_on(existing, group):
             held = "present"
         else:
             held = "present on another group"

