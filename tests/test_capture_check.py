@@ -136,3 +136,24 @@ def _agree_on_two_ranks(rank: int, world: int, store: str) -> None:
 
 def test_agreement_on_a_real_gloo_group() -> None:
     spawn(_agree_on_two_ranks, world=2)
+
+
+def _ranges_on_two_ranks(rank: int, world: int, store: str) -> None:
+    with gloo_group(rank, world, store):
+        big = 2**63 - 1
+        assert check.int_ranges([rank, 7, -big, big - rank]) == (
+            (0, 1),
+            (7, 7),
+            (-big, -big),
+            (big - 1, big),
+        )
+        assert check.same_on_every_rank('["kimi", 96]')
+        assert not check.same_on_every_rank('["kimi", 96]' if rank else '["kimi", 69]')
+        assert not check.same_on_every_rank("x" * (1 + rank))
+        assert not check.same_on_every_rank("" if rank else "\0")
+
+
+def test_value_agreement_on_a_real_gloo_group() -> None:
+    """Ranges and equality over two real ranks: one all_reduce each, exact for ints, and any
+    difference in the data (a character, the length) seen by every rank."""
+    spawn(_ranges_on_two_ranks, world=2)

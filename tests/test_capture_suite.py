@@ -50,7 +50,7 @@ def test_vendored_warmup_passes_the_whole_capture_suite(runs) -> None:
     assert code == 0, tail
     failed = [t for t, o in outcomes.items() if o not in ("passed", "skipped")]
     assert failed == [], tail
-    assert sum(o == "passed" for o in outcomes.values()) >= 14
+    assert sum(o == "passed" for o in outcomes.values()) >= 10
 
 
 def test_before_kimi_fails_exactly_the_kimi_captures(runs) -> None:
@@ -60,5 +60,5 @@ def test_before_kimi_fails_exactly_the_kimi_captures(runs) -> None:
     assert failed == [KIMI_CAPTURE], tail
     assert f"{6 * WORLD} heads x 576 -> 512" in tail  # TP16/DCP2: 6 local heads x 2
     controls = [t for t in outcomes if "test_negative_controls" in t]
-    assert len(controls) >= 17 and list(outcomes)[: len(controls)] == controls
+    assert len(controls) >= 12 and list(outcomes)[: len(controls)] == controls
     assert all(outcomes[t] in ("passed", "skipped") for t in controls), tail

@@ -17,7 +17,7 @@ from harness.schema.plan import RankPlan
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
 COLLECTED = (
-    "suites/capture/test_negative_controls.py::test_detector_control[dynamo-detected]",
+    "suites/capture/test_negative_controls.py::test_detector_control[dynamo]",
     "suites/capture/test_capture.py::test_capture_has_no_lazy_work[kimi-k3]",
     "suites/real/test_real_trees.py::test_real_capture_has_no_lazy_work",
     "suites/transport/test_gather.py::test_gather_is_bit_exact[2-kimi-k3-bf16]",

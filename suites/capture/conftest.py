@@ -53,7 +53,7 @@ def pytest_collection_modifyitems(
 
 
 def _off_rank_detector(nodeid: str) -> str | None:
-    return next((d for d in OFF_RANK if f"::test_detector_control[{d}-" in nodeid), None)
+    return next((d for d in OFF_RANK if f"::test_detector_control[{d}]" in nodeid), None)
 
 
 def _place(item: pytest.Item) -> int:

@@ -25,13 +25,15 @@ suite's conftest), so a run that qualifies a broken warmup still shows every det
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from harness.capture.broken_warms import BROKEN_WARMS
 from harness.capture.check import DETECTOR_NAMES, capture_record, default_detectors
 from harness.capture.detector import without
 from harness.capture.events import LazySpecializationError
-from harness.capture.offrank import OFF_RANK, run_control
+from harness.capture.offrank import OFF_RANK, VARIANTS, ControlOutcome, run_control
 from harness.capture.window import CaptureWindow
 from harness.errors import GeometryError, QualificationError
 from harness.transport.registry import TransportRegistry
@@ -109,23 +111,23 @@ def test_seed_control_strict_names_the_signature(
     agree(ok, f"strict window names the lazily created Kimi transport (got: {message})")
 
 
-@pytest.mark.parametrize("removed", [False, True], ids=["detected", "detectors-removed"])
-def test_seed_control_record(
-    removed, world, qualification, prepare, agree, record_capture, request
-):
-    prepared = prepare("kimi-k3", "before-kimi")
+def test_seed_control_record(world, qualification, prepare, agree_all, record_capture, request):
+    """Two record windows over the same lazy creation, each on its own freshly warmed model:
+    with every detector it is seen; with the seed detectors removed it goes unseen."""
+
+    def window_over_the_creation(removed: bool) -> tuple[Any, CaptureWindow, int, str]:
+        prepared = prepare("kimi-k3", "before-kimi")
+        detectors = prepared.detectors()
+        if removed:
+            detectors = without(detectors, *SEED_DETECTORS)
+        window = CaptureWindow(detectors, registry=prepared.registry, mode="record")
+        before = prepared.registry.counters.creations
+        captured = window.capture(prepared.step, prepared.step.make_inputs(seed=21))
+        created = prepared.registry.counters.creations - before
+        return prepared, window, created, captured.path
+
+    prepared, window, created, path = window_over_the_creation(removed=False)
     expected = kimi_signature(qualification, prepared.context)
-    detectors = prepared.detectors()
-    if removed:
-        detectors = without(detectors, *SEED_DETECTORS)
-    window = CaptureWindow(detectors, registry=prepared.registry, mode="record")
-    before = prepared.registry.counters.creations
-    captured = window.capture(prepared.step, prepared.step.make_inputs(seed=21))
-    created = prepared.registry.counters.creations - before
-    if removed:
-        ok = created == 1 and not window.events
-        agree(ok, f"with {SEED_DETECTORS} removed the lazy creation goes unseen ({created=})")
-        return
     _record(
         record_capture,
         request,
@@ -133,18 +135,29 @@ def test_seed_control_record(
         window,
         model="kimi-k3",
         warm_impl=prepared.warm_impl,
-        path=captured.path,
+        path=path,
         expected=SEED_DETECTORS,
     )
     seen = {e.detector for e in window.events}
     lazily_created = [e.signature for e in window.events if e.what.startswith("transport created")]
-    ok = created == 1 and set(SEED_DETECTORS) <= seen and lazily_created == [expected]
-    agree(ok, f"record window sees the Kimi transport created lazily ({seen=}, {created=})")
+    _, unseen_window, unseen_created, _ = window_over_the_creation(removed=True)
+    agree_all(
+        (
+            created == 1 and set(SEED_DETECTORS) <= seen and lazily_created == [expected],
+            f"record window sees the Kimi transport created lazily ({seen=}, {created=})",
+        ),
+        (
+            unseen_created == 1 and not unseen_window.events,
+            f"with {SEED_DETECTORS} removed the lazy creation goes unseen "
+            f"(created={unseen_created})",
+        ),
+    )
 
 
-@pytest.mark.parametrize("removed", [False, True], ids=["detected", "detector-removed"])
 @pytest.mark.parametrize("detector", DETECTOR_NAMES)
-def test_detector_control(detector, removed, world, agree, record_capture, request, off_rank):
+def test_detector_control(detector, world, agree_all, record_capture, request, off_rank):
+    """Both windows of one detector's control: with every detector it reports the control;
+    with that one detector removed the control's work is done and nothing reports it."""
     with TransportRegistry("torch", device=world.device) as registry:
         status = next(
             d.status()
@@ -153,40 +166,49 @@ def test_detector_control(detector, removed, world, agree, record_capture, reque
         )
     if not status.active:
         pytest.skip(f"{detector} cannot run here: {status.reason}")
-    variant = "detector-removed" if removed else "detected"
+    outcomes: dict[str, ControlOutcome] = {}
     if detector in OFF_RANK:
         try:
-            outcome = off_rank(detector, variant)
+            outcomes = {v: o for v in VARIANTS if (o := off_rank(detector, v)) is not None}
         except QualificationError as exc:  # no verdict from the child: every rank fails
-            agree(False, f"{detector} control, run off the ranks: {exc}")
+            agree_all((False, f"{detector} control, run off the ranks: {exc}"))
             return
-        if outcome is None:  # the lowest rank's child process ran it: its verdict decides
-            agree(True, f"{detector} control, run once off the ranks by rank 0")
+        if not outcomes:  # the lowest rank's child process ran it: its verdict decides
+            agree_all((True, f"{detector} control, run once off the ranks by rank 0"))
             return
     else:
-        outcome = run_control(
-            detector, removed=removed, device=world.device, rank=world.rank, world_size=world.size
-        )
-    seen = list(outcome.seen)
-    if removed:
-        agree(
-            outcome.done > 0 and not seen, f"{detector} removed: its control goes unseen ({seen=})"
-        )
-        return
+        outcomes = {
+            variant: run_control(
+                detector,
+                removed=variant == "detector-removed",
+                device=world.device,
+                rank=world.rank,
+                world_size=world.size,
+            )
+            for variant in VARIANTS
+        }
+    detected, removed = outcomes["detected"], outcomes["detector-removed"]
     record_capture(
         capture_record(
             test=request.node.nodeid,
             model="none",
             rank=world.rank,
-            path=outcome.path,
+            path=detected.path,
             warm_impl="none",
-            events=outcome.events,
-            statuses=outcome.statuses,
+            events=detected.events,
+            statuses=detected.statuses,
             negative_control=True,
             expected_detectors=(detector,),
         )
     )
-    agree(outcome.done > 0 and seen == [detector], f"{detector} reports its control ({seen=})")
+    seen, unseen = list(detected.seen), list(removed.seen)
+    agree_all(
+        (detected.done > 0 and seen == [detector], f"{detector} reports its control ({seen=})"),
+        (
+            removed.done > 0 and not unseen,
+            f"{detector} removed: its control goes unseen (seen={unseen})",
+        ),
+    )
 
 
 def _strict_capture(prepared, seed: int) -> tuple[CaptureWindow, LazySpecializationError | None]:

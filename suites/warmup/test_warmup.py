@@ -6,9 +6,11 @@ registry on the run's DCP group, at the run's geometry (TP16/DCP16 on 16 ranks).
 
 from __future__ import annotations
 
-import pytest
-import torch.distributed as dist
+import json
 
+import pytest
+
+from harness.capture.check import int_ranges, same_on_every_rank
 from harness.models import build
 from harness.transport.registry import TransportRegistry
 from harness.warm.discovery import discover
@@ -35,12 +37,6 @@ def build_for(model: str, qualification):
     )
 
 
-def all_ranks_agree(value: object, group: dist.ProcessGroup | None = None) -> list[object]:
-    gathered: list[object] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, value, group=group)
-    return gathered
-
-
 def context_for(qualification, world, model: str = "kimi-k3") -> WarmContext:
     return WarmContext(
         dtype="bf16",
@@ -60,8 +56,8 @@ def test_every_rank_discovers_the_same_signatures(model, qualification, world):
         recognizers=recognizer_set("vendored"),
         static_forward_context=built.static_forward_context,
     )
-    mine = [s.to_json() for s in found.signatures]
-    assert all(theirs == mine for theirs in all_ranks_agree(mine)), "ranks disagree"
+    mine = json.dumps([s.to_json() for s in found.signatures], sort_keys=True)
+    assert same_on_every_rank(mine, device=world.device), "ranks disagree"
     generic = int(qualification.dcp in GENERIC_B12X_DCP)
     expected = {"kimi-k3": 1, "deepseek-v4": 1, "generic-mla": generic, "mixed": 2 + generic}[model]
     assert len(found.signatures) == (expected if qualification.dcp > 1 else 0)
@@ -121,5 +117,5 @@ def test_warmup_creates_each_signature_once_and_is_idempotent(
         for signature in registry.signatures():
             ran = {operation for operation, _ in registry.operations(signature)}
             assert ran == {"gather", "reduce"}, f"[{signature.describe()}] ran only {ran}"
-    counts = all_ranks_agree(report.count)
-    assert len(set(counts)) == 1, f"ranks warmed different numbers of signatures: {counts}"
+    ((fewest, most),) = int_ranges([report.count], device=world.device)
+    assert fewest == most, f"ranks warmed different numbers of signatures: {fewest} to {most}"
