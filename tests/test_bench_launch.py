@@ -159,8 +159,10 @@ def test_a_rank_that_cannot_join_says_why_in_one_line_and_exits_3(
 
 def test_probe_splits_each_test_into_body_and_overhead(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter([0.0, 1.0, 3.0, 3.5, 4.0, 10.0])  # protocol 0..10; call 1..3; a write 3.5..4
+    cpu = iter([0.0, 0.25, 1.0, 1.25, 1.5, 2.0])  # the main thread's CPU at the same moments
 
     monkeypatch.setattr(probe.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(probe.time, "thread_time", lambda: next(cpu))
     phases = probe.Phases()
     write = phases._timer("records_s", lambda: None)
 
@@ -173,7 +175,10 @@ def test_probe_splits_each_test_into_body_and_overhead(monkeypatch: pytest.Monke
     write()
     phases.after(None, "pytest_runtest_protocol", [], {})
     suite = phases.result().suites["transport"]
-    assert suite == {"tests": 1, "tests_s": 2.0, "overhead_s": 8.0, "records_s": 0.5}
+    assert suite == {
+        "tests": 1, "tests_s": 2.0, "overhead_s": 8.0, "records_s": 0.5,
+        "tests_cpu_s": 0.75, "overhead_cpu_s": 1.25, "records_cpu_s": 0.25,
+    }  # fmt: skip
 
 
 def test_probe_names_what_it_could_not_time(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,9 @@ It writes `$DCPQUAL_BENCH_PROBE_DIR/rank-NN.json` at the end of pytest (before t
 fast exit) and nothing else, so the measured run's evidence bundle is unchanged. Phases come
 from pluggy's hook-call monitoring (wall seconds per hook, nested calls included) plus timers
 on the rank plugin's agreement and record writes (main thread only); bench/README.md lists them.
+Each suite phase is also given in CPU seconds of the main thread (`..._cpu_s`): with 16 ranks on
+a few cores, a phase's wall seconds are mostly time spent waiting for a core or the disk, which
+cutting that phase's own work does not give back.
 """
 
 from __future__ import annotations
@@ -47,6 +50,11 @@ TIMED: dict[str, tuple[str, ...]] = {
 BODY_HOOKS = ("pytest_runtest_setup", "pytest_runtest_call", "pytest_runtest_teardown")
 
 
+def cpu_key(phase: str) -> str:
+    """The CPU twin of a wall phase: "records_s" -> "records_cpu_s"."""
+    return phase.removesuffix("_s") + "_cpu_s"
+
+
 class Phases:
     """Wall seconds by phase on this rank, filled by the hook monitor and the timers."""
 
@@ -55,33 +63,38 @@ class Phases:
         self.suites: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.timed: dict[str, float] = defaultdict(float)
         self.unprobed: list[str] = []
-        self._stack: list[tuple[str, float]] = []  # hook, started
+        self._stack: list[tuple[str, float, float]] = []  # hook, started (wall, CPU)
         self._suite: str | None = None
         self._body = 0.0
+        self._body_cpu = 0.0
         self._timed_at_start: dict[str, float] = {}
 
     def before(self, hook: str, impls: Sequence[object], kwargs: Mapping[str, Any]) -> None:
         if hook == "pytest_runtest_protocol":
             parts = str(getattr(kwargs.get("item"), "nodeid", "")).split("/")
             self._suite = parts[1] if parts[0] == "suites" and len(parts) > 2 else parts[0]
-            self._body, self._timed_at_start = 0.0, dict(self.timed)
-        self._stack.append((hook, time.perf_counter()))
+            self._body, self._body_cpu, self._timed_at_start = 0.0, 0.0, dict(self.timed)
+        self._stack.append((hook, time.perf_counter(), time.thread_time()))
 
     def after(
         self, outcome: object, hook: str, impls: Sequence[object], kw: Mapping[str, Any]
     ) -> None:
         if not self._stack:
             return
-        name, started = self._stack.pop()
+        name, started, started_cpu = self._stack.pop()
         seconds = time.perf_counter() - started
+        cpu = time.thread_time() - started_cpu
         self.hooks[name] += seconds
         if name in BODY_HOOKS:
             self._body += seconds
+            self._body_cpu += cpu
         elif name == "pytest_runtest_protocol" and self._suite is not None:
             suite = self.suites[self._suite]
             suite["tests"] += 1
             suite["tests_s"] += self._body
             suite["overhead_s"] += seconds - self._body
+            suite["tests_cpu_s"] += self._body_cpu
+            suite["overhead_cpu_s"] += cpu - self._body_cpu
             for key, total in self.timed.items():
                 suite[key] += total - self._timed_at_start.get(key, 0.0)
             self._suite = None
@@ -105,11 +118,12 @@ class Phases:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if threading.current_thread() is not main:
                 return fn(*args, **kwargs)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.timed[phase] += time.perf_counter() - t0
+                self.timed[cpu_key(phase)] += time.thread_time() - c0
 
         return timed
 
