@@ -36,6 +36,7 @@ from typing import Literal
 from harness.pidfd import pidfd_open
 from harness.rank.agreement import Agreement, LocalResult, agree
 from harness.rank.bootstrap import collective_sequence_numbers
+from harness.rank.forkwire import parent_pid
 from harness.rank.rankfiles import RecordKeeper, dump_stacks, write_error_file
 from harness.rank.sidechannel import SideChannel
 
@@ -105,7 +106,7 @@ class Watchdog:
         self._stopping = threading.Event()
         self._finished = threading.Event()
         self._ppid = os.getppid()
-        self._parent_fd = pidfd_open(self._ppid if agent_pid is None else agent_pid)
+        self._parent_fd = pidfd_open(parent_pid(self._ppid) if agent_pid is None else agent_pid)
         self._kick_r, self._kick_w = os.pipe()  # `stop` wakes the thread at once
         os.set_blocking(self._kick_r, False)
         os.set_blocking(self._kick_w, False)

@@ -54,6 +54,17 @@ class Interruption(Model):
         )
 
 
+class ZygoteState(Model):
+    """How this node's ranks started: forked from one zygote that had imported torch, pytest and
+    the harness (`harness.rank.zygote`), each behind a fork stub torchrun started."""
+
+    pid: NonNegativeInt = 0
+    ready: bool = False  # it said it was ready (its preload done) in its log
+    exit_code: int | None = None  # how it ended; None: still running when the launch ended
+    # Why the launch failed because of it: it could not start, or died before torchrun exited.
+    error: str | None = None
+
+
 class Launch(Model):
     """How this node's torchrun ended (`harness.launch.launcher.launch`)."""
 
@@ -66,3 +77,5 @@ class Launch(Model):
     interrupted: Interruption | None = None
     # Ranks whose process left mid-suite, for which the launcher ended the tree.
     ended_for_ranks_gone_mid_suite: list[NonNegativeInt] = Field(default_factory=list)
+    # None: torchrun started each rank's own interpreter.
+    zygote: ZygoteState | None = None

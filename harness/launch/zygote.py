@@ -1,0 +1,120 @@
+"""The launcher's side of the rank zygote: start it before torchrun, watch it while the run
+lasts, end it after the ranks, and say how it went (`ZygoteState`).
+
+The zygote starts as torchrun does (its own session, the launcher's death signal, the run's
+cgroup), and the launch's `Tracker` follows its children as ranks. torchrun starts right after
+it, without waiting: the stubs wait for its socket while torchrun imports and rendezvouses, so
+the two imports overlap. A zygote that cannot start or exits before torchrun is the launch's
+failure, named in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.launch.plan import ZygotePlan
+from harness.launch.proctree import end_launch_root, start_launch_root
+from harness.rank.forkwire import ZYGOTE_PID_ENV
+from harness.rank.zygote import READY_LINE
+from harness.schema.launch import ZygoteState
+
+STOP_GRACE_S = 5.0
+
+
+@dataclass
+class ZygoteRun:
+    """A started zygote (`proc`), or one that could not start (`error`)."""
+
+    plan: ZygotePlan
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    error: str | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def start(
+        cls,
+        plan: ZygotePlan,
+        log: Path,
+        env: dict[str, str],
+        preexec: Callable[[], None] | None,
+    ) -> ZygoteRun:
+        run = cls(plan, log)
+        try:
+            with log.open("wb") as out:
+                run.proc = start_launch_root(
+                    lambda: subprocess.Popen(
+                        plan.argv,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        preexec_fn=preexec,
+                    )
+                )
+        except OSError as exc:
+            run.error = f"the rank zygote could not start ({' '.join(plan.argv)}): {exc}"
+        return run
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def stub_env(self) -> dict[str, str]:
+        """What the stubs need besides the plan's environment: the zygote's pid."""
+        return {} if self.proc is None else {ZYGOTE_PID_ENV: str(self.proc.pid)}
+
+    def died(self) -> str | None:
+        """The one-line error once the zygote has exited while it was still needed."""
+        if self.error is not None or self.proc is None:
+            return self.error
+        code = self.proc.poll()
+        if code is None:
+            return None
+        self.error = (
+            f"the rank zygote (pid {self.proc.pid}) exited with {code} after "
+            f"{time.monotonic() - self.started:.1f}s, before torchrun did: {self._last_line()}"
+            f" (log: {self.log})"
+        )
+        return self.error
+
+    def _last_line(self) -> str:
+        with contextlib.suppress(OSError):
+            lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
+            if lines:
+                return lines[-1].strip()
+        return "it logged nothing"
+
+    def _ready(self) -> bool:
+        with contextlib.suppress(OSError), self.log.open("rb") as log:
+            return any(line.startswith(READY_LINE.encode()) for line in log)
+        return False
+
+    def stop(self) -> None:
+        """End the zygote (its ranks are gone by now; any left are the launch's strays)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        end_launch_root(self.proc.pid)
+        with contextlib.suppress(OSError):
+            self.plan.socket.unlink(missing_ok=True)
+
+    def state(self) -> ZygoteState:
+        return ZygoteState(
+            pid=self.pid or 0,
+            ready=self._ready(),
+            exit_code=None if self.proc is None else self.proc.returncode,
+            error=self.error,
+        )
