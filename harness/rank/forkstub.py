@@ -121,8 +121,9 @@ def exit_like(status: int) -> None:
     """Leave as the child did: the same exit code, or death by the same signal."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's disposition is fixed
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)  # a signal that does not kill (it was ignored before the fork)
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
