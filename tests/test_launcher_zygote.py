@@ -1,6 +1,8 @@
 """launch() with forked ranks: the zygote's children are contained as torchrun's are (ended at
 the timeout, found as leftovers after torchrun exits), the zygote itself is ended at the end and
-is no stray, and a zygote that cannot start or dies is the launch's failure, in one line."""
+is no stray, and a zygote that cannot start or dies is the launch's failure, in one line; one
+that refuses to fork is not (the ranks start cold), and the state says whether it was used, why
+not, and what the ranks' hash seeds were."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+from harness.launch.collect import launch_limitations
 from harness.launch.launcher import launch
 from harness.launch.plan import RunOptions, ZygotePlan, build_plan
 from harness.launch.proctree import identify
@@ -152,3 +156,74 @@ def test_a_zygote_that_dies_mid_run_ends_the_tree_and_is_named(tmp_path):
     error = result.zygote.error or ""
     assert "exited with 7" in error and "preload failed: boom" in error and "\n" not in error
     assert not pids.exists()  # no rank was ever forked
+
+
+# An agent whose two stubs each run a rank that notes its pid and whether it was forked, then
+# exits 0; the agent exits with the worst of their codes, as torchrun does.
+AGENT_WAIT = """
+import os, subprocess, sys
+out = sys.argv[1]
+stubs = [subprocess.Popen([sys.executable, "-u", "-m", "harness.rank.forkstub", "--", "-m",
+                           "noter", out + f".{r}"], start_new_session=True, cwd=sys.argv[2])
+         for r in (0, 1)]
+sys.exit(max(s.wait() for s in stubs))
+"""
+NOTER = """
+import os, sys
+from harness.rank.parentage import parentage
+open(sys.argv[1], "w").write(f"{os.getpid()} {parentage().forked}")
+"""
+THREADED = (
+    "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+)
+
+
+def waiting_plan(tmp_path: Path, preload: str) -> tuple[Any, Path]:
+    plan, _ = plan_for(tmp_path, "hang")
+    assert plan.zygote is not None
+    (tmp_path / "agent_wait.py").write_text(AGENT_WAIT)
+    (tmp_path / "noter.py").write_text(NOTER)
+    (tmp_path / "threaded.py").write_text(THREADED)
+    out = tmp_path / "rank"
+    zygote = replace(plan.zygote, argv=(*plan.zygote.argv[:-1], preload))  # for "json"
+    agent = (sys.executable, str(tmp_path / "agent_wait.py"), str(out), str(tmp_path))
+    return replace(plan, argv=agent, zygote=zygote), out
+
+
+def noted(out: Path) -> list[str]:
+    return [Path(f"{out}.{r}").read_text().split()[1] for r in (0, 1)]
+
+
+def test_a_zygote_that_refuses_to_fork_leaves_the_ranks_to_start_cold(tmp_path, monkeypatch):
+    """A thread alive after the preload (what a user's OMP_NUM_THREADS > 1 does to torch's
+    import) is no failure: the stubs start their ranks cold, and the state says why."""
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    plan, out = waiting_plan(tmp_path, "threaded")
+    result = launch(plan, tick_s=0.2)
+    state = result.zygote
+    assert result.exit_code == 0 and state is not None and state.error is None, state
+    assert (state.used, state.forked, state.exit_code) == (False, 0, 3), state
+    assert state.not_used is not None and "threads alive" in state.not_used, state
+    assert state.hash_seed == "per-rank-random"
+    assert noted(out) == ["False", "False"]
+    assert not result.leftovers
+    assert launch_limitations(result) == {}
+
+
+def test_a_used_zygote_says_how_many_it_forked_and_the_seed_they_share(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    plan, out = waiting_plan(tmp_path, "json")
+    result = launch(plan, tick_s=0.2)
+    state = result.zygote
+    assert result.exit_code == 0 and state is not None and state.error is None, state
+    assert (state.used, state.forked, state.not_used) == (True, 2, None), state
+    assert state.hash_seed == "shared-random"
+    assert noted(out) == ["True", "True"]
+    assert "hash-seed" in launch_limitations(result)
+    monkeypatch.setenv("PYTHONHASHSEED", "7")  # the same seed in every rank under either launch
+    (tmp_path / "fixed").mkdir()
+    plan, _ = waiting_plan(tmp_path / "fixed", "json")
+    fixed = launch(plan, tick_s=0.2)
+    assert fixed.zygote is not None and fixed.zygote.hash_seed == "fixed", fixed.zygote
+    assert launch_limitations(fixed) == {}

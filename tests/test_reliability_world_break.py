@@ -79,3 +79,20 @@ def test_a_rank_killing_its_torchrun_agent_is_the_root_cause(
     result = verify.verify_bundle(forged)
     assert not result.ok
     assert any("root_cause" in p for p in result.problems), result.problems
+
+
+@pytest.mark.parametrize(
+    ("whom", "named"),
+    [("zygote", "the rank zygote that forked it"), ("stub", "its fork stub")],
+)
+def test_a_forked_rank_killing_the_zygote_or_its_stub_is_the_root_cause(
+    whom: str, named: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between a forked rank and its agent stand its stub and the zygote (its parent): killing
+    either ends the job as killing the agent does, and is blamed the same way."""
+    monkeypatch.setenv("DCPQUAL_KILL", whom)
+    found = blamed_run(tmp_path, monkeypatch, "rank_kill_between.py")
+    broke = found["broke"]
+    assert (broke.action, broke.signal) == ("signalled-agent", "SIGKILL"), broke
+    assert named in broke.message and "torchrun agent pid" in broke.message, broke.message
+    assert named in found["cause"]["message"], found["cause"]

@@ -4,6 +4,7 @@ takes its rank with it, a dead zygote is one clear line and exit 1."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,15 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.rank.forkwire import (
-    AGENT_PID_ENV,
-    SOCKET_ENV,
-    STUB_PID_ENV,
-    ZYGOTE_PID_ENV,
-    agent_pid,
-    parent_pid,
-)
-from harness.rank.zygote import READY_LINE
+from harness.rank import parentage
+from harness.rank.forkwire import SOCKET_ENV, ZYGOTE_PID_ENV, refusal_path
+from harness.rank.zygote import FORKED_LINE, READY_LINE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,8 +30,10 @@ def note(text):
         f.write(text)
     os.rename(out + ".tmp", out)
 if mode == "exit":
+    from harness.rank.parentage import parentage
+    above = parentage()
     note(repr((sys.argv, os.getcwd(), sys.path[0], os.environ.get("PROBE"),
-               os.environ.get("STUB_PID_ENV_NAME") and os.environ[os.environ["STUB_PID_ENV_NAME"]],
+               (above.agent, above.stub, above.zygote == os.getppid(), os.getpid()),
                os.getsid(0) == os.getpid())))
     sys.exit(int(sys.argv[3]))
 if mode == "signal":
@@ -117,15 +114,18 @@ def _gone(pid: int, timeout_s: float = 10.0) -> bool:
 def test_the_stub_exits_with_the_ranks_code_and_the_rank_has_the_stubs_world(tmp_path, zygote):
     zproc, sock = zygote
     out = tmp_path / "seen"
-    stub = _stub(
-        tmp_path, sock, zproc, "exit", str(out), "3", PROBE="yes", STUB_PID_ENV_NAME=STUB_PID_ENV
-    )
+    stub = _stub(tmp_path, sock, zproc, "exit", str(out), "3", PROBE="yes")
     assert stub.wait(30) == 3
-    argv, cwd, path0, probe, stub_pid, own_session = eval(out.read_text())
+    argv, cwd, path0, probe, (agent, stub_pid, zygote_parent, pid), own_session = eval(
+        out.read_text()
+    )
     assert argv == [str(tmp_path / "rankmod.py"), "exit", str(out), "3"]
     assert (cwd, path0, probe) == (str(tmp_path), str(tmp_path), "yes")
-    assert stub_pid == str(stub.pid)
+    # The stub's parent (here this test, there torchrun) is the rank's agent, not its parent.
+    assert (agent, stub_pid, zygote_parent) == (os.getpid(), stub.pid, True)
+    assert pid != stub.pid
     assert own_session
+    assert f"{FORKED_LINE} pid {pid} for stub {stub.pid}" in (tmp_path / "zygote.log").read_text()
 
 
 def test_a_rank_killed_by_a_signal_kills_its_stub_with_the_same_signal(tmp_path, zygote):
@@ -193,20 +193,56 @@ def test_a_stub_gives_up_at_once_on_a_zygote_that_is_gone(tmp_path):
     assert b"cannot reach the rank zygote" in stub.stderr
 
 
+THREADMOD = (
+    "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+)
+
+
 def test_a_zygote_with_a_thread_alive_refuses_to_serve(tmp_path):
-    (tmp_path / "threadmod.py").write_text(
-        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True)"
-        ".start()\n"
-    )
+    (tmp_path / "threadmod.py").write_text(THREADMOD)
+    sock = tmp_path / "z.sock"
     done = subprocess.run(
-        [sys.executable, "-m", "harness.rank.zygote", str(tmp_path / "z.sock"), "threadmod"],
+        [sys.executable, "-m", "harness.rank.zygote", str(sock), "threadmod"],
         env=_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}"),
         capture_output=True,
         timeout=60,
     )
     assert done.returncode == 3
     assert b"cannot fork ranks" in done.stdout and b"threads alive" in done.stdout
-    assert not (tmp_path / "z.sock").exists()
+    assert not sock.exists()
+    assert "threads alive" in Path(refusal_path(str(sock))).read_text()
+
+
+def test_the_stubs_of_a_zygote_that_refused_start_their_ranks_cold(tmp_path):
+    """A refusal is no failure: each stub becomes its rank (exec, the same pid torchrun
+    started), with the rank's argv and torchrun's `-u`, and without the zygote's variables."""
+    (tmp_path / "threadmod.py").write_text(THREADMOD)
+    (tmp_path / "cold.py").write_text(
+        "import json, os, sys\n"
+        "from harness.rank.parentage import parentage\n"
+        "print(json.dumps([os.getpid(), parentage().forked, sys.argv[1:], sys.orig_argv[1:4],"
+        f" os.environ.get({SOCKET_ENV!r})]))\n"
+        "sys.exit(5)\n"
+    )
+    sock = tmp_path / "z.sock"
+    zproc = subprocess.Popen(
+        [sys.executable, "-m", "harness.rank.zygote", str(sock), "threadmod"],
+        env=_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}"),
+        stdout=subprocess.DEVNULL,
+    )
+    stub = subprocess.Popen(  # started before the zygote refused: it waits, then goes cold
+        [sys.executable, "-u", "-m", "harness.rank.forkstub", "--", "-m", "cold", "a", "b"],
+        cwd=tmp_path,
+        env=_env(**{SOCKET_ENV: str(sock), ZYGOTE_PID_ENV: str(zproc.pid)}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = stub.communicate(timeout=120)
+    assert zproc.wait(30) == 3
+    assert stub.returncode == 5, err
+    pid, forked, argv, command, socket_env = json.loads(out)
+    assert (pid, forked, argv, socket_env) == (stub.pid, False, ["a", "b"], None)
+    assert command == ["-u", "-m", "cold"]
 
 
 def test_the_stub_imports_only_the_standard_library():
@@ -223,13 +259,14 @@ def test_the_stub_imports_only_the_standard_library():
     assert not {"torch", "pytest", "numpy", "pydantic", "psutil"} & names
 
 
-def test_a_forked_rank_watches_its_stub_and_names_torchrun_as_its_agent(monkeypatch):
-    monkeypatch.delenv(STUB_PID_ENV, raising=False)
-    monkeypatch.delenv(AGENT_PID_ENV, raising=False)
-    assert (parent_pid(11), agent_pid(11)) == (11, 11)  # exec'd by torchrun: its parent
-    monkeypatch.setenv(STUB_PID_ENV, "22")
-    monkeypatch.setenv(AGENT_PID_ENV, "33")
-    assert (parent_pid(11), agent_pid(11)) == (22, 33)
+def test_a_ranks_agent_is_its_parent_unless_the_zygote_forked_it(monkeypatch):
+    monkeypatch.setattr(parentage, "_forked", None)
+    assert parentage.agent_pid() == os.getppid()  # started by torchrun itself
+    assert parentage.parentage().between() == {}
+    forked = parentage.Parentage(agent=33, stub=22, zygote=os.getppid())
+    parentage.set_forked(forked)
+    assert parentage.agent_pid() == 33
+    assert set(parentage.parentage().between()) == {22, os.getppid()}
 
 
 def test_a_forked_rank_gets_torchs_thread_count_from_its_own_environment(tmp_path):
@@ -248,9 +285,10 @@ def test_a_forked_rank_gets_torchs_thread_count_from_its_own_environment(tmp_pat
     try:
         (tmp_path / "threads.py").write_text(
             textwrap.dedent(
-                f"""
+                """
                 import os, sys, torch
-                print(torch.get_num_threads(), os.environ["{AGENT_PID_ENV}"])
+                from harness.rank.parentage import agent_pid
+                print(torch.get_num_threads(), agent_pid())
                 """
             )
         )

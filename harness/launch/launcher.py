@@ -429,6 +429,8 @@ def _finish(
     zygote_error = result.zygote.error if result.zygote is not None else None
     if zygote_error is not None:
         _say(sys.stderr, f"dcpqual run: error: {zygote_error}")
+    elif result.zygote is not None and result.zygote.not_used is not None:
+        _say(stream, f"dcpqual run: ranks started cold, not forked: {result.zygote.not_used}")
     if options.node_rank != 0:
         code = _follow_node0(stream, out_dir, result)
         return code or (1 if zygote_error else 0)

@@ -5,7 +5,9 @@ The zygote starts as torchrun does (its own session, the launcher's death signal
 cgroup), and the launch's `Tracker` follows its children as ranks. torchrun starts right after
 it, without waiting: the stubs wait for its socket while torchrun imports and rendezvouses, so
 the two imports overlap. A zygote that cannot start or exits before torchrun is the launch's
-failure, named in one line.
+failure, named in one line; one that refuses to fork (a thread alive after its preload, e.g. a
+BLAS pool a user's OMP_NUM_THREADS > 1 started) is not: its stubs start their ranks cold, and
+the state says the zygote was not used and why.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from pathlib import Path
 
 from harness.launch.plan import ZygotePlan
 from harness.launch.proctree import end_launch_root, start_launch_root
-from harness.rank.forkwire import ZYGOTE_PID_ENV
-from harness.rank.zygote import READY_LINE
-from harness.schema.launch import ZygoteState
+from harness.rank.forkwire import ZYGOTE_PID_ENV, refusal_path
+from harness.rank.zygote import EXIT_REFUSED, FORKED_LINE, READY_LINE
+from harness.schema.launch import HashSeedMode, ZygoteState
 
 STOP_GRACE_S = 5.0
 
@@ -35,6 +37,8 @@ class ZygoteRun:
     proc: subprocess.Popen[bytes] | None = None
     error: str | None = None
     started: float = field(default_factory=time.monotonic)
+    pythonhashseed: str = "random"  # what the zygote (and so every forked rank) was started with
+    refused: str | None = None  # its refusal to fork, once read
 
     @classmethod
     def start(
@@ -44,7 +48,7 @@ class ZygoteRun:
         env: dict[str, str],
         preexec: Callable[[], None] | None,
     ) -> ZygoteRun:
-        run = cls(plan, log)
+        run = cls(plan, log, pythonhashseed=env.get("PYTHONHASHSEED", "random"))
         try:
             with log.open("wb") as out:
                 run.proc = start_launch_root(
@@ -75,7 +79,7 @@ class ZygoteRun:
         if self.error is not None or self.proc is None:
             return self.error
         code = self.proc.poll()
-        if code is None:
+        if code is None or (code == EXIT_REFUSED and self.refusal() is not None):
             return None
         self.error = (
             f"the rank zygote (pid {self.proc.pid}) exited with {code} after "
@@ -91,10 +95,24 @@ class ZygoteRun:
                 return lines[-1].strip()
         return "it logged nothing"
 
-    def _ready(self) -> bool:
+    def refusal(self) -> str | None:
+        """Why the zygote refused to fork any rank (its note beside the socket), if it did."""
+        if self.refused is None:
+            with contextlib.suppress(OSError):
+                note = Path(refusal_path(str(self.plan.socket)))
+                self.refused = note.read_text(errors="replace").strip() or "no reason given"
+        return self.refused
+
+    def _log_lines(self, start: str) -> int:
         with contextlib.suppress(OSError), self.log.open("rb") as log:
-            return any(line.startswith(READY_LINE.encode()) for line in log)
-        return False
+            return sum(1 for line in log if line.startswith(start.encode()))
+        return 0
+
+    def hash_seed(self, used: bool) -> HashSeedMode:
+        """What the ranks' string-hash seeds were, from the PYTHONHASHSEED the ranks got."""
+        if self.pythonhashseed not in ("", "random"):
+            return "fixed"
+        return "shared-random" if used else "per-rank-random"
 
     def stop(self) -> None:
         """End the zygote (its ranks are gone by now; any left are the launch's strays)."""
@@ -108,13 +126,24 @@ class ZygoteRun:
                 self.proc.kill()
                 self.proc.wait()
         end_launch_root(self.proc.pid)
-        with contextlib.suppress(OSError):
-            self.plan.socket.unlink(missing_ok=True)
+        self.refusal()  # read before the note goes
+        for path in (self.plan.socket, Path(refusal_path(str(self.plan.socket)))):
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
 
     def state(self) -> ZygoteState:
+        forked = self._log_lines(FORKED_LINE)
+        refusal = self.refusal()
+        not_used = None
+        if not forked:
+            not_used = refusal or self.error or "no rank asked it for a fork"
         return ZygoteState(
             pid=self.pid or 0,
-            ready=self._ready(),
+            ready=self._log_lines(READY_LINE) > 0,
             exit_code=None if self.proc is None else self.proc.returncode,
             error=self.error,
+            used=forked > 0,
+            forked=forked,
+            not_used=not_used,
+            hash_seed=self.hash_seed(forked > 0),
         )

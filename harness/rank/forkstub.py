@@ -8,7 +8,10 @@ argv, cwd, environment and descriptors 0/1/2, then stands for it towards torchru
 - if the stub dies (torchrun SIGKILLs it after its shutdown timeout), the zygote SIGKILLs the
   rank, and the rank's watchdog, which watches the stub, ends it too;
 - if the zygote dies first, the rank cannot be reaped: the stub says so in one line, ends the
-  rank (SIGTERM, then SIGKILL) and exits 1.
+  rank (SIGTERM, then SIGKILL) and exits 1;
+- if the zygote refused to fork at all (a thread alive after its preload, which it writes next
+  to its socket before it exits), the stub becomes the rank: it execs the interpreter with the
+  rank's argv, the ordinary cold start torchrun would have made.
 
 Standard library only (`-X importtime` shows no third-party module): 16 of these start at once.
 """
@@ -29,6 +32,7 @@ from harness.rank.forkwire import (
     Replies,
     Request,
     WireError,
+    refusal_path,
     send_request,
 )
 
@@ -46,6 +50,7 @@ CONNECT_WAIT_S = 600.0
 # After the zygote died: how long the orphaned rank may take to end on SIGTERM.
 ORPHAN_GRACE_S = 5.0
 EXIT_ZYGOTE_LOST = 1
+MODULE = "harness.rank.forkstub"
 
 
 def _say(text: str) -> None:
@@ -65,8 +70,18 @@ def _gone(pid: int | None) -> bool:
     return False
 
 
-def connect(path: str, wait_s: float, zygote_pid: int | None = None) -> socket.socket:
-    """Connect once the zygote listens; give up at `wait_s` or once the zygote is gone."""
+def refused(path: str) -> str | None:
+    """Why the zygote refused to fork any rank, once it said so; else None."""
+    try:
+        with open(refusal_path(path), encoding="utf-8", errors="replace") as note:
+            return note.read().strip() or "no reason given"
+    except FileNotFoundError:
+        return None
+
+
+def connect(path: str, wait_s: float, zygote_pid: int | None = None) -> socket.socket | None:
+    """Connect once the zygote listens; None where it refused to fork (its note says why); give
+    up at `wait_s` or once the zygote is gone without a note."""
     deadline = time.monotonic() + wait_s
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -75,9 +90,40 @@ def connect(path: str, wait_s: float, zygote_pid: int | None = None) -> socket.s
             return sock
         except (FileNotFoundError, ConnectionRefusedError):
             sock.close()
-            if time.monotonic() >= deadline or _gone(zygote_pid):
+            if refused(path) is not None:
+                return None
+            gone = _gone(zygote_pid)
+            if gone and refused(path) is not None:  # the note is written before it exits
+                return None
+            if time.monotonic() >= deadline or gone:
                 raise
             time.sleep(0.05)
+
+
+def cold_argv(argv: list[str]) -> list[str]:
+    """The interpreter command torchrun would have run for the rank: this interpreter with this
+    stub's own interpreter options (torchrun's `-u`), then the rank's argv."""
+    orig = list(sys.orig_argv)
+    options = ["-u"]
+    for i in range(1, len(orig) - 1):
+        if orig[i] == "-m" and orig[i + 1] == MODULE:
+            options = orig[1:i]
+            break
+    return [sys.executable, *options, *argv]
+
+
+def become_the_rank(argv: list[str]) -> None:
+    """Exec the rank's interpreter in this process (the pid torchrun started and watches)."""
+    for name in (SOCKET_ENV, ZYGOTE_PID_ENV):
+        os.environ.pop(name, None)
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_DFL)
+    command = cold_argv(argv)
+    try:
+        os.execv(command[0], command)
+    except OSError as exc:
+        _say(f"cannot start the rank's interpreter {command[0]}: {exc}")
+        os._exit(EXIT_ZYGOTE_LOST)
 
 
 class _Child:
@@ -145,7 +191,19 @@ def main(argv: list[str]) -> None:
     except OSError as exc:
         _say(f"cannot reach the rank zygote at {path}: {exc}")
         os._exit(EXIT_ZYGOTE_LOST)
-    request = Request(argv=tuple(argv), cwd=os.getcwd(), env=dict(os.environ), stub_pid=os.getpid())
+    if sock is None:
+        for signum in child.pending:  # torchrun stopped the job before the rank began
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        become_the_rank(argv)
+        return
+    request = Request(
+        argv=tuple(argv),
+        cwd=os.getcwd(),
+        env=dict(os.environ),
+        stub_pid=os.getpid(),
+        agent_pid=os.getppid(),
+    )
     replies = Replies(sock)
     try:
         send_request(sock, request)

@@ -5,7 +5,8 @@ Standard library only: the stub imports this and nothing heavier, so a rank's ow
 interpreter and a socket, not an `import torch`.
 
 Request (stub -> zygote): one byte carrying the stub's descriptors 0, 1 and 2 (SCM_RIGHTS), then
-a length-prefixed JSON object {argv, cwd, env, stub_pid}. Replies (zygote -> stub): JSON lines,
+a length-prefixed JSON object {argv, cwd, env, stub_pid, agent_pid} (the stub's parent: the
+torchrun agent). Replies (zygote -> stub): JSON lines,
 {"pid": N} once the child is forked, then {"status": W} (its raw wait status) when the zygote
 has reaped it; {"error": TEXT} instead when the zygote cannot fork it.
 """
@@ -21,8 +22,6 @@ from dataclasses import dataclass
 # Environment variables the launcher sets for the stubs (and so for the ranks).
 SOCKET_ENV = "DCPQUAL_ZYGOTE_SOCKET"
 ZYGOTE_PID_ENV = "DCPQUAL_ZYGOTE_PID"
-STUB_PID_ENV = "DCPQUAL_FORK_STUB_PID"  # set in a forked rank: the stub that stands for it
-AGENT_PID_ENV = "DCPQUAL_FORK_AGENT_PID"  # set in a forked rank: the torchrun agent above it
 _LENGTH = struct.Struct("!I")
 MAX_REQUEST = 16 << 20
 
@@ -33,12 +32,14 @@ class WireError(RuntimeError):
 
 @dataclass(frozen=True)
 class Request:
-    """What a rank would have been started with: its argv after the interpreter, cwd, env."""
+    """What a rank would have been started with: its argv after the interpreter, cwd, env;
+    and who stands above it: the stub and the stub's parent, the torchrun agent."""
 
     argv: tuple[str, ...]
     cwd: str
     env: dict[str, str]
     stub_pid: int
+    agent_pid: int
 
 
 def send_request(sock: socket.socket, request: Request, fds: tuple[int, ...] = (0, 1, 2)) -> None:
@@ -48,6 +49,7 @@ def send_request(sock: socket.socket, request: Request, fds: tuple[int, ...] = (
             "cwd": request.cwd,
             "env": request.env,
             "stub_pid": request.stub_pid,
+            "agent_pid": request.agent_pid,
         }
     ).encode()
     socket.send_fds(sock, [b"R"], list(fds))
@@ -82,6 +84,7 @@ def recv_request(sock: socket.socket) -> tuple[Request, list[int]]:
             cwd=str(raw["cwd"]),
             env={str(k): str(v) for k, v in raw["env"].items()},
             stub_pid=int(raw["stub_pid"]),
+            agent_pid=int(raw["agent_pid"]),
         )
     except (WireError, ValueError, KeyError, TypeError, AttributeError) as exc:
         for fd in fds:
@@ -114,18 +117,7 @@ class Replies:
         return reply
 
 
-def _pid_from_env(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    return int(value) if value.isdigit() else default
-
-
-def parent_pid(default: int) -> int:
-    """The process whose exit orphans this rank: its fork stub where the rank was forked from
-    the zygote, else `default` (its parent, the torchrun agent)."""
-    return _pid_from_env(STUB_PID_ENV, default)
-
-
-def agent_pid(default: int) -> int:
-    """The torchrun agent that started this rank (the stub's parent where it was forked), else
-    `default` (its parent)."""
-    return _pid_from_env(AGENT_PID_ENV, default)
+def refusal_path(socket_path: str) -> str:
+    """Where a zygote that will not fork (a thread alive after its preload) writes why, before
+    it exits: the stubs then start their rank's interpreter themselves."""
+    return socket_path + ".refused"

@@ -36,7 +36,7 @@ from typing import Literal
 from harness.pidfd import pidfd_open
 from harness.rank.agreement import Agreement, LocalResult, agree
 from harness.rank.bootstrap import collective_sequence_numbers
-from harness.rank.forkwire import parent_pid
+from harness.rank.parentage import parentage
 from harness.rank.rankfiles import RecordKeeper, dump_stacks, write_error_file
 from harness.rank.sidechannel import SideChannel
 
@@ -105,8 +105,9 @@ class Watchdog:
         self._peer_left = False  # a peer left the job (the abort key is set; it stays set)
         self._stopping = threading.Event()
         self._finished = threading.Event()
-        self._ppid = os.getppid()
-        self._parent_fd = pidfd_open(parent_pid(self._ppid) if agent_pid is None else agent_pid)
+        self._ppid = os.getppid()  # the agent, or the zygote that forked this rank
+        self._forked = parentage().forked
+        self._parent_fd = pidfd_open(parentage().agent if agent_pid is None else agent_pid)
         self._kick_r, self._kick_w = os.pipe()  # `stop` wakes the thread at once
         os.set_blocking(self._kick_r, False)
         os.set_blocking(self._kick_w, False)
@@ -193,7 +194,7 @@ class Watchdog:
                 self.keeper.heartbeat()
                 last_beat = now
             if woke == "orphaned" or os.getppid() != self._ppid:
-                self._terminate("orphaned: the torchrun agent that started this rank is gone")
+                self._terminate(self._orphaned_by(woke == "orphaned"))
                 return
             with self._lock:
                 phase, index, nodeid, started = (
@@ -228,6 +229,11 @@ class Watchdog:
                 wake = min(wake, started + self.config.test_timeout_s)
             wake = min(wake, next_look if seen is None else seen + self.config.abort_grace_s)
         return max(0.0, wake - now)
+
+    def _orphaned_by(self, agent_gone: bool) -> str:
+        if self._forked and not agent_gone:
+            return "orphaned: the rank zygote that forked this rank is gone"
+        return "orphaned: the torchrun agent that started this rank is gone"
 
     def _sleep(self, timeout: float) -> Literal["sigterm", "orphaned"] | None:
         """Wait up to `timeout`; say whether SIGTERM arrived or the parent exited."""

@@ -10,16 +10,20 @@ towards torchrun (signals, exit status).
 What a forked rank gets is what `python -m pytest` would have had: the stub's environment (as
 `os.environ`), descriptors, cwd, `sys.argv` and `sys.path[0]`, its own session, default signal
 dispositions, torch's thread count from the `OMP_NUM_THREADS` torchrun set, the random modules
-reseeded; then pytest runs through `runpy` as `-m pytest` runs it. What it cannot get: its own
-string-hash seed (one per interpreter: every forked rank shares the zygote's), and whatever
-torch read from the environment while it was imported (the launcher starts the zygote with the
-ranks' environment for what matters, e.g. OMP_NUM_THREADS).
+reseeded; then pytest runs through `runpy` as `-m pytest` runs it. It also knows its torchrun
+agent and its stub (`harness.rank.parentage`): its parent is the zygote. What it cannot get: its
+own string-hash seed (one per interpreter: every forked rank shares the zygote's; the launcher
+records that), and whatever torch read from the environment while it was imported (the launcher
+starts the zygote with the ranks' environment for what matters, e.g. OMP_NUM_THREADS).
 
 Nothing here initializes CUDA or a process group, and no thread runs when it forks (both are
 checked before every fork: a forked CUDA context or a thread's lock would be corrupt in the
-child). The zygote never ends a rank on its own except when the rank's stub is gone, which is
-what torchrun's SIGKILL of the rank would have been; its children outlive it otherwise, so the
-launcher's containment sees them as it sees any rank.
+child). A zygote with a thread alive after its preload (a BLAS pool a user's OMP_NUM_THREADS
+started) forks nothing: it writes why next to its socket and exits, and every stub then starts
+its rank's interpreter itself, as torchrun would have. The zygote never ends a rank on its own
+except when the rank's stub is gone, which is what torchrun's SIGKILL of the rank would have
+been; its children outlive it otherwise, so the launcher's containment sees them as it sees any
+rank.
 """
 
 from __future__ import annotations
@@ -37,14 +41,8 @@ import time
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from harness.rank.forkwire import (
-    AGENT_PID_ENV,
-    STUB_PID_ENV,
-    Request,
-    WireError,
-    recv_request,
-    send_reply,
-)
+from harness.rank import parentage
+from harness.rank.forkwire import Request, WireError, recv_request, refusal_path, send_reply
 
 # What every rank imports before its first test (its plugins' and the suites' conftests'
 # imports), never anything a rank imports only inside a test (torch._dynamo, vLLM: the capture
@@ -71,6 +69,8 @@ PRELOAD: tuple[str, ...] = (
 # Signals the zygote's own ending listens to; blocked across fork so the child starts clean.
 _ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 READY_LINE = "dcpqual zygote: ready"
+FORKED_LINE = "dcpqual zygote: forked"  # one line per rank, so the launcher can say how many
+REFUSED_LINE = "dcpqual zygote: not forking"
 
 
 class ForkRefused(RuntimeError):
@@ -125,9 +125,9 @@ def _adopt(request: Request, fds: list[int]) -> None:
             os.close(fd)
     os.environ.clear()
     os.environ.update(request.env)
-    os.environ[STUB_PID_ENV] = str(request.stub_pid)
-    with contextlib.suppress(OSError):
-        os.environ[AGENT_PID_ENV] = str(_parent_of(request.stub_pid))
+    parentage.set_forked(
+        parentage.Parentage(agent=request.agent_pid, stub=request.stub_pid, zygote=os.getppid())
+    )
     os.chdir(request.cwd)
     sys.path[0] = os.getcwd()  # `python -m` puts the working directory first
     threads = request.env.get("OMP_NUM_THREADS", "")
@@ -140,11 +140,6 @@ def _adopt(request: Request, fds: list[int]) -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
-
-
-def _parent_of(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as stat:
-        return int(stat.read().rpartition(b")")[2].split()[1])
 
 
 def _run_module(argv: tuple[str, ...]) -> int:
@@ -276,6 +271,7 @@ class Zygote:
             rank.pidfd = os.pidfd_open(rank.pid)
             self.ranks.append(rank)
             send_reply(conn, pid=rank.pid)
+            print(f"{FORKED_LINE} pid {rank.pid} for stub {request.stub_pid}", flush=True)
         except OSError:
             rank.stub_gone = True  # the stub left while we forked: the reap ends it
             if rank.pid is not None:
@@ -339,6 +335,19 @@ class Zygote:
             rank.conn.close()  # the stubs see the zygote gone; their ranks stay to be contained
 
 
+EXIT_REFUSED = 3
+
+
+def refuse(path: str, reason: str) -> None:
+    """Say why no rank will be forked, where the stubs look before they give up on the socket
+    (written whole, then renamed), and in the log."""
+    note = refusal_path(path)
+    with open(note + ".tmp", "w", encoding="utf-8") as out:
+        out.write(reason + "\n")
+    os.replace(note + ".tmp", note)
+    print(f"{REFUSED_LINE}: {reason}", flush=True)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) not in (1, 2):
         print("usage: python -m harness.rank.zygote SOCKET [MODULE,...]", file=sys.stderr)
@@ -352,8 +361,8 @@ def main(argv: list[str]) -> int:
     try:
         fork_check()
     except ForkRefused as exc:
-        print(f"dcpqual zygote: cannot fork ranks after the preload: {exc}", flush=True)
-        return 3
+        refuse(argv[0], f"cannot fork ranks after the preload: {exc}")
+        return EXIT_REFUSED
     zygote = Zygote(argv[0])
     me = os.getpid()  # a child that unwinds to here must not close the zygote's socket
     try:
