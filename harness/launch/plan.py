@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -315,13 +315,7 @@ def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
         raise ValueError(f"out_dir must be absolute, got {out_dir}")
     targets = options.pytest_args or default_targets()
     probe = RunPlan(options=options, out_dir=out_dir, argv=())
-    argv = (
-        *torchrun_args(options, probe.log_dir),
-        "-m",
-        FORKSTUB_MODULE,
-        "--",
-        *pytest_args(targets),
-    )
+    argv = (*torchrun_args(options, probe.log_dir), *forked(pytest_args(targets)))
     pythonpath = os.environ.get("PYTHONPATH", "")
     env = {
         **rank_plan(options, out_dir).to_environ(),  # also: the root conftest collects suites/
@@ -333,18 +327,29 @@ def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
     if options.nproc_per_node == 1:  # one rank: nothing to share, torchrun execs it
         argv = (*torchrun_args(options, probe.log_dir), *pytest_args(targets))
         return RunPlan(options=options, out_dir=out_dir, argv=argv, env=env, targets=targets)
-    socket = zygote_socket(probe.log_dir)
+    zygote = zygote_plan(probe.log_dir, env)
+    return RunPlan(
+        options=options, out_dir=out_dir, argv=argv, env=env, targets=targets, zygote=zygote
+    )
+
+
+def forked(rank_argv: Sequence[str]) -> tuple[str, ...]:
+    """torchrun's worker command for a rank forked from the zygote: the stub, then what the
+    rank's interpreter would have been given."""
+    return ("-m", FORKSTUB_MODULE, "--", *rank_argv)
+
+
+def zygote_plan(log_dir: Path, env: dict[str, str]) -> ZygotePlan:
+    """The node's zygote for ranks started with `env`, to which it adds the zygote's socket."""
+    socket = zygote_socket(log_dir)
     env[SOCKET_ENV] = str(socket)
     zygote_env = dict(env)
     if "OMP_NUM_THREADS" not in os.environ:
         zygote_env["OMP_NUM_THREADS"] = "1"  # what torchrun sets for more than one rank
-    zygote = ZygotePlan(
+    return ZygotePlan(
         argv=(sys.executable, "-u", "-m", ZYGOTE_MODULE, str(socket)),
         socket=socket,
         env=zygote_env,
-    )
-    return RunPlan(
-        options=options, out_dir=out_dir, argv=argv, env=env, targets=targets, zygote=zygote
     )
 
 
