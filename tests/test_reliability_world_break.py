@@ -2,7 +2,8 @@
 
 Real `dcpqual run` launches at world 2, the fault on rank 1 (the suites' default): a rank that
 destroys its default process group mid-test (its peer's collective then fails, often first), and
-a rank that SIGKILLs its torchrun agent (every rank is then an orphan its watchdog ends). Each is
+a rank that SIGKILLs its torchrun agent (every rank is then an orphan its watchdog ends), and,
+the ranks being forked from the zygote, a rank that SIGKILLs the zygote or its own stub. Each is
 held to: exit 1, the faulty rank and test as the root cause with the structured `broke_world`
 in its record, a bundle `dcpqual verify` accepts, and no process of the run left. A receipt
 forged to blame the victim instead (every hash regenerated) is refused: `verify` re-derives the

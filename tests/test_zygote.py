@@ -1,6 +1,7 @@
 """The rank zygote and its fork stub: a forked rank is what torchrun would have started, and the
 stub stands for it towards torchrun (exit code, death by signal, forwarded signals); a dead stub
-takes its rank with it, a dead zygote is one clear line and exit 1."""
+takes its rank with it, a dead zygote is one clear line and exit 1, and a zygote that refuses to
+fork leaves each stub to start its rank cold."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ argv, cwd, environment and descriptors 0/1/2, then stands for it towards torchru
 - it exits with the rank's exit code, or dies of the rank's signal, so torchrun sees what it
   would have seen from the rank itself (its error file comes through the rank's environment);
 - if the stub dies (torchrun SIGKILLs it after its shutdown timeout), the zygote SIGKILLs the
-  rank, and the rank's watchdog, which watches the stub, ends it too;
+  rank, as torchrun's SIGKILL of the rank itself would have;
 - if the zygote dies first, the rank cannot be reaped: the stub says so in one line, ends the
   rank (SIGTERM, then SIGKILL) and exits 1;
 - if the zygote refused to fork at all (a thread alive after its preload, which it writes next

@@ -8,7 +8,9 @@ others and never leaves an unexplained gap.
 SIGTERM (torchrun stopping the job) reaches the watchdog through `signal.set_wakeup_fd`: the
 interpreter's C-level handler writes the signal number to a pipe the watchdog selects on, even
 while the main thread is stuck in C++. The agent's exit reaches it the same way, through a pidfd
-of the parent (where the kernel has none, the parent pid is compared at every wake-up).
+of the agent (`harness.rank.parentage`: the parent, or for a rank forked from the zygote the
+stub's parent); the parent pid is also compared at every wake-up (a forked rank's parent is the
+zygote, whose death orphans it too).
 
 It sleeps until the next thing that can be due: the heartbeat, the running test's timeout, the
 next look at its peers (every `tick_s` while a test runs, one store read of the alarm counter
