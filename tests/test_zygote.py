@@ -126,7 +126,25 @@ def test_the_stub_exits_with_the_ranks_code_and_the_rank_has_the_stubs_world(tmp
     assert (agent, stub_pid, zygote_parent) == (os.getpid(), stub.pid, True)
     assert pid != stub.pid
     assert own_session
-    assert f"{FORKED_LINE} pid {pid} for stub {stub.pid}" in (tmp_path / "zygote.log").read_text()
+    assert (
+        f"{FORKED_LINE} pid {pid} for stub {stub.pid} rank" in (tmp_path / "zygote.log").read_text()
+    )
+
+
+def test_the_zygote_logs_each_ranks_fork_and_reaping_for_the_launcher(tmp_path, zygote):
+    from harness.launch.plan import ZygotePlan
+    from harness.launch.zygote import ZygoteRun
+
+    zproc, sock = zygote
+    out = tmp_path / "seen"
+    stub = _stub(tmp_path, sock, zproc, "exit", str(out), "0", RANK="3")
+    assert stub.wait(30) == 0
+    pid = eval(out.read_text())[4][3]
+    run = ZygoteRun(ZygotePlan(argv=(), socket=sock), tmp_path / "zygote.log")
+    deadline = time.monotonic() + 10
+    while not run.reaped() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert run.reaped() == {(3, pid)}
 
 
 def test_a_rank_killed_by_a_signal_kills_its_stub_with_the_same_signal(tmp_path, zygote):

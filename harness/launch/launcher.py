@@ -260,7 +260,7 @@ def _supervise(
 ) -> _Outcome:
     """Wait for torchrun; end the tree on a timeout, a rank gone mid-suite, the zygote's death,
     ^C or SIGTERM."""
-    watch = ending.DeadRankWatch(reader, tracker)
+    watch = ending.DeadRankWatch(reader, tracker, None if zygote is None else zygote.reaped)
     exit_wait = ExitWait(proc)
     next_scan = 0.0
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 from harness.launch.plan import ZygotePlan
 from harness.launch.proctree import end_launch_root, start_launch_root
 from harness.rank.forkwire import ZYGOTE_PID_ENV, refusal_path
-from harness.rank.zygote import EXIT_REFUSED, FORKED_LINE, READY_LINE
+from harness.rank.zygote import EXIT_REFUSED, FORKED_LINE, READY_LINE, REAPED_LINE
 from harness.schema.launch import HashSeedMode, ZygoteState
 
 STOP_GRACE_S = 5.0
@@ -107,6 +107,24 @@ class ZygoteRun:
         with contextlib.suppress(OSError), self.log.open("rb") as log:
             return sum(1 for line in log if line.startswith(start.encode()))
         return 0
+
+    def reaped(self) -> set[tuple[int, int]]:
+        """(rank, pid) of each rank the zygote has forked and reaped, from its log read to its
+        end (a pid forked again after its reaping is not in it)."""
+        rank_of: dict[int, int] = {}
+        gone: set[tuple[int, int]] = set()
+        forked, reaped = FORKED_LINE.encode(), REAPED_LINE.encode()
+        with contextlib.suppress(OSError), self.log.open("rb") as log:
+            for line in log:
+                words = line.split()
+                with contextlib.suppress(IndexError, ValueError):
+                    if line.startswith(forked):  # ... forked pid N for stub M rank R
+                        pid = int(words[4])
+                        rank_of[pid] = int(words[-1])
+                        gone -= {(r, p) for r, p in gone if p == pid}
+                    elif line.startswith(reaped) and (pid := int(words[4])) in rank_of:
+                        gone.add((rank_of[pid], pid))
+        return gone
 
     def hash_seed(self, used: bool) -> HashSeedMode:
         """What the ranks' string-hash seeds were, from the PYTHONHASHSEED the ranks got."""

@@ -70,6 +70,9 @@ PRELOAD: tuple[str, ...] = (
 _ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 READY_LINE = "dcpqual zygote: ready"
 FORKED_LINE = "dcpqual zygote: forked"  # one line per rank, so the launcher can say how many
+# One line per rank it reaped: the launcher's proof that a rank too short-lived for its process
+# scans to see has exited.
+REAPED_LINE = "dcpqual zygote: reaped"
 REFUSED_LINE = "dcpqual zygote: not forking"
 
 
@@ -271,7 +274,10 @@ class Zygote:
             rank.pidfd = os.pidfd_open(rank.pid)
             self.ranks.append(rank)
             send_reply(conn, pid=rank.pid)
-            print(f"{FORKED_LINE} pid {rank.pid} for stub {request.stub_pid}", flush=True)
+            said = request.env.get("RANK", "?")
+            print(
+                f"{FORKED_LINE} pid {rank.pid} for stub {request.stub_pid} rank {said}", flush=True
+            )
         except OSError:
             rank.stub_gone = True  # the stub left while we forked: the reap ends it
             if rank.pid is not None:
@@ -320,6 +326,7 @@ class Zygote:
         _, status = os.waitpid(rank.pid, 0)
         os.close(rank.pidfd)
         rank.pidfd = None
+        print(f"{REAPED_LINE} pid {rank.pid} status {status}", flush=True)
         if not rank.stub_gone:
             with contextlib.suppress(OSError):
                 send_reply(rank.conn, status=status)
