@@ -229,9 +229,11 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
     calls: list[tuple[object, ...]] = []
     rss = iter([300_000, 400_000, 350_000, 100_000])  # KiB: rank 0 and 1, run 1 then run 2
 
-    def bare(nproc: int, backend: str, out: Path, module: Any, timeout: float) -> float:
-        calls.append(("bare", nproc, module[0]))
-        return 10.0
+    def bare(
+        nproc: int, backend: str, out: Path, module: Any, timeout: float, zygote: bool = False
+    ) -> float:
+        calls.append(("bare-zygote" if zygote else "bare", nproc, module[0]))
+        return 5.0 if zygote else 10.0
 
     def full(options: BenchOptions, nproc: int, models: str, work: Path) -> Any:
         calls.append(("full", nproc, models))
@@ -242,10 +244,16 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
     monkeypatch.setattr(launching, "full_run", full)
     options = BenchOptions(out=tmp_path / "b.json", nproc=2, real_nproc=4, suite_repeats=2)
     runs = launching.measure_runs(options, "stand-in", tmp_path, say=lambda line: None)
-    assert calls == [("bare", 2, "harness.bench.bare_rank"), ("full", 2, "stand-in")] * 2 + [
-        ("bare", 2, "harness.bench.bare_rank")
+    bare_pair = [
+        ("bare", 2, "harness.bench.bare_rank"),
+        ("bare-zygote", 2, "harness.bench.bare_rank"),
     ]
-    assert runs.ratio is not None and runs.ratio.value == pytest.approx(3.0)
+    assert calls == [*bare_pair, ("full", 2, "stand-in")] * 2 + bare_pair
+    assert runs.ratio is not None and runs.ratio.value == pytest.approx(3.0)  # the target's
+    # Beside it, the same bare launch with its ranks forked from the zygote, and full / that.
+    assert runs.bare_zygote_launch_s is not None and runs.bare_zygote_launch_s.median == 5.0
+    assert runs.ratio_to_zygote_launch is not None
+    assert runs.ratio_to_zygote_launch.value == pytest.approx(6.0)
     # Each rank's peak over both runs, in MB of 1e6 bytes.
     assert runs.peak_rss_mb_per_rank == {"0": 350_000 * 1024 / 1e6, "1": 400_000 * 1024 / 1e6}
     assert runs.peak_rss_mb == pytest.approx(409.6)

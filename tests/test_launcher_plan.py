@@ -9,6 +9,7 @@ import pytest
 
 from harness.errors import GeometryError, UsageError
 from harness.launch.plan import REPO_ROOT, RunOptions, build_plan
+from harness.rank.forkwire import SOCKET_ENV
 from harness.schema.plan import PLAN_ENV, RankPlan
 
 OUT = Path("/tmp/dcpqual-out")
@@ -28,11 +29,46 @@ def test_single_node_plan_runs_pytest_with_the_rank_plugin_once():
     assert flag(argv, "--max-restarts") == "0"
     assert flag(argv, "--log-dir") == str(OUT / "torchrun" / "node-00")
     assert flag(argv, "--redirects") == "3"
-    tail = argv[argv.index("-m", 3) :]
+    stub = argv[argv.index("-m", 3) :]
+    assert stub[:3] == ("-m", "harness.rank.forkstub", "--"), "ranks are forked by the zygote"
+    tail = stub[3:]
     assert tail[:6] == ("-m", "pytest", "-p", "harness.rank.heap", "-p", "harness.rank.plugin")
     assert not any(a.startswith("--dcpqual") for a in tail), "settings travel in the plan"
     assert tail[-1] == str(REPO_ROOT / "suites")
     assert plan.targets == (str(REPO_ROOT / "suites"),)
+    assert plan.zygote is not None
+    assert plan.zygote.argv == (
+        sys.executable,
+        "-u",
+        "-m",
+        "harness.rank.zygote",
+        str(plan.zygote.socket),
+    )
+    assert plan.zygote.socket == OUT / "torchrun" / "node-00" / "zygote.sock"
+    assert plan.env[SOCKET_ENV] == str(plan.zygote.socket)
+
+
+def test_the_zygote_imports_torch_with_the_thread_count_torchrun_gives_the_ranks(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    zygote = build_plan(RunOptions(nproc_per_node=4), OUT).zygote
+    assert zygote is not None and zygote.env["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # torchrun keeps a user's own value
+    zygote = build_plan(RunOptions(nproc_per_node=4), OUT).zygote
+    assert zygote is not None and "OMP_NUM_THREADS" not in zygote.env
+
+
+def test_one_rank_is_execd_by_torchrun_without_a_zygote():
+    plan = build_plan(RunOptions(nproc_per_node=1, tp=1), OUT)
+    assert plan.zygote is None and SOCKET_ENV not in plan.env
+    assert "harness.rank.forkstub" not in plan.argv
+    assert plan.argv[plan.argv.index("-m", 3) :][:2] == ("-m", "pytest")
+
+
+def test_an_out_folder_too_long_for_a_unix_socket_puts_the_socket_in_tmp():
+    deep = Path("/" + "d" * 120)
+    zygote = build_plan(RunOptions(nproc_per_node=2), deep).zygote
+    assert zygote is not None and zygote.socket.parent == Path("/tmp")
+    assert len(str(zygote.socket)) < 100
 
 
 def test_plan_environment_reaches_the_ranks_and_suites():
@@ -43,7 +79,7 @@ def test_plan_environment_reaches_the_ranks_and_suites():
     assert plan.warm_impl == "before-kimi"
     assert (plan.tp, plan.dcp) == (16, 4)
     assert plan.backend == "gloo" and plan.fast_exit
-    assert not [k for k in env if k.startswith("DCPQUAL_") and k != PLAN_ENV]
+    assert not [k for k in env if k.startswith("DCPQUAL_") and k not in (PLAN_ENV, SOCKET_ENV)]
     assert env["TORCHELASTIC_ERROR_FILE"].startswith(str(OUT / "torchrun" / "node-00"))
     assert env["PATH"] == "/bin"
     assert env["PYTHONPATH"].split(":")[0] == str(REPO_ROOT)

@@ -15,6 +15,7 @@ import pytest
 import torch.distributed as dist
 from _support.watchdog import NODEID, CountingStore, make, open_world, record
 
+from harness.rank import parentage
 from harness.rank.agreement import LocalResult
 from harness.rank.watchdog import EXIT_FAILED, EXIT_TERMINATED
 
@@ -210,6 +211,35 @@ def test_the_agents_exit_wakes_the_watchdog_at_once(watchdog_world):
         agent.wait()
     assert exits.codes == [EXIT_TERMINATED]
     assert "orphaned" in (record(out).abort_reason or "")
+
+
+def test_a_forked_ranks_watchdog_waits_on_its_agent_not_on_its_stub_or_parent(
+    watchdog_world, monkeypatch
+):
+    """Forked from the zygote, the rank's parent is the zygote and its stub stands between it
+    and torchrun: the agent's exit must still wake it, while the stub lives on."""
+    out, _, _ = watchdog_world
+    agent, stub = (
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in "as"
+    )
+    try:
+        try:
+            os.close(os.pidfd_open(agent.pid))
+        except OSError:
+            pytest.skip("this kernel gives no pidfd")
+        forked = parentage.Parentage(agent=agent.pid, stub=stub.pid, zygote=os.getppid())
+        monkeypatch.setattr(parentage, "_forked", forked)
+        _, exits = make(watchdog_world, tick_s=30, heartbeat_s=30)
+        time.sleep(0.2)
+        assert exits.codes == []
+        agent.kill()
+        assert exits.done.wait(5), "the agent's exit was not noticed"
+    finally:
+        for proc in (agent, stub):
+            proc.kill()
+            proc.wait()
+    assert exits.codes == [EXIT_TERMINATED]
+    assert "the torchrun agent that started this rank is gone" in (record(out).abort_reason or "")
 
 
 def test_stop_wakes_a_sleeping_watchdog_at_once(watchdog_world):

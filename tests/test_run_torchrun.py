@@ -7,6 +7,7 @@ run non-zero, with the right root-cause rank and test in the receipt, quickly (f
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from pathlib import Path
@@ -34,6 +35,28 @@ def test_all_ranks_pass_and_the_bundle_verifies(tmp_path):
     assert sorted(p.name for p in (out / "junit").glob("rank-*.xml")) == [
         f"rank-0{r}.xml" for r in range(4)
     ]
+    assert main(["verify", str(out)]) == 0
+    assert processes_of_run(out) == []
+    zygote = data["run"]["extra"]["launch"]["zygote"]  # the ranks were forked, and it says so
+    assert (zygote["used"], zygote["forked"], zygote["not_used"]) == (True, 4, None), zygote
+    if "PYTHONHASHSEED" not in os.environ:
+        assert zygote["hash_seed"] == "shared-random"
+        assert any(line.startswith("hash-seed: ") for line in data["limitations"])
+
+
+def test_a_users_omp_num_threads_above_1_starts_the_ranks_cold_and_says_why(tmp_path, monkeypatch):
+    """torch's import then starts a thread pool in the zygote, which must not fork: no
+    failure, the stubs start their ranks as torchrun would have, and the receipt says so."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    out = tmp_path / "cold"
+    code, _ = run(out, 2, "rank_pass.py")
+    assert code == 0
+    data = receipt(out)
+    zygote = data["run"]["extra"]["launch"]["zygote"]
+    assert (zygote["used"], zygote["forked"], zygote["error"]) == (False, 0, None), zygote
+    assert "threads alive" in zygote["not_used"], zygote
+    assert zygote["hash_seed"] in ("per-rank-random", "fixed")
+    assert not any(line.startswith("hash-seed: ") for line in data["limitations"])
     assert main(["verify", str(out)]) == 0
     assert processes_of_run(out) == []
 

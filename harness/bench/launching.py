@@ -24,7 +24,14 @@ from harness.bench.probe import ENV_DIR, ENV_PROFILE
 from harness.bench.report import ratio_of_medians, summarize
 from harness.errors import QualificationError
 from harness.launch.launcher import launch
-from harness.launch.plan import REPO_ROOT, RunOptions, RunPlan, torchrun_args
+from harness.launch.plan import (
+    REPO_ROOT,
+    RunOptions,
+    RunPlan,
+    forked,
+    torchrun_args,
+    zygote_plan,
+)
 from harness.launch.ranklogs import torchrun_logs
 from harness.schema.bench import BenchOptions, ProbeRecord, Profile, Spread, SuiteRuns
 from harness.schema.rank_record import RankRecord
@@ -72,24 +79,45 @@ def why_failed(out_dir: Path, code: int, world: int) -> str:
 
 
 def bench_plan(
-    nproc: int, backend: str, out_dir: Path, module_args: Sequence[str], timeout_s: float
+    nproc: int,
+    backend: str,
+    out_dir: Path,
+    module_args: Sequence[str],
+    timeout_s: float,
+    *,
+    zygote: bool = False,
 ) -> RunPlan:
-    """A torchrun of `python -m MODULE ARGS` with `dcpqual run`'s own flags and environment."""
+    """A torchrun of `python -m MODULE ARGS` with `dcpqual run`'s own flags and environment;
+    with `zygote`, each rank forked from `dcpqual run`'s zygote (the same preload) instead."""
     options = RunOptions(
         nproc_per_node=nproc, backend=backend, tp=nproc, dcp=nproc, timeout_s=timeout_s
     )
-    argv = (*torchrun_args(options, RunPlan(options, out_dir, ()).log_dir), "-m", *module_args)
+    log_dir = RunPlan(options, out_dir, ()).log_dir
+    rank_argv = ("-m", *module_args)
     path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return RunPlan(options, out_dir, argv, env={"PYTHONPATH": path, "PYTHONUNBUFFERED": "1"})
+    env = {"PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    if not zygote:
+        return RunPlan(options, out_dir, (*torchrun_args(options, log_dir), *rank_argv), env=env)
+    argv = (*torchrun_args(options, log_dir), *forked(rank_argv))
+    return RunPlan(options, out_dir, argv, env=env, zygote=zygote_plan(log_dir, env))
 
 
 def run_ranks(
-    nproc: int, backend: str, out_dir: Path, module_args: Sequence[str], timeout_s: float
+    nproc: int,
+    backend: str,
+    out_dir: Path,
+    module_args: Sequence[str],
+    timeout_s: float,
+    *,
+    zygote: bool = False,
 ) -> float:
     """Launch once; seconds it took. A failed launch raises with the dead rank named."""
-    result = launch(bench_plan(nproc, backend, out_dir, module_args, timeout_s))
+    plan = bench_plan(nproc, backend, out_dir, module_args, timeout_s, zygote=zygote)
+    result = launch(plan)
     if result.timed_out:
         raise QualificationError(f"{module_args[0]} ranks ran past {timeout_s:g}s; see {out_dir}")
+    if result.zygote is not None and result.zygote.error is not None:
+        raise QualificationError(f"bare launch through the zygote: {result.zygote.error}")
     if result.exit_code != 0:
         raise QualificationError(why_failed(out_dir, result.exit_code, nproc))
     return result.elapsed_s
@@ -180,11 +208,19 @@ def measure_runs(
     bare_repeats, suite_repeats = (0, 1) if real else (options.bare_repeats, options.suite_repeats)
     bare_rank = ("harness.bench.bare_rank", backend, f"{options.timeout_s:g}")
     bare: list[float] = []
+    forked_bare: list[float] = []  # the same bare launch, its ranks forked from the zygote
     runs: list[FullRun] = []
     for i in range(max(bare_repeats, suite_repeats)):
         if i < bare_repeats:
             bare.append(run_ranks(nproc, backend, work / f"bare-{i}", bare_rank, options.timeout_s))
             say(f"  bare launch {i + 1}/{bare_repeats}: {bare[-1]:.1f}s")
+            if nproc > 1:  # `dcpqual run` forks its ranks only where there is more than one
+                where = work / f"bare-zygote-{i}"
+                seconds = run_ranks(
+                    nproc, backend, where, bare_rank, options.timeout_s, zygote=True
+                )
+                forked_bare.append(seconds)
+                say(f"  bare launch through the zygote {i + 1}/{bare_repeats}: {seconds:.1f}s")
         if i < suite_repeats:
             runs.append(run := full_run(options, nproc, models, work / f"suite-{i}"))
             took = f"{run.seconds:.1f}s (exit {run.exit_code})"
@@ -200,6 +236,7 @@ def measure_runs(
         rss[p.rank] = max(p.ru_maxrss_kib * 1024 / MB, rss.get(p.rank, 0.0))
     peak, last = (max(rss.values()) if rss else None), runs[-1].probes
     bare_s, suite_s = (summarize(bare) if bare else None), summarize([run.seconds for run in runs])
+    zygote_s = summarize(forked_bare) if forked_bare else None
     return SuiteRuns(
         world_size=nproc,
         backend=backend,
@@ -207,6 +244,8 @@ def measure_runs(
         bare_launch_s=bare_s,
         full_suite_s=suite_s,
         ratio=None if bare_s is None else ratio_of_medians(suite_s, bare_s),
+        bare_zygote_launch_s=zygote_s,
+        ratio_to_zygote_launch=None if zygote_s is None else ratio_of_medians(suite_s, zygote_s),
         suite_exit_codes=tuple(run.exit_code for run in runs),
         peak_rss_mb_per_rank={str(r): rss[r] for r in sorted(rss)},
         peak_rss_mb=peak,

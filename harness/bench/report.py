@@ -150,10 +150,14 @@ def readings(r: Results) -> dict[Target, tuple[str, Reading]]:
     if run is not None and run.ratio is not None and run.bare_launch_s is not None:
         full, bare = _spread(run.full_suite_s, ".1f"), _spread(run.bare_launch_s, ".1f")
         codes = ",".join(map(str, run.suite_exit_codes))
-        launch = (
-            run.ratio.value,
-            f"full {full} s vs bare {bare} s, {run.world_size} ranks, exit {codes}",
-        )
+        detail = f"full {full} s vs bare {bare} s, {run.world_size} ranks, exit {codes}"
+        if run.bare_zygote_launch_s is not None and run.ratio_to_zygote_launch is not None:
+            forked = _spread(run.bare_zygote_launch_s, ".1f")
+            detail += (
+                f"; bare through the zygote {forked} s"
+                f" ({run.ratio_to_zygote_launch.value:.2f}x of it)"
+            )
+        launch = run.ratio.value, detail
     if d is not None:
         detail = f"{_spread(d.us_per_module, '.2f')} us, {d.modules} modules ({d.layers} layers)"
         discovery = d.us_per_module.median, detail

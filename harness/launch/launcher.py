@@ -34,6 +34,7 @@ from harness.launch.proctree import ExitWait, Tracker, end_launch_root, identify
 from harness.launch.progress import Progress, Snapshot, make_progress, poller, snapshot
 from harness.launch.ranklogs import collect_rank_logs
 from harness.launch.rankview import RecordReader
+from harness.launch.zygote import ZygoteRun
 from harness.schema.launch import Interruption, Launch, NodeState
 from harness.schema.receipt import Receipt, Scrub, Stray
 
@@ -148,12 +149,24 @@ def launch(
             cgroup.join()
 
     proc: subprocess.Popen[bytes] | None = None
+    zygote: ZygoteRun | None = None
     try:
+        env = plan.child_env()
+        if plan.zygote is not None:
+            zygote = ZygoteRun.start(
+                plan.zygote,
+                plan.zygote_log,
+                plan.child_env({**os.environ, **plan.zygote.env}),
+                in_child if linux else None,
+            )
+            if zygote.error is not None:
+                return _not_launched(started_at, t0, zygote)
+            env.update(zygote.stub_env())
         with plan.agent_log.open("wb") as log:
             proc = start_launch_root(
                 lambda: subprocess.Popen(
                     plan.argv,
-                    env=plan.child_env(),
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE if tee else log,
                     stderr=subprocess.STDOUT,
@@ -170,13 +183,20 @@ def launch(
                 daemon=True,
             )
             relay.start()
-        tracker = Tracker(proc.pid, adopter=os.getpid() if adopting else None)
-        outcome = _supervise(proc, tracker, reader, t0, timeout_s, tick, tick_s)
+        tracker = Tracker(
+            proc.pid,
+            adopter=os.getpid() if adopting else None,
+            forker=None if zygote is None else zygote.pid,
+        )
+        outcome = _supervise(proc, tracker, reader, t0, timeout_s, tick, tick_s, zygote)
         if relay is not None:
             relay.join(timeout=5.0)
             if not relay.is_alive() and proc.stdout is not None:
                 proc.stdout.close()  # the relay read torchrun's output to its end
         tracker.scan()  # orphans that re-parented to us after the last tick
+        if zygote is not None:  # its ranks are gone (or tracked as leftovers): it goes now
+            zygote.died()  # an exit before this is the launch's failure
+            zygote.stop()
         if cgroup is not None:  # and whatever is still in the run's cgroup, wherever it went
             tracker.seen |= {p for pid in cgroup.pids() if (p := identify(pid)) is not None}
         leftovers = [p for p in tracker.survivors() if p.pid != proc.pid]
@@ -186,6 +206,8 @@ def launch(
             cgroup.kill()
         ending.reap(p for p in tracker.seen if p.pid != proc.pid)
     finally:
+        if zygote is not None:
+            zygote.stop()
         if proc is not None:
             end_launch_root(proc.pid)
         if cgroup is not None:
@@ -203,6 +225,18 @@ def launch(
         leftovers=[p.pid for p in leftovers],
         interrupted=outcome.interrupted,
         ended_for_ranks_gone_mid_suite=list(outcome.dead_ranks),
+        zygote=None if zygote is None else zygote.state(),
+    )
+
+
+def _not_launched(started_at: str, t0: float, zygote: ZygoteRun) -> Launch:
+    """The zygote could not start: torchrun never ran."""
+    return Launch(
+        exit_code=1,
+        started_at=started_at,
+        finished_at=_now(),
+        elapsed_s=round(time.monotonic() - t0, 3),
+        zygote=zygote.state(),
     )
 
 
@@ -211,6 +245,7 @@ class _Outcome:
     timed_out: bool = False
     interrupted: Interruption | None = None
     dead_ranks: tuple[int, ...] = ()
+    zygote_died: bool = False
 
 
 def _supervise(
@@ -221,9 +256,11 @@ def _supervise(
     timeout_s: float,
     tick: Callable[[float], None] | None,
     tick_s: float,
+    zygote: ZygoteRun | None = None,
 ) -> _Outcome:
-    """Wait for torchrun; end the tree on a timeout, a rank gone mid-suite, ^C or SIGTERM."""
-    watch = ending.DeadRankWatch(reader, tracker)
+    """Wait for torchrun; end the tree on a timeout, a rank gone mid-suite, the zygote's death,
+    ^C or SIGTERM."""
+    watch = ending.DeadRankWatch(reader, tracker, None if zygote is None else zygote.reaped)
     exit_wait = ExitWait(proc)
     next_scan = 0.0
     try:
@@ -240,6 +277,10 @@ def _supervise(
                 tracker.end_all(grace_s=SHUTDOWN_TIMEOUT_S + 5)
                 proc.wait()
                 return _Outcome(timed_out=True)
+            if zygote is not None and zygote.died() is not None:
+                tracker.end_all(grace_s=SHUTDOWN_TIMEOUT_S + 5)
+                proc.wait()
+                return _Outcome(zygote_died=True)
             dead = watch.overdue()
             if dead:
                 tracker.end_all(grace_s=SHUTDOWN_TIMEOUT_S + 5)
@@ -385,8 +426,14 @@ def _finish(
             else ""
         ),
     )
+    zygote_error = result.zygote.error if result.zygote is not None else None
+    if zygote_error is not None:
+        _say(sys.stderr, f"dcpqual run: error: {zygote_error}")
+    elif result.zygote is not None and result.zygote.not_used is not None:
+        _say(stream, f"dcpqual run: ranks started cold, not forked: {result.zygote.not_used}")
     if options.node_rank != 0:
-        return _follow_node0(stream, out_dir, result)
+        code = _follow_node0(stream, out_dir, result)
+        return code or (1 if zygote_error else 0)
     markers = (
         nodes.wait_for_nodes(out_dir, options.nnodes, NODE_WAIT_S) if options.multi_node else None
     )
@@ -405,7 +452,8 @@ def _finish(
     if result.interrupted is not None:
         return result.interrupted.exit_code
     passed = receipt.verdict == "pass"
-    return 0 if passed and not problems and ctx.exit_code == 0 and not ctx.timed_out else 1
+    clean = ctx.exit_code == 0 and not ctx.timed_out and zygote_error is None
+    return 0 if passed and not problems and clean else 1
 
 
 def _unfinished(out_dir: Path, exc: OSError) -> str:

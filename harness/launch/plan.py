@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.core.signature import COMM_BACKENDS  # vLLM's --dcp-comm-backend values
 from harness.errors import UsageError
+from harness.rank.forkwire import SOCKET_ENV
 from harness.schema.plan import RankPlan
 
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
@@ -180,6 +181,25 @@ class RunOptions:
         return self.nnodes > 1
 
 
+# Ranks start forked from the node's zygote (`harness.rank.zygote`), which imported torch,
+# pytest and the harness once; torchrun starts a standard-library stub per rank that stands for
+# its forked rank (`harness.rank.forkstub`).
+ZYGOTE_MODULE = "harness.rank.zygote"
+FORKSTUB_MODULE = "harness.rank.forkstub"
+# Unix socket paths are limited to 107 bytes; a longer out folder puts the socket in /tmp.
+_SOCKET_PATH_MAX = 100
+
+
+@dataclass(frozen=True)
+class ZygotePlan:
+    """The node's zygote: its command, its environment (the ranks' as far as torch's import can
+    see it) and the socket its stubs reach it on."""
+
+    argv: tuple[str, ...]
+    socket: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class RunPlan:
     """Everything `launch` needs: argv, the environment it adds, and where files go."""
@@ -189,6 +209,7 @@ class RunPlan:
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     targets: tuple[str, ...] = ()
+    zygote: ZygotePlan | None = None  # None: torchrun execs each rank's interpreter itself
 
     @property
     def log_dir(self) -> Path:
@@ -202,6 +223,10 @@ class RunPlan:
     @property
     def agent_error_file(self) -> Path:
         return self.log_dir / "agent-error.json"
+
+    @property
+    def zygote_log(self) -> Path:
+        return self.log_dir / "zygote.log"
 
     def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
@@ -290,10 +315,7 @@ def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
         raise ValueError(f"out_dir must be absolute, got {out_dir}")
     targets = options.pytest_args or default_targets()
     probe = RunPlan(options=options, out_dir=out_dir, argv=())
-    argv = (
-        *torchrun_args(options, probe.log_dir),
-        *pytest_args(targets),
-    )
+    argv = (*torchrun_args(options, probe.log_dir), *forked(pytest_args(targets)))
     pythonpath = os.environ.get("PYTHONPATH", "")
     env = {
         **rank_plan(options, out_dir).to_environ(),  # also: the root conftest collects suites/
@@ -302,4 +324,42 @@ def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
         "PYTHONUNBUFFERED": "1",
         **RANK_PYTEST_ENV,
     }
-    return RunPlan(options=options, out_dir=out_dir, argv=argv, env=env, targets=targets)
+    if options.nproc_per_node == 1:  # one rank: nothing to share, torchrun execs it
+        argv = (*torchrun_args(options, probe.log_dir), *pytest_args(targets))
+        return RunPlan(options=options, out_dir=out_dir, argv=argv, env=env, targets=targets)
+    zygote = zygote_plan(probe.log_dir, env)
+    return RunPlan(
+        options=options, out_dir=out_dir, argv=argv, env=env, targets=targets, zygote=zygote
+    )
+
+
+def forked(rank_argv: Sequence[str]) -> tuple[str, ...]:
+    """torchrun's worker command for a rank forked from the zygote: the stub, then what the
+    rank's interpreter would have been given."""
+    return ("-m", FORKSTUB_MODULE, "--", *rank_argv)
+
+
+def zygote_plan(log_dir: Path, env: dict[str, str]) -> ZygotePlan:
+    """The node's zygote for ranks started with `env`, to which it adds the zygote's socket."""
+    socket = zygote_socket(log_dir)
+    env[SOCKET_ENV] = str(socket)
+    zygote_env = dict(env)
+    if "OMP_NUM_THREADS" not in os.environ:
+        zygote_env["OMP_NUM_THREADS"] = "1"  # what torchrun sets for more than one rank
+    return ZygotePlan(
+        argv=(sys.executable, "-u", "-m", ZYGOTE_MODULE, str(socket)),
+        socket=socket,
+        env=zygote_env,
+    )
+
+
+def zygote_socket(log_dir: Path) -> Path:
+    """The zygote's socket in this node's log folder, or, where that path is too long for a Unix
+    socket, in /tmp under a name derived from it."""
+    path = log_dir / "zygote.sock"
+    if len(os.fsencode(path)) <= _SOCKET_PATH_MAX:
+        return path
+    import hashlib
+
+    digest = hashlib.sha256(os.fsencode(path)).hexdigest()[:16]
+    return Path("/tmp") / f"dcpqual-zygote-{digest}.sock"

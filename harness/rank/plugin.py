@@ -37,6 +37,7 @@ import pytest
 from harness.rank.agreement import Agreement, LocalResult, agree, compare_collections
 from harness.rank.bootstrap import BootstrapError, RankEnv, exit_now, init_process_group, teardown
 from harness.rank.fixtures import PLUGIN_NAME, rank_plan, record_capture, world
+from harness.rank.parentage import parentage
 from harness.rank.rankfiles import RecordKeeper, dump_stacks, junit_path, write_error_file
 from harness.rank.sidechannel import SideChannel
 from harness.rank.subworld import BlockState, Lane, SubworldPlan, join, plan, size_of
@@ -185,8 +186,13 @@ class RankPlugin:
             raise pytest.UsageError(f"dcpqual rank {env.rank}: {exc}") from None
         self.keeper.update(device=str(device), extra=self._where(), **self._degrees())
         keeper = self.keeper
+        above = parentage()
         self.agent_watch = AgentWatch(
-            env.rank, os.getppid(), lambda: keeper.record.current_test, self._broke_world
+            env.rank,
+            above.agent,
+            lambda: keeper.record.current_test,
+            self._broke_world,
+            between=above.between(),
         ).install()
         self.channel = SideChannel.for_process_group(env.rank, env.world_size)
         self.watchdog = Watchdog(

@@ -8,7 +8,9 @@ others and never leaves an unexplained gap.
 SIGTERM (torchrun stopping the job) reaches the watchdog through `signal.set_wakeup_fd`: the
 interpreter's C-level handler writes the signal number to a pipe the watchdog selects on, even
 while the main thread is stuck in C++. The agent's exit reaches it the same way, through a pidfd
-of the parent (where the kernel has none, the parent pid is compared at every wake-up).
+of the agent (`harness.rank.parentage`: the parent, or for a rank forked from the zygote the
+stub's parent); the parent pid is also compared at every wake-up (a forked rank's parent is the
+zygote, whose death orphans it too).
 
 It sleeps until the next thing that can be due: the heartbeat, the running test's timeout, the
 next look at its peers (every `tick_s` while a test runs, one store read of the alarm counter
@@ -36,6 +38,7 @@ from typing import Literal
 from harness.pidfd import pidfd_open
 from harness.rank.agreement import Agreement, LocalResult, agree
 from harness.rank.bootstrap import collective_sequence_numbers
+from harness.rank.parentage import parentage
 from harness.rank.rankfiles import RecordKeeper, dump_stacks, write_error_file
 from harness.rank.sidechannel import SideChannel
 
@@ -104,8 +107,9 @@ class Watchdog:
         self._peer_left = False  # a peer left the job (the abort key is set; it stays set)
         self._stopping = threading.Event()
         self._finished = threading.Event()
-        self._ppid = os.getppid()
-        self._parent_fd = pidfd_open(self._ppid if agent_pid is None else agent_pid)
+        self._ppid = os.getppid()  # the agent, or the zygote that forked this rank
+        self._forked = parentage().forked
+        self._parent_fd = pidfd_open(parentage().agent if agent_pid is None else agent_pid)
         self._kick_r, self._kick_w = os.pipe()  # `stop` wakes the thread at once
         os.set_blocking(self._kick_r, False)
         os.set_blocking(self._kick_w, False)
@@ -192,7 +196,7 @@ class Watchdog:
                 self.keeper.heartbeat()
                 last_beat = now
             if woke == "orphaned" or os.getppid() != self._ppid:
-                self._terminate("orphaned: the torchrun agent that started this rank is gone")
+                self._terminate(self._orphaned_by(woke == "orphaned"))
                 return
             with self._lock:
                 phase, index, nodeid, started = (
@@ -227,6 +231,11 @@ class Watchdog:
                 wake = min(wake, started + self.config.test_timeout_s)
             wake = min(wake, next_look if seen is None else seen + self.config.abort_grace_s)
         return max(0.0, wake - now)
+
+    def _orphaned_by(self, agent_gone: bool) -> str:
+        if self._forked and not agent_gone:
+            return "orphaned: the rank zygote that forked this rank is gone"
+        return "orphaned: the torchrun agent that started this rank is gone"
 
     def _sleep(self, timeout: float) -> Literal["sigterm", "orphaned"] | None:
         """Wait up to `timeout`; say whether SIGTERM arrived or the parent exited."""

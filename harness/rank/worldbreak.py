@@ -4,9 +4,11 @@ Two actions are seen:
 - the rank destroyed its default process group (`torch.distributed.destroy_process_group`):
   checked after each test, before the ranks agree on it, so the test fails on that rank and the
   agreement makes it primary even when a peer's collective failed first;
-- the rank sent a signal to its torchrun agent (its parent at start-up) or the agent's process
-  group: a `sys.addaudithook` hook sees `os.kill`/`os.killpg` before the signal is sent, so the
-  record says so even when the signal kills the agent and every rank is then an orphan.
+- the rank sent a signal to its torchrun agent (`harness.rank.parentage`: its parent at
+  start-up, unless it was forked from the zygote) or the agent's process group, or, where it
+  was forked, to its fork stub or the zygote, which end the job as surely: a `sys.addaudithook`
+  hook sees `os.kill`/`os.killpg` before the signal is sent, so the record says so even when the
+  signal kills the agent and every rank is then an orphan.
 
 Not seen: a signal sent from a subprocess (a `kill` command), from C code, or through
 `signal.pidfd_send_signal` (no audit event); `signal.pthread_kill` only reaches this process's
@@ -20,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch.distributed as dist
 
@@ -67,9 +69,13 @@ class AgentWatch:
         agent_pid: int,
         current_test: Callable[[], str | None],
         on_break: Callable[[WorldBreak], None],
+        between: Mapping[int, str] | None = None,
     ) -> None:
+        """`between`: {pid: what it is} for the processes between this rank and its agent (its
+        fork stub, the zygote), a signal to which counts as one to the agent."""
         self.rank = rank
         self.agent_pid = agent_pid
+        self.between = dict(between or {})
         try:
             self.agent_pgid: int | None = os.getpgid(agent_pid)
         except OSError:
@@ -92,7 +98,7 @@ class AgentWatch:
         if event == "os.killpg":
             group = own_group if target == 0 else target
             return self.agent_pgid is not None and group == self.agent_pgid
-        if target == self.agent_pid or target == -1:
+        if target == self.agent_pid or target == -1 or target in self.between:
             return True
         if target == 0:
             return self.agent_pgid is not None and own_group == self.agent_pgid
@@ -114,6 +120,9 @@ class AgentWatch:
             name = _signal_name(sig)
             if event == "os.kill" and target == self.agent_pid:
                 whom, aimed = f"its torchrun agent (pid {self.agent_pid})", target
+            elif event == "os.kill" and target in self.between:
+                whom = f"{self.between[target]} (pid {target}; torchrun agent pid {self.agent_pid})"
+                aimed = target
             else:
                 aimed = -(os.getpgrp() if target == 0 else abs(target))
                 whom = (

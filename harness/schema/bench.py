@@ -199,7 +199,11 @@ class SuiteRuns(Model):
     models: str
     bare_launch_s: Summary | None
     full_suite_s: Summary
-    ratio: Ratio | None  # full / bare, medians
+    ratio: Ratio | None  # full / bare, medians (the target: bare is torchrun's own cold start)
+    # The same bare launch with its ranks forked from `dcpqual run`'s zygote, as the full run's
+    # are, and full / that: what the suites and the harness add beyond the launch itself.
+    bare_zygote_launch_s: Summary | None = None
+    ratio_to_zygote_launch: Ratio | None = None
     suite_exit_codes: tuple[int, ...]
     peak_rss_mb_per_rank: dict[str, float]  # rank -> max over the runs, MB (1e6 bytes)
     peak_rss_mb: float | None

@@ -54,6 +54,29 @@ class Interruption(Model):
         )
 
 
+# The ranks' string-hash seeds (PYTHONHASHSEED): "shared-random", forked ranks share the one
+# random seed the zygote drew, where ranks torchrun starts itself would each draw their own;
+# "per-rank-random", each rank drew its own (it was not forked); "fixed", PYTHONHASHSEED set, the
+# same in every rank under either launch.
+HashSeedMode = Literal["shared-random", "per-rank-random", "fixed"]
+
+
+class ZygoteState(Model):
+    """How this node's ranks started: forked from one zygote that had imported torch, pytest and
+    the harness (`harness.rank.zygote`), each behind a fork stub torchrun started, or, where the
+    zygote refused to fork, started cold by their stubs as torchrun would have."""
+
+    pid: NonNegativeInt = 0
+    ready: bool = False  # it said it was ready (its preload done) in its log
+    exit_code: int | None = None  # how it ended; None: still running when the launch ended
+    # Why the launch failed because of it: it could not start, or died before torchrun exited.
+    error: str | None = None
+    used: bool = False  # at least one rank was forked from it
+    forked: NonNegativeInt = 0  # ranks it forked
+    not_used: str | None = None  # why no rank was forked (the zygote's refusal)
+    hash_seed: HashSeedMode = "shared-random"
+
+
 class Launch(Model):
     """How this node's torchrun ended (`harness.launch.launcher.launch`)."""
 
@@ -66,3 +89,5 @@ class Launch(Model):
     interrupted: Interruption | None = None
     # Ranks whose process left mid-suite, for which the launcher ended the tree.
     ended_for_ranks_gone_mid_suite: list[NonNegativeInt] = Field(default_factory=list)
+    # None: torchrun started each rank's own interpreter.
+    zygote: ZygoteState | None = None

@@ -1,5 +1,7 @@
-"""One rank SIGKILLs its torchrun agent (its parent) mid-test; every rank, itself included, is
-then an orphan that its watchdog ends, so the one that did it must be told apart by what it did."""
+"""One rank SIGKILLs its torchrun agent mid-test; every rank, itself included, is then an orphan
+that its watchdog ends, so the one that did it must be told apart by what it did. The agent is
+the harness's answer (`agent_pid`): the rank's parent where torchrun started it, the stub's
+parent where it was forked from the zygote."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import signal
 import torch.distributed as dist
 from _world import all_reduce_sum, fault_rank, rank
 
+from harness.rank.parentage import agent_pid
+
 
 def test_before():
     assert all_reduce_sum(1.0) == dist.get_world_size()
@@ -16,7 +20,7 @@ def test_before():
 
 def test_fault():
     if rank() == fault_rank():
-        os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(agent_pid(), signal.SIGKILL)
     all_reduce_sum(1.0)
 
 

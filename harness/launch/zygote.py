@@ -1,0 +1,167 @@
+"""The launcher's side of the rank zygote: start it before torchrun, watch it while the run
+lasts, end it after the ranks, and say how it went (`ZygoteState`).
+
+The zygote starts as torchrun does (its own session, the launcher's death signal, the run's
+cgroup), and the launch's `Tracker` follows its children as ranks. torchrun starts right after
+it, without waiting: the stubs wait for its socket while torchrun imports and rendezvouses, so
+the two imports overlap. A zygote that cannot start or exits before torchrun is the launch's
+failure, named in one line; one that refuses to fork (a thread alive after its preload, e.g. a
+BLAS pool a user's OMP_NUM_THREADS > 1 started) is not: its stubs start their ranks cold, and
+the state says the zygote was not used and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.launch.plan import ZygotePlan
+from harness.launch.proctree import end_launch_root, start_launch_root
+from harness.rank.forkwire import ZYGOTE_PID_ENV, refusal_path
+from harness.rank.zygote import EXIT_REFUSED, FORKED_LINE, READY_LINE, REAPED_LINE
+from harness.schema.launch import HashSeedMode, ZygoteState
+
+STOP_GRACE_S = 5.0
+
+
+@dataclass
+class ZygoteRun:
+    """A started zygote (`proc`), or one that could not start (`error`)."""
+
+    plan: ZygotePlan
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    error: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    pythonhashseed: str = "random"  # what the zygote (and so every forked rank) was started with
+    refused: str | None = None  # its refusal to fork, once read
+
+    @classmethod
+    def start(
+        cls,
+        plan: ZygotePlan,
+        log: Path,
+        env: dict[str, str],
+        preexec: Callable[[], None] | None,
+    ) -> ZygoteRun:
+        run = cls(plan, log, pythonhashseed=env.get("PYTHONHASHSEED", "random"))
+        try:
+            with log.open("wb") as out:
+                run.proc = start_launch_root(
+                    lambda: subprocess.Popen(
+                        plan.argv,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        preexec_fn=preexec,
+                    )
+                )
+        except OSError as exc:
+            run.error = f"the rank zygote could not start ({' '.join(plan.argv)}): {exc}"
+        return run
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def stub_env(self) -> dict[str, str]:
+        """What the stubs need besides the plan's environment: the zygote's pid."""
+        return {} if self.proc is None else {ZYGOTE_PID_ENV: str(self.proc.pid)}
+
+    def died(self) -> str | None:
+        """The one-line error once the zygote has exited while it was still needed."""
+        if self.error is not None or self.proc is None:
+            return self.error
+        code = self.proc.poll()
+        if code is None or (code == EXIT_REFUSED and self.refusal() is not None):
+            return None
+        self.error = (
+            f"the rank zygote (pid {self.proc.pid}) exited with {code} after "
+            f"{time.monotonic() - self.started:.1f}s, before torchrun did: {self._last_line()}"
+            f" (log: {self.log})"
+        )
+        return self.error
+
+    def _last_line(self) -> str:
+        with contextlib.suppress(OSError):
+            lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
+            if lines:
+                return lines[-1].strip()
+        return "it logged nothing"
+
+    def refusal(self) -> str | None:
+        """Why the zygote refused to fork any rank (its note beside the socket), if it did."""
+        if self.refused is None:
+            with contextlib.suppress(OSError):
+                note = Path(refusal_path(str(self.plan.socket)))
+                self.refused = note.read_text(errors="replace").strip() or "no reason given"
+        return self.refused
+
+    def _log_lines(self, start: str) -> int:
+        with contextlib.suppress(OSError), self.log.open("rb") as log:
+            return sum(1 for line in log if line.startswith(start.encode()))
+        return 0
+
+    def reaped(self) -> set[tuple[int, int]]:
+        """(rank, pid) of each rank the zygote has forked and reaped, from its log read to its
+        end (a pid forked again after its reaping is not in it)."""
+        rank_of: dict[int, int] = {}
+        gone: set[tuple[int, int]] = set()
+        forked, reaped = FORKED_LINE.encode(), REAPED_LINE.encode()
+        with contextlib.suppress(OSError), self.log.open("rb") as log:
+            for line in log:
+                words = line.split()
+                with contextlib.suppress(IndexError, ValueError):
+                    if line.startswith(forked):  # ... forked pid N for stub M rank R
+                        pid = int(words[4])
+                        rank_of[pid] = int(words[-1])
+                        gone -= {(r, p) for r, p in gone if p == pid}
+                    elif line.startswith(reaped) and (pid := int(words[4])) in rank_of:
+                        gone.add((rank_of[pid], pid))
+        return gone
+
+    def hash_seed(self, used: bool) -> HashSeedMode:
+        """What the ranks' string-hash seeds were, from the PYTHONHASHSEED the ranks got."""
+        if self.pythonhashseed not in ("", "random"):
+            return "fixed"
+        return "shared-random" if used else "per-rank-random"
+
+    def stop(self) -> None:
+        """End the zygote (its ranks are gone by now; any left are the launch's strays)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        end_launch_root(self.proc.pid)
+        self.refusal()  # read before the note goes
+        for path in (self.plan.socket, Path(refusal_path(str(self.plan.socket)))):
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+
+    def state(self) -> ZygoteState:
+        forked = self._log_lines(FORKED_LINE)
+        refusal = self.refusal()
+        not_used = None
+        if not forked:
+            not_used = refusal or self.error or "no rank asked it for a fork"
+        return ZygoteState(
+            pid=self.pid or 0,
+            ready=self._log_lines(READY_LINE) > 0,
+            exit_code=None if self.proc is None else self.proc.returncode,
+            error=self.error,
+            used=forked > 0,
+            forked=forked,
+            not_used=not_used,
+            hash_seed=self.hash_seed(forked > 0),
+        )

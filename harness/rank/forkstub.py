@@ -1,0 +1,231 @@
+"""What torchrun starts for each rank when ranks are forked: `python -m harness.rank.forkstub --
+-m pytest ...`. It asks the zygote (`harness.rank.zygote`) to fork the rank with this process's
+argv, cwd, environment and descriptors 0/1/2, then stands for it towards torchrun:
+
+- SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1/2 are forwarded to the rank;
+- it exits with the rank's exit code, or dies of the rank's signal, so torchrun sees what it
+  would have seen from the rank itself (its error file comes through the rank's environment);
+- if the stub dies (torchrun SIGKILLs it after its shutdown timeout), the zygote SIGKILLs the
+  rank, as torchrun's SIGKILL of the rank itself would have;
+- if the zygote dies first, the rank cannot be reaped: the stub says so in one line, ends the
+  rank (SIGTERM, then SIGKILL) and exits 1;
+- if the zygote refused to fork at all (a thread alive after its preload, which it writes next
+  to its socket before it exits), the stub becomes the rank: it execs the interpreter with the
+  rank's argv, the ordinary cold start torchrun would have made.
+
+Standard library only (`-X importtime` shows no third-party module): 16 of these start at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import sys
+import time
+
+from harness.rank.forkwire import (
+    SOCKET_ENV,
+    ZYGOTE_PID_ENV,
+    Replies,
+    Request,
+    WireError,
+    refusal_path,
+    send_request,
+)
+
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+# How long the stub waits for the zygote's socket to accept (the zygote imports torch meanwhile;
+# 16 ranks' stubs start while it does). The launcher ends the tree sooner if the zygote dies.
+CONNECT_WAIT_S = 600.0
+# After the zygote died: how long the orphaned rank may take to end on SIGTERM.
+ORPHAN_GRACE_S = 5.0
+EXIT_ZYGOTE_LOST = 1
+MODULE = "harness.rank.forkstub"
+
+
+def _say(text: str) -> None:
+    with contextlib.suppress(OSError):
+        os.write(2, f"dcpqual forkstub: {text}\n".encode())
+
+
+def _gone(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def refused(path: str) -> str | None:
+    """Why the zygote refused to fork any rank, once it said so; else None."""
+    try:
+        with open(refusal_path(path), encoding="utf-8", errors="replace") as note:
+            return note.read().strip() or "no reason given"
+    except FileNotFoundError:
+        return None
+
+
+def connect(path: str, wait_s: float, zygote_pid: int | None = None) -> socket.socket | None:
+    """Connect once the zygote listens; None where it refused to fork (its note says why); give
+    up at `wait_s` or once the zygote is gone without a note."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            if refused(path) is not None:
+                return None
+            gone = _gone(zygote_pid)
+            if gone and refused(path) is not None:  # the note is written before it exits
+                return None
+            if time.monotonic() >= deadline or gone:
+                raise
+            time.sleep(0.05)
+
+
+def cold_argv(argv: list[str]) -> list[str]:
+    """The interpreter command torchrun would have run for the rank: this interpreter with this
+    stub's own interpreter options (torchrun's `-u`), then the rank's argv."""
+    orig = list(sys.orig_argv)
+    options = ["-u"]
+    for i in range(1, len(orig) - 1):
+        if orig[i] == "-m" and orig[i + 1] == MODULE:
+            options = orig[1:i]
+            break
+    return [sys.executable, *options, *argv]
+
+
+def become_the_rank(argv: list[str]) -> None:
+    """Exec the rank's interpreter in this process (the pid torchrun started and watches)."""
+    for name in (SOCKET_ENV, ZYGOTE_PID_ENV):
+        os.environ.pop(name, None)
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_DFL)
+    command = cold_argv(argv)
+    try:
+        os.execv(command[0], command)
+    except OSError as exc:
+        _say(f"cannot start the rank's interpreter {command[0]}: {exc}")
+        os._exit(EXIT_ZYGOTE_LOST)
+
+
+class _Child:
+    """The forked rank as the stub knows it; signals that come before its pid are held."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.pidfd: int | None = None
+        self.pending: list[int] = []
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        if self.pid is None:
+            self.pending.append(signum)
+        else:
+            self.kill(signum)
+
+    def adopt(self, pid: int) -> None:
+        self.pid = pid
+        with contextlib.suppress(OSError):
+            self.pidfd = os.pidfd_open(pid)
+        for signum in self.pending:
+            self.kill(signum)
+        self.pending.clear()
+
+    def kill(self, signum: int) -> None:
+        with contextlib.suppress(OSError):
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signum)
+            elif self.pid is not None:
+                os.kill(self.pid, signum)
+
+    def end(self, grace_s: float) -> None:
+        """SIGTERM, wait up to `grace_s` for it to exit, then SIGKILL."""
+        self.kill(signal.SIGTERM)
+        if self.pidfd is not None and select.select([self.pidfd], [], [], grace_s)[0]:
+            return
+        self.kill(signal.SIGKILL)
+
+
+def exit_like(status: int) -> None:
+    """Leave as the child did: the same exit code, or death by the same signal."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's disposition is fixed
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)  # a signal that does not kill (it was ignored before the fork)
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    path = os.environ.get(SOCKET_ENV)
+    if not path:
+        _say(f"{SOCKET_ENV} is not set: not started by a dcpqual launcher that runs a zygote")
+        os._exit(2)
+    child = _Child()
+    for sig in FORWARDED:
+        signal.signal(sig, child.on_signal)
+    try:
+        zygote = os.environ.get(ZYGOTE_PID_ENV, "")
+        sock = connect(path, CONNECT_WAIT_S, int(zygote) if zygote.isdigit() else None)
+    except OSError as exc:
+        _say(f"cannot reach the rank zygote at {path}: {exc}")
+        os._exit(EXIT_ZYGOTE_LOST)
+    if sock is None:
+        for signum in child.pending:  # torchrun stopped the job before the rank began
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        become_the_rank(argv)
+        return
+    request = Request(
+        argv=tuple(argv),
+        cwd=os.getcwd(),
+        env=dict(os.environ),
+        stub_pid=os.getpid(),
+        agent_pid=os.getppid(),
+    )
+    replies = Replies(sock)
+    try:
+        send_request(sock, request)
+        while True:
+            reply = replies.next()
+            if reply is None:
+                break
+            if "error" in reply:
+                _say(f"the rank zygote refused to fork this rank: {reply['error']}")
+                os._exit(EXIT_ZYGOTE_LOST)
+            if "pid" in reply:
+                child.adopt(int(str(reply["pid"])))
+            if "status" in reply:
+                exit_like(int(str(reply["status"])))
+    except (OSError, WireError, ValueError) as exc:
+        _say(f"lost the rank zygote's connection: {exc}")
+    who = f"rank pid {child.pid}" if child.pid is not None else "the rank"
+    _say(f"the rank zygote at {path} went away before {who} exited; ending it")
+    if child.pid is not None:
+        child.end(ORPHAN_GRACE_S)
+    os._exit(EXIT_ZYGOTE_LOST)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,123 @@
+"""The wire between a rank's fork stub and the zygote: one request, then the child's pid, then
+its wait status, over a Unix stream socket.
+
+Standard library only: the stub imports this and nothing heavier, so a rank's own start costs an
+interpreter and a socket, not an `import torch`.
+
+Request (stub -> zygote): one byte carrying the stub's descriptors 0, 1 and 2 (SCM_RIGHTS), then
+a length-prefixed JSON object {argv, cwd, env, stub_pid, agent_pid} (the stub's parent: the
+torchrun agent). Replies (zygote -> stub): JSON lines,
+{"pid": N} once the child is forked, then {"status": W} (its raw wait status) when the zygote
+has reaped it; {"error": TEXT} instead when the zygote cannot fork it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+from dataclasses import dataclass
+
+# Environment variables the launcher sets for the stubs (and so for the ranks).
+SOCKET_ENV = "DCPQUAL_ZYGOTE_SOCKET"
+ZYGOTE_PID_ENV = "DCPQUAL_ZYGOTE_PID"
+_LENGTH = struct.Struct("!I")
+MAX_REQUEST = 16 << 20
+
+
+class WireError(RuntimeError):
+    """The other side broke the protocol or went away mid-message."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a rank would have been started with: its argv after the interpreter, cwd, env;
+    and who stands above it: the stub and the stub's parent, the torchrun agent."""
+
+    argv: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]
+    stub_pid: int
+    agent_pid: int
+
+
+def send_request(sock: socket.socket, request: Request, fds: tuple[int, ...] = (0, 1, 2)) -> None:
+    body = json.dumps(
+        {
+            "argv": list(request.argv),
+            "cwd": request.cwd,
+            "env": request.env,
+            "stub_pid": request.stub_pid,
+            "agent_pid": request.agent_pid,
+        }
+    ).encode()
+    socket.send_fds(sock, [b"R"], list(fds))
+    sock.sendall(_LENGTH.pack(len(body)) + body)
+
+
+def _read_exact(sock: socket.socket, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = sock.recv(min(left, 1 << 16))
+        if not chunk:
+            raise WireError(f"connection closed with {left} of {n} bytes unread")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv_request(sock: socket.socket) -> tuple[Request, list[int]]:
+    """The request and the descriptors that came with it (the caller owns and closes them)."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, 1, 3)
+    if data != b"R" or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        raise WireError(f"bad request start {data!r} with {len(fds)} descriptor(s)")
+    try:
+        (length,) = _LENGTH.unpack(_read_exact(sock, _LENGTH.size))
+        if length > MAX_REQUEST:
+            raise WireError(f"request of {length} bytes")
+        raw = json.loads(_read_exact(sock, length))
+        request = Request(
+            argv=tuple(str(a) for a in raw["argv"]),
+            cwd=str(raw["cwd"]),
+            env={str(k): str(v) for k, v in raw["env"].items()},
+            stub_pid=int(raw["stub_pid"]),
+            agent_pid=int(raw["agent_pid"]),
+        )
+    except (WireError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        for fd in fds:
+            os.close(fd)
+        raise WireError(f"bad request: {exc}") from None
+    return request, fds
+
+
+def send_reply(sock: socket.socket, **reply: object) -> None:
+    sock.sendall(json.dumps(reply).encode() + b"\n")
+
+
+class Replies:
+    """Reads the zygote's JSON lines; `next()` is None once the zygote closed the connection."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buf = b""
+
+    def next(self) -> dict[str, object] | None:
+        while b"\n" not in self._buf:
+            chunk = self._sock.recv(4096)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        reply = json.loads(line)
+        if not isinstance(reply, dict):
+            raise WireError(f"bad reply {line!r}")
+        return reply
+
+
+def refusal_path(socket_path: str) -> str:
+    """Where a zygote that will not fork (a thread alive after its preload) writes why, before
+    it exits: the stubs then start their rank's interpreter themselves."""
+    return socket_path + ".refused"

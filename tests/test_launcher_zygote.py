@@ -1,0 +1,229 @@
+"""launch() with forked ranks: the zygote's children are contained as torchrun's are (ended at
+the timeout, found as leftovers after torchrun exits), the zygote itself is ended at the end and
+is no stray, and a zygote that cannot start or dies is the launch's failure, in one line; one
+that refuses to fork is not (the ranks start cold), and the state says whether it was used, why
+not, and what the ranks' hash seeds were."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from harness.launch.collect import launch_limitations
+from harness.launch.launcher import launch
+from harness.launch.plan import RunOptions, ZygotePlan, build_plan
+from harness.launch.proctree import identify
+
+# An agent that starts one stub per "rank" the way torchrun does (own session, the plan's env),
+# writes the forked ranks' pids, then hangs ("hang") or exits at once leaving them ("leave").
+AGENT = """
+import json, os, subprocess, sys, time
+out, mode = sys.argv[1], sys.argv[2]
+stubs = [subprocess.Popen([sys.executable, "-m", "harness.rank.forkstub", "--", "-m", "sleeper",
+                           out + f".{r}"], start_new_session=True, cwd=sys.argv[3]) for r in (0, 1)]
+while not all(os.path.exists(out + f".{r}") for r in (0, 1)):
+    time.sleep(0.02)
+open(out + ".tmp", "w").write(json.dumps([int(open(out + f".{r}").read()) for r in (0, 1)]))
+os.rename(out + ".tmp", out)
+time.sleep(600 if mode == "hang" else 0)
+"""
+
+# A rank only SIGKILL ends: neither its stub's forwarded SIGTERM nor the launcher's.
+SLEEPER = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(sys.argv[1] + ".tmp", "w").write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)
+"""
+
+
+def plan_for(tmp_path: Path, mode: str, timeout_s: float = 120.0, zygote_argv=None):
+    options = RunOptions(nproc_per_node=2, timeout_s=timeout_s, test_timeout_s=timeout_s / 2)
+    plan = build_plan(options, tmp_path / "out")
+    assert plan.zygote is not None
+    argv = zygote_argv or (*plan.zygote.argv, "json")  # the protocol needs no torch
+    zygote = ZygotePlan(argv=tuple(argv), socket=plan.zygote.socket, env=plan.zygote.env)
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    pids = tmp_path / "ranks.json"
+    agent = (sys.executable, str(tmp_path / "agent.py"), str(pids), mode, str(tmp_path))
+    return replace(plan, argv=agent, zygote=zygote), pids
+
+
+def ranks_of(path: Path, timeout_s: float = 60.0) -> list[int]:
+    import json
+
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.05)
+    return list(json.loads(path.read_text()))
+
+
+def gone(pid: int) -> bool:
+    return identify(pid) is None
+
+
+def kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_the_timeout_ends_the_forked_ranks_and_the_zygote(tmp_path):
+    plan, pids = plan_for(tmp_path, "hang", timeout_s=8.0)
+    result = launch(plan, tick_s=0.2)
+    ranks = ranks_of(pids)
+    try:
+        assert result.timed_out
+        assert all(gone(pid) for pid in ranks), "a forked rank outlived the timeout"
+        assert result.zygote is not None and result.zygote.ready and result.zygote.error is None
+        assert gone(result.zygote.pid)
+        assert not plan.zygote.socket.exists()
+    finally:
+        kill(ranks)
+
+
+def test_forked_ranks_left_after_torchrun_exits_are_ended_and_reported(tmp_path):
+    plan, pids = plan_for(tmp_path, "leave")
+    result = launch(plan, tick_s=0.2)
+    ranks = ranks_of(pids)
+    try:
+        assert set(ranks) <= set(result.leftovers), result.leftovers
+        assert all(gone(pid) for pid in ranks)
+        assert result.zygote is not None and result.zygote.pid not in result.leftovers
+        assert gone(result.zygote.pid) and result.zygote.error is None
+    finally:
+        kill(ranks)
+
+
+def test_without_tracking_the_zygote_forked_ranks_escape_the_timeout(tmp_path, monkeypatch):
+    """The negative control: a tracker that does not follow the zygote's children (and a zygote
+    that leaves a rank whose stub is gone alone) ends torchrun and the stubs, but the ranks live
+    on."""
+    import harness.launch.proctree as proctree
+
+    monkeypatch.setattr(proctree.Tracker, "scan", _scan_without_forker)
+    monkeypatch.setattr("harness.launch.ending.set_subreaper", lambda on: False)
+    monkeypatch.setattr("harness.launch.ending.Cgroup.create", classmethod(lambda cls: None))
+    plan, pids = plan_for(tmp_path, "hang", timeout_s=8.0)
+    assert plan.zygote is not None
+    lax = (
+        "import sys, harness.rank.zygote as z; z.Zygote._kill = lambda self, rank: None; "
+        "sys.exit(z.main(sys.argv[1:]))"
+    )
+    argv = (sys.executable, "-u", "-c", lax, str(plan.zygote.socket), "json")
+    plan = replace(plan, zygote=replace(plan.zygote, argv=argv))
+    result = launch(plan, tick_s=0.2)
+    ranks = ranks_of(pids)
+    try:
+        assert result.timed_out
+        assert [pid for pid in ranks if not gone(pid)], "expected the ranks to escape"
+    finally:
+        kill(ranks)
+
+
+def _scan_without_forker(self) -> None:
+    from harness.launch.proctree import descendants
+
+    self.seen |= descendants(self.root)
+
+
+def test_a_zygote_that_cannot_start_fails_the_launch_in_one_line(tmp_path):
+    plan, _ = plan_for(tmp_path, "hang", zygote_argv=(str(tmp_path / "no-such-python"),))
+    result = launch(plan, tick_s=0.2)
+    assert result.exit_code == 1
+    assert result.zygote is not None and result.zygote.error is not None
+    assert "the rank zygote could not start" in result.zygote.error
+    assert "\n" not in result.zygote.error
+    assert not (plan.log_dir / "agent.log").exists(), "torchrun must not start without it"
+
+
+def test_a_zygote_that_dies_mid_run_ends_the_tree_and_is_named(tmp_path):
+    dies = (sys.executable, "-c", "import sys, time; print('preload failed: boom'); sys.exit(7)")
+    plan, pids = plan_for(tmp_path, "hang", timeout_s=120.0, zygote_argv=dies)
+    t0 = time.monotonic()
+    result = launch(plan, tick_s=0.2)
+    assert time.monotonic() - t0 < 60, "the launch waited past the zygote's death"
+    assert result.zygote is not None and not result.zygote.ready
+    error = result.zygote.error or ""
+    assert "exited with 7" in error and "preload failed: boom" in error and "\n" not in error
+    assert not pids.exists()  # no rank was ever forked
+
+
+# An agent whose two stubs each run a rank that notes its pid and whether it was forked, then
+# exits 0; the agent exits with the worst of their codes, as torchrun does.
+AGENT_WAIT = """
+import os, subprocess, sys
+out = sys.argv[1]
+stubs = [subprocess.Popen([sys.executable, "-u", "-m", "harness.rank.forkstub", "--", "-m",
+                           "noter", out + f".{r}"], start_new_session=True, cwd=sys.argv[2])
+         for r in (0, 1)]
+sys.exit(max(s.wait() for s in stubs))
+"""
+NOTER = """
+import os, sys
+from harness.rank.parentage import parentage
+open(sys.argv[1], "w").write(f"{os.getpid()} {parentage().forked}")
+"""
+THREADED = (
+    "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+)
+
+
+def waiting_plan(tmp_path: Path, preload: str) -> tuple[Any, Path]:
+    plan, _ = plan_for(tmp_path, "hang")
+    assert plan.zygote is not None
+    (tmp_path / "agent_wait.py").write_text(AGENT_WAIT)
+    (tmp_path / "noter.py").write_text(NOTER)
+    (tmp_path / "threaded.py").write_text(THREADED)
+    out = tmp_path / "rank"
+    zygote = replace(plan.zygote, argv=(*plan.zygote.argv[:-1], preload))  # for "json"
+    agent = (sys.executable, str(tmp_path / "agent_wait.py"), str(out), str(tmp_path))
+    return replace(plan, argv=agent, zygote=zygote), out
+
+
+def noted(out: Path) -> list[str]:
+    return [Path(f"{out}.{r}").read_text().split()[1] for r in (0, 1)]
+
+
+def test_a_zygote_that_refuses_to_fork_leaves_the_ranks_to_start_cold(tmp_path, monkeypatch):
+    """A thread alive after the preload (what a user's OMP_NUM_THREADS > 1 does to torch's
+    import) is no failure: the stubs start their ranks cold, and the state says why."""
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    plan, out = waiting_plan(tmp_path, "threaded")
+    result = launch(plan, tick_s=0.2)
+    state = result.zygote
+    assert result.exit_code == 0 and state is not None and state.error is None, state
+    assert (state.used, state.forked, state.exit_code) == (False, 0, 3), state
+    assert state.not_used is not None and "threads alive" in state.not_used, state
+    assert state.hash_seed == "per-rank-random"
+    assert noted(out) == ["False", "False"]
+    assert not result.leftovers
+    assert launch_limitations(result) == {}
+
+
+def test_a_used_zygote_says_how_many_it_forked_and_the_seed_they_share(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    plan, out = waiting_plan(tmp_path, "json")
+    result = launch(plan, tick_s=0.2)
+    state = result.zygote
+    assert result.exit_code == 0 and state is not None and state.error is None, state
+    assert (state.used, state.forked, state.not_used) == (True, 2, None), state
+    assert state.hash_seed == "shared-random"
+    assert noted(out) == ["True", "True"]
+    assert "hash-seed" in launch_limitations(result)
+    monkeypatch.setenv("PYTHONHASHSEED", "7")  # the same seed in every rank under either launch
+    (tmp_path / "fixed").mkdir()
+    plan, _ = waiting_plan(tmp_path / "fixed", "json")
+    fixed = launch(plan, tick_s=0.2)
+    assert fixed.zygote is not None and fixed.zygote.hash_seed == "fixed", fixed.zygote
+    assert launch_limitations(fixed) == {}

@@ -1,0 +1,328 @@
+"""The rank zygote and its fork stub: a forked rank is what torchrun would have started, and the
+stub stands for it towards torchrun (exit code, death by signal, forwarded signals); a dead stub
+takes its rank with it, a dead zygote is one clear line and exit 1, and a zygote that refuses to
+fork leaves each stub to start its rank cold."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.rank import parentage
+from harness.rank.forkwire import SOCKET_ENV, ZYGOTE_PID_ENV, refusal_path
+from harness.rank.zygote import FORKED_LINE, READY_LINE
+
+REPO = Path(__file__).resolve().parents[1]
+
+RANK = """
+import os, signal, sys, time
+mode = sys.argv[1]
+out = sys.argv[2]
+def note(text):
+    with open(out + ".tmp", "w") as f:
+        f.write(text)
+    os.rename(out + ".tmp", out)
+if mode == "exit":
+    from harness.rank.parentage import parentage
+    above = parentage()
+    note(repr((sys.argv, os.getcwd(), sys.path[0], os.environ.get("PROBE"),
+               (above.agent, above.stub, above.zygote == os.getppid(), os.getpid()),
+               os.getsid(0) == os.getpid())))
+    sys.exit(int(sys.argv[3]))
+if mode == "signal":
+    os.kill(os.getpid(), signal.SIGKILL)
+if mode == "term":
+    def on_term(signum, frame):
+        note("got SIGTERM")
+        sys.exit(42)
+    signal.signal(signal.SIGTERM, on_term)
+note(str(os.getpid()))
+time.sleep(600)
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def zygote(tmp_path: Path):
+    """A zygote preloading only `json` (the protocol does not need torch), its socket, its log."""
+    sock = tmp_path / "z.sock"
+    log = tmp_path / "zygote.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "harness.rank.zygote", str(sock), "json"],
+            env=_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 60
+    while READY_LINE not in log.read_text():
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "zygote not ready"
+        time.sleep(0.05)
+    (tmp_path / "rankmod.py").write_text(RANK)
+    yield proc, sock
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def _stub(tmp_path: Path, sock: Path, zproc, *args: str, **env: str) -> subprocess.Popen[bytes]:
+    """A stub as torchrun starts it; its stderr goes to `stub.err`."""
+    with (tmp_path / "stub.err").open("wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-u", "-m", "harness.rank.forkstub", "--", "-m", "rankmod", *args],
+            cwd=tmp_path,
+            env=_env(**{SOCKET_ENV: str(sock), ZYGOTE_PID_ENV: str(zproc.pid)}, **env),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+
+
+def _wait_for(path: Path, timeout_s: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.02)
+    return path.read_text()
+
+
+def _gone(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_stub_exits_with_the_ranks_code_and_the_rank_has_the_stubs_world(tmp_path, zygote):
+    zproc, sock = zygote
+    out = tmp_path / "seen"
+    stub = _stub(tmp_path, sock, zproc, "exit", str(out), "3", PROBE="yes")
+    assert stub.wait(30) == 3
+    argv, cwd, path0, probe, (agent, stub_pid, zygote_parent, pid), own_session = eval(
+        out.read_text()
+    )
+    assert argv == [str(tmp_path / "rankmod.py"), "exit", str(out), "3"]
+    assert (cwd, path0, probe) == (str(tmp_path), str(tmp_path), "yes")
+    # The stub's parent (here this test, there torchrun) is the rank's agent, not its parent.
+    assert (agent, stub_pid, zygote_parent) == (os.getpid(), stub.pid, True)
+    assert pid != stub.pid
+    assert own_session
+    assert (
+        f"{FORKED_LINE} pid {pid} for stub {stub.pid} rank" in (tmp_path / "zygote.log").read_text()
+    )
+
+
+def test_the_zygote_logs_each_ranks_fork_and_reaping_for_the_launcher(tmp_path, zygote):
+    from harness.launch.plan import ZygotePlan
+    from harness.launch.zygote import ZygoteRun
+
+    zproc, sock = zygote
+    out = tmp_path / "seen"
+    stub = _stub(tmp_path, sock, zproc, "exit", str(out), "0", RANK="3")
+    assert stub.wait(30) == 0
+    pid = eval(out.read_text())[4][3]
+    run = ZygoteRun(ZygotePlan(argv=(), socket=sock), tmp_path / "zygote.log")
+    deadline = time.monotonic() + 10
+    while not run.reaped() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert run.reaped() == {(3, pid)}
+
+
+def test_a_rank_killed_by_a_signal_kills_its_stub_with_the_same_signal(tmp_path, zygote):
+    zproc, sock = zygote
+    stub = _stub(tmp_path, sock, zproc, "signal", str(tmp_path / "x"))
+    assert stub.wait(30) == -signal.SIGKILL
+
+
+def test_sigterm_to_the_stub_reaches_the_rank_and_its_exit_code_comes_back(tmp_path, zygote):
+    zproc, sock = zygote
+    out = tmp_path / "term"
+    stub = _stub(tmp_path, sock, zproc, "term", str(out))
+    _wait_for(out)
+    stub.send_signal(signal.SIGTERM)
+    assert stub.wait(30) == 42
+    assert out.read_text() == "got SIGTERM"
+
+
+def test_a_rank_without_a_handler_dies_of_the_forwarded_sigterm_and_so_does_its_stub(
+    tmp_path, zygote
+):
+    zproc, sock = zygote
+    out = tmp_path / "pid"
+    stub = _stub(tmp_path, sock, zproc, "sleep", str(out))
+    rank = int(_wait_for(out))
+    stub.send_signal(signal.SIGTERM)
+    assert stub.wait(30) == -signal.SIGTERM
+    assert _gone(rank)
+
+
+def test_a_sigkilled_stub_takes_its_rank_with_it(tmp_path, zygote):
+    zproc, sock = zygote
+    out = tmp_path / "pid"
+    stub = _stub(tmp_path, sock, zproc, "sleep", str(out))
+    rank = int(_wait_for(out))
+    stub.kill()
+    stub.wait(30)
+    assert _gone(rank), "the forked rank outlived its SIGKILLed stub"
+    assert zproc.poll() is None  # the zygote serves on
+
+
+def test_a_dead_zygote_is_one_clear_line_exit_1_and_the_rank_ended(tmp_path, zygote):
+    zproc, sock = zygote
+    out = tmp_path / "pid"
+    stub = _stub(tmp_path, sock, zproc, "sleep", str(out))
+    rank = int(_wait_for(out))
+    zproc.kill()
+    zproc.wait()
+    assert stub.wait(30) == 1
+    err = (tmp_path / "stub.err").read_text()
+    assert "rank zygote" in err and "went away" in err and f"rank pid {rank}" in err
+    assert _gone(rank)
+
+
+def test_a_stub_gives_up_at_once_on_a_zygote_that_is_gone(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stub = subprocess.run(
+        [sys.executable, "-m", "harness.rank.forkstub", "--", "-m", "json.tool"],
+        env=_env(**{SOCKET_ENV: str(tmp_path / "none.sock"), ZYGOTE_PID_ENV: str(dead.pid)}),
+        capture_output=True,
+        timeout=30,
+    )
+    assert stub.returncode == 1
+    assert b"cannot reach the rank zygote" in stub.stderr
+
+
+THREADMOD = (
+    "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+)
+
+
+def test_a_zygote_with_a_thread_alive_refuses_to_serve(tmp_path):
+    (tmp_path / "threadmod.py").write_text(THREADMOD)
+    sock = tmp_path / "z.sock"
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.rank.zygote", str(sock), "threadmod"],
+        env=_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}"),
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 3
+    assert b"cannot fork ranks" in done.stdout and b"threads alive" in done.stdout
+    assert not sock.exists()
+    assert "threads alive" in Path(refusal_path(str(sock))).read_text()
+
+
+def test_the_stubs_of_a_zygote_that_refused_start_their_ranks_cold(tmp_path):
+    """A refusal is no failure: each stub becomes its rank (exec, the same pid torchrun
+    started), with the rank's argv and torchrun's `-u`, and without the zygote's variables."""
+    (tmp_path / "threadmod.py").write_text(THREADMOD)
+    (tmp_path / "cold.py").write_text(
+        "import json, os, sys\n"
+        "from harness.rank.parentage import parentage\n"
+        "print(json.dumps([os.getpid(), parentage().forked, sys.argv[1:], sys.orig_argv[1:4],"
+        f" os.environ.get({SOCKET_ENV!r})]))\n"
+        "sys.exit(5)\n"
+    )
+    sock = tmp_path / "z.sock"
+    zproc = subprocess.Popen(
+        [sys.executable, "-m", "harness.rank.zygote", str(sock), "threadmod"],
+        env=_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}"),
+        stdout=subprocess.DEVNULL,
+    )
+    stub = subprocess.Popen(  # started before the zygote refused: it waits, then goes cold
+        [sys.executable, "-u", "-m", "harness.rank.forkstub", "--", "-m", "cold", "a", "b"],
+        cwd=tmp_path,
+        env=_env(**{SOCKET_ENV: str(sock), ZYGOTE_PID_ENV: str(zproc.pid)}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = stub.communicate(timeout=120)
+    assert zproc.wait(30) == 3
+    assert stub.returncode == 5, err
+    pid, forked, argv, command, socket_env = json.loads(out)
+    assert (pid, forked, argv, socket_env) == (stub.pid, False, ["a", "b"], None)
+    assert command == ["-u", "-m", "cold"]
+
+
+def test_the_stub_imports_only_the_standard_library():
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import harness.rank.forkstub"],
+        env=_env(),
+        capture_output=True,
+        timeout=60,
+        text=True,
+    )
+    names = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    ours = {n for n in names if n.split(".")[0] == "harness"}
+    assert ours == {"harness", "harness.rank", "harness.rank.forkwire", "harness.rank.forkstub"}
+    assert not {"torch", "pytest", "numpy", "pydantic", "psutil"} & names
+
+
+def test_a_ranks_agent_is_its_parent_unless_the_zygote_forked_it(monkeypatch):
+    monkeypatch.setattr(parentage, "_forked", None)
+    assert parentage.agent_pid() == os.getppid()  # started by torchrun itself
+    assert parentage.parentage().between() == {}
+    forked = parentage.Parentage(agent=33, stub=22, zygote=os.getppid())
+    parentage.set_forked(forked)
+    assert parentage.agent_pid() == 33
+    assert set(parentage.parentage().between()) == {22, os.getppid()}
+
+
+def test_a_forked_rank_gets_torchs_thread_count_from_its_own_environment(tmp_path):
+    """With the real preload (torch): torch read OMP_NUM_THREADS in the zygote; the rank's own
+    value is applied after the fork, and the agent pid is the stub's parent."""
+    sock = tmp_path / "z.sock"
+    log = tmp_path / "zygote.log"
+    with log.open("wb") as out:
+        zproc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "harness.rank.zygote", str(sock), "torch"],
+            env=_env(OMP_NUM_THREADS="1"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        (tmp_path / "threads.py").write_text(
+            textwrap.dedent(
+                """
+                import os, sys, torch
+                from harness.rank.parentage import agent_pid
+                print(torch.get_num_threads(), agent_pid())
+                """
+            )
+        )
+        stub = subprocess.run(
+            [sys.executable, "-m", "harness.rank.forkstub", "--", "-m", "threads"],
+            cwd=tmp_path,
+            env=_env(
+                **{SOCKET_ENV: str(sock), ZYGOTE_PID_ENV: str(zproc.pid)}, OMP_NUM_THREADS="2"
+            ),
+            capture_output=True,
+            timeout=120,
+            text=True,
+        )
+        assert stub.returncode == 0, stub.stderr + log.read_text()
+        assert stub.stdout.split() == ["2", str(os.getpid())]
+    finally:
+        zproc.kill()
+        zproc.wait()
