@@ -78,6 +78,56 @@ def test_a_signal_to_the_agents_process_group_is_recorded(
     assert "process group" in broke.message
 
 
+def _leader() -> subprocess.Popen[bytes]:
+    """A sleeping process leading its own session, as a stub or the zygote does."""
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+
+
+@pytest.fixture
+def between() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    procs = {"stub": _leader(), "zygote": _leader(), "bystander": _leader()}
+    yield procs
+    for proc in procs.values():
+        proc.kill()
+        proc.wait()
+
+
+def test_a_signal_to_the_group_of_a_stub_or_the_zygote_counts_as_one_to_the_agent(
+    agent: subprocess.Popen[bytes], between: dict[str, subprocess.Popen[bytes]]
+) -> None:
+    """A forked rank's `os.killpg(os.getpgid(os.getppid()))` signals the zygote's group (it
+    leads its own session), as the same call signals the agent's group in a cold rank."""
+    stub, zygote = between["stub"].pid, between["zygote"].pid
+    seen: list[WorldBreak] = []
+    names = {stub: "its fork stub", zygote: "the rank zygote that forked it"}
+    guard = AgentWatch(3, agent.pid, lambda: T, seen.append, between=names)
+    for pid in (stub, zygote):
+        assert guard.aims_at_agent("os.kill", pid)
+        assert guard.aims_at_agent("os.killpg", os.getpgid(pid))
+        assert guard.aims_at_agent("os.kill", -os.getpgid(pid))
+    # Controls: a group that is none of theirs, and this process's own group, do not count.
+    bystander = os.getpgid(between["bystander"].pid)
+    for event, target in (("os.killpg", bystander), ("os.kill", -bystander), ("os.killpg", 0)):
+        assert not guard.aims_at_agent(event, target), (event, target)
+    # Without the processes between, their groups are nobody's.
+    bare = AgentWatch(3, agent.pid, lambda: T, seen.append)
+    assert not bare.aims_at_agent("os.killpg", zygote)
+    assert not bare.aims_at_agent("os.kill", -stub)
+
+    guard.install()
+    try:
+        os.killpg(os.getpgid(zygote), signal.SIGTERM)
+    finally:
+        guard.close()
+    assert between["zygote"].wait(10) == -signal.SIGTERM
+    [broke] = seen
+    assert (broke.signal, broke.target) == ("SIGTERM", -zygote)
+    assert "the process group of the rank zygote that forked it" in broke.message, broke.message
+    assert f"torchrun agent pid {agent.pid}" in broke.message
+
+
 def test_a_signal_to_another_process_is_not_blamed(agent: subprocess.Popen[bytes]) -> None:
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     seen: list[WorldBreak] = []

@@ -5,6 +5,7 @@ fork leaves each stub to start its rank cold."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -44,6 +45,11 @@ if mode == "term":
         note("got SIGTERM")
         sys.exit(42)
     signal.signal(signal.SIGTERM, on_term)
+if mode == "helper":  # a helper process in the rank's own group, as a test's subprocess is
+    import subprocess
+    helper = subprocess.Popen(["sleep", "600"])
+    note(f"{os.getpid()} {helper.pid}")
+    time.sleep(600)
 note(str(os.getpid()))
 time.sleep(600)
 """
@@ -81,8 +87,11 @@ def zygote(tmp_path: Path):
     proc.wait()
 
 
-def _stub(tmp_path: Path, sock: Path, zproc, *args: str, **env: str) -> subprocess.Popen[bytes]:
-    """A stub as torchrun starts it; its stderr goes to `stub.err`."""
+def _stub(
+    tmp_path: Path, sock: Path, zproc, *args: str, session: bool = False, **env: str
+) -> subprocess.Popen[bytes]:
+    """A stub as torchrun starts it (`session`: in its own session, as torchrun does); its
+    stderr goes to `stub.err`."""
     with (tmp_path / "stub.err").open("wb") as err:
         return subprocess.Popen(
             [sys.executable, "-u", "-m", "harness.rank.forkstub", "--", "-m", "rankmod", *args],
@@ -90,6 +99,7 @@ def _stub(tmp_path: Path, sock: Path, zproc, *args: str, **env: str) -> subproce
             env=_env(**{SOCKET_ENV: str(sock), ZYGOTE_PID_ENV: str(zproc.pid)}, **env),
             stdout=subprocess.DEVNULL,
             stderr=err,
+            start_new_session=session,
         )
 
 
@@ -107,6 +117,20 @@ def _gone(pid: int, timeout_s: float = 10.0) -> bool:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _ended(pid: int, timeout_s: float = 10.0) -> bool:
+    """Gone or a zombie (dead, its parent not reaping it yet)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
             return True
         time.sleep(0.05)
     return False
@@ -184,6 +208,28 @@ def test_a_sigkilled_stub_takes_its_rank_with_it(tmp_path, zygote):
     stub.wait(30)
     assert _gone(rank), "the forked rank outlived its SIGKILLed stub"
     assert zproc.poll() is None  # the zygote serves on
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_torchruns_stop_of_the_stubs_group_reaches_the_ranks_helper_processes(
+    tmp_path, zygote, sig
+):
+    """torchrun stops a worker with killpg of its group, which ends a cold rank's helper
+    processes with it. A forked rank leads a group of its own: the stub forwards SIGTERM there,
+    and the zygote, seeing a SIGKILLed stub gone, SIGKILLs that group."""
+    zproc, sock = zygote
+    out = tmp_path / "pids"
+    stub = _stub(tmp_path, sock, zproc, "helper", str(out), session=True)
+    rank, helper = map(int, _wait_for(out).split())
+    try:
+        assert os.getpgid(helper) == rank != os.getpgid(stub.pid)
+        os.killpg(stub.pid, sig)
+        assert stub.wait(30) == -sig
+        assert _ended(rank), "the forked rank outlived its stub's stop"
+        assert _ended(helper), "the rank's helper process outlived torchrun's stop of its stub"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(helper, signal.SIGKILL)
 
 
 def test_a_dead_zygote_is_one_clear_line_exit_1_and_the_rank_ended(tmp_path, zygote):

@@ -2,11 +2,12 @@
 -m pytest ...`. It asks the zygote (`harness.rank.zygote`) to fork the rank with this process's
 argv, cwd, environment and descriptors 0/1/2, then stands for it towards torchrun:
 
-- SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1/2 are forwarded to the rank;
+- SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1/2 are forwarded to the rank's process group (the
+  rank leads its own), as torchrun's killpg of a cold rank reaches its helper processes too;
 - it exits with the rank's exit code, or dies of the rank's signal, so torchrun sees what it
   would have seen from the rank itself (its error file comes through the rank's environment);
 - if the stub dies (torchrun SIGKILLs it after its shutdown timeout), the zygote SIGKILLs the
-  rank, as torchrun's SIGKILL of the rank itself would have;
+  rank's group, as torchrun's SIGKILL of the rank's group would have;
 - if the zygote dies first, the rank cannot be reaped: the stub says so in one line, ends the
   rank (SIGTERM, then SIGKILL) and exits 1;
 - if the zygote refused to fork at all (a thread alive after its preload, which it writes next
@@ -34,6 +35,7 @@ from harness.rank.forkwire import (
     WireError,
     refusal_path,
     send_request,
+    signal_rank,
 )
 
 FORWARDED = (
@@ -149,9 +151,10 @@ class _Child:
         self.pending.clear()
 
     def kill(self, signum: int) -> None:
+        """To the rank's process group, as torchrun's killpg of a cold rank (`signal_rank`)."""
         with contextlib.suppress(OSError):
-            if self.pidfd is not None:
-                signal.pidfd_send_signal(self.pidfd, signum)
+            if self.pidfd is not None and self.pid is not None:
+                signal_rank(self.pid, self.pidfd, signum)
             elif self.pid is not None:
                 os.kill(self.pid, signum)
 

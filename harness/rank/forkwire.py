@@ -9,12 +9,16 @@ a length-prefixed JSON object {argv, cwd, env, stub_pid, agent_pid} (the stub's 
 torchrun agent). Replies (zygote -> stub): JSON lines,
 {"pid": N} once the child is forked, then {"status": W} (its raw wait status) when the zygote
 has reaped it; {"error": TEXT} instead when the zygote cannot fork it.
+
+Both ends signal the forked rank the same way (`signal_rank`): its process group, as torchrun's
+`killpg` of a cold rank reaches the helper processes it started.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import struct
 from dataclasses import dataclass
@@ -121,3 +125,21 @@ def refusal_path(socket_path: str) -> str:
     """Where a zygote that will not fork (a thread alive after its preload) writes why, before
     it exits: the stubs then start their rank's interpreter themselves."""
     return socket_path + ".refused"
+
+
+def signal_rank(pid: int, pidfd: int, signum: int) -> None:
+    """Send `signum` to the forked rank's process group: torchrun stops a cold rank with
+    `killpg`, which reaches every helper process in the rank's group, and a forked rank leads
+    its own group (the zygote gave it its own session). The pidfd is asked first, so the group
+    is signalled only while the pid is still this rank's (alive or not yet reaped: never
+    reused); a rank that moved to another group gets the signal alone. Raises OSError
+    (ProcessLookupError) once the rank is reaped."""
+    signal.pidfd_send_signal(pidfd, 0)
+    try:
+        leads = os.getpgid(pid) == pid
+    except ProcessLookupError:
+        leads = False
+    if leads:
+        os.killpg(pid, signum)
+    else:
+        signal.pidfd_send_signal(pidfd, signum)

@@ -6,9 +6,10 @@ Two actions are seen:
   agreement makes it primary even when a peer's collective failed first;
 - the rank sent a signal to its torchrun agent (`harness.rank.parentage`: its parent at
   start-up, unless it was forked from the zygote) or the agent's process group, or, where it
-  was forked, to its fork stub or the zygote, which end the job as surely: a `sys.addaudithook`
-  hook sees `os.kill`/`os.killpg` before the signal is sent, so the record says so even when the
-  signal kills the agent and every rank is then an orphan.
+  was forked, to its fork stub or the zygote or their process groups (each leads its own),
+  which end the job as surely: a `sys.addaudithook` hook sees `os.kill`/`os.killpg` before the
+  signal is sent, so the record says so even when the signal kills the agent and every rank is
+  then an orphan.
 
 Not seen: a signal sent from a subprocess (a `kill` command), from C code, or through
 `signal.pidfd_send_signal` (no audit event); `signal.pthread_kill` only reaches this process's
@@ -17,6 +18,7 @@ own threads, so it cannot reach the agent.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -80,6 +82,13 @@ class AgentWatch:
             self.agent_pgid: int | None = os.getpgid(agent_pid)
         except OSError:
             self.agent_pgid = None
+        # {pgid: what leads it} for the groups of the processes between: the stub and the
+        # zygote lead their own sessions, so `os.killpg(os.getpgid(os.getppid()))` in a forked
+        # rank signals the zygote, as it signals the agent's group in a cold one.
+        self.between_groups: dict[int, str] = {}
+        for pid, what in self.between.items():
+            with contextlib.suppress(OSError):
+                self.between_groups.setdefault(os.getpgid(pid), what)
         self.current_test = current_test
         self.on_break = on_break
         self._armed = True
@@ -92,17 +101,28 @@ class AgentWatch:
     def close(self) -> None:
         self._armed = False
 
-    def aims_at_agent(self, event: str, target: int) -> bool:
-        """Would `os.kill(target, ...)` / `os.killpg(target, ...)` reach the agent?"""
-        own_group = os.getpgrp()
+    @staticmethod
+    def _group_of(event: str, target: int) -> int | None:
+        """The process group `event(target, ...)` signals; None where it signals one pid."""
         if event == "os.killpg":
-            group = own_group if target == 0 else target
-            return self.agent_pgid is not None and group == self.agent_pgid
-        if target == self.agent_pid or target == -1 or target in self.between:
-            return True
+            return os.getpgrp() if target == 0 else target
         if target == 0:
-            return self.agent_pgid is not None and own_group == self.agent_pgid
-        return target < -1 and self.agent_pgid is not None and -target == self.agent_pgid
+            return os.getpgrp()
+        return -target if target < -1 else None
+
+    def aims_at_agent(self, event: str, target: int) -> bool:
+        """Would `os.kill(target, ...)` / `os.killpg(target, ...)` reach the agent, or a
+        process between this rank and it?"""
+        if event == "os.kill" and (
+            target == self.agent_pid or target == -1 or target in self.between
+        ):
+            return True
+        group = self._group_of(event, target)
+        if group is None:
+            return False
+        return (self.agent_pgid is not None and group == self.agent_pgid) or (
+            group in self.between_groups
+        )
 
     def _hook(self, event: str, args: tuple[object, ...]) -> None:
         if event not in _EVENTS or not self._armed or getattr(self._inside, "busy", False):
@@ -124,11 +144,18 @@ class AgentWatch:
                 whom = f"{self.between[target]} (pid {target}; torchrun agent pid {self.agent_pid})"
                 aimed = target
             else:
-                aimed = -(os.getpgrp() if target == 0 else abs(target))
-                whom = (
-                    f"its torchrun agent's process group ({event}({target}); agent pid "
-                    f"{self.agent_pid})"
-                )
+                group = self._group_of(event, target)
+                aimed = -(group if group is not None else abs(target))
+                if group in self.between_groups and group != self.agent_pgid:
+                    whom = (
+                        f"the process group of {self.between_groups[group]} ({event}({target}); "
+                        f"torchrun agent pid {self.agent_pid})"
+                    )
+                else:
+                    whom = (
+                        f"its torchrun agent's process group ({event}({target}); agent pid "
+                        f"{self.agent_pid})"
+                    )
             where = f"during {test}" if test else "outside any test"
             self.on_break(
                 WorldBreak(

@@ -21,9 +21,9 @@ checked before every fork: a forked CUDA context or a thread's lock would be cor
 child). A zygote with a thread alive after its preload (a BLAS pool a user's OMP_NUM_THREADS
 started) forks nothing: it writes why next to its socket and exits, and every stub then starts
 its rank's interpreter itself, as torchrun would have. The zygote never ends a rank on its own
-except when the rank's stub is gone, which is what torchrun's SIGKILL of the rank would have
-been; its children outlive it otherwise, so the launcher's containment sees them as it sees any
-rank.
+except when the rank's stub is gone, which is what torchrun's SIGKILL of the rank's group would
+have been; its children outlive it otherwise, so the launcher's containment sees them as it
+sees any rank.
 """
 
 from __future__ import annotations
@@ -42,7 +42,14 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from harness.rank import parentage
-from harness.rank.forkwire import Request, WireError, recv_request, refusal_path, send_reply
+from harness.rank.forkwire import (
+    Request,
+    WireError,
+    recv_request,
+    refusal_path,
+    send_reply,
+    signal_rank,
+)
 
 # What every rank imports before its first test (its plugins' and the suites' conftests'
 # imports), never anything a rank imports only inside a test (torch._dynamo, vLLM: the capture
@@ -306,9 +313,11 @@ class Zygote:
         return pid
 
     def _kill(self, rank: _Rank) -> None:
+        """SIGKILL the rank's group, as torchrun's killpg of a cold rank would (not yet
+        reaped while its pidfd is open: its pid is not reused)."""
         with contextlib.suppress(OSError):
-            if rank.pidfd is not None:
-                signal.pidfd_send_signal(rank.pidfd, signal.SIGKILL)
+            if rank.pidfd is not None and rank.pid is not None:
+                signal_rank(rank.pid, rank.pidfd, signal.SIGKILL)
 
     def _stub_spoke(self, rank: _Rank) -> None:
         """Stubs send nothing after their request: readable means gone (EOF)."""
@@ -319,7 +328,7 @@ class Zygote:
         if data:
             return
         rank.stub_gone = True
-        self._kill(rank)  # as torchrun's SIGKILL of the rank itself would have
+        self._kill(rank)  # as torchrun's SIGKILL of the rank's group would have
 
     def _reap(self, rank: _Rank) -> None:
         assert rank.pid is not None and rank.pidfd is not None
