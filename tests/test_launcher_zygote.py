@@ -19,6 +19,7 @@ from harness.evidence.rules import hash_seed_limitation
 from harness.launch.launcher import launch
 from harness.launch.plan import RunOptions, ZygotePlan, build_plan
 from harness.launch.proctree import identify
+from harness.rank.forkwire import refusal_path
 
 # An agent that starts one stub per "rank" the way torchrun does (own session, the plan's env),
 # writes the forked ranks' pids, then hangs ("hang") or exits at once leaving them ("leave").
@@ -209,6 +210,22 @@ def test_a_zygote_that_refuses_to_fork_leaves_the_ranks_to_start_cold(tmp_path, 
     assert noted(out) == ["False", "False"]
     assert not result.leftovers
     assert hash_seed_limitation(result.zygote) == {}
+
+
+def test_a_note_an_earlier_zygote_left_does_not_send_the_ranks_cold(tmp_path):
+    """What a launcher killed before its zygote's `stop` left at the socket path (the socket,
+    the refusal note) is not this launch's: its ranks are forked and the state names no
+    refusal."""
+    plan, out = waiting_plan(tmp_path, "json")
+    sock = str(plan.zygote.socket)
+    Path(sock).parent.mkdir(parents=True, exist_ok=True)
+    Path(sock).write_text("")
+    Path(refusal_path(sock)).write_text("pid 1\ncannot fork ranks after the preload: STALE\n")
+    result = launch(plan, tick_s=0.2)
+    state = result.zygote
+    assert result.exit_code == 0 and state is not None and state.error is None, state
+    assert (state.used, state.forked, state.not_used) == (True, 2, None), state
+    assert noted(out) == ["True", "True"]
 
 
 def test_a_used_zygote_says_how_many_it_forked_and_the_seed_they_share(tmp_path, monkeypatch):
