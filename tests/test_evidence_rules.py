@@ -30,6 +30,7 @@ from harness.evidence.schema import (
     Selection,
     Tally,
 )
+from harness.schema.launch import ZygoteState
 
 CPU = Environment(torch="2.13.0", cuda=None, nccl=None, device_names=["cpu"], python="3", host="h")
 GPU = CPU.model_copy(update={"gpus": [Gpu(index=0, name="RTX PRO 6000")]})
@@ -176,6 +177,11 @@ def test_required_limitations_follow_the_facts() -> None:
     assert "negative-control" in required(
         negative_control=NegativeControl(expected=0, detected=0, lazy_events=0)
     )
+    shared = ZygoteState(used=True, forked=16, hash_seed="shared-random")
+    assert "hash-seed" in required(zygote=shared)
+    assert "hash-seed" not in required(zygote=shared.model_copy(update={"hash_seed": "fixed"}))
+    cold = ZygoteState(used=False, forked=0, not_used="threads alive", hash_seed="per-rank-random")
+    assert "hash-seed" not in required(zygote=cold)
     missing = rules.missing_limitations(["nccl", "image"], {"nccl": "", "b12x-transport": ""})
     assert missing == ["b12x-transport"]
 

@@ -15,10 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness.launch.collect import launch_limitations
+from harness.evidence.rules import hash_seed_limitation
 from harness.launch.launcher import launch
 from harness.launch.plan import RunOptions, ZygotePlan, build_plan
 from harness.launch.proctree import identify
+from harness.rank.forkwire import refusal_path
 
 # An agent that starts one stub per "rank" the way torchrun does (own session, the plan's env),
 # writes the forked ranks' pids, then hangs ("hang") or exits at once leaving them ("leave").
@@ -208,7 +209,23 @@ def test_a_zygote_that_refuses_to_fork_leaves_the_ranks_to_start_cold(tmp_path, 
     assert state.hash_seed == "per-rank-random"
     assert noted(out) == ["False", "False"]
     assert not result.leftovers
-    assert launch_limitations(result) == {}
+    assert hash_seed_limitation(result.zygote) == {}
+
+
+def test_a_note_an_earlier_zygote_left_does_not_send_the_ranks_cold(tmp_path):
+    """What a launcher killed before its zygote's `stop` left at the socket path (the socket,
+    the refusal note) is not this launch's: its ranks are forked and the state names no
+    refusal."""
+    plan, out = waiting_plan(tmp_path, "json")
+    sock = str(plan.zygote.socket)
+    Path(sock).parent.mkdir(parents=True, exist_ok=True)
+    Path(sock).write_text("")
+    Path(refusal_path(sock)).write_text("pid 1\ncannot fork ranks after the preload: STALE\n")
+    result = launch(plan, tick_s=0.2)
+    state = result.zygote
+    assert result.exit_code == 0 and state is not None and state.error is None, state
+    assert (state.used, state.forked, state.not_used) == (True, 2, None), state
+    assert noted(out) == ["True", "True"]
 
 
 def test_a_used_zygote_says_how_many_it_forked_and_the_seed_they_share(tmp_path, monkeypatch):
@@ -220,10 +237,10 @@ def test_a_used_zygote_says_how_many_it_forked_and_the_seed_they_share(tmp_path,
     assert (state.used, state.forked, state.not_used) == (True, 2, None), state
     assert state.hash_seed == "shared-random"
     assert noted(out) == ["True", "True"]
-    assert "hash-seed" in launch_limitations(result)
+    assert "hash-seed" in hash_seed_limitation(result.zygote)
     monkeypatch.setenv("PYTHONHASHSEED", "7")  # the same seed in every rank under either launch
     (tmp_path / "fixed").mkdir()
     plan, _ = waiting_plan(tmp_path / "fixed", "json")
     fixed = launch(plan, tick_s=0.2)
     assert fixed.zygote is not None and fixed.zygote.hash_seed == "fixed", fixed.zygote
-    assert launch_limitations(fixed) == {}
+    assert hash_seed_limitation(fixed.zygote) == {}

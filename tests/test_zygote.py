@@ -310,6 +310,42 @@ def test_the_stubs_of_a_zygote_that_refused_start_their_ranks_cold(tmp_path):
     assert command == ["-u", "-m", "cold"]
 
 
+def test_a_stale_refusal_note_does_not_send_the_ranks_cold(tmp_path):
+    """A note an earlier zygote left at this socket path (its launcher killed before it could
+    remove it, or a file planted at the path) is not this zygote's word: the zygote removes it
+    before its preload, and the stub believes only a note with its zygote's pid."""
+    (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(1.5)\n")
+    (tmp_path / "where.py").write_text(
+        "import json\nfrom harness.rank.parentage import parentage\n"
+        "print(json.dumps(parentage().forked))\n"
+    )
+    sock = tmp_path / "z.sock"
+    note = Path(refusal_path(str(sock)))
+    note.write_text(f"pid {os.getpid()}\ncannot fork ranks after the preload: STALE\n")
+    zproc = subprocess.Popen(
+        [sys.executable, "-m", "harness.rank.zygote", str(sock), "slowmod"],
+        env=_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}"),
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        stub = subprocess.Popen(  # at once: the zygote is still preloading
+            [sys.executable, "-u", "-m", "harness.rank.forkstub", "--", "-m", "where"],
+            cwd=tmp_path,
+            env=_env(**{SOCKET_ENV: str(sock), ZYGOTE_PID_ENV: str(zproc.pid)}),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(0.5)  # the zygote has removed the old note by now: plant one again
+        note.write_text("pid 1\ncannot fork ranks after the preload: PLANTED\n")
+        out, err = stub.communicate(timeout=120)
+        assert stub.returncode == 0, err
+        assert json.loads(out) is True, "the rank started cold on a note that was not its zygote's"
+    finally:
+        zproc.kill()
+        zproc.wait()
+
+
 def test_the_stub_imports_only_the_standard_library():
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", "import harness.rank.forkstub"],

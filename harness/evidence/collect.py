@@ -47,6 +47,7 @@ from harness.evidence.schema import (
     Selection,
     SignatureRow,
 )
+from harness.schema.launch import HashSeedMode
 from harness.schema.rank_record import RankRecord, RealTree, rank_record_path
 
 # Priority of root-cause kinds found at the same test position (lower wins).
@@ -151,6 +152,21 @@ def selection_of(ranks: RankFiles) -> Selection | None:
         deselected=max(s.deselected for s in said),
         ignored=_in_order(t for s in said for t in s.ignored),
     )
+
+
+def hash_seed_of(ranks: RankFiles) -> HashSeedMode | None:
+    """The ranks' string-hash seeds as their records show them (None: no record says): fixed
+    where PYTHONHASHSEED was; one shared random seed where a rank was forked or two ranks hashed
+    the probe alike (ranks that drew their own seeds do not); else each rank's own."""
+    said = [r.start for _, r in sorted(ranks.records.items()) if r.start is not None]
+    if not said:
+        return None
+    if any(s.hash_seed_fixed for s in said):
+        return "fixed"
+    probes = Counter(s.hash_probe for s in said)
+    if any(s.forked for s in said) or max(probes.values()) > 1:
+        return "shared-random"
+    return "per-rank-random"
 
 
 def _in_order(items: Iterable[str]) -> list[str]:

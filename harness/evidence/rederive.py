@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.evidence import rules
-from harness.evidence.collect import RankFiles, find_root_cause
+from harness.evidence.collect import RankFiles, find_root_cause, hash_seed_of
 from harness.evidence.ending import failed_tests, ranks_rootdir
 from harness.evidence.facts import rank_facts
 from harness.evidence.junit import read_merged, tallies
@@ -126,6 +126,7 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
     yield r, "signatures", dump(receipt.signatures), dump(facts.signatures)
     yield r, "transports", receipt.transports, facts.transports
     yield r, "selection", dump(receipt.selection), dump(facts.selection)
+    yield from _launch_facts(receipt, rank_files)
     yield from _ending_facts(receipt, rank_files, dump)
     yield r, "failures", receipt.failures, stated_reasons  # last: it sums up the facts above
 
@@ -154,6 +155,27 @@ def _geometry_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[s
         stated = f"node {rank // g.nproc_per_node}, local rank {rank % g.nproc_per_node}"
         placed = f"node {record.node_rank}, local rank {record.local_rank}"
         yield r, f"geometry: place of rank {rank}", stated, placed
+
+
+def _launch_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[str, str, Any, Any]]:
+    """How the ranks started, held to what each rank recorded of its own start (records that
+    predate it say nothing): the zygote's claim of the ranks' string-hash seed, so a receipt of
+    forked ranks cannot drop the `hash-seed` limitation by calling the seeds their own or by
+    leaving the zygote out. One node's launch speaks for that node only: single node only."""
+    derived = hash_seed_of(rank_files)
+    if derived is None or receipt.geometry.nnodes != 1:
+        return
+    launch = receipt.run.extra.launch
+    zygote = None if launch is None else launch.zygote
+    if zygote is None:
+        if derived == "shared-random":  # torchrun started each rank: each drew its own
+            yield RECEIPT_NAME, "run.extra.launch.zygote", None, "ranks forked from a zygote"
+        return
+    yield RECEIPT_NAME, "run.extra.launch.zygote.hash_seed", zygote.hash_seed, derived
+    if derived == "shared-random" and any(
+        x.start is not None and x.start.forked for x in rank_files.records.values()
+    ):
+        yield RECEIPT_NAME, "run.extra.launch.zygote.used", zygote.used, True
 
 
 def _ending_facts(

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from harness.schema.base import Limitation
 from harness.schema.image import Image
-from harness.schema.launch import Interruption
+from harness.schema.launch import Interruption, ZygoteState
 from harness.schema.receipt import (
     Capture,
     Coverage,
@@ -196,9 +196,11 @@ def required_limitations(
     ranks: Ranks,
     sources: dict[str, Source],
     selection: Selection | None = None,
+    zygote: ZygoteState | None = None,
 ) -> dict[str, str]:
-    """{key: text} for every path that did not run; verify checks that each key is listed."""
-    out: dict[str, str] = {}
+    """{key: text} for every path that did not run; verify checks that each key is listed.
+    `zygote`: how the launch says its ranks started (None: torchrun started each)."""
+    out: dict[str, str] = hash_seed_limitation(zygote)
     if narrowed := narrowing(selection):
         out["selection"] = (
             "the run selected less than the suites hold, so it qualifies only what ran: "
@@ -262,6 +264,21 @@ def required_limitations(
             "identify the code that ran"
         )
     return out
+
+
+def hash_seed_limitation(zygote: ZygoteState | None) -> dict[str, str]:
+    """{key: text} where ranks were forked from one zygote and share its random string-hash
+    seed, where ranks torchrun starts itself would each draw their own."""
+    if zygote is None or not zygote.used or zygote.hash_seed != "shared-random":
+        return {}
+    return {
+        "hash-seed": (
+            f"{zygote.forked} rank(s) were forked from one preloaded interpreter and share its "
+            "random string-hash seed, where ranks torchrun starts itself each draw their own "
+            "(PYTHONHASHSEED unset): a divergence between ranks through the iteration order of "
+            "sets of strings was not exercised"
+        )
+    }
 
 
 def advisory_limitations(

@@ -253,6 +253,7 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
         ranks=receipt.ranks,
         sources=receipt.sources,
         selection=receipt.selection,
+        zygote=None if receipt.run.extra.launch is None else receipt.run.extra.launch.zygote,
     )
     for key in rules.missing_limitations(receipt.limitation_keys(), required):
         problems.append(f"{RECEIPT_NAME}: limitations do not name '{key}': {required[key]}")

@@ -241,6 +241,7 @@ def assemble_receipt(
             ranks=facts.ranks,
             sources=sources,
             selection=facts.selection,
+            zygote=None if ctx.extra.launch is None else ctx.extra.launch.zygote,
         ),
         rules.advisory_limitations(
             sources=sources,

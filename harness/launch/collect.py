@@ -132,21 +132,4 @@ def run_context(
         torchrun_error=error,
         image=image_for_run(),
         extra=extra,
-        limitations=launch_limitations(result),
     )
-
-
-def launch_limitations(result: Launch) -> dict[str, str]:
-    """{key: text} for what this launch itself did not exercise: forked ranks share one
-    string-hash seed where ranks started apart would each draw their own."""
-    zygote = result.zygote
-    if zygote is None or not zygote.used or zygote.hash_seed != "shared-random":
-        return {}
-    return {
-        "hash-seed": (
-            f"{zygote.forked} rank(s) were forked from one preloaded interpreter and share its "
-            "random string-hash seed, where ranks torchrun starts itself each draw their own "
-            "(PYTHONHASHSEED unset): a divergence between ranks through the iteration order of "
-            "sets of strings was not exercised"
-        )
-    }

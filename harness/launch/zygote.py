@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness.launch.plan import ZygotePlan
 from harness.launch.proctree import end_launch_root, start_launch_root
-from harness.rank.forkwire import ZYGOTE_PID_ENV, refusal_path
+from harness.rank.forkwire import ZYGOTE_PID_ENV, clear_stale, read_refusal, refusal_path
 from harness.rank.zygote import EXIT_REFUSED, FORKED_LINE, READY_LINE, REAPED_LINE
 from harness.schema.launch import HashSeedMode, ZygoteState
 
@@ -49,6 +49,9 @@ class ZygoteRun:
         preexec: Callable[[], None] | None,
     ) -> ZygoteRun:
         run = cls(plan, log, pythonhashseed=env.get("PYTHONHASHSEED", "random"))
+        # What an earlier zygote at this path left (a launcher killed before its `stop`) would
+        # send the stubs cold while this one preloads, and name its reason.
+        clear_stale(str(plan.socket))
         try:
             with log.open("wb") as out:
                 run.proc = start_launch_root(
@@ -97,10 +100,11 @@ class ZygoteRun:
 
     def refusal(self) -> str | None:
         """Why the zygote refused to fork any rank (its note beside the socket), if it did."""
-        if self.refused is None:
+        if self.refused is None and self.proc is not None:
             with contextlib.suppress(OSError):
-                note = Path(refusal_path(str(self.plan.socket)))
-                self.refused = note.read_text(errors="replace").strip() or "no reason given"
+                note = read_refusal(str(self.plan.socket))
+                if note is not None and note.pid == self.proc.pid:
+                    self.refused = note.reason
         return self.refused
 
     def _log_lines(self, start: str) -> int:

@@ -33,7 +33,7 @@ from harness.rank.forkwire import (
     Replies,
     Request,
     WireError,
-    refusal_path,
+    read_refusal,
     send_request,
     signal_rank,
 )
@@ -72,19 +72,16 @@ def _gone(pid: int | None) -> bool:
     return False
 
 
-def refused(path: str) -> str | None:
-    """Why the zygote refused to fork any rank, once it said so; else None."""
-    try:
-        with open(refusal_path(path), encoding="utf-8", errors="replace") as note:
-            return note.read().strip() or "no reason given"
-    except FileNotFoundError:
-        return None
-
-
 def connect(path: str, wait_s: float, zygote_pid: int | None = None) -> socket.socket | None:
     """Connect once the zygote listens; None where it refused to fork (its note says why); give
-    up at `wait_s` or once the zygote is gone without a note."""
+    up at `wait_s` or once the zygote is gone without a note. A note whose pid is not
+    `zygote_pid` was left by another zygote at this path and is not believed."""
     deadline = time.monotonic() + wait_s
+
+    def refused() -> bool:
+        note = read_refusal(path)
+        return note is not None and (zygote_pid is None or note.pid == zygote_pid)
+
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -92,10 +89,10 @@ def connect(path: str, wait_s: float, zygote_pid: int | None = None) -> socket.s
             return sock
         except (FileNotFoundError, ConnectionRefusedError):
             sock.close()
-            if refused(path) is not None:
+            if refused():
                 return None
             gone = _gone(zygote_pid)
-            if gone and refused(path) is not None:  # the note is written before it exits
+            if gone and refused():  # the note is written before it exits
                 return None
             if time.monotonic() >= deadline or gone:
                 raise

@@ -16,6 +16,7 @@ Both ends signal the forked rank the same way (`signal_rank`): its process group
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -143,3 +144,47 @@ def signal_rank(pid: int, pidfd: int, signum: int) -> None:
         os.killpg(pid, signum)
     else:
         signal.pidfd_send_signal(pidfd, signum)
+
+
+_NOTE_PID = "pid "
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A zygote's refusal note: the pid of the zygote that wrote it (None: a note without one)
+    and why. A note left by an earlier zygote at the same path is not this zygote's word."""
+
+    pid: int | None
+    reason: str
+
+
+def write_refusal(socket_path: str, reason: str) -> None:
+    """This zygote's note (written whole, then renamed), its pid on the first line."""
+    note = refusal_path(socket_path)
+    with open(note + ".tmp", "w", encoding="utf-8") as out:
+        out.write(f"{_NOTE_PID}{os.getpid()}\n{reason}\n")
+    os.replace(note + ".tmp", note)
+
+
+def read_refusal(socket_path: str) -> Refusal | None:
+    """The note at this socket's refusal path, or None where there is none."""
+    try:
+        with open(refusal_path(socket_path), encoding="utf-8", errors="replace") as note:
+            text = note.read()
+    except FileNotFoundError:
+        return None
+    first, _, rest = text.partition("\n")
+    pid: int | None = None
+    if first.startswith(_NOTE_PID) and first[len(_NOTE_PID) :].strip().isdigit():
+        pid, text = int(first[len(_NOTE_PID) :]), rest
+    return Refusal(pid, text.strip() or "no reason given")
+
+
+def clear_stale(socket_path: str) -> None:
+    """Remove what an earlier zygote at this path may have left (its socket, its note, a half
+    written note), so that none of it is taken for this zygote's. Best effort: a note that
+    cannot be removed (another user's, in /tmp) names another pid, and no stub believes it."""
+    note = refusal_path(socket_path)
+    for path in (socket_path, note, note + ".tmp"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)

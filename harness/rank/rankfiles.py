@@ -31,10 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.atomic import atomic_write_text
+from harness.rank.parentage import parentage
 from harness.schema.capture import CaptureRecord
 from harness.schema.rank_record import (
+    HASH_PROBE,
     ErrorNote,
     RankRecord,
+    RankStart,
     TestOutcome,
     rank_record_path,
     stacks_path,
@@ -84,6 +87,16 @@ class RecordText:
         return _compact(head)[:-1] + tail + "}\n"
 
 
+def rank_start() -> RankStart:
+    """What this rank knows of its own start: forked or not, and its string-hash seed."""
+    seed = os.environ.get("PYTHONHASHSEED", "")
+    return RankStart(
+        forked=parentage().forked,
+        hash_probe=hash(HASH_PROBE),
+        hash_seed_fixed=seed.isdigit(),
+    )
+
+
 class RecordKeeper:
     """Owns this rank's `RankRecord`; every change is written to disk at once."""
 
@@ -121,6 +134,7 @@ class RecordKeeper:
             device=device,
             warm_impl=warm_impl,
             started_at=utc_now(),
+            start=rank_start(),
         )
         return cls(rank_record_path(records_dir, rank), record)
 

@@ -45,10 +45,11 @@ from harness.rank import parentage
 from harness.rank.forkwire import (
     Request,
     WireError,
+    clear_stale,
     recv_request,
-    refusal_path,
     send_reply,
     signal_rank,
+    write_refusal,
 )
 
 # What every rank imports before its first test (its plugins' and the suites' conftests'
@@ -355,12 +356,9 @@ EXIT_REFUSED = 3
 
 
 def refuse(path: str, reason: str) -> None:
-    """Say why no rank will be forked, where the stubs look before they give up on the socket
-    (written whole, then renamed), and in the log."""
-    note = refusal_path(path)
-    with open(note + ".tmp", "w", encoding="utf-8") as out:
-        out.write(reason + "\n")
-    os.replace(note + ".tmp", note)
+    """Say why no rank will be forked, where the stubs look before they give up on the socket,
+    and in the log."""
+    write_refusal(path, reason)
     print(f"{REFUSED_LINE}: {reason}", flush=True)
 
 
@@ -370,6 +368,7 @@ def main(argv: list[str]) -> int:
         return 2
     modules = PRELOAD if len(argv) == 1 else tuple(m for m in argv[1].split(",") if m)
     t0 = time.monotonic()
+    clear_stale(argv[0])  # an earlier zygote's note would send the stubs cold while this one loads
     gc.disable()  # nothing the preload builds is garbage (see harness.rank.heap)
     # Signals that come while preloading end the zygote at once (nothing to clean up yet).
     loaded = preload(modules)

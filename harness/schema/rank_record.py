@@ -235,6 +235,22 @@ class RankUse:
     real_trees: tuple[RealTreeRecord, ...] = ()
 
 
+HASH_PROBE: Final = "dcpqual-hash-seed-probe"
+
+
+@dataclass(frozen=True, config=STRICT)
+class RankStart:
+    """How this rank's interpreter began, as the rank itself can tell: `forked` from the rank
+    zygote (`harness.rank.parentage`) or started by torchrun; `hash_probe`, its `hash()` of
+    `HASH_PROBE`, equal in ranks that share one string-hash seed; `hash_seed_fixed`,
+    PYTHONHASHSEED set to a number (every rank has that seed under either launch). Ranks that
+    share a random seed did not exercise a divergence through set iteration order."""
+
+    forked: bool
+    hash_probe: int
+    hash_seed_fixed: bool
+
+
 @dataclass(frozen=True, config=STRICT)
 class RankRecord(JsonValue):
     """Everything one rank reports. `complete` is False until the rank's session finished;
@@ -245,7 +261,8 @@ class RankRecord(JsonValue):
     follow-on; `aborted_at`: unix time of the abort. `waiting_since`: unix time this rank
     finished `current_test` and began waiting for its peers' results (None while it runs a test
     or between tests): who is behind, for the progress. `broke_world`: this rank's own action
-    broke the world (see `WorldBreak`); the first one only.
+    broke the world (see `WorldBreak`); the first one only. `start`: how its interpreter
+    began (None: not recorded).
     """
 
     rank: NonNegativeInt
@@ -273,6 +290,7 @@ class RankRecord(JsonValue):
     tp: PositiveInt | None = None  # the tp and dcp this rank's suites qualified (None: not
     dcp: PositiveInt | None = None  # recorded), and what its pytest was told to select
     selection: Selection | None = None
+    start: RankStart | None = None
     schema: Literal["dcpqual-rank-record/v1"] = RANK_RECORD_SCHEMA
 
     @property
