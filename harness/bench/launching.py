@@ -78,30 +78,6 @@ def why_failed(out_dir: Path, code: int, world: int) -> str:
     return text + (f"; its stderr ({path}) ends:\n{_tail(path)}" if path else "")
 
 
-def bench_plan(
-    nproc: int,
-    backend: str,
-    out_dir: Path,
-    module_args: Sequence[str],
-    timeout_s: float,
-    *,
-    zygote: bool = False,
-) -> RunPlan:
-    """A torchrun of `python -m MODULE ARGS` with `dcpqual run`'s own flags and environment;
-    with `zygote`, each rank forked from `dcpqual run`'s zygote (the same preload) instead."""
-    options = RunOptions(
-        nproc_per_node=nproc, backend=backend, tp=nproc, dcp=nproc, timeout_s=timeout_s
-    )
-    log_dir = RunPlan(options, out_dir, ()).log_dir
-    rank_argv = ("-m", *module_args)
-    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {"PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
-    if not zygote:
-        return RunPlan(options, out_dir, (*torchrun_args(options, log_dir), *rank_argv), env=env)
-    argv = (*torchrun_args(options, log_dir), *forked(rank_argv))
-    return RunPlan(options, out_dir, argv, env=env, zygote=zygote_plan(log_dir, env))
-
-
 def run_ranks(
     nproc: int,
     backend: str,
@@ -111,8 +87,21 @@ def run_ranks(
     *,
     zygote: bool = False,
 ) -> float:
-    """Launch once; seconds it took. A failed launch raises with the dead rank named."""
-    plan = bench_plan(nproc, backend, out_dir, module_args, timeout_s, zygote=zygote)
+    """Launch `python -m MODULE ARGS` once with `dcpqual run`'s own torchrun flags and
+    environment (with `zygote`, each rank forked from `dcpqual run`'s zygote, the same preload);
+    seconds it took. A failed launch raises with the dead rank named."""
+    options = RunOptions(
+        nproc_per_node=nproc, backend=backend, tp=nproc, dcp=nproc, timeout_s=timeout_s
+    )
+    log_dir = RunPlan(options, out_dir, ()).log_dir
+    rank_argv = ("-m", *module_args)
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    if not zygote:
+        plan = RunPlan(options, out_dir, (*torchrun_args(options, log_dir), *rank_argv), env=env)
+    else:
+        argv = (*torchrun_args(options, log_dir), *forked(rank_argv))
+        plan = RunPlan(options, out_dir, argv, env=env, zygote=zygote_plan(log_dir, env))
     result = launch(plan)
     if result.timed_out:
         raise QualificationError(f"{module_args[0]} ranks ran past {timeout_s:g}s; see {out_dir}")
