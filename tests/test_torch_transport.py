@@ -273,6 +273,25 @@ def test_a2a_gives_the_same_bits_whatever_its_group_and_batch_order(
         assert all(bit_equal(x, y) for x, y in zip(a, b, strict=True)), f"rank {rank}"
 
 
+def test_a2a_staging_takes_as_many_sources_as_fit_and_is_sized_once_for_the_largest() -> None:
+    """Kimi-K3 DCP16 shapes: 12 KiB of fp32 per source rank and token, 512 KiB per group."""
+    assert [torch_backend.a2a_group(b, 6, 512, 16) for b in (1, 2, 3, 8, 42, 43, 64)] == [
+        16, 16, 14, 5, 1, 1, 1,
+    ]  # fmt: skip
+    assert torch_backend.a2a_group(1, 1, 1, 4) == 4
+    sig = TransportSignature("bf16", 96, 576, 512, 16, max_tokens=8)
+
+    def body(member: Member) -> dict[str, int]:
+        return dict(_transport(sig, member, "a2a").buffers)
+
+    row = 6 * 512 * 4  # one token of one source rank's heads, fp32
+    for buffers in run_ranks(16, body):
+        # Batches 3, 6 and 7 stage 42 token-rows (14 * 3, 7 * 6, 6 * 7), the most of any.
+        assert buffers["a2a_scratch"] == 42 * row
+        assert buffers["a2a_acc"] == 8 * row
+        assert buffers["a2a_weights"] == buffers["a2a_keep"] == 16 * 8 * 6 * 4
+
+
 def test_the_reduction_s_lses_are_base_e_by_default() -> None:
     """`reduce_outputs` without `base_e` combines natural-log LSEs (what vLLM's attention
     returns); the random pattern's two bases give different results, so base 2 would fail."""
