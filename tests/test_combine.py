@@ -336,6 +336,29 @@ def combine_by_accumulating(outputs, lses, rank, *, base_e=True):
     return combine.accumulate_into(acc, block, weights).to(outputs.dtype)
 
 
+def staged(acc: torch.Tensor, outputs: torch.Tensor, weights: torch.Tensor, group: int):
+    """`StagedAccumulation` on fresh buffers the shapes of `accumulate_into`'s arguments: the
+    weights are copied in, so the staging starts full of NaN to show nothing stale leaks."""
+    world = outputs.shape[0]
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[acc.element_size()]
+    step = combine.StagedAccumulation(
+        torch.full_like(acc, math.nan),
+        outputs,
+        weights=torch.full(weights.shape, math.nan, dtype=acc.dtype),
+        keep=torch.full(weights.shape, -1, dtype=ints),
+        scratch=torch.full((min(group, world) * acc.numel(),), math.nan, dtype=acc.dtype),
+        group=group,
+    )
+    return step(weights)
+
+
+def combine_by_staging(outputs, lses, rank, *, base_e=True, group=3):
+    """What the A2A transport does with the chunks it received, on its static buffers."""
+    block, weights = _own_block(outputs, lses, rank, base_e)
+    acc = torch.empty(block.shape[1:], dtype=weights.dtype)
+    return staged(acc, block, weights, group).to(outputs.dtype)
+
+
 def combine_by_scaling(outputs, lses, rank, *, base_e=True):
     """What the AG+RS transport does before its reduce-scatter (which is the sum here)."""
     block, weights = _own_block(outputs, lses, rank, base_e)
@@ -343,7 +366,7 @@ def combine_by_scaling(outputs, lses, rank, *, base_e=True):
     return combine.scale_into(dst, block, weights).sum(dim=0).to(outputs.dtype)
 
 
-@pytest.mark.parametrize("fn", [combine_by_accumulating, combine_by_scaling])
+@pytest.mark.parametrize("fn", [combine_by_accumulating, combine_by_staging, combine_by_scaling])
 def test_the_in_place_steps_match_the_naive_reference(fn) -> None:
     check_all_cases(fn)
 
@@ -539,6 +562,9 @@ def test_the_accumulation_gives_the_bits_of_selecting_each_shard(pattern, dtype,
             got = combine.accumulate_into(torch.zeros(block.shape[1:]), block, weights)
             want = accumulate_selected(torch.zeros(block.shape[1:]), block, weights)
             assert bit_equal(got, want), f"world={world} rank={rank}"
+            for group in (1, 3, world):  # one source at a time, uneven groups, all at once
+                got = staged(torch.empty(block.shape[1:]), block, weights, group)
+                assert bit_equal(got, want), f"world={world} rank={rank} group={group}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -551,6 +577,11 @@ def test_the_accumulation_gives_the_same_bits_for_any_weight(dtype) -> None:
         got = combine.accumulate_into(torch.ones(len(values), 4), outputs[lo:], weights[lo:])
         want = accumulate_selected(torch.ones(len(values), 4), outputs[lo:], weights[lo:])
         assert bit_equal(got, want), special[lo]
+        # The staged step overwrites its accumulator: the pin's, from zero.
+        zeroed = accumulate_selected(torch.zeros(len(values), 4), outputs[lo:], weights[lo:])
+        for group in (1, 4):
+            got = staged(torch.ones(len(values), 4), outputs[lo:], weights[lo:], group)
+            assert bit_equal(got, zeroed), (special[lo], group)
 
 
 def test_the_bit_pin_can_fail() -> None:

@@ -197,10 +197,20 @@ def _accumulate_selected(acc, outputs, weights):
     return acc
 
 
+class _StagedSelected:
+    """`StagedAccumulation`'s interface on the former step: fresh zeros, then the pin."""
+
+    def __init__(self, acc, outputs, **staging) -> None:
+        self.shape, self.outputs = acc.shape, outputs
+
+    def __call__(self, weights):
+        return _accumulate_selected(torch.zeros(self.shape), self.outputs, weights)
+
+
 PINS = {
     "ag_rs": ("scale_into", _multiply_then_fill),
     "ag_rs_a2a": ("scale_into", _multiply_then_fill),
-    "a2a": ("accumulate_into", _accumulate_selected),
+    "a2a": ("StagedAccumulation", _StagedSelected),
 }
 
 
@@ -231,6 +241,55 @@ def test_each_reduction_gives_the_bits_of_its_former_local_step(impl, monkeypatc
         runs[name] = run_ranks(world, body)
     for rank, (now, before) in enumerate(zip(runs["now"], runs["before"], strict=True)):
         assert all(bit_equal(a, b) for a, b in zip(now, before, strict=True)), f"rank {rank}"
+
+
+@pytest.mark.parametrize("group_bytes", [1, 2 * 2 * 6 * 4], ids=["one_source", "two_sources"])
+def test_a2a_gives_the_same_bits_whatever_its_group_and_batch_order(
+    group_bytes, monkeypatch
+) -> None:
+    """A2A's staging upcasts and masks several source ranks per op (all 4 here by default);
+    one or two at a time give the same bits. Batches come in mixed order and repeat with new
+    data, so a batch's kept views never serve another batch or keep a former call's values."""
+    world, batches = 4, (2, 1, 3, 2, 1)
+    sig = TransportSignature("bf16", 2 * world, 8, 6, world, max_tokens=3)
+    runs: dict[int, list[list[torch.Tensor]]] = {}
+    for cap in (torch_backend._A2A_GROUP_BYTES, group_bytes):
+        monkeypatch.setattr(torch_backend, "_A2A_GROUP_BYTES", cap)
+
+        def body(member: Member) -> list[torch.Tensor]:
+            transport, got = _transport(sig, member, "a2a"), []
+            for i, batch in enumerate(batches):
+                for pattern in PATTERNS:
+                    parts = make_partials(
+                        world, batch, 2 * world, 6, torch.bfloat16, pattern=pattern, seed=i
+                    )
+                    got.append(transport.reduce_outputs(*parts.of_rank(member.rank)))
+                    assert_matches(got[-1], parts.expected(member.rank), what=pattern)
+            return got
+
+        runs[cap] = run_ranks(world, body)
+    default, other = runs.values()
+    for rank, (a, b) in enumerate(zip(default, other, strict=True)):
+        assert all(bit_equal(x, y) for x, y in zip(a, b, strict=True)), f"rank {rank}"
+
+
+def test_a2a_staging_takes_as_many_sources_as_fit_and_is_sized_once_for_the_largest() -> None:
+    """Kimi-K3 DCP16 shapes: 12 KiB of fp32 per source rank and token, 512 KiB per group."""
+    assert [torch_backend.a2a_group(b, 6, 512, 16) for b in (1, 2, 3, 8, 42, 43, 64)] == [
+        16, 16, 14, 5, 1, 1, 1,
+    ]  # fmt: skip
+    assert torch_backend.a2a_group(1, 1, 1, 4) == 4
+    sig = TransportSignature("bf16", 96, 576, 512, 16, max_tokens=8)
+
+    def body(member: Member) -> dict[str, int]:
+        return dict(_transport(sig, member, "a2a").buffers)
+
+    row = 6 * 512 * 4  # one token of one source rank's heads, fp32
+    for buffers in run_ranks(16, body):
+        # Batches 3, 6 and 7 stage 42 token-rows (14 * 3, 7 * 6, 6 * 7), the most of any.
+        assert buffers["a2a_scratch"] == 42 * row
+        assert buffers["a2a_acc"] == 8 * row
+        assert buffers["a2a_weights"] == buffers["a2a_keep"] == 16 * 8 * 6 * 4
 
 
 def test_the_reduction_s_lses_are_base_e_by_default() -> None:

@@ -16,8 +16,10 @@ Everything runs in fp32 (fp64 when an input is fp64) and is cast to the output d
 
 The transports do not call the oracle's allocating steps on their hot path: `scale_into` and
 `accumulate_into` are the same masked product written in place (no full-size fp32 temporaries,
-no upcast copy), which is most of what the reduction costs on one CPU thread. Neither reads a
-value back to the host, so both stay legal inside a CUDA graph.
+no upcast copy), which is most of what the reduction costs on one CPU thread; and
+`StagedAccumulation` is `accumulate_into` over fixed buffers with its views made once, for a
+transport that calls it on every step. None reads a value back to the host, so all stay legal
+inside a CUDA graph.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 
 __all__ = [
     "CombineWeights",
+    "StagedAccumulation",
     "accumulate_into",
     "all_empty_guard",
     "combine_local",
@@ -103,6 +106,61 @@ def accumulate_into(
         scratch.view(ints).bitwise_and_(bits)
         acc.addcmul_(scratch, weight)
     return acc
+
+
+# One group of shards: its outputs, staging (as floats and as bits), mask, (shard, weight)s.
+_Group = tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[tuple[torch.Tensor, ...], ...]
+]
+
+
+class StagedAccumulation:
+    """`accumulate_into` on fixed buffers, for a hot path that runs it every step at one shape.
+
+    At small batches a call's cost is per-op overhead, not data: here every view (each shard,
+    each weight column, each group's staging) is made once, at construction, and `group`
+    shards at a time are upcast and masked by one copy and one AND, so a call is about
+    `W + 2 * ceil(W / group) + 4` tensor ops and no Python iteration over tensors. Bit for bit
+    `accumulate_into` on a zeroed `acc`: the same mask, then the same `addcmul_` per shard in
+    the same order on the same values.
+
+    `acc` `[B, h, D]` (compute dtype) is overwritten by each call; `outputs` `[W, B, h, D]` is
+    read at call time; `weights` `[W, B, h]` (compute dtype) and `keep` `[W, B, h]` (the
+    same-width integer) hold the call's weights and mask; `scratch` is flat, compute dtype, at
+    least `min(group, W) * acc.numel()` long."""
+
+    def __init__(
+        self,
+        acc: torch.Tensor,
+        outputs: torch.Tensor,
+        *,
+        weights: torch.Tensor,
+        keep: torch.Tensor,
+        scratch: torch.Tensor,
+        group: int,
+    ) -> None:
+        ints = _SAME_WIDTH_INT[acc.element_size()]
+        world = outputs.shape[0]
+        self.acc, self.weights, self.keep = acc, weights, keep
+        columns, bits = weights.unsqueeze(-1), keep.unsqueeze(-1)
+        self._groups: list[_Group] = []
+        for lo in range(0, world, group):
+            hi = min(lo + group, world)
+            block = scratch[: (hi - lo) * acc.numel()].view(hi - lo, *acc.shape)
+            terms = tuple(zip(block.unbind(0), columns[lo:hi].unbind(0), strict=True))
+            self._groups.append((outputs[lo:hi], block, block.view(ints), bits[lo:hi], terms))
+
+    def __call__(self, weights: torch.Tensor) -> torch.Tensor:
+        """`acc` = the masked weighted sum over dim 0 of `outputs` with these `[W, B, h]`."""
+        self.weights.copy_(weights)
+        torch.gt(self.weights, 0, out=self.keep).neg_()  # -1: every bit set
+        acc = self.acc.zero_()
+        for shards, block, block_bits, keep, terms in self._groups:
+            block.copy_(shards)
+            block_bits.bitwise_and_(keep)
+            for shard, weight in terms:
+                acc.addcmul_(shard, weight)
+        return acc
 
 
 def all_empty_guard(weights: torch.Tensor, total: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,11 @@ Output reduction, two strategies (the combine: `harness.transport.combine`):
   tolerance reliably); the cast to the output dtype happens once, at the end.
 - `a2a`: one `all_to_all_single` of byte-packed chunks (each destination's head slice of the
   output in its own dtype, then its fp32 LSEs, 8-byte aligned), then the oracle's weights and
-  `accumulate_into` (its masked product, one source rank at a time) on the received
-  `[dcp, B, h, *]`.
+  `accumulate_into`'s masked product (one source rank at a time) on the received
+  `[dcp, B, h, *]`, as a `StagedAccumulation` on static buffers. Its views and the packing
+  views are made once per batch size and kept (`_A2APlan`): at decode batches a step costs
+  per-op overhead, not bandwidth. The upcast and mask take several source ranks per op while
+  their fp32 staging stays under `_A2A_GROUP_BYTES` (cache-sized), one at a time above.
 
 Which collectives: torch 2.13's gloo supports all_gather, reduce_scatter and all_to_all on CPU
 tensors (checked with a 2-rank probe); torch 2.13 names them `all_gather_single` and
@@ -46,7 +49,7 @@ import torch.distributed as dist
 from harness.errors import GeometryError
 from harness.transport.allocator import Allocator
 from harness.transport.checks import OperationGuard, UseHook
-from harness.transport.combine import accumulate_into, combine_weights, scale_into
+from harness.transport.combine import StagedAccumulation, combine_weights, scale_into
 from harness.transport.errors import TransportUsageError
 from harness.warm.signature import (
     TransportSignature,
@@ -61,6 +64,7 @@ STRATEGIES: tuple[str, ...] = ("ag_rs", "a2a")
 REDUCE_SCATTER_IMPLS: tuple[str, ...] = ("native", "all_to_all")
 
 _ALIGN = 8  # bytes; keeps the fp32 LSE region of a packed A2A chunk viewable as float32
+_A2A_GROUP_BYTES = 512 * 1024  # fp32 staging of the source ranks upcast and masked per op
 
 
 def _first_collective(*names: str) -> Callable[..., object]:
@@ -95,6 +99,23 @@ class A2ALayout:
         lse_offset = _align(out_bytes)
         lse_bytes = batch * local_heads * 4
         return cls(out_bytes, lse_offset, lse_bytes, lse_offset + _align(lse_bytes))
+
+
+def a2a_group(batch: int, local_heads: int, odim: int, world: int) -> int:
+    """Source ranks per upcast-and-mask op: as many as fit `_A2A_GROUP_BYTES` of fp32, >= 1."""
+    return max(1, min(world, _A2A_GROUP_BYTES // (batch * local_heads * odim * 4)))
+
+
+@dataclass(frozen=True)
+class _A2APlan:
+    """One batch size's views of the A2A staging, made on its first reduction and kept."""
+
+    send: torch.Tensor  # the packed chunks, flat bytes
+    recv: torch.Tensor
+    send_outputs: torch.Tensor  # [B, dcp, h, odim]: the partial's layout, into the chunks
+    send_lses: torch.Tensor  # [B, dcp, h]
+    recv_lses: torch.Tensor  # [dcp, B, h]
+    accumulate: StagedAccumulation  # over the received [dcp, B, h, odim]
 
 
 def reduce_scatter_via_all_to_all(
@@ -149,6 +170,7 @@ class TorchDCPTransport(OperationGuard):
             )
         super().__init__(on_use)
         self._buffers: dict[str, torch.Tensor] = {}
+        self._a2a_plans: dict[int, _A2APlan] = {}
         self._allocate(allocator)
 
     # -- creation ---------------------------------------------------------------------------
@@ -175,6 +197,12 @@ class TorchDCPTransport(OperationGuard):
             chunk = A2ALayout.for_batch(t, h, o, dt.itemsize).chunk_bytes
             buf("a2a_send", w * chunk, torch.uint8)
             buf("a2a_recv", w * chunk, torch.uint8)
+            buf("a2a_acc", t * h * o, f32)
+            # Any batch's group fits: a2a_group(B) * B <= max(B, _A2A_GROUP_BYTES // row), <= W*B.
+            row = h * o * f32.itemsize
+            buf("a2a_scratch", min(w * t, max(t, _A2A_GROUP_BYTES // row)) * h * o, f32)
+            buf("a2a_weights", w * t * h, f32)
+            buf("a2a_keep", w * t * h, torch.int32)
 
     @property
     def buffers(self) -> Mapping[str, int]:
@@ -184,6 +212,7 @@ class TorchDCPTransport(OperationGuard):
     def close(self) -> None:
         """Drop the staging buffers and the group reference; any later call raises."""
         self._buffers.clear()
+        self._a2a_plans.clear()
         self.group = None
         self.closed = True
 
@@ -267,18 +296,39 @@ class TorchDCPTransport(OperationGuard):
     def _reduce_a2a(
         self, part: torch.Tensor, lse: torch.Tensor, result: torch.Tensor, b: int, base_e: bool
     ) -> None:
-        sig, w, dt = self.signature, self.world, output_torch_dtype(self.signature)
+        sig, w = self.signature, self.world
+        plan = self._a2a_plans.get(b) or self._a2a_plan(b)
+        plan.send_outputs.copy_(part.reshape(b, w, sig.local_heads, sig.output_head_dim))
+        plan.send_lses.copy_(lse.reshape(b, w, sig.local_heads))
+        dist.all_to_all_single(plan.recv, plan.send, group=self.group)
+        weights = combine_weights(plan.recv_lses, base_e=base_e).weights
+        result.copy_(plan.accumulate(weights))
+
+    def _a2a_plan(self, b: int) -> _A2APlan:
+        """Batch `b`'s views of the staging (views only: nothing is allocated), kept."""
+        sig, w, bufs = self.signature, self.world, self._buffers
         h, o = sig.local_heads, sig.output_head_dim
-        lay = A2ALayout.for_batch(b, h, o, dt.itemsize)
-        send = self._buffers["a2a_send"][: w * lay.chunk_bytes]
-        recv = self._buffers["a2a_recv"][: w * lay.chunk_bytes]
-        self._outputs_of(send, lay, b).copy_(part.reshape(b, w, h, o).transpose(0, 1))
-        self._lses_of(send, lay, b).copy_(lse.reshape(b, w, h).transpose(0, 1))
-        dist.all_to_all_single(recv, send, group=self.group)
-        outputs, lses = self._outputs_of(recv, lay, b), self._lses_of(recv, lay, b)
-        weights = combine_weights(lses, base_e=base_e).weights
-        acc = torch.zeros(result.shape, dtype=weights.dtype, device=result.device)
-        result.copy_(accumulate_into(acc, outputs, weights))
+        lay = A2ALayout.for_batch(b, h, o, output_torch_dtype(sig).itemsize)
+        send = bufs["a2a_send"][: w * lay.chunk_bytes]
+        recv = bufs["a2a_recv"][: w * lay.chunk_bytes]
+        accumulate = StagedAccumulation(
+            bufs["a2a_acc"][: b * h * o].view(b, h, o),
+            self._outputs_of(recv, lay, b),
+            weights=bufs["a2a_weights"][: w * b * h].view(w, b, h),
+            keep=bufs["a2a_keep"][: w * b * h].view(w, b, h),
+            scratch=bufs["a2a_scratch"],
+            group=a2a_group(b, h, o, w),
+        )
+        plan = _A2APlan(
+            send=send,
+            recv=recv,
+            send_outputs=self._outputs_of(send, lay, b).transpose(0, 1),
+            send_lses=self._lses_of(send, lay, b).transpose(0, 1),
+            recv_lses=self._lses_of(recv, lay, b),
+            accumulate=accumulate,
+        )
+        self._a2a_plans[b] = plan
+        return plan
 
     def _outputs_of(self, packed: torch.Tensor, lay: A2ALayout, b: int) -> torch.Tensor:
         sig = self.signature
