@@ -111,6 +111,13 @@ def _wait_for(path: Path, timeout_s: float = 30.0) -> str:
     return path.read_text()
 
 
+def _sleeping_rank(tmp_path: Path, sock: Path, zproc) -> tuple[subprocess.Popen[bytes], int]:
+    """A stub whose forked rank sleeps, and that rank's pid once it has written it."""
+    out = tmp_path / "pid"
+    stub = _stub(tmp_path, sock, zproc, "sleep", str(out))
+    return stub, int(_wait_for(out))
+
+
 def _gone(pid: int, timeout_s: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -191,9 +198,7 @@ def test_a_rank_without_a_handler_dies_of_the_forwarded_sigterm_and_so_does_its_
     tmp_path, zygote
 ):
     zproc, sock = zygote
-    out = tmp_path / "pid"
-    stub = _stub(tmp_path, sock, zproc, "sleep", str(out))
-    rank = int(_wait_for(out))
+    stub, rank = _sleeping_rank(tmp_path, sock, zproc)
     stub.send_signal(signal.SIGTERM)
     assert stub.wait(30) == -signal.SIGTERM
     assert _gone(rank)
@@ -201,9 +206,7 @@ def test_a_rank_without_a_handler_dies_of_the_forwarded_sigterm_and_so_does_its_
 
 def test_a_sigkilled_stub_takes_its_rank_with_it(tmp_path, zygote):
     zproc, sock = zygote
-    out = tmp_path / "pid"
-    stub = _stub(tmp_path, sock, zproc, "sleep", str(out))
-    rank = int(_wait_for(out))
+    stub, rank = _sleeping_rank(tmp_path, sock, zproc)
     stub.kill()
     stub.wait(30)
     assert _gone(rank), "the forked rank outlived its SIGKILLed stub"
@@ -234,9 +237,7 @@ def test_torchruns_stop_of_the_stubs_group_reaches_the_ranks_helper_processes(
 
 def test_a_dead_zygote_is_one_clear_line_exit_1_and_the_rank_ended(tmp_path, zygote):
     zproc, sock = zygote
-    out = tmp_path / "pid"
-    stub = _stub(tmp_path, sock, zproc, "sleep", str(out))
-    rank = int(_wait_for(out))
+    stub, rank = _sleeping_rank(tmp_path, sock, zproc)
     zproc.kill()
     zproc.wait()
     assert stub.wait(30) == 1
