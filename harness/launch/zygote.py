@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness.launch.plan import ZygotePlan
 from harness.launch.proctree import end_launch_root, start_launch_root
-from harness.rank.forkwire import ZYGOTE_PID_ENV, clear_stale, read_refusal, refusal_path
+from harness.rank.forkwire import ZYGOTE_PID_ENV, clear_stale, read_refusal
 from harness.rank.zygote import EXIT_REFUSED, FORKED_LINE, READY_LINE, REAPED_LINE
 from harness.schema.launch import HashSeedMode, ZygoteState
 
@@ -149,9 +149,7 @@ class ZygoteRun:
                 self.proc.wait()
         end_launch_root(self.proc.pid)
         self.refusal()  # read before the note goes
-        for path in (self.plan.socket, Path(refusal_path(str(self.plan.socket)))):
-            with contextlib.suppress(OSError):
-                path.unlink(missing_ok=True)
+        clear_stale(str(self.plan.socket))
 
     def state(self) -> ZygoteState:
         forked = self._log_lines(FORKED_LINE)
