@@ -74,6 +74,10 @@ class ZygoteState(Model):
     used: bool = False  # at least one rank was forked from it
     forked: NonNegativeInt = 0  # ranks it forked
     not_used: str | None = None  # why no rank was forked (the zygote's refusal)
+    # Ranks it did not fork because a forked one would have differed from its cold start (its
+    # interpreter's options, flags or sys.path; CUDA started): their stubs started them cold.
+    sent_cold: NonNegativeInt = 0
+    sent_cold_why: str | None = None  # the first of those reasons
     hash_seed: HashSeedMode = "shared-random"
 
 
