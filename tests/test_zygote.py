@@ -44,6 +44,9 @@ if mode == "interrupt":  # what an uncaught Ctrl-C does, after the interpreter's
     import atexit
     atexit.register(note, "atexit ran")
     raise KeyboardInterrupt
+if mode == "warned":  # its import warns in a cold rank
+    import warnmod
+    sys.exit(0)
 if mode == "startup":  # what the interpreter's start decided, as the rank sees it
     import __main__, multiprocessing
     from harness.rank.parentage import parentage
@@ -73,15 +76,22 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+# A module whose import warns, as torch's import may: a cold rank prints that on its stderr.
+WARNMOD = "import warnings\nwarnings.warn('warnmod was imported', UserWarning)\n"
+PRELOADED = "json,multiprocessing,warnmod"
+
+
 @pytest.fixture
 def zygote(tmp_path: Path):
-    """A zygote preloading only `json` and `multiprocessing` (the protocol does not need torch),
-    its socket, its log."""
+    """A zygote preloading only what PRELOADED names (the protocol does not need torch), its
+    socket, its log."""
     sock = tmp_path / "z.sock"
     log = tmp_path / "zygote.log"
+    (tmp_path / "warnmod.py").write_text(WARNMOD)
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "harness.rank.zygote", str(sock), "json,multiprocessing"],
+            [sys.executable, "-u", "-m", "harness.rank.zygote", str(sock), PRELOADED],
+            cwd=tmp_path,
             env=_env(),
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -214,6 +224,23 @@ def test_an_uncaught_keyboardinterrupt_ends_the_rank_by_sigint_as_it_ends_a_cold
     out.unlink()
     assert _cold(tmp_path, "interrupt", str(out)) == -signal.SIGINT  # what the stub matches
     assert out.read_text() == "atexit ran"
+
+
+def test_what_the_preload_warned_is_on_each_forked_ranks_stderr_as_on_a_cold_ones(tmp_path, zygote):
+    zproc, sock = zygote
+    err = tmp_path / "stub.err"
+    for _ in range(2):
+        assert _stub(tmp_path, sock, zproc, "warned", str(tmp_path / "x")).wait(30) == 0
+        assert err.read_text().count("UserWarning: warnmod was imported") == 1, err.read_text()
+    cold = subprocess.run(
+        [sys.executable, "-u", "-m", "rankmod", "warned", "x"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cold.stderr == err.read_text()
 
 
 def test_a_forked_rank_has_its_own_startup_argv_main_and_authkey(tmp_path, zygote):

@@ -45,6 +45,7 @@ import sys
 import threading
 import time
 import types
+import warnings
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -101,6 +102,38 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
         importlib.import_module(name)
     gc.freeze()  # the preloaded heap: shared copy-on-write, never walked by the children's gc
     return list(modules)
+
+
+class PreloadWarnings:
+    """The warnings the preload showed (in the zygote's log, as before), each as the
+    interpreter prints it: a cold rank prints them on its own stderr when its imports run, so
+    every forked rank prints them there when it starts. The filters are left alone (what the
+    imports set is the ranks')."""
+
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+        self._saved = warnings.showwarning
+
+    def __enter__(self) -> PreloadWarnings:
+        self._saved = warnings.showwarning
+        warnings.showwarning = self._show
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if warnings.showwarning == self._show:
+            warnings.showwarning = self._saved
+
+    def _show(
+        self,
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: object = None,
+        line: str | None = None,
+    ) -> None:
+        self.shown.append(warnings.formatwarning(message, category, filename, lineno, line))
+        self._saved(message, category, filename, lineno, file, line)  # type: ignore[arg-type]
 
 
 def _native_threads() -> int:
@@ -262,7 +295,10 @@ def _finish(code: int) -> NoReturn:
     os._exit(code)
 
 
-def child_main(request: Request, fds: list[int], close: list[int]) -> NoReturn:
+def child_main(
+    request: Request, fds: list[int], close: list[int], warned: tuple[str, ...] = ()
+) -> NoReturn:
+    """In the child: become the rank, say what its imports would have warned, run it, exit."""
     code = 1
     try:
         for fd in close:
@@ -274,6 +310,10 @@ def child_main(request: Request, fds: list[int], close: list[int]) -> NoReturn:
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         _adopt(request, fds)
+        if warned:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write("".join(warned))
+                sys.stderr.flush()
         code = _run_module(request.argv)
     except BaseException:
         with contextlib.suppress(BaseException):
@@ -297,6 +337,7 @@ class Zygote:
 
     path: str
     startup: Startup = field(default_factory=own_startup)
+    warned: tuple[str, ...] = ()  # what the preload warned, for each rank's stderr
     listener: socket.socket = field(init=False)
     ranks: list[_Rank] = field(default_factory=list)
 
@@ -394,7 +435,7 @@ class Zygote:
         try:
             pid = os.fork()
             if pid == 0:  # pragma: no cover - the child
-                child_main(request, fds, close)
+                child_main(request, fds, close, self.warned)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
         return pid
@@ -458,14 +499,15 @@ def main(argv: list[str]) -> int:
     clear_stale(argv[0])  # an earlier zygote's note would send the stubs cold while this one loads
     gc.disable()  # nothing the preload builds is garbage (see harness.rank.heap)
     # Signals that come while preloading end the zygote at once (nothing to clean up yet).
-    loaded = preload(modules)
+    with PreloadWarnings() as warned:
+        loaded = preload(modules)
     gc.enable()
     try:
         fork_check()
     except ForkRefused as exc:
         refuse(argv[0], f"cannot fork ranks after the preload: {exc}")
         return EXIT_REFUSED
-    zygote = Zygote(argv[0], startup)
+    zygote = Zygote(argv[0], startup, tuple(warned.shown))
     me = os.getpid()  # a child that unwinds to here must not close the zygote's socket
     try:
         ready = Ready(me, time.monotonic() - t0, tuple(loaded))
