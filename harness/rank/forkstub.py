@@ -139,8 +139,9 @@ def become_the_rank(argv: list[str]) -> None:
 
 def die_of(signum: int) -> None:
     """End this process with `signum`'s default action, as it would end a cold rank."""
-    signal.signal(signum, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+    with contextlib.suppress(OSError, ValueError):  # SIGKILL's disposition is fixed
+        signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
     os.kill(os.getpid(), signum)
     os._exit(128 + signum)  # a signal whose default action is not to end the process
 
@@ -196,12 +197,7 @@ class _Child:
 def exit_like(status: int) -> None:
     """Leave as the child did: the same exit code, or death by the same signal."""
     if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        with contextlib.suppress(OSError, ValueError):  # SIGKILL's disposition is fixed
-            signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
-        os.kill(os.getpid(), sig)
-        os._exit(128 + sig)  # a signal that does not kill (it was ignored before the fork)
+        die_of(os.WTERMSIG(status))
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
 
 
