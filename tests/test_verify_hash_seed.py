@@ -136,13 +136,13 @@ def test_a_cold_start_does_not_require_the_limitation(tmp_path, monkeypatch) -> 
 
 def _two_nodes(bundle: Path, node1_zygote: dict[str, Any] | None) -> None:
     """The bundle as if its rank 1 ran on a second node, whose marker carries `node1_zygote`."""
-    path = bundle / "records" / "rank-1.json"
+    path = bundle / "records" / "rank-01.json"
     data = json.loads(path.read_text())
     data.update(node_rank=1, local_rank=0)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
     def edit(receipt: dict[str, Any]) -> None:
-        receipt["files"]["records/rank-1.json"] = sha256_file(path)
+        receipt["files"]["records/rank-01.json"] = sha256_file(path)
         receipt["geometry"].update(nnodes=2, nproc_per_node=1)
         zygote = receipt["run"]["extra"]["launch"]["zygote"]
         zygote.update(forked=1)
