@@ -30,7 +30,7 @@ from harness.evidence.schema import (
     Selection,
     Tally,
 )
-from harness.schema.launch import ZygoteState
+from harness.schema.launch import NodeState, ZygoteState
 
 CPU = Environment(torch="2.13.0", cuda=None, nccl=None, device_names=["cpu"], python="3", host="h")
 GPU = CPU.model_copy(update={"gpus": [Gpu(index=0, name="RTX PRO 6000")]})
@@ -184,6 +184,25 @@ def test_required_limitations_follow_the_facts() -> None:
     assert "hash-seed" not in required(zygote=cold)
     missing = rules.missing_limitations(["nccl", "image"], {"nccl": "", "b12x-transport": ""})
     assert missing == ["b12x-transport"]
+
+
+def test_another_nodes_zygote_requires_the_hash_seed_limitation_too() -> None:
+    """Node 0's launch speaks for node 0 only: a second node's marker says how its ranks
+    started, and a zygote there whose ranks share its seed needs the limitation as well."""
+    shared = ZygoteState(used=True, forked=8, hash_seed="shared-random")
+    cold = ZygoteState(used=False, forked=0, not_used="threads alive", hash_seed="per-rank-random")
+
+    def marker(node: int, zygote: ZygoteState | None) -> NodeState:
+        return NodeState(
+            node_rank=node, nnodes=2, rdzv_endpoint="n0:1", state="finished", zygote=zygote
+        )
+
+    assert rules.hash_seed_limitation(cold, {"0": marker(0, cold), "1": marker(1, cold)}) == {}
+    said = rules.hash_seed_limitation(cold, {"0": marker(0, cold), "1": marker(1, shared)})
+    assert "8 rank(s)" in said["hash-seed"] and "node(s) 1)" in said["hash-seed"]
+    both = rules.hash_seed_limitation(shared, {"0": marker(0, shared), "1": marker(1, shared)})
+    assert "16 rank(s)" in both["hash-seed"] and "node(s) 0, 1)" in both["hash-seed"]
+    assert rules.hash_seed_limitation(cold, {"1": None}) == {}  # a node that left no marker
 
 
 def test_root_cause_is_the_earliest_primary_failure(tmp_path: Path) -> None:

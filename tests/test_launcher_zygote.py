@@ -15,6 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from harness.evidence.rules import hash_seed_limitation
 from harness.launch.launcher import launch
 from harness.launch.plan import RunOptions, ZygotePlan, build_plan
@@ -195,17 +197,38 @@ def noted(out: Path) -> list[str]:
     return [Path(f"{out}.{r}").read_text().split()[1] for r in (0, 1)]
 
 
-def test_a_zygote_that_refuses_to_fork_leaves_the_ranks_to_start_cold(tmp_path, monkeypatch):
+# What `torch.cuda.is_available()` leaves in a process without a GPU to show for it: the CUDA
+# driver library mapped in (here a file of that name).
+FAKE_CUDA = """
+import mmap, os
+_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libcuda.so.1")
+with open(_path, "wb") as f:
+    f.write(bytes(mmap.PAGESIZE))
+with open(_path, "rb") as f:
+    DRIVER = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+"""
+
+
+@pytest.mark.parametrize(
+    ("preload", "why"),
+    [("threaded", "threads alive"), ("fakecuda", "the CUDA driver is loaded")],
+    ids=["thread", "cuda-driver"],
+)
+def test_a_zygote_that_refuses_to_fork_leaves_the_ranks_to_start_cold(
+    tmp_path, monkeypatch, preload, why
+):
     """A thread alive after the preload (what a user's OMP_NUM_THREADS > 1 does to torch's
-    import) is no failure: the stubs start their ranks cold, and the state says why."""
+    import), or CUDA's driver loaded by it, is no failure: the stubs start their ranks cold,
+    and the state says why."""
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    plan, out = waiting_plan(tmp_path, "threaded")
+    (tmp_path / "fakecuda.py").write_text(FAKE_CUDA)
+    plan, out = waiting_plan(tmp_path, preload)
     result = launch(plan, tick_s=0.2)
     state = result.zygote
     assert result.exit_code == 0 and state is not None and state.error is None, state
     assert (state.used, state.forked, state.exit_code) == (False, 0, 3), state
-    assert state.not_used is not None and "threads alive" in state.not_used, state
+    assert state.not_used is not None and why in state.not_used, state
     assert state.hash_seed == "per-rank-random"
     assert noted(out) == ["False", "False"]
     assert not result.leftovers

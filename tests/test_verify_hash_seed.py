@@ -132,3 +132,41 @@ def test_a_cold_start_does_not_require_the_limitation(tmp_path, monkeypatch) -> 
     assert not any(line.startswith("hash-seed: ") for line in receipt(out)["limitations"])
     result = verify_bundle(out)
     assert result.ok, result.problems
+
+
+def _two_nodes(bundle: Path, node1_zygote: dict[str, Any] | None) -> None:
+    """The bundle as if its rank 1 ran on a second node, whose marker carries `node1_zygote`."""
+    path = bundle / "records" / "rank-01.json"
+    data = json.loads(path.read_text())
+    data.update(node_rank=1, local_rank=0)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+    def edit(receipt: dict[str, Any]) -> None:
+        receipt["files"]["records/rank-01.json"] = sha256_file(path)
+        receipt["geometry"].update(nnodes=2, nproc_per_node=1)
+        zygote = receipt["run"]["extra"]["launch"]["zygote"]
+        zygote.update(forked=1)
+        marker = {"nnodes": 2, "rdzv_endpoint": "node0:29500", "state": "finished"}
+        receipt["run"]["extra"]["nodes"] = {
+            "0": {**marker, "node_rank": 0, "zygote": zygote},
+            "1": {**marker, "node_rank": 1, "zygote": node1_zygote},
+        }
+
+    forge(bundle, edit)
+
+
+def test_another_nodes_forked_ranks_need_that_nodes_zygote_in_the_receipt(
+    forked_bundle: Path, tmp_path: Path
+) -> None:
+    """Node 0's launch speaks for node 0: a second node's forked ranks are held to the zygote
+    its marker names, and the limitation counts the ranks of every node's zygote."""
+    said = "node 1's zygote: used, shared-random seed is False"
+    bundle = _copy(forked_bundle, tmp_path)
+    _two_nodes(bundle, None)
+    assert said in " ".join(verify_bundle(bundle).problems)
+    node1 = receipt(bundle)["run"]["extra"]["launch"]["zygote"]
+    again = tmp_path / "again"
+    shutil.copytree(forked_bundle, again, symlinks=True)
+    _two_nodes(again, node1)
+    problems = " ".join(verify_bundle(again).problems)
+    assert "node 1's zygote" not in problems and "'hash-seed'" not in problems, problems

@@ -19,7 +19,7 @@ import pytest
 
 from harness.rank import parentage
 from harness.rank.forkwire import SOCKET_ENV, ZYGOTE_PID_ENV, refusal_path
-from harness.rank.zygote import FORKED_LINE, READY_LINE
+from harness.rank.zygotelog import Forked, Ready, read_events
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,6 +40,20 @@ if mode == "exit":
     sys.exit(int(sys.argv[3]))
 if mode == "signal":
     os.kill(os.getpid(), signal.SIGKILL)
+if mode == "interrupt":  # what an uncaught Ctrl-C does, after the interpreter's atexit
+    import atexit
+    atexit.register(note, "atexit ran")
+    raise KeyboardInterrupt
+if mode == "warned":  # its import warns in a cold rank
+    import warnmod
+    sys.exit(0)
+if mode == "startup":  # what the interpreter's start decided, as the rank sees it
+    import __main__, multiprocessing
+    from harness.rank.parentage import parentage
+    note(repr((sys.orig_argv, sys.executable, sys.argv[0], __main__.__dict__.get("__file__"),
+               "Zygote" in vars(__main__), multiprocessing.current_process().authkey.hex(),
+               parentage().forked)))
+    sys.exit(0)
 if mode == "term":
     def on_term(signum, frame):
         note("got SIGTERM")
@@ -62,21 +76,29 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+# A module whose import warns, as torch's import may: a cold rank prints that on its stderr.
+WARNMOD = "import warnings\nwarnings.warn('warnmod was imported', UserWarning)\n"
+PRELOADED = "json,multiprocessing,warnmod"
+
+
 @pytest.fixture
 def zygote(tmp_path: Path):
-    """A zygote preloading only `json` (the protocol does not need torch), its socket, its log."""
+    """A zygote preloading only what PRELOADED names (the protocol does not need torch), its
+    socket, its log."""
     sock = tmp_path / "z.sock"
     log = tmp_path / "zygote.log"
+    (tmp_path / "warnmod.py").write_text(WARNMOD)
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "harness.rank.zygote", str(sock), "json"],
+            [sys.executable, "-u", "-m", "harness.rank.zygote", str(sock), PRELOADED],
+            cwd=tmp_path,
             env=_env(),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     deadline = time.monotonic() + 60
-    while READY_LINE not in log.read_text():
+    while not any(isinstance(e, Ready) for e in read_events(log.read_bytes())):
         assert proc.poll() is None, log.read_text()
         assert time.monotonic() < deadline, "zygote not ready"
         time.sleep(0.05)
@@ -88,13 +110,19 @@ def zygote(tmp_path: Path):
 
 
 def _stub(
-    tmp_path: Path, sock: Path, zproc, *args: str, session: bool = False, **env: str
+    tmp_path: Path,
+    sock: Path,
+    zproc,
+    *args: str,
+    session: bool = False,
+    options: tuple[str, ...] = ("-u",),
+    **env: str,
 ) -> subprocess.Popen[bytes]:
-    """A stub as torchrun starts it (`session`: in its own session, as torchrun does); its
-    stderr goes to `stub.err`."""
+    """A stub as torchrun starts it (`session`: in its own session, as torchrun does; `options`:
+    its interpreter's, torchrun's `-u`); its stderr goes to `stub.err`."""
     with (tmp_path / "stub.err").open("wb") as err:
         return subprocess.Popen(
-            [sys.executable, "-u", "-m", "harness.rank.forkstub", "--", "-m", "rankmod", *args],
+            [sys.executable, *options, "-m", "harness.rank.forkstub", "--", "-m", "rankmod", *args],
             cwd=tmp_path,
             env=_env(**{SOCKET_ENV: str(sock), ZYGOTE_PID_ENV: str(zproc.pid)}, **env),
             stdout=subprocess.DEVNULL,
@@ -157,9 +185,8 @@ def test_the_stub_exits_with_the_ranks_code_and_the_rank_has_the_stubs_world(tmp
     assert (agent, stub_pid, zygote_parent) == (os.getpid(), stub.pid, True)
     assert pid != stub.pid
     assert own_session
-    assert (
-        f"{FORKED_LINE} pid {pid} for stub {stub.pid} rank" in (tmp_path / "zygote.log").read_text()
-    )
+    events = read_events((tmp_path / "zygote.log").read_bytes())
+    assert [(e.pid, e.stub) for e in events if isinstance(e, Forked)] == [(pid, stub.pid)]
 
 
 def test_the_zygote_logs_each_ranks_fork_and_reaping_for_the_launcher(tmp_path, zygote):
@@ -176,6 +203,83 @@ def test_the_zygote_logs_each_ranks_fork_and_reaping_for_the_launcher(tmp_path, 
     while not run.reaped() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert run.reaped() == {(3, pid)}
+
+
+def _cold(tmp_path: Path, *args: str) -> int:
+    """The rank's module run as torchrun would run it without a zygote: its exit status."""
+    return subprocess.run(
+        [sys.executable, "-u", "-m", "rankmod", *args], cwd=tmp_path, env=_env(), timeout=60
+    ).returncode
+
+
+def test_an_uncaught_keyboardinterrupt_ends_the_rank_by_sigint_as_it_ends_a_cold_one(
+    tmp_path, zygote
+):
+    zproc, sock = zygote
+    out = tmp_path / "interrupted"
+    stub = _stub(tmp_path, sock, zproc, "interrupt", str(out))
+    assert stub.wait(30) == -signal.SIGINT, (tmp_path / "stub.err").read_text()
+    assert out.read_text() == "atexit ran"
+    assert "KeyboardInterrupt" in (tmp_path / "stub.err").read_text()
+    out.unlink()
+    assert _cold(tmp_path, "interrupt", str(out)) == -signal.SIGINT  # what the stub matches
+    assert out.read_text() == "atexit ran"
+
+
+def test_what_the_preload_warned_is_on_each_forked_ranks_stderr_as_on_a_cold_ones(tmp_path, zygote):
+    zproc, sock = zygote
+    err = tmp_path / "stub.err"
+    for _ in range(2):
+        assert _stub(tmp_path, sock, zproc, "warned", str(tmp_path / "x")).wait(30) == 0
+        assert err.read_text().count("UserWarning: warnmod was imported") == 1, err.read_text()
+    cold = subprocess.run(
+        [sys.executable, "-u", "-m", "rankmod", "warned", "x"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cold.stderr == err.read_text()
+
+
+def test_a_forked_rank_has_its_own_startup_argv_main_and_authkey(tmp_path, zygote):
+    """sys.orig_argv, sys.executable, __main__ as a cold `python -u -m rankmod` has them, and a
+    multiprocessing authkey of its own (the zygote's was drawn once, at its import)."""
+    zproc, sock = zygote
+    seen = []
+    for n in range(2):
+        out = tmp_path / f"forked{n}"
+        assert _stub(tmp_path, sock, zproc, "startup", str(out)).wait(30) == 0
+        seen.append(eval(out.read_text()))
+    out = tmp_path / "cold"
+    assert _cold(tmp_path, "startup", str(out)) == 0
+    cold = eval(out.read_text())
+    for n, forked in enumerate(seen):
+        orig_argv, executable, argv0, main_file, zygotes_main, _key, was_forked = forked
+        assert was_forked, "the rank was not forked: nothing to compare"
+        assert orig_argv == [*cold[0][:-1], str(tmp_path / f"forked{n}")]
+        assert (executable, argv0, main_file, zygotes_main) == (*cold[1:4], False)
+    assert seen[0][5] != seen[1][5], "two forked ranks share one multiprocessing authkey"
+
+
+def test_a_rank_whose_interpreter_would_start_otherwise_is_started_cold(tmp_path, zygote):
+    """`-X dev` (an option, and sys.flags.dev_mode) cannot be given to a forked rank: the
+    zygote says why and the stub starts the rank's own interpreter."""
+    from harness.rank.zygotelog import SentCold
+
+    zproc, sock = zygote
+    out = tmp_path / "seen"
+    stub = _stub(tmp_path, sock, zproc, "startup", str(out), options=("-u", "-X", "dev"))
+    assert stub.wait(60) == 0, (tmp_path / "stub.err").read_text()
+    orig_argv, *_, was_forked = eval(out.read_text())
+    assert not was_forked
+    assert orig_argv[1:5] == ["-u", "-X", "dev", "-m"]
+    said = [
+        e for e in read_events((tmp_path / "zygote.log").read_bytes()) if isinstance(e, SentCold)
+    ]
+    assert [e.stub for e in said] == [stub.pid]
+    assert "sys.options" in said[0].reason and "dev_mode" in said[0].reason
 
 
 def test_a_rank_killed_by_a_signal_kills_its_stub_with_the_same_signal(tmp_path, zygote):
@@ -323,9 +427,10 @@ def test_a_stale_refusal_note_does_not_send_the_ranks_cold(tmp_path):
     sock = tmp_path / "z.sock"
     note = Path(refusal_path(str(sock)))
     note.write_text(f"pid {os.getpid()}\ncannot fork ranks after the preload: STALE\n")
+    path = f"{tmp_path}{os.pathsep}{REPO}"
     zproc = subprocess.Popen(
-        [sys.executable, "-m", "harness.rank.zygote", str(sock), "slowmod"],
-        env=_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}"),
+        [sys.executable, "-u", "-m", "harness.rank.zygote", str(sock), "slowmod"],
+        env=_env(PYTHONPATH=path),
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
@@ -333,7 +438,7 @@ def test_a_stale_refusal_note_does_not_send_the_ranks_cold(tmp_path):
         stub = subprocess.Popen(  # at once: the zygote is still preloading
             [sys.executable, "-u", "-m", "harness.rank.forkstub", "--", "-m", "where"],
             cwd=tmp_path,
-            env=_env(**{SOCKET_ENV: str(sock), ZYGOTE_PID_ENV: str(zproc.pid)}),
+            env=_env(**{SOCKET_ENV: str(sock), ZYGOTE_PID_ENV: str(zproc.pid)}, PYTHONPATH=path),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -345,6 +450,51 @@ def test_a_stale_refusal_note_does_not_send_the_ranks_cold(tmp_path):
     finally:
         zproc.kill()
         zproc.wait()
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (its SigCgt mask)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_before_the_zygote_is_ready_ends_the_stub_as_it_would_a_cold_rank(tmp_path, sig):
+    """A cold rank still importing torch dies of torchrun's SIGTERM (or Ctrl-C) at once; the
+    stub of a zygote still preloading does the same, and no rank is forked for it later."""
+    (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(4)\n")
+    (tmp_path / "rankmod.py").write_text(RANK)
+    sock = tmp_path / "z.sock"
+    log = tmp_path / "zygote.log"
+    with log.open("wb") as out:
+        zproc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "harness.rank.zygote", str(sock), "slowmod"],
+            cwd=tmp_path,
+            env=_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        stub = _stub(tmp_path, sock, zproc, "sleep", str(tmp_path / "pid"))
+        deadline = time.monotonic() + 30
+        while not _catches(stub.pid, signal.SIGUSR1):  # its handlers are in: it waits
+            assert stub.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not sock.exists(), "the zygote was ready too soon for this test"
+        stub.send_signal(sig)
+        assert stub.wait(2) == -sig
+        deadline = time.monotonic() + 30
+        while not any(isinstance(e, Ready) for e in read_events(log.read_bytes())):
+            assert zproc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        time.sleep(0.3)
+    finally:
+        zproc.kill()
+        zproc.wait()
+    assert not any(isinstance(e, Forked) for e in read_events(log.read_bytes()))
 
 
 def test_the_stub_imports_only_the_standard_library():

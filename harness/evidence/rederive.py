@@ -127,6 +127,7 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
     yield r, "transports", receipt.transports, facts.transports
     yield r, "selection", dump(receipt.selection), dump(facts.selection)
     yield from _launch_facts(receipt, rank_files)
+    yield from _node_zygote_facts(receipt, rank_files)
     yield from _ending_facts(receipt, rank_files, dump)
     yield r, "failures", receipt.failures, stated_reasons  # last: it sums up the facts above
 
@@ -176,6 +177,29 @@ def _launch_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[str
         x.start is not None and x.start.forked for x in rank_files.records.values()
     ):
         yield RECEIPT_NAME, "run.extra.launch.zygote.used", zygote.used, True
+
+
+def _node_zygote_facts(
+    receipt: Receipt, rank_files: RankFiles
+) -> Iterator[tuple[str, str, Any, Any]]:
+    """Multi-node: each node whose ranks say they were forked with a random string-hash seed
+    has its zygote's use in the receipt (node 0's launch, the other nodes' markers), so the
+    `hash-seed` limitation cannot be dropped by leaving another node's zygote out."""
+    if receipt.geometry.nnodes == 1:
+        return
+    launch = receipt.run.extra.launch
+    zygotes = rules.node_zygotes(None if launch is None else launch.zygote, receipt.run.extra.nodes)
+    forked_on = sorted(
+        {
+            x.node_rank
+            for x in rank_files.records.values()
+            if x.start is not None and x.start.forked and not x.start.hash_seed_fixed
+        }
+    )
+    for node in forked_on:
+        zygote = zygotes.get(node)
+        claimed = zygote is not None and zygote.used and zygote.hash_seed == "shared-random"
+        yield RECEIPT_NAME, f"node {node}'s zygote: used, shared-random seed", claimed, True
 
 
 def _ending_facts(

@@ -18,11 +18,12 @@ check that a receipt's verdict, status and limitations follow from its own facts
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from harness.schema.base import Limitation
 from harness.schema.image import Image
-from harness.schema.launch import Interruption, ZygoteState
+from harness.schema.launch import Interruption, NodeState, ZygoteState
 from harness.schema.receipt import (
     Capture,
     Coverage,
@@ -197,10 +198,12 @@ def required_limitations(
     sources: dict[str, Source],
     selection: Selection | None = None,
     zygote: ZygoteState | None = None,
+    nodes: Mapping[str, NodeState | None] | None = None,
 ) -> dict[str, str]:
     """{key: text} for every path that did not run; verify checks that each key is listed.
-    `zygote`: how the launch says its ranks started (None: torchrun started each)."""
-    out: dict[str, str] = hash_seed_limitation(zygote)
+    `zygote`: how the launch says its ranks started (None: torchrun started each); `nodes`:
+    every node's marker in a multi-node run, which says the same of that node."""
+    out: dict[str, str] = hash_seed_limitation(zygote, nodes)
     if narrowed := narrowing(selection):
         out["selection"] = (
             "the run selected less than the suites hold, so it qualifies only what ran: "
@@ -266,14 +269,40 @@ def required_limitations(
     return out
 
 
-def hash_seed_limitation(zygote: ZygoteState | None) -> dict[str, str]:
-    """{key: text} where ranks were forked from one zygote and share its random string-hash
-    seed, where ranks torchrun starts itself would each draw their own."""
-    if zygote is None or not zygote.used or zygote.hash_seed != "shared-random":
+def node_zygotes(
+    zygote: ZygoteState | None, nodes: Mapping[str, NodeState | None] | None
+) -> dict[int, ZygoteState | None]:
+    """{node rank: its zygote's state} as far as the receipt knows: node 0's from its launch,
+    every other node's from its marker (None: no zygote, or a marker that does not say)."""
+    known: dict[int, ZygoteState | None] = {0: zygote}
+    for key, marker in (nodes or {}).items():
+        if marker is not None and marker.node_rank != 0 and key.isdigit():
+            known[marker.node_rank] = marker.zygote
+    return known
+
+
+def hash_seed_limitation(
+    zygote: ZygoteState | None, nodes: Mapping[str, NodeState | None] | None = None
+) -> dict[str, str]:
+    """{key: text} where ranks were forked from a zygote and share its random string-hash seed,
+    where ranks torchrun starts itself would each draw their own: on any node whose state the
+    receipt holds (node 0's launch, the other nodes' markers)."""
+    shared = {
+        k: z
+        for k, z in sorted(node_zygotes(zygote, nodes).items())
+        if z is not None and z.used and z.hash_seed == "shared-random"
+    }
+    if not shared:
         return {}
+    forked = sum(z.forked for z in shared.values())
+    where = (
+        "one preloaded interpreter" if len(shared) == 1 else "their node's preloaded interpreter"
+    )
+    if nodes:
+        where += f" (node(s) {', '.join(str(k) for k in shared)})"
     return {
         "hash-seed": (
-            f"{zygote.forked} rank(s) were forked from one preloaded interpreter and share its "
+            f"{forked} rank(s) were forked from {where} and share its "
             "random string-hash seed, where ranks torchrun starts itself each draw their own "
             "(PYTHONHASHSEED unset): a divergence between ranks through the iteration order of "
             "sets of strings was not exercised"

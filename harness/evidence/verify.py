@@ -254,6 +254,7 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
         sources=receipt.sources,
         selection=receipt.selection,
         zygote=None if receipt.run.extra.launch is None else receipt.run.extra.launch.zygote,
+        nodes=receipt.run.extra.nodes,
     )
     for key in rules.missing_limitations(receipt.limitation_keys(), required):
         problems.append(f"{RECEIPT_NAME}: limitations do not name '{key}': {required[key]}")

@@ -242,6 +242,7 @@ def assemble_receipt(
             sources=sources,
             selection=facts.selection,
             zygote=None if ctx.extra.launch is None else ctx.extra.launch.zygote,
+            nodes=ctx.extra.nodes,
         ),
         rules.advisory_limitations(
             sources=sources,

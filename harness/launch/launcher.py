@@ -431,6 +431,12 @@ def _finish(
         _say(sys.stderr, f"dcpqual run: error: {zygote_error}")
     elif result.zygote is not None and result.zygote.not_used is not None:
         _say(stream, f"dcpqual run: ranks started cold, not forked: {result.zygote.not_used}")
+    elif result.zygote is not None and result.zygote.sent_cold:
+        _say(
+            stream,
+            f"dcpqual run: {result.zygote.sent_cold} rank(s) started cold, not forked: "
+            f"{result.zygote.sent_cold_why}",
+        )
     if options.node_rank != 0:
         code = _follow_node0(stream, out_dir, result)
         return code or (1 if zygote_error else 0)

@@ -55,6 +55,7 @@ def finished_marker(started: NodeState, launch: Launch) -> NodeState:
             "exit_code": launch.exit_code,
             "timed_out": launch.timed_out,
             "finished_at": launch.finished_at,
+            "zygote": launch.zygote,
         }
     )
 

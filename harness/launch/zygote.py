@@ -22,7 +22,8 @@ from pathlib import Path
 from harness.launch.plan import ZygotePlan
 from harness.launch.proctree import end_launch_root, start_launch_root
 from harness.rank.forkwire import ZYGOTE_PID_ENV, clear_stale, read_refusal
-from harness.rank.zygote import EXIT_REFUSED, FORKED_LINE, READY_LINE, REAPED_LINE
+from harness.rank.zygote import EXIT_REFUSED
+from harness.rank.zygotelog import Event, Forked, Ready, Reaped, SentCold, read_events
 from harness.schema.launch import HashSeedMode, ZygoteState
 
 STOP_GRACE_S = 5.0
@@ -107,27 +108,23 @@ class ZygoteRun:
                     self.refused = note.reason
         return self.refused
 
-    def _log_lines(self, start: str) -> int:
-        with contextlib.suppress(OSError), self.log.open("rb") as log:
-            return sum(1 for line in log if line.startswith(start.encode()))
-        return 0
+    def events(self) -> list[Event]:
+        """What the zygote has logged so far."""
+        with contextlib.suppress(OSError):
+            return read_events(self.log.read_bytes())
+        return []
 
     def reaped(self) -> set[tuple[int, int]]:
         """(rank, pid) of each rank the zygote has forked and reaped, from its log read to its
         end (a pid forked again after its reaping is not in it)."""
         rank_of: dict[int, int] = {}
         gone: set[tuple[int, int]] = set()
-        forked, reaped = FORKED_LINE.encode(), REAPED_LINE.encode()
-        with contextlib.suppress(OSError), self.log.open("rb") as log:
-            for line in log:
-                words = line.split()
-                with contextlib.suppress(IndexError, ValueError):
-                    if line.startswith(forked):  # ... forked pid N for stub M rank R
-                        pid = int(words[4])
-                        rank_of[pid] = int(words[-1])
-                        gone -= {(r, p) for r, p in gone if p == pid}
-                    elif line.startswith(reaped) and (pid := int(words[4])) in rank_of:
-                        gone.add((rank_of[pid], pid))
+        for event in self.events():
+            if isinstance(event, Forked) and event.rank is not None:
+                rank_of[event.pid] = event.rank
+                gone = {(r, p) for r, p in gone if p != event.pid}
+            elif isinstance(event, Reaped) and event.pid in rank_of:
+                gone.add((rank_of[event.pid], event.pid))
         return gone
 
     def hash_seed(self, used: bool) -> HashSeedMode:
@@ -152,18 +149,22 @@ class ZygoteRun:
         clear_stale(str(self.plan.socket))
 
     def state(self) -> ZygoteState:
-        forked = self._log_lines(FORKED_LINE)
+        events = self.events()
+        forked = sum(isinstance(e, Forked) for e in events)
+        cold = [e.reason for e in events if isinstance(e, SentCold)]
         refusal = self.refusal()
         not_used = None
         if not forked:
-            not_used = refusal or self.error or "no rank asked it for a fork"
+            not_used = refusal or self.error or (cold[0] if cold else "no rank asked it for a fork")
         return ZygoteState(
             pid=self.pid or 0,
-            ready=self._log_lines(READY_LINE) > 0,
+            ready=any(isinstance(e, Ready) for e in events),
             exit_code=None if self.proc is None else self.proc.returncode,
             error=self.error,
             used=forked > 0,
             forked=forked,
             not_used=not_used,
+            sent_cold=len(cold),
+            sent_cold_why=cold[0] if cold else None,
             hash_seed=self.hash_seed(forked > 0),
         )

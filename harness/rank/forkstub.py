@@ -4,6 +4,8 @@ argv, cwd, environment and descriptors 0/1/2, then stands for it towards torchru
 
 - SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1/2 are forwarded to the rank's process group (the
   rank leads its own), as torchrun's killpg of a cold rank reaches its helper processes too;
+  one that comes before the stub asked for its rank (the zygote still preloading) ends the stub
+  at once with the signal's default action, as it would have ended a cold rank still starting;
 - it exits with the rank's exit code, or dies of the rank's signal, so torchrun sees what it
   would have seen from the rank itself (its error file comes through the rank's environment);
 - if the stub dies (torchrun SIGKILLs it after its shutdown timeout), the zygote SIGKILLs the
@@ -11,8 +13,10 @@ argv, cwd, environment and descriptors 0/1/2, then stands for it towards torchru
 - if the zygote dies first, the rank cannot be reaped: the stub says so in one line, ends the
   rank (SIGTERM, then SIGKILL) and exits 1;
 - if the zygote refused to fork at all (a thread alive after its preload, which it writes next
-  to its socket before it exits), the stub becomes the rank: it execs the interpreter with the
-  rank's argv, the ordinary cold start torchrun would have made.
+  to its socket before it exits), or will not fork this rank (its interpreter would have started
+  differently from the zygote's: other options, flags or sys.path), the stub becomes the rank:
+  it execs the interpreter with the rank's argv, the ordinary cold start torchrun would have
+  made.
 
 Standard library only (`-X importtime` shows no third-party module): 16 of these start at once.
 """
@@ -32,7 +36,9 @@ from harness.rank.forkwire import (
     ZYGOTE_PID_ENV,
     Replies,
     Request,
+    Startup,
     WireError,
+    interpreter_options,
     read_refusal,
     send_request,
     signal_rank,
@@ -99,16 +105,22 @@ def connect(path: str, wait_s: float, zygote_pid: int | None = None) -> socket.s
             time.sleep(0.05)
 
 
+def _options() -> list[str]:
+    """This stub's own interpreter options (torchrun's `-u`): the rank's."""
+    options = interpreter_options(list(sys.orig_argv), MODULE)
+    return ["-u"] if options is None else options
+
+
 def cold_argv(argv: list[str]) -> list[str]:
     """The interpreter command torchrun would have run for the rank: this interpreter with this
-    stub's own interpreter options (torchrun's `-u`), then the rank's argv."""
-    orig = list(sys.orig_argv)
-    options = ["-u"]
-    for i in range(1, len(orig) - 1):
-        if orig[i] == "-m" and orig[i + 1] == MODULE:
-            options = orig[1:i]
-            break
-    return [sys.executable, *options, *argv]
+    stub's own interpreter options, then the rank's argv."""
+    return [sys.executable, *_options(), *argv]
+
+
+def rank_startup(argv: list[str]) -> Startup:
+    """The rank's interpreter as torchrun would have started it: this stub's, its `-m` ours."""
+    first = sys.orig_argv[0] if sys.orig_argv else sys.executable
+    return Startup.here([first, *_options(), *argv], _options())
 
 
 def become_the_rank(argv: list[str]) -> None:
@@ -125,19 +137,38 @@ def become_the_rank(argv: list[str]) -> None:
         os._exit(EXIT_ZYGOTE_LOST)
 
 
+def die_of(signum: int) -> None:
+    """End this process with `signum`'s default action, as it would end a cold rank."""
+    with contextlib.suppress(OSError, ValueError):  # SIGKILL's disposition is fixed
+        signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # a signal whose default action is not to end the process
+
+
 class _Child:
-    """The forked rank as the stub knows it; signals that come before its pid are held."""
+    """The forked rank as the stub knows it. A signal before the stub asked for it ends the
+    stub (the rank has not begun); one between the request and its pid is held."""
 
     def __init__(self) -> None:
+        self.asked = False
         self.pid: int | None = None
         self.pidfd: int | None = None
         self.pending: list[int] = []
 
     def on_signal(self, signum: int, frame: object) -> None:
-        if self.pid is None:
+        if not self.asked:
+            die_of(signum)
+        elif self.pid is None:
             self.pending.append(signum)
         else:
             self.kill(signum)
+
+    def not_forked(self) -> None:
+        """The zygote will not fork it: a held signal ends the stub before its rank begins."""
+        self.asked = False
+        for signum in self.pending:
+            die_of(signum)
 
     def adopt(self, pid: int) -> None:
         self.pid = pid
@@ -166,12 +197,7 @@ class _Child:
 def exit_like(status: int) -> None:
     """Leave as the child did: the same exit code, or death by the same signal."""
     if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        with contextlib.suppress(OSError, ValueError):  # SIGKILL's disposition is fixed
-            signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
-        os.kill(os.getpid(), sig)
-        os._exit(128 + sig)  # a signal that does not kill (it was ignored before the fork)
+        die_of(os.WTERMSIG(status))
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
 
 
@@ -192,9 +218,6 @@ def main(argv: list[str]) -> None:
         _say(f"cannot reach the rank zygote at {path}: {exc}")
         os._exit(EXIT_ZYGOTE_LOST)
     if sock is None:
-        for signum in child.pending:  # torchrun stopped the job before the rank began
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
         become_the_rank(argv)
         return
     request = Request(
@@ -203,9 +226,11 @@ def main(argv: list[str]) -> None:
         env=dict(os.environ),
         stub_pid=os.getpid(),
         agent_pid=os.getppid(),
+        startup=rank_startup(argv),
     )
     replies = Replies(sock)
     try:
+        child.asked = True  # a signal from here on is held for the rank
         send_request(sock, request)
         while True:
             reply = replies.next()
@@ -214,6 +239,11 @@ def main(argv: list[str]) -> None:
             if "error" in reply:
                 _say(f"the rank zygote refused to fork this rank: {reply['error']}")
                 os._exit(EXIT_ZYGOTE_LOST)
+            if "cold" in reply:
+                sock.close()
+                child.not_forked()
+                become_the_rank(argv)
+                return
             if "pid" in reply:
                 child.adopt(int(str(reply["pid"])))
             if "status" in reply:

@@ -5,10 +5,12 @@ Standard library only: the stub imports this and nothing heavier, so a rank's ow
 interpreter and a socket, not an `import torch`.
 
 Request (stub -> zygote): one byte carrying the stub's descriptors 0, 1 and 2 (SCM_RIGHTS), then
-a length-prefixed JSON object {argv, cwd, env, stub_pid, agent_pid} (the stub's parent: the
-torchrun agent). Replies (zygote -> stub): JSON lines,
-{"pid": N} once the child is forked, then {"status": W} (its raw wait status) when the zygote
-has reaped it; {"error": TEXT} instead when the zygote cannot fork it.
+a length-prefixed JSON object {argv, cwd, env, stub_pid, agent_pid, startup} (the stub's parent:
+the torchrun agent; `startup`: what the rank's interpreter would have been started as).
+Replies (zygote -> stub): JSON lines, {"pid": N} once the child is forked, then {"status": W}
+(its raw wait status) when the zygote has reaped it; {"error": TEXT} instead when the zygote
+cannot fork it, or {"cold": TEXT} when it will not because the forked rank would differ from a
+cold one (the stub then starts the rank's interpreter itself).
 
 Both ends signal the forked rank the same way (`signal_rank`): its process group, as torchrun's
 `killpg` of a cold rank reaches the helper processes it started.
@@ -22,7 +24,8 @@ import os
 import signal
 import socket
 import struct
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 
 # Environment variables the launcher sets for the stubs (and so for the ranks).
 SOCKET_ENV = "DCPQUAL_ZYGOTE_SOCKET"
@@ -35,16 +38,104 @@ class WireError(RuntimeError):
     """The other side broke the protocol or went away mid-message."""
 
 
+def interpreter_options(orig_argv: list[str], module: str) -> list[str] | None:
+    """The interpreter options in `orig_argv` before `-m module` (None: not started so)."""
+    for i in range(1, len(orig_argv) - 1):
+        if orig_argv[i] == "-m" and orig_argv[i + 1] == module:
+            return orig_argv[1:i]
+    return None
+
+
+def _shown(value: object) -> str:
+    return repr(list(value)) if isinstance(value, tuple) else repr(value)
+
+
+@dataclass(frozen=True)
+class Startup:
+    """What an interpreter took from its command line and environment when it started, which
+    nothing can change later: a forked rank has its zygote's, so the zygote forks a rank only
+    where the rank's own would be the same. `orig_argv` and `executable` are the rank's own
+    (set in the forked child); the rest are compared."""
+
+    orig_argv: tuple[str, ...] = ()
+    executable: str = ""
+    options: tuple[str, ...] = ()  # between the interpreter and `-m`: -u, -X, -W, -O, ...
+    flags: tuple[int, ...] = ()  # sys.flags (the options and the PYTHON* variables)
+    warnoptions: tuple[str, ...] = ()
+    path: tuple[str, ...] = ()  # sys.path after its first entry (the working directory)
+
+    @classmethod
+    def here(cls, orig_argv: list[str], options: list[str]) -> Startup:
+        """This interpreter's, with the given argv and options."""
+        return cls(
+            orig_argv=tuple(orig_argv),
+            executable=sys.executable,
+            options=tuple(options),
+            flags=tuple(int(x) for x in sys.flags),
+            warnoptions=tuple(sys.warnoptions),
+            path=tuple(sys.path[1:]),
+        )
+
+    def differences(self, zygote: Startup) -> list[str]:
+        """What a rank started as `self` would see differently forked from a zygote started as
+        `zygote`: one phrase each, empty where nothing differs."""
+        said = []
+        for name in ("executable", "options", "warnoptions", "path"):
+            mine, theirs = getattr(self, name), getattr(zygote, name)
+            if mine != theirs:
+                said.append(f"sys.{name} {_shown(mine)}, the zygote's {_shown(theirs)}")
+        names = getattr(type(sys.flags), "__match_args__", ())
+        for i, (mine, theirs) in enumerate(zip(self.flags, zygote.flags, strict=False)):
+            if mine != theirs:
+                name = names[i] if i < len(names) else str(i)
+                said.append(f"sys.flags.{name} {mine}, the zygote's {theirs}")
+        if len(self.flags) != len(zygote.flags):
+            said.append(f"{len(self.flags)} sys.flags, the zygote's {len(zygote.flags)}")
+        return said
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "orig_argv": list(self.orig_argv),
+            "executable": self.executable,
+            "options": list(self.options),
+            "flags": list(self.flags),
+            "warnoptions": list(self.warnoptions),
+            "path": list(self.path),
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, object]) -> Startup:
+        def strings(key: str) -> tuple[str, ...]:
+            value = raw[key]
+            if not isinstance(value, list):
+                raise TypeError(f"startup.{key} is not a list")
+            return tuple(str(x) for x in value)
+
+        flags = raw["flags"]
+        if not isinstance(flags, list):
+            raise TypeError("startup.flags is not a list")
+        return cls(
+            orig_argv=strings("orig_argv"),
+            executable=str(raw["executable"]),
+            options=strings("options"),
+            flags=tuple(int(x) for x in flags),
+            warnoptions=strings("warnoptions"),
+            path=strings("path"),
+        )
+
+
 @dataclass(frozen=True)
 class Request:
-    """What a rank would have been started with: its argv after the interpreter, cwd, env;
-    and who stands above it: the stub and the stub's parent, the torchrun agent."""
+    """What a rank would have been started with: its argv after the interpreter, cwd, env,
+    its interpreter's startup; and who stands above it: the stub and the stub's parent, the
+    torchrun agent."""
 
     argv: tuple[str, ...]
     cwd: str
     env: dict[str, str]
     stub_pid: int
     agent_pid: int
+    startup: Startup = field(default_factory=Startup)
 
 
 def send_request(sock: socket.socket, request: Request, fds: tuple[int, ...] = (0, 1, 2)) -> None:
@@ -55,6 +146,7 @@ def send_request(sock: socket.socket, request: Request, fds: tuple[int, ...] = (
             "env": request.env,
             "stub_pid": request.stub_pid,
             "agent_pid": request.agent_pid,
+            "startup": request.startup.to_json(),
         }
     ).encode()
     socket.send_fds(sock, [b"R"], list(fds))
@@ -90,6 +182,7 @@ def recv_request(sock: socket.socket) -> tuple[Request, list[int]]:
             env={str(k): str(v) for k, v in raw["env"].items()},
             stub_pid=int(raw["stub_pid"]),
             agent_pid=int(raw["agent_pid"]),
+            startup=Startup.from_json(raw["startup"]),
         )
     except (WireError, ValueError, KeyError, TypeError, AttributeError) as exc:
         for fd in fds:

@@ -8,19 +8,25 @@ which hands the zygote its argv, cwd, environment and descriptors 0/1/2 and stan
 towards torchrun (signals, exit status).
 
 What a forked rank gets is what `python -m pytest` would have had: the stub's environment (as
-`os.environ`), descriptors, cwd, `sys.argv` and `sys.path[0]`, its own session, default signal
-dispositions, torch's thread count from the `OMP_NUM_THREADS` torchrun set, the random modules
-reseeded; then pytest runs through `runpy` as `-m pytest` runs it. It also knows its torchrun
-agent and its stub (`harness.rank.parentage`): its parent is the zygote. What it cannot get: its
-own string-hash seed (one per interpreter: every forked rank shares the zygote's; the launcher
+`os.environ`), descriptors, cwd, `sys.argv`, `sys.orig_argv`, `sys.executable` and
+`sys.path[0]`, a fresh `__main__`, its own session, default signal dispositions, torch's thread
+count from the `OMP_NUM_THREADS` torchrun set, the random modules reseeded and its own
+multiprocessing authkey; then pytest runs as `-m pytest` runs it, and an uncaught
+KeyboardInterrupt ends it by SIGINT as it ends the interpreter. It also knows its torchrun agent
+and its stub (`harness.rank.parentage`): its parent is the zygote. What the interpreter fixed at
+its start (options, `sys.flags`, `sys.warnoptions`, `sys.path`) cannot change after it: a rank
+whose own would differ is not forked, its stub starts it cold. What it cannot get: its own
+string-hash seed (one per interpreter: every forked rank shares the zygote's; the launcher
 records that), and whatever torch read from the environment while it was imported (the launcher
 starts the zygote with the ranks' environment for what matters, e.g. OMP_NUM_THREADS).
 
 Nothing here initializes CUDA or a process group, and no thread runs when it forks (both are
 checked before every fork: a forked CUDA context or a thread's lock would be corrupt in the
-child). A zygote with a thread alive after its preload (a BLAS pool a user's OMP_NUM_THREADS
-started) forks nothing: it writes why next to its socket and exits, and every stub then starts
-its rank's interpreter itself, as torchrun would have. The zygote never ends a rank on its own
+child; CUDA counts as started once its driver library is loaded, which `is_available()` does
+without `is_initialized()` saying so). A zygote with a thread alive after its preload (a BLAS
+pool a user's OMP_NUM_THREADS started) or CUDA started by it forks nothing: it writes why next
+to its socket and exits, and every stub then starts its rank's interpreter itself, as torchrun
+would have. The zygote never ends a rank on its own
 except when the rank's stub is gone, which is what torchrun's SIGKILL of the rank's group would
 have been; its children outlive it otherwise, so the launcher's containment sees them as it
 sees any rank.
@@ -38,19 +44,24 @@ import socket
 import sys
 import threading
 import time
+import types
+import warnings
 from dataclasses import dataclass, field
 from typing import NoReturn
 
 from harness.rank import parentage
 from harness.rank.forkwire import (
     Request,
+    Startup,
     WireError,
     clear_stale,
+    interpreter_options,
     recv_request,
     send_reply,
     signal_rank,
     write_refusal,
 )
+from harness.rank.zygotelog import Forked, Ready, Reaped, Refused, SentCold, format_event
 
 # What every rank imports before its first test (its plugins' and the suites' conftests'
 # imports), never anything a rank imports only inside a test (torch._dynamo, vLLM: the capture
@@ -76,12 +87,10 @@ PRELOAD: tuple[str, ...] = (
 )
 # Signals the zygote's own ending listens to; blocked across fork so the child starts clean.
 _ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-READY_LINE = "dcpqual zygote: ready"
-FORKED_LINE = "dcpqual zygote: forked"  # one line per rank, so the launcher can say how many
-# One line per rank it reaped: the launcher's proof that a rank too short-lived for its process
-# scans to see has exited.
-REAPED_LINE = "dcpqual zygote: reaped"
-REFUSED_LINE = "dcpqual zygote: not forking"
+MODULE = "harness.rank.zygote"
+# The CUDA driver: the runtime loads it the first time CUDA is asked anything (is_available,
+# device_count), and from then on the process holds driver state a forked child cannot use.
+CUDA_DRIVER_LIBRARIES = ("libcuda.so",)
 
 
 class ForkRefused(RuntimeError):
@@ -95,6 +104,38 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
     return list(modules)
 
 
+class PreloadWarnings:
+    """The warnings the preload showed (in the zygote's log, as before), each as the
+    interpreter prints it: a cold rank prints them on its own stderr when its imports run, so
+    every forked rank prints them there when it starts. The filters are left alone (what the
+    imports set is the ranks')."""
+
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+        self._saved = warnings.showwarning
+
+    def __enter__(self) -> PreloadWarnings:
+        self._saved = warnings.showwarning
+        warnings.showwarning = self._show
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if warnings.showwarning == self._show:
+            warnings.showwarning = self._saved
+
+    def _show(
+        self,
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: object = None,
+        line: str | None = None,
+    ) -> None:
+        self.shown.append(warnings.formatwarning(message, category, filename, lineno, line))
+        self._saved(message, category, filename, lineno, file, line)  # type: ignore[arg-type]
+
+
 def _native_threads() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
@@ -102,17 +143,61 @@ def _native_threads() -> int:
         return threading.active_count()
 
 
+def loaded_libraries(names: tuple[str, ...], maps: str = "/proc/self/maps") -> list[str]:
+    """The files mapped into this process (`maps`) whose name is one of `names` or a version of
+    it (`libcuda.so.1`)."""
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    found = set()
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6:
+            continue
+        path = fields[5].removesuffix(" (deleted)")
+        base = os.path.basename(path)
+        if any(base == n or base.startswith(n + ".") for n in names):
+            found.add(path)
+    return sorted(found)
+
+
+def cuda_refusal(torch: object | None, maps: str = "/proc/self/maps") -> str | None:
+    """Why a child forked now could not use CUDA (None: CUDA never started here): torch says it
+    initialized CUDA, or the CUDA driver is loaded (which `torch.cuda.is_available()` and
+    `device_count()` do without `is_initialized()` turning true)."""
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and cuda.is_initialized():
+        return "CUDA is initialized in the zygote; a forked child cannot use it"
+    drivers = loaded_libraries(CUDA_DRIVER_LIBRARIES, maps)
+    if drivers:
+        return (
+            f"the CUDA driver is loaded in the zygote ({', '.join(drivers)}): something asked "
+            "CUDA about its devices during the preload, and a forked child cannot use the "
+            "driver state that left"
+        )
+    return None
+
+
 def fork_check() -> None:
-    """Raise ForkRefused unless forking is safe: one thread, CUDA never initialized."""
+    """Raise ForkRefused unless forking is safe: one thread, CUDA never started."""
     if threading.active_count() != 1 or _native_threads() != 1:
         raise ForkRefused(
             f"{_native_threads()} threads alive in the zygote ({threading.active_count()} "
             "Python), whose locks a forked child would inherit held (a BLAS thread pool "
             "started by the import where OMP_NUM_THREADS is not 1?)"
         )
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        raise ForkRefused("CUDA is initialized in the zygote; a forked child cannot use it")
+    reason = cuda_refusal(sys.modules.get("torch"))
+    if reason is not None:
+        raise ForkRefused(reason)
+
+
+def own_startup() -> Startup:
+    """This zygote's startup, as a rank's is compared with it (before the preload changes
+    anything)."""
+    options = interpreter_options(list(sys.orig_argv), MODULE)
+    return Startup.here(list(sys.orig_argv), [] if options is None else options)
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -141,6 +226,13 @@ def _adopt(request: Request, fds: list[int]) -> None:
     )
     os.chdir(request.cwd)
     sys.path[0] = os.getcwd()  # `python -m` puts the working directory first
+    if request.startup.orig_argv:
+        sys.orig_argv = list(request.startup.orig_argv)
+    if request.startup.executable:
+        sys.executable = request.startup.executable
+    fresh = types.ModuleType("__main__")  # the interpreter's own, not the zygote's script
+    fresh.__dict__["__builtins__"] = sys.modules["builtins"]
+    sys.modules["__main__"] = fresh
     threads = request.env.get("OMP_NUM_THREADS", "")
     torch = sys.modules.get("torch")
     if torch is not None and threads.isdigit() and int(threads) > 0:
@@ -151,10 +243,19 @@ def _adopt(request: Request, fds: list[int]) -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
+    process = sys.modules.get("multiprocessing.process")
+    if process is not None:  # drawn once per interpreter, at import: this one's own
+        process.current_process().authkey = os.urandom(32)
+
+
+# What `_run_module` returns for an uncaught KeyboardInterrupt: the interpreter then ends by
+# SIGINT (after its atexit), so its parent sees a death by SIGINT, not an exit code.
+INTERRUPTED = -signal.SIGINT
 
 
 def _run_module(argv: tuple[str, ...]) -> int:
-    """`python -m MODULE ARGS` in this process; returns the exit code the interpreter would."""
+    """`python -m MODULE ARGS` in this process; returns the exit code the interpreter would
+    (INTERRUPTED: it would die of SIGINT)."""
     import runpy
 
     if len(argv) < 2 or argv[0] != "-m":
@@ -162,20 +263,20 @@ def _run_module(argv: tuple[str, ...]) -> int:
         return 2
     sys.argv = [argv[1], *argv[2:]]  # runpy sets argv[0] to the module's file
     try:
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        # What `-m` runs: the module in the __main__ namespace, argv[0] its file.
+        runpy._run_module_as_main(argv[1], alter_argv=True)  # type: ignore[attr-defined]
     except SystemExit as exc:
         return _exit_code(exc)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        return 1
+    except BaseException as exc:
+        with contextlib.suppress(BaseException):
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+        return INTERRUPTED if isinstance(exc, KeyboardInterrupt) else 1
     return 0
 
 
 def _finish(code: int) -> NoReturn:
     """The interpreter's own exit, minus unwinding into the zygote's loop: join non-daemon
-    threads, run atexit, flush."""
+    threads, run atexit, flush; then exit with `code`, or die of SIGINT for INTERRUPTED."""
     with contextlib.suppress(BaseException):
         threading._shutdown()  # type: ignore[attr-defined]
     with contextlib.suppress(BaseException):
@@ -185,10 +286,19 @@ def _finish(code: int) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):
             stream.flush()
+    if code == INTERRUPTED:
+        with contextlib.suppress(BaseException):
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+            os.kill(os.getpid(), signal.SIGINT)
+        os._exit(128 + signal.SIGINT)
     os._exit(code)
 
 
-def child_main(request: Request, fds: list[int], close: list[int]) -> NoReturn:
+def child_main(
+    request: Request, fds: list[int], close: list[int], warned: tuple[str, ...] = ()
+) -> NoReturn:
+    """In the child: become the rank, say what its imports would have warned, run it, exit."""
     code = 1
     try:
         for fd in close:
@@ -200,6 +310,10 @@ def child_main(request: Request, fds: list[int], close: list[int]) -> NoReturn:
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         _adopt(request, fds)
+        if warned:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write("".join(warned))
+                sys.stderr.flush()
         code = _run_module(request.argv)
     except BaseException:
         with contextlib.suppress(BaseException):
@@ -222,6 +336,8 @@ class Zygote:
     """The serving loop: accept, fork, reap, report; SIGTERM/SIGINT/SIGHUP end it."""
 
     path: str
+    startup: Startup = field(default_factory=own_startup)
+    warned: tuple[str, ...] = ()  # what the preload warned, for each rank's stderr
     listener: socket.socket = field(init=False)
     ranks: list[_Rank] = field(default_factory=list)
 
@@ -272,20 +388,19 @@ class Zygote:
             conn.close()
             return
         try:
-            try:
-                fork_check()
-            except ForkRefused as exc:
-                send_reply(conn, error=str(exc))
+            cold = self._unfaithful(request)
+            if cold is not None:
+                print(format_event(SentCold(request.stub_pid, cold)), flush=True)
+                send_reply(conn, cold=cold)
                 conn.close()
                 return
             rank.pid = self._fork(request, fds, conn)
             rank.pidfd = os.pidfd_open(rank.pid)
             self.ranks.append(rank)
             send_reply(conn, pid=rank.pid)
-            said = request.env.get("RANK", "?")
-            print(
-                f"{FORKED_LINE} pid {rank.pid} for stub {request.stub_pid} rank {said}", flush=True
-            )
+            said = request.env.get("RANK", "")
+            number = int(said) if said.isdigit() else None
+            print(format_event(Forked(rank.pid, request.stub_pid, number)), flush=True)
         except OSError:
             rank.stub_gone = True  # the stub left while we forked: the reap ends it
             if rank.pid is not None:
@@ -293,6 +408,18 @@ class Zygote:
         finally:
             for fd in fds:
                 os.close(fd)
+
+    def _unfaithful(self, request: Request) -> str | None:
+        """Why a rank forked for `request` would not be what its cold start would have been
+        (None: it would be): its stub then starts it cold."""
+        try:
+            fork_check()
+        except ForkRefused as exc:
+            return str(exc)
+        differ = request.startup.differences(self.startup)
+        if differ:
+            return "its interpreter would have started otherwise: " + "; ".join(differ)
+        return None
 
     def _fork(self, request: Request, fds: list[int], conn: socket.socket) -> int:
         for stream in (sys.stdout, sys.stderr):
@@ -308,7 +435,7 @@ class Zygote:
         try:
             pid = os.fork()
             if pid == 0:  # pragma: no cover - the child
-                child_main(request, fds, close)
+                child_main(request, fds, close, self.warned)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
         return pid
@@ -336,7 +463,7 @@ class Zygote:
         _, status = os.waitpid(rank.pid, 0)
         os.close(rank.pidfd)
         rank.pidfd = None
-        print(f"{REAPED_LINE} pid {rank.pid} status {status}", flush=True)
+        print(format_event(Reaped(rank.pid, status)), flush=True)
         if not rank.stub_gone:
             with contextlib.suppress(OSError):
                 send_reply(rank.conn, status=status)
@@ -359,7 +486,7 @@ def refuse(path: str, reason: str) -> None:
     """Say why no rank will be forked, where the stubs look before they give up on the socket,
     and in the log."""
     write_refusal(path, reason)
-    print(f"{REFUSED_LINE}: {reason}", flush=True)
+    print(format_event(Refused(reason)), flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -368,24 +495,23 @@ def main(argv: list[str]) -> int:
         return 2
     modules = PRELOAD if len(argv) == 1 else tuple(m for m in argv[1].split(",") if m)
     t0 = time.monotonic()
+    startup = own_startup()
     clear_stale(argv[0])  # an earlier zygote's note would send the stubs cold while this one loads
     gc.disable()  # nothing the preload builds is garbage (see harness.rank.heap)
     # Signals that come while preloading end the zygote at once (nothing to clean up yet).
-    loaded = preload(modules)
+    with PreloadWarnings() as warned:
+        loaded = preload(modules)
     gc.enable()
     try:
         fork_check()
     except ForkRefused as exc:
         refuse(argv[0], f"cannot fork ranks after the preload: {exc}")
         return EXIT_REFUSED
-    zygote = Zygote(argv[0])
+    zygote = Zygote(argv[0], startup, tuple(warned.shown))
     me = os.getpid()  # a child that unwinds to here must not close the zygote's socket
     try:
-        print(
-            f"{READY_LINE} pid {me}, {len(loaded)} modules preloaded in "
-            f"{time.monotonic() - t0:.1f}s: {', '.join(loaded)}",
-            flush=True,
-        )
+        ready = Ready(me, time.monotonic() - t0, tuple(loaded))
+        print(format_event(ready), flush=True)
         zygote.serve()
     finally:
         if os.getpid() == me:

@@ -16,44 +16,6 @@ from harness.schema.base import Model
 NodeStateName = Literal["started", "finished"]
 
 
-# Each node writes its marker "started" before its torchrun and "finished" with torchrun's exit
-# status after (`harness.launch.nodes`); the receipt keeps every node's last marker. (Docstrings
-# of receipt models are descriptions in the committed receipt schema.)
-class NodeState(Model):
-    """One node's marker in a multi-node run's shared out folder."""
-
-    node_rank: NonNegativeInt
-    nnodes: PositiveInt
-    rdzv_endpoint: str
-    state: NodeStateName
-    hostname: str = ""
-    pid: NonNegativeInt = 0
-    exit_code: int | None = None
-    timed_out: bool = False
-    started_at: str = ""
-    finished_at: str = ""
-
-
-class Interruption(Model):
-    """The launcher was interrupted: by which signal, when, and how far into the run."""
-
-    signal: str  # "SIGINT" | "SIGTERM"
-    at: str  # UTC, ISO 8601
-    after_s: float
-    exit_code: int  # what `dcpqual run` exits with: 128 + the signal number
-    tests_done: NonNegativeInt = 0  # tests every reporting rank had finished at the signal
-    tests_collected: NonNegativeInt = 0
-    running: str | None = None  # a test running then
-
-    def message(self) -> str:
-        """How an interrupted run is named: the signal, when, and how far the tests had got."""
-        return (
-            f"the run was interrupted by {self.signal} at {self.at}, after {self.after_s}s, "
-            f"with {self.tests_done} of {self.tests_collected} collected tests finished on "
-            f"every rank" + (f" and {self.running} running" if self.running else "")
-        )
-
-
 # The ranks' string-hash seeds (PYTHONHASHSEED): "shared-random", forked ranks share the one
 # random seed the zygote drew, where ranks torchrun starts itself would each draw their own;
 # "per-rank-random", each rank drew its own (it was not forked); "fixed", PYTHONHASHSEED set, the
@@ -74,7 +36,52 @@ class ZygoteState(Model):
     used: bool = False  # at least one rank was forked from it
     forked: NonNegativeInt = 0  # ranks it forked
     not_used: str | None = None  # why no rank was forked (the zygote's refusal)
+    # Ranks it did not fork because a forked one would have differed from its cold start (its
+    # interpreter's options, flags or sys.path; CUDA started): their stubs started them cold.
+    sent_cold: NonNegativeInt = 0
+    sent_cold_why: str | None = None  # the first of those reasons
     hash_seed: HashSeedMode = "shared-random"
+
+
+# Each node writes its marker "started" before its torchrun and "finished" with torchrun's exit
+# status after (`harness.launch.nodes`); the receipt keeps every node's last marker. (Docstrings
+# of receipt models are descriptions in the committed receipt schema.)
+class NodeState(Model):
+    """One node's marker in a multi-node run's shared out folder."""
+
+    node_rank: NonNegativeInt
+    nnodes: PositiveInt
+    rdzv_endpoint: str
+    state: NodeStateName
+    hostname: str = ""
+    pid: NonNegativeInt = 0
+    exit_code: int | None = None
+    timed_out: bool = False
+    started_at: str = ""
+    finished_at: str = ""
+    # How this node's ranks started (its launch's zygote; None: torchrun started each, or a
+    # marker written before markers said): a receipt speaks for other nodes' zygotes only so.
+    zygote: ZygoteState | None = None
+
+
+class Interruption(Model):
+    """The launcher was interrupted: by which signal, when, and how far into the run."""
+
+    signal: str  # "SIGINT" | "SIGTERM"
+    at: str  # UTC, ISO 8601
+    after_s: float
+    exit_code: int  # what `dcpqual run` exits with: 128 + the signal number
+    tests_done: NonNegativeInt = 0  # tests every reporting rank had finished at the signal
+    tests_collected: NonNegativeInt = 0
+    running: str | None = None  # a test running then
+
+    def message(self) -> str:
+        """How an interrupted run is named: the signal, when, and how far the tests had got."""
+        return (
+            f"the run was interrupted by {self.signal} at {self.at}, after {self.after_s}s, "
+            f"with {self.tests_done} of {self.tests_collected} collected tests finished on "
+            f"every rank" + (f" and {self.running} running" if self.running else "")
+        )
 
 
 class Launch(Model):

@@ -1,0 +1,140 @@
+"""The zygote's pieces that need no process: its CUDA check (with a fake torch and fake memory
+maps), its log lines (one format/parse pair), and the startup facts a rank's stub sends."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from harness.rank.forkwire import Startup, interpreter_options
+from harness.rank.zygote import cuda_refusal, loaded_libraries
+from harness.rank.zygotelog import (
+    Forked,
+    Ready,
+    Reaped,
+    Refused,
+    SentCold,
+    format_event,
+    parse_event,
+    read_events,
+)
+
+MAPS = """\
+55d0c0a00000-55d0c0a2c000 r--p 00000000 08:01 1234 /usr/bin/python3.11
+7f1c2a000000-7f1c2a200000 r-xp 00000000 08:01 2345 /opt/torch/lib/libtorch_cpu.so
+7f1c2b000000-7f1c2b100000 r-xp 00000000 08:01 3456 /usr/local/cuda/lib64/libcudart.so.12
+7f1c2c000000-7f1c2c021000 rw-p 00000000 00:00 0
+7ffd5e1f0000-7ffd5e211000 rw-p 00000000 00:00 0 [stack]
+"""
+DRIVER = "7f1c2d000000-7f1c2d800000 r-xp 00000000 08:01 4567 /usr/lib/x86_64/libcuda.so.1\n"
+
+
+def _torch(initialized: bool) -> SimpleNamespace:
+    return SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: initialized))
+
+
+@pytest.fixture
+def maps(tmp_path: Path):
+    def write(text: str) -> str:
+        path = tmp_path / "maps"
+        path.write_text(text)
+        return str(path)
+
+    return write
+
+
+def test_a_zygote_that_never_touched_cuda_may_fork(maps) -> None:
+    # The CUDA runtime and torch's own libraries are loaded by `import torch`: no refusal.
+    assert cuda_refusal(_torch(False), maps(MAPS)) is None
+    assert cuda_refusal(None, maps(MAPS)) is None
+
+
+def test_a_loaded_cuda_driver_refuses_the_fork_though_torch_says_not_initialized(maps) -> None:
+    """What `torch.cuda.is_available()` or `device_count()` leave: the driver loaded,
+    `is_initialized()` still false."""
+    reason = cuda_refusal(_torch(False), maps(MAPS + DRIVER))
+    assert reason is not None and "/usr/lib/x86_64/libcuda.so.1" in reason
+    deleted = DRIVER.replace("libcuda.so.1\n", "libcuda.so.550.54 (deleted)\n")
+    assert cuda_refusal(None, maps(MAPS + deleted)) is not None
+
+
+def test_torchs_own_word_that_cuda_is_initialized_refuses_the_fork(maps) -> None:
+    reason = cuda_refusal(_torch(True), maps(MAPS))
+    assert reason is not None and "initialized" in reason
+
+
+def test_only_the_driver_itself_counts(maps) -> None:
+    near = (
+        MAPS
+        + DRIVER.replace("libcuda.so.1", "libcudart.so.1")
+        + DRIVER.replace("libcuda.so.1", "libcuda_stub.so")
+    )
+    assert loaded_libraries(("libcuda.so",), maps(near)) == []
+    assert loaded_libraries(("libcuda.so",), "/nonexistent/maps") == []
+
+
+def test_this_process_maps_are_read() -> None:
+    """The real /proc/self/maps parses: the C library is in it."""
+    assert loaded_libraries(("libc.so",)) != []
+
+
+EVENTS = [
+    Ready(pid=41, seconds=2.5, modules=("torch", "pytest", "harness.rank.agreement")),
+    Ready(pid=41, seconds=0.0, modules=()),
+    Forked(pid=100, stub=99, rank=7),
+    Forked(pid=100, stub=99, rank=None),
+    Reaped(pid=100, status=256),
+    Reaped(pid=100, status=9),
+    SentCold(stub=99, reason="its interpreter would have started otherwise: sys.flags.dev_mode 1"),
+    Refused(reason="cannot fork ranks after the preload: 3 threads alive"),
+]
+
+
+@pytest.mark.parametrize("event", EVENTS, ids=lambda e: type(e).__name__)
+def test_each_log_line_reads_back_as_the_event_written(event) -> None:
+    line = format_event(event)
+    assert "\n" not in line
+    assert parse_event(line) == event
+    assert parse_event((line + "\n").encode()) == event
+
+
+def test_a_reason_over_several_lines_is_logged_on_one() -> None:
+    line = format_event(Refused("one\ntwo"))
+    assert parse_event(line) == Refused("one two")
+
+
+def test_other_lines_are_no_events() -> None:
+    log = "\n".join(
+        [
+            "/opt/torch/__init__.py:1: UserWarning: something",
+            format_event(EVENTS[2]),
+            "dcpqual zygote: something new",
+            "dcpqual zygote: forked pid x for stub 1 rank 0",
+            format_event(EVENTS[4]),
+        ]
+    ).encode()
+    assert read_events(log) == [EVENTS[2], EVENTS[4]]
+
+
+def test_the_startup_a_stub_sends_reads_back_and_names_what_differs() -> None:
+    here = Startup.here(["python", "-u", "-m", "x"], ["-u"])
+    assert Startup.from_json(here.to_json()) == here
+    assert here.differences(dataclasses.replace(here, orig_argv=("other",))) == []
+    flags = list(here.flags)
+    flags[0] += 1
+    other = dataclasses.replace(here, options=(), flags=tuple(flags), path=(*here.path, "/x"))
+    said = here.differences(other)
+    assert len(said) == 3, said
+    assert said[0].startswith("sys.options ['-u']") and "sys.path" in said[1]
+    assert said[2].startswith(f"sys.flags.{type(sys.flags).__match_args__[0]} ")
+
+
+def test_interpreter_options_are_those_before_the_module() -> None:
+    argv = ["python", "-u", "-X", "dev", "-m", "harness.rank.forkstub", "--", "-m", "pytest"]
+    assert interpreter_options(argv, "harness.rank.forkstub") == ["-u", "-X", "dev"]
+    assert interpreter_options(argv, "pytest") == argv[1:7]
+    assert interpreter_options(["python", "x.py"], "pytest") is None
