@@ -153,6 +153,11 @@ class StagedAccumulation:
     def __call__(self, weights: torch.Tensor) -> torch.Tensor:
         """`acc` = the masked weighted sum over dim 0 of `outputs` with these `[W, B, h]`."""
         self.weights.copy_(weights)
+        return self.accumulate()
+
+    def accumulate(self) -> torch.Tensor:
+        """`acc` = the same sum with the weights already in `weights` (written there by the
+        caller's weights step, which saves the copy)."""
         torch.gt(self.weights, 0, out=self.keep).neg_()  # -1: every bit set
         acc = self.acc.zero_()
         for shards, block, block_bits, keep, terms in self._groups:
