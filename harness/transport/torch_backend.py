@@ -51,7 +51,7 @@ import torch.distributed as dist
 from harness.errors import GeometryError
 from harness.transport.allocator import Allocator
 from harness.transport.checks import OperationGuard, UseHook
-from harness.transport.combine import StagedAccumulation, scale_into
+from harness.transport.combine import StagedAccumulation, same_width_int, scale_into
 from harness.transport.errors import TransportUsageError
 from harness.transport.weights import StagedWeights
 from harness.warm.signature import (
@@ -120,6 +120,14 @@ class _A2APlan:
     recv_lses: torch.Tensor  # [dcp, B, h]
     weights: StagedWeights  # of recv_lses, into accumulate.weights
     accumulate: StagedAccumulation  # over the received [dcp, B, h, odim]
+
+
+def _split(flat: torch.Tensor, shape: tuple[int, int, int], rows: int) -> list[torch.Tensor]:
+    """Views of `flat`: one `shape` `[W, B, H]`, then `rows` of `[B, H]`, back to back."""
+    w, b, heads = shape
+    first = flat[: w * b * heads].view(shape)
+    rest = flat[w * b * heads : (w + rows) * b * heads].view(rows, b, heads).unbind(0)
+    return [first, *rest]
 
 
 def reduce_scatter_via_all_to_all(
@@ -194,10 +202,7 @@ class TorchDCPTransport(OperationGuard):
         if self.strategy == "ag_rs":
             buf("lse_send", t * big_h, f32)
             buf("lse_recv", w * t * big_h, f32)
-            buf("lse_work", w * t * big_h, f32)
-            buf("lse_peak", t * big_h, f32)
-            buf("lse_norm", t * big_h, f32)
-            buf("weights", t * big_h, f32)
+            buf("lse_work", (w + 3) * t * big_h, f32)  # StagedWeights' work, peak, norm, out
             buf("rs_send", t * big_h * o, f32)
             buf("rs_recv", t * h * o, f32)
             if self.reduce_scatter == "all_to_all":
@@ -210,11 +215,9 @@ class TorchDCPTransport(OperationGuard):
             # Any batch's group fits: a2a_group(B) * B <= max(B, _A2A_GROUP_BYTES // row), <= W*B.
             row = h * o * f32.itemsize
             buf("a2a_scratch", min(w * t, max(t, _A2A_GROUP_BYTES // row)) * h * o, f32)
-            buf("a2a_lse_work", w * t * h, f32)
-            buf("a2a_lse_peak", t * h, f32)
-            buf("a2a_lse_norm", t * h, f32)
+            buf("a2a_lse_work", (w + 2) * t * h, f32)  # StagedWeights' work, peak, norm
             buf("a2a_weights", w * t * h, f32)
-            buf("a2a_keep", w * t * h, torch.int32)
+            buf("a2a_keep", w * t * h, same_width_int(dt))
 
     @property
     def buffers(self) -> Mapping[str, int]:
@@ -320,14 +323,9 @@ class TorchDCPTransport(OperationGuard):
 
     def _ag_weights_of(self, b: int) -> StagedWeights:
         """Batch `b`'s weights step (views of the staging only), kept."""
-        w, big_h, bufs = self.world, self.signature.total_heads, self._buffers
-        weigh = StagedWeights(
-            work=bufs["lse_work"][: w * b * big_h].view(w, b, big_h),
-            peak=bufs["lse_peak"][: b * big_h].view(b, big_h),
-            norm=bufs["lse_norm"][: b * big_h].view(b, big_h),
-            out=bufs["weights"][: b * big_h].view(b, big_h),
-            row=self.rank,
-        )
+        w, big_h = self.world, self.signature.total_heads
+        work, peak, norm, out = _split(self._buffers["lse_work"], (w, b, big_h), 3)
+        weigh = StagedWeights(work=work, peak=peak, norm=norm, out=out, row=self.rank)
         self._ag_weights[b] = weigh
         return weigh
 
@@ -339,6 +337,7 @@ class TorchDCPTransport(OperationGuard):
         send = bufs["a2a_send"][: w * lay.chunk_bytes]
         recv = bufs["a2a_recv"][: w * lay.chunk_bytes]
         weights = bufs["a2a_weights"][: w * b * h].view(w, b, h)
+        work, peak, norm = _split(bufs["a2a_lse_work"], (w, b, h), 2)
         accumulate = StagedAccumulation(
             bufs["a2a_acc"][: b * h * o].view(b, h, o),
             self._outputs_of(recv, lay, b),
@@ -353,12 +352,7 @@ class TorchDCPTransport(OperationGuard):
             send_outputs=self._outputs_of(send, lay, b).transpose(0, 1),
             send_lses=self._lses_of(send, lay, b).transpose(0, 1),
             recv_lses=self._lses_of(recv, lay, b),
-            weights=StagedWeights(
-                work=bufs["a2a_lse_work"][: w * b * h].view(w, b, h),
-                peak=bufs["a2a_lse_peak"][: b * h].view(b, h),
-                norm=bufs["a2a_lse_norm"][: b * h].view(b, h),
-                out=weights,
-            ),
+            weights=StagedWeights(work=work, peak=peak, norm=norm, out=weights),
             accumulate=accumulate,
         )
         self._a2a_plans[b] = plan
