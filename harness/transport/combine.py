@@ -14,7 +14,8 @@ it:
 
 Everything runs in fp32 (fp64 when an input is fp64) and is cast to the output dtype at the end.
 
-The transports do not call the oracle's allocating steps on their hot path: `scale_into` and
+The transports do not call the oracle's allocating steps on their hot path: their weights are
+`harness.transport.weights`' (the same bits, pinned against `combine_weights`); `scale_into` and
 `accumulate_into` are the same masked product written in place (no full-size fp32 temporaries,
 no upcast copy), which is most of what the reduction costs on one CPU thread; and
 `StagedAccumulation` is `accumulate_into` over fixed buffers with its views made once, for a
