@@ -340,10 +340,10 @@ def staged(acc: torch.Tensor, outputs: torch.Tensor, weights: torch.Tensor, grou
     """`StagedAccumulation` on fresh buffers the shapes of `accumulate_into`'s arguments: the
     weights are copied in, so the staging starts full of NaN to show nothing stale leaks."""
     world = outputs.shape[0]
-    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[acc.element_size()]
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[outputs.element_size()]
     step = combine.StagedAccumulation(
         torch.full_like(acc, math.nan),
-        outputs,
+        outputs.clone(),  # masked in place: the staging is the caller's
         weights=torch.full(weights.shape, math.nan, dtype=acc.dtype),
         keep=torch.full(weights.shape, -1, dtype=ints),
         scratch=torch.full((min(group, world) * acc.numel(),), math.nan, dtype=acc.dtype),
@@ -608,3 +608,13 @@ def test_the_scaling_step_matches_the_float64_reference() -> None:
                 got = combine_by_scaling(outputs, parts.lses, rank, base_e=base_e)
                 want = reference_combine(outputs, parts.lses, rank, base_e=base_e)
                 assert_matches(got, want.to(got.dtype), what=f"{pattern} rank {rank}")
+
+
+def test_the_staged_accumulation_wants_a_mask_as_wide_as_the_outputs() -> None:
+    """The mask is ANDed with the outputs' own bits (bf16 here: int16), not the fp32 staging's."""
+    outputs = torch.zeros(2, 1, 1, 3, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"keep must be torch\.int16, got torch\.int32"):
+        combine.StagedAccumulation(
+            torch.zeros(1, 1, 3), outputs, weights=torch.zeros(2, 1, 1),
+            keep=torch.zeros(2, 1, 1, dtype=torch.int32), scratch=torch.zeros(6), group=2,
+        )  # fmt: skip

@@ -9,7 +9,7 @@ import pytest
 import torch
 from _support.threaded_dist import Member, patch_torch_backend, run_ranks
 
-from harness.transport import torch_backend
+from harness.transport import combine, torch_backend
 from harness.transport.allocator import CountingAllocator
 from harness.transport.errors import TransportUsageError
 from harness.transport.testing import (
@@ -147,23 +147,27 @@ def test_a_refused_use_stops_the_operation_before_its_collective() -> None:
     run_ranks(world, body)
 
 
+def _shift_without_max(work, peak, base_e):
+    return work.exp_() if base_e else work.exp2_()
+
+
 @pytest.mark.parametrize(
     ("step", "broken"),
     [
-        ("sanitize_lse", lambda lse: lse),
-        ("reference_max", lambda lse: torch.zeros_like(lse.amax(dim=0))),
+        ("sanitize_into", lambda work, lses: work.copy_(lses)),
+        ("shift_by_max", _shift_without_max),
     ],
     ids=["NaN kept as an LSE", "no max subtraction"],
 )
 @pytest.mark.parametrize("impl", ["ag_rs", "a2a"])
-def test_a_broken_combine_step_fails_the_transport_against_the_reference(
+def test_a_broken_weights_step_fails_the_transport_against_the_reference(
     step, broken, impl, monkeypatch
 ) -> None:
-    """The transport and the torch oracle share `combine`; the reference does not, so a wrong
-    step there is a failure, not an agreement of the transport with itself."""
-    from harness.transport import combine
+    """The transports' weights (`harness.transport.weights`) share no code with the oracle or
+    the reference, so a wrong step there is a failure the reference finds in the transport."""
+    from harness.transport import weights
 
-    monkeypatch.setattr(combine, step, broken)
+    monkeypatch.setattr(weights, step, broken)
     world = 2
     sig = TransportSignature("fp32", 4, 8, 6, world, max_tokens=2)
 
@@ -200,11 +204,22 @@ def _accumulate_selected(acc, outputs, weights):
 class _StagedSelected:
     """`StagedAccumulation`'s interface on the former step: fresh zeros, then the pin."""
 
-    def __init__(self, acc, outputs, **staging) -> None:
-        self.shape, self.outputs = acc.shape, outputs
+    def __init__(self, acc, outputs, *, weights, **staging) -> None:
+        self.shape, self.outputs, self.weights = acc.shape, outputs, weights
 
-    def __call__(self, weights):
-        return _accumulate_selected(torch.zeros(self.shape), self.outputs, weights)
+    def accumulate(self):
+        return _accumulate_selected(torch.zeros(self.shape), self.outputs, self.weights)
+
+
+class _OracleWeights:
+    """`StagedWeights`' interface on the former weights: the oracle's `combine_weights`."""
+
+    def __init__(self, *, out, row=None, **scratch) -> None:
+        self.out, self.row = out, row
+
+    def __call__(self, lses, *, base_e=True):
+        weights = combine.combine_weights(lses, base_e=base_e).weights
+        return self.out.copy_(weights if self.row is None else weights[self.row])
 
 
 PINS = {
@@ -217,12 +232,15 @@ PINS = {
 @pytest.mark.parametrize("impl", list(PINS))
 def test_each_reduction_gives_the_bits_of_its_former_local_step(impl, monkeypatch) -> None:
     """The whole reduction, every pattern, both bases, bf16 and fp32, at 4 ranks: the same
-    bits as with the former scaling (AG+RS) or accumulation (A2A) step patched in."""
+    bits as with the former scaling (AG+RS) or accumulation (A2A) step and the oracle's
+    weights patched in."""
     world = 4
     runs: dict[str, list[list[torch.Tensor]]] = {}
     name_of_step, former = PINS[impl]
-    for name, step in (("now", getattr(torch_backend, name_of_step)), ("before", former)):
+    now = (getattr(torch_backend, name_of_step), torch_backend.StagedWeights)
+    for name, (step, weigh) in (("now", now), ("before", (former, _OracleWeights))):
         monkeypatch.setattr(torch_backend, name_of_step, step)
+        monkeypatch.setattr(torch_backend, "StagedWeights", weigh)
 
         def body(member: Member) -> list[torch.Tensor]:
             got = []
@@ -289,7 +307,8 @@ def test_a2a_staging_takes_as_many_sources_as_fit_and_is_sized_once_for_the_larg
         # Batches 3, 6 and 7 stage 42 token-rows (14 * 3, 7 * 6, 6 * 7), the most of any.
         assert buffers["a2a_scratch"] == 42 * row
         assert buffers["a2a_acc"] == 8 * row
-        assert buffers["a2a_weights"] == buffers["a2a_keep"] == 16 * 8 * 6 * 4
+        assert buffers["a2a_weights"] == 16 * 8 * 6 * 4
+        assert buffers["a2a_keep"] == 16 * 8 * 6 * 2  # as wide as a bf16 output
 
 
 def test_the_reduction_s_lses_are_base_e_by_default() -> None:

@@ -133,14 +133,15 @@ def _creation_and_events(rank: int, world: int, store: str) -> None:
         assert isinstance(transport, DCPTransport)
         kinds = [type(e).__name__ for e in seen]
         assert kinds[0] == "RegistryMiss" and kinds[-1] == "TransportCreated", kinds
-        # A2A's eight: the gather's two, the exchange's two, the accumulation's four.
-        assert set(kinds[1:-1]) == {"BufferAllocated"} and len(kinds) == 10, kinds
+        # A2A's nine: the gather's two, the exchange's two, the accumulation's four, the
+        # weights' scratch.
+        assert set(kinds[1:-1]) == {"BufferAllocated"} and len(kinds) == 11, kinds
         assert all(e.frozen for e in seen), seen
         created = seen[-1]
         assert isinstance(created, TransportCreated)
         assert (created.rank, created.backend, created.strategy) == (rank, "torch", "a2a")
         counters = registry.counters
-        assert counters.creations == 1 and counters.buffer_allocations == 8
+        assert counters.creations == 1 and counters.buffer_allocations == 9
         assert counters.buffer_bytes == sum(transport.buffers.values())
 
         # A hit creates nothing, emits nothing, allocates nothing: static buffers only.
@@ -162,7 +163,7 @@ def _creation_and_events(rank: int, world: int, store: str) -> None:
         assert firsts == [("gather", "bfloat16", False), ("reduce", "bfloat16", False)]
         assert registry.operations(SIG) == (("gather", "bfloat16"), ("reduce", "bfloat16"))
         assert registry.counters.creations == 1 and registry.counters.first_uses == 2
-        assert registry.counters.buffer_allocations == 8 and registry.counters.hits == 2
+        assert registry.counters.buffer_allocations == 9 and registry.counters.hits == 2
         assert registry.signatures() == (SIG,) and registry.created == (SIG,)
 
         # Capacity and shape errors are local and clear; no collective was started.

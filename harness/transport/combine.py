@@ -14,7 +14,8 @@ it:
 
 Everything runs in fp32 (fp64 when an input is fp64) and is cast to the output dtype at the end.
 
-The transports do not call the oracle's allocating steps on their hot path: `scale_into` and
+The transports do not call the oracle's allocating steps on their hot path: their weights are
+`harness.transport.weights`' (the same bits, pinned against `combine_weights`); `scale_into` and
 `accumulate_into` are the same masked product written in place (no full-size fp32 temporaries,
 no upcast copy), which is most of what the reduction costs on one CPU thread; and
 `StagedAccumulation` is `accumulate_into` over fixed buffers with its views made once, for a
@@ -39,6 +40,7 @@ __all__ = [
     "lse_combine",
     "mask_zero_weight",
     "reference_max",
+    "same_width_int",
     "sanitize_lse",
     "scale_into",
 ]
@@ -108,26 +110,32 @@ def accumulate_into(
     return acc
 
 
-# One group of shards: its outputs, staging (as floats and as bits), mask, (shard, weight)s.
-_Group = tuple[
-    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[tuple[torch.Tensor, ...], ...]
-]
+# One group of shards: its outputs, its fp32 staging, (shard, weight)s.
+_Group = tuple[torch.Tensor, torch.Tensor, tuple[tuple[torch.Tensor, ...], ...]]
+
+
+def same_width_int(dtype: torch.dtype) -> torch.dtype:
+    """The integer dtype as wide as `dtype`: a mask of it ANDed with a value's bits."""
+    return _SAME_WIDTH_INT[dtype.itemsize]
 
 
 class StagedAccumulation:
     """`accumulate_into` on fixed buffers, for a hot path that runs it every step at one shape.
 
     At small batches a call's cost is per-op overhead, not data: here every view (each shard,
-    each weight column, each group's staging) is made once, at construction, and `group`
-    shards at a time are upcast and masked by one copy and one AND, so a call is about
-    `W + 2 * ceil(W / group) + 4` tensor ops and no Python iteration over tensors. Bit for bit
-    `accumulate_into` on a zeroed `acc`: the same mask, then the same `addcmul_` per shard in
-    the same order on the same values.
+    each weight column, each group's staging) is made once, at construction. The mask is one
+    integer AND over all the outputs, in place and in their own width (half the bytes of
+    masking the fp32 staging, for 16-bit outputs), then `group` shards at a time are upcast by
+    one copy; so a call is about `W + ceil(W / group) + 4` tensor ops and no Python iteration
+    over tensors. Bit for bit `accumulate_into` on a zeroed `acc`: a masked entry is +0 before
+    the upcast or after it alike, then the same `addcmul_` per shard in the same order on the
+    same values.
 
     `acc` `[B, h, D]` (compute dtype) is overwritten by each call; `outputs` `[W, B, h, D]` is
-    read at call time; `weights` `[W, B, h]` (compute dtype) and `keep` `[W, B, h]` (the
-    same-width integer) hold the call's weights and mask; `scratch` is flat, compute dtype, at
-    least `min(group, W) * acc.numel()` long."""
+    read at call time, and its entries of weight 0 are set to +0 there (it is the caller's
+    staging); `weights` `[W, B, h]` (compute dtype) and `keep` `[W, B, h]`
+    (`same_width_int` of the outputs' dtype) hold the call's weights and mask; `scratch` is
+    flat, compute dtype, at least `min(group, W) * acc.numel()` long."""
 
     def __init__(
         self,
@@ -139,25 +147,32 @@ class StagedAccumulation:
         scratch: torch.Tensor,
         group: int,
     ) -> None:
-        ints = _SAME_WIDTH_INT[acc.element_size()]
+        if keep.dtype != same_width_int(outputs.dtype):
+            raise ValueError(f"keep must be {same_width_int(outputs.dtype)}, got {keep.dtype}")
         world = outputs.shape[0]
         self.acc, self.weights, self.keep = acc, weights, keep
-        columns, bits = weights.unsqueeze(-1), keep.unsqueeze(-1)
+        self._output_bits, self._keep_bits = outputs.view(keep.dtype), keep.unsqueeze(-1)
+        columns = weights.unsqueeze(-1)
         self._groups: list[_Group] = []
         for lo in range(0, world, group):
             hi = min(lo + group, world)
             block = scratch[: (hi - lo) * acc.numel()].view(hi - lo, *acc.shape)
             terms = tuple(zip(block.unbind(0), columns[lo:hi].unbind(0), strict=True))
-            self._groups.append((outputs[lo:hi], block, block.view(ints), bits[lo:hi], terms))
+            self._groups.append((outputs[lo:hi], block, terms))
 
     def __call__(self, weights: torch.Tensor) -> torch.Tensor:
         """`acc` = the masked weighted sum over dim 0 of `outputs` with these `[W, B, h]`."""
         self.weights.copy_(weights)
+        return self.accumulate()
+
+    def accumulate(self) -> torch.Tensor:
+        """`acc` = the same sum with the weights already in `weights` (written there by the
+        caller's weights step, which saves the copy)."""
         torch.gt(self.weights, 0, out=self.keep).neg_()  # -1: every bit set
+        self._output_bits.bitwise_and_(self._keep_bits)
         acc = self.acc.zero_()
-        for shards, block, block_bits, keep, terms in self._groups:
+        for shards, block, terms in self._groups:
             block.copy_(shards)
-            block_bits.bitwise_and_(keep)
             for shard, weight in terms:
                 acc.addcmul_(shard, weight)
         return acc

@@ -6,15 +6,17 @@ signature's query dtype; gloo has no fp8, so fp8 (e4m3) queries travel as their 
 (`wire_dtype`), bit-exact. The reduction works in the signature's output dtype.
 
 Output reduction, two strategies (the combine: `harness.transport.combine`):
-- `ag_rs`: all-gather the fp32 LSEs to `[dcp, B, H]`; each rank computes the combine weights
-  (the same `combine_weights` as the oracle) and rescales its own partial for all heads, with
+- `ag_rs`: all-gather the fp32 LSEs to `[dcp, B, H]`; each rank computes its own row of the
+  combine weights (`StagedWeights`: the oracle's bits, on static buffers, without the oracle's
+  code) and rescales its own partial for all heads, with
   weight-0 entries forced to exactly 0; then a sum reduce-scatter over heads. The rescaled
   partials and the reduce-scatter stay in fp32 (16-bit sums of 16 ranks would not hold the 2e-2
   tolerance reliably); the cast to the output dtype happens once, at the end.
 - `a2a`: one `all_to_all_single` of byte-packed chunks (each destination's head slice of the
-  output in its own dtype, then its fp32 LSEs, 8-byte aligned), then the oracle's weights and
+  output in its own dtype, then its fp32 LSEs, 8-byte aligned), then the weights
+  (`StagedWeights`, written straight into the accumulation's weights buffer) and
   `accumulate_into`'s masked product (one source rank at a time) on the received
-  `[dcp, B, h, *]`, as a `StagedAccumulation` on static buffers. Its views and the packing
+  `[dcp, B, h, *]`, as a `StagedAccumulation` on static buffers. Their views and the packing
   views are made once per batch size and kept (`_A2APlan`): at decode batches a step costs
   per-op overhead, not bandwidth. The upcast and mask take several source ranks per op while
   their fp32 staging stays under `_A2A_GROUP_BYTES` (cache-sized), one at a time above.
@@ -49,8 +51,9 @@ import torch.distributed as dist
 from harness.errors import GeometryError
 from harness.transport.allocator import Allocator
 from harness.transport.checks import OperationGuard, UseHook
-from harness.transport.combine import StagedAccumulation, combine_weights, scale_into
+from harness.transport.combine import StagedAccumulation, same_width_int, scale_into
 from harness.transport.errors import TransportUsageError
+from harness.transport.weights import StagedWeights
 from harness.warm.signature import (
     TransportSignature,
     output_torch_dtype,
@@ -115,7 +118,16 @@ class _A2APlan:
     send_outputs: torch.Tensor  # [B, dcp, h, odim]: the partial's layout, into the chunks
     send_lses: torch.Tensor  # [B, dcp, h]
     recv_lses: torch.Tensor  # [dcp, B, h]
+    weights: StagedWeights  # of recv_lses, into accumulate.weights
     accumulate: StagedAccumulation  # over the received [dcp, B, h, odim]
+
+
+def _split(flat: torch.Tensor, shape: tuple[int, int, int], rows: int) -> list[torch.Tensor]:
+    """Views of `flat`: one `shape` `[W, B, H]`, then `rows` of `[B, H]`, back to back."""
+    w, b, heads = shape
+    first = flat[: w * b * heads].view(shape)
+    rest = flat[w * b * heads : (w + rows) * b * heads].view(rows, b, heads).unbind(0)
+    return [first, *rest]
 
 
 def reduce_scatter_via_all_to_all(
@@ -171,6 +183,7 @@ class TorchDCPTransport(OperationGuard):
         super().__init__(on_use)
         self._buffers: dict[str, torch.Tensor] = {}
         self._a2a_plans: dict[int, _A2APlan] = {}
+        self._ag_weights: dict[int, StagedWeights] = {}
         self._allocate(allocator)
 
     # -- creation ---------------------------------------------------------------------------
@@ -189,6 +202,7 @@ class TorchDCPTransport(OperationGuard):
         if self.strategy == "ag_rs":
             buf("lse_send", t * big_h, f32)
             buf("lse_recv", w * t * big_h, f32)
+            buf("lse_work", (w + 3) * t * big_h, f32)  # StagedWeights' work, peak, norm, out
             buf("rs_send", t * big_h * o, f32)
             buf("rs_recv", t * h * o, f32)
             if self.reduce_scatter == "all_to_all":
@@ -201,8 +215,9 @@ class TorchDCPTransport(OperationGuard):
             # Any batch's group fits: a2a_group(B) * B <= max(B, _A2A_GROUP_BYTES // row), <= W*B.
             row = h * o * f32.itemsize
             buf("a2a_scratch", min(w * t, max(t, _A2A_GROUP_BYTES // row)) * h * o, f32)
+            buf("a2a_lse_work", (w + 2) * t * h, f32)  # StagedWeights' work, peak, norm
             buf("a2a_weights", w * t * h, f32)
-            buf("a2a_keep", w * t * h, torch.int32)
+            buf("a2a_keep", w * t * h, same_width_int(dt))
 
     @property
     def buffers(self) -> Mapping[str, int]:
@@ -213,6 +228,7 @@ class TorchDCPTransport(OperationGuard):
         """Drop the staging buffers and the group reference; any later call raises."""
         self._buffers.clear()
         self._a2a_plans.clear()
+        self._ag_weights.clear()
         self.group = None
         self.closed = True
 
@@ -276,13 +292,14 @@ class TorchDCPTransport(OperationGuard):
         lse_send.view(b, big_h).copy_(lse)
         lse_recv = bufs["lse_recv"][: w * b * big_h]
         all_gather_flat(lse_recv, lse_send, group=self.group)
-        weights = combine_weights(lse_recv.view(w, b, big_h), base_e=base_e).weights[self.rank]
+        weigh = self._ag_weights.get(b) or self._ag_weights_of(b)
+        weights = weigh(lse_recv.view(w, b, big_h), base_e=base_e)
         rs_send = bufs["rs_send"][: b * big_h * o]
         # Rescaled straight into the send buffer, destination rank-major, in fp32.
         scale_into(
             rs_send.view(w, b, h, o),
             part.reshape(b, w, h, o).transpose(0, 1),
-            weights.to(torch.float32).view(b, w, h).transpose(0, 1),
+            weights.view(b, w, h).transpose(0, 1),
         )
         rs_recv = bufs["rs_recv"][: b * h * o]
         if self.reduce_scatter == "native":
@@ -301,8 +318,16 @@ class TorchDCPTransport(OperationGuard):
         plan.send_outputs.copy_(part.reshape(b, w, sig.local_heads, sig.output_head_dim))
         plan.send_lses.copy_(lse.reshape(b, w, sig.local_heads))
         dist.all_to_all_single(plan.recv, plan.send, group=self.group)
-        weights = combine_weights(plan.recv_lses, base_e=base_e).weights
-        result.copy_(plan.accumulate(weights))
+        plan.weights(plan.recv_lses, base_e=base_e)
+        result.copy_(plan.accumulate.accumulate())
+
+    def _ag_weights_of(self, b: int) -> StagedWeights:
+        """Batch `b`'s weights step (views of the staging only), kept."""
+        w, big_h = self.world, self.signature.total_heads
+        work, peak, norm, out = _split(self._buffers["lse_work"], (w, b, big_h), 3)
+        weigh = StagedWeights(work=work, peak=peak, norm=norm, out=out, row=self.rank)
+        self._ag_weights[b] = weigh
+        return weigh
 
     def _a2a_plan(self, b: int) -> _A2APlan:
         """Batch `b`'s views of the staging (views only: nothing is allocated), kept."""
@@ -311,10 +336,12 @@ class TorchDCPTransport(OperationGuard):
         lay = A2ALayout.for_batch(b, h, o, output_torch_dtype(sig).itemsize)
         send = bufs["a2a_send"][: w * lay.chunk_bytes]
         recv = bufs["a2a_recv"][: w * lay.chunk_bytes]
+        weights = bufs["a2a_weights"][: w * b * h].view(w, b, h)
+        work, peak, norm = _split(bufs["a2a_lse_work"], (w, b, h), 2)
         accumulate = StagedAccumulation(
             bufs["a2a_acc"][: b * h * o].view(b, h, o),
             self._outputs_of(recv, lay, b),
-            weights=bufs["a2a_weights"][: w * b * h].view(w, b, h),
+            weights=weights,
             keep=bufs["a2a_keep"][: w * b * h].view(w, b, h),
             scratch=bufs["a2a_scratch"],
             group=a2a_group(b, h, o, w),
@@ -325,6 +352,7 @@ class TorchDCPTransport(OperationGuard):
             send_outputs=self._outputs_of(send, lay, b).transpose(0, 1),
             send_lses=self._lses_of(send, lay, b).transpose(0, 1),
             recv_lses=self._lses_of(recv, lay, b),
+            weights=StagedWeights(work=work, peak=peak, norm=norm, out=weights),
             accumulate=accumulate,
         )
         self._a2a_plans[b] = plan
