@@ -13,9 +13,10 @@ WORLD, BATCH, HEADS, DIM = 4, 2, 3, 8
 
 
 def received(world: int = WORLD) -> torch.Tensor:
-    """The bf16 partials `[W, B, h, D]` one rank receives."""
+    """The partials `[W, B, h, D]` one rank receives (fp32, as wide as the accumulator, so one
+    int32 mask fits both)."""
     gen = torch.Generator().manual_seed(world)
-    return torch.randn(world, BATCH, HEADS, DIM, generator=gen).to(torch.bfloat16)
+    return torch.randn(world, BATCH, HEADS, DIM, generator=gen)
 
 
 def weights_for(sources: int) -> torch.Tensor:
@@ -33,7 +34,7 @@ def test_accumulate_into_sums_every_source_when_the_counts_agree() -> None:
     """The control: the same call with one weight per source is the mean of the partials."""
     outputs = received()
     got = accumulate_into(torch.zeros(BATCH, HEADS, DIM), outputs, weights_for(WORLD))
-    assert torch.allclose(got, outputs.float().mean(dim=0), rtol=1e-6, atol=1e-6)
+    assert torch.allclose(got, outputs.mean(dim=0), rtol=1e-6, atol=1e-6)
 
 
 def staging(weight_rows: int, group: int) -> StagedAccumulation:
@@ -58,4 +59,4 @@ def test_a_staging_whose_weights_miss_a_source_is_refused_when_built(group: int)
 def test_a_staging_with_a_weight_per_source_sums_every_source(group: int) -> None:
     """The control: built with one weight row per source, it is the mean of the partials."""
     got = staging(WORLD, group)(weights_for(WORLD))
-    assert torch.allclose(got, received().float().mean(dim=0), rtol=1e-6, atol=1e-6)
+    assert torch.allclose(got, received().mean(dim=0), rtol=1e-6, atol=1e-6)
