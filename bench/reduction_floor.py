@@ -25,9 +25,11 @@ from harness.transport.combine import (
     StagedAccumulation,
     accumulate_into,
     combine_weights,
+    same_width_int,
     scale_into,
 )
 from harness.transport.torch_backend import A2ALayout, a2a_group
+from harness.transport.weights import StagedWeights
 
 WORLD, HEADS, OUT_DIM = 16, 96, 512
 Seconds = dict[str, list[float]]  # step -> seconds per timed iteration
@@ -88,11 +90,25 @@ def steps(batch: int, seed: int) -> dict[str, Callable[[], object]]:
         acc,
         received,
         weights=torch.empty(WORLD, batch, LOCAL),
-        keep=torch.empty(WORLD, batch, LOCAL, dtype=torch.int32),
+        keep=torch.empty(WORLD, batch, LOCAL, dtype=same_width_int(received.dtype)),
         scratch=torch.empty(min(group, WORLD) * acc.numel()),
         group=group,
     )
     contiguous = torch.empty(received.shape, dtype=torch.bfloat16)
+    weigh_ag = StagedWeights(
+        work=torch.empty(WORLD, batch, HEADS),
+        peak=torch.empty(batch, HEADS),
+        norm=torch.empty(batch, HEADS),
+        out=torch.empty(batch, HEADS),
+        row=0,
+    )
+    weigh_a2a = StagedWeights(
+        work=torch.empty(WORLD, batch, LOCAL),
+        peak=torch.empty(batch, LOCAL),
+        norm=torch.empty(batch, LOCAL),
+        out=staged.weights,
+    )
+    weigh_a2a(recv_lses)
 
     def pack() -> tuple[torch.Tensor, torch.Tensor]:
         send_outputs.transpose(0, 1).copy_(part.reshape(batch, WORLD, LOCAL, OUT_DIM))
@@ -103,15 +119,15 @@ def steps(batch: int, seed: int) -> dict[str, Callable[[], object]]:
         # One read of the bf16 partial, one write of the fp32 send buffer (unscaled, scaled).
         "ag_rs upcast copy": lambda: send.copy_(src),
         "ag_rs fused multiply": lambda: torch.mul(src, w_ag.unsqueeze(-1), out=send),
-        "ag_rs weights": lambda: combine_weights(lse_all).weights[0],
+        "ag_rs weights": lambda: weigh_ag(lse_all),
         "ag_rs scale_into": lambda: scale_into(send, src, w_ag),
         "ag_rs result": lambda: result.copy_(rs_recv.view(batch, LOCAL, OUT_DIM)),
         # One read of the received partials: their fp32 sum (not even weighted), or a copy.
         "a2a sum": lambda: torch.sum(received, 0, dtype=torch.float32, out=acc),
         "a2a copy": lambda: contiguous.copy_(received),
         "a2a pack": pack,
-        "a2a weights": lambda: combine_weights(recv_lses).weights,
-        "a2a StagedAccumulation": lambda: staged(w_a2a),
+        "a2a weights": lambda: weigh_a2a(recv_lses),
+        "a2a StagedAccumulation": staged.accumulate,
         "a2a result": lambda: result.copy_(acc),
         "a2a accumulate_into": lambda: accumulate_into(acc.zero_(), received, w_a2a),
     }

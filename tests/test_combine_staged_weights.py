@@ -202,3 +202,12 @@ def test_a_broken_weights_step_is_found(step, broken, monkeypatch) -> None:
 
     with pytest.raises(AssertionError):
         prop()
+
+
+def test_the_weights_step_reads_natural_log_lses_unless_told_otherwise() -> None:
+    """As the oracle's `combine_weights` does: a caller that leaves `base_e` out gets its weights;
+    the control reads the same LSEs as log2 and gets other weights."""
+    lses = torch.randn(4, 2, 6, generator=torch.Generator().manual_seed(7)) * 4
+    oracle = combine_weights(lses).weights
+    assert bit_equal(staged((4, 2, 6))(lses), oracle)
+    assert not bit_equal(staged((4, 2, 6))(lses, base_e=False), oracle)
