@@ -263,6 +263,41 @@ def test_a_forked_rank_has_its_own_startup_argv_main_and_authkey(tmp_path, zygot
     assert seen[0][5] != seen[1][5], "two forked ranks share one multiprocessing authkey"
 
 
+def test_each_forked_rank_draws_its_own_torch_seed_as_a_cold_one_does(tmp_path):
+    """torch seeds its default generator once per interpreter, at its import (in the zygote):
+    two ranks forked from one zygote must not share that seed, as two cold ranks do not."""
+    sock = tmp_path / "z.sock"
+    zproc = subprocess.Popen(
+        [sys.executable, "-u", "-m", "harness.rank.zygote", str(sock), "torch"],
+        env=_env(OMP_NUM_THREADS="1"),
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    (tmp_path / "seeded.py").write_text(
+        "import torch\nfrom harness.rank.parentage import parentage\n"
+        "print(torch.initial_seed(), parentage().forked)\n"
+    )
+    try:
+        seen = []
+        for _ in range(2):
+            stub = subprocess.run(
+                [sys.executable, "-u", "-m", "harness.rank.forkstub", "--", "-m", "seeded"],
+                cwd=tmp_path,
+                env=_env(**{SOCKET_ENV: str(sock), ZYGOTE_PID_ENV: str(zproc.pid)}),
+                capture_output=True,
+                timeout=120,
+                text=True,
+            )
+            assert stub.returncode == 0, stub.stderr
+            seed, forked = stub.stdout.split()
+            assert forked == "True", "the rank was not forked: nothing to compare"
+            seen.append(seed)
+        assert seen[0] != seen[1], "two forked ranks share the zygote's torch seed"
+    finally:
+        zproc.kill()
+        zproc.wait()
+
+
 def test_a_rank_whose_interpreter_would_start_otherwise_is_started_cold(tmp_path, zygote):
     """`-X dev` (an option, and sys.flags.dev_mode) cannot be given to a forked rank: the
     zygote says why and the stub starts the rank's own interpreter."""

@@ -10,8 +10,8 @@ towards torchrun (signals, exit status).
 What a forked rank gets is what `python -m pytest` would have had: the stub's environment (as
 `os.environ`), descriptors, cwd, `sys.argv`, `sys.orig_argv`, `sys.executable` and
 `sys.path[0]`, a fresh `__main__`, its own session, default signal dispositions, torch's thread
-count from the `OMP_NUM_THREADS` torchrun set, the random modules reseeded and its own
-multiprocessing authkey; then pytest runs as `-m pytest` runs it, and an uncaught
+count from the `OMP_NUM_THREADS` torchrun set, the random modules and torch's generator reseeded,
+its own multiprocessing authkey; then pytest runs as `-m pytest` runs it, and an uncaught
 KeyboardInterrupt ends it by SIGINT as it ends the interpreter. It also knows its torchrun agent
 and its stub (`harness.rank.parentage`): its parent is the zygote. What the interpreter fixed at
 its start (options, `sys.flags`, `sys.warnoptions`, `sys.path`) cannot change after it: a rank
@@ -243,6 +243,8 @@ def _adopt(request: Request, fds: list[int]) -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
+    if torch is not None:  # drawn once per interpreter at torch's import: this one's own
+        torch.seed()
     process = sys.modules.get("multiprocessing.process")
     if process is not None:  # drawn once per interpreter, at import: this one's own
         process.current_process().authkey = os.urandom(32)
