@@ -398,6 +398,56 @@ def test_a_stub_gives_up_at_once_on_a_zygote_that_is_gone(tmp_path):
     assert b"cannot reach the rank zygote" in stub.stderr
 
 
+# A listener at the socket path that is not the launcher's zygote: what it would get and do
+# if the stub trusted it (the rank's secrets, its stdout, a status of its choosing).
+FAKE = """
+import os, socket, sys
+from harness.rank.forkwire import recv_request, send_reply
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(4)
+c, _ = s.accept()
+c.settimeout(30)
+try:
+    req, fds = recv_request(c)
+    print("GOT", sorted(k for k in req.env if "TOKEN" in k), flush=True)
+    os.write(fds[1], b"PASSED (written by the fake zygote)\\n")
+    send_reply(c, pid=os.getpid())
+    send_reply(c, status=0)
+except Exception as exc:
+    print("NOTHING", type(exc).__name__, flush=True)
+"""
+
+
+def test_a_stub_hands_nothing_to_a_listener_that_is_not_its_zygote(tmp_path):
+    """Whoever bound the socket path first is asked who it is (SO_PEERCRED): not the pid the
+    launcher started, so it gets no environment, no descriptors, and no say in the exit."""
+    (tmp_path / "fake.py").write_text(FAKE)
+    sock = tmp_path / "f.sock"
+    fake = subprocess.Popen(
+        [sys.executable, str(tmp_path / "fake.py"), str(sock)],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stub = subprocess.run(
+            [sys.executable, "-u", "-m", "harness.rank.forkstub", "--", "-m", "json.tool"],
+            env=_env(**{SOCKET_ENV: str(sock), ZYGOTE_PID_ENV: str(os.getpid())}, HF_TOKEN="x"),
+            capture_output=True,
+            timeout=60,
+            text=True,
+        )
+        said, _ = fake.communicate(timeout=60)
+    finally:
+        fake.kill()
+        fake.wait()
+    assert stub.returncode == 1, stub.stderr
+    assert "is not the rank zygote" in stub.stderr and f"pid {fake.pid}" in stub.stderr
+    assert "PASSED" not in stub.stdout
+    assert said.startswith("NOTHING"), said
+
+
 THREADMOD = (
     "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
 )

@@ -56,6 +56,7 @@ from harness.rank.forkwire import (
     WireError,
     clear_stale,
     interpreter_options,
+    peer_of,
     recv_request,
     send_reply,
     signal_rank,
@@ -381,6 +382,11 @@ class Zygote:
 
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
+        pid, uid = peer_of(conn)
+        if uid != os.getuid():  # not one of this run's stubs: it gets no fork and no reply
+            print(f"dcpqual zygote: pid {pid} of uid {uid} connected; not this uid", flush=True)
+            conn.close()
+            return
         rank = _Rank(conn)
         try:
             request, fds = recv_request(conn)
