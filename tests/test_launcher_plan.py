@@ -64,11 +64,18 @@ def test_one_rank_is_execd_by_torchrun_without_a_zygote():
     assert plan.argv[plan.argv.index("-m", 3) :][:2] == ("-m", "pytest")
 
 
-def test_an_out_folder_too_long_for_a_unix_socket_puts_the_socket_in_tmp():
+def test_an_out_folder_too_long_for_a_unix_socket_puts_the_socket_in_a_private_tmp_folder():
+    """Under a name nobody can derive from the out folder (another user could bind that first);
+    the plan only names the folder, the launcher makes it."""
     deep = Path("/" + "d" * 120)
     zygote = build_plan(RunOptions(nproc_per_node=2), deep).zygote
-    assert zygote is not None and zygote.socket.parent == Path("/tmp")
+    again = build_plan(RunOptions(nproc_per_node=2), deep).zygote
+    assert zygote is not None and again is not None
+    assert zygote.private_dir is not None and zygote.socket.parent == zygote.private_dir
+    assert zygote.private_dir.parent == Path("/tmp") and not zygote.private_dir.exists()
+    assert again.private_dir != zygote.private_dir
     assert len(str(zygote.socket)) < 100
+    assert build_plan(RunOptions(nproc_per_node=2), OUT).zygote.private_dir is None  # type: ignore[union-attr]
 
 
 def test_plan_environment_reaches_the_ranks_and_suites():

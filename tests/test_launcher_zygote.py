@@ -21,6 +21,7 @@ from harness.evidence.rules import hash_seed_limitation
 from harness.launch.launcher import launch
 from harness.launch.plan import RunOptions, ZygotePlan, build_plan
 from harness.launch.proctree import identify
+from harness.launch.zygote import ZygoteRun
 from harness.rank.forkwire import refusal_path
 
 # An agent that starts one stub per "rank" the way torchrun does (own session, the plan's env),
@@ -52,7 +53,7 @@ def plan_for(tmp_path: Path, mode: str, timeout_s: float = 120.0, zygote_argv=No
     plan = build_plan(options, tmp_path / "out")
     assert plan.zygote is not None
     argv = zygote_argv or (*plan.zygote.argv, "json")  # the protocol needs no torch
-    zygote = ZygotePlan(argv=tuple(argv), socket=plan.zygote.socket, env=plan.zygote.env)
+    zygote = replace(plan.zygote, argv=tuple(argv))
     (tmp_path / "agent.py").write_text(AGENT)
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     pids = tmp_path / "ranks.json"
@@ -249,6 +250,29 @@ def test_a_note_an_earlier_zygote_left_does_not_send_the_ranks_cold(tmp_path):
     assert result.exit_code == 0 and state is not None and state.error is None, state
     assert (state.used, state.forked, state.not_used) == (True, 2, None), state
     assert noted(out) == ["True", "True"]
+
+
+def test_the_private_socket_folder_is_this_runs_alone_and_goes_with_it(tmp_path):
+    """Where the socket goes to /tmp: the launcher makes its folder (0700) before the zygote
+    starts and removes it at the end; one already there (anyone's) is not used, nor removed."""
+    folder = Path("/tmp") / f"dcpqual-zygote-test-{os.getpid()}"
+    waits = (sys.executable, "-c", "import time; time.sleep(60)")
+    plan = ZygotePlan(argv=waits, socket=folder / "zygote.sock", private_dir=folder)
+    run = ZygoteRun.start(plan, tmp_path / "zygote.log", dict(os.environ), None)
+    try:
+        assert run.error is None and run.proc is not None
+        assert folder.stat().st_mode & 0o777 == 0o700
+    finally:
+        run.stop()
+    assert not folder.exists()
+    folder.mkdir()
+    try:
+        taken = ZygoteRun.start(plan, tmp_path / "zygote.log", dict(os.environ), None)
+        assert taken.proc is None and "socket folder" in (taken.error or "")
+        taken.stop()
+        assert folder.is_dir(), "a folder the launcher did not make was removed"
+    finally:
+        folder.rmdir()
 
 
 def test_a_used_zygote_says_how_many_it_forked_and_the_seed_they_share(tmp_path, monkeypatch):

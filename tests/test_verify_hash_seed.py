@@ -19,7 +19,9 @@ from _support.forge import forge
 from _support.runs import receipt, records, run
 
 from harness.evidence.files import sha256_file
+from harness.evidence.rules import hash_seed_limitation
 from harness.evidence.verify import verify_bundle
+from harness.schema.launch import NodeState, ZygoteState
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
 
@@ -151,6 +153,14 @@ def _two_nodes(bundle: Path, node1_zygote: dict[str, Any] | None) -> None:
             "0": {**marker, "node_rank": 0, "zygote": zygote},
             "1": {**marker, "node_rank": 1, "zygote": node1_zygote},
         }
+        nodes = {
+            k: NodeState.model_validate(v) for k, v in receipt["run"]["extra"]["nodes"].items()
+        }
+        text = hash_seed_limitation(ZygoteState.model_validate(zygote), nodes).get("hash-seed")
+        lines = receipt["limitations"]
+        receipt["limitations"] = [
+            f"hash-seed: {text}" if x.startswith("hash-seed: ") else x for x in lines
+        ]
 
     forge(bundle, edit)
 
@@ -170,3 +180,54 @@ def test_another_nodes_forked_ranks_need_that_nodes_zygote_in_the_receipt(
     _two_nodes(again, node1)
     problems = " ".join(verify_bundle(again).problems)
     assert "node 1's zygote" not in problems and "'hash-seed'" not in problems, problems
+
+
+def _zygote(**changes: Any) -> Edit:
+    return lambda data: data["run"]["extra"]["launch"]["zygote"].update(changes)
+
+
+def _reworded(key: str) -> Edit:
+    def edit(data: dict[str, Any]) -> None:
+        lines = data["limitations"]
+        assert any(x.startswith(f"{key}: ") for x in lines), lines
+        data["limitations"] = [f"{key}: none" if x.startswith(f"{key}: ") else x for x in lines]
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        (_zygote(forked=0), "run.extra.launch.zygote.used is True but"),
+        (_zygote(forked=1), "run.extra.launch.zygote.forked (records: forked) is 1"),
+        (_zygote(used=False), "run.extra.launch.zygote.used is False but"),
+        (
+            _zygote(sent_cold=2, sent_cold_why="planted reason"),
+            "forked + sent_cold <= its 2 rank(s) is False",
+        ),
+        (_reworded("hash-seed"), "limitation 'hash-seed' does not say what"),
+        (_reworded("nccl"), "limitation 'nccl' does not say what"),
+    ],
+    ids=["none-forked", "fewer-forked", "not-used", "cold-too", "seed-text", "other-text"],
+)
+def test_zygote_counts_and_limitation_texts_are_held_to_the_bundle(
+    forked_bundle: Path, tmp_path: Path, edit: Edit, named: str
+) -> None:
+    """The zygote's counts agree with each other, with the world and with the records; each
+    required limitation says what the rules give for the receipt's facts, not only its key."""
+    bundle = _copy(forked_bundle, tmp_path)
+    forge(bundle, edit)
+    result = verify_bundle(bundle)
+    assert not result.ok
+    assert any(named in p for p in result.problems), result.problems
+
+
+def test_another_nodes_zygote_counts_are_held_to_that_nodes_ranks(
+    forked_bundle: Path, tmp_path: Path
+) -> None:
+    node1 = receipt(forked_bundle)["run"]["extra"]["launch"]["zygote"]
+    bundle = _copy(forked_bundle, tmp_path)
+    _two_nodes(bundle, {**node1, "forked": 2})  # node 1 has one rank
+    problems = " ".join(verify_bundle(bundle).problems)
+    assert "node 1's zygote: forked + sent_cold <= its 1 rank(s) is False" in problems, problems
+    assert "node 1's zygote.forked (records: forked) is 2" in problems, problems

@@ -263,6 +263,41 @@ def test_a_forked_rank_has_its_own_startup_argv_main_and_authkey(tmp_path, zygot
     assert seen[0][5] != seen[1][5], "two forked ranks share one multiprocessing authkey"
 
 
+def test_each_forked_rank_draws_its_own_torch_seed_as_a_cold_one_does(tmp_path):
+    """torch seeds its default generator once per interpreter, at its import (in the zygote):
+    two ranks forked from one zygote must not share that seed, as two cold ranks do not."""
+    sock = tmp_path / "z.sock"
+    zproc = subprocess.Popen(
+        [sys.executable, "-u", "-m", "harness.rank.zygote", str(sock), "torch"],
+        env=_env(OMP_NUM_THREADS="1"),
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    (tmp_path / "seeded.py").write_text(
+        "import torch\nfrom harness.rank.parentage import parentage\n"
+        "print(torch.initial_seed(), parentage().forked)\n"
+    )
+    try:
+        seen = []
+        for _ in range(2):
+            stub = subprocess.run(
+                [sys.executable, "-u", "-m", "harness.rank.forkstub", "--", "-m", "seeded"],
+                cwd=tmp_path,
+                env=_env(**{SOCKET_ENV: str(sock), ZYGOTE_PID_ENV: str(zproc.pid)}),
+                capture_output=True,
+                timeout=120,
+                text=True,
+            )
+            assert stub.returncode == 0, stub.stderr
+            seed, forked = stub.stdout.split()
+            assert forked == "True", "the rank was not forked: nothing to compare"
+            seen.append(seed)
+        assert seen[0] != seen[1], "two forked ranks share the zygote's torch seed"
+    finally:
+        zproc.kill()
+        zproc.wait()
+
+
 def test_a_rank_whose_interpreter_would_start_otherwise_is_started_cold(tmp_path, zygote):
     """`-X dev` (an option, and sys.flags.dev_mode) cannot be given to a forked rank: the
     zygote says why and the stub starts the rank's own interpreter."""
@@ -361,6 +396,56 @@ def test_a_stub_gives_up_at_once_on_a_zygote_that_is_gone(tmp_path):
     )
     assert stub.returncode == 1
     assert b"cannot reach the rank zygote" in stub.stderr
+
+
+# A listener at the socket path that is not the launcher's zygote: what it would get and do
+# if the stub trusted it (the rank's secrets, its stdout, a status of its choosing).
+FAKE = """
+import os, socket, sys
+from harness.rank.forkwire import recv_request, send_reply
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(4)
+c, _ = s.accept()
+c.settimeout(30)
+try:
+    req, fds = recv_request(c)
+    print("GOT", sorted(k for k in req.env if "TOKEN" in k), flush=True)
+    os.write(fds[1], b"PASSED (written by the fake zygote)\\n")
+    send_reply(c, pid=os.getpid())
+    send_reply(c, status=0)
+except Exception as exc:
+    print("NOTHING", type(exc).__name__, flush=True)
+"""
+
+
+def test_a_stub_hands_nothing_to_a_listener_that_is_not_its_zygote(tmp_path):
+    """Whoever bound the socket path first is asked who it is (SO_PEERCRED): not the pid the
+    launcher started, so it gets no environment, no descriptors, and no say in the exit."""
+    (tmp_path / "fake.py").write_text(FAKE)
+    sock = tmp_path / "f.sock"
+    fake = subprocess.Popen(
+        [sys.executable, str(tmp_path / "fake.py"), str(sock)],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stub = subprocess.run(
+            [sys.executable, "-u", "-m", "harness.rank.forkstub", "--", "-m", "json.tool"],
+            env=_env(**{SOCKET_ENV: str(sock), ZYGOTE_PID_ENV: str(os.getpid())}, HF_TOKEN="x"),
+            capture_output=True,
+            timeout=60,
+            text=True,
+        )
+        said, _ = fake.communicate(timeout=60)
+    finally:
+        fake.kill()
+        fake.wait()
+    assert stub.returncode == 1, stub.stderr
+    assert "is not the rank zygote" in stub.stderr and f"pid {fake.pid}" in stub.stderr
+    assert "PASSED" not in stub.stdout
+    assert said.startswith("NOTHING"), said
 
 
 THREADMOD = (

@@ -1,17 +1,28 @@
 """The zygote's pieces that need no process: its CUDA check (with a fake torch and fake memory
-maps), its log lines (one format/parse pair), and the startup facts a rank's stub sends."""
+maps), its log lines (one format/parse pair), the startup facts a rank's stub sends, and who
+each end takes the other for."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from harness.rank.forkwire import Startup, interpreter_options
-from harness.rank.zygote import cuda_refusal, loaded_libraries
+from harness.rank import zygote as zygote_module
+from harness.rank.forkwire import (
+    Request,
+    Startup,
+    interpreter_options,
+    not_the_zygote,
+    peer_of,
+    send_request,
+)
+from harness.rank.zygote import Zygote, cuda_refusal, loaded_libraries
 from harness.rank.zygotelog import (
     Forked,
     Ready,
@@ -138,3 +149,35 @@ def test_interpreter_options_are_those_before_the_module() -> None:
     assert interpreter_options(argv, "harness.rank.forkstub") == ["-u", "-X", "dev"]
     assert interpreter_options(argv, "pytest") == argv[1:7]
     assert interpreter_options(["python", "x.py"], "pytest") is None
+
+
+def test_a_listener_of_another_pid_or_user_is_not_the_zygote() -> None:
+    me = os.getuid()
+    assert not_the_zygote((41, me), 41) is None
+    assert "not the launcher's zygote (pid 41)" in (not_the_zygote((42, me), 41) or "")
+    assert f"uid {me + 1}" in (not_the_zygote((41, me + 1), 41) or "")
+    left, right = socket.socketpair()
+    with left, right:
+        assert peer_of(left) == (os.getpid(), me)
+
+
+def test_the_zygote_neither_forks_for_nor_answers_another_user(tmp_path, monkeypatch) -> None:
+    """A connection from another uid gets no reply (not even "cold") and no fork: its
+    request is never read."""
+    zygote = Zygote(str(tmp_path / "z.sock"))
+    monkeypatch.setattr(zygote_module, "peer_of", lambda conn: (12345, os.getuid() + 1))
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.connect(str(tmp_path / "z.sock"))
+        send_request(client, Request(("-m", "x"), str(tmp_path), {}, 12345, 1))
+        zygote._accept()
+        client.settimeout(10)
+        try:
+            answer = client.recv(4096)
+        except ConnectionResetError:  # closed with the request unread
+            answer = b""
+        assert answer == b"", "the zygote answered a stranger"
+        assert zygote.ranks == []
+    finally:
+        client.close()
+        zygote.close()

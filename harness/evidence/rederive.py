@@ -34,6 +34,8 @@ from harness.evidence.ending import failed_tests, ranks_rootdir
 from harness.evidence.facts import rank_facts
 from harness.evidence.junit import read_merged, tallies
 from harness.evidence.schema import Receipt
+from harness.schema.launch import ZygoteState
+from harness.schema.rank_record import RankStart
 
 RECEIPT_NAME = "receipt.json"
 MERGED_JUNIT = "junit/merged.xml"
@@ -163,11 +165,17 @@ def _launch_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[str
     predate it say nothing): the zygote's claim of the ranks' string-hash seed, so a receipt of
     forked ranks cannot drop the `hash-seed` limitation by calling the seeds their own or by
     leaving the zygote out. One node's launch speaks for that node only: single node only."""
-    derived = hash_seed_of(rank_files)
-    if derived is None or receipt.geometry.nnodes != 1:
+    if receipt.geometry.nnodes != 1:
         return
     launch = receipt.run.extra.launch
     zygote = None if launch is None else launch.zygote
+    if zygote is not None:
+        starts = [x.start for x in rank_files.records.values()]
+        where = "run.extra.launch.zygote"
+        yield from _zygote_counts(where, zygote, receipt.geometry.world_size, starts)
+    derived = hash_seed_of(rank_files)
+    if derived is None:
+        return
     if zygote is None:
         if derived == "shared-random":  # torchrun started each rank: each drew its own
             yield RECEIPT_NAME, "run.extra.launch.zygote", None, "ranks forked from a zygote"
@@ -200,6 +208,25 @@ def _node_zygote_facts(
         zygote = zygotes.get(node)
         claimed = zygote is not None and zygote.used and zygote.hash_seed == "shared-random"
         yield RECEIPT_NAME, f"node {node}'s zygote: used, shared-random seed", claimed, True
+    ranks = receipt.geometry.nproc_per_node
+    for node, zygote in sorted(zygotes.items()):
+        if zygote is not None:
+            starts = [x.start for x in rank_files.records.values() if x.node_rank == node]
+            yield from _zygote_counts(f"node {node}'s zygote", zygote, ranks, starts)
+
+
+def _zygote_counts(
+    where: str, zygote: ZygoteState, ranks: int, starts: list[RankStart | None]
+) -> Iterator[tuple[str, str, Any, Any]]:
+    """A node's zygote's counts, held to each other, to its node's `ranks` and, where each of
+    those ranks recorded its start (`starts`), to how many say they were forked: a zygote can
+    fork or send cold each rank once (torchrun restarts none), and forked nothing if unused."""
+    yield RECEIPT_NAME, f"{where}.used", zygote.used, zygote.forked > 0
+    within = zygote.forked + zygote.sent_cold <= ranks
+    yield RECEIPT_NAME, f"{where}: forked + sent_cold <= its {ranks} rank(s)", within, True
+    if len(starts) == ranks and all(s is not None for s in starts):
+        forked = sum(s is not None and s.forked for s in starts)
+        yield RECEIPT_NAME, f"{where}.forked (records: forked)", zygote.forked, forked
 
 
 def _ending_facts(

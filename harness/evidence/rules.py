@@ -333,3 +333,10 @@ def render_limitations(*parts: dict[str, str]) -> list[Limitation]:
 def missing_limitations(keys: list[str], required: dict[str, str]) -> list[str]:
     """Required keys that no limitation has."""
     return [key for key in required if key not in keys]
+
+
+def misstated_limitations(stated: list[tuple[str, str]], required: dict[str, str]) -> list[str]:
+    """Required keys that limitations name, none of them with the text the rules give (a pure
+    function of the receipt): a limitation kept by its key but emptied of what it says."""
+    keys = {key for key, _ in stated}
+    return [k for k, text in required.items() if k in keys and (k, text) not in stated]

@@ -258,7 +258,19 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
     )
     for key in rules.missing_limitations(receipt.limitation_keys(), required):
         problems.append(f"{RECEIPT_NAME}: limitations do not name '{key}': {required[key]}")
+    for key in rules.misstated_limitations(_limitation_pairs(receipt), required):
+        problems.append(
+            f"{RECEIPT_NAME}: limitation '{key}' does not say what the receipt's facts give: "
+            f"{required[key]}"
+        )
     return problems
+
+
+def _limitation_pairs(receipt: Receipt) -> list[tuple[str, str]]:
+    """(key, text) of each limitation, from the objects or, in older receipts, the lines."""
+    if receipt.limitation_items is not None:
+        return [(item.key, item.text) for item in receipt.limitation_items]
+    return [(k, t) for k, _, t in (line.partition(": ") for line in receipt.limitations)]
 
 
 def _check_summary(bundle: Path, receipt: Receipt) -> list[str]:

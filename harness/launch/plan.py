@@ -186,7 +186,8 @@ class RunOptions:
 # its forked rank (`harness.rank.forkstub`).
 ZYGOTE_MODULE = "harness.rank.zygote"
 FORKSTUB_MODULE = "harness.rank.forkstub"
-# Unix socket paths are limited to 107 bytes; a longer out folder puts the socket in /tmp.
+# Unix socket paths are limited to 107 bytes; a longer out folder puts the socket in a private
+# folder of /tmp.
 _SOCKET_PATH_MAX = 100
 
 
@@ -198,6 +199,9 @@ class ZygotePlan:
     argv: tuple[str, ...]
     socket: Path
     env: Mapping[str, str] = field(default_factory=dict)
+    # The folder the launcher makes for the socket (mode 0700, failing if it exists) and
+    # removes after the run, where the log folder's path is too long for one; None: none.
+    private_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -341,7 +345,7 @@ def forked(rank_argv: Sequence[str]) -> tuple[str, ...]:
 
 def zygote_plan(log_dir: Path, env: dict[str, str]) -> ZygotePlan:
     """The node's zygote for ranks started with `env`, to which it adds the zygote's socket."""
-    socket = zygote_socket(log_dir)
+    socket, private_dir = zygote_socket(log_dir)
     env[SOCKET_ENV] = str(socket)
     zygote_env = dict(env)
     if "OMP_NUM_THREADS" not in os.environ:
@@ -350,16 +354,19 @@ def zygote_plan(log_dir: Path, env: dict[str, str]) -> ZygotePlan:
         argv=(sys.executable, "-u", "-m", ZYGOTE_MODULE, str(socket)),
         socket=socket,
         env=zygote_env,
+        private_dir=private_dir,
     )
 
 
-def zygote_socket(log_dir: Path) -> Path:
+def zygote_socket(log_dir: Path) -> tuple[Path, Path | None]:
     """The zygote's socket in this node's log folder, or, where that path is too long for a Unix
-    socket, in /tmp under a name derived from it."""
+    socket, in a folder of /tmp with a random name that the launcher makes for this run alone
+    (second: that folder). A name anyone can derive could be bound first by another user, who
+    would then be handed every rank's environment and descriptors."""
     path = log_dir / "zygote.sock"
     if len(os.fsencode(path)) <= _SOCKET_PATH_MAX:
-        return path
-    import hashlib
+        return path, None
+    import secrets
 
-    digest = hashlib.sha256(os.fsencode(path)).hexdigest()[:16]
-    return Path("/tmp") / f"dcpqual-zygote-{digest}.sock"
+    private = Path("/tmp") / f"dcpqual-zygote-{secrets.token_hex(8)}"
+    return private / "zygote.sock", private

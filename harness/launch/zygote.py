@@ -13,6 +13,7 @@ the state says the zygote was not used and why.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -50,6 +51,12 @@ class ZygoteRun:
         preexec: Callable[[], None] | None,
     ) -> ZygoteRun:
         run = cls(plan, log, pythonhashseed=env.get("PYTHONHASHSEED", "random"))
+        if plan.private_dir is not None:
+            try:  # this run's own: it fails where anything is at the path already
+                os.mkdir(plan.private_dir, 0o700)
+            except OSError as exc:
+                run.error = f"the rank zygote's socket folder could not be made: {exc}"
+                return run
         # What an earlier zygote at this path left (a launcher killed before its `stop`) would
         # send the stubs cold while this one preloads, and name its reason.
         clear_stale(str(plan.socket))
@@ -68,6 +75,9 @@ class ZygoteRun:
                 )
         except OSError as exc:
             run.error = f"the rank zygote could not start ({' '.join(plan.argv)}): {exc}"
+            if plan.private_dir is not None:
+                with contextlib.suppress(OSError):
+                    os.rmdir(plan.private_dir)
         return run
 
     @property
@@ -147,6 +157,9 @@ class ZygoteRun:
         end_launch_root(self.proc.pid)
         self.refusal()  # read before the note goes
         clear_stale(str(self.plan.socket))
+        if self.plan.private_dir is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.plan.private_dir)
 
     def state(self) -> ZygoteState:
         events = self.events()

@@ -11,7 +11,8 @@ argv, cwd, environment and descriptors 0/1/2, then stands for it towards torchru
 - if the stub dies (torchrun SIGKILLs it after its shutdown timeout), the zygote SIGKILLs the
   rank's group, as torchrun's SIGKILL of the rank's group would have;
 - if the zygote dies first, the rank cannot be reaped: the stub says so in one line, ends the
-  rank (SIGTERM, then SIGKILL) and exits 1;
+  rank (SIGTERM, then SIGKILL) and exits 1; so it does, before it hands over anything, where
+  what listens at the socket is not the launcher's zygote (another pid or user: SO_PEERCRED);
 - if the zygote refused to fork at all (a thread alive after its preload, which it writes next
   to its socket before it exits), or will not fork this rank (its interpreter would have started
   differently from the zygote's: other options, flags or sys.path), the stub becomes the rank:
@@ -39,6 +40,8 @@ from harness.rank.forkwire import (
     Startup,
     WireError,
     interpreter_options,
+    not_the_zygote,
+    peer_of,
     read_refusal,
     send_request,
     signal_rank,
@@ -208,14 +211,21 @@ def main(argv: list[str]) -> None:
     if not path:
         _say(f"{SOCKET_ENV} is not set: not started by a dcpqual launcher that runs a zygote")
         os._exit(2)
+    zygote = os.environ.get(ZYGOTE_PID_ENV, "")
+    if not zygote.isdigit():
+        _say(f"{ZYGOTE_PID_ENV} is not a pid ({zygote!r}): no way to know the rank zygote")
+        os._exit(2)
     child = _Child()
     for sig in FORWARDED:
         signal.signal(sig, child.on_signal)
     try:
-        zygote = os.environ.get(ZYGOTE_PID_ENV, "")
-        sock = connect(path, CONNECT_WAIT_S, int(zygote) if zygote.isdigit() else None)
+        sock = connect(path, CONNECT_WAIT_S, int(zygote))
+        stranger = None if sock is None else not_the_zygote(peer_of(sock), int(zygote))
     except OSError as exc:
         _say(f"cannot reach the rank zygote at {path}: {exc}")
+        os._exit(EXIT_ZYGOTE_LOST)
+    if stranger is not None:  # handed nothing: not the rank's env, descriptors or status
+        _say(f"what listens at {path} is not the rank zygote ({stranger}); the rank is lost")
         os._exit(EXIT_ZYGOTE_LOST)
     if sock is None:
         become_the_rank(argv)

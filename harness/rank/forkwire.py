@@ -215,6 +215,29 @@ class Replies:
         return reply
 
 
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def peer_of(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a connected Unix socket, as the kernel
+    recorded it (SO_PEERCRED): for a listening zygote, the process that listened."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    pid, uid, _gid = _PEERCRED.unpack(raw)
+    return pid, uid
+
+
+def not_the_zygote(peer: tuple[int, int], zygote_pid: int) -> str | None:
+    """Why the listener at the socket path is not the zygote the launcher started (None: it
+    is): a socket path can be bound first by anyone who may write its folder, and the stub
+    hands the zygote the rank's environment and descriptors."""
+    pid, uid = peer
+    if uid != os.getuid():
+        return f"it runs as uid {uid}, not as this rank's uid {os.getuid()}"
+    if pid != zygote_pid:
+        return f"it is pid {pid}, not the launcher's zygote (pid {zygote_pid})"
+    return None
+
+
 def refusal_path(socket_path: str) -> str:
     """Where a zygote that will not fork (a thread alive after its preload) writes why, before
     it exits: the stubs then start their rank's interpreter themselves."""

@@ -10,8 +10,8 @@ towards torchrun (signals, exit status).
 What a forked rank gets is what `python -m pytest` would have had: the stub's environment (as
 `os.environ`), descriptors, cwd, `sys.argv`, `sys.orig_argv`, `sys.executable` and
 `sys.path[0]`, a fresh `__main__`, its own session, default signal dispositions, torch's thread
-count from the `OMP_NUM_THREADS` torchrun set, the random modules reseeded and its own
-multiprocessing authkey; then pytest runs as `-m pytest` runs it, and an uncaught
+count from the `OMP_NUM_THREADS` torchrun set, the random modules and torch's generator reseeded,
+its own multiprocessing authkey; then pytest runs as `-m pytest` runs it, and an uncaught
 KeyboardInterrupt ends it by SIGINT as it ends the interpreter. It also knows its torchrun agent
 and its stub (`harness.rank.parentage`): its parent is the zygote. What the interpreter fixed at
 its start (options, `sys.flags`, `sys.warnoptions`, `sys.path`) cannot change after it: a rank
@@ -56,6 +56,7 @@ from harness.rank.forkwire import (
     WireError,
     clear_stale,
     interpreter_options,
+    peer_of,
     recv_request,
     send_reply,
     signal_rank,
@@ -243,6 +244,8 @@ def _adopt(request: Request, fds: list[int]) -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
+    if torch is not None:  # drawn once per interpreter at torch's import: this one's own
+        torch.seed()
     process = sys.modules.get("multiprocessing.process")
     if process is not None:  # drawn once per interpreter, at import: this one's own
         process.current_process().authkey = os.urandom(32)
@@ -379,6 +382,11 @@ class Zygote:
 
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
+        pid, uid = peer_of(conn)
+        if uid != os.getuid():  # not one of this run's stubs: it gets no fork and no reply
+            print(f"dcpqual zygote: pid {pid} of uid {uid} connected; not this uid", flush=True)
+            conn.close()
+            return
         rank = _Rank(conn)
         try:
             request, fds = recv_request(conn)
