@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
+import importlib.util
 import os
 import select
 import signal
@@ -65,8 +66,8 @@ from harness.rank.forkwire import (
 from harness.rank.zygotelog import Forked, Ready, Reaped, Refused, SentCold, format_event
 
 # What every rank imports before its first test (its plugins' and the suites' conftests'
-# imports), never anything a rank imports only inside a test (torch._dynamo, vLLM: the capture
-# detectors report those imports): the forked rank finds them in sys.modules. pytest rewrites
+# imports), never anything a rank imports only inside a test (torch._dynamo: the capture
+# detectors report its import): the forked rank finds them in sys.modules. pytest rewrites
 # the asserts of the modules it loads as plugins or conftests, so those are not preloaded.
 PRELOAD: tuple[str, ...] = (
     "torch",
@@ -86,6 +87,32 @@ PRELOAD: tuple[str, ...] = (
     "harness.schema.rank_record",
     "harness.schema.capture",
 )
+# Added where a run builds vLLM's real trees (`--models real|both`), and only there: what the
+# real-tree builder and the call-site oracle import of vLLM, both models' classes included
+# (importing vLLM starts no thread and imports torch._dynamo, both before any real test's
+# capture window, as the first build would). Sixteen ranks importing it themselves cost
+# minutes of CPU on a few cores; a stand-in run never imports it.
+REAL_TREE_PRELOAD: tuple[str, ...] = (
+    "vllm",
+    "vllm.config",
+    "vllm.distributed",
+    "vllm.model_executor.model_loader.utils",
+    "vllm.utils.torch_utils",
+    "vllm.v1.attention.ops.dcp",
+    "vllm.models.kimi_k3",
+    "vllm.model_executor.models.deepseek_v2",
+    "harness.models.real",
+    "harness.capture.callsites",
+)
+
+
+def preload_for(models: str) -> tuple[str, ...]:
+    """The zygote's modules for a run of `models` ("stand-in", "real" or "both"); without vLLM
+    installed the real suites skip, as on cold ranks, and there is nothing more to preload."""
+    real = models in ("real", "both") and importlib.util.find_spec("vllm") is not None
+    return PRELOAD + (REAL_TREE_PRELOAD if real else ())
+
+
 # Signals the zygote's own ending listens to; blocked across fork so the child starts clean.
 _ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 MODULE = "harness.rank.zygote"
