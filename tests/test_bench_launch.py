@@ -18,7 +18,7 @@ from harness.bench.launching import dead_ranks, profile_of, read_probes, why_fai
 from harness.errors import QualificationError
 from harness.launch.plan import RunOptions, rank_plan
 from harness.models.real import RealSpec, planned_spec
-from harness.rank.zygote import READY_LINE
+from harness.rank.zygotelog import Ready, format_event
 from harness.schema.bench import BenchOptions, ProbePhases, ProbeRecord
 from harness.schema.plan import RankPlan
 from harness.schema.rank_record import RankRecord, RealTreeRecord
@@ -354,9 +354,9 @@ def test_the_zygotes_preload_seconds_come_from_its_ready_line(tmp_path: Path) ->
     (node / "zygote.log").write_text("dcpqual zygote: not forking: 3 threads alive\n")
     assert launching.zygote_preload_s(tmp_path) is None  # it refused: the ranks started cold
     (node / "zygote.log").write_text(
-        f"{READY_LINE} pid 12, 26 modules preloaded in 41.25s: torch, vllm\n"
+        "Triton is installed\n" + format_event(Ready(12, 41.25, ("torch", "vllm"))) + "\n"
     )
-    assert launching.zygote_preload_s(tmp_path) == 41.25
+    assert launching.zygote_preload_s(tmp_path) == 41.2  # as the zygote prints it
 
 
 def test_the_bare_real_rank_builds_the_runs_configuration_and_records_it(

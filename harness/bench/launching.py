@@ -38,7 +38,7 @@ from harness.launch.plan import (
     zygote_plan,
 )
 from harness.launch.ranklogs import torchrun_logs
-from harness.rank.zygote import READY_LINE
+from harness.rank.zygotelog import Ready, read_events
 from harness.schema.bench import (
     BenchOptions,
     ProbeRecord,
@@ -221,15 +221,12 @@ def same_trees(run: Sequence[RealTreeRecord], bare: Sequence[RealTreeRecord], wo
         )
 
 
-_PRELOADED = re.compile(re.escape(READY_LINE) + r" pid \d+, \d+ modules preloaded in ([0-9.]+)s")
-
-
 def zygote_preload_s(bundle: Path) -> float | None:
     """Seconds the run's zygote took to preload (vLLM's import, where a run on real trees has
     it preloaded); None where no zygote said it was ready (one rank, cold ranks)."""
     log = bundle / "torchrun" / "node-00" / "zygote.log"
-    found = _PRELOADED.search(log.read_text(errors="replace")) if log.is_file() else None
-    return float(found.group(1)) if found else None
+    events = read_events(log.read_bytes()) if log.is_file() else []
+    return next((e.seconds for e in events if isinstance(e, Ready)), None)
 
 
 def _split(trees: Sequence[RealTreeRecord]) -> tuple[Summary | None, Summary | None]:
