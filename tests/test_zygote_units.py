@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness.rank import preloadwarn
 from harness.rank import zygote as zygote_module
 from harness.rank.forkwire import (
     Request,
@@ -22,9 +23,10 @@ from harness.rank.forkwire import (
     peer_of,
     send_request,
 )
-from harness.rank.zygote import Zygote, cuda_refusal, loaded_libraries
+from harness.rank.zygote import PreloadEnv, Zygote, cuda_refusal, loaded_libraries
 from harness.rank.zygotelog import (
     Forked,
+    NotPreloaded,
     Ready,
     Reaped,
     Refused,
@@ -102,6 +104,7 @@ EVENTS = [
     Reaped(pid=100, status=9),
     SentCold(stub=99, reason="its interpreter would have started otherwise: sys.flags.dev_mode 1"),
     Refused(reason="cannot fork ranks after the preload: 3 threads alive"),
+    NotPreloaded(module="vllm", error="ImportError: undefined symbol: _ZN3c10"),
 ]
 
 
@@ -181,3 +184,52 @@ def test_the_zygote_neither_forks_for_nor_answers_another_user(tmp_path, monkeyp
     finally:
         client.close()
         zygote.close()
+
+
+def test_the_preloads_environment_writes_are_made_in_the_ranks_own_environment() -> None:
+    before = {"KEEP": "z", "CHANGED": "z", "GONE": "z"}
+    after = {"KEEP": "z", "CHANGED": "import", "ADDED": "import", "DEFAULTED": "import"}
+    diff = PreloadEnv.between(before, after)
+    rank_env = {"CHANGED": "rank", "GONE": "rank", "DEFAULTED": "rank", "OWN": "rank"}
+    env = dict(rank_env)
+    diff.apply(env, rank_env)
+    # the rank's own DEFAULTED (the zygote lacked it) stays; the import's writes win elsewhere
+    assert env == {"CHANGED": "import", "ADDED": "import", "DEFAULTED": "rank", "OWN": "rank"}
+
+
+def test_a_recorded_warning_is_reissued_once_under_the_callers_filters() -> None:
+    import warnings
+
+    with preloadwarn.recording() as log:
+        warnings.warn("vllm drifted", FutureWarning, stacklevel=1)
+        warnings.warn("quiet by default", DeprecationWarning, stacklevel=1)
+    assert [m.category for m in log] == [FutureWarning, DeprecationWarning]
+    preloadwarn.hand_over({preloadwarn.REAL_TREES: log})
+    preloadwarn.reissue(preloadwarn.STARTUP)  # another group: nothing
+    with warnings.catch_warnings(), pytest.raises(FutureWarning, match="vllm drifted"):
+        warnings.simplefilter("error")
+        preloadwarn.reissue(preloadwarn.REAL_TREES)
+    assert not preloadwarn.pending(preloadwarn.REAL_TREES)
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        preloadwarn.reissue(preloadwarn.REAL_TREES)
+    assert again == []
+
+
+def test_a_reissued_warning_meets_filters_that_name_its_module(tmp_path, monkeypatch) -> None:
+    """As the ranks' `ignore:...:DeprecationWarning:torch.jit._script` names torch's module."""
+    import importlib
+    import warnings
+
+    (tmp_path / "drifted_mod.py").write_text(
+        "import warnings\nwarnings.warn('drifted', DeprecationWarning)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with preloadwarn.recording() as log:
+        importlib.import_module("drifted_mod")
+    monkeypatch.setitem(sys.modules, "drifted_mod", sys.modules["drifted_mod"])  # undone after
+    preloadwarn.hand_over({preloadwarn.STARTUP: log})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", "drifted", DeprecationWarning, "drifted_mod")
+        preloadwarn.reissue(preloadwarn.STARTUP)
