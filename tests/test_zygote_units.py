@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.rank import preloadwarn
+from harness.core import preloaded
 from harness.rank import zygote as zygote_module
 from harness.rank.forkwire import (
     Request,
@@ -200,19 +200,19 @@ def test_the_preloads_environment_writes_are_made_in_the_ranks_own_environment()
 def test_a_recorded_warning_is_reissued_once_under_the_callers_filters() -> None:
     import warnings
 
-    with preloadwarn.recording() as log:
+    with preloaded.recording() as log:
         warnings.warn("vllm drifted", FutureWarning, stacklevel=1)
         warnings.warn("quiet by default", DeprecationWarning, stacklevel=1)
     assert [m.category for m in log] == [FutureWarning, DeprecationWarning]
-    preloadwarn.hand_over({preloadwarn.REAL_TREES: log})
-    preloadwarn.reissue(preloadwarn.STARTUP)  # another group: nothing
+    preloaded.hand_over({preloaded.REAL_TREES: log})
+    preloaded.reissue(preloaded.STARTUP)  # another group: nothing
     with warnings.catch_warnings(), pytest.raises(FutureWarning, match="vllm drifted"):
         warnings.simplefilter("error")
-        preloadwarn.reissue(preloadwarn.REAL_TREES)
-    assert not preloadwarn.pending(preloadwarn.REAL_TREES)
+        preloaded.reissue(preloaded.REAL_TREES)
+    assert not preloaded.pending(preloaded.REAL_TREES)
     with warnings.catch_warnings(record=True) as again:
         warnings.simplefilter("always")
-        preloadwarn.reissue(preloadwarn.REAL_TREES)
+        preloaded.reissue(preloaded.REAL_TREES)
     assert again == []
 
 
@@ -225,11 +225,35 @@ def test_a_reissued_warning_meets_filters_that_name_its_module(tmp_path, monkeyp
         "import warnings\nwarnings.warn('drifted', DeprecationWarning)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    with preloadwarn.recording() as log:
+    with preloaded.recording() as log:
         importlib.import_module("drifted_mod")
     monkeypatch.setitem(sys.modules, "drifted_mod", sys.modules["drifted_mod"])  # undone after
-    preloadwarn.hand_over({preloadwarn.STARTUP: log})
+    preloaded.hand_over({preloaded.STARTUP: log})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warnings.filterwarnings("ignore", "drifted", DeprecationWarning, "drifted_mod")
-        preloadwarn.reissue(preloadwarn.STARTUP)
+        preloaded.reissue(preloaded.STARTUP)
+
+
+def test_dynamos_import_is_a_blind_spot_until_the_rank_reaches_where_it_imports_it(
+    monkeypatch,
+) -> None:
+    """Preloaded with vLLM, torch._dynamo is loaded before a `--models both` run's stand-in
+    windows: the dynamo detector says it cannot see its import there, until the real-tree
+    build, where a cold rank imports it too (a cold rank: no blind spot at all)."""
+    import types
+
+    from harness.capture.detectors import IMPORT_BLIND, DynamoDetector
+
+    monkeypatch.setitem(
+        sys.modules,
+        "torch._dynamo",
+        sys.modules.get("torch._dynamo") or types.ModuleType("torch._dynamo"),
+    )
+    preloaded.hand_over({}, {})
+    assert DynamoDetector().blind_spots() == ()
+    preloaded.hand_over({}, {preloaded.REAL_TREES: frozenset({"vllm", "torch._dynamo"})})
+    (spot,) = DynamoDetector().blind_spots()
+    assert spot.name == IMPORT_BLIND and not spot.active and "preload" in spot.reason
+    preloaded.reissue(preloaded.REAL_TREES)
+    assert DynamoDetector().blind_spots() == ()

@@ -11,7 +11,7 @@ still reported. The little garbage start-up makes is frozen with the rest (Pytho
 pattern for long-lived heaps: disable early, freeze, enable).
 
 Its import is also where a forked rank re-issues what the zygote's preload warned
-(`harness.rank.preloadwarn`): pytest imports it under the same filters a cold rank's imports of
+(`harness.core.preloaded`): pytest imports it under the same filters a cold rank's imports of
 torch and the harness meet here.
 
 Inert unless named with `-p`: the launcher names it for the ranks only.
@@ -23,9 +23,9 @@ import gc
 
 import pytest
 
-from harness.rank import preloadwarn
+from harness.core import preloaded
 
-preloadwarn.reissue(preloadwarn.STARTUP)
+preloaded.reissue(preloaded.STARTUP)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:

@@ -12,15 +12,15 @@ What a forked rank gets is what `python -m pytest` would have had: the stub's en
 `sys.path[0]`, a fresh `__main__`, its own session, default signal dispositions, torch's thread
 count from the `OMP_NUM_THREADS` torchrun set, the random modules and torch's generator reseeded,
 its own multiprocessing authkey, what the preload wrote into os.environ and what it warned
-(re-issued under the rank's filters, `harness.rank.preloadwarn`); then pytest runs as `-m pytest`
-runs it, and an uncaught
-KeyboardInterrupt ends it by SIGINT as it ends the interpreter. It also knows its torchrun agent
-and its stub (`harness.rank.parentage`): its parent is the zygote. What the interpreter fixed at
-its start (options, `sys.flags`, `sys.warnoptions`, `sys.path`) cannot change after it: a rank
-whose own would differ is not forked, its stub starts it cold. What it cannot get: its own
-string-hash seed (one per interpreter: every forked rank shares the zygote's; the launcher
-records that), and whatever torch read from the environment while it was imported (the launcher
-starts the zygote with the ranks' environment for what matters, e.g. OMP_NUM_THREADS).
+(re-issued under the rank's filters, `harness.core.preloaded`); then pytest runs as `-m pytest`
+runs it, and an uncaught KeyboardInterrupt ends it by SIGINT as it ends the interpreter. It
+also knows its torchrun agent and its stub (`harness.rank.parentage`): its parent is the zygote.
+What the interpreter fixed at its start (options, `sys.flags`, `sys.warnoptions`, `sys.path`)
+cannot change after it: a rank whose own would differ is not forked, its stub starts it cold.
+What it cannot get: its own string-hash seed (one per interpreter: every forked rank shares the
+zygote's; the launcher records that), and whatever torch read from the environment while it was
+imported (the launcher starts the zygote with the ranks' environment for what matters, e.g.
+OMP_NUM_THREADS).
 
 Nothing here initializes CUDA or a process group, and no thread runs when it forks (both are
 checked before every fork: a forked CUDA context or a thread's lock would be corrupt in the
@@ -53,7 +53,8 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from harness.rank import parentage, preloadwarn
+from harness.core import preloaded as handover
+from harness.rank import parentage
 from harness.rank.forkwire import (
     Request,
     Startup,
@@ -147,12 +148,13 @@ class Failed:
 @dataclass
 class Preloaded:
     """What the preload did: the modules it imported, those whose import raised, what it warned
-    (by where a cold rank imports the module, see `harness.rank.preloadwarn`) and what it
+    (by where a cold rank imports the module, see `harness.core.preloaded`) and what it
     wrote into os.environ."""
 
     loaded: list[str] = field(default_factory=list)
     failed: list[Failed] = field(default_factory=list)
     warned: dict[str, list[warnings.WarningMessage]] = field(default_factory=dict)
+    modules: dict[str, frozenset[str]] = field(default_factory=dict)  # what each group loaded
     env: PreloadEnv = field(default_factory=lambda: PreloadEnv({}, (), frozenset()))
 
 
@@ -189,8 +191,9 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> Preloaded:
     done = Preloaded()
     before = dict(os.environ)
     for name in modules:
-        group = preloadwarn.REAL_TREES if name in REAL_TREE_PRELOAD else preloadwarn.STARTUP
-        with preloadwarn.recording() as log:
+        group = handover.REAL_TREES if name in REAL_TREE_PRELOAD else handover.STARTUP
+        known = set(sys.modules)
+        with handover.recording() as log:
             try:
                 importlib.import_module(name)
             except Exception as exc:
@@ -198,6 +201,8 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> Preloaded:
             else:
                 done.loaded.append(name)
         done.warned.setdefault(group, []).extend(log)
+        new = frozenset(sys.modules.keys() - known)
+        done.modules[group] = done.modules.get(group, frozenset()) | new
     done.env = PreloadEnv.between(before, dict(os.environ))
     gc.freeze()  # the preloaded heap: shared copy-on-write, never walked by the children's gc
     return done
@@ -395,9 +400,9 @@ def child_main(
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         _adopt(request, fds, None if preloaded is None else preloaded.env)
         if preloaded is not None:
-            preloadwarn.hand_over(preloaded.warned)
+            handover.hand_over(preloaded.warned, preloaded.modules)
         if HEAP_PLUGIN not in request.argv:  # nothing else re-issues them: before it runs
-            preloadwarn.reissue(preloadwarn.STARTUP)
+            handover.reissue(handover.STARTUP)
         code = _run_module(request.argv)
     except BaseException:
         with contextlib.suppress(BaseException):

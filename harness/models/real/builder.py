@@ -25,12 +25,12 @@ from typing import Any
 
 from torch import nn
 
+from harness.core import preloaded
 from harness.core.peers import VLLM_REQUIREMENT
 from harness.core.signature import COMM_BACKENDS
 from harness.errors import UsageError
 from harness.models.real.configs import MAX_MODEL_LEN, REAL_MODEL_CHOICES, TINY_CONFIGS
 from harness.models.real.shims import SHIMS, Shim, applied
-from harness.rank import preloadwarn
 from harness.schema.base import Limitation
 from harness.schema.plan import RankPlan
 from harness.schema.rank_record import RealTreeRecord
@@ -291,7 +291,7 @@ def build_real(spec: RealSpec, *, skip_shims: frozenset[str] = frozenset()) -> R
             f"process-global, so {spec} needs its own run"
         )
     imported = time.monotonic()
-    preloadwarn.reissue(preloadwarn.REAL_TREES)  # a forked rank: what its import would warn
+    preloaded.reissue(preloaded.REAL_TREES)  # a forked rank: what its import would warn
     try:
         import vllm  # noqa: F401
     except ImportError as exc:
