@@ -18,6 +18,7 @@ from harness.bench.launching import dead_ranks, profile_of, read_probes, why_fai
 from harness.errors import QualificationError
 from harness.launch.plan import RunOptions, rank_plan
 from harness.models.real import RealSpec, planned_spec
+from harness.rank.zygote import PRELOAD, preload_for
 from harness.rank.zygotelog import Ready, format_event
 from harness.schema.bench import BenchOptions, ProbePhases, ProbeRecord
 from harness.schema.plan import RankPlan
@@ -252,6 +253,7 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
     rss = iter([300_000, 400_000, 350_000, 100_000])  # KiB: rank 0 and 1, run 1 then run 2
     bare_trees: list[dict[str, Any]] = []
     plans: list[RankPlan | None] = []
+    preloads: list[tuple[str, ...] | None] = []
 
     def bare(
         nproc: int,
@@ -260,16 +262,18 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
         module: Any,
         timeout: float,
         zygote: bool = False,
+        preload: tuple[str, ...] = PRELOAD,
         extra_env: dict[str, str] | None = None,
     ) -> float:
         calls.append(("bare-zygote" if zygote else "bare", nproc, module[0]))
         if module[0] == "harness.bench.bare_real_rank":  # its ranks write their trees
             plans.append(RankPlan.from_environ(extra_env or {}))
+            preloads.append(preload if zygote else None)
             for rank, tree in enumerate(bare_trees):
                 record = TypeAdapter(RealTreeRecord).validate_python(tree)
                 path = bare_real_rank.record_path(Path(module[3]), rank)
                 path.write_bytes(TypeAdapter(RealTreeRecord).dump_json(record))
-            return 25.0
+            return 12.0 if zygote else 25.0
         return 5.0 if zygote else 10.0
 
     def full(options: BenchOptions, nproc: int, models: str, work: Path) -> Any:
@@ -308,11 +312,25 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
         "Triton is installed\ndcpqual zygote: ready pid 7, 26 modules preloaded in 15.7s: torch\n"
     )
     real = launching.measure_runs(options, "real", tmp_path, say=lambda line: None)
-    # One bare real-tree launch, then one run, both at --real-nproc-per-node.
-    assert calls == [("bare", 4, "harness.bench.bare_real_rank"), ("full", 4, "real")]
-    assert plans == [rank_plan(RunOptions(nproc_per_node=4, models="real"), tmp_path / "bare-real")]
+    # One cold bare real-tree launch, the same through a zygote that preloaded vLLM as the
+    # run's does, then one run, all at --real-nproc-per-node.
+    assert calls == [
+        ("bare", 4, "harness.bench.bare_real_rank"),
+        ("bare-zygote", 4, "harness.bench.bare_real_rank"),
+        ("full", 4, "real"),
+    ]
+    real_plan = RunOptions(nproc_per_node=4, models="real")
+    assert plans == [
+        rank_plan(real_plan, tmp_path / "bare-real"),
+        rank_plan(real_plan, tmp_path / "bare-real-zygote"),
+    ]
+    assert preloads == [None, preload_for("real")]
     assert real.models == "real" and real.bare_launch_s is not None
+    # The target stays against the cold launch; the zygote's is information beside it.
     assert real.ratio is not None and real.ratio.value == pytest.approx(30.0 / 25.0)
+    assert real.bare_zygote_launch_s is not None and real.bare_zygote_launch_s.median == 12.0
+    assert real.ratio_to_zygote_launch is not None
+    assert real.ratio_to_zygote_launch.value == pytest.approx(30.0 / 12.0)
     assert real.real_import_s is not None and real.real_build_s is not None
     assert (real.real_import_s.median, real.real_import_s.max) == (0.015, 0.03)
     assert (real.real_build_s.median, real.real_build_s.max) == (3.0, 6.0)

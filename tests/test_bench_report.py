@@ -184,6 +184,8 @@ def launch_result(
         "bare_real_import_s": summarize([14.0, 16.0]),
         "bare_real_build_s": summarize([2.0, 2.0]),
         "zygote_preload_s": 17.5,
+        "bare_zygote_launch_s": summarize([12.0]),
+        "ratio_to_zygote_launch": ratio_of_medians(suite, summarize([12.0])),
     }
     return SuiteRuns(
         world_size=2,
@@ -259,6 +261,11 @@ def test_targets_one_per_issue_item_with_outcomes() -> None:
     assert "kimi-k3 tp=2 dcp=2 kv=auto ag_rs" in bare_real.detail
     assert "import/build: bare 15.0/2.0 s, run 0.1/2.5 s" in bare_real.detail
     assert "preloaded vLLM for all ranks in 17.5 s" in bare_real.detail
+    # Beside the cold reference, the like-for-like one: the bare launch forked from a zygote.
+    assert "imports vLLM once per rank" in bare_real.detail
+    assert "bare through the zygote (vLLM preloaded) 12.0 [12.0-12.0] s (2.50x of it)" in (
+        bare_real.detail
+    )
     slow = launch_result({0: 1.0}, models="real").model_copy(
         update={"ratio": ratio_of_medians(summarize([40.0]), summarize([25.0]))}
     )

@@ -38,6 +38,7 @@ from harness.launch.plan import (
     zygote_plan,
 )
 from harness.launch.ranklogs import torchrun_logs
+from harness.rank.zygote import PRELOAD, preload_for
 from harness.rank.zygotelog import Ready, read_events
 from harness.schema.bench import (
     BenchOptions,
@@ -99,10 +100,11 @@ def run_ranks(
     timeout_s: float,
     *,
     zygote: bool = False,
+    preload: tuple[str, ...] = PRELOAD,
     extra_env: Mapping[str, str] | None = None,
 ) -> float:
     """Launch `python -m MODULE ARGS` once with `dcpqual run`'s own torchrun flags and
-    environment (with `zygote`, each rank forked from `dcpqual run`'s zygote, the same preload;
+    environment (with `zygote`, each rank forked from `dcpqual run`'s zygote, with `preload`;
     `extra_env` for the ranks besides); seconds it took. A failed launch raises with the dead
     rank named."""
     options = RunOptions(
@@ -116,7 +118,8 @@ def run_ranks(
         plan = RunPlan(options, out_dir, (*torchrun_args(options, log_dir), *rank_argv), env=env)
     else:
         argv = (*torchrun_args(options, log_dir), *forked(rank_argv))
-        plan = RunPlan(options, out_dir, argv, env=env, zygote=zygote_plan(log_dir, env))
+        zygote_run = zygote_plan(log_dir, env, preload)
+        plan = RunPlan(options, out_dir, argv, env=env, zygote=zygote_run)
     result = launch(plan)
     if result.timed_out:
         raise QualificationError(f"{module_args[0]} ranks ran past {timeout_s:g}s; see {out_dir}")
@@ -245,16 +248,26 @@ def _say_split(say: Callable[[str], None], who: str, trees: Sequence[RealTreeRec
 
 
 def bare_real_launch(
-    options: BenchOptions, nproc: int, work: Path
+    options: BenchOptions, nproc: int, work: Path, *, zygote: bool = False
 ) -> tuple[float, list[RealTreeRecord]]:
-    """The bare real-tree launch at `nproc` ranks, cold (each rank imports vLLM itself), with
-    the rank plan `dcpqual run --models real` gives its ranks; its seconds and trees."""
+    """The bare real-tree launch at `nproc` ranks, cold (each rank imports vLLM itself) or,
+    with `zygote`, forked from a zygote that preloaded vLLM as the real run's does, with the
+    rank plan `dcpqual run --models real` gives its ranks; its seconds and trees."""
     run = RunOptions(nproc_per_node=nproc, backend=options.backend, models="real")
     trees = work / "trees"
     trees.mkdir(parents=True, exist_ok=True)
     module = ("harness.bench.bare_real_rank", options.backend, f"{options.timeout_s:g}", str(trees))
     plan = rank_plan(run, work).to_environ()
-    seconds = run_ranks(nproc, options.backend, work, module, options.timeout_s, extra_env=plan)
+    seconds = run_ranks(
+        nproc,
+        options.backend,
+        work,
+        module,
+        options.timeout_s,
+        zygote=zygote,
+        preload=preload_for("real"),
+        extra_env=plan,
+    )
     return seconds, read_records(trees)
 
 
@@ -277,6 +290,13 @@ def measure_runs(
         bare.append(seconds)
         say(f"  bare real-tree launch: {seconds:.1f}s")
         _say_split(say, "bare launch", bare_trees)
+        if nproc > 1:  # the like-for-like side, as the run's ranks are: vLLM imported once
+            seconds, forked_trees = bare_real_launch(
+                options, nproc, work / "bare-real-zygote", zygote=True
+            )
+            forked_bare.append(seconds)
+            say(f"  bare real-tree launch through the zygote (vLLM preloaded): {seconds:.1f}s")
+            same_trees(bare_trees, forked_trees, nproc)
     for i in range(max(bare_repeats, suite_repeats)):
         if i < bare_repeats:
             bare.append(run_ranks(nproc, backend, work / f"bare-{i}", bare_rank, options.timeout_s))

@@ -165,6 +165,12 @@ def _real_launch(run: SuiteRuns | None) -> Reading:
     )
     if run.zygote_preload_s is not None:
         detail += f" (its zygote preloaded vLLM for all ranks in {run.zygote_preload_s:.1f} s)"
+    if run.bare_zygote_launch_s is not None and run.ratio_to_zygote_launch is not None:
+        forked = _spread(run.bare_zygote_launch_s, ".1f")
+        detail += (
+            f"; the cold bare launch imports vLLM once per rank, the run once: bare through the "
+            f"zygote (vLLM preloaded) {forked} s ({run.ratio_to_zygote_launch.value:.2f}x of it)"
+        )
     return run.ratio.value, detail
 
 
