@@ -11,11 +11,18 @@ from typing import Any
 
 import pytest
 import torch
+from pydantic import TypeAdapter
 
-from harness.bench import bare_rank, launching, probe, ranks
+from harness.bench import bare_rank, bare_real_rank, launching, probe, ranks
 from harness.bench.launching import dead_ranks, profile_of, read_probes, why_failed
+from harness.errors import QualificationError
+from harness.launch.plan import RunOptions, rank_plan
+from harness.models.real import RealSpec, planned_spec
+from harness.rank.zygote import PRELOAD, preload_for
+from harness.rank.zygotelog import Ready, format_event
 from harness.schema.bench import BenchOptions, ProbePhases, ProbeRecord
-from harness.schema.rank_record import RankRecord
+from harness.schema.plan import RankPlan
+from harness.schema.rank_record import RankRecord, RealTreeRecord
 
 # torchrun 2.13's report after rank 1 aborted and the agent ended rank 0.
 AGENT_LOG = """\
@@ -223,16 +230,50 @@ def test_profile_takes_median_and_slowest_rank_and_the_launchers_share() -> None
     assert profile_of([unprofiled], 0.0, 1.0) is None  # not profiled: no table
 
 
+def _tree(rank: int, import_s: float, build_s: float, **config: Any) -> dict[str, Any]:
+    """One rank's real-tree record, as the run's rank records and the bare ranks hold it."""
+    tree = {"model": "kimi-k3", "tp": 4, "dcp": 4, "kv_cache_dtype": "auto",
+            "dcp_comm_backend": "ag_rs", "classes": ("vllm.X",), "import_s": import_s,
+            "build_s": build_s}  # fmt: skip
+    return {**tree, **config}
+
+
+def _run_records(folder: Path, trees: list[dict[str, Any]]) -> None:
+    records = folder / "suite-0" / "bundle" / "records"
+    records.mkdir(parents=True)
+    for rank, tree in enumerate(trees):
+        record = RankRecord(rank=rank, world_size=len(trees), extra={"real_trees": [tree]})
+        (records / f"rank-{rank:02d}.json").write_text(json.dumps(record.to_json()))
+
+
 def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     calls: list[tuple[object, ...]] = []
     rss = iter([300_000, 400_000, 350_000, 100_000])  # KiB: rank 0 and 1, run 1 then run 2
+    bare_trees: list[dict[str, Any]] = []
+    plans: list[RankPlan | None] = []
+    preloads: list[tuple[str, ...] | None] = []
 
     def bare(
-        nproc: int, backend: str, out: Path, module: Any, timeout: float, zygote: bool = False
+        nproc: int,
+        backend: str,
+        out: Path,
+        module: Any,
+        timeout: float,
+        zygote: bool = False,
+        preload: tuple[str, ...] = PRELOAD,
+        extra_env: dict[str, str] | None = None,
     ) -> float:
         calls.append(("bare-zygote" if zygote else "bare", nproc, module[0]))
+        if module[0] == "harness.bench.bare_real_rank":  # its ranks write their trees
+            plans.append(RankPlan.from_environ(extra_env or {}))
+            preloads.append(preload if zygote else None)
+            for rank, tree in enumerate(bare_trees):
+                record = TypeAdapter(RealTreeRecord).validate_python(tree)
+                path = bare_real_rank.record_path(Path(module[3]), rank)
+                path.write_bytes(TypeAdapter(RealTreeRecord).dump_json(record))
+            return 12.0 if zygote else 25.0
         return 5.0 if zygote else 10.0
 
     def full(options: BenchOptions, nproc: int, models: str, work: Path) -> Any:
@@ -258,22 +299,112 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
     assert runs.peak_rss_mb_per_rank == {"0": 350_000 * 1024 / 1e6, "1": 400_000 * 1024 / 1e6}
     assert runs.peak_rss_mb == pytest.approx(409.6)
     assert runs.real_import_s is None and runs.real_build_s is None  # stand-ins: no vLLM
+    assert runs.bare_real_import_s is None and runs.zygote_preload_s is None
     calls.clear()
     rss = iter([1_000_000, 900_000])
-    records = tmp_path / "suite-0" / "bundle" / "records"
-    records.mkdir(parents=True)
-    for rank in range(4):  # what each rank's record says its vLLM import and build cost
-        tree = {"model": "kimi-k3", "tp": 4, "dcp": 4, "kv_cache_dtype": "auto",
-                "dcp_comm_backend": "ag_rs", "import_s": 20.0 + rank,
-                "build_s": 2.0 * rank}  # fmt: skip
-        record = RankRecord(rank=rank, world_size=4, extra={"real_trees": [tree]})
-        (records / f"rank-{rank:02d}.json").write_text(json.dumps(record.to_json()))
+    # What each rank's record says its vLLM import and build cost: the run's ranks found vLLM
+    # preloaded, the bare launch's imported it themselves.
+    _run_records(tmp_path, [_tree(rank, 0.01 * rank, 2.0 * rank) for rank in range(4)])
+    bare_trees[:] = [_tree(rank, 20.0 + rank, 1.0 + rank) for rank in range(4)]
+    node = tmp_path / "suite-0" / "bundle" / "torchrun" / "node-00"
+    node.mkdir(parents=True)
+    (node / "zygote.log").write_text(
+        "Triton is installed\ndcpqual zygote: ready pid 7, 26 modules preloaded in 15.7s: torch\n"
+    )
     real = launching.measure_runs(options, "real", tmp_path, say=lambda line: None)
-    assert calls == [("full", 4, "real")]  # no bare launch, one run, at --real-nproc-per-node
-    assert real.bare_launch_s is None and real.ratio is None and real.models == "real"
+    # One cold bare real-tree launch, the same through a zygote that preloaded vLLM as the
+    # run's does, then one run, all at --real-nproc-per-node.
+    assert calls == [
+        ("bare", 4, "harness.bench.bare_real_rank"),
+        ("bare-zygote", 4, "harness.bench.bare_real_rank"),
+        ("full", 4, "real"),
+    ]
+    real_plan = RunOptions(nproc_per_node=4, models="real")
+    assert plans == [
+        rank_plan(real_plan, tmp_path / "bare-real"),
+        rank_plan(real_plan, tmp_path / "bare-real-zygote"),
+    ]
+    assert preloads == [None, preload_for("real")]
+    assert real.models == "real" and real.bare_launch_s is not None
+    # The target stays against the cold launch; the zygote's is information beside it.
+    assert real.ratio is not None and real.ratio.value == pytest.approx(30.0 / 25.0)
+    assert real.bare_zygote_launch_s is not None and real.bare_zygote_launch_s.median == 12.0
+    assert real.ratio_to_zygote_launch is not None
+    assert real.ratio_to_zygote_launch.value == pytest.approx(30.0 / 12.0)
     assert real.real_import_s is not None and real.real_build_s is not None
-    assert (real.real_import_s.median, real.real_import_s.max) == (21.5, 23.0)
+    assert (real.real_import_s.median, real.real_import_s.max) == (0.015, 0.03)
     assert (real.real_build_s.median, real.real_build_s.max) == (3.0, 6.0)
+    assert real.bare_real_import_s is not None and real.bare_real_build_s is not None
+    assert (real.bare_real_import_s.median, real.bare_real_build_s.max) == (21.5, 4.0)
+    assert real.zygote_preload_s == 15.7
+    assert real.real_trees == ("kimi-k3 tp=4 dcp=4 kv=auto ag_rs",)
+
+
+@pytest.mark.parametrize(
+    ("bare", "said"),
+    [
+        ([_tree(r, 1.0, 1.0, dcp=2) for r in range(4)], "kimi-k3 tp=4 dcp=2 kv=auto ag_rs"),
+        ([_tree(r, 1.0, 1.0, classes=("vllm.Y",)) for r in range(4)], "on 4 of 4 ranks"),
+        ([_tree(r, 1.0, 1.0) for r in range(3)], "on 3 of 4 ranks"),
+    ],
+    ids=["other-dcp", "other-classes", "a-rank-built-nothing"],
+)
+def test_no_ratio_against_a_bare_launch_that_built_other_trees(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, bare: list[dict[str, Any]], said: str
+) -> None:
+    adapter = TypeAdapter(RealTreeRecord)
+    run = [adapter.validate_python(_tree(r, 0.0, 1.0)) for r in range(4)]
+    launching.same_trees(run, [adapter.validate_python(t) for t in run_like(run)], 4)  # same
+    with pytest.raises(QualificationError, match="no ratio between different work") as caught:
+        launching.same_trees(run, [adapter.validate_python(t) for t in bare], 4)
+    assert said in str(caught.value)
+
+
+def run_like(run: list[RealTreeRecord]) -> list[dict[str, Any]]:
+    """The same trees at another cost: what a bare launch of the same work records."""
+    return [_tree(r, 30.0, 9.0) for r in range(len(run))]
+
+
+def test_the_zygotes_preload_seconds_come_from_its_ready_line(tmp_path: Path) -> None:
+    assert launching.zygote_preload_s(tmp_path) is None  # no zygote (one rank)
+    node = tmp_path / "torchrun" / "node-00"
+    node.mkdir(parents=True)
+    (node / "zygote.log").write_text("dcpqual zygote: not forking: 3 threads alive\n")
+    assert launching.zygote_preload_s(tmp_path) is None  # it refused: the ranks started cold
+    (node / "zygote.log").write_text(
+        "Triton is installed\n" + format_event(Ready(12, 41.25, ("torch", "vllm"))) + "\n"
+    )
+    assert launching.zygote_preload_s(tmp_path) == 41.2  # as the zygote prints it
+
+
+def test_the_bare_real_rank_builds_the_runs_configuration_and_records_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    built: list[RealSpec] = []
+
+    class Tree:
+        def __init__(self, spec: RealSpec) -> None:
+            self.spec = spec
+
+        def record(self) -> RealTreeRecord:
+            config = {k: getattr(self.spec, k) for k in ("model", "tp", "dcp", "kv_cache_dtype")}
+            return RealTreeRecord(
+                **config, dcp_comm_backend=self.spec.dcp_comm_backend, import_s=3.0, build_s=1.0
+            )
+
+    def build(spec: RealSpec) -> Tree:
+        built.append(spec)
+        return Tree(spec)
+
+    monkeypatch.setattr(bare_real_rank, "build_real", build)
+    plan = RankPlan(models="real", dcp=2, dcp_comm_backend="a2a", real_model="deepseek-v3")
+    work = bare_real_rank.build_trees(tmp_path, plan)
+    work(bare_rank.RankEnv(rank=3, world_size=4), torch.device("cpu"))
+    assert built == [planned_spec(plan, 4)]  # the real suites' own configuration
+    assert built[0] == RealSpec("deepseek-v3", tp=4, dcp=2, dcp_comm_backend="a2a")
+    (found,) = bare_real_rank.read_records(tmp_path)
+    assert bare_real_rank.record_path(tmp_path, 3).is_file()
+    assert (found.model, found.dcp, found.import_s, found.build_s) == ("deepseek-v3", 2, 3.0, 1.0)
 
 
 def test_slowest_is_each_series_maximum_over_ranks_per_iteration(

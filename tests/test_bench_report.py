@@ -174,15 +174,27 @@ def test_capture_overhead_is_after_window_against_plain() -> None:
 def launch_result(
     rss: dict[int, float], codes: tuple[int, ...] = (0,), models: str = "stand-in"
 ) -> SuiteRuns:
-    bare, suite = summarize([10.0, 12.0]), summarize([30.0])
+    real = models == "real"  # its bare launch imports vLLM and builds the trees: 25 s
+    bare, suite = summarize([25.0] if real else [10.0, 12.0]), summarize([30.0])
     peak = max(rss.values()) if rss else None
+    split = {
+        "real_import_s": summarize([0.0, 0.1]),
+        "real_build_s": summarize([2.0, 3.0]),
+        "real_trees": ("kimi-k3 tp=2 dcp=2 kv=auto ag_rs",),
+        "bare_real_import_s": summarize([14.0, 16.0]),
+        "bare_real_build_s": summarize([2.0, 2.0]),
+        "zygote_preload_s": 17.5,
+        "bare_zygote_launch_s": summarize([12.0]),
+        "ratio_to_zygote_launch": ratio_of_medians(suite, summarize([12.0])),
+    }
     return SuiteRuns(
         world_size=2,
         backend="gloo",
         models=models,
-        bare_launch_s=None if models == "real" else bare,
+        bare_launch_s=bare,
         full_suite_s=suite,
-        ratio=None if models == "real" else ratio_of_medians(suite, bare),
+        ratio=ratio_of_medians(suite, bare),
+        **(split if real else {}),
         suite_exit_codes=codes,
         peak_rss_mb_per_rank={str(k): v for k, v in rss.items()},
         peak_rss_mb=peak,
@@ -243,6 +255,27 @@ def test_targets_one_per_issue_item_with_outcomes() -> None:
     real = targets["peak_rss_per_rank_real"]
     assert real.outcome == "miss" and real.measured == pytest.approx(1400e6 / 2**30)
     assert "real" in real.detail and "rank 1" in real.detail
+    bare_real = targets["real_vs_bare_real_launch"]
+    assert bare_real.outcome == "pass" and bare_real.measured == pytest.approx(30 / 25)
+    assert "full 30.0 [30.0-30.0] s vs bare 25.0 [25.0-25.0] s, 2 ranks" in bare_real.detail
+    assert "kimi-k3 tp=2 dcp=2 kv=auto ag_rs" in bare_real.detail
+    assert "import/build: bare 15.0/2.0 s, run 0.1/2.5 s" in bare_real.detail
+    assert "preloaded vLLM for all ranks in 17.5 s" in bare_real.detail
+    # Beside the cold reference, the like-for-like one: the bare launch forked from a zygote.
+    assert "imports vLLM once per rank" in bare_real.detail
+    assert "bare through the zygote (vLLM preloaded) 12.0 [12.0-12.0] s (2.50x of it)" in (
+        bare_real.detail
+    )
+    slow = launch_result({0: 1.0}, models="real").model_copy(
+        update={"ratio": ratio_of_medians(summarize([40.0]), summarize([25.0]))}
+    )
+    missed = {t.key: t for t in full_report(real=slow).targets}["real_vs_bare_real_launch"]
+    assert missed.outcome == "miss" and missed.excess == pytest.approx(40 / 25 / 1.5 - 1)
+    unpaired = launch_result({0: 1.0}, models="real").model_copy(
+        update={"ratio": None, "bare_launch_s": None}
+    )
+    alone = {t.key: t for t in full_report(real=unpaired).targets}["real_vs_bare_real_launch"]
+    assert alone.outcome == "not-measured" and alone.detail == "no bare real-tree launch"
 
 
 def test_missing_sections_are_not_measured_with_the_reason() -> None:
@@ -254,6 +287,7 @@ def test_missing_sections_are_not_measured_with_the_reason() -> None:
     assert targets["suite_vs_bare_launch"].detail == "failed: boom"
     assert targets["peak_rss_per_rank"].detail == "failed: boom"
     assert targets["peak_rss_per_rank_real"].outcome == "not-measured"
+    assert targets["real_vs_bare_real_launch"].outcome == "not-measured"
     assert targets["capture_overhead_outside_window"].detail == "capture not measured"
     assert targets["discovery_us_per_module"].outcome == "pass"
     assert not report.complete  # a failed section
@@ -286,7 +320,7 @@ def test_the_json_is_schema_v1_and_valid_against_the_committed_schema(tmp_path: 
     keys = [t["key"] for t in data["targets"]]
     assert keys == ["transport_overhead", "suite_vs_bare_launch", "discovery_us_per_module",
                     "capture_overhead_outside_window", "peak_rss_per_rank",
-                    "peak_rss_per_rank_real"]  # fmt: skip
+                    "peak_rss_per_rank_real", "real_vs_bare_real_launch"]  # fmt: skip
     assert data["complete"] is True and data["notes"] == ["n"]
 
 

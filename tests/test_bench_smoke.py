@@ -51,4 +51,5 @@ def test_quick_bench_writes_schema_v1_and_prints_tables(tmp_path: Path, repo_roo
     assert outcomes["suite_vs_bare_launch"] == "not-measured"
     assert outcomes["peak_rss_per_rank"] == "not-measured"
     assert outcomes["peak_rss_per_rank_real"] == "not-measured"
+    assert outcomes["real_vs_bare_real_launch"] == "not-measured"
     assert "Targets" in done.stdout and "transport_overhead" in done.stdout

@@ -19,7 +19,7 @@ import pytest
 
 from harness.rank import parentage
 from harness.rank.forkwire import SOCKET_ENV, ZYGOTE_PID_ENV, refusal_path
-from harness.rank.zygotelog import Forked, Ready, read_events
+from harness.rank.zygotelog import Forked, NotPreloaded, Ready, read_events
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,6 +44,10 @@ if mode == "interrupt":  # what an uncaught Ctrl-C does, after the interpreter's
     import atexit
     atexit.register(note, "atexit ran")
     raise KeyboardInterrupt
+if mode == "import":  # imports a module, notes what the environment says after
+    __import__(sys.argv[3])
+    note(repr([os.environ.get(k) for k in ("PRELOAD_SET", "PRELOAD_DEFAULT", "PRELOAD_GONE")]))
+    sys.exit(0)
 if mode == "warned":  # its import warns in a cold rank
     import warnmod
     sys.exit(0)
@@ -81,18 +85,28 @@ WARNMOD = "import warnings\nwarnings.warn('warnmod was imported', UserWarning)\n
 PRELOADED = "json,multiprocessing,warnmod"
 
 
-@pytest.fixture
-def zygote(tmp_path: Path):
-    """A zygote preloading only what PRELOADED names (the protocol does not need torch), its
-    socket, its log."""
+# A module whose import raises, as a vLLM built against another torch does.
+BROKENMOD = "raise ImportError('brokenmod was built against another torch')\n"
+# A module whose import writes os.environ, as `import vllm` does.
+ENVMOD = (
+    "import os\nos.environ['PRELOAD_SET'] = 'by the import'\n"
+    "os.environ.setdefault('PRELOAD_DEFAULT', 'by the import')\n"
+    "os.environ.pop('PRELOAD_GONE', None)\n"
+)
+
+
+@contextlib.contextmanager
+def _zygote(tmp_path: Path, modules: str, **env: str):
+    """A zygote preloading `modules` (the protocol does not need torch), once it is ready."""
     sock = tmp_path / "z.sock"
     log = tmp_path / "zygote.log"
-    (tmp_path / "warnmod.py").write_text(WARNMOD)
+    for name, text in (("warnmod", WARNMOD), ("brokenmod", BROKENMOD), ("envmod", ENVMOD)):
+        (tmp_path / f"{name}.py").write_text(text)
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "harness.rank.zygote", str(sock), PRELOADED],
+            [sys.executable, "-u", "-m", "harness.rank.zygote", str(sock), modules],
             cwd=tmp_path,
-            env=_env(),
+            env=_env(**env),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -103,10 +117,19 @@ def zygote(tmp_path: Path):
         assert time.monotonic() < deadline, "zygote not ready"
         time.sleep(0.05)
     (tmp_path / "rankmod.py").write_text(RANK)
-    yield proc, sock
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
+    try:
+        yield proc, sock
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def zygote(tmp_path: Path):
+    """A zygote preloading only what PRELOADED names, and its socket."""
+    with _zygote(tmp_path, PRELOADED) as both:
+        yield both
 
 
 def _stub(
@@ -116,13 +139,14 @@ def _stub(
     *args: str,
     session: bool = False,
     options: tuple[str, ...] = ("-u",),
+    module: tuple[str, ...] = ("-m", "rankmod"),
     **env: str,
 ) -> subprocess.Popen[bytes]:
     """A stub as torchrun starts it (`session`: in its own session, as torchrun does; `options`:
     its interpreter's, torchrun's `-u`); its stderr goes to `stub.err`."""
     with (tmp_path / "stub.err").open("wb") as err:
         return subprocess.Popen(
-            [sys.executable, *options, "-m", "harness.rank.forkstub", "--", "-m", "rankmod", *args],
+            [sys.executable, *options, "-m", "harness.rank.forkstub", "--", *module, *args],
             cwd=tmp_path,
             env=_env(**{SOCKET_ENV: str(sock), ZYGOTE_PID_ENV: str(zproc.pid)}, **env),
             stdout=subprocess.DEVNULL,
@@ -241,6 +265,80 @@ def test_what_the_preload_warned_is_on_each_forked_ranks_stderr_as_on_a_cold_one
         timeout=60,
     )
     assert cold.stderr == err.read_text()
+
+
+def test_a_preloaded_module_that_fails_to_import_fails_in_each_rank_as_cold_not_the_zygote(
+    tmp_path,
+):
+    with _zygote(tmp_path, "json,brokenmod,warnmod") as (zproc, sock):
+        events = read_events((tmp_path / "zygote.log").read_bytes())
+        assert (
+            NotPreloaded("brokenmod", "ImportError: brokenmod was built against another torch")
+            in events
+        )
+        assert next(e for e in events if isinstance(e, Ready)).modules == ("json", "warnmod")
+        stub = _stub(tmp_path, sock, zproc, "import", str(tmp_path / "x"), "brokenmod")
+        assert stub.wait(30) == 1
+        assert "ImportError: brokenmod was built" in (tmp_path / "stub.err").read_text()
+        assert any(
+            isinstance(e, Forked) for e in read_events((tmp_path / "zygote.log").read_bytes())
+        )
+        assert _cold(tmp_path, "import", str(tmp_path / "x"), "brokenmod") == 1
+        assert zproc.poll() is None
+
+
+def test_what_the_preload_wrote_into_the_environment_reaches_each_forked_rank(tmp_path):
+    """As the rank's own import would have: set, setdefault (the rank's value kept), removed."""
+    rank_env = {"PRELOAD_DEFAULT": "the rank's", "PRELOAD_GONE": "the rank's"}
+    with _zygote(tmp_path, "json,envmod", PRELOAD_GONE="the zygote's") as (zproc, sock):
+        out = tmp_path / "forked"
+        stub = _stub(tmp_path, sock, zproc, "import", str(out), "envmod", **rank_env)
+        assert stub.wait(30) == 0, (tmp_path / "stub.err").read_text()
+        assert any(
+            isinstance(e, Forked) for e in read_events((tmp_path / "zygote.log").read_bytes())
+        )
+    cold = tmp_path / "cold"
+    assert (
+        subprocess.run(
+            [sys.executable, "-u", "-m", "rankmod", "import", str(cold), "envmod"],
+            cwd=tmp_path,
+            env=_env(**rank_env),
+            timeout=60,
+        ).returncode
+        == 0
+    )
+    assert eval(out.read_text()) == eval(cold.read_text()) == ["by the import", "the rank's", None]
+
+
+@pytest.mark.parametrize(
+    ("filters", "code"), [("error", 1), ("ignore::UserWarning", 0)], ids=["error", "ignored"]
+)
+def test_what_the_preload_warned_meets_the_ranks_pytest_filters_as_a_cold_ranks_import(
+    tmp_path, zygote, filters, code
+):
+    """A pytest rank imports its plugins under the ini's filters: `error` fails the forked rank
+    where it fails the cold one (negative control), `ignore` passes both."""
+    zproc, sock = zygote
+    (tmp_path / "pytest.ini").write_text(f"[pytest]\nfilterwarnings = {filters}\n")
+    (tmp_path / "test_ok.py").write_text("def test_ok():\n    pass\n")
+    (tmp_path / "plugmod.py").write_text("import warnmod\n")
+    args = ("-m", "pytest", "-q", "-p", "harness.rank.heap", "-p", "plugmod", "test_ok.py")
+    stub = _stub(tmp_path, sock, zproc, module=args)
+    forked = stub.wait(60)
+    err = (tmp_path / "stub.err").read_text()
+    cold = subprocess.run(
+        [sys.executable, "-u", *args],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert any(isinstance(e, Forked) for e in read_events((tmp_path / "zygote.log").read_bytes()))
+    assert (forked != 0) == (cold.returncode != 0) == bool(code), (err, cold.stderr)
+    if code:
+        assert "UserWarning: warnmod was imported" in err
+        assert "UserWarning: warnmod was imported" in cold.stdout + cold.stderr
 
 
 def test_a_forked_rank_has_its_own_startup_argv_main_and_authkey(tmp_path, zygote):

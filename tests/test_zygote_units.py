@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness.core import preloaded
 from harness.rank import zygote as zygote_module
 from harness.rank.forkwire import (
     Request,
@@ -22,9 +23,10 @@ from harness.rank.forkwire import (
     peer_of,
     send_request,
 )
-from harness.rank.zygote import Zygote, cuda_refusal, loaded_libraries
+from harness.rank.zygote import PreloadEnv, Zygote, cuda_refusal, loaded_libraries
 from harness.rank.zygotelog import (
     Forked,
+    NotPreloaded,
     Ready,
     Reaped,
     Refused,
@@ -102,6 +104,7 @@ EVENTS = [
     Reaped(pid=100, status=9),
     SentCold(stub=99, reason="its interpreter would have started otherwise: sys.flags.dev_mode 1"),
     Refused(reason="cannot fork ranks after the preload: 3 threads alive"),
+    NotPreloaded(module="vllm", error="ImportError: undefined symbol: _ZN3c10"),
 ]
 
 
@@ -181,3 +184,76 @@ def test_the_zygote_neither_forks_for_nor_answers_another_user(tmp_path, monkeyp
     finally:
         client.close()
         zygote.close()
+
+
+def test_the_preloads_environment_writes_are_made_in_the_ranks_own_environment() -> None:
+    before = {"KEEP": "z", "CHANGED": "z", "GONE": "z"}
+    after = {"KEEP": "z", "CHANGED": "import", "ADDED": "import", "DEFAULTED": "import"}
+    diff = PreloadEnv.between(before, after)
+    rank_env = {"CHANGED": "rank", "GONE": "rank", "DEFAULTED": "rank", "OWN": "rank"}
+    env = dict(rank_env)
+    diff.apply(env, rank_env)
+    # the rank's own DEFAULTED (the zygote lacked it) stays; the import's writes win elsewhere
+    assert env == {"CHANGED": "import", "ADDED": "import", "DEFAULTED": "rank", "OWN": "rank"}
+
+
+def test_a_recorded_warning_is_reissued_once_under_the_callers_filters() -> None:
+    import warnings
+
+    with preloaded.recording() as log:
+        warnings.warn("vllm drifted", FutureWarning, stacklevel=1)
+        warnings.warn("quiet by default", DeprecationWarning, stacklevel=1)
+    assert [m.category for m in log] == [FutureWarning, DeprecationWarning]
+    preloaded.hand_over({preloaded.REAL_TREES: log})
+    preloaded.reissue(preloaded.STARTUP)  # another group: nothing
+    with warnings.catch_warnings(), pytest.raises(FutureWarning, match="vllm drifted"):
+        warnings.simplefilter("error")
+        preloaded.reissue(preloaded.REAL_TREES)
+    assert not preloaded.pending(preloaded.REAL_TREES)
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        preloaded.reissue(preloaded.REAL_TREES)
+    assert again == []
+
+
+def test_a_reissued_warning_meets_filters_that_name_its_module(tmp_path, monkeypatch) -> None:
+    """As the ranks' `ignore:...:DeprecationWarning:torch.jit._script` names torch's module."""
+    import importlib
+    import warnings
+
+    (tmp_path / "drifted_mod.py").write_text(
+        "import warnings\nwarnings.warn('drifted', DeprecationWarning)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with preloaded.recording() as log:
+        importlib.import_module("drifted_mod")
+    monkeypatch.setitem(sys.modules, "drifted_mod", sys.modules["drifted_mod"])  # undone after
+    preloaded.hand_over({preloaded.STARTUP: log})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", "drifted", DeprecationWarning, "drifted_mod")
+        preloaded.reissue(preloaded.STARTUP)
+
+
+def test_dynamos_import_is_a_blind_spot_until_the_rank_reaches_where_it_imports_it(
+    monkeypatch,
+) -> None:
+    """Preloaded with vLLM, torch._dynamo is loaded before a `--models both` run's stand-in
+    windows: the dynamo detector says it cannot see its import there, until the real-tree
+    build, where a cold rank imports it too (a cold rank: no blind spot at all)."""
+    import types
+
+    from harness.capture.detectors import IMPORT_BLIND, DynamoDetector
+
+    monkeypatch.setitem(
+        sys.modules,
+        "torch._dynamo",
+        sys.modules.get("torch._dynamo") or types.ModuleType("torch._dynamo"),
+    )
+    preloaded.hand_over({}, {})
+    assert DynamoDetector().blind_spots() == ()
+    preloaded.hand_over({}, {preloaded.REAL_TREES: frozenset({"vllm", "torch._dynamo"})})
+    (spot,) = DynamoDetector().blind_spots()
+    assert spot.name == IMPORT_BLIND and not spot.active and "preload" in spot.reason
+    preloaded.reissue(preloaded.REAL_TREES)
+    assert DynamoDetector().blind_spots() == ()

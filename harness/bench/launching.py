@@ -4,6 +4,8 @@ tree, its timeout), and a launch that fails names the rank that died first and h
 Measured here: the full `dcpqual run` of all suites (a subprocess, timed as the person waiting
 sees it) against a bare launch of the same size (join the group, one all-reduce), alternating
 so load drift hits both; each full run's ranks carry the probe plugin (peak RSS, CPU, phases).
+The run on real trees is compared with a bare launch whose ranks import vLLM and build the same
+trees (`harness.bench.bare_real_rank`), and each side's vLLM cost is split into import and build.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from harness.bench.bare_real_rank import read_records
 from harness.bench.probe import ENV_DIR, ENV_PROFILE
 from harness.bench.report import ratio_of_medians, summarize
 from harness.errors import QualificationError
@@ -29,12 +33,22 @@ from harness.launch.plan import (
     RunOptions,
     RunPlan,
     forked,
+    rank_plan,
     torchrun_args,
     zygote_plan,
 )
 from harness.launch.ranklogs import torchrun_logs
-from harness.schema.bench import BenchOptions, ProbeRecord, Profile, Spread, SuiteRuns
-from harness.schema.rank_record import RankRecord
+from harness.rank.zygote import PRELOAD, preload_for
+from harness.rank.zygotelog import Ready, read_events
+from harness.schema.bench import (
+    BenchOptions,
+    ProbeRecord,
+    Profile,
+    Spread,
+    SuiteRuns,
+    Summary,
+)
+from harness.schema.rank_record import RankRecord, RealTreeRecord
 
 MB, GIB = 1e6, float(1 << 30)
 # torchrun's failure table: "rank : 1 (local_rank: 1)" then "exitcode : -6 (pid: ...)".
@@ -86,22 +100,26 @@ def run_ranks(
     timeout_s: float,
     *,
     zygote: bool = False,
+    preload: tuple[str, ...] = PRELOAD,
+    extra_env: Mapping[str, str] | None = None,
 ) -> float:
     """Launch `python -m MODULE ARGS` once with `dcpqual run`'s own torchrun flags and
-    environment (with `zygote`, each rank forked from `dcpqual run`'s zygote, the same preload);
-    seconds it took. A failed launch raises with the dead rank named."""
+    environment (with `zygote`, each rank forked from `dcpqual run`'s zygote, with `preload`;
+    `extra_env` for the ranks besides); seconds it took. A failed launch raises with the dead
+    rank named."""
     options = RunOptions(
         nproc_per_node=nproc, backend=backend, tp=nproc, dcp=nproc, timeout_s=timeout_s
     )
     log_dir = RunPlan(options, out_dir, ()).log_dir
     rank_argv = ("-m", *module_args)
     path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {"PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    env = {**(extra_env or {}), "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
     if not zygote:
         plan = RunPlan(options, out_dir, (*torchrun_args(options, log_dir), *rank_argv), env=env)
     else:
         argv = (*torchrun_args(options, log_dir), *forked(rank_argv))
-        plan = RunPlan(options, out_dir, argv, env=env, zygote=zygote_plan(log_dir, env))
+        zygote_run = zygote_plan(log_dir, env, preload)
+        plan = RunPlan(options, out_dir, argv, env=env, zygote=zygote_run)
     result = launch(plan)
     if result.timed_out:
         raise QualificationError(f"{module_args[0]} ranks ran past {timeout_s:g}s; see {out_dir}")
@@ -175,30 +193,110 @@ def full_run(options: BenchOptions, nproc: int, models: str, work: Path) -> Full
     return FullRun(ended - started, done.returncode, found, profile_of(found, started, ended))
 
 
-def real_tree_costs(bundle: Path) -> tuple[list[float], list[float]]:
-    """Seconds each rank spent importing vLLM and building its trees (the bundle's records), so
-    the real run's wall time splits into what vLLM costs and what the harness adds."""
-    imports: list[float] = []
-    builds: list[float] = []
-    for path in sorted((bundle / "records").glob("rank-*.json")):
-        for tree in RankRecord.read(path).extra.real_trees:
-            imports.append(tree.import_s)
-            builds.append(tree.build_s)
-    return imports, builds
+def real_trees(bundle: Path) -> list[RealTreeRecord]:
+    """Every real tree the run's ranks built (the bundle's records, in rank order)."""
+    return [
+        tree
+        for path in sorted((bundle / "records").glob("rank-*.json"))
+        for tree in RankRecord.read(path).extra.real_trees
+    ]
+
+
+def configuration(tree: RealTreeRecord) -> str:
+    """What identifies the trees built: model, geometry, KV cache dtypes, comm backend."""
+    draft = f" draft_kv={tree.draft_kv_cache_dtype}" if tree.draft_kv_cache_dtype else ""
+    return (
+        f"{tree.model} tp={tree.tp} dcp={tree.dcp} kv={tree.kv_cache_dtype} "
+        f"{tree.dcp_comm_backend}{draft}"
+    )
+
+
+def same_trees(run: Sequence[RealTreeRecord], bare: Sequence[RealTreeRecord], world: int) -> None:
+    """The bare launch stands beside the run only if its ranks built the trees the run's ranks
+    built (configuration, classes, shims; one per rank); QualificationError otherwise."""
+    built = Counter(t.configuration() for t in run)
+    if len(bare) != world or Counter(t.configuration() for t in bare) != built:
+        stood = sorted(set(map(configuration, bare))) or "nothing"
+        raise QualificationError(
+            f"the bare real-tree launch built {stood} on {len(bare)} of {world} ranks, the run "
+            f"{sorted(set(map(configuration, run))) or 'nothing'} on {len(run)}: no ratio "
+            "between different work"
+        )
+
+
+def zygote_preload_s(bundle: Path) -> float | None:
+    """Seconds the run's zygote took to preload (vLLM's import, where a run on real trees has
+    it preloaded); None where no zygote said it was ready (one rank, cold ranks)."""
+    log = bundle / "torchrun" / "node-00" / "zygote.log"
+    events = read_events(log.read_bytes()) if log.is_file() else []
+    return next((e.seconds for e in events if isinstance(e, Ready)), None)
+
+
+def _split(trees: Sequence[RealTreeRecord]) -> tuple[Summary | None, Summary | None]:
+    if not trees:
+        return None, None
+    return summarize([t.import_s for t in trees]), summarize([t.build_s for t in trees])
+
+
+def _say_split(say: Callable[[str], None], who: str, trees: Sequence[RealTreeRecord]) -> None:
+    if trees:
+        imports, builds = [t.import_s for t in trees], [t.build_s for t in trees]
+        say(
+            f"  vLLM per rank ({who}): import {np.median(imports):.1f}s (max {max(imports):.1f}), "
+            f"build {np.median(builds):.1f}s (max {max(builds):.1f})"
+        )
+
+
+def bare_real_launch(
+    options: BenchOptions, nproc: int, work: Path, *, zygote: bool = False
+) -> tuple[float, list[RealTreeRecord]]:
+    """The bare real-tree launch at `nproc` ranks, cold (each rank imports vLLM itself) or,
+    with `zygote`, forked from a zygote that preloaded vLLM as the real run's does, with the
+    rank plan `dcpqual run --models real` gives its ranks; its seconds and trees."""
+    run = RunOptions(nproc_per_node=nproc, backend=options.backend, models="real")
+    trees = work / "trees"
+    trees.mkdir(parents=True, exist_ok=True)
+    module = ("harness.bench.bare_real_rank", options.backend, f"{options.timeout_s:g}", str(trees))
+    plan = rank_plan(run, work).to_environ()
+    seconds = run_ranks(
+        nproc,
+        options.backend,
+        work,
+        module,
+        options.timeout_s,
+        zygote=zygote,
+        preload=preload_for("real"),
+        extra_env=plan,
+    )
+    return seconds, read_records(trees)
 
 
 def measure_runs(
     options: BenchOptions, models: str, work: Path, say: Callable[[str], None] = print
 ) -> SuiteRuns:
     """Full runs of `models` (for the stand-ins alternating with bare launches of the same size);
-    each rank's peak RSS over the full runs. The real trees run once, at their own rank count."""
+    each rank's peak RSS over the full runs. The real trees run once, at their own rank count,
+    after one bare real-tree launch of that size."""
     real = models == "real"
     nproc, backend = options.real_nproc if real else options.nproc, options.backend
     bare_repeats, suite_repeats = (0, 1) if real else (options.bare_repeats, options.suite_repeats)
     bare_rank = ("harness.bench.bare_rank", backend, f"{options.timeout_s:g}")
     bare: list[float] = []
     forked_bare: list[float] = []  # the same bare launch, its ranks forked from the zygote
+    bare_trees: list[RealTreeRecord] = []
     runs: list[FullRun] = []
+    if real:
+        seconds, bare_trees = bare_real_launch(options, nproc, work / "bare-real")
+        bare.append(seconds)
+        say(f"  bare real-tree launch: {seconds:.1f}s")
+        _say_split(say, "bare launch", bare_trees)
+        if nproc > 1:  # the like-for-like side, as the run's ranks are: vLLM imported once
+            seconds, forked_trees = bare_real_launch(
+                options, nproc, work / "bare-real-zygote", zygote=True
+            )
+            forked_bare.append(seconds)
+            say(f"  bare real-tree launch through the zygote (vLLM preloaded): {seconds:.1f}s")
+            same_trees(bare_trees, forked_trees, nproc)
     for i in range(max(bare_repeats, suite_repeats)):
         if i < bare_repeats:
             bare.append(run_ranks(nproc, backend, work / f"bare-{i}", bare_rank, options.timeout_s))
@@ -214,18 +312,22 @@ def measure_runs(
             runs.append(run := full_run(options, nproc, models, work / f"suite-{i}"))
             took = f"{run.seconds:.1f}s (exit {run.exit_code})"
             say(f"  full run ({models}) {i + 1}/{suite_repeats}: {took}")
-    imports, builds = real_tree_costs(work / "suite-0" / "bundle") if real else ([], [])
-    if imports:
-        say(
-            f"  vLLM per rank: import {np.median(imports):.1f}s (max {max(imports):.1f}), "
-            f"build {np.median(builds):.1f}s (max {max(builds):.1f})"
-        )
+    bundle = work / "suite-0" / "bundle"
+    run_trees = real_trees(bundle) if real else []
+    preload_s = zygote_preload_s(bundle) if real else None
+    if real:
+        _say_split(say, "full run", run_trees)
+        if preload_s is not None:
+            say(f"  full run's zygote preload (vLLM included): {preload_s:.1f}s")
+        same_trees(run_trees, bare_trees, nproc)
     rss: dict[int, float] = {}
     for p in (p for run in runs for p in run.probes):
         rss[p.rank] = max(p.ru_maxrss_kib * 1024 / MB, rss.get(p.rank, 0.0))
     peak, last = (max(rss.values()) if rss else None), runs[-1].probes
     bare_s, suite_s = (summarize(bare) if bare else None), summarize([run.seconds for run in runs])
     zygote_s = summarize(forked_bare) if forked_bare else None
+    run_import, run_build = _split(run_trees)
+    bare_import, bare_build = _split(bare_trees)
     return SuiteRuns(
         world_size=nproc,
         backend=backend,
@@ -241,6 +343,10 @@ def measure_runs(
         peak_rss_gib=None if peak is None else peak * MB / GIB,
         cpu_s_per_rank={str(p.rank): p.cpu_s for p in sorted(last, key=lambda p: p.rank)},
         profile=runs[-1].profile,
-        real_import_s=summarize(imports) if imports else None,
-        real_build_s=summarize(builds) if builds else None,
+        real_import_s=run_import,
+        real_build_s=run_build,
+        real_trees=tuple(sorted(set(map(configuration, run_trees)))),
+        bare_real_import_s=bare_import,
+        bare_real_build_s=bare_build,
+        zygote_preload_s=preload_s,
     )

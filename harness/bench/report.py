@@ -121,7 +121,13 @@ MEMORY = Target("peak_rss_per_rank", "peak RSS of a rank during the suites", 400
 REAL_MEMORY = Target(
     "peak_rss_per_rank_real", "peak RSS of a rank during the suites on real trees", 1.2, "GiB"
 )
-TARGETS = (TRANSPORT, LAUNCH, DISCOVERY, CAPTURE, MEMORY, REAL_MEMORY)
+REAL_LAUNCH = Target(
+    "real_vs_bare_real_launch",
+    "dcpqual run on real trees vs bare torchrun that imports vLLM and builds them",
+    1.5,
+    "x",
+)
+TARGETS = (TRANSPORT, LAUNCH, DISCOVERY, CAPTURE, MEMORY, REAL_MEMORY, REAL_LAUNCH)
 
 
 def _spread(s: Summary, fmt: str = ".0f") -> str:
@@ -137,6 +143,35 @@ def _memory(run: SuiteRuns | None, gib: bool) -> Reading:
     worst = max(per_rank, key=per_rank.__getitem__)
     value = run.peak_rss_gib if gib else run.peak_rss_mb
     return value, f"rank {worst} of {len(per_rank)} ({run.models}, ru_maxrss)"
+
+
+def _seconds(s: Summary | None) -> str:
+    return "-" if s is None else f"{s.median:.1f}"
+
+
+def _real_launch(run: SuiteRuns | None) -> Reading:
+    """The real run against its bare real-tree launch, each side's vLLM split beside it."""
+    if run is None:
+        return None
+    if run.ratio is None or run.bare_launch_s is None:
+        return None, "no bare real-tree launch"
+    codes = ",".join(map(str, run.suite_exit_codes))
+    full, bare = _spread(run.full_suite_s, ".1f"), _spread(run.bare_launch_s, ".1f")
+    detail = (
+        f"full {full} s vs bare {bare} s, {run.world_size} ranks, exit {codes}; "
+        f"{'; '.join(run.real_trees) or 'no tree recorded'}; per rank import/build: bare "
+        f"{_seconds(run.bare_real_import_s)}/{_seconds(run.bare_real_build_s)} s, run "
+        f"{_seconds(run.real_import_s)}/{_seconds(run.real_build_s)} s"
+    )
+    if run.zygote_preload_s is not None:
+        detail += f" (its zygote preloaded vLLM for all ranks in {run.zygote_preload_s:.1f} s)"
+    if run.bare_zygote_launch_s is not None and run.ratio_to_zygote_launch is not None:
+        forked = _spread(run.bare_zygote_launch_s, ".1f")
+        detail += (
+            f"; the cold bare launch imports vLLM once per rank, the run once: bare through the "
+            f"zygote (vLLM preloaded) {forked} s ({run.ratio_to_zygote_launch.value:.2f}x of it)"
+        )
+    return run.ratio.value, detail
 
 
 def readings(r: Results) -> dict[Target, tuple[str, Reading]]:
@@ -173,6 +208,7 @@ def readings(r: Results) -> dict[Target, tuple[str, Reading]]:
         CAPTURE: ("capture", capture),
         MEMORY: ("launch", _memory(r.launch, gib=False)),
         REAL_MEMORY: ("real", _memory(r.real, gib=True)),
+        REAL_LAUNCH: ("real", _real_launch(r.real)),
     }
 
 

@@ -77,6 +77,11 @@ class Detector(ABC):
         reason = self.unavailable_reason()
         return DetectorStatus(name=self.name, active=reason is None, reason=reason or "")
 
+    def blind_spots(self) -> tuple[DetectorStatus, ...]:
+        """What this active detector cannot watch in this window though it runs (each an
+        inactive status of its own name, so the evidence names it as a limitation)."""
+        return ()
+
     @property
     def running(self) -> bool:
         return self._running

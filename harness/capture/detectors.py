@@ -21,6 +21,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import torch
 
 from harness.capture.detector import Detector, short_stack
+from harness.capture.records import DetectorStatus
+from harness.core import preloaded
 from harness.transport.events import (
     BufferAllocated,
     OperationFirstUse,
@@ -284,6 +286,10 @@ class _ImportWatch(importlib.abc.MetaPathFinder):
         return None
 
 
+# The dynamo detector's status where it cannot see dynamo's import (see `blind_spots`).
+IMPORT_BLIND = "dynamo-import"
+
+
 class DynamoDetector(Detector):
     """torch.compile work while the window is open: dynamo compiles and recompiles, and
     dynamo's own import.
@@ -320,6 +326,24 @@ class DynamoDetector(Detector):
         except Exception as exc:  # a finder that fails for any reason means no detector
             return f"torch._dynamo is not importable ({type(exc).__name__}: {exc})"
         return None if found is not None else "torch._dynamo is not part of this torch build"
+
+    def blind_spots(self) -> tuple[DetectorStatus, ...]:
+        """Dynamo's import cannot be seen where the rank zygote imported it before this rank
+        would have (vLLM's import, preloaded for a run that also builds real trees, before the
+        stand-in windows); its compiles still are."""
+        if DYNAMO in sys.modules and preloaded.early(DYNAMO):
+            return (
+                DetectorStatus(
+                    name=IMPORT_BLIND,
+                    active=False,
+                    reason=(
+                        "torch._dynamo was imported by the rank zygote's preload before this "
+                        "window, where a cold rank had not imported it: its lazy import in the "
+                        "window could not be seen (its compiles were watched)"
+                    ),
+                ),
+            )
+        return ()
 
     @staticmethod
     def _frames() -> int:

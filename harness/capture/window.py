@@ -150,9 +150,12 @@ class CaptureWindow:
         self.warmup_iters = warmup_iters
         self._rank = rank
         self._cuda = torch.cuda if cuda is None else cuda
-        self.statuses: tuple[DetectorStatus, ...] = tuple(d.status() for d in self.detectors)
+        own = tuple(d.status() for d in self.detectors)
         self.active: tuple[Detector, ...] = tuple(
-            d for d, s in zip(self.detectors, self.statuses, strict=True) if s.active
+            d for d, s in zip(self.detectors, own, strict=True) if s.active
+        )
+        self.statuses: tuple[DetectorStatus, ...] = own + tuple(
+            spot for d in self.active for spot in d.blind_spots()
         )
         self._events: list[LazyEvent] = []
         self._deferred = False

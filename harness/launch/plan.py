@@ -17,6 +17,7 @@ from pathlib import Path
 from harness.core.signature import COMM_BACKENDS  # vLLM's --dcp-comm-backend values
 from harness.errors import UsageError
 from harness.rank.forkwire import SOCKET_ENV
+from harness.rank.zygote import PRELOAD, preload_for
 from harness.schema.plan import RankPlan
 
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
@@ -331,7 +332,7 @@ def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
     if options.nproc_per_node == 1:  # one rank: nothing to share, torchrun execs it
         argv = (*torchrun_args(options, probe.log_dir), *pytest_args(targets))
         return RunPlan(options=options, out_dir=out_dir, argv=argv, env=env, targets=targets)
-    zygote = zygote_plan(probe.log_dir, env)
+    zygote = zygote_plan(probe.log_dir, env, preload_for(options.models))
     return RunPlan(
         options=options, out_dir=out_dir, argv=argv, env=env, targets=targets, zygote=zygote
     )
@@ -343,15 +344,19 @@ def forked(rank_argv: Sequence[str]) -> tuple[str, ...]:
     return ("-m", FORKSTUB_MODULE, "--", *rank_argv)
 
 
-def zygote_plan(log_dir: Path, env: dict[str, str]) -> ZygotePlan:
-    """The node's zygote for ranks started with `env`, to which it adds the zygote's socket."""
+def zygote_plan(
+    log_dir: Path, env: dict[str, str], preload: tuple[str, ...] = PRELOAD
+) -> ZygotePlan:
+    """The node's zygote for ranks started with `env`, to which it adds the zygote's socket;
+    it imports `preload` (the zygote's default list unless a run needs more)."""
     socket, private_dir = zygote_socket(log_dir)
     env[SOCKET_ENV] = str(socket)
     zygote_env = dict(env)
     if "OMP_NUM_THREADS" not in os.environ:
         zygote_env["OMP_NUM_THREADS"] = "1"  # what torchrun sets for more than one rank
+    modules = () if preload == PRELOAD else (",".join(preload),)
     return ZygotePlan(
-        argv=(sys.executable, "-u", "-m", ZYGOTE_MODULE, str(socket)),
+        argv=(sys.executable, "-u", "-m", ZYGOTE_MODULE, str(socket), *modules),
         socket=socket,
         env=zygote_env,
         private_dir=private_dir,

@@ -10,6 +10,10 @@ of the collector's reach; what the tests create is still collected, and a finali
 still reported. The little garbage start-up makes is frozen with the rest (Python's documented
 pattern for long-lived heaps: disable early, freeze, enable).
 
+Its import is also where a forked rank re-issues what the zygote's preload warned
+(`harness.core.preloaded`): pytest imports it under the same filters a cold rank's imports of
+torch and the harness meet here.
+
 Inert unless named with `-p`: the launcher names it for the ranks only.
 """
 
@@ -18,6 +22,10 @@ from __future__ import annotations
 import gc
 
 import pytest
+
+from harness.core import preloaded
+
+preloaded.reissue(preloaded.STARTUP)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:

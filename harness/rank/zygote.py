@@ -11,14 +11,16 @@ What a forked rank gets is what `python -m pytest` would have had: the stub's en
 `os.environ`), descriptors, cwd, `sys.argv`, `sys.orig_argv`, `sys.executable` and
 `sys.path[0]`, a fresh `__main__`, its own session, default signal dispositions, torch's thread
 count from the `OMP_NUM_THREADS` torchrun set, the random modules and torch's generator reseeded,
-its own multiprocessing authkey; then pytest runs as `-m pytest` runs it, and an uncaught
-KeyboardInterrupt ends it by SIGINT as it ends the interpreter. It also knows its torchrun agent
-and its stub (`harness.rank.parentage`): its parent is the zygote. What the interpreter fixed at
-its start (options, `sys.flags`, `sys.warnoptions`, `sys.path`) cannot change after it: a rank
-whose own would differ is not forked, its stub starts it cold. What it cannot get: its own
-string-hash seed (one per interpreter: every forked rank shares the zygote's; the launcher
-records that), and whatever torch read from the environment while it was imported (the launcher
-starts the zygote with the ranks' environment for what matters, e.g. OMP_NUM_THREADS).
+its own multiprocessing authkey, what the preload wrote into os.environ and what it warned
+(re-issued under the rank's filters, `harness.core.preloaded`); then pytest runs as `-m pytest`
+runs it, and an uncaught KeyboardInterrupt ends it by SIGINT as it ends the interpreter. It
+also knows its torchrun agent and its stub (`harness.rank.parentage`): its parent is the zygote.
+What the interpreter fixed at its start (options, `sys.flags`, `sys.warnoptions`, `sys.path`)
+cannot change after it: a rank whose own would differ is not forked, its stub starts it cold.
+What it cannot get: its own string-hash seed (one per interpreter: every forked rank shares the
+zygote's; the launcher records that), and whatever torch read from the environment while it was
+imported (the launcher starts the zygote with the ranks' environment for what matters, e.g.
+OMP_NUM_THREADS).
 
 Nothing here initializes CUDA or a process group, and no thread runs when it forks (both are
 checked before every fork: a forked CUDA context or a thread's lock would be corrupt in the
@@ -37,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
+import importlib.util
 import os
 import select
 import signal
@@ -46,9 +49,11 @@ import threading
 import time
 import types
 import warnings
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from harness.core import preloaded as handover
 from harness.rank import parentage
 from harness.rank.forkwire import (
     Request,
@@ -62,11 +67,19 @@ from harness.rank.forkwire import (
     signal_rank,
     write_refusal,
 )
-from harness.rank.zygotelog import Forked, Ready, Reaped, Refused, SentCold, format_event
+from harness.rank.zygotelog import (
+    Forked,
+    NotPreloaded,
+    Ready,
+    Reaped,
+    Refused,
+    SentCold,
+    format_event,
+)
 
 # What every rank imports before its first test (its plugins' and the suites' conftests'
-# imports), never anything a rank imports only inside a test (torch._dynamo, vLLM: the capture
-# detectors report those imports): the forked rank finds them in sys.modules. pytest rewrites
+# imports), never anything a rank imports only inside a test (torch._dynamo: the capture
+# detectors report its import): the forked rank finds them in sys.modules. pytest rewrites
 # the asserts of the modules it loads as plugins or conftests, so those are not preloaded.
 PRELOAD: tuple[str, ...] = (
     "torch",
@@ -86,6 +99,32 @@ PRELOAD: tuple[str, ...] = (
     "harness.schema.rank_record",
     "harness.schema.capture",
 )
+# Added where a run builds vLLM's real trees (`--models real|both`), and only there: what the
+# real-tree builder and the call-site oracle import of vLLM, both models' classes included
+# (importing vLLM starts no thread and imports torch._dynamo, both before any real test's
+# capture window, as the first build would). Sixteen ranks importing it themselves cost
+# minutes of CPU on a few cores; a stand-in run never imports it.
+REAL_TREE_PRELOAD: tuple[str, ...] = (
+    "vllm",
+    "vllm.config",
+    "vllm.distributed",
+    "vllm.model_executor.model_loader.utils",
+    "vllm.utils.torch_utils",
+    "vllm.v1.attention.ops.dcp",
+    "vllm.models.kimi_k3",
+    "vllm.model_executor.models.deepseek_v2",
+    "harness.models.real",
+    "harness.capture.callsites",
+)
+
+
+def preload_for(models: str) -> tuple[str, ...]:
+    """The zygote's modules for a run of `models` ("stand-in", "real" or "both"); without vLLM
+    installed the real suites skip, as on cold ranks, and there is nothing more to preload."""
+    real = models in ("real", "both") and importlib.util.find_spec("vllm") is not None
+    return PRELOAD + (REAL_TREE_PRELOAD if real else ())
+
+
 # Signals the zygote's own ending listens to; blocked across fork so the child starts clean.
 _ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 MODULE = "harness.rank.zygote"
@@ -98,43 +137,84 @@ class ForkRefused(RuntimeError):
     """The zygote is not in a state a child may be forked from (a thread, CUDA)."""
 
 
-def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
+@dataclass(frozen=True)
+class Failed:
+    """A preloaded module whose import raised: not preloaded, each rank imports it itself."""
+
+    module: str
+    error: str
+
+
+@dataclass
+class Preloaded:
+    """What the preload did: the modules it imported, those whose import raised, what it warned
+    (by where a cold rank imports the module, see `harness.core.preloaded`) and what it
+    wrote into os.environ."""
+
+    loaded: list[str] = field(default_factory=list)
+    failed: list[Failed] = field(default_factory=list)
+    warned: dict[str, list[warnings.WarningMessage]] = field(default_factory=dict)
+    modules: dict[str, frozenset[str]] = field(default_factory=dict)  # what each group loaded
+    env: PreloadEnv = field(default_factory=lambda: PreloadEnv({}, (), frozenset()))
+
+
+@dataclass(frozen=True)
+class PreloadEnv:
+    """The preload's writes to os.environ (vLLM's import sets variables it relies on), which a
+    cold rank's own import would have made in its environment: `set` (added or changed),
+    `removed`, and `before` (the keys the zygote had before the preload)."""
+
+    set: dict[str, str]
+    removed: tuple[str, ...]
+    before: frozenset[str]
+
+    @classmethod
+    def between(cls, before: dict[str, str], after: dict[str, str]) -> PreloadEnv:
+        changed = {k: v for k, v in after.items() if before.get(k) != v}
+        return cls(changed, tuple(k for k in before if k not in after), frozenset(before))
+
+    def apply(self, env: MutableMapping[str, str], rank_env: Mapping[str, str]) -> None:
+        """Make the preload's writes in a rank's `env`; a key the rank has that the zygote lacked
+        before the preload keeps the rank's value (the rank set it, an import's setdefault would
+        have kept it)."""
+        for key, value in self.set.items():
+            if key in rank_env and key not in self.before:
+                continue
+            env[key] = value
+        for key in self.removed:
+            env.pop(key, None)
+
+
+def preload(modules: tuple[str, ...] = PRELOAD) -> Preloaded:
+    """Import `modules`, each on its own: one whose import raises is logged and left for each
+    rank to import (and fail) itself, as a cold rank would."""
+    done = Preloaded()
+    before = dict(os.environ)
     for name in modules:
-        importlib.import_module(name)
+        group = handover.REAL_TREES if name in REAL_TREE_PRELOAD else handover.STARTUP
+        known = set(sys.modules)
+        with handover.recording() as log:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:
+                done.failed.append(Failed(name, f"{type(exc).__name__}: {exc}"))
+            else:
+                done.loaded.append(name)
+        done.warned.setdefault(group, []).extend(log)
+        new = frozenset(sys.modules.keys() - known)
+        done.modules[group] = done.modules.get(group, frozenset()) | new
+    done.env = PreloadEnv.between(before, dict(os.environ))
     gc.freeze()  # the preloaded heap: shared copy-on-write, never walked by the children's gc
-    return list(modules)
+    return done
 
 
-class PreloadWarnings:
-    """The warnings the preload showed (in the zygote's log, as before), each as the
-    interpreter prints it: a cold rank prints them on its own stderr when its imports run, so
-    every forked rank prints them there when it starts. The filters are left alone (what the
-    imports set is the ranks')."""
-
-    def __init__(self) -> None:
-        self.shown: list[str] = []
-        self._saved = warnings.showwarning
-
-    def __enter__(self) -> PreloadWarnings:
-        self._saved = warnings.showwarning
-        warnings.showwarning = self._show
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if warnings.showwarning == self._show:
-            warnings.showwarning = self._saved
-
-    def _show(
-        self,
-        message: Warning | str,
-        category: type[Warning],
-        filename: str,
-        lineno: int,
-        file: object = None,
-        line: str | None = None,
-    ) -> None:
-        self.shown.append(warnings.formatwarning(message, category, filename, lineno, line))
-        self._saved(message, category, filename, lineno, file, line)  # type: ignore[arg-type]
+def _show_in_log(warned: dict[str, list[warnings.WarningMessage]]) -> None:
+    """The zygote's log shows what its preload warned, as the interpreter prints it."""
+    for messages in warned.values():
+        for m in messages:
+            with contextlib.suppress(Exception):
+                text = warnings.formatwarning(m.message, m.category, m.filename, m.lineno, m.line)
+                sys.stderr.write(text)
 
 
 def _native_threads() -> int:
@@ -213,7 +293,7 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _adopt(request: Request, fds: list[int]) -> None:
+def _adopt(request: Request, fds: list[int], preload_env: PreloadEnv | None = None) -> None:
     """In the child: become the process `python <argv>` would have started."""
     os.setsid()  # as torchrun starts each rank: its own session
     for fd, target in zip(fds, (0, 1, 2), strict=True):
@@ -222,6 +302,8 @@ def _adopt(request: Request, fds: list[int]) -> None:
             os.close(fd)
     os.environ.clear()
     os.environ.update(request.env)
+    if preload_env is not None:
+        preload_env.apply(os.environ, request.env)
     parentage.set_forked(
         parentage.Parentage(agent=request.agent_pid, stub=request.stub_pid, zygote=os.getppid())
     )
@@ -298,10 +380,14 @@ def _finish(code: int) -> NoReturn:
     os._exit(code)
 
 
+# The plugin a pytest rank loads first, under pytest's filters: it re-issues the startup warnings.
+HEAP_PLUGIN = "harness.rank.heap"
+
+
 def child_main(
-    request: Request, fds: list[int], close: list[int], warned: tuple[str, ...] = ()
+    request: Request, fds: list[int], close: list[int], preloaded: Preloaded | None = None
 ) -> NoReturn:
-    """In the child: become the rank, say what its imports would have warned, run it, exit."""
+    """In the child: become the rank, hand it what the preload warned, run it, exit."""
     code = 1
     try:
         for fd in close:
@@ -312,11 +398,11 @@ def child_main(
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        _adopt(request, fds)
-        if warned:
-            with contextlib.suppress(OSError, ValueError):
-                sys.stderr.write("".join(warned))
-                sys.stderr.flush()
+        _adopt(request, fds, None if preloaded is None else preloaded.env)
+        if preloaded is not None:
+            handover.hand_over(preloaded.warned, preloaded.modules)
+        if HEAP_PLUGIN not in request.argv:  # nothing else re-issues them: before it runs
+            handover.reissue(handover.STARTUP)
         code = _run_module(request.argv)
     except BaseException:
         with contextlib.suppress(BaseException):
@@ -340,7 +426,7 @@ class Zygote:
 
     path: str
     startup: Startup = field(default_factory=own_startup)
-    warned: tuple[str, ...] = ()  # what the preload warned, for each rank's stderr
+    preloaded: Preloaded = field(default_factory=Preloaded)  # what each child is handed
     listener: socket.socket = field(init=False)
     ranks: list[_Rank] = field(default_factory=list)
 
@@ -443,7 +529,7 @@ class Zygote:
         try:
             pid = os.fork()
             if pid == 0:  # pragma: no cover - the child
-                child_main(request, fds, close, self.warned)
+                child_main(request, fds, close, self.preloaded)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
         return pid
@@ -507,18 +593,20 @@ def main(argv: list[str]) -> int:
     clear_stale(argv[0])  # an earlier zygote's note would send the stubs cold while this one loads
     gc.disable()  # nothing the preload builds is garbage (see harness.rank.heap)
     # Signals that come while preloading end the zygote at once (nothing to clean up yet).
-    with PreloadWarnings() as warned:
-        loaded = preload(modules)
+    done = preload(modules)
     gc.enable()
+    _show_in_log(done.warned)
+    for failed in done.failed:
+        print(format_event(NotPreloaded(failed.module, failed.error)), flush=True)
     try:
         fork_check()
     except ForkRefused as exc:
         refuse(argv[0], f"cannot fork ranks after the preload: {exc}")
         return EXIT_REFUSED
-    zygote = Zygote(argv[0], startup, tuple(warned.shown))
+    zygote = Zygote(argv[0], startup, done)
     me = os.getpid()  # a child that unwinds to here must not close the zygote's socket
     try:
-        ready = Ready(me, time.monotonic() - t0, tuple(loaded))
+        ready = Ready(me, time.monotonic() - t0, tuple(done.loaded))
         print(format_event(ready), flush=True)
         zygote.serve()
     finally:

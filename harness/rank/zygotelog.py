@@ -57,13 +57,22 @@ class Refused:
     reason: str
 
 
-Event = Ready | Forked | Reaped | SentCold | Refused
+@dataclass(frozen=True)
+class NotPreloaded:
+    """A module the preload could not import (why): each rank imports it itself, as cold."""
+
+    module: str
+    error: str
+
+
+Event = Ready | Forked | Reaped | SentCold | Refused | NotPreloaded
 
 _READY = re.compile(r"ready pid (\d+), \d+ modules preloaded in ([0-9.]+)s: ?(.*)")
 _FORKED = re.compile(r"forked pid (\d+) for stub (\d+) rank (\S+)")
 _REAPED = re.compile(r"reaped pid (\d+) status (-?\d+)")
 _COLD = re.compile(r"sent cold stub (\d+): (.*)")
 _REFUSED = re.compile(r"not forking: (.*)")
+_NOT_PRELOADED = re.compile(r"not preloaded: (\S+): (.*)")
 
 
 def _one_line(text: str) -> str:
@@ -84,6 +93,8 @@ def format_event(event: Event) -> str:
         body = f"reaped pid {event.pid} status {event.status}"
     elif isinstance(event, SentCold):
         body = f"sent cold stub {event.stub}: {_one_line(event.reason)}"
+    elif isinstance(event, NotPreloaded):
+        body = f"not preloaded: {event.module}: {_one_line(event.error)}"
     else:
         body = f"not forking: {_one_line(event.reason)}"
     return f"{PREFIX} {body}"
@@ -108,6 +119,8 @@ def parse_event(line: str | bytes) -> Event | None:
         return SentCold(int(m[1]), m[2])
     if m := _REFUSED.fullmatch(body):
         return Refused(m[1])
+    if m := _NOT_PRELOADED.fullmatch(body):
+        return NotPreloaded(m[1], m[2])
     return None
 
 

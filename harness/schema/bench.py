@@ -192,14 +192,17 @@ class Profile(Model):
 
 
 class SuiteRuns(Model):
-    """Full `dcpqual run`s (for the stand-ins against bare launches), each rank's peak RSS."""
+    """Full `dcpqual run`s against bare launches of the same size, each rank's peak RSS. For
+    the real trees the bare launch's ranks also import vLLM and build the run's trees."""
 
     world_size: int
     backend: str
     models: str
     bare_launch_s: Summary | None
     full_suite_s: Summary
-    ratio: Ratio | None  # full / bare, medians (the target: bare is torchrun's own cold start)
+    # full / bare, medians (the target: bare is torchrun's own cold start; for the real trees,
+    # cold ranks that import vLLM and build the same trees)
+    ratio: Ratio | None
     # The same bare launch with its ranks forked from `dcpqual run`'s zygote, as the full run's
     # are, and full / that: what the suites and the harness add beyond the launch itself.
     bare_zygote_launch_s: Summary | None = None
@@ -210,10 +213,17 @@ class SuiteRuns(Model):
     peak_rss_gib: float | None
     cpu_s_per_rank: dict[str, float]  # rank -> CPU seconds of its last run
     profile: Profile | None
-    # The real run's vLLM cost over its ranks (each rank's records): importing vLLM, building
-    # the trees; None for the stand-ins.
+    # The real run's vLLM cost over its ranks (each rank's records): importing what its rank
+    # had not imported of vLLM (about nothing where the zygote preloaded it), building the
+    # trees; None for the stand-ins.
     real_import_s: Summary | None = None
     real_build_s: Summary | None = None
+    real_trees: tuple[str, ...] = ()  # the configurations built (run and bare launch alike)
+    # The same split over the bare real-tree launch's ranks, which import vLLM cold.
+    bare_real_import_s: Summary | None = None
+    bare_real_build_s: Summary | None = None
+    # Seconds the real run's zygote spent preloading (vLLM's import, once for every rank).
+    zygote_preload_s: float | None = None
 
 
 class Results(Model):

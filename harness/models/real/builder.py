@@ -25,12 +25,14 @@ from typing import Any
 
 from torch import nn
 
+from harness.core import preloaded
 from harness.core.peers import VLLM_REQUIREMENT
 from harness.core.signature import COMM_BACKENDS
 from harness.errors import UsageError
 from harness.models.real.configs import MAX_MODEL_LEN, REAL_MODEL_CHOICES, TINY_CONFIGS
 from harness.models.real.shims import SHIMS, Shim, applied
 from harness.schema.base import Limitation
+from harness.schema.plan import RankPlan
 from harness.schema.rank_record import RealTreeRecord
 
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")
@@ -75,6 +77,19 @@ class RealSpec:
             raise UsageError(f"dcp={self.dcp} must divide tp={self.tp}")
 
 
+def planned_spec(plan: RankPlan, world_size: int) -> RealSpec:
+    """The configuration a run's real suites build on a world of `world_size` ranks (vLLM
+    builds tp = world size); one place, so what the bench builds beside a run is the run's."""
+    return RealSpec(
+        plan.real_model,
+        tp=world_size,
+        dcp=plan.resolved_dcp(world_size),
+        kv_cache_dtype=plan.kv_cache_dtype,
+        dcp_comm_backend=plan.dcp_comm_backend,
+        draft_kv_cache_dtype=plan.draft_kv_cache_dtype or None,
+    )
+
+
 @dataclass
 class RealTree:
     """A built real tree: target, draft, and what production warmup also sees."""
@@ -87,7 +102,9 @@ class RealTree:
     dcp_group: Any  # torch ProcessGroup of this rank's DCP group (vLLM's own, gloo on CPU)
     shims: tuple[Shim, ...]
     build_s: float  # construction only (config, parallel state, both trees)
-    import_s: float = 0.0  # importing vLLM's modules, the larger share of a first build
+    # Importing what this process had not imported of vLLM (`import vllm` included): the
+    # larger share of a cold first build, about nothing where the zygote preloaded vLLM.
+    import_s: float = 0.0
     draft_layers: tuple[str, ...] = field(default=())
 
     @property
@@ -210,8 +227,8 @@ def draft_vllm_config(vllm_config: Any, kv_cache_dtype: str | None) -> Any:
     return SpeculativeConfig.apply_draft_overrides(overrides, vllm_config)
 
 
-def _build(spec: RealSpec, folder: Path, skip: frozenset[str]) -> RealTree:
-    imported = time.monotonic()
+def _build(spec: RealSpec, folder: Path, skip: frozenset[str], imported: float) -> RealTree:
+    """Build `spec`'s trees; `imported`: when importing vLLM began (monotonic)."""
     import torch.distributed as dist
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
@@ -273,13 +290,15 @@ def build_real(spec: RealSpec, *, skip_shims: frozenset[str] = frozenset()) -> R
             f"this rank already built real trees for {other}; vLLM's parallel state is "
             f"process-global, so {spec} needs its own run"
         )
+    imported = time.monotonic()
+    preloaded.reissue(preloaded.REAL_TREES)  # a forked rank: what its import would warn
     try:
         import vllm  # noqa: F401
     except ImportError as exc:
         raise UsageError(f"real trees need {VLLM_REQUIREMENT}: {exc}") from None
     folder = Path(tempfile.mkdtemp(prefix=f"dcpqual-real-{spec.model}-"))
     try:
-        tree = _build(spec, folder, skip_shims)
+        tree = _build(spec, folder, skip_shims, imported)
     finally:  # vLLM reads config.json while building; nothing of the run stays in /tmp
         shutil.rmtree(folder, ignore_errors=True)
     _BUILT[spec] = tree
