@@ -88,11 +88,7 @@ def test_forked_ranks_record_it_and_their_bundle_verifies(forked_bundle: Path) -
 def test_a_receipt_that_hides_the_shared_seed_does_not_verify(
     forked_bundle: Path, tmp_path: Path, edit: Edit, named: str
 ) -> None:
-    bundle = _copy(forked_bundle, tmp_path)
-    forge(bundle, edit)
-    result = verify_bundle(bundle)
-    assert not result.ok
-    assert any(named in p for p in result.problems), result.problems
+    _refused_naming(_copy(forked_bundle, tmp_path), edit, named)
 
 
 def test_records_that_predate_the_start_fact_verify_as_before(
@@ -134,6 +130,14 @@ def test_a_cold_start_does_not_require_the_limitation(tmp_path, monkeypatch) -> 
     assert not any(line.startswith("hash-seed: ") for line in receipt(out)["limitations"])
     result = verify_bundle(out)
     assert result.ok, result.problems
+
+
+def _refused_naming(bundle: Path, edit: Edit, named: str) -> None:
+    """The bundle forged by `edit` does not verify, and a problem says `named`."""
+    forge(bundle, edit)
+    result = verify_bundle(bundle)
+    assert not result.ok
+    assert any(named in p for p in result.problems), result.problems
 
 
 def _two_nodes(bundle: Path, node1_zygote: dict[str, Any] | None) -> None:
@@ -215,11 +219,7 @@ def test_zygote_counts_and_limitation_texts_are_held_to_the_bundle(
 ) -> None:
     """The zygote's counts agree with each other, with the world and with the records; each
     required limitation says what the rules give for the receipt's facts, not only its key."""
-    bundle = _copy(forked_bundle, tmp_path)
-    forge(bundle, edit)
-    result = verify_bundle(bundle)
-    assert not result.ok
-    assert any(named in p for p in result.problems), result.problems
+    _refused_naming(_copy(forked_bundle, tmp_path), edit, named)
 
 
 def test_another_nodes_zygote_counts_are_held_to_that_nodes_ranks(
