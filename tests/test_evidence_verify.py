@@ -21,7 +21,7 @@ from _support.evidence_factory import (
     passing_run,
     write_rank,
 )
-from _support.forge import forge
+from _support.forge import forge, restate_limitations
 from _support.forge import reseal as forge_reseal
 
 from harness.cli import main
@@ -332,11 +332,7 @@ def _no_rank_killed(receipt: dict[str, Any]) -> None:
     """Every rank complete, and the `ranks` limitation saying only what that leaves (the lost
     JUnit report), so that nothing but the records can tell."""
     receipt["ranks"].update(complete=4, killed=[], stopped=[])
-    left = "ranks [1] left no readable JUnit report; their cases in junit/merged.xml were rebuilt"
-    receipt["limitations"] = [
-        f"ranks: {left} from their records" if line.startswith("ranks: ") else line
-        for line in receipt["limitations"]
-    ]
+    restate_limitations(receipt, "ranks")
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support.forge import forge, reseal
+from _support.forge import forge, reseal, restate_limitations
 
 from harness.cli import main
 from harness.evidence import verify
@@ -137,6 +137,7 @@ def no_lazy_events(data: dict[str, Any]) -> None:
 def no_killed_ranks(data: dict[str, Any]) -> None:
     ranks = data["ranks"]
     ranks.update(reported=ranks["expected"], complete=ranks["expected"], killed=[], stopped=[])
+    restate_limitations(data, "ranks")
 
 
 def every_test_ran(data: dict[str, Any]) -> None:

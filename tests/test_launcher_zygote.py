@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -236,11 +238,21 @@ def test_a_zygote_that_refuses_to_fork_leaves_the_ranks_to_start_cold(
     assert hash_seed_limitation(result.zygote) == {}
 
 
-def test_a_note_an_earlier_zygote_left_does_not_send_the_ranks_cold(tmp_path):
+@pytest.fixture
+def short_tmp():
+    """A folder whose paths fit a Unix socket, so the socket stays in the run's own folder
+    (pytest's `tmp_path` can be too long, and then the socket goes to a fresh private one)."""
+    folder = Path(tempfile.mkdtemp(prefix="dqz-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_note_an_earlier_zygote_left_does_not_send_the_ranks_cold(short_tmp):
     """What a launcher killed before its zygote's `stop` left at the socket path (the socket,
     the refusal note) is not this launch's: its ranks are forked and the state names no
     refusal."""
-    plan, out = waiting_plan(tmp_path, "json")
+    plan, out = waiting_plan(short_tmp, "json")
+    assert plan.zygote.private_dir is None, "the socket must sit in the run's own folder here"
     sock = str(plan.zygote.socket)
     Path(sock).parent.mkdir(parents=True, exist_ok=True)
     Path(sock).write_text("")

@@ -65,3 +65,27 @@ def forge(bundle: Path, edit: Edit) -> Receipt:
     (bundle / "receipt.json").write_text(receipt.dumps())
     reseal(bundle)
     return receipt
+
+
+def restate_limitations(data: dict[str, Any], *keys: str) -> None:
+    """A careful forger's last step: the `keys` limitations say what the rules give for the
+    edited receipt's facts (verify compares their text too, not only their keys)."""
+    receipt = Receipt.model_validate(data)
+    launch = receipt.run.extra.launch
+    required = rules.required_limitations(
+        geometry=receipt.geometry,
+        image=receipt.image,
+        capture=receipt.capture,
+        negative_control=receipt.negative_control,
+        transports=receipt.transports,
+        ranks=receipt.ranks,
+        sources=receipt.sources,
+        selection=receipt.selection,
+        zygote=None if launch is None else launch.zygote,
+        nodes=receipt.run.extra.nodes,
+    )
+    data["limitations"] = [
+        f"{key}: {required[key]}" if key in keys and key in required else line
+        for line in data["limitations"]
+        for key in [line.partition(": ")[0]]
+    ]
