@@ -244,18 +244,7 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
             f"{RECEIPT_NAME}: ranks.expected {receipt.ranks.expected} != geometry.world_size "
             f"{receipt.geometry.world_size}"
         )
-    required = rules.required_limitations(
-        geometry=receipt.geometry,
-        image=receipt.image,
-        capture=receipt.capture,
-        negative_control=receipt.negative_control,
-        transports=receipt.transports,
-        ranks=receipt.ranks,
-        sources=receipt.sources,
-        selection=receipt.selection,
-        zygote=None if receipt.run.extra.launch is None else receipt.run.extra.launch.zygote,
-        nodes=receipt.run.extra.nodes,
-    )
+    required = required_limitations_of(receipt)
     for key in rules.missing_limitations(receipt.limitation_keys(), required):
         problems.append(f"{RECEIPT_NAME}: limitations do not name '{key}': {required[key]}")
     for key in rules.misstated_limitations(_limitation_pairs(receipt), required):
@@ -264,6 +253,23 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
             f"{required[key]}"
         )
     return problems
+
+
+def required_limitations_of(receipt: Receipt) -> dict[str, str]:
+    """The limitations the rules require of this receipt's facts, key -> text."""
+    launch = receipt.run.extra.launch
+    return rules.required_limitations(
+        geometry=receipt.geometry,
+        image=receipt.image,
+        capture=receipt.capture,
+        negative_control=receipt.negative_control,
+        transports=receipt.transports,
+        ranks=receipt.ranks,
+        sources=receipt.sources,
+        selection=receipt.selection,
+        zygote=None if launch is None else launch.zygote,
+        nodes=receipt.run.extra.nodes,
+    )
 
 
 def _limitation_pairs(receipt: Receipt) -> list[tuple[str, str]]:

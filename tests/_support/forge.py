@@ -17,6 +17,7 @@ from harness.evidence import rules
 from harness.evidence.files import SUMS_NAME, hash_files, render_sums, sha256_bytes, walk
 from harness.evidence.schema import Receipt, RootCause
 from harness.evidence.summary import render_summary
+from harness.evidence.verify import required_limitations_of
 from harness.schema.base import Limitation
 
 Edit = Callable[[dict[str, Any]], None]
@@ -70,20 +71,7 @@ def forge(bundle: Path, edit: Edit) -> Receipt:
 def restate_limitations(data: dict[str, Any], *keys: str) -> None:
     """A careful forger's last step: the `keys` limitations say what the rules give for the
     edited receipt's facts (verify compares their text too, not only their keys)."""
-    receipt = Receipt.model_validate(data)
-    launch = receipt.run.extra.launch
-    required = rules.required_limitations(
-        geometry=receipt.geometry,
-        image=receipt.image,
-        capture=receipt.capture,
-        negative_control=receipt.negative_control,
-        transports=receipt.transports,
-        ranks=receipt.ranks,
-        sources=receipt.sources,
-        selection=receipt.selection,
-        zygote=None if launch is None else launch.zygote,
-        nodes=receipt.run.extra.nodes,
-    )
+    required = required_limitations_of(Receipt.model_validate(data))
     data["limitations"] = [
         f"{key}: {required[key]}" if key in keys and key in required else line
         for line in data["limitations"]
