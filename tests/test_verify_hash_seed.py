@@ -174,7 +174,7 @@ def test_another_nodes_forked_ranks_need_that_nodes_zygote_in_the_receipt(
 ) -> None:
     """Node 0's launch speaks for node 0: a second node's forked ranks are held to the zygote
     its marker names, and the limitation counts the ranks of every node's zygote."""
-    said = "node 1's zygote: used, shared-random seed is False"
+    said = "node 1's zygote is None but the rank records and JUnit reports say 'ranks forked"
     bundle = _copy(forked_bundle, tmp_path)
     _two_nodes(bundle, None)
     assert said in " ".join(verify_bundle(bundle).problems)
@@ -231,3 +231,131 @@ def test_another_nodes_zygote_counts_are_held_to_that_nodes_ranks(
     problems = " ".join(verify_bundle(bundle).problems)
     assert "node 1's zygote: forked + sent_cold <= its 1 rank(s) is False" in problems, problems
     assert "node 1's zygote.forked (records: forked) is 2" in problems, problems
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four forked ranks, to be relabelled as two nodes of two: a node's probes can agree."""
+    if "PYTHONHASHSEED" in os.environ:
+        pytest.skip("a fixed PYTHONHASHSEED gives every rank the same seed under either launch")
+    out = tmp_path_factory.mktemp("hash-seed") / "four"
+    code, _ = run(out, 4, "rank_pass.py")
+    assert code == 0
+    return out
+
+
+_UNUSED = {"used": False, "forked": 0, "not_used": "planted refusal"}
+_COLD = {"forked": False}
+_OTHER_PROBE = {"forked": False, "hash_probe": 12345}
+Zygote = dict[str, Any] | None  # changes to the launch's zygote, or None: no zygote
+
+
+def _two_nodes_of_two(
+    bundle: Path, starts: dict[int, dict[str, Any]], node0: Zygote, node1: Zygote
+) -> None:
+    """The four-rank bundle as if ranks 2 and 3 ran on a second node: each rank's `start`
+    changed by `starts`, each node's zygote its launch's (two forked) changed by `node0` and
+    `node1`, the `hash-seed` limitation restated for those zygotes, and everything resealed."""
+    for rank in range(4):
+        path = bundle / "records" / f"rank-{rank:02d}.json"
+        data = json.loads(path.read_text())
+        data.update(node_rank=rank // 2, local_rank=rank % 2)
+        data["start"].update(starts.get(rank, {}))
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+    def edit(receipt: dict[str, Any]) -> None:
+        for path in (bundle / "records").glob("rank-*.json"):
+            receipt["files"][f"records/{path.name}"] = sha256_file(path)
+        receipt["geometry"].update(nnodes=2, nproc_per_node=2)
+        launched = {**receipt["run"]["extra"]["launch"]["zygote"], "forked": 2}
+        zygotes = [None if z is None else {**launched, **z} for z in (node0, node1)]
+        receipt["run"]["extra"]["launch"]["zygote"] = zygotes[0]
+        marker = {"nnodes": 2, "rdzv_endpoint": "node0:29500", "state": "finished"}
+        nodes = {str(n): {**marker, "node_rank": n, "zygote": z} for n, z in enumerate(zygotes)}
+        receipt["run"]["extra"]["nodes"] = nodes
+        text = hash_seed_limitation(
+            None if zygotes[0] is None else ZygoteState.model_validate(zygotes[0]),
+            {k: NodeState.model_validate(v) for k, v in nodes.items()},
+        ).get("hash-seed")
+        lines = [x for x in receipt["limitations"] if not x.startswith("hash-seed: ")]
+        receipt["limitations"] = lines if text is None else [f"hash-seed: {text}", *lines]
+
+    forge(bundle, edit)
+
+
+_SAY = "but the rank records and JUnit reports say"
+
+
+@pytest.mark.parametrize(
+    "starts, node0, node1, named",
+    [
+        (
+            {2: _COLD, 3: _COLD},
+            {},
+            None,
+            f"node 1's zygote is None {_SAY} 'ranks forked from a zygote'",
+        ),
+        (
+            {2: _COLD, 3: _COLD},
+            {},
+            {**_UNUSED, "hash_seed": "per-rank-random"},
+            f"node 1's zygote.hash_seed is 'per-rank-random' {_SAY} 'shared-random'",
+        ),
+        (
+            {2: _COLD, 3: _COLD},
+            {},
+            {**_UNUSED, "hash_seed": "fixed"},
+            f"node 1's zygote.hash_seed is 'fixed' {_SAY} 'shared-random'",
+        ),
+        (
+            {0: _COLD, 1: _COLD},
+            {**_UNUSED, "hash_seed": "per-rank-random"},
+            {},
+            f"node 0's zygote.hash_seed is 'per-rank-random' {_SAY} 'shared-random'",
+        ),
+        (
+            {2: _COLD, 3: _OTHER_PROBE},
+            {},
+            {**_UNUSED, "hash_seed": "shared-random"},
+            f"node 1's zygote.hash_seed is 'shared-random' {_SAY} 'per-rank-random'",
+        ),
+        (
+            {2: {"hash_seed_fixed": True}, 3: {"hash_seed_fixed": True}},
+            {},
+            {},
+            f"node 1's zygote.hash_seed is 'shared-random' {_SAY} 'fixed'",
+        ),
+    ],
+    ids=["probes-vs-none", "probes-vs-per-rank", "probes-vs-fixed", "node-0", "distinct", "fixed"],
+)
+def test_a_nodes_hash_seed_claim_is_held_to_that_nodes_probes(
+    four_ranks: Path,
+    tmp_path: Path,
+    starts: dict[int, dict[str, Any]],
+    node0: Zygote,
+    node1: Zygote,
+    named: str,
+) -> None:
+    """A node's ranks that hashed the probe alike share one seed whatever their `forked` flags
+    say, and ranks that hashed it differently do not: the claim of that node's zygote (node
+    0's launch, the other's marker) must say what its own ranks' records show."""
+    bundle = _copy(four_ranks, tmp_path)
+    _two_nodes_of_two(bundle, starts, node0, node1)
+    problems = verify_bundle(bundle).problems
+    assert any(named in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "starts, node1",
+    [({}, {}), ({2: _COLD, 3: _OTHER_PROBE}, None)],
+    ids=["both-forked", "node-1-cold"],
+)
+def test_each_nodes_probes_are_compared_within_that_node(
+    four_ranks: Path, tmp_path: Path, starts: dict[int, dict[str, Any]], node1: Zygote
+) -> None:
+    """Seeds are per zygote, so per node: a cold node 1 whose rank 2 hashed the probe as node
+    0's forked ranks did still drew its own seeds, and needs no zygote of its own."""
+    bundle = _copy(four_ranks, tmp_path)
+    _two_nodes_of_two(bundle, starts, {}, node1)
+    result = verify_bundle(bundle)
+    assert result.ok, result.problems

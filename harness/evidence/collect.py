@@ -29,7 +29,7 @@ Rules decided here, and why:
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,11 +154,12 @@ def selection_of(ranks: RankFiles) -> Selection | None:
     )
 
 
-def hash_seed_of(ranks: RankFiles) -> HashSeedMode | None:
-    """The ranks' string-hash seeds as their records show them (None: no record says): fixed
-    where PYTHONHASHSEED was; one shared random seed where a rank was forked or two ranks hashed
-    the probe alike (ranks that drew their own seeds do not); else each rank's own."""
-    said = [r.start for _, r in sorted(ranks.records.items()) if r.start is not None]
+def hash_seed_of(records: Mapping[int, RankRecord]) -> HashSeedMode | None:
+    """The string-hash seeds of the ranks of `records` (one zygote's: one node's) as the records
+    show them (None: no record says): fixed where PYTHONHASHSEED was; one shared random seed
+    where a rank was forked or two ranks hashed the probe alike (ranks that drew their own seeds
+    do not); else each rank's own."""
+    said = [r.start for _, r in sorted(records.items()) if r.start is not None]
     if not said:
         return None
     if any(s.hash_seed_fixed for s in said):

@@ -23,7 +23,7 @@ JUnit or the verdict's reasons).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from harness.evidence.facts import rank_facts
 from harness.evidence.junit import read_merged, tallies
 from harness.evidence.schema import Receipt
 from harness.schema.launch import ZygoteState
-from harness.schema.rank_record import RankStart
+from harness.schema.rank_record import RankRecord, RankStart
 
 RECEIPT_NAME = "receipt.json"
 MERGED_JUNIT = "junit/merged.xml"
@@ -129,7 +129,6 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
     yield r, "transports", receipt.transports, facts.transports
     yield r, "selection", dump(receipt.selection), dump(facts.selection)
     yield from _launch_facts(receipt, rank_files)
-    yield from _node_zygote_facts(receipt, rank_files)
     yield from _ending_facts(receipt, rank_files, dump)
     yield r, "failures", receipt.failures, stated_reasons  # last: it sums up the facts above
 
@@ -162,57 +161,44 @@ def _geometry_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[s
 
 def _launch_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[str, str, Any, Any]]:
     """How the ranks started, held to what each rank recorded of its own start (records that
-    predate it say nothing): the zygote's claim of the ranks' string-hash seed, so a receipt of
-    forked ranks cannot drop the `hash-seed` limitation by calling the seeds their own or by
-    leaving the zygote out. One node's launch speaks for that node only: single node only."""
-    if receipt.geometry.nnodes != 1:
-        return
+    predate it say nothing). A string-hash seed is its zygote's, so each node's zygote (node
+    0's launch, the other nodes' markers) is held to its own node's ranks only: a receipt of
+    forked ranks cannot drop the `hash-seed` limitation by calling a node's seeds its ranks'
+    own or by leaving that node's zygote out."""
+    g = receipt.geometry
     launch = receipt.run.extra.launch
     zygote = None if launch is None else launch.zygote
+    if g.nnodes == 1:
+        yield from _zygote_facts(
+            "run.extra.launch.zygote", zygote, g.world_size, rank_files.records
+        )
+        return
+    zygotes = rules.node_zygotes(zygote, receipt.run.extra.nodes)
+    for node in sorted(set(zygotes) | {x.node_rank for x in rank_files.records.values()}):
+        records = {r: x for r, x in rank_files.records.items() if x.node_rank == node}
+        yield from _zygote_facts(
+            f"node {node}'s zygote", zygotes.get(node), g.nproc_per_node, records
+        )
+
+
+def _zygote_facts(
+    where: str, zygote: ZygoteState | None, ranks: int, records: Mapping[int, RankRecord]
+) -> Iterator[tuple[str, str, Any, Any]]:
+    """One node's zygote (None: the receipt names none), held to the `records` of that node's
+    `ranks`: its counts, and the string-hash seed mode those records show."""
+    starts = [x.start for x in records.values()]
     if zygote is not None:
-        starts = [x.start for x in rank_files.records.values()]
-        where = "run.extra.launch.zygote"
-        yield from _zygote_counts(where, zygote, receipt.geometry.world_size, starts)
-    derived = hash_seed_of(rank_files)
+        yield from _zygote_counts(where, zygote, ranks, starts)
+    derived = hash_seed_of(records)
     if derived is None:
         return
     if zygote is None:
         if derived == "shared-random":  # torchrun started each rank: each drew its own
-            yield RECEIPT_NAME, "run.extra.launch.zygote", None, "ranks forked from a zygote"
+            yield RECEIPT_NAME, where, None, "ranks forked from a zygote"
         return
-    yield RECEIPT_NAME, "run.extra.launch.zygote.hash_seed", zygote.hash_seed, derived
-    if derived == "shared-random" and any(
-        x.start is not None and x.start.forked for x in rank_files.records.values()
-    ):
-        yield RECEIPT_NAME, "run.extra.launch.zygote.used", zygote.used, True
-
-
-def _node_zygote_facts(
-    receipt: Receipt, rank_files: RankFiles
-) -> Iterator[tuple[str, str, Any, Any]]:
-    """Multi-node: each node whose ranks say they were forked with a random string-hash seed
-    has its zygote's use in the receipt (node 0's launch, the other nodes' markers), so the
-    `hash-seed` limitation cannot be dropped by leaving another node's zygote out."""
-    if receipt.geometry.nnodes == 1:
-        return
-    launch = receipt.run.extra.launch
-    zygotes = rules.node_zygotes(None if launch is None else launch.zygote, receipt.run.extra.nodes)
-    forked_on = sorted(
-        {
-            x.node_rank
-            for x in rank_files.records.values()
-            if x.start is not None and x.start.forked and not x.start.hash_seed_fixed
-        }
-    )
-    for node in forked_on:
-        zygote = zygotes.get(node)
-        claimed = zygote is not None and zygote.used and zygote.hash_seed == "shared-random"
-        yield RECEIPT_NAME, f"node {node}'s zygote: used, shared-random seed", claimed, True
-    ranks = receipt.geometry.nproc_per_node
-    for node, zygote in sorted(zygotes.items()):
-        if zygote is not None:
-            starts = [x.start for x in rank_files.records.values() if x.node_rank == node]
-            yield from _zygote_counts(f"node {node}'s zygote", zygote, ranks, starts)
+    yield RECEIPT_NAME, f"{where}.hash_seed", zygote.hash_seed, derived
+    if derived == "shared-random" and any(s is not None and s.forked for s in starts):
+        yield RECEIPT_NAME, f"{where}.used", zygote.used, True
 
 
 def _zygote_counts(
