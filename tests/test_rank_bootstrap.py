@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 PROGRAM = """
-import atexit, gc, logging, sys
+import atexit, logging, sys
 from harness.rank.bootstrap import exit_now
+from harness.rank.openfiles import freeze
 logging.basicConfig(filename=sys.argv[1], level=logging.INFO)
 logging.getLogger("rank").info("logged before the exit")
 left_open = open(sys.argv[3], "w")
 left_open.write("left open, never flushed")
-gc.freeze()  # as the rank heap (harness.rank.heap) freezes what collection built
+freeze()  # as the rank heap (harness.rank.heap) freezes what collection built
 atexit.register(lambda: print("teardown ran"))
 sys.stdout.write("stdout without newline")
 sys.stderr.write("stderr without newline")

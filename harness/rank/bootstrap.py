@@ -124,7 +124,7 @@ def exit_now(code: int) -> NoReturn:
     """
     logging.shutdown()
     with contextlib.suppress(BaseException):  # the rank must still end here
-        flush_open_files(thaw=True)
+        flush_open_files()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from harness.core import preloaded as handover
-from harness.rank import parentage
+from harness.rank import openfiles, parentage
 from harness.rank.forkwire import (
     Request,
     Startup,
@@ -67,7 +67,6 @@ from harness.rank.forkwire import (
     signal_rank,
     write_refusal,
 )
-from harness.rank.openfiles import flush_open_files
 from harness.rank.zygotelog import (
     Forked,
     NotPreloaded,
@@ -207,8 +206,8 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> Preloaded:
     done.env = PreloadEnv.between(before, dict(os.environ))
     # What the preload left in a file's buffer is the zygote's to write, once: each rank's copy
     # of that buffer would reach the file again as the rank ends.
-    flush_open_files(thaw=False)
-    gc.freeze()  # the preloaded heap: shared copy-on-write, never walked by the children's gc
+    openfiles.flush_open_files()
+    openfiles.freeze()  # the preloaded heap: shared copy-on-write, never walked by a child's gc
     return done
 
 
@@ -374,7 +373,7 @@ def _finish(code: int) -> NoReturn:
 
         atexit._run_exitfuncs()
     with contextlib.suppress(BaseException):
-        flush_open_files(thaw=True)
+        openfiles.flush_open_files()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):
             stream.flush()
