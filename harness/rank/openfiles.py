@@ -14,7 +14,9 @@ The heap the zygote and each rank freeze (`gc.freeze`) is out of `gc.get_objects
 walking it would cost more than the scan: listing an object touches it, and a forked rank's
 touch copies the zygote's page (16 ranks copying the preloaded heap). So the heap is frozen
 here (`freeze`), which remembers the writers in it (weakly: a file dropped still closes when
-it goes), and the exit scan walks only what is not frozen, plus those.
+it goes), and the exit scan walks only what is not frozen, plus those. Measured in a rank forked
+from a preload of torch and the harness: 0.1 ms, where thawing and walking the heap took 0.08 s
+and copied 64 MiB (0.33 s and 270 MiB with vLLM's real trees), per rank.
 """
 
 from __future__ import annotations
