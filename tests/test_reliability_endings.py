@@ -119,6 +119,23 @@ def test_odd_files_a_test_leaves_are_set_aside_named_and_the_run_fails(tmp_path:
     assert main(["verify", str(out)]) == 0
 
 
+def test_files_a_test_left_open_keep_their_buffered_bytes_as_a_cold_exit_keeps_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forked ranks that end with `os._exit` still write what a cold interpreter's exit
+    writes: the buffers of files the tests left open (tests/test_zygote.py shows the loss)."""
+    left = tmp_path / "left-open"
+    left.mkdir()
+    monkeypatch.setenv("DCPQUAL_LEFT_OPEN_DIR", str(left))
+    out = tmp_path / "bundle"
+    code, _ = run(out, 2, "rank_left_open.py")
+    assert code == 0, receipt(out)["failures"]
+    assert receipt(out)["run"]["extra"]["launch"]["zygote"]["forked"] == 2
+    for rank in (0, 1):
+        assert (left / f"collected-{rank}").read_text() == f"rank {rank}, opened at collection"
+        assert (left / f"in-test-{rank}").read_text() == f"rank {rank}, opened in the test"
+
+
 def test_a_full_disk_during_the_bundle_write_is_one_line_and_the_rank_files_are_scrubbed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -48,6 +48,10 @@ if mode == "import":  # imports a module, notes what the environment says after
     __import__(sys.argv[3])
     note(repr([os.environ.get(k) for k in ("PRELOAD_SET", "PRELOAD_DEFAULT", "PRELOAD_GONE")]))
     sys.exit(0)
+if mode == "unflushed":  # a file left open, its bytes still in its buffer, as the rank ends
+    left_open = open(out, "w")
+    left_open.write("written, never flushed")
+    sys.exit(0)
 if mode == "warned":  # its import warns in a cold rank
     import warnmod
     sys.exit(0)
@@ -85,6 +89,12 @@ WARNMOD = "import warnings\nwarnings.warn('warnmod was imported', UserWarning)\n
 PRELOADED = "json,multiprocessing,warnmod"
 
 
+# A module whose import leaves bytes in a file's buffer, in the process that imported it.
+LEAKMOD = (
+    "import os\nlog = open(os.environ['LEAK_LOG'], 'a')\nlog.write(f'written by {os.getpid()}; ')\n"
+)
+
+
 # A module whose import raises, as a vLLM built against another torch does.
 BROKENMOD = "raise ImportError('brokenmod was built against another torch')\n"
 # A module whose import writes os.environ, as `import vllm` does.
@@ -100,7 +110,13 @@ def _zygote(tmp_path: Path, modules: str, **env: str):
     """A zygote preloading `modules` (the protocol does not need torch), once it is ready."""
     sock = tmp_path / "z.sock"
     log = tmp_path / "zygote.log"
-    for name, text in (("warnmod", WARNMOD), ("brokenmod", BROKENMOD), ("envmod", ENVMOD)):
+    helpers = (
+        ("warnmod", WARNMOD),
+        ("brokenmod", BROKENMOD),
+        ("envmod", ENVMOD),
+        ("leakmod", LEAKMOD),
+    )
+    for name, text in helpers:
         (tmp_path / f"{name}.py").write_text(text)
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -248,6 +264,31 @@ def test_an_uncaught_keyboardinterrupt_ends_the_rank_by_sigint_as_it_ends_a_cold
     out.unlink()
     assert _cold(tmp_path, "interrupt", str(out)) == -signal.SIGINT  # what the stub matches
     assert out.read_text() == "atexit ran"
+
+
+def test_a_file_the_rank_left_open_keeps_what_it_wrote_as_a_cold_ranks_does(tmp_path, zygote):
+    """A cold interpreter's exit closes, so flushes, the files its modules still hold; a forked
+    rank ends with `os._exit`, which would drop those bytes."""
+    zproc, sock = zygote
+    out = tmp_path / "left-open"
+    assert _cold(tmp_path, "unflushed", str(out)) == 0
+    assert out.read_text() == "written, never flushed"  # what the forked rank must match
+    out.unlink()
+    stub = _stub(tmp_path, sock, zproc, "unflushed", str(out))
+    assert stub.wait(30) == 0, (tmp_path / "stub.err").read_text()
+    assert any(isinstance(e, Forked) for e in read_events((tmp_path / "zygote.log").read_bytes()))
+    assert out.read_text() == "written, never flushed"
+
+
+def test_no_forked_rank_writes_what_the_zygotes_preload_left_in_a_buffer(tmp_path):
+    """The zygote's own unflushed bytes are written once, by the zygote: each rank's copy of
+    that buffer would otherwise reach the file as the rank ends, bytes no rank wrote."""
+    log = tmp_path / "leak.log"
+    with _zygote(tmp_path, "json,leakmod", LEAK_LOG=str(log)) as (zproc, sock):
+        for _ in range(2):
+            stub = _stub(tmp_path, sock, zproc, "exit", str(tmp_path / "seen"), "0")
+            assert stub.wait(30) == 0, (tmp_path / "stub.err").read_text()
+        assert log.read_text() == f"written by {zproc.pid}; "
 
 
 def test_what_the_preload_warned_is_on_each_forked_ranks_stderr_as_on_a_cold_ones(tmp_path, zygote):

@@ -20,6 +20,8 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from harness.rank.openfiles import flush_open_files
+
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 
 
@@ -116,10 +118,13 @@ def exit_now(code: int) -> NoReturn:
     """End the rank process without interpreter teardown, once its files are final.
 
     Why: torch's teardown costs each rank seconds on a few cores, and with c10d's threads still
-    alive it can die in C++ (`terminate called without an active exception`). Logging and the
-    standard streams are flushed first, so no output is lost.
+    alive it can die in C++ (`terminate called without an active exception`). Logging, the
+    files a test left open (`harness.rank.openfiles`) and the standard streams are flushed
+    first, so no output is lost.
     """
     logging.shutdown()
+    with contextlib.suppress(BaseException):  # the rank must still end here
+        flush_open_files()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

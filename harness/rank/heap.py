@@ -24,6 +24,7 @@ import gc
 import pytest
 
 from harness.core import preloaded
+from harness.rank import openfiles
 
 preloaded.reissue(preloaded.STARTUP)
 
@@ -37,5 +38,5 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Every module and test is loaded: freeze what exists, collect what the tests make."""
-    gc.freeze()
+    openfiles.freeze()  # its files still flushed at the rank's exit
     gc.enable()

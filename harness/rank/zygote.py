@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from harness.core import preloaded as handover
-from harness.rank import parentage
+from harness.rank import openfiles, parentage
 from harness.rank.forkwire import (
     Request,
     Startup,
@@ -204,7 +204,10 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> Preloaded:
         new = frozenset(sys.modules.keys() - known)
         done.modules[group] = done.modules.get(group, frozenset()) | new
     done.env = PreloadEnv.between(before, dict(os.environ))
-    gc.freeze()  # the preloaded heap: shared copy-on-write, never walked by the children's gc
+    # What the preload left in a file's buffer is the zygote's to write, once: each rank's copy
+    # of that buffer would reach the file again as the rank ends.
+    openfiles.flush_open_files()
+    openfiles.freeze()  # the preloaded heap: shared copy-on-write, never walked by a child's gc
     return done
 
 
@@ -361,13 +364,16 @@ def _run_module(argv: tuple[str, ...]) -> int:
 
 def _finish(code: int) -> NoReturn:
     """The interpreter's own exit, minus unwinding into the zygote's loop: join non-daemon
-    threads, run atexit, flush; then exit with `code`, or die of SIGINT for INTERRUPTED."""
+    threads, run atexit, flush the files still open and the standard streams; then exit with
+    `code`, or die of SIGINT for INTERRUPTED."""
     with contextlib.suppress(BaseException):
         threading._shutdown()  # type: ignore[attr-defined]
     with contextlib.suppress(BaseException):
         import atexit
 
         atexit._run_exitfuncs()
+    with contextlib.suppress(BaseException):
+        openfiles.flush_open_files()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):
             stream.flush()
