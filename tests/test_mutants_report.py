@@ -194,12 +194,27 @@ def _fake_mutmut(
 
 
 def _ran_before(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *paths: str) -> Path:
-    """A checkout with the targets table whose listed files already have a mutmut run."""
+    """A checkout with the targets table whose listed files already have a mutmut run, in
+    scratch copies made of this checkout as it is."""
     (tmp_path / "pyproject.toml").write_text(TARGETS)
+    (tmp_path / "harness").mkdir(exist_ok=True)
+    (tmp_path / "harness" / "m.py").write_text("x = 1\n")
     monkeypatch.chdir(tmp_path)
     for path in paths:
-        (mutants.workdir(Path("mutants-work"), path) / "mutants").mkdir(parents=True)
+        _copied(tmp_path, path)
     return tmp_path
+
+
+def _copied(root: Path, path: str) -> Path:
+    """`path`'s scratch copy with a mutmut run in it, saying it was made of `root` as it is."""
+    where = mutants.workdir(root / "mutants-work", path)
+    (where / "mutants").mkdir(parents=True, exist_ok=True)
+    narrowed = mutants.narrowed_pyproject(
+        TARGETS, path, mutants.load_targets(root / "pyproject.toml")[path]
+    )
+    digest = mutants.sources_digest(root, narrowed)
+    (where / mutants.SOURCES_FILE).write_text(json.dumps({"sha256": digest}))
+    return where
 
 
 def test_the_cli_writes_the_report_and_exits_by_the_minimum(monkeypatch, tmp_path, capsys):
@@ -220,7 +235,7 @@ def test_the_cli_writes_the_report_and_exits_by_the_minimum(monkeypatch, tmp_pat
     assert mutants.main(["--out", str(lower), "--no-run", "--min-score", "50"]) == 1  # cli.py
     ran = RESULTS.replace("x_register__mutmut_1: not checked", "x_register__mutmut_1: killed")
     _fake_mutmut(monkeypatch, ran)
-    (mutants.workdir(Path("mutants-work"), "harness/warm/cli.py") / "mutants").mkdir(parents=True)
+    _copied(tmp_path, "harness/warm/cli.py")
     every = tmp_path / "every.json"
     assert mutants.main(["--out", str(every), "--no-run", "--min-score", "50"]) == 0
 
@@ -358,7 +373,72 @@ def test_a_run_starts_fresh_in_its_copy_with_one_openmp_thread(monkeypatch, tmp_
     assert seen["env"]["OMP_NUM_THREADS"] == "1" and seen["env"]["MKL_NUM_THREADS"] == "1"
     assert seen["command"][-3:] == ["run", "--max-children", "2"]
     assert (copy / "harness" / "m.py").read_text() == "x = 1\n"
-    assert "harness/m.py" in (copy / "pyproject.toml").read_text()
+    narrowed = (copy / "pyproject.toml").read_text()
+    assert "harness/m.py" in narrowed
+    recorded = json.loads((copy / mutants.SOURCES_FILE).read_text())["sha256"]
+    assert recorded == mutants.sources_digest(root, narrowed)
+
+
+def test_a_report_names_what_each_files_run_mutated_and_tested(monkeypatch, tmp_path):
+    combine = "harness/transport/combine.py"
+    _ran_before(monkeypatch, tmp_path, combine)
+    _fake_mutmut(monkeypatch, RESULTS)
+    out = tmp_path / "report.json"
+    mutants.main(["--out", str(out), "--no-run", "--min-score", "40", combine])
+    (row,) = json.loads(out.read_text())["files"]
+    narrowed = mutants.narrowed_pyproject(TARGETS, combine, ["tests/test_combine.py"])
+    assert row["sources_sha256"] == mutants.sources_digest(tmp_path, narrowed)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda root: (root / "harness" / "m.py").write_text("x = 2\n"), id="source"),
+        pytest.param(
+            lambda root: (root / "tests").mkdir() or (root / "tests" / "t.py").touch(),
+            id="new-test",
+        ),
+        pytest.param(
+            lambda root: (root / "pyproject.toml").write_text(
+                TARGETS.replace('["tests/test_combine.py"]', '["tests/test_other.py"]')
+            ),
+            id="its-tests",
+        ),
+        pytest.param(
+            lambda root: (
+                root / "mutants-work" / "harness.transport.combine" / mutants.SOURCES_FILE
+            ).unlink(),
+            id="unrecorded",
+        ),
+    ],
+)
+def test_results_of_a_copy_made_of_other_sources_are_never_reported(
+    monkeypatch, tmp_path, capsys, change
+):
+    """A score measured on one checkout must not be written as another's: `--no-run` reads
+    whatever the scratch copies hold, so each copy's sources are held to the checkout's."""
+    combine = "harness/transport/combine.py"
+    _ran_before(monkeypatch, tmp_path, combine)
+    _fake_mutmut(monkeypatch, RESULTS)
+    change(tmp_path)
+    out = tmp_path / "report.json"
+    assert mutants.main(["--out", str(out), "--no-run", "--min-score", "40", combine]) == 2
+    assert not out.exists()
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "harness.transport.combine" in line and "run it again without --no-run" in line
+
+
+def test_edited_docs_and_equivalents_keep_a_copys_sources(monkeypatch, tmp_path):
+    """What is edited after a run (the report, its table, the equivalents list) decides no
+    mutant's outcome, so a `--no-run` report after those edits still reads the copy."""
+    combine = "harness/transport/combine.py"
+    _ran_before(monkeypatch, tmp_path, combine)
+    _fake_mutmut(monkeypatch, RESULTS)
+    (tmp_path / "tests").mkdir()
+    for name in ("README.md", "mutants-report.json", "mutants-equivalent.json"):
+        (tmp_path / "tests" / name).write_text("edited after the run")
+    out = tmp_path / "report.json"
+    assert mutants.main(["--out", str(out), "--no-run", "--min-score", "40", combine]) == 0
 
 
 def test_the_committed_equivalents_file_is_valid() -> None:

@@ -20,7 +20,11 @@ This module turns mutmut's results into a JSON report:
   equivalents file. mutmut names mutants by function and number, so an edit can give a name
   to another change: a listed name that no longer exists, whose diff is no longer the listed
   one, or that a test killed, is an error; the list never hides anything silently;
-- the files not run, or run only in part (an interrupted run): no score, their counts kept.
+- the files not run, or run only in part (an interrupted run): no score, their counts kept;
+- per file, the sha256 of what its scratch copy was made from (`sources_sha256`). A copy
+  records it when it is made (`dcpqual-sources.json`), and a report is written only from copies
+  whose sources are this checkout's: results of an earlier checkout are never reported as
+  today's, with `--no-run` or after a checkout that changed during the run.
 
 `python -m harness.qualify.mutants --out FILE [--equivalents FILE] [--min-score 90]
 [--max-children 2] [--file-timeout S] [--no-run] [SOURCE_FILE...]` exits 0 when every file
@@ -32,6 +36,7 @@ reaches the minimum score, 1 when one does not (or was not run: its mutants "not
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -56,6 +61,11 @@ SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 WORK = Path("mutants-work")
 # What a scratch copy needs: mutmut's source path and its also_copy, plus the tests.
 _COPIED = ("harness", "tests", "suites", "conftest.py")
+SOURCES_FILE = "dcpqual-sources.json"  # in each scratch copy: the digest of what it was made of
+# Left out of that digest: text no test's outcome depends on and that is edited after a run
+# (the report and its table, the equivalents list, whose entries are checked by their diffs).
+_NOT_SOURCES = ("tests/mutants-report.json", "tests/mutants-equivalent.json")  # and any *.md
+_IGNORED = ("__pycache__", "*.pyc")
 _RESULT_LINE = re.compile(r"^\s*(?P<name>[\w.ǁ]+__mutmut_\d+): (?P<status>[a-z ]+?)\s*$")
 
 
@@ -158,6 +168,7 @@ class FileScore:
     counts: Mapping[str, int]
     excluded: int
     not_checked: int = 0
+    sources_sha256: str | None = None
 
     @property
     def ran(self) -> bool:
@@ -187,6 +198,7 @@ class FileScore:
             no_tests=self.counts.get("no tests", 0),
             other=sum(v for k, v in self.counts.items() if k not in (*KILLED, *NOT_KILLED[:2])),
             excluded_equivalent=self.excluded,
+            sources_sha256=self.sources_sha256,
         )
 
 
@@ -239,10 +251,12 @@ def summarize(
     equivalents: Mapping[str, Equivalent],
     diffs: Mapping[str, str],
     files: Iterable[str] = (),
+    sources: Mapping[str, str] | None = None,
 ) -> MutantsReport:
     """Score every file (`files` too: one with no results is listed as not run). A listed
     equivalent leaves the score only if this run produced it, with the listed diff, and no
-    test killed it; anything else is an error, never a silent exclusion."""
+    test killed it; anything else is an error, never a silent exclusion. `sources`: each file's
+    `sources_digest`, as its scratch copy recorded it."""
     unknown = sorted(set(equivalents) - set(statuses))
     if unknown:
         raise MutantsError(
@@ -278,7 +292,13 @@ def summarize(
             if status not in KILLED:
                 survivors[name] = diffs.get(name, "")
     scores = tuple(
-        FileScore(path, counts[path], excluded.get(path, 0), unchecked.get(path, 0))
+        FileScore(
+            path,
+            counts[path],
+            excluded.get(path, 0),
+            unchecked.get(path, 0),
+            (sources or {}).get(path),
+        )
         for path in sorted(counts)
     )
     return MutantsReport(scores, survivors, dict(equivalents), tuple(skipped))
@@ -331,6 +351,52 @@ def workdir(work: Path, path: str) -> Path:
     return work / path.removesuffix(".py").replace("/", ".")
 
 
+def _is_source(rel: Path) -> bool:
+    skipped = "__pycache__" in rel.parts or rel.suffix in (".pyc", ".md")
+    return not skipped and rel.as_posix() not in _NOT_SOURCES
+
+
+def sources_digest(tree: Path, pyproject: str) -> str:
+    """sha256 of what one file's scratch copy holds, taken from `tree` (the checkout, or the
+    copy): every copied file's path and bytes, in order (`_NOT_SOURCES` aside), and the narrowed
+    `pyproject` text. A copy made of an unchanged checkout has the checkout's digest."""
+    digest = hashlib.sha256()
+    for name in _COPIED:
+        top = tree / name
+        found = sorted(top.rglob("*")) if top.is_dir() else [top] if top.is_file() else []
+        for file in found:
+            rel = file.relative_to(tree)
+            if file.is_file() and _is_source(rel):
+                digest.update(rel.as_posix().encode() + b"\0")
+                digest.update(hashlib.sha256(file.read_bytes()).digest())
+    digest.update(b"pyproject.toml\0" + hashlib.sha256(pyproject.encode()).digest())
+    return digest.hexdigest()
+
+
+def checked_sources(
+    root: Path, work: Path, targets: Mapping[str, Sequence[str]], ran: Iterable[str]
+) -> dict[str, str]:
+    """Each file of `ran`'s recorded sources digest, refused unless it is this checkout's."""
+    text = (root / "pyproject.toml").read_text()
+    digests: dict[str, str] = {}
+    for path in sorted(set(ran)):
+        where = workdir(work, path)
+        try:
+            recorded = json.loads((where / SOURCES_FILE).read_text())["sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise MutantsError(
+                f"{where} does not say what it was made from (no valid {SOURCES_FILE}): "
+                "run it again without --no-run"
+            ) from None
+        if recorded != sources_digest(root, narrowed_pyproject(text, path, targets[path])):
+            raise MutantsError(
+                f"{where} was made from other sources than this checkout's {path} (or its "
+                "tests): run it again without --no-run"
+            )
+        digests[path] = recorded
+    return digests
+
+
 def run_target(
     root: Path, work: Path, path: str, tests: Sequence[str], *, children: int, limit: float
 ) -> bool:
@@ -342,12 +408,14 @@ def run_target(
     for name in _COPIED:
         source = root / name
         if source.is_dir():
-            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+            ignore = shutil.ignore_patterns(*_IGNORED)
             shutil.copytree(source, where / name, ignore=ignore)
         elif source.exists():
             shutil.copy2(source, where / name)
-    text = (root / "pyproject.toml").read_text()
-    (where / "pyproject.toml").write_text(narrowed_pyproject(text, path, tests))
+    text = narrowed_pyproject((root / "pyproject.toml").read_text(), path, tests)
+    (where / "pyproject.toml").write_text(text)
+    sources = json.dumps({"sha256": sources_digest(where, text)})
+    (where / SOURCES_FILE).write_text(sources + "\n")
     print(f"mutants: {path} with {' '.join(tests)}", flush=True)
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)]
     env = {**os.environ, **SINGLE_THREAD_ENV}
@@ -442,13 +510,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise MutantsError(f"no mutmut results under {args.work} (did `mutmut run` run?)")
         # A file that did not run cannot confirm its listed equivalents; it is reported not run.
         produced = {source_file(name) for name in statuses}
+        sources = checked_sources(root, args.work, chosen, produced)
         equivalents = {n: e for n, e in equivalents.items() if source_file(n) in produced}
         diffs = {
             name: diff_of(_mutmut("show", name, cwd=workdir(args.work, source_file(name))))
             for name, status in statuses.items()
             if status in NOT_KILLED or name in equivalents
         }
-        report = summarize(statuses, equivalents, diffs, chosen)
+        report = summarize(statuses, equivalents, diffs, chosen, sources)
     except MutantsError as exc:
         print(f"mutants: {exc}", file=sys.stderr)
         return 2

@@ -15,7 +15,8 @@ MUTANTS_SCHEMA: Final = "dcpqual-mutants/v1"
 
 
 class FileRow(Model):
-    """One source file: `score` in percent, None when not every mutant of it ran."""
+    """One source file: `score` in percent, None when not every mutant of it ran;
+    `sources_sha256`: what its run mutated and tested (None in rows older than the digest)."""
 
     path: str
     score: float | None
@@ -26,6 +27,7 @@ class FileRow(Model):
     no_tests: NonNegativeInt
     other: NonNegativeInt
     excluded_equivalent: NonNegativeInt
+    sources_sha256: str | None = None
 
 
 class Survivor(Model):
