@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness.launch.collect import first_torchrun_error, parse_error_file, run_context
 from harness.launch.plan import RunOptions, build_plan
-from harness.launch.progress import PlainProgress, Snapshot, snapshot, wants_plain
+from harness.launch.progress import PlainProgress, RichProgress, Snapshot, snapshot, wants_plain
 from harness.launch.rankview import RecordReader
 from harness.rank.rankfiles import write_error_file
 from harness.schema.launch import Launch, NodeState
@@ -134,6 +134,14 @@ def test_plain_progress_prints_only_on_change():
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2
     assert "tests 1/3" in lines[1] and "FAILED 1" in lines[1]
+
+
+def test_the_live_line_shows_test_ids_as_they_are_not_as_markup():
+    stream = io.StringIO()
+    progress = RichProgress(stream)
+    current = "suites/capture/test_capture.py::test_kimi[kimi-k3] [bold]"
+    progress.close(Snapshot(1.0, 2, reported=2, alive=2, total=3, current=current))
+    assert current in stream.getvalue()
 
 
 def test_plain_lines_when_not_a_terminal_or_on_ci():

@@ -158,7 +158,10 @@ class RichProgress:
         self._live.start()
 
     def update(self, snap: Snapshot) -> None:
-        self._live.update(f"dcpqual run {snap.line()}")
+        from rich.text import Text
+
+        # Text, not a str: a str is read as markup, and a test id's `[kimi-k3]` would vanish.
+        self._live.update(Text(f"dcpqual run {snap.line()}"))
 
     def close(self, snap: Snapshot | None = None) -> None:
         if snap is not None:
