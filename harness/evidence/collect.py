@@ -134,11 +134,58 @@ def coverage_of(ranks: RankFiles) -> Coverage:
         positions = {nodeid: i for i, nodeid in enumerate(record.collected)}
         missing += [(positions[n], rank, n) for n in without_outcome(record)]
     first = min(missing, default=None)
+    everywhere, partly = skipped_tests(ranks)
     return Coverage(
         collected=len(collected),
         without_outcome=len(missing),
         first_without_outcome=None if first is None else f"rank {first[1]}: {first[2]}",
+        skipped_everywhere=len(everywhere),
+        first_skipped_everywhere=everywhere[0] if everywhere else None,
+        skipped_on_some_ranks=len(partly),
+        first_skipped_on_some_ranks=partly[0] if partly else None,
     )
+
+
+def skipped_tests(ranks: RankFiles) -> tuple[list[str], list[str]]:
+    """(tests skipped on every rank that reported them, tests skipped on some ranks and run on
+    others), in the order the ranks ran them; a sub-world case another lane ran counts as
+    neither here (its lane's outcome is the test's). A skip is a path that did not run, so a
+    receipt names both (see rules.skip_limitation)."""
+    order: dict[str, None] = {}
+    skipped: dict[str, list[int]] = {}
+    ran: dict[str, list[int]] = {}
+    for rank, record in sorted(ranks.records.items()):
+        for test in record.tests:
+            order.setdefault(test.nodeid)
+            if test.ran_elsewhere:
+                continue
+            into = skipped if test.outcome == "skipped" else ran
+            into.setdefault(test.nodeid, []).append(rank)
+    everywhere: list[str] = []
+    partly: list[str] = []
+    for nodeid in order:
+        if nodeid not in ran:
+            everywhere.append(nodeid)
+        elif nodeid in skipped:
+            partly.append(
+                f"{nodeid} (skipped on ranks {_spans(skipped[nodeid])}, ran on ranks "
+                f"{_spans(ran[nodeid])})"
+            )
+    return everywhere, partly
+
+
+def _spans(ranks: list[int]) -> str:
+    """[0-3, 5] for 0, 1, 2, 3, 5: short enough for 16 ranks and more."""
+    parts: list[str] = []
+    start = prev = ranks[0]
+    for rank in [*ranks[1:], None]:
+        if rank is not None and rank == prev + 1:
+            prev = rank
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if rank is not None:
+            start = prev = rank
+    return "[" + ", ".join(parts) + "]"
 
 
 def selection_of(ranks: RankFiles) -> Selection | None:

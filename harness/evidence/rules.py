@@ -199,10 +199,12 @@ def required_limitations(
     selection: Selection | None = None,
     zygote: ZygoteState | None = None,
     nodes: Mapping[str, NodeState | None] | None = None,
+    coverage: Coverage | None = None,
 ) -> dict[str, str]:
     """{key: text} for every path that did not run; verify checks that each key is listed.
     `zygote`: how the launch says its ranks started (None: torchrun started each); `nodes`:
-    every node's marker in a multi-node run, which says the same of that node."""
+    every node's marker in a multi-node run, which says the same of that node; `coverage`:
+    what the records say ran (None: not recorded)."""
     out: dict[str, str] = hash_seed_limitation(zygote, nodes)
     if narrowed := narrowing(selection):
         out["selection"] = (
@@ -266,7 +268,28 @@ def required_limitations(
             f"the harness checkout was dirty (e.g. {shown}): commit and tree do not fully "
             "identify the code that ran"
         )
+    out.update(skip_limitation(coverage))
     return out
+
+
+def skip_limitation(coverage: Coverage | None) -> dict[str, str]:
+    """{key: text} where tests skipped: a test skipped on every rank proved nothing, and one
+    that ran on some ranks only was agreed on without the others (a cross-rank check it holds
+    was not made there); neither fails a run, so the receipt must say so."""
+    if coverage is None or not (coverage.skipped_everywhere or coverage.skipped_on_some_ranks):
+        return {}
+    parts = []
+    if coverage.skipped_everywhere:
+        parts.append(
+            f"{coverage.skipped_everywhere} test(s) skipped on every rank, so they proved "
+            f"nothing (the first: {coverage.first_skipped_everywhere})"
+        )
+    if coverage.skipped_on_some_ranks:
+        parts.append(
+            f"{coverage.skipped_on_some_ranks} test(s) skipped on some ranks and ran on others "
+            f"(the first: {coverage.first_skipped_on_some_ranks})"
+        )
+    return {"skipped": "; ".join(parts)}
 
 
 def node_zygotes(

@@ -269,6 +269,7 @@ def required_limitations_of(receipt: Receipt) -> dict[str, str]:
         selection=receipt.selection,
         zygote=None if launch is None else launch.zygote,
         nodes=receipt.run.extra.nodes,
+        coverage=receipt.coverage,
     )
 
 

@@ -243,6 +243,7 @@ def assemble_receipt(
             selection=facts.selection,
             zygote=None if ctx.extra.launch is None else ctx.extra.launch.zygote,
             nodes=ctx.extra.nodes,
+            coverage=facts.coverage,
         ),
         rules.advisory_limitations(
             sources=sources,

@@ -46,6 +46,7 @@ from harness.rank.worldbreak import AgentWatch, destroyed_group, group_alive
 from harness.schema.capture import CaptureRecord
 from harness.schema.plan import RankPlan
 from harness.schema.rank_record import (
+    ELSEWHERE_SKIP,
     Outcome,
     RankFacts,
     RankUse,
@@ -362,7 +363,7 @@ class RankPlugin:
         from _pytest.runner import runtestprotocol
 
         assert self.keeper is not None
-        reason = f"sub-world case placed on {lane.describe()}, not on rank {self.env.rank}"
+        reason = f"{ELSEWHERE_SKIP}{lane.describe()}, not on rank {self.env.rank}"
         item.add_marker(pytest.mark.skip(reason=reason))
         item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         reports = runtestprotocol(item, nextitem=nextitem, log=False)

@@ -49,6 +49,11 @@ def suite_of(nodeid: str) -> str:
     return parts[-2] if len(parts) >= 2 else "tests"
 
 
+# How a rank records a sub-world case that another lane ran (`harness.rank.subworld`): a skip
+# here that is not a skip of the test, since the lane named after it ran it.
+ELSEWHERE_SKIP = "sub-world case placed on "
+
+
 @dataclass(frozen=True, config=STRICT)
 class TestOutcome(JsonValue):
     """One test's agreed outcome as seen from one rank.
@@ -73,6 +78,11 @@ class TestOutcome(JsonValue):
     @derived_field
     def suite(self) -> str:
         return suite_of(self.nodeid)
+
+    @property
+    def ran_elsewhere(self) -> bool:
+        """A sub-world case that another lane ran, recorded here as a skip."""
+        return self.outcome == "skipped" and (self.message or "").startswith(ELSEWHERE_SKIP)
 
     @field_validator("duration_s")
     @classmethod

@@ -277,14 +277,26 @@ class Coverage(Model):
     collected: NonNegativeInt = 0  # distinct test ids any reporting rank selected
     without_outcome: NonNegativeInt = 0  # (rank, test) pairs collected with no outcome
     first_without_outcome: str | None = None  # "rank N: <test id>", earliest in test order
+    # A skip proves nothing: tests that skipped on every rank that reported them, and tests
+    # that ran on some ranks and skipped on others (a sub-world case another lane ran is not a
+    # skip). The first of each is named in test order; "<test id>" or "<test id> (skipped on
+    # ranks [..], ran on ranks [..])".
+    skipped_everywhere: NonNegativeInt = 0
+    first_skipped_everywhere: str | None = None
+    skipped_on_some_ranks: NonNegativeInt = 0
+    first_skipped_on_some_ranks: str | None = None
 
     @model_validator(mode="after")
     def _first(self) -> Coverage:
-        if (self.first_without_outcome is None) != (self.without_outcome == 0):
-            raise ValueError(
-                f"without_outcome={self.without_outcome} but first_without_outcome is "
-                f"{self.first_without_outcome!r}"
-            )
+        for count, first in (
+            ("without_outcome", "first_without_outcome"),
+            ("skipped_everywhere", "first_skipped_everywhere"),
+            ("skipped_on_some_ranks", "first_skipped_on_some_ranks"),
+        ):
+            if (getattr(self, first) is None) != (getattr(self, count) == 0):
+                raise ValueError(
+                    f"{count}={getattr(self, count)} but {first} is {getattr(self, first)!r}"
+                )
         return self
 
 
