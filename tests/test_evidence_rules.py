@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 from _support.evidence_factory import (
     CAPTURE_TEST,
+    CLEAN_CHECKOUT,
     COMBINE_TEST,
+    DIRTY_CHECKOUT,
     NODES,
     SIGNATURE_TEST,
     failed,
@@ -28,7 +30,9 @@ from harness.evidence.schema import (
     Ranks,
     Run,
     Selection,
+    Source,
     Tally,
+    Verdict,
 )
 from harness.schema.launch import NodeState, ZygoteState
 
@@ -61,50 +65,90 @@ MIXED = Capture(
 )
 
 
-@pytest.mark.parametrize(
-    "verdict, geometry, image, capture, env, status",
-    [
-        ("pass", NCCL, LOCKED, GRAPHS, GPU, "qualified"),
-        ("fail", NCCL, LOCKED, GRAPHS, GPU, "not-qualified"),
-        ("pass", GLOO, LOCKED, GRAPHS, GPU, "source-qualified"),
-        ("pass", NCCL, None, GRAPHS, GPU, "source-qualified"),
-        ("pass", NCCL, Image(reference="img"), GRAPHS, GPU, "source-qualified"),
-        ("pass", NCCL, DIRTY_BUILD, GRAPHS, GPU, "source-qualified"),
-        ("pass", NCCL, FAILED_CHECK, GRAPHS, GPU, "source-qualified"),
-        ("pass", NCCL, LOCKED, MIXED, GPU, "source-qualified"),
-        ("pass", NCCL, LOCKED, GRAPHS, CPU, "source-qualified"),
-        ("pass", GLOO, None, MIXED, CPU, "source-qualified"),
-    ],
-)
-def test_status_words(verdict, geometry, image, capture, env, status) -> None:
-    assert rules.status_of(verdict, geometry, image, capture, env) == status
-
-
 WHOLE = Selection(targets=["/repo/suites"])
 NARROWED = [
     Selection(targets=["/repo/suites"], deselected=1),
     Selection(targets=["/repo/suites/capture"], partial_targets=["/repo/suites/capture"]),
     Selection(targets=["/repo/suites"], ignored=["/repo/suites/transport"]),
 ]
+# The facts of a single-node run that is all `qualified` asks for.
+QUALIFYING: dict[str, object] = dict(
+    geometry=NCCL,
+    image=LOCKED,
+    capture=GRAPHS,
+    negative_control=NegativeControl(expected=1, detected=1, lazy_events=1),
+    transports=["b12x"],
+    ranks=Ranks(expected=16, reported=16, complete=16),
+    sources={"dcpqual": CLEAN_CHECKOUT},
+    selection=WHOLE,
+)
+
+
+def required_of(**changes: object) -> dict[str, str]:
+    return rules.required_limitations(**(QUALIFYING | changes))  # type: ignore[arg-type]
+
+
+def status(verdict: Verdict = "pass", env: Environment = GPU, **changes: object) -> str:
+    return rules.status_of(verdict, env, required_of(**changes))
+
+
+def test_a_run_with_every_path_run_is_qualified_and_admits_only_its_single_node() -> None:
+    assert required_of().keys() == {"multi-node"}
+    assert status() == "qualified"
+    assert status("fail") == "not-qualified"
+    assert status(env=CPU) == "source-qualified"
+
+
+# Each change takes one thing `qualified` needs away; the key is the limitation it requires.
+DENIED = [
+    ({"geometry": GLOO}, "nccl"),
+    ({"image": None}, "image"),
+    ({"image": Image(reference="img")}, "image"),
+    ({"image": DIRTY_BUILD}, "image"),
+    ({"image": FAILED_CHECK}, "image"),
+    ({"capture": MIXED}, "gpu-capture"),
+    ({"capture": GRAPHS.model_copy(update={"windows": 0, "paths": {}})}, "gpu-capture"),
+    *(({"selection": selection}, "selection") for selection in NARROWED),
+    ({"transports": ["torch-dist"]}, "b12x-transport"),
+    (
+        {"negative_control": NegativeControl(expected=0, detected=0, lazy_events=0)},
+        "negative-control",
+    ),
+    (
+        {"capture": GRAPHS.model_copy(update={"inactive_detectors": {"cuda-memory": "no NVML"}})},
+        "detectors",
+    ),
+    ({"sources": {}}, "sources"),
+    ({"sources": {"dcpqual": Source(version="0.1.0")}}, "sources"),
+    ({"sources": {"dcpqual": DIRTY_CHECKOUT}}, "sources"),
+    ({"ranks": Ranks(expected=16, reported=16, complete=16, missing_junit=[3])}, "ranks"),
+]
+
+
+@pytest.mark.parametrize(("changes", "key"), DENIED)
+def test_a_passing_gpu_run_that_must_admit_a_denying_limitation_is_source_qualified(
+    changes: dict[str, object], key: str
+) -> None:
+    required = required_of(**changes)
+    assert key in required and key in rules.DENIES_QUALIFIED
+    assert rules.denying_limitations(required) == [key]
+    assert status(**changes) == "source-qualified"
+    assert status("fail", **changes) == "not-qualified"
+
+
+def test_every_key_that_denies_qualified_is_one_the_rules_require() -> None:
+    """A key in the set that no fact requires would deny nothing (a misspelt key, or a
+    limitation renamed on one side only)."""
+    assert {key for _, key in DENIED} == rules.DENIES_QUALIFIED
+    assert not rules.DENIES_QUALIFIED & {"multi-node", "hash-seed"}
 
 
 @pytest.mark.parametrize("selection", NARROWED, ids=["deselected", "partial-target", "ignored"])
 def test_a_narrowed_selection_is_never_qualified_and_is_a_required_limitation(selection) -> None:
-    assert rules.status_of("pass", NCCL, LOCKED, GRAPHS, GPU, selection=WHOLE) == "qualified"
-    assert rules.status_of("pass", NCCL, LOCKED, GRAPHS, GPU, selection=selection) == (
-        "source-qualified"
-    )
-    facts: dict[str, object] = dict(
-        geometry=NCCL,
-        image=LOCKED,
-        capture=GRAPHS,
-        negative_control=NegativeControl(expected=1, detected=1, lazy_events=1),
-        transports=["b12x"],
-        ranks=Ranks(expected=16, reported=16, complete=16),
-        sources={},
-    )
-    whole = rules.required_limitations(**facts, selection=WHOLE)  # type: ignore[arg-type]
-    narrowed = rules.required_limitations(**facts, selection=selection)  # type: ignore[arg-type]
+    assert status(selection=WHOLE) == "qualified"
+    assert status(selection=selection) == "source-qualified"
+    whole = required_of(selection=WHOLE)
+    narrowed = required_of(selection=selection)
     assert "selection" not in whole
     assert set(narrowed) - set(whole) == {"selection"}
     assert rules.narrowing(selection)[0] in narrowed["selection"]

@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 from _support.evidence_factory import (
+    DENIALS,
     NODES,
     context,
     failing_run,
+    gpu_run,
     killed_run,
     passed,
     passing_run,
@@ -284,6 +286,22 @@ def test_qualified_needs_nccl_gpus_and_an_image_digest(bundle: Path) -> None:
     edit_receipt(bundle, claim)
     problems = verify_bundle(bundle).problems
     assert any(p.startswith("receipt.json: status qualified is not allowed") for p in problems)
+
+
+@pytest.mark.parametrize(("change", "key"), DENIALS)
+def test_a_forged_qualified_is_refused_naming_the_limitation_that_denies_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: dict[str, object], key: str
+) -> None:
+    out = tmp_path / "bundle"
+    assert gpu_run(out, monkeypatch, **change).status == "source-qualified"  # type: ignore[arg-type]
+    edit_receipt(out, lambda d: d.update(status="qualified"))
+
+    problems = verify_bundle(out).problems
+    assert len(problems) == 1 and problems[0].startswith(
+        "receipt.json: status qualified is not allowed"
+    ), problems
+    denied = problems[0].partition("(limitations that deny qualified: ")[2].removesuffix(")")
+    assert key in denied.split(", "), problems[0]
 
 
 def test_cli_exit_codes(bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

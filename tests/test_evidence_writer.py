@@ -12,12 +12,15 @@ import pytest
 from _support.evidence_factory import (
     CAPTURE_TEST,
     COMBINE_TEST,
+    DENIALS,
+    GPU_DIGEST,
     NODES,
     capture,
     context,
     control,
     failed,
     failing_run,
+    gpu_run,
     killed_run,
     passed,
     passing_run,
@@ -29,11 +32,10 @@ from _support.evidence_factory import (
 from harness.capture.events import LazyEvent
 from harness.capture.records import DetectorStatus
 from harness.errors import UsageError
-from harness.evidence import writer
 from harness.evidence.environment import REDACTED
 from harness.evidence.files import parse_sums
 from harness.evidence.junit import read_merged
-from harness.evidence.schema import Environment, Gpu, Image, Receipt
+from harness.evidence.schema import Image, Receipt
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import default_out_dir, finalize_bundle, prepare_out_dir
 
@@ -280,58 +282,35 @@ def test_a_run_that_selected_no_test_is_not_a_pass(tmp_path: Path) -> None:
     assert verify_bundle(out).ok
 
 
-def gpu_environment(**_: object) -> Environment:
-    return Environment(
-        torch="2.13.0",
-        cuda="13.3",
-        nccl="2.28.3",
-        device_names=["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 4,
-        python="3.11.7",
-        host="gpu-node",
-        gpus=[Gpu(index=i, name="NVIDIA RTX PRO 6000", uuid=f"GPU-{i}") for i in range(4)],
-        nvml=True,
-    )
-
-
-DIGEST = "sha256:" + "ab" * 32
-
-
-def gpu_run(out: Path, image: dict[str, object] | None) -> Receipt:
-    out.mkdir()
-    for rank in range(4):
-        caps = [capture(rank, path="cuda-graph"), control(rank)]
-        write_rank(out, rank, 4, captures=caps, transport="b12x", backend="nccl")
-    identity = None if image is None else Image.model_validate(image)
-    return finalize_bundle(out, context(4, backend="nccl", image=identity))
-
-
 def test_gpu_run_of_a_locked_image_is_qualified(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(writer, "capture_environment", gpu_environment)
-    image = {
-        "reference": "dcpqual/gpu16:1",
-        "digest": DIGEST,
-        "source_lock_sha256": "cd" * 32,
-        "harness": {"dirty": False},
-        "runtime": {"ok": True, "lock_sha256": "cd" * 32, "mismatches": []},
-    }
-    receipt = gpu_run(tmp_path / "bundle", image)
+    receipt = gpu_run(tmp_path / "bundle", monkeypatch)
 
     assert (receipt.verdict, receipt.status) == ("pass", "qualified")
     assert not {"gpu-capture", "nccl", "b12x-transport", "image"} & keys(receipt)
-    assert receipt.image is not None and receipt.image.digest == DIGEST
+    assert receipt.image is not None and receipt.image.digest == GPU_DIGEST
     assert verify_bundle(tmp_path / "bundle").ok
 
 
 def test_gpu_run_without_an_image_is_only_source_qualified(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(writer, "capture_environment", gpu_environment)
-    receipt = gpu_run(tmp_path / "bundle", None)
+    receipt = gpu_run(tmp_path / "bundle", monkeypatch, image=None)
     assert (receipt.verdict, receipt.status) == ("pass", "source-qualified")
     assert "image" in keys(receipt)
 
 
+@pytest.mark.parametrize(("change", "key"), DENIALS)
+def test_a_gpu_run_that_must_admit_a_denying_limitation_is_only_source_qualified(
+    tmp_path: Path, monkeypatch, change: dict[str, object], key: str
+) -> None:
+    """A locked image, NCCL and CUDA graphs are not enough: a path that did not run, or code
+    the receipt does not identify, keeps the run from `qualified` however it passed."""
+    receipt = gpu_run(tmp_path / "bundle", monkeypatch, **change)  # type: ignore[arg-type]
+    assert (receipt.verdict, receipt.status) == ("pass", "source-qualified")
+    assert key in keys(receipt)
+    assert verify_bundle(tmp_path / "bundle").ok
+
+
 def test_image_without_digest_is_named_as_a_limitation(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(writer, "capture_environment", gpu_environment)
-    receipt = gpu_run(tmp_path / "bundle", {"reference": "dcpqual/gpu16:dev"})
+    receipt = gpu_run(tmp_path / "bundle", monkeypatch, image={"reference": "dcpqual/gpu16:dev"})
     assert receipt.status == "source-qualified"
     assert any(
         item.startswith("image: image dcpqual/gpu16:dev cannot qualify: image digest is missing")

@@ -8,10 +8,14 @@ check that a receipt's verdict, status and limitations follow from its own facts
   proved less than it selected), no failed or erroring test, at least one passed test, no lazy
   event outside negative controls, every negative-control
   window detected, and no signature used in capture without being warmed on every rank.
-- Status: `not-qualified` for a failing run; `qualified` only for a passing run on NCCL, on a
-  host with GPUs, whose every capture window was a real CUDA graph, inside an image identified
-  by its digest whose build tree was clean and whose in-image identity check passed;
-  `source-qualified` for any other passing run (a CPU run, or a GPU run outside a locked image).
+- Status: `not-qualified` for a failing run; `qualified` only for a passing run on a host with
+  GPUs that need not admit any limitation of `DENIES_QUALIFIED`: it ran on NCCL, every capture
+  window was a real CUDA graph, inside an image identified by its digest whose build tree was
+  clean and whose in-image identity check passed, selecting the whole suites/ folder, with the
+  b12x transport and a negative control run, every detector watching every capture window,
+  from a clean harness checkout, and every rank finished and left its JUnit report;
+  `source-qualified` for any other passing run (a CPU run, a GPU run outside a locked image, or
+  one short of any of these).
 - Limitations are `{key, text}` values, written as "<key>: <text>" lines too; the keys of
   `required_limitations` are the ones verify insists on.
 """
@@ -19,7 +23,7 @@ check that a receipt's verdict, status and limitations follow from its own facts
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Final, Protocol
 
 from harness.schema.base import Limitation
 from harness.schema.image import Image
@@ -41,6 +45,23 @@ from harness.schema.receipt import (
 )
 
 GPU_PATH = "cuda-graph"
+
+# Required limitations that keep a passing run from `qualified`: each says that a path the
+# qualification stands for did not run, or that the receipt does not identify what ran.
+# `multi-node` is not one of them (a single node is a geometry, not a gap), nor `hash-seed`.
+DENIES_QUALIFIED: Final = frozenset(
+    {
+        "selection",
+        "gpu-capture",
+        "detectors",
+        "nccl",
+        "b12x-transport",
+        "image",
+        "negative-control",
+        "ranks",
+        "sources",
+    }
+)
 
 
 class FailureFacts(Protocol):
@@ -168,21 +189,16 @@ def narrowing(selection: Selection | None) -> list[str]:
     return out
 
 
-def status_of(
-    verdict: Verdict,
-    geometry: Geometry,
-    image: Image | None,
-    capture: Capture,
-    environment: Environment,
-    selection: Selection | None = None,
-) -> Status:
-    """`selection` None: the records do not say what was selected."""
+def denying_limitations(required: Mapping[str, str]) -> list[str]:
+    """The keys of `required` (a receipt's `required_limitations`) that deny `qualified`."""
+    return [key for key in required if key in DENIES_QUALIFIED]
+
+
+def status_of(verdict: Verdict, environment: Environment, required: Mapping[str, str]) -> Status:
+    """`required`: the run's `required_limitations`, the one account of what did not run."""
     if verdict != "pass":
         return "not-qualified"
-    locked = image is not None and not image_blockers(image)
-    on_gpus = bool(environment.gpus)
-    whole = not narrowing(selection)
-    if geometry.backend == "nccl" and locked and on_gpus and gpu_capture_only(capture) and whole:
+    if environment.gpus and not denying_limitations(required):
         return "qualified"
     return "source-qualified"
 

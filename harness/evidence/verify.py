@@ -215,20 +215,16 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
         problems.append(
             f"{RECEIPT_NAME}: verdict is {receipt.verdict} but its facts say {verdict} ({why})"
         )
-    status = rules.status_of(
-        receipt.verdict,
-        receipt.geometry,
-        receipt.image,
-        receipt.capture,
-        receipt.environment,
-        selection=receipt.selection,
-    )
+    required = required_limitations_of(receipt)
+    status = rules.status_of(receipt.verdict, receipt.environment, required)
     if receipt.status != status:
         digest = receipt.image.digest if receipt.image else None
+        denied = rules.denying_limitations(required) if receipt.verdict == "pass" else []
+        why = f" (limitations that deny qualified: {', '.join(denied)})" if denied else ""
         problems.append(
             f"{RECEIPT_NAME}: status {receipt.status} is not allowed here: a {receipt.verdict} "
             f"run on {receipt.geometry.backend}, {len(receipt.environment.gpus)} GPUs, image "
-            f"digest {digest}, capture paths {receipt.capture.paths} is {status}"
+            f"digest {digest}, capture paths {receipt.capture.paths} is {status}{why}"
         )
     if (receipt.root_cause is None) != (receipt.verdict == "pass"):
         state = "missing" if receipt.root_cause is None else "present"
@@ -244,7 +240,6 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
             f"{RECEIPT_NAME}: ranks.expected {receipt.ranks.expected} != geometry.world_size "
             f"{receipt.geometry.world_size}"
         )
-    required = required_limitations_of(receipt)
     for key in rules.missing_limitations(receipt.limitation_keys(), required):
         problems.append(f"{RECEIPT_NAME}: limitations do not name '{key}': {required[key]}")
     for key in rules.misstated_limitations(_limitation_pairs(receipt), required):

@@ -231,20 +231,21 @@ def assemble_receipt(
     sources = capture_sources()
     used_transports = facts.transports
     models = model_sources(rank_files)
+    required = rules.required_limitations(
+        geometry=geometry,
+        image=image,
+        capture=capture,
+        negative_control=negative,
+        transports=used_transports,
+        ranks=facts.ranks,
+        sources=sources,
+        selection=facts.selection,
+        zygote=None if ctx.extra.launch is None else ctx.extra.launch.zygote,
+        nodes=ctx.extra.nodes,
+        coverage=facts.coverage,
+    )
     limitation_items = rules.render_limitations(
-        rules.required_limitations(
-            geometry=geometry,
-            image=image,
-            capture=capture,
-            negative_control=negative,
-            transports=used_transports,
-            ranks=facts.ranks,
-            sources=sources,
-            selection=facts.selection,
-            zygote=None if ctx.extra.launch is None else ctx.extra.launch.zygote,
-            nodes=ctx.extra.nodes,
-            coverage=facts.coverage,
-        ),
+        required,
         rules.advisory_limitations(
             sources=sources,
             warm_impl=ctx.warm_impl,
@@ -258,9 +259,7 @@ def assemble_receipt(
     receipt = Receipt(
         schema=SCHEMA,
         verdict=verdict,
-        status=rules.status_of(
-            verdict, geometry, image, capture, environment, selection=facts.selection
-        ),
+        status=rules.status_of(verdict, environment, required),
         geometry=geometry,
         environment=environment,
         image=image,

@@ -9,14 +9,19 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 from xml.sax.saxutils import quoteattr
+
+import pytest
 
 from harness.capture.events import LazyEvent
 from harness.capture.records import CaptureRecord, DetectorStatus, SignatureUse
+from harness.evidence import writer
 from harness.evidence.junit import mangle
 from harness.evidence.run_context import RunContext, TorchrunFailure
+from harness.schema.image import Image
 from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
-from harness.schema.receipt import Launch, RunExtra
+from harness.schema.receipt import Environment, Gpu, Launch, Receipt, RunExtra, Source
 from harness.warm.signature import TransportSignature
 
 CAPTURE_TEST = "suites/capture/test_capture.py::test_no_lazy_work[kimi-k3]"
@@ -235,3 +240,82 @@ def timed_out_run(out: Path, world: int = 4) -> RunContext:
         stack.write_text('Thread 0x1 (most recent call first):\n  File "x.py", line 1\n')
     torchrun_logs(out, world)
     return context(world, exit_code=-9, timed_out=True)
+
+
+def gpu_environment(**_: object) -> Environment:
+    """What `capture_environment` finds on a host with four GPUs."""
+    return Environment(
+        torch="2.13.0",
+        cuda="13.3",
+        nccl="2.28.3",
+        device_names=["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 4,
+        python="3.11.7",
+        host="gpu-node",
+        gpus=[Gpu(index=i, name="NVIDIA RTX PRO 6000", uuid=f"GPU-{i}") for i in range(4)],
+        nvml=True,
+    )
+
+
+GPU_DIGEST = "sha256:" + "ab" * 32
+LOCKED_IMAGE: dict[str, Any] = {
+    "reference": "dcpqual/gpu16:1",
+    "digest": GPU_DIGEST,
+    "source_lock_sha256": "cd" * 32,
+    "harness": {"dirty": False},
+    "runtime": {"ok": True, "lock_sha256": "cd" * 32, "mismatches": []},
+}
+CLEAN_CHECKOUT = Source(version="0.1.0", commit="1" * 40, tree="2" * 40, dirty=False)
+DIRTY_CHECKOUT = CLEAN_CHECKOUT.model_copy(
+    update={"dirty": True, "dirty_paths": ["harness/evidence/rules.py"]}
+)
+
+
+def gpu_run(
+    out: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    image: dict[str, Any] | None = LOCKED_IMAGE,
+    transport: str = "b12x",
+    controls: bool = True,
+    detectors: Sequence[DetectorStatus] = (),
+    harness: Source = CLEAN_CHECKOUT,
+    junit: bool = True,
+) -> Receipt:
+    """The bundle of a passing 4-rank NCCL run on GPUs whose every capture window was a CUDA
+    graph; by default it is all `qualified` asks for, each keyword takes one thing away
+    (`junit` False: rank 3 left no JUnit report)."""
+    monkeypatch.setattr(writer, "capture_environment", gpu_environment)
+    monkeypatch.setattr(writer, "capture_sources", lambda: {"dcpqual": harness})
+    out.mkdir()
+    for rank in range(4):
+        caps = [capture(rank, path="cuda-graph", detectors=detectors)]
+        if controls:
+            caps.append(control(rank))
+        write_rank(
+            out,
+            rank,
+            4,
+            captures=caps,
+            transport=transport,
+            backend="nccl",
+            junit=junit or rank != 3,
+        )
+    identity = None if image is None else Image.model_validate(image)
+    return writer.finalize_bundle(out, context(4, backend="nccl", image=identity))
+
+
+# gpu_run keywords that each take one thing `qualified` needs away, and the limitation the
+# receipt must then admit (which also keeps it `source-qualified`)
+DENIALS = [
+    pytest.param({"transport": "torch-dist"}, "b12x-transport", id="no-b12x"),
+    pytest.param({"controls": False}, "negative-control", id="no-negative-control"),
+    pytest.param(
+        {"detectors": (DetectorStatus("cuda-memory", active=False, reason="NVML is missing"),)},
+        "detectors",
+        id="inactive-detector",
+    ),
+    pytest.param({"harness": DIRTY_CHECKOUT}, "sources", id="dirty-checkout"),
+    pytest.param({"harness": Source(version="0.1.0")}, "sources", id="not-a-checkout"),
+    pytest.param({"junit": False}, "ranks", id="lost-junit"),
+    pytest.param({"image": None}, "image", id="no-image"),
+]

@@ -32,14 +32,7 @@ def self_consistent(receipt: Receipt) -> Receipt:
         cause = None
     elif cause is None:
         cause = RootCause(rank=None, test=None, message=reasons[0], kind="run")
-    status = rules.status_of(
-        verdict,
-        receipt.geometry,
-        receipt.image,
-        receipt.capture,
-        receipt.environment,
-        selection=receipt.selection,
-    )
+    status = rules.status_of(verdict, receipt.environment, required_limitations_of(receipt))
     return receipt.model_copy(
         update={"verdict": verdict, "failures": reasons, "status": status, "root_cause": cause}
     )
