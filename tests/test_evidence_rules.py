@@ -29,12 +29,13 @@ from harness.evidence.schema import (
     NegativeControl,
     Ranks,
     Run,
+    RunExtra,
     Selection,
     Source,
     Tally,
     Verdict,
 )
-from harness.schema.launch import NodeState, ZygoteState
+from harness.schema.launch import Launch, NodeState, ZygoteState
 
 CPU = Environment(torch="2.13.0", cuda=None, nccl=None, device_names=["cpu"], python="3", host="h")
 GPU = CPU.model_copy(update={"gpus": [Gpu(index=0, name="RTX PRO 6000")]})
@@ -176,6 +177,10 @@ def test_a_clean_run_has_no_failure_reasons() -> None:
     [
         ({"run": Run(exit_code=1)}, "torchrun exited with code 1"),
         ({"run": Run(timed_out=True)}, "timed out"),
+        (
+            {"run": Run(extra=RunExtra(launch=Launch(leftovers=[41, 42])))},
+            "2 processes were still running after torchrun exited (pids 41, 42)",
+        ),
         ({"ranks": Ranks(expected=16, reported=15, complete=15, killed=[3])}, "ranks [3]"),
         ({"suites": {"capture": Tally(passed=1, failed=1)}}, "1 failed and 0 erroring"),
         ({"suites": {"capture": Tally(passed=1, errors=2)}}, "0 failed and 2 erroring"),
@@ -247,6 +252,23 @@ def test_another_nodes_zygote_requires_the_hash_seed_limitation_too() -> None:
     both = rules.hash_seed_limitation(shared, {"0": marker(0, shared), "1": marker(1, shared)})
     assert "16 rank(s)" in both["hash-seed"] and "node(s) 0, 1)" in both["hash-seed"]
     assert rules.hash_seed_limitation(cold, {"1": None}) == {}  # a node that left no marker
+
+
+def test_processes_another_node_left_fail_the_run_too() -> None:
+    """Node 0's launch names its own leftovers only; another node's are in its marker."""
+
+    def marker(node: int, leftovers: list[int]) -> NodeState:
+        return NodeState(
+            node_rank=node, nnodes=2, rdzv_endpoint="n0:1", state="finished", leftovers=leftovers
+        )
+
+    clean = {"0": marker(0, []), "1": marker(1, [])}
+    assert reasons(run=Run(extra=RunExtra(launch=Launch(), nodes=clean))) == []
+    dirty = {"0": marker(0, [41]), "1": marker(1, [77, 78])}
+    [reason] = reasons(run=Run(extra=RunExtra(launch=Launch(leftovers=[41]), nodes=dirty)))
+    assert reason.startswith(
+        "3 processes were still running after torchrun exited (pids 41 on node 0; 77, 78 on node 1)"
+    ), reason
 
 
 def test_root_cause_is_the_earliest_primary_failure(tmp_path: Path) -> None:

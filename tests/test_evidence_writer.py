@@ -3,6 +3,7 @@ atomic writes, secret redaction."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -35,9 +36,10 @@ from harness.errors import UsageError
 from harness.evidence.environment import REDACTED
 from harness.evidence.files import parse_sums
 from harness.evidence.junit import read_merged
-from harness.evidence.schema import Image, Receipt
+from harness.evidence.schema import Image, Receipt, RunExtra
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import default_out_dir, finalize_bundle, prepare_out_dir
+from harness.schema.launch import Launch
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -118,6 +120,22 @@ def test_failing_run_names_the_primary_failure_and_keeps_every_record(tmp_path: 
     after = snapshot(out)
     assert {k: after[k] for k in before} == before  # every input kept, byte for byte
     assert verify_bundle(out).ok
+
+
+def test_a_passing_run_that_left_processes_behind_fails_naming_them(tmp_path: Path) -> None:
+    """Processes the launcher had to end after torchrun exited did work no test checked."""
+    out = tmp_path / "bundle"
+    launch = Launch(exit_code=0, leftovers=[4242, 4343])
+    receipt = finalize_bundle(
+        out, dataclasses.replace(passing_run(out), extra=RunExtra(launch=launch))
+    )
+
+    assert sum(t.failed + t.errors for t in receipt.suites.values()) == 0
+    assert (receipt.verdict, receipt.status) == ("fail", "not-qualified")
+    [reason] = receipt.failures
+    assert "pids 4242, 4343" in reason and "after torchrun exited" in reason
+    assert receipt.root_cause is not None and receipt.root_cause.message == reason
+    assert verify_bundle(out).problems == ()
 
 
 def test_killed_rank_is_a_failed_attributed_record(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Every ending of a real `dcpqual run` leaves a scrubbed bundle `dcpqual verify` accepts, or one
 clear line: ^C, SIGTERM, odd files a test left in the out folder, a full disk, an unusable
 `--out`, an absurd world size, a rank that left mid-suite with exit code 0, a daemon a rank
-double-forked, and secrets printed the ways tools print them.
+double-forked (which fails the run), and secrets printed the ways tools print them.
 
 World 2 (4 where a peer's blame matters), with the process faults again at 16 ranks (slow). Each
 protection is shown to fail when removed in tests/test_launcher_endings.py (subreaper, shield,
@@ -284,9 +284,10 @@ def test_a_rank_exiting_0_mid_suite_is_noticed_within_seconds_and_blamed(
     [(2, 1), pytest.param(16, 9, marks=pytest.mark.slow, id="16-9")],
     ids=["2-1", "16-9"],
 )
-def test_a_double_forked_daemon_is_ended_and_reported_after_a_passing_run(
+def test_a_double_forked_daemon_is_ended_and_fails_a_run_whose_tests_all_passed(
     nranks: int, fault_rank: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """What the daemon did after its test passed, no test checked: the run fails naming it."""
     pidfile = tmp_path / "daemon.pid"
     monkeypatch.setenv("DCPQUAL_FAULT_RANK", str(fault_rank))
     monkeypatch.setenv("DCPQUAL_DAEMON_PIDFILE", str(pidfile))
@@ -294,10 +295,16 @@ def test_a_double_forked_daemon_is_ended_and_reported_after_a_passing_run(
     code, _ = run(out, nranks, "rank_daemon.py")
     daemon = int(pidfile.read_text())
     try:
-        assert code == 0, receipt(out)["failures"]
+        data = receipt(out)
         assert identify(daemon) is None, "the daemon outlived the run"
-        assert daemon in receipt(out)["run"]["extra"]["launch"]["leftovers"]
+        assert daemon in data["run"]["extra"]["launch"]["leftovers"]
         assert processes_of_run(out) == []
+        assert data["run"]["exit_code"] == 0
+        assert sum(t["failed"] + t["errors"] for t in data["suites"].values()) == 0
+        assert (code, data["verdict"]) == (1, "fail"), data["failures"]
+        [reason] = data["failures"]
+        assert f"still running after torchrun exited (pids {daemon}" in reason, reason
+        assert main(["verify", str(out)]) == 0
     finally:
         if identify(daemon) is not None:
             os.kill(daemon, signal.SIGKILL)

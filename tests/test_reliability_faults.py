@@ -141,6 +141,9 @@ def test_a_sigkilled_rank_is_recorded_killed_and_leaves_nothing_running(
     # The orphaned helper outlived torchrun and was ended by the launcher (reported, not hidden).
     leftovers = data["run"]["extra"]["launch"]["leftovers"]
     assert len(leftovers) == 1 and identify(leftovers[0]) is None, leftovers
+    assert data["failures"][-1].startswith(
+        f"1 process was still running after torchrun exited (pids {leftovers[0]})"
+    ), data["failures"]
 
 
 @pytest.mark.torchrun

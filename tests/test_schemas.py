@@ -236,7 +236,8 @@ def test_an_unknown_key_anywhere_in_a_rank_record_is_refused(bundle: Path, path:
 
 def test_a_node_marker_the_launcher_writes_validates(tmp_path: Path) -> None:
     started = nodes.started_marker(1, 2, "h:1", "2026-01-01T00:00:00+00:00")
-    finished = nodes.finished_marker(started, Launch(exit_code=3, timed_out=True))
+    finished = nodes.finished_marker(started, Launch(exit_code=3, timed_out=True, leftovers=[9]))
+    assert finished.leftovers == [9]  # how node 0's receipt learns of this node's leftovers
     for marker in (started, finished):
         nodes.write_marker(tmp_path, marker)
         data = json.loads(nodes.marker_path(tmp_path, 1).read_text())

@@ -7,7 +7,9 @@ check that a receipt's verdict, status and limitations follow from its own facts
   selected and every selected test with an outcome on every rank (a session that ended early
   proved less than it selected), no failed or erroring test, at least one passed test, no lazy
   event outside negative controls, every negative-control
-  window detected, and no signature used in capture without being warmed on every rank.
+  window detected, no signature used in capture without being warmed on every rank, nothing
+  left in the out folder that is not evidence (strays) and no process left running after
+  torchrun exited (leftovers).
 - Status: `not-qualified` for a failing run; `qualified` only for a passing run on a host with
   GPUs that need not admit any limitation of `DENIES_QUALIFIED`: it ran on NCCL, every capture
   window was a real CUDA graph, inside an image identified by its digest whose build tree was
@@ -146,7 +148,36 @@ def failure_reasons(
     unwarmed = [s for s in signatures if s.used_in_capture and not s.warmed]
     if unwarmed:
         reasons.append(f"{len(unwarmed)} signatures used in capture but not warmed on every rank")
+    # Last: where anything else failed, that is the root cause, and the leftovers its wake.
+    if (leftover := leftover_reason(run)) is not None:
+        reasons.append(leftover)
     return reasons
+
+
+def leftover_reason(run: Run) -> str | None:
+    """Processes a launcher ended because they outlived its torchrun (a daemon a test started,
+    a rank's orphan), on node 0 (its launch) or another node (its finished marker): whatever
+    they did after their test passed, no test checked."""
+    by_node: dict[int, list[int]] = {}
+    if run.extra.launch is not None and run.extra.launch.leftovers:
+        by_node[0] = run.extra.launch.leftovers
+    for marker in (run.extra.nodes or {}).values():
+        if marker is not None and marker.node_rank != 0 and marker.leftovers:
+            by_node[marker.node_rank] = marker.leftovers
+    if not by_node:
+        return None
+    count = sum(len(pids) for pids in by_node.values())
+    were = "process was" if count == 1 else "processes were"
+    shown = "; ".join(
+        ", ".join(str(pid) for pid in pids[:10])
+        + (f" and {len(pids) - 10} more" if len(pids) > 10 else "")
+        + (f" on node {node}" if run.extra.nodes else "")
+        for node, pids in sorted(by_node.items())
+    )
+    return (
+        f"{count} {were} still running after torchrun exited (pids {shown}) and ended by the "
+        "launcher: work the run left behind was never checked"
+    )
 
 
 def interruption_message(interrupted: Interruption) -> str:

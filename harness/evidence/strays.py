@@ -1,24 +1,31 @@
 """What a run left in its out folder that a bundle cannot hold, set aside before the bundle.
 
 The launcher refused a non-empty folder at the start, so anything here came from the run: a
-test may leave a symlink, a FIFO or socket, a name `SHA256SUMS` cannot carry, or files named
-like the bundle's own (`receipt.json`, `summary.md`, `SHA256SUMS`, `junit/merged.xml`). None of
+test may leave a symlink, a FIFO or socket, a name `SHA256SUMS` cannot carry, files named like
+the bundle's own (`receipt.json`, `summary.md`, `SHA256SUMS`, `junit/merged.xml`), folders or
+files where the writer needs those names, or anything at or under `strays/` itself. None of
 that may stop the bundle from being written, and none of it may pass for evidence: links and
-special files are removed (never followed or read), bundle-named files and unlistable names are
-moved under `strays/`, and each is named as a `Stray` so the run fails saying what it found.
+special files are removed (never followed or read), folders in the writer's way are emptied and
+removed, the files are moved under the bundle's own `strays/`, and each is named as a `Stray`
+so the run fails saying what it found. `strays_problems` holds a receipt's strays to the
+`strays/` folder its bundle holds, so neither can be dropped without the other.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 from harness.evidence.files import SUMS_NAME, unsafe_name, walk
-from harness.schema.receipt import Stray
+from harness.schema.receipt import Receipt, Stray
 
 STRAYS_DIR = "strays"
+RECEIPT_NAME = "receipt.json"
 # Names the writer creates; a file a test wrote under one of them is not the writer's.
-BUNDLE_NAMES = frozenset({"receipt.json", "summary.md", SUMS_NAME, "junit/merged.xml"})
+BUNDLE_NAMES = frozenset({RECEIPT_NAME, "summary.md", SUMS_NAME, "junit/merged.xml"})
+MOVED = "moved to "
 
 
 def _kind(path: Path) -> str:
@@ -43,22 +50,91 @@ def _free(target: Path) -> Path:
     return target
 
 
+def _in_the_way(relpath: str) -> bool:
+    """At, under, or a folder of a name the writer writes (`strays/` included): a run's file
+    there would pass for the writer's or stop it."""
+    for name in (*BUNDLE_NAMES, STRAYS_DIR):
+        if relpath == name or relpath.startswith(name + "/") or name.startswith(relpath + "/"):
+            return True
+    return False
+
+
+def _remove_folders(folder: Path) -> None:
+    """Remove a tree that holds only (empty) folders; anything else in it is left alone."""
+    for dirpath, _, _ in os.walk(folder, topdown=False):
+        with contextlib.suppress(OSError):
+            os.rmdir(dirpath)
+
+
 def set_aside(out_dir: Path) -> list[Stray]:
-    """Remove links and special files, move bundle-named and unlistable files to strays/."""
+    """Remove links and special files; move bundle-named, unlistable and strays/ files of the
+    run under the bundle's own strays/; remove folders where the writer writes a file."""
     out_dir = Path(out_dir)
     found: list[Stray] = []
-    for entry in walk(out_dir):
-        shown = _safe(entry.relpath)
+    moving = []
+    for entry in walk(out_dir):  # links first: a link named `strays` must not be written through
         if entry.kind != "file":
             kind = _kind(entry.path)
             os.unlink(entry.path)  # a link is removed itself, never what it points to
-            found.append(Stray(path=shown, kind=kind, action="removed"))
-            continue
-        if entry.relpath in BUNDLE_NAMES or unsafe_name(entry.relpath):
-            target = _free(out_dir / STRAYS_DIR / shown)
+            found.append(Stray(path=_safe(entry.relpath), kind=kind, action="removed"))
+        elif _in_the_way(entry.relpath) or unsafe_name(entry.relpath):
+            moving.append(entry)
+    # Staged outside every name in the way, so that the run's own `strays` (a file, or a folder
+    # of its files) is gone before the bundle's is made.
+    staged = []
+    if moving:
+        stage = Path(tempfile.mkdtemp(prefix=".dcpqual-strays-", dir=out_dir))
+        for i, entry in enumerate(moving):
+            os.replace(entry.path, stage / str(i))
+            staged.append((stage / str(i), _safe(entry.relpath)))
+    for name in sorted({*BUNDLE_NAMES, STRAYS_DIR}):
+        folder = out_dir / name
+        if folder.is_dir() and not folder.is_symlink():
+            _remove_folders(folder)
+            if name != STRAYS_DIR:
+                found.append(Stray(path=name, kind="folder", action="removed"))
+    for source, shown in staged:
+        target = _free(out_dir / STRAYS_DIR / shown)
+        try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(entry.path, target)
-            found.append(
-                Stray(path=shown, kind="file", action=f"moved to {target.relative_to(out_dir)}")
+        except OSError:  # two names made one by `_safe`, a file and a folder: flatten it
+            target = _free(out_dir / STRAYS_DIR / shown.replace("/", "_"))
+        os.replace(source, target)
+        where = target.relative_to(out_dir).as_posix()
+        found.append(Stray(path=shown, kind="file", action=MOVED + where))
+    if staged:
+        staged[0][0].parent.rmdir()
+    return sorted(found, key=lambda s: s.path)
+
+
+def strays_problems(bundle: Path, receipt: Receipt) -> list[str]:
+    """Every file under the bundle's strays/ is named by a stray moved there, and every stray
+    moved there is in the bundle; a stray is removed or moved under strays/, nothing else."""
+    prefix = STRAYS_DIR + "/"
+    held = {e.relpath for e in walk(bundle) if e.relpath.startswith(prefix)}
+    problems: list[str] = []
+    named: dict[str, str] = {}
+    for stray in receipt.run.extra.strays:
+        if stray.action == "removed":
+            continue
+        target = stray.action.removeprefix(MOVED)
+        if not stray.action.startswith(MOVED) or not target.startswith(prefix):
+            problems.append(
+                f"{RECEIPT_NAME}: run.extra.strays: {stray.path} was {stray.action!r}, neither "
+                f"removed nor moved under {prefix}"
             )
-    return found
+        elif target in named:
+            problems.append(
+                f"{RECEIPT_NAME}: run.extra.strays: {stray.path} and {named[target]} were both "
+                f"moved to {target}"
+            )
+        else:
+            named[target] = stray.path
+            if target not in held:
+                problems.append(
+                    f"{target}: missing ({RECEIPT_NAME} run.extra.strays says {stray.path} was "
+                    "moved there)"
+                )
+    for rel in sorted(held - set(named)):
+        problems.append(f"{rel}: under {prefix} but no stray in {RECEIPT_NAME} was moved there")
+    return problems

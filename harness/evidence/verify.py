@@ -9,7 +9,9 @@ Four layers, each problem one line that starts with the file it is about:
    cover), so a file added to both the folder and SHA256SUMS is caught.
 2. Schema: receipt.json validates as "dcpqual-receipt/v1".
 3. Consistency: tallies equal junit/merged.xml; verdict, status, root cause and required
-   limitations follow from the receipt's own facts (harness.evidence.rules).
+   limitations follow from the receipt's own facts (harness.evidence.rules); every file
+   under `strays/` is a stray the receipt names as moved there, and the reverse
+   (harness.evidence.strays), so the strays that fail a run cannot be dropped from it.
 4. Re-derivation: the receipt's verdict, failures, ranks, tallies, coverage, capture, negative
    control, signatures and transports equal what the hash-covered rank records and JUnit
    reports say (harness.evidence.rederive), naming the first field that differs; and
@@ -32,6 +34,7 @@ from harness.evidence.files import SUMS_NAME, parse_sums, sha256_file, walk
 from harness.evidence.junit import read_merged, tallies
 from harness.evidence.rederive import rederive_problems
 from harness.evidence.schema import SCHEMA, Receipt, Tally
+from harness.evidence.strays import strays_problems
 from harness.evidence.summary import receipt_sha256_in, summary_differences
 from harness.evidence.writer import MERGED_JUNIT, RECEIPT_NAME, SUMMARY_NAME, UNWITNESSED
 from harness.jsonfile import JsonSyntaxError, read_json
@@ -62,6 +65,7 @@ def verify_bundle(bundle: Path) -> VerifyResult:
     problems += _check_files(bundle, receipt, receipt_data)
     if receipt is not None:
         problems += _check_consistency(bundle, receipt)
+        problems += strays_problems(bundle, receipt)
         problems += rederive_problems(bundle, receipt)
         problems += _check_summary(bundle, receipt)
     return VerifyResult(bundle, tuple(problems))

@@ -56,6 +56,7 @@ def finished_marker(started: NodeState, launch: Launch) -> NodeState:
             "timed_out": launch.timed_out,
             "finished_at": launch.finished_at,
             "zygote": launch.zygote,
+            "leftovers": list(launch.leftovers),
         }
     )
 

@@ -62,6 +62,9 @@ class NodeState(Model):
     # How this node's ranks started (its launch's zygote; None: torchrun started each, or a
     # marker written before markers said): a receipt speaks for other nodes' zygotes only so.
     zygote: ZygoteState | None = None
+    # Pids its launcher ended after its torchrun exited (`Launch.leftovers`): a receipt knows
+    # another node's leftovers only so.
+    leftovers: list[int] = Field(default_factory=list)
 
 
 class Interruption(Model):

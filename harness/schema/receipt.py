@@ -340,7 +340,7 @@ class Stray(Model):
     bundle (never followed or read): where it was, what it was, what was done with it."""
 
     path: str
-    kind: str  # "symlink" | "fifo" | "socket" | "device" | "file"
+    kind: str  # "symlink" | "fifo" | "socket" | "device" | "file" | "folder"
     action: str  # "removed" | "moved to strays/..."
 
 
