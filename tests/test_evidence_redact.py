@@ -163,6 +163,46 @@ def test_default_secret_names_cover_the_common_forms() -> None:
     assert "*_PAT" in DEFAULT_SECRET_PATTERNS and "*_AUTH" in DEFAULT_SECRET_PATTERNS
 
 
+def test_webhooks_dsns_and_jwts_are_secret_names() -> None:
+    for name in [
+        "SLACK_WEBHOOK_URL",
+        "DISCORD_WEBHOOK",
+        "WEBHOOK_URL",
+        "SENTRY_DSN",
+        "DSN",
+        "SENTRY_DSN_PUBLIC",
+        "SERVICE_JWT",
+        "JWT",
+        "GITHUB_OIDC_JWT_VALUE",
+    ]:
+        assert is_secret_name(name), name
+
+
+def test_the_names_the_harness_records_are_not_secret_names() -> None:
+    """What the harness and its ranks set or keep must stay readable in the receipt."""
+    for name in [
+        "DCPQUAL_RUN_DCP_COMM_BACKEND",
+        "DCPQUAL_RUN_KV_CACHE_DTYPE",
+        "DCPQUAL_ZYGOTE_SOCKET",
+        "DCPQUAL_PLAN",
+        "LOCAL_WORLD_SIZE",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_ERROR_FILE",
+        "TORCH_CUDA_ARCH_LIST",
+        "TORCH_DISTRIBUTED_DEBUG",
+        "NCCL_IB_DISABLE",
+        "NCCL_SOCKET_IFNAME",
+        "VLLM_USE_BYTECODE_HOOK",
+        "VLLM_DIST_IDENT",
+        "VLLM_HOST_IP",
+        "B12X_MLA",
+        "PYTEST_ADDOPTS",
+        "PYTHONHASHSEED",
+        "OMP_NUM_THREADS",
+    ]:
+        assert not is_secret_name(name), name
+
+
 def test_more_secret_names_can_be_configured_never_fewer() -> None:
     env = {"ACME_PASSPHRASE": "acme-value-123", "HF_TOKEN": "hf-value-1234", PATTERNS_ENV: ""}
     assert secret_values(env) == ("hf-value-1234",)
