@@ -247,3 +247,47 @@ def test_logging_strips_the_value_and_the_stripped_form_is_scrubbed(
     logging.getLogger("leaky").warning("token %s", secret.strip())
     clean, hits = Scrubber.of([secret]).text(caplog.text)
     assert hits == 1 and secret.strip() not in clean
+
+
+@pytest.mark.parametrize(
+    "name, value, password",
+    [
+        ("DATABASE_URL", "postgres://qual:s3cr3t-word@db.internal:5432/runs", "s3cr3t-word"),
+        ("HTTP_PROXY", "http://me:proxy-pass-1@proxy:3128", "proxy-pass-1"),
+        ("https_proxy", "https://me:p@ss:w0rd!@proxy:3128/", "p@ss:w0rd!"),
+        (
+            "PIP_INDEX_URL",
+            "https://__token__:pypi-AgEIcHlwaS@pypi.example/simple",
+            "pypi-AgEIcHlwaS",
+        ),
+        ("PIP_EXTRA_INDEX_URL", "https://a:first-pass@x/s https://b:second-pw@y/s", "second-pw"),
+    ],
+)
+def test_a_password_in_a_url_in_any_variable_is_a_secret(
+    name: str, value: str, password: str
+) -> None:
+    assert not is_secret_name(name)
+    env = {name: value, "PATH": "/usr/bin"}
+    assert password in secret_values(env)
+    clean, hits = Scrubber.from_environ(env).text(f"pip: using {value}\n")
+    assert hits >= 1 and password not in clean
+    assert "@" in clean and "://" in clean  # the rest of the URL stays readable
+
+
+def test_a_percent_encoded_url_password_is_scrubbed_encoded_and_decoded() -> None:
+    env = {"DATABASE_URL": "mysql://root:p%40ss%2Fword%21@db/x"}
+    assert {"p%40ss%2Fword%21", "p@ss/word!"} <= set(secret_values(env))
+    clean, _ = Scrubber.from_environ(env).text(
+        "connect p@ss/word! via mysql://root:p%40ss%2Fword%21@db"
+    )
+    assert "word" not in clean
+
+
+def test_urls_without_a_password_or_with_a_short_one_give_no_secret() -> None:
+    env = {
+        "HTTP_PROXY": "http://proxy.internal:3128",
+        "NO_PROXY": "localhost,127.0.0.1",
+        "REPO": "ssh://git@github.com/org/repo",
+        "DATABASE_URL": "postgres://u:short@db/x",  # too short to scrub from files
+    }
+    assert secret_values(env) == ()

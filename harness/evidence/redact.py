@@ -14,7 +14,9 @@ key or a word the schema fixes is never replaced, so the structure survives. Oth
 scrubbed as bytes.
 
 Secret names are shell-style patterns matched case-insensitively; `DCPQUAL_SECRET_PATTERNS`
-(comma-separated) adds to the defaults, it never removes one.
+(comma-separated) adds to the defaults, it never removes one. Whatever its name, a variable's
+value that holds a URL with a password (`scheme://user:password@host`: a DATABASE_URL, a proxy,
+a package index) makes that password a secret value.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import shlex
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 from xml.sax.saxutils import escape, quoteattr
 
 from harness.atomic import atomic_write_bytes
@@ -84,17 +88,41 @@ def is_secret_name(name: str, patterns: Iterable[str] | None = None) -> bool:
     return any(fnmatch.fnmatchcase(upper, p.upper()) for p in chosen)
 
 
+# `scheme://user:password@`: the user ends at the first ':', the password at the last '@'
+# before the host (as urllib splits a netloc); neither crosses a '/', '?', '#' or whitespace.
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:([^\s/?#]*)@")
+
+
+def url_passwords(value: str) -> list[str]:
+    """The passwords of the URLs in `value`, as written and percent-decoded."""
+    found = []
+    for match in _URL_PASSWORD.finditer(value):
+        password = match.group(1)
+        found += [password, unquote(password)] if password else []
+    return found
+
+
+def without_url_passwords(value: str) -> str:
+    """`value` with the password of every URL in it replaced by REDACTED."""
+    return _URL_PASSWORD.sub(lambda m: m[0][: m.start(1) - m.start()] + REDACTED + "@", value)
+
+
 def secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """Values of every secret-named variable, long enough to scrub safely, longest first."""
+    """Values of every secret-named variable and passwords of URLs in any variable, long enough
+    to scrub safely, longest first."""
     patterns = secret_patterns(environ)
     values = {
         value
         for name, value in environ.items()
-        if name != PATTERNS_ENV
-        and is_secret_name(name, patterns)
-        and len(value.strip()) >= MIN_SCRUB_LENGTH
+        if name != PATTERNS_ENV and is_secret_name(name, patterns)
     }
-    return tuple(sorted(values, key=lambda v: (-len(v), v)))
+    values.update(p for value in environ.values() for p in url_passwords(value))
+    return tuple(
+        sorted(
+            (v for v in values if len(v.strip()) >= MIN_SCRUB_LENGTH),
+            key=lambda v: (-len(v), v),
+        )
+    )
 
 
 def _escapes(text: str) -> set[str]:
