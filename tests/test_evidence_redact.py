@@ -249,6 +249,56 @@ def test_logging_strips_the_value_and_the_stripped_form_is_scrubbed(
     assert hits == 1 and secret.strip() not in clean
 
 
+def comments_and_pis(xml: bytes) -> list[str]:
+    """Every comment's and PI's text in a document, the ones around the root too."""
+    found: list[str] = []
+    parser = ET.XMLPullParser(events=("comment", "pi"))
+    parser.feed(xml)
+    parser.close()
+    for _event, node in parser.read_events():
+        found.append(node.text or "")
+    return found
+
+
+@pytest.mark.parametrize("also_in_text", [False, True])
+def test_xml_comments_and_processing_instructions_are_kept_and_scrubbed(
+    also_in_text: bool,
+) -> None:
+    secret = "hf_comment0123456789"
+    body = secret if also_in_text else "plain"
+    xml = (
+        "<?xml version='1.0' encoding='utf-8'?>\n"
+        f"<!-- written for {secret} -->\n<?xml-stylesheet href='{secret}.xsl'?>\n"
+        f"<testsuite><!-- env HF_TOKEN={secret} --><testcase name='t'>{body}</testcase>"
+        f"<?trace token={secret}?></testsuite>\n<!-- end -->"
+    ).encode()
+    clean, hits = Scrubber.of([secret]).xml_bytes(xml)
+    assert hits == (5 if also_in_text else 4)
+    assert secret.encode() not in clean
+    assert comments_and_pis(clean) == [
+        f" written for {SCRUBBED} ",
+        f"xml-stylesheet href='{SCRUBBED}.xsl'",
+        f" env HF_TOKEN={SCRUBBED} ",
+        f"trace token={SCRUBBED}",
+        " end ",
+    ]
+    parsed = ET.fromstring(clean)
+    assert [e.tag for e in parsed.iter()] == ["testsuite", "testcase"]
+    assert parsed[0].text == (SCRUBBED if also_in_text else "plain")
+
+
+def test_a_pi_target_equal_to_the_secret_is_a_word_of_the_structure() -> None:
+    clean, hits = Scrubber.of(["stylesheet"]).xml_bytes(b"<a><?stylesheet stylesheet?></a>")
+    assert hits == 1 and comments_and_pis(clean) == [f"stylesheet {SCRUBBED}"]
+
+
+def test_an_xml_document_type_is_scrubbed_too() -> None:
+    secret = "hf_doctype0123456789"
+    xml = f'<!DOCTYPE a [<!ENTITY unused "{secret}">]><a>plain</a>'.encode()
+    clean, hits = Scrubber.of([secret]).xml_bytes(xml)
+    assert hits == 1 and secret.encode() not in clean
+
+
 @pytest.mark.parametrize(
     "name, value, password",
     [

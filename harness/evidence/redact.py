@@ -10,8 +10,10 @@ file names.
 Why values, not text: a secret may equal a word the files themselves are made of
 (`MY_TOKEN=complete`, a JSON key of the rank record). JSON and XML files are therefore parsed and
 only their string values (and the text inside keys, tags' text and attributes) are scrubbed; a
-key or a word the schema fixes is never replaced, so the structure survives. Other files are
-scrubbed as bytes.
+key or a word the schema fixes is never replaced, so the structure survives. XML comments and
+processing instructions are kept and scrubbed like text (a PI's target is a name, like a tag);
+a document with a DOCTYPE, whose declarations ElementTree does not keep, is scrubbed as bytes.
+Other files are scrubbed as bytes.
 
 Secret names are shell-style patterns matched case-insensitively; `DCPQUAL_SECRET_PATTERNS`
 (comma-separated) adds to the defaults, it never removes one. Whatever its name, a variable's
@@ -27,8 +29,8 @@ import os
 import re
 import shlex
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -230,25 +232,37 @@ class Scrubber:
         return (json.dumps(clean, indent=2, sort_keys=True) + "\n").encode(), hits
 
     def xml_bytes(self, data: bytes) -> tuple[bytes, int]:
-        """An XML document scrubbed in its text and attribute values, never in tag names."""
+        """An XML document scrubbed in its text, attribute values, comments and processing
+        instructions, never in tag names or a PI's target."""
+        document = _Document()
         try:
-            root = ET.fromstring(data)
+            parser = ET.XMLParser(target=document)
+            parser.feed(data)
+            root = parser.close()
         except (ET.ParseError, ValueError):
             return self.data(data)
+        if document.has_doctype:  # its declarations would be lost: scrubbed where they are
+            return self.data(data)
         count = 0
-        for element in root.iter():
-            for attr in ("text", "tail"):
-                if getattr(element, attr):
-                    new, hits = self.text(getattr(element, attr))
-                    setattr(element, attr, new)
-                    count += hits
+        for element in document.nodes(root):
+            tag: object = element.tag  # a PI's tag is its factory, not a name
+            if tag is ET.ProcessingInstruction and element.text:
+                target, space, rest = element.text.partition(" ")
+                new, hits = self.text(rest)
+                element.text = target + space + new
+                count += hits
+            elif element.text:
+                element.text, hits = self.text(element.text)
+                count += hits
+            if element.tail:
+                element.tail, hits = self.text(element.tail)
+                count += hits
             for key, item in list(element.attrib.items()):
-                new, hits = self.text(item)
-                element.attrib[key] = new
+                element.attrib[key], hits = self.text(item)
                 count += hits
         if not count:
             return data, 0
-        return ET.tostring(root, encoding="utf-8", xml_declaration=True), count
+        return document.serialize(root), count
 
     def file_bytes(self, name: str, data: bytes) -> tuple[bytes, int]:
         if name.endswith(".json"):
@@ -261,6 +275,60 @@ class Scrubber:
         """A relative path with every secret form removed from its components."""
         parts = [self.text(part)[0] for part in relpath.split("/")]
         return "/".join(p if p not in ("", ".", "..") else SCRUBBED for p in parts)
+
+
+@dataclass
+class _Document:
+    """ElementTree's tree builder, keeping what `ET.fromstring` drops: comments and processing
+    instructions, inside the root and around it; and whether the document has a DOCTYPE."""
+
+    builder: ET.TreeBuilder = field(
+        default_factory=lambda: ET.TreeBuilder(insert_comments=True, insert_pis=True)
+    )
+    depth: int = 0
+    seen_root: bool = False
+    before: list[ET.Element] = field(default_factory=list)
+    after: list[ET.Element] = field(default_factory=list)
+    has_doctype: bool = False
+
+    def start(self, tag: str, attrs: dict[str, str]) -> ET.Element:
+        self.depth += 1
+        self.seen_root = True
+        return self.builder.start(tag, attrs)
+
+    def end(self, tag: str) -> ET.Element:
+        self.depth -= 1
+        return self.builder.end(tag)
+
+    def data(self, data: str) -> None:
+        self.builder.data(data)
+
+    def comment(self, text: str) -> ET.Element:
+        return self._outside(self.builder.comment(text))
+
+    def pi(self, target: str, text: str | None = None) -> ET.Element:
+        return self._outside(self.builder.pi(target, text))
+
+    def doctype(self, name: str, pubid: str | None, system: str | None) -> None:
+        self.has_doctype = True
+
+    def close(self) -> ET.Element:
+        return self.builder.close()
+
+    def _outside(self, node: ET.Element) -> ET.Element:
+        if not self.depth:  # the builder only inserts what is inside the root
+            (self.after if self.seen_root else self.before).append(node)
+        return node
+
+    def nodes(self, root: ET.Element) -> Iterator[ET.Element]:
+        yield from self.before
+        yield from root.iter()
+        yield from self.after
+
+    def serialize(self, root: ET.Element) -> bytes:
+        nodes = [*self.before, root, *self.after]
+        body = b"\n".join(ET.tostring(node, encoding="utf-8") for node in nodes)
+        return b"<?xml version='1.0' encoding='utf-8'?>\n" + body
 
 
 @dataclass(frozen=True)
