@@ -9,12 +9,16 @@ the JSON, XML and the receipt valid.
 from __future__ import annotations
 
 import ast
+import base64
+import binascii
 import json
 import logging
 import os
+import re
 import shlex
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -22,6 +26,7 @@ from hypothesis import strategies as st
 
 from harness.evidence.redact import (
     DEFAULT_SECRET_PATTERNS,
+    MIN_SCRUB_LENGTH,
     PATTERNS_ENV,
     SCRUBBED,
     Scrubber,
@@ -247,6 +252,96 @@ def test_logging_strips_the_value_and_the_stripped_form_is_scrubbed(
     logging.getLogger("leaky").warning("token %s", secret.strip())
     clean, hits = Scrubber.of([secret]).text(caplog.text)
     assert hits == 1 and secret.strip() not in clean
+
+
+def recoverable(text: str, secret: str) -> bool:
+    """Whether a reader decoding `text` the usual ways finds the secret: any run of base64
+    (either alphabet, at any alignment) or hex characters decoded, or the text unquoted."""
+    target = core(secret).encode()
+    if any(target in t.encode() for t in (text, unquote(text), unquote_plus(text))):
+        return True
+    for run in re.findall(r"[A-Za-z0-9+/_-]{8,}", text):
+        run = run.translate(str.maketrans("-_", "+/"))
+        for skip in range(4):
+            chunk = run[skip:]
+            chunk += "=" * (-len(chunk) % 4)
+            try:
+                if target in base64.b64decode(chunk, validate=True):
+                    return True
+            except (binascii.Error, ValueError):
+                pass
+    for run in re.findall(r"[0-9a-fA-F]{8,}", text):
+        for skip in range(2):
+            chunk = run[skip:]
+            if target in bytes.fromhex(chunk[: len(chunk) - len(chunk) % 2]):
+                return True
+    return False
+
+
+def encoded_lines(secret: str) -> list[str]:
+    raw = secret.encode()
+    return [
+        f"token={base64.b64encode(raw).decode()}",
+        f"token={base64.b64encode(raw).decode().rstrip('=')}",
+        f"token={base64.urlsafe_b64encode(raw).decode()}",
+        f"token={base64.urlsafe_b64encode(raw).decode().rstrip('=')}",
+        f"Authorization: Basic {base64.b64encode(b'user:' + raw).decode()}",  # inside a longer one
+        f"Authorization: Basic {base64.b64encode(b'ab:' + raw + b':x').decode()}",
+        f"cookie={base64.urlsafe_b64encode(b'k=' + raw).decode()}",
+        f"GET https://example.com/cb?token={quote(secret)}&x=1",
+        f"GET https://example.com/cb?token={quote(secret, safe='')}&x=1",
+        f"POST body a=1&token={quote_plus(secret)}",
+        f"hex {raw.hex()} HEX {raw.hex().upper()}",
+        f"hex in a dump 00ff{(b'pad' + raw).hex()}00",
+    ]
+
+
+@SETTINGS
+@given(SECRETS)
+def test_a_log_holding_the_secret_base64_percent_or_hex_encoded_keeps_no_copy(
+    secret: str,
+) -> None:
+    usable(secret)
+    lines = encoded_lines(secret)
+    assume(core(secret) not in "\n".join(encoded_lines("")))
+    clean, hits = Scrubber.of([secret]).text("\n".join(lines))
+    assert hits >= len(lines)
+    for line in clean.split("\n"):
+        assert not recoverable(line, secret), line
+
+
+@SETTINGS
+@given(SECRETS)
+def test_an_encoded_secret_in_a_json_record_keeps_no_copy(secret: str) -> None:
+    usable(secret)
+    doc = {"headers": {"Authorization": "Basic " + base64.b64encode(secret.encode()).decode()}}
+    doc["url"] = "https://example.com/?t=" + quote_plus(secret)  # type: ignore[assignment]
+    clean, hits = Scrubber.of([secret]).json_bytes(json.dumps(doc).encode())
+    assert hits >= 2
+    assert not any(recoverable(s, secret) for s in strings_in(json.loads(clean)))
+
+
+def test_an_encoded_secret_in_a_file_name_is_renamed(tmp_path: Path) -> None:
+    secret = "hf_it's/a+secret~value?"
+    raw = secret.encode()
+    names = [
+        base64.urlsafe_b64encode(raw).decode(),
+        raw.hex(),
+        quote(secret, safe=""),
+        quote_plus(secret),
+    ]
+    for n, name in enumerate(names):
+        (tmp_path / f"{n}-{name}.log").write_text("x")
+    scrub_folder(tmp_path, Scrubber.of([secret]))
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert len(left) == len(names) and not any(recoverable(n, secret) for n in left), left
+
+
+def test_an_encoded_short_value_is_not_scrubbed() -> None:
+    short = "x" * (MIN_SCRUB_LENGTH - 1)
+    assert not Scrubber.of([short])
+    text = f"{base64.b64encode(short.encode()).decode()} {short.encode().hex()}"
+    assert Scrubber.of([short]).text(text) == (text, 0)
 
 
 def comments_and_pis(xml: bytes) -> list[str]:

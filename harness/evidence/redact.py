@@ -4,8 +4,10 @@ what tools print, and scrubbing that replaces values without breaking the files 
 Why print forms: a test rarely writes a token as-is. pytest's assertion introspection prints
 `repr()` (quotes and backslashes escaped), a logger strips a trailing newline, a JSON record
 escapes it, a JUnit report XML-escapes it, a shell line quotes it, and these nest (a `repr` inside
-a JSON record). Every such form of every secret value is scrubbed, from file contents and from
-file names.
+a JSON record). A value is also encoded before it is printed: base64 (an HTTP Basic header, a
+cookie; either alphabet, padded or not, and at any offset inside a longer encoded string),
+percent-encoding (a URL's query) and hex (a byte dump); each encoded form is escaped once more.
+Every such form of every secret value is scrubbed, from file contents and from file names.
 
 Why values, not text: a secret may equal a word the files themselves are made of
 (`MY_TOKEN=complete`, a JSON key of the rank record). JSON and XML files are therefore parsed and
@@ -23,6 +25,7 @@ a package index) makes that password a secret value.
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import json
 import os
@@ -33,7 +36,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, quote_plus, unquote
 from xml.sax.saxutils import escape, quoteattr
 
 from harness.atomic import atomic_write_bytes
@@ -148,13 +151,35 @@ def _escapes(text: str) -> set[str]:
     return {f for f in forms if f}
 
 
+def _base64_forms(raw: bytes) -> set[str]:
+    """`raw` base64-encoded alone (padded or not), and the characters that encode it at each of
+    the three offsets it can have inside a longer encoded string (the edge characters mix in
+    the bytes around it, so they are left out); in both alphabets."""
+    whole = base64.b64encode(raw).decode()
+    forms = {whole, whole.rstrip("=")}
+    for shift in range(3):
+        encoded = base64.b64encode(b"\0" * shift + raw).decode()
+        first, end = (8 * shift + 5) // 6, 8 * (shift + len(raw)) // 6
+        forms.add(encoded[first:end])
+    return forms | {f.replace("+", "-").replace("/", "_") for f in forms}
+
+
+def _encodings(text: str) -> set[str]:
+    """The encoded forms of `text` that tools write: base64, percent-encoding, hex."""
+    raw = text.encode("utf-8")
+    forms = _base64_forms(raw) | {raw.hex(), raw.hex().upper()}
+    forms |= {quote(text), quote(text, safe=""), quote_plus(text), quote_plus(text, safe="/")}
+    return {f for f in forms if f}
+
+
 def print_forms(value: str) -> tuple[str, ...]:
-    """Every form of `value` we scrub: raw and stripped, each escaped once and twice."""
+    """Every form of `value` we scrub: raw and stripped, each escaped or encoded once, and each
+    of those escaped once more."""
     bases = {value, value.strip(), value.rstrip("\r\n"), value.strip("\r\n")}
     first: set[str] = set()
     for base in bases:
         if len(base.strip()) >= MIN_SCRUB_LENGTH:
-            first |= _escapes(base)
+            first |= _escapes(base) | _encodings(base)
     forms = set(first)
     for form in first:
         forms |= _escapes(form)
