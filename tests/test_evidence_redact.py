@@ -344,6 +344,16 @@ def test_an_encoded_short_value_is_not_scrubbed() -> None:
     assert Scrubber.of([short]).text(text) == (text, 0)
 
 
+@SETTINGS
+@given(st.lists(SECRETS, min_size=1, max_size=3))
+def test_every_form_holds_an_anchor_so_a_text_without_one_is_rightly_passed_over(
+    secrets: list[str],
+) -> None:
+    scrub = Scrubber.of(secrets)
+    assert all(any(anchor in form for anchor in scrub.anchors) for form in scrub.forms)
+    assert len(scrub.anchors) <= len(scrub.forms)
+
+
 def comments_and_pis(xml: bytes) -> list[str]:
     """Every comment's and PI's text in a document, the ones around the root too."""
     found: list[str] = []

@@ -186,11 +186,36 @@ def print_forms(value: str) -> tuple[str, ...]:
     return tuple(sorted(forms, key=lambda f: (-len(f), f)))
 
 
+_ALNUM_RUN = re.compile(r"[A-Za-z0-9]+")
+
+
+def _anchors(forms: Iterable[str]) -> tuple[str, ...]:
+    """Substrings such that every form holds one: each form's longest alphanumeric run (the
+    part its escaped and encoded variants share), dropping any that holds another anchor."""
+    found = {max(_ALNUM_RUN.findall(form), key=len, default=form) for form in forms}
+    ordered = sorted(found, key=len)
+    kept: list[str] = []
+    for anchor in ordered:
+        if not any(shorter in anchor for shorter in kept):
+            kept.append(anchor)
+    return tuple(kept)
+
+
 @dataclass(frozen=True)
 class Scrubber:
-    """Replaces every print form of a set of secret values; `bool(s)` is False with none."""
+    """Replaces every print form of a set of secret values; `bool(s)` is False with none.
+
+    A text holding none of the anchors holds no form, so it is passed over after a few
+    searches instead of one per form (most strings of a bundle hold no secret)."""
 
     forms: tuple[str, ...]
+    anchors: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    byte_anchors: tuple[bytes, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        anchors = _anchors(self.forms)
+        object.__setattr__(self, "anchors", anchors)
+        object.__setattr__(self, "byte_anchors", tuple(a.encode("utf-8") for a in anchors))
 
     @classmethod
     def of(cls, secrets: Iterable[str]) -> Scrubber:
@@ -206,6 +231,8 @@ class Scrubber:
 
     def text(self, text: str) -> tuple[str, int]:
         """`text` with every form replaced by SCRUBBED, and how many were replaced."""
+        if not any(anchor in text for anchor in self.anchors):
+            return text, 0
         count = 0
         for form in self.forms:
             hits = text.count(form)
@@ -215,6 +242,8 @@ class Scrubber:
         return text, count
 
     def data(self, data: bytes) -> tuple[bytes, int]:
+        if not any(anchor in data for anchor in self.byte_anchors):
+            return data, 0
         count = 0
         for form in self.forms:
             raw = form.encode("utf-8")
