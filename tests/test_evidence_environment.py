@@ -49,6 +49,13 @@ def test_filtered_env_keeps_prefixes_and_redacts_secret_names() -> None:
     assert redacted == ["VLLM_API_KEY"]
 
 
+def test_a_kept_variable_keeps_its_url_but_never_its_password() -> None:
+    env = {"VLLM_DB_URL": "postgres://qual:pw@db:5432/x", "NCCL_DEBUG": "INFO"}
+    kept, redacted = filtered_env(env)
+    assert kept == {"VLLM_DB_URL": f"postgres://qual:{REDACTED}@db:5432/x", "NCCL_DEBUG": "INFO"}
+    assert redacted == []
+
+
 def test_secret_values_are_every_secret_looking_variable_long_enough() -> None:
     assert set(secret_values(ENV)) == {
         "sk-live-0123456789",

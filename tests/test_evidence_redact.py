@@ -9,12 +9,16 @@ the JSON, XML and the receipt valid.
 from __future__ import annotations
 
 import ast
+import base64
+import binascii
 import json
 import logging
 import os
+import re
 import shlex
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -22,6 +26,7 @@ from hypothesis import strategies as st
 
 from harness.evidence.redact import (
     DEFAULT_SECRET_PATTERNS,
+    MIN_SCRUB_LENGTH,
     PATTERNS_ENV,
     SCRUBBED,
     Scrubber,
@@ -163,6 +168,46 @@ def test_default_secret_names_cover_the_common_forms() -> None:
     assert "*_PAT" in DEFAULT_SECRET_PATTERNS and "*_AUTH" in DEFAULT_SECRET_PATTERNS
 
 
+def test_webhooks_dsns_and_jwts_are_secret_names() -> None:
+    for name in [
+        "SLACK_WEBHOOK_URL",
+        "DISCORD_WEBHOOK",
+        "WEBHOOK_URL",
+        "SENTRY_DSN",
+        "DSN",
+        "SENTRY_DSN_PUBLIC",
+        "SERVICE_JWT",
+        "JWT",
+        "GITHUB_OIDC_JWT_VALUE",
+    ]:
+        assert is_secret_name(name), name
+
+
+def test_the_names_the_harness_records_are_not_secret_names() -> None:
+    """What the harness and its ranks set or keep must stay readable in the receipt."""
+    for name in [
+        "DCPQUAL_RUN_DCP_COMM_BACKEND",
+        "DCPQUAL_RUN_KV_CACHE_DTYPE",
+        "DCPQUAL_ZYGOTE_SOCKET",
+        "DCPQUAL_PLAN",
+        "LOCAL_WORLD_SIZE",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_ERROR_FILE",
+        "TORCH_CUDA_ARCH_LIST",
+        "TORCH_DISTRIBUTED_DEBUG",
+        "NCCL_IB_DISABLE",
+        "NCCL_SOCKET_IFNAME",
+        "VLLM_USE_BYTECODE_HOOK",
+        "VLLM_DIST_IDENT",
+        "VLLM_HOST_IP",
+        "B12X_MLA",
+        "PYTEST_ADDOPTS",
+        "PYTHONHASHSEED",
+        "OMP_NUM_THREADS",
+    ]:
+        assert not is_secret_name(name), name
+
+
 def test_more_secret_names_can_be_configured_never_fewer() -> None:
     env = {"ACME_PASSPHRASE": "acme-value-123", "HF_TOKEN": "hf-value-1234", PATTERNS_ENV: ""}
     assert secret_values(env) == ("hf-value-1234",)
@@ -207,3 +252,197 @@ def test_logging_strips_the_value_and_the_stripped_form_is_scrubbed(
     logging.getLogger("leaky").warning("token %s", secret.strip())
     clean, hits = Scrubber.of([secret]).text(caplog.text)
     assert hits == 1 and secret.strip() not in clean
+
+
+def recoverable(text: str, secret: str) -> bool:
+    """Whether a reader decoding `text` the usual ways finds the secret: any run of base64
+    (either alphabet, at any alignment) or hex characters decoded, or the text unquoted."""
+    target = core(secret).encode()
+    if any(target in t.encode() for t in (text, unquote(text), unquote_plus(text))):
+        return True
+    for run in re.findall(r"[A-Za-z0-9+/_-]{8,}", text):
+        run = run.translate(str.maketrans("-_", "+/"))
+        for skip in range(4):
+            chunk = run[skip:]
+            chunk += "=" * (-len(chunk) % 4)
+            try:
+                if target in base64.b64decode(chunk, validate=True):
+                    return True
+            except (binascii.Error, ValueError):
+                pass
+    for run in re.findall(r"[0-9a-fA-F]{8,}", text):
+        for skip in range(2):
+            chunk = run[skip:]
+            if target in bytes.fromhex(chunk[: len(chunk) - len(chunk) % 2]):
+                return True
+    return False
+
+
+def encoded_lines(secret: str) -> list[str]:
+    raw = secret.encode()
+    return [
+        f"token={base64.b64encode(raw).decode()}",
+        f"token={base64.b64encode(raw).decode().rstrip('=')}",
+        f"token={base64.urlsafe_b64encode(raw).decode()}",
+        f"token={base64.urlsafe_b64encode(raw).decode().rstrip('=')}",
+        f"Authorization: Basic {base64.b64encode(b'user:' + raw).decode()}",  # inside a longer one
+        f"Authorization: Basic {base64.b64encode(b'ab:' + raw + b':x').decode()}",
+        f"cookie={base64.urlsafe_b64encode(b'k=' + raw).decode()}",
+        f"GET https://example.com/cb?token={quote(secret)}&x=1",
+        f"GET https://example.com/cb?token={quote(secret, safe='')}&x=1",
+        f"POST body a=1&token={quote_plus(secret)}",
+        f"hex {raw.hex()} HEX {raw.hex().upper()}",
+        f"hex in a dump 00ff{(b'pad' + raw).hex()}00",
+    ]
+
+
+@SETTINGS
+@given(SECRETS)
+def test_a_log_holding_the_secret_base64_percent_or_hex_encoded_keeps_no_copy(
+    secret: str,
+) -> None:
+    usable(secret)
+    lines = encoded_lines(secret)
+    assume(core(secret) not in "\n".join(encoded_lines("")))
+    clean, hits = Scrubber.of([secret]).text("\n".join(lines))
+    assert hits >= len(lines)
+    for line in clean.split("\n"):
+        assert not recoverable(line, secret), line
+
+
+@SETTINGS
+@given(SECRETS)
+def test_an_encoded_secret_in_a_json_record_keeps_no_copy(secret: str) -> None:
+    usable(secret)
+    doc = {"headers": {"Authorization": "Basic " + base64.b64encode(secret.encode()).decode()}}
+    doc["url"] = "https://example.com/?t=" + quote_plus(secret)  # type: ignore[assignment]
+    clean, hits = Scrubber.of([secret]).json_bytes(json.dumps(doc).encode())
+    assert hits >= 2
+    assert not any(recoverable(s, secret) for s in strings_in(json.loads(clean)))
+
+
+def test_an_encoded_secret_in_a_file_name_is_renamed(tmp_path: Path) -> None:
+    secret = "hf_it's/a+secret~value?"
+    raw = secret.encode()
+    names = [
+        base64.urlsafe_b64encode(raw).decode(),
+        raw.hex(),
+        quote(secret, safe=""),
+        quote_plus(secret),
+    ]
+    for n, name in enumerate(names):
+        (tmp_path / f"{n}-{name}.log").write_text("x")
+    scrub_folder(tmp_path, Scrubber.of([secret]))
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert len(left) == len(names) and not any(recoverable(n, secret) for n in left), left
+
+
+def test_an_encoded_short_value_is_not_scrubbed() -> None:
+    short = "x" * (MIN_SCRUB_LENGTH - 1)
+    assert not Scrubber.of([short])
+    text = f"{base64.b64encode(short.encode()).decode()} {short.encode().hex()}"
+    assert Scrubber.of([short]).text(text) == (text, 0)
+
+
+@SETTINGS
+@given(st.lists(SECRETS, min_size=1, max_size=3))
+def test_every_form_holds_an_anchor_so_a_text_without_one_is_rightly_passed_over(
+    secrets: list[str],
+) -> None:
+    scrub = Scrubber.of(secrets)
+    assert all(any(anchor in form for anchor in scrub.anchors) for form in scrub.forms)
+    assert len(scrub.anchors) <= len(scrub.forms)
+
+
+def comments_and_pis(xml: bytes) -> list[str]:
+    """Every comment's and PI's text in a document, the ones around the root too."""
+    found: list[str] = []
+    parser = ET.XMLPullParser(events=("comment", "pi"))
+    parser.feed(xml)
+    parser.close()
+    for _event, node in parser.read_events():
+        found.append(node.text or "")
+    return found
+
+
+@pytest.mark.parametrize("also_in_text", [False, True])
+def test_xml_comments_and_processing_instructions_are_kept_and_scrubbed(
+    also_in_text: bool,
+) -> None:
+    secret = "hf_comment0123456789"
+    body = secret if also_in_text else "plain"
+    xml = (
+        "<?xml version='1.0' encoding='utf-8'?>\n"
+        f"<!-- written for {secret} -->\n<?xml-stylesheet href='{secret}.xsl'?>\n"
+        f"<testsuite><!-- env HF_TOKEN={secret} --><testcase name='t'>{body}</testcase>"
+        f"<?trace token={secret}?></testsuite>\n<!-- end -->"
+    ).encode()
+    clean, hits = Scrubber.of([secret]).xml_bytes(xml)
+    assert hits == (5 if also_in_text else 4)
+    assert secret.encode() not in clean
+    assert comments_and_pis(clean) == [
+        f" written for {SCRUBBED} ",
+        f"xml-stylesheet href='{SCRUBBED}.xsl'",
+        f" env HF_TOKEN={SCRUBBED} ",
+        f"trace token={SCRUBBED}",
+        " end ",
+    ]
+    parsed = ET.fromstring(clean)
+    assert [e.tag for e in parsed.iter()] == ["testsuite", "testcase"]
+    assert parsed[0].text == (SCRUBBED if also_in_text else "plain")
+
+
+def test_a_pi_target_equal_to_the_secret_is_a_word_of_the_structure() -> None:
+    clean, hits = Scrubber.of(["stylesheet"]).xml_bytes(b"<a><?stylesheet stylesheet?></a>")
+    assert hits == 1 and comments_and_pis(clean) == [f"stylesheet {SCRUBBED}"]
+
+
+def test_an_xml_document_type_is_scrubbed_too() -> None:
+    secret = "hf_doctype0123456789"
+    xml = f'<!DOCTYPE a [<!ENTITY unused "{secret}">]><a>plain</a>'.encode()
+    clean, hits = Scrubber.of([secret]).xml_bytes(xml)
+    assert hits == 1 and secret.encode() not in clean
+
+
+@pytest.mark.parametrize(
+    "name, value, password",
+    [
+        ("DATABASE_URL", "postgres://qual:s3cr3t-word@db.internal:5432/runs", "s3cr3t-word"),
+        ("HTTP_PROXY", "http://me:proxy-pass-1@proxy:3128", "proxy-pass-1"),
+        ("https_proxy", "https://me:p@ss:w0rd!@proxy:3128/", "p@ss:w0rd!"),
+        (
+            "PIP_INDEX_URL",
+            "https://__token__:pypi-AgEIcHlwaS@pypi.example/simple",
+            "pypi-AgEIcHlwaS",
+        ),
+        ("PIP_EXTRA_INDEX_URL", "https://a:first-pass@x/s https://b:second-pw@y/s", "second-pw"),
+    ],
+)
+def test_a_password_in_a_url_in_any_variable_is_a_secret(
+    name: str, value: str, password: str
+) -> None:
+    assert not is_secret_name(name)
+    env = {name: value, "PATH": "/usr/bin"}
+    assert password in secret_values(env)
+    clean, hits = Scrubber.from_environ(env).text(f"pip: using {value}\n")
+    assert hits >= 1 and password not in clean
+    assert "@" in clean and "://" in clean  # the rest of the URL stays readable
+
+
+def test_a_percent_encoded_url_password_is_scrubbed_encoded_and_decoded() -> None:
+    env = {"DATABASE_URL": "mysql://root:p%40ss%2Fword%21@db/x"}
+    assert {"p%40ss%2Fword%21", "p@ss/word!"} <= set(secret_values(env))
+    clean, _ = Scrubber.from_environ(env).text(
+        "connect p@ss/word! via mysql://root:p%40ss%2Fword%21@db"
+    )
+    assert "word" not in clean
+
+
+def test_urls_without_a_password_or_with_a_short_one_give_no_secret() -> None:
+    env = {
+        "HTTP_PROXY": "http://proxy.internal:3128",
+        "NO_PROXY": "localhost,127.0.0.1",
+        "REPO": "ssh://git@github.com/org/repo",
+        "DATABASE_URL": "postgres://u:short@db/x",  # too short to scrub from files
+    }
+    assert secret_values(env) == ()

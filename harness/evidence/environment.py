@@ -2,8 +2,9 @@
 
 Environment variables are kept only under the prefixes that change what NCCL, vLLM, b12x, torch
 and CUDA do. Any variable whose name looks like a secret (`harness.evidence.redact` says which)
-is redacted where it is kept; the writer scrubs the *values* of every such variable out of the
-bundle.
+is redacted where it is kept, and so is the password of a URL in a kept value (whatever its
+length); the writer scrubs the *values* of every such variable, and URL passwords long enough to
+scrub, out of the bundle.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from harness.evidence.redact import (
     is_secret_name,
     secret_patterns,
     secret_values,
+    without_url_passwords,
 )
 from harness.evidence.schema import Environment, Gpu
 
@@ -57,7 +59,7 @@ def filtered_env(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]
             kept[name] = REDACTED
             redacted.append(name)
         else:
-            kept[name] = environ[name]
+            kept[name] = without_url_passwords(environ[name])
     return kept, redacted
 
 

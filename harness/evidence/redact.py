@@ -4,30 +4,39 @@ what tools print, and scrubbing that replaces values without breaking the files 
 Why print forms: a test rarely writes a token as-is. pytest's assertion introspection prints
 `repr()` (quotes and backslashes escaped), a logger strips a trailing newline, a JSON record
 escapes it, a JUnit report XML-escapes it, a shell line quotes it, and these nest (a `repr` inside
-a JSON record). Every such form of every secret value is scrubbed, from file contents and from
-file names.
+a JSON record). A value is also encoded before it is printed: base64 (an HTTP Basic header, a
+cookie; either alphabet, padded or not, and at any offset inside a longer encoded string),
+percent-encoding (a URL's query) and hex (a byte dump); each encoded form is escaped once more.
+Every such form of every secret value is scrubbed, from file contents and from file names.
 
 Why values, not text: a secret may equal a word the files themselves are made of
 (`MY_TOKEN=complete`, a JSON key of the rank record). JSON and XML files are therefore parsed and
 only their string values (and the text inside keys, tags' text and attributes) are scrubbed; a
-key or a word the schema fixes is never replaced, so the structure survives. Other files are
-scrubbed as bytes.
+key or a word the schema fixes is never replaced, so the structure survives. XML comments and
+processing instructions are kept and scrubbed like text (a PI's target is a name, like a tag);
+a document with a DOCTYPE, whose declarations ElementTree does not keep, is scrubbed as bytes.
+Other files are scrubbed as bytes.
 
 Secret names are shell-style patterns matched case-insensitively; `DCPQUAL_SECRET_PATTERNS`
-(comma-separated) adds to the defaults, it never removes one.
+(comma-separated) adds to the defaults, it never removes one. Whatever its name, a variable's
+value that holds a URL with a password (`scheme://user:password@host`: a DATABASE_URL, a proxy,
+a package index) makes that password a secret value.
 """
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import json
 import os
+import re
 import shlex
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, quote_plus, unquote
 from xml.sax.saxutils import escape, quoteattr
 
 from harness.atomic import atomic_write_bytes
@@ -45,6 +54,13 @@ DEFAULT_SECRET_PATTERNS: tuple[str, ...] = (
     "*_AUTH_*",
     "*COOKIE*",
     "*SESSION*",
+    "*WEBHOOK*",
+    "DSN",
+    "*_DSN",
+    "*_DSN_*",
+    "JWT",
+    "*_JWT",
+    "*_JWT_*",
     "AWS_*",
     "AZURE_*",
     "ARM_CLIENT_*",
@@ -77,17 +93,41 @@ def is_secret_name(name: str, patterns: Iterable[str] | None = None) -> bool:
     return any(fnmatch.fnmatchcase(upper, p.upper()) for p in chosen)
 
 
+# `scheme://user:password@`: the user ends at the first ':', the password at the last '@'
+# before the host (as urllib splits a netloc); neither crosses a '/', '?', '#' or whitespace.
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:([^\s/?#]*)@")
+
+
+def url_passwords(value: str) -> list[str]:
+    """The passwords of the URLs in `value`, as written and percent-decoded."""
+    found = []
+    for match in _URL_PASSWORD.finditer(value):
+        password = match.group(1)
+        found += [password, unquote(password)] if password else []
+    return found
+
+
+def without_url_passwords(value: str) -> str:
+    """`value` with the password of every URL in it replaced by REDACTED."""
+    return _URL_PASSWORD.sub(lambda m: m[0][: m.start(1) - m.start()] + REDACTED + "@", value)
+
+
 def secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """Values of every secret-named variable, long enough to scrub safely, longest first."""
+    """Values of every secret-named variable and passwords of URLs in any variable, long enough
+    to scrub safely, longest first."""
     patterns = secret_patterns(environ)
     values = {
         value
         for name, value in environ.items()
-        if name != PATTERNS_ENV
-        and is_secret_name(name, patterns)
-        and len(value.strip()) >= MIN_SCRUB_LENGTH
+        if name != PATTERNS_ENV and is_secret_name(name, patterns)
     }
-    return tuple(sorted(values, key=lambda v: (-len(v), v)))
+    values.update(p for value in environ.values() for p in url_passwords(value))
+    return tuple(
+        sorted(
+            (v for v in values if len(v.strip()) >= MIN_SCRUB_LENGTH),
+            key=lambda v: (-len(v), v),
+        )
+    )
 
 
 def _escapes(text: str) -> set[str]:
@@ -111,24 +151,71 @@ def _escapes(text: str) -> set[str]:
     return {f for f in forms if f}
 
 
+def _base64_forms(raw: bytes) -> set[str]:
+    """`raw` base64-encoded alone (padded or not), and the characters that encode it at each of
+    the three offsets it can have inside a longer encoded string (the edge characters mix in
+    the bytes around it, so they are left out); in both alphabets."""
+    whole = base64.b64encode(raw).decode()
+    forms = {whole, whole.rstrip("=")}
+    for shift in range(3):
+        encoded = base64.b64encode(b"\0" * shift + raw).decode()
+        first, end = (8 * shift + 5) // 6, 8 * (shift + len(raw)) // 6
+        forms.add(encoded[first:end])
+    return forms | {f.replace("+", "-").replace("/", "_") for f in forms}
+
+
+def _encodings(text: str) -> set[str]:
+    """The encoded forms of `text` that tools write: base64, percent-encoding, hex."""
+    raw = text.encode("utf-8")
+    forms = _base64_forms(raw) | {raw.hex(), raw.hex().upper()}
+    forms |= {quote(text), quote(text, safe=""), quote_plus(text), quote_plus(text, safe="/")}
+    return {f for f in forms if f}
+
+
 def print_forms(value: str) -> tuple[str, ...]:
-    """Every form of `value` we scrub: raw and stripped, each escaped once and twice."""
+    """Every form of `value` we scrub: raw and stripped, each escaped or encoded once, and each
+    of those escaped once more."""
     bases = {value, value.strip(), value.rstrip("\r\n"), value.strip("\r\n")}
     first: set[str] = set()
     for base in bases:
         if len(base.strip()) >= MIN_SCRUB_LENGTH:
-            first |= _escapes(base)
+            first |= _escapes(base) | _encodings(base)
     forms = set(first)
     for form in first:
         forms |= _escapes(form)
     return tuple(sorted(forms, key=lambda f: (-len(f), f)))
 
 
+_ALNUM_RUN = re.compile(r"[A-Za-z0-9]+")
+
+
+def _anchors(forms: Iterable[str]) -> tuple[str, ...]:
+    """Substrings such that every form holds one: each form's longest alphanumeric run (the
+    part its escaped and encoded variants share), dropping any that holds another anchor."""
+    found = {max(_ALNUM_RUN.findall(form), key=len, default=form) for form in forms}
+    ordered = sorted(found, key=len)
+    kept: list[str] = []
+    for anchor in ordered:
+        if not any(shorter in anchor for shorter in kept):
+            kept.append(anchor)
+    return tuple(kept)
+
+
 @dataclass(frozen=True)
 class Scrubber:
-    """Replaces every print form of a set of secret values; `bool(s)` is False with none."""
+    """Replaces every print form of a set of secret values; `bool(s)` is False with none.
+
+    A text holding none of the anchors holds no form, so it is passed over after a few
+    searches instead of one per form (most strings of a bundle hold no secret)."""
 
     forms: tuple[str, ...]
+    anchors: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    byte_anchors: tuple[bytes, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        anchors = _anchors(self.forms)
+        object.__setattr__(self, "anchors", anchors)
+        object.__setattr__(self, "byte_anchors", tuple(a.encode("utf-8") for a in anchors))
 
     @classmethod
     def of(cls, secrets: Iterable[str]) -> Scrubber:
@@ -144,6 +231,8 @@ class Scrubber:
 
     def text(self, text: str) -> tuple[str, int]:
         """`text` with every form replaced by SCRUBBED, and how many were replaced."""
+        if not any(anchor in text for anchor in self.anchors):
+            return text, 0
         count = 0
         for form in self.forms:
             hits = text.count(form)
@@ -153,6 +242,8 @@ class Scrubber:
         return text, count
 
     def data(self, data: bytes) -> tuple[bytes, int]:
+        if not any(anchor in data for anchor in self.byte_anchors):
+            return data, 0
         count = 0
         for form in self.forms:
             raw = form.encode("utf-8")
@@ -195,25 +286,37 @@ class Scrubber:
         return (json.dumps(clean, indent=2, sort_keys=True) + "\n").encode(), hits
 
     def xml_bytes(self, data: bytes) -> tuple[bytes, int]:
-        """An XML document scrubbed in its text and attribute values, never in tag names."""
+        """An XML document scrubbed in its text, attribute values, comments and processing
+        instructions, never in tag names or a PI's target."""
+        document = _Document()
         try:
-            root = ET.fromstring(data)
+            parser = ET.XMLParser(target=document)
+            parser.feed(data)
+            root = parser.close()
         except (ET.ParseError, ValueError):
             return self.data(data)
+        if document.has_doctype:  # its declarations would be lost: scrubbed where they are
+            return self.data(data)
         count = 0
-        for element in root.iter():
-            for attr in ("text", "tail"):
-                if getattr(element, attr):
-                    new, hits = self.text(getattr(element, attr))
-                    setattr(element, attr, new)
-                    count += hits
+        for element in document.nodes(root):
+            tag: object = element.tag  # a PI's tag is its factory, not a name
+            if tag is ET.ProcessingInstruction and element.text:
+                target, space, rest = element.text.partition(" ")
+                new, hits = self.text(rest)
+                element.text = target + space + new
+                count += hits
+            elif element.text:
+                element.text, hits = self.text(element.text)
+                count += hits
+            if element.tail:
+                element.tail, hits = self.text(element.tail)
+                count += hits
             for key, item in list(element.attrib.items()):
-                new, hits = self.text(item)
-                element.attrib[key] = new
+                element.attrib[key], hits = self.text(item)
                 count += hits
         if not count:
             return data, 0
-        return ET.tostring(root, encoding="utf-8", xml_declaration=True), count
+        return document.serialize(root), count
 
     def file_bytes(self, name: str, data: bytes) -> tuple[bytes, int]:
         if name.endswith(".json"):
@@ -226,6 +329,60 @@ class Scrubber:
         """A relative path with every secret form removed from its components."""
         parts = [self.text(part)[0] for part in relpath.split("/")]
         return "/".join(p if p not in ("", ".", "..") else SCRUBBED for p in parts)
+
+
+@dataclass
+class _Document:
+    """ElementTree's tree builder, keeping what `ET.fromstring` drops: comments and processing
+    instructions, inside the root and around it; and whether the document has a DOCTYPE."""
+
+    builder: ET.TreeBuilder = field(
+        default_factory=lambda: ET.TreeBuilder(insert_comments=True, insert_pis=True)
+    )
+    depth: int = 0
+    seen_root: bool = False
+    before: list[ET.Element] = field(default_factory=list)
+    after: list[ET.Element] = field(default_factory=list)
+    has_doctype: bool = False
+
+    def start(self, tag: str, attrs: dict[str, str]) -> ET.Element:
+        self.depth += 1
+        self.seen_root = True
+        return self.builder.start(tag, attrs)
+
+    def end(self, tag: str) -> ET.Element:
+        self.depth -= 1
+        return self.builder.end(tag)
+
+    def data(self, data: str) -> None:
+        self.builder.data(data)
+
+    def comment(self, text: str) -> ET.Element:
+        return self._outside(self.builder.comment(text))
+
+    def pi(self, target: str, text: str | None = None) -> ET.Element:
+        return self._outside(self.builder.pi(target, text))
+
+    def doctype(self, name: str, pubid: str | None, system: str | None) -> None:
+        self.has_doctype = True
+
+    def close(self) -> ET.Element:
+        return self.builder.close()
+
+    def _outside(self, node: ET.Element) -> ET.Element:
+        if not self.depth:  # the builder only inserts what is inside the root
+            (self.after if self.seen_root else self.before).append(node)
+        return node
+
+    def nodes(self, root: ET.Element) -> Iterator[ET.Element]:
+        yield from self.before
+        yield from root.iter()
+        yield from self.after
+
+    def serialize(self, root: ET.Element) -> bytes:
+        nodes = [*self.before, root, *self.after]
+        body = b"\n".join(ET.tostring(node, encoding="utf-8") for node in nodes)
+        return b"<?xml version='1.0' encoding='utf-8'?>\n" + body
 
 
 @dataclass(frozen=True)

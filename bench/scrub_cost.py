@@ -1,0 +1,99 @@
+"""What scrubbing a bundle costs: `scrub_folder` over a stand-in 16 MiB bundle, with the
+environment's secrets a run would have.
+
+`python bench/scrub_cost.py [--mib 16] [--repeats 5]`. The bundle is 16 ranks' records (JSON),
+JUnit reports (XML) and torchrun logs (text), with a few secrets in every file in several
+print forms; each repeat scrubs a fresh copy. Prints the number of forms, the time to build the
+scrubber and the median (min-max) time to scrub the folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from harness.evidence.redact import Scrubber, scrub_folder
+
+ENV = {
+    "HF_TOKEN": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345",
+    "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "DATABASE_URL": "postgres://qual:s3cr3t-pass-word@db.internal:5432/runs",
+    "DB_PASSWORD": 'it\'s "quoted" & <escaped>\\ too',
+    "NCCL_DEBUG": "INFO",
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+}
+RANKS = 16
+
+
+def _line(i: int) -> str:
+    return f"[rank {i % RANKS}] step {i}: gathered 96 heads x 576 in 0.{i % 997:03d} ms, ok\n"
+
+
+def write_bundle(root: Path, mib: int) -> None:
+    """Three files per rank, together about `mib` MiB, every one holding the secrets."""
+    per_file = mib * (1 << 20) // (RANKS * 3)
+    token = ENV["HF_TOKEN"]
+    leaks = [
+        f"HF_TOKEN={token}\n",
+        f"AssertionError: {token!r}\n",
+        f"Authorization: Basic {base64.b64encode(token.encode()).decode()}\n",
+    ]
+    for rank in range(RANKS):
+        lines, size, i = [], 0, 0
+        while size < per_file:
+            line = leaks[i % 3] if i % 5000 == 0 else _line(i)
+            lines.append(line)
+            size += len(line)
+            i += 1
+        log = root / "torchrun" / f"{rank}" / "stdout.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("".join(lines))
+        records = [{"nodeid": f"t::{j}", "message": text} for j, text in enumerate(lines[:20000])]
+        (root / "records").mkdir(exist_ok=True)
+        (root / "records" / f"rank-{rank:02d}.json").write_text(json.dumps(records)[:per_file])
+        cases = "".join(
+            f'<testcase name="t{j}" classname="c"><system-out>{text.strip()}</system-out>'
+            "</testcase>"
+            for j, text in enumerate(lines[: per_file // 120])
+        )
+        (root / "junit").mkdir(exist_ok=True)
+        (root / "junit" / f"rank-{rank:02d}.xml").write_text(
+            f'<testsuites><testsuite name="r{rank}">{cases}</testsuite></testsuites>'
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    start = time.perf_counter()
+    scrubber = Scrubber.from_environ(ENV)
+    build = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "source"
+        write_bundle(source, args.mib)
+        size = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
+        times = []
+        for n in range(args.repeats):
+            copy = Path(tmp) / f"copy-{n}"
+            shutil.copytree(source, copy)
+            start = time.perf_counter()
+            report = scrub_folder(copy, scrubber)
+            times.append(time.perf_counter() - start)
+            shutil.rmtree(copy)
+    print(f"bundle {size / (1 << 20):.1f} MiB, {len(scrubber.forms)} forms, build {build:.3f} s")
+    print(
+        f"scrub_folder: median {statistics.median(times):.3f} s "
+        f"(min {min(times):.3f}, max {max(times):.3f}), {len(report.changed)} files changed"
+    )
+
+
+if __name__ == "__main__":
+    main()
