@@ -263,8 +263,9 @@ def _supervise(
     exited: Callable[[], None] | None = None,
 ) -> _Outcome:
     """Wait for torchrun; end the tree on a timeout, a rank gone mid-suite, the zygote's death,
-    ^C or SIGTERM. `exited` is called as soon as torchrun is known to have exited, inside the
-    handling of ^C: a signal before it is this launch's interruption, one after it is held."""
+    ^C or SIGTERM. `exited` is called as soon as torchrun is known to have exited, on every
+    path (on ^C still inside the ending's shield): a signal before it is this launch's
+    interruption, one after it is the caller's to hold."""
     exited = (lambda: None) if exited is None else exited
     watch = ending.DeadRankWatch(reader, tracker, None if zygote is None else zygote.reaped)
     exit_wait = ExitWait(proc)
@@ -419,8 +420,8 @@ def _held_exit(stream: TextIO, held: ending.Hold, result: Launch, code: int) -> 
         return code
     _say(
         stream,
-        f"dcpqual run: interrupted by {late.signal} after the verdict was decided: the bundle "
-        f"stands as written and verified; exiting {late.exit_code}",
+        f"dcpqual run: interrupted by {late.signal} after the verdict was decided (too late "
+        f"for the receipt to name it); exiting {late.exit_code}",
     )
     return late.exit_code
 
