@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def fake_launch(exit_code: int = 0, timed_out: bool = False):
     """A launch that returns at once, after every node has joined (torchrun's rendezvous)."""
     calls: list[Any] = []
 
-    def run(plan, *, tick=None, tick_s=0.5, console=None, reader=None):
+    def run(plan, *, tick=None, tick_s=0.5, console=None, reader=None, hold=None):
         calls.append(plan)
         deadline = time.monotonic() + 20
         everyone = range(plan.options.nnodes if plan.options.multi_node else 0)
@@ -117,6 +118,46 @@ def test_a_timed_out_run_never_exits_zero(tmp_path, monkeypatch):
     monkeypatch.setattr(launcher, "launch", fake_launch(0, timed_out=True)[0])
     code, _ = run(RunOptions(nproc_per_node=2, out_dir=tmp_path / "o"), FakeEvidence())
     assert code == 1
+
+
+main_thread_only = pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="needs the main thread"
+)
+
+
+@main_thread_only
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_while_strays_are_set_aside_is_the_interruption_the_receipt_names(
+    tmp_path, monkeypatch, sig
+):
+    monkeypatch.setattr(launcher, "launch", fake_launch(0)[0])
+    evidence = FakeEvidence(verdict="pass")
+    api = evidence.api()
+    api = replace(api, set_aside=lambda out: signal.raise_signal(sig) or [])
+    before = signal.getsignal(sig)
+    stream = io.StringIO()
+    options = RunOptions(nproc_per_node=2, out_dir=tmp_path / "out")
+    code = launcher.run(options, evidence=api, stream=stream, progress=PlainProgress(stream))
+    assert code == 128 + sig
+    [ctx] = evidence.contexts  # the bundle was still written
+    assert ctx.extra.interrupted is not None and ctx.extra.interrupted.signal == sig.name
+    assert signal.getsignal(sig) == before  # the run's own handlers are gone with it
+
+
+@main_thread_only
+def test_a_signal_after_the_receipt_was_composed_still_exits_as_interrupted(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "launch", fake_launch(0)[0])
+    evidence = FakeEvidence(verdict="pass")
+    api = evidence.api()
+    verify = api.verify_bundle
+    api = replace(api, verify_bundle=lambda out: signal.raise_signal(signal.SIGINT) or verify(out))
+    stream = io.StringIO()
+    options = RunOptions(nproc_per_node=2, out_dir=tmp_path / "out")
+    code = launcher.run(options, evidence=api, stream=stream, progress=PlainProgress(stream))
+    assert code == 130
+    [ctx] = evidence.contexts
+    assert ctx.extra.interrupted is None  # it came after the receipt: that says what it says
+    assert "interrupted by SIGINT after the verdict was decided" in stream.getvalue()
 
 
 def test_a_non_empty_out_is_refused_before_anything_runs(tmp_path, monkeypatch):

@@ -28,6 +28,7 @@ from _support.runs import processes_of_run, receipt, records, run
 from harness.cli import main
 from harness.evidence import writer
 from harness.evidence.files import walk
+from harness.launch import ending
 from harness.launch.proctree import identify
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
@@ -99,6 +100,89 @@ def test_an_interrupted_run_leaves_a_scrubbed_bundle_naming_the_interruption(
     sender.join()
     assert elapsed < 90
     assert_interrupted_bundle(out, code, sig, token)
+
+
+def signal_me_first(func: Any, *sigs: signal.Signals, when: Any = None) -> Any:
+    """`func`, which first sends this process (the launcher) `sigs`, the first time `when`
+    (its arguments) says so: a signal at a chosen moment after torchrun has exited."""
+    sent: list[bool] = []
+
+    def signalled(*args: Any, **kwargs: Any) -> Any:
+        if not sent and (when is None or when(*args)):
+            sent.append(True)
+            for sig in sigs:
+                os.kill(os.getpid(), sig)
+                time.sleep(0.05)  # each one reaches the handler before the next is sent
+        return func(*args, **kwargs)
+
+    return signalled
+
+
+@main_thread_only
+@pytest.mark.parametrize(
+    ("moment", "sigs", "suite"),
+    [
+        ("scrub", (signal.SIGTERM,), "rank_pass.py"),
+        # a second ^C does not abort the bundle either
+        ("scrub", (signal.SIGINT, signal.SIGINT), "rank_pass.py"),
+        ("tree-cleanup", (signal.SIGINT,), "rank_secret.py"),  # spills HF_TOKEN; rank 1 fails
+    ],
+    ids=["sigterm-at-scrub", "ctrl-c-twice-at-scrub", "ctrl-c-at-tree-cleanup"],
+)
+def test_a_signal_after_torchrun_exited_is_held_until_the_bundle_verifies_and_named_in_it(
+    moment: str,
+    sigs: tuple[signal.Signals, ...],
+    suite: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Every test has run when the signal comes, while the launcher ends what torchrun left
+    (in the launch) or scrubs the out folder (in the ending): the bundle is still scrubbed,
+    written and verified, its receipt names the interruption (a passing run fails), and the
+    run exits as an interrupted run does."""
+    token = f"hf_late{uuid.uuid4().hex}"
+    monkeypatch.setenv("HF_TOKEN", token)
+    if moment == "scrub":
+        monkeypatch.setattr(writer, "scrub_out_dir", signal_me_first(writer.scrub_out_dir, *sigs))
+    else:
+        monkeypatch.setattr(ending, "reap", signal_me_first(ending.reap, *sigs))
+    out = tmp_path / "bundle"
+    code, _ = run(out, 2, suite)
+    err = capfd.readouterr().err
+    sig = sigs[0]
+    assert code == 128 + sig
+    data = receipt(out)
+    assert data["verdict"] == "fail"
+    interrupted = data["run"]["extra"]["launch"]["interrupted"]
+    assert interrupted is not None and interrupted["signal"] == sig.name, interrupted
+    # torchrun had exited on its own, every test run, before the signal came
+    assert 0 < interrupted["tests_done"] == interrupted["tests_collected"], interrupted
+    assert data["root_cause"]["kind"] == "interrupted", data["root_cause"]
+    assert any(f"interrupted by {sig.name}" in f for f in data["failures"]), data["failures"]
+    assert main(["verify", str(out)]) == 0, "verify rejects the bundle finished under a signal"
+    assert leaks(out, token) == []
+    told = [line for line in err.splitlines() if "the bundle is being finished first" in line]
+    assert len(told) == len(sigs), err
+
+
+@main_thread_only
+def test_a_signal_after_the_verdict_was_decided_leaves_the_bundle_as_written_and_exits_130(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """^C while SHA256SUMS is written: the receipt (already on disk) keeps its pass, the bundle
+    is finished and verifies, and the run still exits 130 and says why."""
+    late = signal_me_first(
+        writer.atomic_write_bytes, signal.SIGINT, when=lambda path, data: path.name == "SHA256SUMS"
+    )
+    monkeypatch.setattr(writer, "atomic_write_bytes", late)
+    out = tmp_path / "bundle"
+    code, _ = run(out, 2, "rank_pass.py")
+    said = capsys.readouterr().out
+    assert code == 130
+    assert receipt(out)["verdict"] == "pass"
+    assert main(["verify", str(out)]) == 0
+    assert "interrupted by SIGINT after the verdict was decided" in said, said
 
 
 def test_odd_files_a_test_leaves_are_set_aside_named_and_the_run_fails(tmp_path: Path) -> None:

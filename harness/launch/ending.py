@@ -8,7 +8,9 @@
   final scan finds it however briefly the run saw it.
 - Interruptions: ^C or SIGTERM ends the tree and becomes a value, the schema's `Interruption`,
   that the evidence names; while the tree is being ended a second ^C does not abort the ending,
-  it only skips the grace period (SIGKILL at once), so nothing is orphaned.
+  it only skips the grace period (SIGKILL at once), so nothing is orphaned. From torchrun's exit
+  until the bundle is written and verified, a signal is held (`Hold`): the bundle is finished
+  first, and the signal is still the run's interruption.
 - Early exits: a rank whose process is gone while its record says it is neither complete nor
   aborted left mid-suite (any exit code); its peers would wait for it until the per-test timeout.
   `DeadRankWatch` notices it within seconds so the launcher can end the tree.
@@ -34,7 +36,7 @@ import psutil
 from harness.launch.proctree import Proc, Tracker, alive
 from harness.launch.progress import Snapshot
 from harness.launch.rankview import RankStatus, RecordReader
-from harness.schema.launch import Interruption
+from harness.schema.launch import Interruption, Launch
 
 PR_SET_CHILD_SUBREAPER = 36
 # How long a rank may be gone mid-suite before the launcher ends the tree: long enough for
@@ -154,12 +156,14 @@ class Cgroup:
                 time.sleep(0.05)
 
 
-def interruption(sig: int, after_s: float, seen: Snapshot | None = None) -> Interruption:
+def interruption(
+    sig: int, after_s: float, seen: Snapshot | None = None, at: str | None = None
+) -> Interruption:
     """The interruption by signal `sig`, `after_s` into the launch, with how far the tests had
-    got (`seen`: what the records said when the signal came)."""
+    got (`seen`: what the records said when the signal came); `at`: when (default now)."""
     return Interruption(
         signal=signal.Signals(sig).name,
-        at=datetime.now(UTC).isoformat(timespec="seconds"),
+        at=datetime.now(UTC).isoformat(timespec="seconds") if at is None else at,
         after_s=round(after_s, 3),
         exit_code=128 + sig,
         tests_done=0 if seen is None else seen.done,
@@ -187,6 +191,89 @@ class Shield:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+class Terminated(KeyboardInterrupt):
+    """The launcher itself got SIGTERM (a cancelled CI job): end the tree like on ^C."""
+
+
+def _tell_stderr(text: str) -> None:
+    """A line from a signal handler, straight to fd 2: never through a buffered stream the
+    interrupted code may be writing to at that moment (a reentrant write raises)."""
+    with contextlib.suppress(OSError):
+        os.write(2, (text + "\n").encode())
+
+
+@dataclass(frozen=True)
+class Held:
+    """A signal the hold caught: which, when, and how long after the hold was entered."""
+
+    signal: signal.Signals
+    at: str
+    after_s: float
+
+
+class Hold:
+    """^C and SIGTERM for a whole `dcpqual run`. While torchrun runs they raise
+    (KeyboardInterrupt, `Terminated`), so the launch ends the tree and names the interruption.
+    From torchrun's exit (`start`) until the bundle is written and verified they are held:
+    remembered and told on the console, never raised, so a late signal can neither abort the
+    scrub nor leave a bundle without receipt or SHA256SUMS, and the first one is still the
+    run's interruption (`named`), or its exit code when it came too late for the receipt."""
+
+    def __init__(self, tell: Callable[[str], None] = _tell_stderr) -> None:
+        """`tell`: how a held signal is told on the console (from the signal handler)."""
+        self.tell = tell
+        self.caught: list[Held] = []
+        self.holding = False
+        self.named = False  # the first caught signal is the interruption the receipt names
+        self._t0 = time.monotonic()
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> Hold:
+        self._t0 = time.monotonic()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def start(self) -> None:
+        """torchrun has exited: from now on a signal is held, not raised."""
+        self.holding = True
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        sig = signal.Signals(signum)
+        if not self.holding:
+            raise Terminated() if sig == signal.SIGTERM else KeyboardInterrupt()
+        at = datetime.now(UTC).isoformat(timespec="seconds")
+        self.caught.append(Held(sig, at, time.monotonic() - self._t0))
+        again = " again" if len(self.caught) > 1 else ""
+        self.tell(
+            f"dcpqual run: {sig.name}{again}: the bundle is being finished first "
+            "(scrubbed, written, verified); the run counts as interrupted"
+        )
+
+    def interruption(self, seen: Snapshot | None = None) -> Interruption | None:
+        """The first signal held, as an interruption (None: none was); `seen`: how far the
+        tests had got."""
+        if not self.caught:
+            return None
+        first = self.caught[0]
+        return interruption(first.signal, first.after_s, seen, at=first.at)
+
+    def name_in(self, result: Launch, seen: Snapshot | None = None) -> Launch:
+        """`result` with the first signal held so far as its interruption, unless the launch
+        was interrupted already (that signal came first)."""
+        late = self.interruption(seen)
+        if result.interrupted is not None or late is None:
+            return result
+        self.named = True
+        return result.model_copy(update={"interrupted": late})
 
 
 class DeadRankWatch:

@@ -29,6 +29,7 @@ from typing import IO, TYPE_CHECKING, TextIO
 from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
 from harness.launch.collect import run_context
+from harness.launch.ending import Terminated
 from harness.launch.plan import SHUTDOWN_TIMEOUT_S, RunOptions, RunPlan, build_plan
 from harness.launch.proctree import ExitWait, Tracker, end_launch_root, identify, start_launch_root
 from harness.launch.progress import Progress, Snapshot, make_progress, poller, snapshot
@@ -97,10 +98,6 @@ class Evidence:
         )
 
 
-class Terminated(KeyboardInterrupt):
-    """The launcher itself got SIGTERM (a cancelled CI job): end the tree like on ^C."""
-
-
 def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
     """In torchrun's process: get SIGTERM if the launcher dies, even by SIGKILL (Linux prctl).
 
@@ -121,6 +118,7 @@ def launch(
     tick_s: float = TICK_S,
     console: TextIO | None = None,
     reader: RecordReader | None = None,
+    hold: ending.Hold | None = None,
 ) -> Launch:
     """Run the planned torchrun once and end its whole tree: at the overall timeout, when a rank
     left mid-suite, on ^C or SIGTERM (returned as `interrupted`, not raised), and after torchrun
@@ -128,15 +126,17 @@ def launch(
 
     With `--tee`, torchrun's console (its agent log plus the tee'd ranks' lines) is read through
     a pipe: all of it still goes to agent.log, and the ranks' lines also to `console`.
-    `reader`: the records as the `tick` reads them, shared with the dead-rank watch."""
+    `reader`: the records as the `tick` reads them, shared with the dead-rank watch.
+    `hold`: the run's signal hold (entered by the caller); it raises on ^C and SIGTERM as this
+    launch's own handler would, and the launch starts it holding once torchrun has exited."""
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     if reader is None:
         reader = RecordReader(plan.out_dir / "records", plan.options.world_size)
     timeout_s = plan.options.timeout_s
     started_at, t0 = _now(), time.monotonic()
-    in_main = threading.current_thread() is threading.main_thread()
+    own_sigterm = hold is None and threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) or signal.SIG_DFL
-    if in_main:
+    if own_sigterm:
         signal.signal(signal.SIGTERM, _on_sigterm)
     tee = plan.options.tee and console is not None
     linux = sys.platform == "linux"
@@ -160,6 +160,8 @@ def launch(
                 in_child if linux else None,
             )
             if zygote.error is not None:
+                if hold is not None:
+                    hold.start()  # torchrun never ran: the bundle is what is left to do
                 return _not_launched(started_at, t0, zygote)
             env.update(zygote.stub_env())
         with plan.agent_log.open("wb") as log:
@@ -188,7 +190,8 @@ def launch(
             adopter=os.getpid() if adopting else None,
             forker=None if zygote is None else zygote.pid,
         )
-        outcome = _supervise(proc, tracker, reader, t0, timeout_s, tick, tick_s, zygote)
+        exited = None if hold is None else hold.start
+        outcome = _supervise(proc, tracker, reader, t0, timeout_s, tick, tick_s, zygote, exited)
         if relay is not None:
             relay.join(timeout=5.0)
             if not relay.is_alive() and proc.stdout is not None:
@@ -214,7 +217,7 @@ def launch(
             cgroup.remove()
         if adopting:
             ending.set_subreaper(False)
-        if in_main:
+        if own_sigterm:
             signal.signal(signal.SIGTERM, previous)
     return Launch(
         exit_code=int(proc.returncode),
@@ -257,15 +260,20 @@ def _supervise(
     tick: Callable[[float], None] | None,
     tick_s: float,
     zygote: ZygoteRun | None = None,
+    exited: Callable[[], None] | None = None,
 ) -> _Outcome:
     """Wait for torchrun; end the tree on a timeout, a rank gone mid-suite, the zygote's death,
-    ^C or SIGTERM."""
+    ^C or SIGTERM. `exited` is called as soon as torchrun is known to have exited, on every
+    path (on ^C still inside the ending's shield): a signal before it is this launch's
+    interruption, one after it is the caller's to hold."""
+    exited = (lambda: None) if exited is None else exited
     watch = ending.DeadRankWatch(reader, tracker, None if zygote is None else zygote.reaped)
     exit_wait = ExitWait(proc)
     next_scan = 0.0
     try:
         while True:
             if exit_wait.wait(tick_s):
+                exited()
                 return _Outcome()
             if time.monotonic() >= next_scan:
                 tracker.scan()
@@ -276,15 +284,18 @@ def _supervise(
             if elapsed > timeout_s:
                 tracker.end_all(grace_s=SHUTDOWN_TIMEOUT_S + 5)
                 proc.wait()
+                exited()
                 return _Outcome(timed_out=True)
             if zygote is not None and zygote.died() is not None:
                 tracker.end_all(grace_s=SHUTDOWN_TIMEOUT_S + 5)
                 proc.wait()
+                exited()
                 return _Outcome(zygote_died=True)
             dead = watch.overdue()
             if dead:
                 tracker.end_all(grace_s=SHUTDOWN_TIMEOUT_S + 5)
                 proc.wait()
+                exited()
                 return _Outcome(dead_ranks=tuple(dead))
     except KeyboardInterrupt as exc:
         sig = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
@@ -294,6 +305,7 @@ def _supervise(
         with ending.Shield() as shield:  # a second ^C hurries the ending, never aborts it
             tracker.end_all(grace_s=5.0, hurry=shield.hurry)
             proc.wait()
+            exited()
         return _Outcome(interrupted=interrupted)
     except BaseException:
         tracker.end_all(grace_s=5.0)
@@ -379,21 +391,39 @@ def run(
     )
     progress = make_progress(stream, plain=bool(options.tee)) if progress is None else progress
     reader = RecordReader(out_dir / "records", options.world_size)
-    try:
-        result = launch(
-            plan,
-            tick=poller(reader, progress),
-            console=stream if options.tee else None,
-            reader=reader,
-        )
-    except BaseException:
-        progress.close()
-        raise
-    seen = snapshot(reader, result.elapsed_s, fresh=True)
-    progress.close(seen)
-    # Every ending, from here: the bundle is written even if ^C comes again meanwhile.
-    with ending.Shield():
-        return _finish(options, evidence, stream, plan, marker, result, seen)
+    # Every ending, from torchrun's exit on: the bundle is finished even if ^C or SIGTERM comes
+    # meanwhile, and such a signal is still the run's interruption.
+    with ending.Hold() as held:
+        try:
+            result = launch(
+                plan,
+                tick=poller(reader, progress),
+                console=stream if options.tee else None,
+                reader=reader,
+                hold=held,
+            )
+        except BaseException:
+            progress.close()
+            raise
+        held.start()  # the launch started it as torchrun exited; this is the latest moment
+        seen = snapshot(reader, result.elapsed_s, fresh=True)
+        progress.close(seen)
+        code = _finish(options, evidence, stream, plan, marker, result, seen, held)
+    return _held_exit(stream, held, result, code)
+
+
+def _held_exit(stream: TextIO, held: ending.Hold, result: Launch, code: int) -> int:
+    """The exit code once the bundle is done: a signal held too late to be named in the
+    receipt still makes the run exit as an interrupted run does, and says so."""
+    late = held.interruption()
+    if result.interrupted is not None or late is None or held.named:
+        return code
+    _say(
+        stream,
+        f"dcpqual run: interrupted by {late.signal} after the verdict was decided (too late "
+        f"for the receipt to name it); exiting {late.exit_code}",
+    )
+    return late.exit_code
 
 
 def _finish(
@@ -404,6 +434,7 @@ def _finish(
     marker: NodeState,
     result: Launch,
     seen: Snapshot,
+    held: ending.Hold,
 ) -> int:
     """Scrub first, then name the interruption, set strays aside, write and verify the bundle."""
     out_dir = plan.out_dir
@@ -445,6 +476,7 @@ def _finish(
     )
     collect_rank_logs(out_dir, options.world_size, options.nproc_per_node)
     strays = evidence.set_aside(out_dir)
+    result = held.name_in(result, seen)  # a signal held since torchrun exited interrupted it
     ctx = run_context(plan, result, nodes=markers)
     scrub = Scrub(changed=list(scrubbed.changed), renamed=list(scrubbed.renamed))
     ctx = replace(ctx, extra=ctx.extra.model_copy(update={"scrub": scrub, "strays": strays}))
