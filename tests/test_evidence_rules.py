@@ -24,6 +24,7 @@ from harness.evidence.schema import (
     Geometry,
     Gpu,
     Image,
+    Models,
     NegativeControl,
     Ranks,
     Run,
@@ -36,6 +37,7 @@ CPU = Environment(torch="2.13.0", cuda=None, nccl=None, device_names=["cpu"], py
 GPU = CPU.model_copy(update={"gpus": [Gpu(index=0, name="RTX PRO 6000")]})
 NCCL = Geometry(world_size=16, nnodes=1, nproc_per_node=16, backend="nccl", tp=16, dcp=16)
 GLOO = NCCL.model_copy(update={"backend": "gloo"})
+REAL_TREES = Models(real=["kimi-k3"])  # vLLM's own tree built, saying nothing of itself
 LOCK_SHA = "cd" * 32
 LOCKED = Image(
     reference="img",
@@ -102,6 +104,8 @@ def test_a_narrowed_selection_is_never_qualified_and_is_a_required_limitation(se
         transports=["b12x"],
         ranks=Ranks(expected=16, reported=16, complete=16),
         sources={},
+        models=REAL_TREES,
+        warm_impl="vllm",
     )
     whole = rules.required_limitations(**facts, selection=WHOLE)  # type: ignore[arg-type]
     narrowed = rules.required_limitations(**facts, selection=selection)  # type: ignore[arg-type]
@@ -163,11 +167,16 @@ def test_required_limitations_follow_the_facts() -> None:
             transports=["b12x"],
             ranks=Ranks(expected=16, reported=16, complete=16),
             sources={},
+            models=REAL_TREES,
+            warm_impl="vllm",
         )
         facts.update(changes)
         return set(rules.required_limitations(**facts))  # type: ignore[arg-type]
 
-    assert required() == {"sources"}  # no git identity for the harness in this fake
+    # no git identity for the harness in this fake; a real tree's layers never run forward
+    assert required() == {"sources", "real-decode"}
+    assert "real-trees" in required(models=Models())
+    assert "warm-impl" in required(warm_impl="vendored")
     assert "gpu-capture" in required(capture=MIXED)
     assert "nccl" in required(geometry=GLOO.model_copy(update={"nnodes": 2, "nproc_per_node": 8}))
     assert "b12x-transport" in required(transports=["torch-dist"])

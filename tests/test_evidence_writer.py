@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -280,7 +281,7 @@ def test_a_run_that_selected_no_test_is_not_a_pass(tmp_path: Path) -> None:
     assert verify_bundle(out).ok
 
 
-def gpu_environment(**_: object) -> Environment:
+def gpu_environment(hosts: Iterable[str] = (), **_: object) -> Environment:
     return Environment(
         torch="2.13.0",
         cuda="13.3",
@@ -288,6 +289,7 @@ def gpu_environment(**_: object) -> Environment:
         device_names=["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 4,
         python="3.11.7",
         host="gpu-node",
+        hosts=list(hosts),
         gpus=[Gpu(index=i, name="NVIDIA RTX PRO 6000", uuid=f"GPU-{i}") for i in range(4)],
         nvml=True,
     )
