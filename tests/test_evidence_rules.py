@@ -26,6 +26,7 @@ from harness.evidence.schema import (
     Geometry,
     Gpu,
     Image,
+    Models,
     NegativeControl,
     Ranks,
     Run,
@@ -41,6 +42,7 @@ CPU = Environment(torch="2.13.0", cuda=None, nccl=None, device_names=["cpu"], py
 GPU = CPU.model_copy(update={"gpus": [Gpu(index=0, name="RTX PRO 6000")]})
 NCCL = Geometry(world_size=16, nnodes=1, nproc_per_node=16, backend="nccl", tp=16, dcp=16)
 GLOO = NCCL.model_copy(update={"backend": "gloo"})
+REAL_TREES = Models(real=["kimi-k3"])  # vLLM's own tree built, saying nothing of itself
 LOCK_SHA = "cd" * 32
 LOCKED = Image(
     reference="img",
@@ -82,6 +84,8 @@ QUALIFYING: dict[str, object] = dict(
     ranks=Ranks(expected=16, reported=16, complete=16),
     sources={"dcpqual": CLEAN_CHECKOUT},
     selection=WHOLE,
+    models=REAL_TREES,
+    warm_impl="vllm",
 )
 
 
@@ -94,7 +98,8 @@ def status(verdict: Verdict = "pass", env: Environment = GPU, **changes: object)
 
 
 def test_a_run_with_every_path_run_is_qualified_and_admits_only_its_single_node() -> None:
-    assert required_of().keys() == {"multi-node"}
+    # every real-tree run admits that the layers' own forward did not run (`real-decode`)
+    assert required_of().keys() == {"multi-node", "real-decode"}
     assert status() == "qualified"
     assert status("fail") == "not-qualified"
     assert status(env=CPU) == "source-qualified"
@@ -212,11 +217,16 @@ def test_required_limitations_follow_the_facts() -> None:
             transports=["b12x"],
             ranks=Ranks(expected=16, reported=16, complete=16),
             sources={},
+            models=REAL_TREES,
+            warm_impl="vllm",
         )
         facts.update(changes)
         return set(rules.required_limitations(**facts))  # type: ignore[arg-type]
 
-    assert required() == {"sources"}  # no git identity for the harness in this fake
+    # no git identity for the harness in this fake; a real tree's layers never run forward
+    assert required() == {"sources", "real-decode"}
+    assert "real-trees" in required(models=Models())
+    assert "warm-impl" in required(warm_impl="vendored")
     assert "gpu-capture" in required(capture=MIXED)
     assert "nccl" in required(geometry=GLOO.model_copy(update={"nnodes": 2, "nproc_per_node": 8}))
     assert "b12x-transport" in required(transports=["torch-dist"])

@@ -11,7 +11,7 @@ import pytest
 from harness.cli import main
 from harness.errors import UsageError
 from harness.evidence.collect import RankFiles, model_sources
-from harness.evidence.writer import _real_tree_limitations
+from harness.evidence.rules import real_tree_limitations
 from harness.launch import launcher
 from harness.launch.plan import RunOptions, build_plan
 from harness.schema.plan import RankPlan
@@ -93,10 +93,12 @@ def test_model_sources_merge_the_ranks_trees():
 
 
 def test_limitations_name_real_trees_and_shims_or_say_none_ran():
-    none = _real_tree_limitations(model_sources(RankFiles(world_size=1, records={})))
-    assert none["real-trees"].startswith("no real vLLM tree was built")
+    none = model_sources(RankFiles(world_size=1, records={}))
+    text = real_tree_limitations(models=none, sources={})["real-trees"]
+    assert text.endswith("only stand-in model classes ran, not vLLM's own")
     records = {0: RankRecord(rank=0, world_size=1, extra={"real_trees": [_tree(0)]})}
-    some = _real_tree_limitations(model_sources(RankFiles(world_size=1, records=records)))
+    built = model_sources(RankFiles(world_size=1, records=records))
+    some = real_tree_limitations(models=built, sources={})
     assert some["real-trees"] == "kimi-k3 built from vLLM's own classes"
     assert some["real-tree shim x"] == "y"
     assert "forward" in some["real-decode"]

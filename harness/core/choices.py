@@ -13,6 +13,7 @@ __all__ = [
     "MODEL_CHOICES",
     "MODEL_FAMILIES",
     "RECOGNIZER_SET_NAMES",
+    "VLLM_WARM_IMPL",
     "WARM_IMPL_NAMES",
 ]
 
@@ -37,3 +38,6 @@ RECOGNIZER_SET_NAMES: tuple[str, ...] = ("vendored", "before-kimi")
 # Built-in warm implementations (`--warm-impl`); other names (vllm, package.module:function)
 # are resolved by importing what they name.
 WARM_IMPL_NAMES: tuple[str, ...] = ("vendored", "before-kimi")
+# Production's own warm function (the B12X fork's kernel_warmup), on vLLM's real trees: the one
+# warm code the evidence does not call a copy.
+VLLM_WARM_IMPL = "vllm"

@@ -227,6 +227,11 @@ def transports(ranks: RankFiles) -> list[str]:
     return sorted({t for record in ranks.records.values() for t in record.extra.used_transports()})
 
 
+def rank_hosts(ranks: RankFiles) -> list[str]:
+    """The hostnames the rank records report, each once, sorted (records without one: none)."""
+    return sorted({record.hostname for record in ranks.records.values() if record.hostname})
+
+
 def model_sources(ranks: RankFiles) -> Models:
     """Which model trees the ranks built from vLLM's own classes (record `extra.real_trees`):
     the models, one tree per distinct configuration, the largest build time and peak RSS, and

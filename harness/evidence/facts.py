@@ -15,6 +15,8 @@ from harness.evidence.collect import (
     coverage_of,
     load_records,
     merge_signatures,
+    model_sources,
+    rank_hosts,
     selection_of,
     summarize_capture,
     transports,
@@ -23,6 +25,7 @@ from harness.evidence.junit import MergedJUnit, merge_junit, tallies
 from harness.evidence.schema import (
     Capture,
     Coverage,
+    Models,
     NegativeControl,
     Ranks,
     Run,
@@ -47,6 +50,8 @@ class RankFacts:
     coverage: Coverage | None
     transports: list[str]
     selection: Selection | None
+    models: Models  # vLLM's real trees the ranks built
+    hosts: list[str]  # the hostnames the ranks ran on
     run: Run
 
 
@@ -73,5 +78,7 @@ def rank_facts(out_dir: Path, world_size: int, run: Run) -> RankFacts:
         coverage=coverage_of(rank_files),
         transports=transports(rank_files),
         selection=selection_of(rank_files),
+        models=model_sources(rank_files),
+        hosts=rank_hosts(rank_files),
         run=run,
     )

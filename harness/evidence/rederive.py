@@ -11,11 +11,14 @@ The geometry is held to the records too: every record names its world size, back
 code, node and local rank, and (since records name them) the tp and dcp its suites qualified,
 so a receipt cannot claim NCCL, more nodes, another TP/DCP or another layout than the ranks ran
 with (and so drop the limitations those would require). What the ranks' pytest was told to
-select is held to the records too, so a narrowed run cannot drop its `selection` limitation.
+select is held to the records too, so a narrowed run cannot drop its `selection` limitation,
+and so are the real vLLM trees the ranks built (`models`, which the real-tree limitations follow
+from) and the hosts they ran on (`environment.hosts`).
 
 Not re-derived, because no file in the bundle records it independently: the run's exit code
-and timeout (the launcher's view), tp and dcp of records that predate them, the environment,
-sources and image, and the root cause's text (it may quote torchrun's error file). The root
+and timeout (the launcher's view; verify holds them to the launcher's record of the launch in
+the receipt), tp and dcp of records that predate them, the rest of the environment, sources
+and image, and the root cause's text (it may quote torchrun's error file). The root
 cause's rank, test and kind are re-derived whenever the records name a cause (not for an
 interruption, which only the launcher saw, nor for the fallbacks to torchrun's error file,
 JUnit or the verdict's reasons).
@@ -128,6 +131,8 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
     yield r, "signatures", dump(receipt.signatures), dump(facts.signatures)
     yield r, "transports", receipt.transports, facts.transports
     yield r, "selection", dump(receipt.selection), dump(facts.selection)
+    yield r, "models", dump(receipt.models), dump(facts.models)
+    yield r, "environment.hosts", receipt.environment.hosts, facts.hosts
     yield from _launch_facts(receipt, rank_files)
     yield from _ending_facts(receipt, rank_files, dump)
     yield r, "failures", receipt.failures, stated_reasons  # last: it sums up the facts above

@@ -18,23 +18,28 @@ check that a receipt's verdict, status and limitations follow from its own facts
   from a clean harness checkout, and every rank finished and left its JUnit report;
   `source-qualified` for any other passing run (a CPU run, a GPU run outside a locked image, or
   one short of any of these).
+- The run's exit code and timeout follow from the launcher's record of its torchrun and, in a
+  multi-node run, every node's marker (`launched_outcome`).
 - Limitations are `{key, text}` values, written as "<key>: <text>" lines too; the keys of
-  `required_limitations` are the ones verify insists on.
+  `required_limitations` are the ones verify insists on: each follows from facts verify holds
+  to the bundle's records (the real trees the ranks built, the warm code, the geometry, ...).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol
 
+from harness.core.choices import VLLM_WARM_IMPL
 from harness.schema.base import Limitation
 from harness.schema.image import Image
-from harness.schema.launch import Interruption, NodeState, ZygoteState
+from harness.schema.launch import Interruption, Launch, NodeState, ZygoteState
 from harness.schema.receipt import (
     Capture,
     Coverage,
     Environment,
     Geometry,
+    Models,
     NegativeControl,
     Ranks,
     Run,
@@ -180,6 +185,34 @@ def leftover_reason(run: Run) -> str | None:
     )
 
 
+class LaunchedOutcome(NamedTuple):
+    """How the run's torchrun ended, as the receipt's `run.exit_code` and `run.timed_out`."""
+
+    exit_code: int
+    timed_out: bool
+
+
+def launched_outcome(
+    launch: Launch, nodes: Mapping[str, NodeState | None] | None = None
+) -> LaunchedOutcome:
+    """The run's outcome from node 0's launch and, with several nodes, every node's last marker
+    (keyed by node rank): the run failed if any node's torchrun did, a node that never said it
+    finished counts as a failure, and the first failing node's code (in node order) is kept."""
+    exit_code, timed_out = launch.exit_code, launch.timed_out
+    for _, marker in sorted((nodes or {}).items(), key=lambda item: _node_order(item[0])):
+        if marker is None or marker.state != "finished":
+            exit_code = exit_code or 1
+            continue
+        timed_out = timed_out or marker.timed_out
+        if marker.exit_code:
+            exit_code = exit_code or int(marker.exit_code)
+    return LaunchedOutcome(exit_code, timed_out)
+
+
+def _node_order(key: str) -> tuple[int, str]:
+    return (int(key), "") if key.isdigit() else (-1, key)
+
+
 def interruption_message(interrupted: Interruption) -> str:
     """How an interrupted run is named: the signal, when, and how far the tests had got."""
     return interrupted.message()
@@ -244,11 +277,14 @@ def required_limitations(
     ranks: Ranks,
     sources: dict[str, Source],
     selection: Selection | None = None,
+    models: Models,
+    warm_impl: str,
     zygote: ZygoteState | None = None,
     nodes: Mapping[str, NodeState | None] | None = None,
     coverage: Coverage | None = None,
 ) -> dict[str, str]:
     """{key: text} for every path that did not run; verify checks that each key is listed.
+    `models`: vLLM's real trees the ranks built; `warm_impl`: the warm code the ranks ran;
     `zygote`: how the launch says its ranks started (None: torchrun started each); `nodes`:
     every node's marker in a multi-node run, which says the same of that node; `coverage`:
     what the records say ran (None: not recorded)."""
@@ -315,8 +351,44 @@ def required_limitations(
             f"the harness checkout was dirty (e.g. {shown}): commit and tree do not fully "
             "identify the code that ran"
         )
+    if warm_impl != VLLM_WARM_IMPL:
+        out["warm-impl"] = f"the warm code qualified is the {warm_impl!r} copy, not vLLM's own"
+    for key, text in real_tree_limitations(models=models, sources=sources).items():
+        out[key] = f"{out[key]}; {text}" if key in out else text
     out.update(skip_limitation(coverage))
     return out
+
+
+def real_tree_limitations(*, models: Models, sources: Mapping[str, Source]) -> dict[str, str]:
+    """What the run did not build of vLLM's real trees: with none built, that only stand-ins
+    ran and why (vLLM absent, or installed and not asked for a tree: `sources` says which);
+    otherwise that their layers' forward did not run, and what each tree built says of itself
+    (its classes, the shims it ran under, what it left out)."""
+    if not models.real:
+        vllm = sources.get("vllm")
+        if vllm is None:
+            why = "vLLM is not installed, so no real vLLM tree was built"
+        else:
+            version = f"vLLM {vllm.version}" if vllm.version else "vLLM"
+            why = (
+                f"{version} is installed but the run built none of its trees (--models "
+                "stand-in, or no selected test built one)"
+            )
+        return {"real-trees": f"{why}: only stand-in model classes ran, not vLLM's own"}
+    said: dict[str, list[str]] = {
+        "real-decode": [
+            "on the real trees the decode step calls each layer's own dcp_manager.query_gather "
+            "and combine (routed through the transport registry: vLLM's combines are "
+            "Triton-only) with queries shaped as MLADCPManager was built; the layers' forward "
+            "(paged KV cache, forward_mqa, W_UK/W_UV) did not run"
+        ]
+    }
+    for tree in models.trees:  # what several trees say alike is said once
+        for item in tree.limitations:
+            texts = said.setdefault(item.key, [])
+            if item.text not in texts:
+                texts.append(item.text)
+    return {key: "; ".join(texts) for key, texts in said.items()}
 
 
 def skip_limitation(coverage: Coverage | None) -> dict[str, str]:
@@ -380,15 +452,9 @@ def hash_seed_limitation(
     }
 
 
-def advisory_limitations(
-    *, sources: dict[str, Source], warm_impl: str, backend: str, nvml: bool, notes: list[str]
-) -> dict[str, str]:
+def advisory_limitations(*, backend: str, nvml: bool, notes: list[str]) -> dict[str, str]:
     """{key: text} worth a reviewer's attention that verify does not insist on."""
     out: dict[str, str] = {}
-    if "vllm" not in sources:
-        out["vllm"] = "vLLM is not installed: stand-in model classes were used, not vLLM's own"
-    if warm_impl != "vllm":
-        out["warm-impl"] = f"the warm code qualified is the {warm_impl!r} copy, not vLLM's own"
     if backend == "nccl" and not nvml:
         out["gpu-facts"] = "nvidia-ml-py was not importable: GPU UUIDs and driver not from NVML"
     if notes:

@@ -8,13 +8,15 @@ Four layers, each problem one line that starts with the file it is about:
    is in the receipt's `files` map and the reverse (but for the three files that map cannot
    cover), so a file added to both the folder and SHA256SUMS is caught.
 2. Schema: receipt.json validates as "dcpqual-receipt/v1".
-3. Consistency: tallies equal junit/merged.xml; verdict, status, root cause and required
-   limitations follow from the receipt's own facts (harness.evidence.rules); every file
-   under `strays/` is a stray the receipt names as moved there, and the reverse
-   (harness.evidence.strays), so the strays that fail a run cannot be dropped from it.
+3. Consistency: tallies equal junit/merged.xml; the run's exit code and timeout follow from the
+   launcher's record of the launch; verdict, status, root cause and required limitations
+   follow from the receipt's own facts (harness.evidence.rules); every file under `strays/` is
+   a stray the receipt names as moved there, and the reverse (harness.evidence.strays), so the
+   strays that fail a run cannot be dropped from it.
 4. Re-derivation: the receipt's verdict, failures, ranks, tallies, coverage, capture, negative
-   control, signatures and transports equal what the hash-covered rank records and JUnit
-   reports say (harness.evidence.rederive), naming the first field that differs; and
+   control, signatures, transports, real trees and hosts equal what the hash-covered rank
+   records and JUnit reports say (harness.evidence.rederive), naming the first field that
+   differs; and
    summary.md is exactly what the receipt renders (harness.evidence.summary).
 
 JSON is read bounded and strict (harness.jsonfile): a receipt that is a FIFO, a device, huge or
@@ -212,6 +214,7 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
             if bad_ranks:
                 problems.append(f"{MERGED_JUNIT}: cases of ranks {bad_ranks} beyond world size")
 
+    problems += _check_launched(receipt)
     reasons = rules.failure_reasons_of(receipt)
     verdict = rules.verdict_of(reasons)
     if receipt.verdict != verdict:
@@ -254,6 +257,26 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
     return problems
 
 
+def _check_launched(receipt: Receipt) -> list[str]:
+    """`run.exit_code` and `run.timed_out` are what the launcher's record of its torchrun (and
+    every node's marker) give; receipts from before that record have none to hold them to."""
+    extra = receipt.run.extra
+    if extra.launch is None:
+        return []
+    outcome = rules.launched_outcome(extra.launch, extra.nodes)
+    where = "run.extra.launch" + (", run.extra.nodes" if extra.nodes else "")
+    pairs = [
+        ("exit_code", receipt.run.exit_code, outcome.exit_code),
+        ("timed_out", receipt.run.timed_out, outcome.timed_out),
+    ]
+    return [
+        f"{RECEIPT_NAME}: run.{name} is {stated} but the launcher's record of the launch "
+        f"({where}) says {launched}"
+        for name, stated, launched in pairs
+        if stated != launched
+    ]
+
+
 def required_limitations_of(receipt: Receipt) -> dict[str, str]:
     """The limitations the rules require of this receipt's facts, key -> text."""
     launch = receipt.run.extra.launch
@@ -266,6 +289,8 @@ def required_limitations_of(receipt: Receipt) -> dict[str, str]:
         ranks=receipt.ranks,
         sources=receipt.sources,
         selection=receipt.selection,
+        models=receipt.models,
+        warm_impl=receipt.warm_impl,
         zygote=None if launch is None else launch.zygote,
         nodes=receipt.run.extra.nodes,
         coverage=receipt.coverage,

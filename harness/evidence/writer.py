@@ -22,7 +22,7 @@ from harness import __version__
 from harness.atomic import atomic_write_bytes
 from harness.errors import UsageError
 from harness.evidence import rules
-from harness.evidence.collect import find_root_cause, model_sources
+from harness.evidence.collect import find_root_cause
 from harness.evidence.ending import failed_tests, ranks_rootdir
 from harness.evidence.environment import capture_environment
 from harness.evidence.facts import rank_facts
@@ -36,7 +36,7 @@ from harness.evidence.files import (
 )
 from harness.evidence.redact import Scrubber, ScrubReport, scrub_folder, secret_values
 from harness.evidence.run_context import RunContext
-from harness.evidence.schema import SCHEMA, Geometry, Image, Models, Receipt, RootCause, Run
+from harness.evidence.schema import SCHEMA, Geometry, Image, Receipt, RootCause, Run
 from harness.evidence.sources import capture_sources
 from harness.evidence.summary import render_summary
 from harness.schema.base import limitation_lines
@@ -105,26 +105,6 @@ def _check_only_files(out_dir: Path) -> None:
             raise UsageError(f"{entry.path} is a {entry.kind}, not a file; a bundle holds files")
         if unsafe_name(entry.relpath):
             raise UsageError(f"{entry.path!r}: a bundle cannot list a name with '\\' or newline")
-
-
-def _real_tree_limitations(models: Models) -> dict[str, str]:
-    """What the ranks' real trees say about themselves (classes real, shims, left out), or
-    that no real tree ran."""
-    if not models.real:
-        return {"real-trees": "no real vLLM tree was built (--models stand-in): only stand-ins ran"}
-    out: dict[str, str] = {
-        "real-decode": (
-            "on the real trees the decode step calls each layer's own dcp_manager.query_gather "
-            "and combine (routed through the transport registry: vLLM's combines are "
-            "Triton-only) with queries shaped as MLADCPManager was built; the layers' forward "
-            "(paged KV cache, forward_mqa, W_UK/W_UV) did not run"
-        )
-    }
-    for tree in models.trees:
-        for item in tree.limitations:
-            key, text = item.key, item.text
-            out[key] = f"{out[key]}; {text}" if key in out and text not in out[key] else text
-    return out
 
 
 def scrubber() -> Scrubber:
@@ -220,17 +200,16 @@ def assemble_receipt(
     if verdict == "fail":
         root_cause = find_root_cause(
             rank_files,
-            timed_out=ctx.timed_out,
+            timed_out=run.timed_out,
             torchrun_error=ctx.torchrun_error,
             junit_failures=merged.failures(),
             reasons=reasons,
             interrupted=_interruption(run),
         )
         root_cause = _with_stack_dump(out_dir, root_cause)
-    environment = capture_environment(hosts=(r.hostname for r in rank_files.records.values()))
+    environment = capture_environment(hosts=facts.hosts)
     sources = capture_sources()
     used_transports = facts.transports
-    models = model_sources(rank_files)
     required = rules.required_limitations(
         geometry=geometry,
         image=image,
@@ -240,6 +219,8 @@ def assemble_receipt(
         ranks=facts.ranks,
         sources=sources,
         selection=facts.selection,
+        models=facts.models,
+        warm_impl=ctx.warm_impl,
         zygote=None if ctx.extra.launch is None else ctx.extra.launch.zygote,
         nodes=ctx.extra.nodes,
         coverage=facts.coverage,
@@ -247,14 +228,11 @@ def assemble_receipt(
     limitation_items = rules.render_limitations(
         required,
         rules.advisory_limitations(
-            sources=sources,
-            warm_impl=ctx.warm_impl,
             backend=geometry.backend,
             nvml=environment.nvml,
             notes=[*merged.notes, *_unreadable_notes(rank_files.unreadable)],
         ),
         dict(ctx.limitations),
-        _real_tree_limitations(models),
     )
     receipt = Receipt(
         schema=SCHEMA,
@@ -276,7 +254,7 @@ def assemble_receipt(
         selection=facts.selection,
         warm_impl=ctx.warm_impl,
         transports=used_transports,
-        models=models,
+        models=facts.models,
         ranks=facts.ranks,
         coverage=facts.coverage,
         run=run,
@@ -287,12 +265,17 @@ def assemble_receipt(
 
 
 def _launched(ctx: RunContext) -> Run:
-    """How the launcher started the run and saw it end (no rank file records this)."""
+    """How the launcher started the run and saw it end (no rank file records this): the exit
+    code and timeout from its record of the launch where it left one, by the rule verify holds
+    them to."""
+    exit_code, timed_out = ctx.exit_code, ctx.timed_out
+    if ctx.extra.launch is not None:
+        exit_code, timed_out = rules.launched_outcome(ctx.extra.launch, ctx.extra.nodes)
     return Run(
         command=list(ctx.command),
         pytest_args=list(ctx.pytest_args),
-        exit_code=ctx.exit_code,
-        timed_out=ctx.timed_out,
+        exit_code=exit_code,
+        timed_out=timed_out,
         started_at=ctx.started_at,
         finished_at=ctx.finished_at,
         extra=ctx.extra,

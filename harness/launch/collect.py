@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from harness.evidence import rules
 from harness.evidence.run_context import RunContext, TorchrunFailure
 from harness.image.identity import image_for_run
 from harness.jsonfile import read_json
@@ -97,22 +98,15 @@ def run_context(
     nodes: dict[int, NodeState | None] | None = None,
 ) -> RunContext:
     """The hand-off to `finalize_bundle`. With several nodes, the run failed if any node's
-    torchrun did, and a node that never reported counts as a failure too."""
+    torchrun did, and a node that never reported counts as a failure too (the rule the receipt
+    is held to, `rules.launched_outcome`)."""
     options = plan.options
-    exit_code, timed_out = result.exit_code, result.timed_out
     extra = RunExtra(
         launch=result,
         options=chosen_options(options),
         nodes=None if nodes is None else {str(k): m for k, m in nodes.items()},
     )
-    if nodes is not None:
-        for marker in nodes.values():
-            if marker is None or marker.state != "finished":
-                exit_code = exit_code or 1
-                continue
-            timed_out = timed_out or marker.timed_out
-            if marker.exit_code:
-                exit_code = exit_code or int(marker.exit_code)
+    exit_code, timed_out = rules.launched_outcome(result, extra.nodes)
     error = first_torchrun_error(plan.out_dir)
     return RunContext(
         world_size=options.world_size,

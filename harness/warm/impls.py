@@ -14,14 +14,14 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from harness.core.choices import VLLM_WARM_IMPL
 from harness.errors import UsageError
 from harness.warm.warmup import WarmReport, warm, warm_before_kimi
 
 WarmFn = Callable[..., WarmReport]
 
 BUILTIN_IMPLS: dict[str, WarmFn] = {"vendored": warm, "before-kimi": warm_before_kimi}
-# Production's own warm function (the B12X fork's kernel_warmup), on vLLM's real trees.
-VLLM_IMPL = "vllm"
+VLLM_IMPL = VLLM_WARM_IMPL
 REQUIRED_KEYWORDS = ("registry", "context", "group", "static_forward_context")
 
 

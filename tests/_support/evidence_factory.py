@@ -89,6 +89,26 @@ def control(rank: int, *, detected: bool = True) -> CaptureRecord:
     )
 
 
+def real_tree(rank: int, model: str = "kimi-k3") -> dict[str, object]:
+    """One of vLLM's own trees as a rank records it, with one shim and the builder's lines."""
+    return {
+        "model": model,
+        "tp": 2,
+        "dcp": 2,
+        "kv_cache_dtype": "auto",
+        "dcp_comm_backend": "ag_rs",
+        "classes": ["vllm.models.kimi_k3.nvidia.mla.MultiHeadLatentAttention"],
+        "shims": ["cuda-stream-objects"],
+        "limitations": [
+            {"key": "real-trees", "text": f"{model} built from vLLM's own classes"},
+            {"key": "real-tree shim cuda-stream-objects", "text": "torch.cuda streams faked"},
+        ],
+        "build_s": 1.0 + rank,
+        "import_s": 10.0,
+        "peak_rss_mib": 800.0 + rank,
+    }
+
+
 def junit_xml(outcomes: Iterable[TestOutcome], hostname: str = "node0") -> str:
     """A report shaped like pytest's --junitxml output for these outcomes."""
     cases = []
@@ -127,8 +147,11 @@ def write_rank(
     transport: str = "torch-dist",
     collected: Sequence[str] = NODES,
     backend: str = "gloo",
+    hostname: str = "node0",
+    real_trees: Sequence[dict[str, object]] = (),
 ) -> None:
-    """One rank's files: records/rank-NN.json and junit/rank-NN.xml (either may be left out)."""
+    """One rank's files: records/rank-NN.json and junit/rank-NN.xml (either may be left out);
+    `real_trees`: vLLM's own trees the rank says it built (`real_tree`)."""
     tests = [passed(n) for n in NODES] if tests is None else list(tests)
     captures = [capture(rank), control(rank)] if captures is None else list(captures)
     if record:
@@ -137,7 +160,7 @@ def write_rank(
             world_size=world,
             local_rank=rank,
             backend=backend,
-            hostname="node0",
+            hostname=hostname,
             pid=1000 + rank,
             started_at="2026-11-29T18:00:00+00:00",
             finished_at="2026-11-29T18:01:00+00:00" if complete else None,
@@ -145,7 +168,7 @@ def write_rank(
             collected=tuple(collected),
             tests=tuple(tests),
             captures=tuple(captures),
-            extra={"transport": transport},
+            extra={"transport": transport, "real_trees": list(real_trees)},
         ).write(rank_record_path(out / "records", rank))
     if junit:
         path = out / "junit" / f"rank-{rank:02d}.xml"
@@ -242,8 +265,8 @@ def timed_out_run(out: Path, world: int = 4) -> RunContext:
     return context(world, exit_code=-9, timed_out=True)
 
 
-def gpu_environment(**_: object) -> Environment:
-    """What `capture_environment` finds on a host with four GPUs."""
+def gpu_environment(hosts: Iterable[str] = (), **_: object) -> Environment:
+    """What `capture_environment` finds on a host with four GPUs, for the ranks' `hosts`."""
     return Environment(
         torch="2.13.0",
         cuda="13.3",
@@ -251,6 +274,7 @@ def gpu_environment(**_: object) -> Environment:
         device_names=["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 4,
         python="3.11.7",
         host="gpu-node",
+        hosts=sorted(set(hosts)),
         gpus=[Gpu(index=i, name="NVIDIA RTX PRO 6000", uuid=f"GPU-{i}") for i in range(4)],
         nvml=True,
     )
