@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, TextIO
 
+from harness.evidence.redact import ScrubFailed
 from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
 from harness.launch.collect import run_context
@@ -407,7 +408,11 @@ def _finish(
 ) -> int:
     """Scrub first, then name the interruption, set strays aside, write and verify the bundle."""
     out_dir = plan.out_dir
-    scrubbed = evidence.scrub_out_dir(out_dir)
+    try:
+        scrubbed = evidence.scrub_out_dir(out_dir)
+    except ScrubFailed as exc:
+        _say(sys.stderr, _secrets_left(out_dir, exc))
+        return 1
     if result.interrupted is not None:
         _say(
             stream,
@@ -443,15 +448,23 @@ def _finish(
     markers = (
         nodes.wait_for_nodes(out_dir, options.nnodes, NODE_WAIT_S) if options.multi_node else None
     )
-    collect_rank_logs(out_dir, options.world_size, options.nproc_per_node)
-    strays = evidence.set_aside(out_dir)
     ctx = run_context(plan, result, nodes=markers)
-    scrub = Scrub(changed=list(scrubbed.changed), renamed=list(scrubbed.renamed))
-    ctx = replace(ctx, extra=ctx.extra.model_copy(update={"scrub": scrub, "strays": strays}))
+    scrub = Scrub(
+        changed=list(scrubbed.changed),
+        renamed=list(scrubbed.renamed),
+        in_place=list(scrubbed.in_place),
+        removed=list(scrubbed.removed),
+    )
     try:
+        collect_rank_logs(out_dir, options.world_size, options.nproc_per_node)
+        strays = evidence.set_aside(out_dir)
+        ctx = replace(ctx, extra=ctx.extra.model_copy(update={"scrub": scrub, "strays": strays}))
         receipt = evidence.finalize_bundle(out_dir, ctx)
+    except ScrubFailed as exc:
+        _say(sys.stderr, _secrets_left(out_dir, exc))
+        return 1
     except OSError as exc:
-        _say(sys.stderr, _unfinished(out_dir, exc))
+        _say(sys.stderr, _unfinished(out_dir, exc, scrubbed.removed))
         return 1
     problems = evidence.verify_bundle(out_dir)
     report(stream, out_dir, receipt, problems)
@@ -462,8 +475,9 @@ def _finish(
     return 0 if passed and not problems and clean else 1
 
 
-def _unfinished(out_dir: Path, exc: OSError) -> str:
-    """One line: the bundle could not be finished, why, and which of its files exist."""
+def _unfinished(out_dir: Path, exc: OSError, removed: tuple[str, ...] = ()) -> str:
+    """One line: the bundle could not be finished, why, which of its files exist, and which
+    files the scrub removed because it could not scrub them (a full disk)."""
     from harness.evidence.files import SUMS_NAME
 
     names = ("junit/merged.xml", "receipt.json", "summary.md", SUMS_NAME)
@@ -473,7 +487,25 @@ def _unfinished(out_dir: Path, exc: OSError) -> str:
     return (
         f"dcpqual run: error: could not finish the bundle in {out_dir}: {why}; written: "
         f"{', '.join(written) or 'none'}; not written: {', '.join(missing)} (the rank files "
-        "are scrubbed and kept)"
+        f"are scrubbed and kept{_except_removed(removed)})"
+    )
+
+
+def _except_removed(removed: tuple[str, ...]) -> str:
+    if not removed:
+        return ""
+    them = "it" if len(removed) == 1 else "they"
+    return f", except {len(removed)} removed because {them} could not be scrubbed: " + ", ".join(
+        removed
+    )
+
+
+def _secrets_left(out_dir: Path, exc: ScrubFailed) -> str:
+    """One line: the scrub could neither clean nor remove some files, so no bundle is written
+    (a bundle would publish them); the person must remove them."""
+    return (
+        f"dcpqual run: error: no bundle written in {out_dir}: {exc}; remove them before "
+        "sharing this folder"
     )
 
 
