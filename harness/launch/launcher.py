@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import re
 import signal
@@ -26,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, TextIO
 
-from harness.evidence.redact import ScrubFailed
+from harness.evidence.redact import Scrubber, ScrubFailed, secret_values
 from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
 from harness.launch.collect import run_context
@@ -310,13 +311,14 @@ _RANK_LINE = re.compile(rb"^\[[A-Za-z_]*(\d+)\]:")
 
 def _relay(pipe: IO[bytes], agent_log: Path, console: TextIO, ranks: tuple[int, ...]) -> None:
     """Copy torchrun's console to agent.log; pass the tee'd ranks' lines to the terminal."""
+    scrub = console_scrubber()
     with agent_log.open("ab") as log:
         for line in pipe:
             log.write(line)
             log.flush()
             match = _RANK_LINE.match(line)
             if match is not None and int(match[1]) in ranks:
-                console.write(line.decode("utf-8", errors="replace"))
+                console.write(scrub.text(line.decode("utf-8", errors="replace"))[0])
                 console.flush()
 
 
@@ -334,8 +336,41 @@ def prepare(options: RunOptions, evidence: Evidence) -> Path:
     )
 
 
+def console_scrubber() -> Scrubber:
+    """The Scrubber for what the launcher prints: the bundle's own (every print form of the
+    secret values in this process's environment, which the ranks inherit), so a secret a test
+    prints or names reaches neither the bundle nor the terminal or CI log."""
+    return _scrubber_of(secret_values(os.environ))
+
+
+@functools.lru_cache(maxsize=4)
+def _scrubber_of(values: tuple[str, ...]) -> Scrubber:
+    return Scrubber.of(values)
+
+
+@dataclass(frozen=True)
+class ScrubbedProgress:
+    """The progress display with the test's id (its only free text) scrubbed before it is
+    drawn: scrubbing the drawn line would miss a secret that a terminal's wrap split."""
+
+    shown: Progress
+
+    def update(self, snap: Snapshot) -> None:
+        self.shown.update(self._clean(snap))
+
+    def close(self, snap: Snapshot | None = None) -> None:
+        self.shown.close(None if snap is None else self._clean(snap))
+
+    @staticmethod
+    def _clean(snap: Snapshot) -> Snapshot:
+        if snap.current is None:
+            return snap
+        return replace(snap, current=console_scrubber().text(snap.current)[0])
+
+
 def _say(stream: TextIO, text: str) -> None:
-    stream.write(text + "\n")
+    """One line to the console, scrubbed of secrets (paths, messages and commands may hold one)."""
+    stream.write(console_scrubber().text(text)[0] + "\n")
     stream.flush()
 
 
@@ -379,6 +414,7 @@ def run(
         f"{options.nproc_per_node}), backend {options.backend}, evidence -> {out_dir}",
     )
     progress = make_progress(stream, plain=bool(options.tee)) if progress is None else progress
+    progress = ScrubbedProgress(progress)
     reader = RecordReader(out_dir / "records", options.world_size)
     try:
         result = launch(
