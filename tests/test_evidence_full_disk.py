@@ -25,7 +25,7 @@ from _support.evidence_factory import passing_run
 from _support.forge import reseal
 from _support.full_disk import fill_disk, full_disk
 
-from harness.evidence import rules
+from harness.evidence import rules, writer
 from harness.evidence.redact import SCRUBBED, Scrubber, ScrubFailed, scrub_folder
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
@@ -225,7 +225,29 @@ def test_a_removed_file_fails_the_run_by_name_and_verify_holds_the_writer_to_it(
     assert any("verdict is pass but its facts say fail" in p for p in verify_bundle(out).problems)
 
 
-def fake_launch(plan, *, tick=None, tick_s=0.5, console=None, reader=None) -> Launch:  # type: ignore[no-untyped-def]
+def test_what_the_writers_own_scrub_removes_is_named_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer scrubs the folder again before it reads it (for callers without the
+    launcher); what that scrub had to remove reaches the receipt and fails the run as well."""
+    monkeypatch.setenv("HF_TOKEN", LONG)
+    out = tmp_path / "bundle"
+    ctx = passing_run(out)
+    (out / "notes.txt").write_text(f"HF_TOKEN={LONG}\n")
+    scrub = writer.scrub_folder
+
+    def on_a_full_disk(root: Path, scrubber: Scrubber) -> Any:
+        with full_disk(overwrite_fails=True):
+            return scrub(root, scrubber)
+
+    monkeypatch.setattr(writer, "scrub_folder", on_a_full_disk)
+    receipt = finalize_bundle(out, ctx)
+    assert receipt.run.extra.scrub is not None and receipt.run.extra.scrub.removed == ["notes.txt"]
+    assert receipt.failures == [rules.unscrubbable_reason(["notes.txt"])]
+    assert leaks(out, LONG) == [] and verify_bundle(out).ok
+
+
+def fake_launch(plan, *, tick=None, tick_s=0.5, console=None, reader=None) -> Launch:
     """torchrun ran; a rank left the secret in its log."""
     log = plan.out_dir / LOG
     log.parent.mkdir(parents=True)

@@ -19,6 +19,7 @@ Secret names are shell-style patterns matched case-insensitively; `DCPQUAL_SECRE
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
 import os
@@ -271,7 +272,10 @@ def _overwrite(path: Path, data: bytes) -> None:
     try:
         view, done = memoryview(data), 0
         while done < len(data):
-            done += os.pwrite(fd, view[done:], done)
+            wrote = os.pwrite(fd, view[done:], done)
+            if wrote <= 0:
+                raise OSError(errno.EIO, f"nothing written over {path.name}")
+            done += wrote
         os.ftruncate(fd, len(data))
         os.fsync(fd)
     finally:
