@@ -278,6 +278,29 @@ def test_a_real_full_disk_is_one_line_and_exit_1(
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+def test_a_real_full_disk_leaves_no_secret_in_the_out_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """rank_fill.py leaves the token in a note and then no byte free, so the scrub that begins
+    the ending meets a real ENOSPC: the note is scrubbed in place, and the one line says so."""
+    mnt = tmp_path / "tiny"
+    if not _mount_tmpfs(mnt, "4m"):
+        pytest.skip("cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN)")
+    token = f"hf_full{uuid.uuid4().hex}"
+    monkeypatch.setenv("HF_TOKEN", token)
+    monkeypatch.setenv("DCPQUAL_FILL_LEAVE_BYTES", "0")
+    try:
+        out = mnt / "bundle"
+        code, _ = run(out, 2, "rank_fill.py")
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1
+        assert "could not finish the bundle" in err[-1], err
+        assert leaks(out, token) == []
+        assert (out / "notes" / "rank-00.txt").read_text() == "HF_TOKEN=[REDACTED]\n"
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
 def _unusable_out(setup: str, tmp_path: Path) -> Path:
     """An --out the launcher cannot write into; skips where this machine cannot make one."""
     if setup == "parent-is-a-file":

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 from _support.identities import RTX, make_identity, write_identity
 from _support.locks import pinned_lock_data, write_lock
-from _support.runs import run
+from _support.runs import SUITES, run
 
+from harness.cli import main
 from harness.evidence import writer
 from harness.evidence.files import walk
 from harness.image import engine, gpu_run
@@ -81,6 +82,30 @@ def test_a_planted_token_never_reaches_the_evidence_of_a_real_run(
     finalize(raw, kept["ctx"])
     unredacted = leaks(raw, token)
     assert {"receipt.json", "summary.md", "junit/merged.xml"} <= set(unredacted), unredacted
+
+
+@pytest.mark.torchrun
+@pytest.mark.xdist_group("torchrun")
+def test_a_planted_token_never_reaches_the_console_of_a_real_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With both ranks tee'd, everything rank_secret.py prints (the token, its test id, the
+    failure naming it) passes through the launcher's console, and none of it shows the token;
+    the ranks' lines do reach it."""
+    token = f"hf_dcpqual{uuid.uuid4().hex}"
+    monkeypatch.setenv("HF_TOKEN", token)
+    out = tmp_path / "bundle"
+    argv = ["run", "--nproc-per-node", "2", "--tp", "2", "--tee", "0,1", "--out", str(out)]
+    code = main([*argv, "--", "-s", str(SUITES / "rank_secret.py")])
+
+    assert code == 1
+    printed = capsys.readouterr()
+    lines = printed.out.splitlines()
+    assert any(ln.startswith("[default0]:") and "HF_TOKEN=[REDACTED]" in ln for ln in lines)
+    refused = "AssertionError: request refused for HF_TOKEN=[REDACTED]"
+    assert any(ln.startswith("[default1]:E ") and refused in ln for ln in lines)
+    assert token not in printed.out and token not in printed.err
+    assert leaks(out, token) == []
 
 
 # -- the gpu16 container, as it reaches the engine ---------------------------------------------

@@ -26,11 +26,13 @@ a package index) makes that password a secret value.
 from __future__ import annotations
 
 import base64
+import errno
 import fnmatch
 import json
 import os
 import re
 import shlex
+import shutil
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -387,10 +389,89 @@ class _Document:
 
 @dataclass(frozen=True)
 class ScrubReport:
-    """What scrubbing a folder changed: files whose bytes changed, names that were renamed."""
+    """What scrubbing a folder changed: files whose bytes changed, names that were renamed;
+    of the changed files those rewritten in place (the atomic rewrite failed: a full disk),
+    and files removed because they could be neither read, renamed nor rewritten."""
 
     changed: tuple[str, ...]
     renamed: tuple[tuple[str, str], ...]
+    in_place: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+
+
+class ScrubFailed(Exception):
+    """Files that still hold a secret: they could be neither scrubbed nor removed. Nothing
+    may be written from such a folder (scrubbed names, never the secret, are listed)."""
+
+    def __init__(self, left: Iterable[str], why: str) -> None:
+        self.left = tuple(left)
+        holds = "holds" if len(self.left) == 1 else "hold"
+        super().__init__(f"{', '.join(self.left)} still {holds} a secret ({why})")
+
+
+def mask_filler(length: int) -> str:
+    """What replaces a secret where the file may not grow: as many characters as it had."""
+    return SCRUBBED.ljust(length, "*") if length >= len(SCRUBBED) else "*" * length
+
+
+def _masked(scrubber: Scrubber, data: bytes) -> bytes:
+    """`data` with every secret form replaced by a filler of its own length (never longer)."""
+    for form in scrubber.forms:
+        raw = form.encode("utf-8")
+        data = data.replace(raw, mask_filler(len(raw)).encode())
+    return data
+
+
+def _overwrite(path: Path, data: bytes) -> None:
+    """Write `data` over the start of `path` and cut the file there: the same inode, and for
+    data no longer than the file no new block (what a full disk still allows)."""
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        view, done = memoryview(data), 0
+        while done < len(data):
+            wrote = os.pwrite(fd, view[done:], done)
+            if wrote <= 0:
+                raise OSError(errno.EIO, f"nothing written over {path.name}")
+            done += wrote
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(
+    path: Path, root: Path, scrubber: Scrubber, removed: list[str], left: list[str]
+) -> None:
+    """Remove a file (or a folder and what it holds) that cannot be scrubbed, naming each file;
+    what cannot even be removed is left for `ScrubFailed`."""
+    files = [path] if not path.is_dir() or path.is_symlink() else _regular_files(path) or [path]
+    names = [scrubber.name(f.relative_to(root).as_posix()) for f in files]
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except OSError:
+        left.extend(n for f, n in zip(files, names, strict=True) if f.exists())
+        names = [n for f, n in zip(files, names, strict=True) if not f.exists()]
+    removed.extend(names)
+
+
+def _rewrite(path: Path, clean: bytes, data: bytes, scrubber: Scrubber) -> bool:
+    """Replace `path`'s bytes with `clean`; True where it had to be done in place.
+
+    Atomically first. Where that fails (no block for the temporary file: a full disk or
+    quota), in place: `clean` where it is no longer than the file, else the file's own bytes
+    with each secret masked to its length, so the file never grows. Raises OSError when even
+    that fails; the caller removes the file.
+    """
+    try:
+        atomic_write_bytes(path, clean)
+        return False
+    except OSError:
+        pass
+    _overwrite(path, clean if len(clean) <= len(data) else _masked(scrubber, data))
+    return True
 
 
 def _regular_files(root: Path) -> list[Path]:
@@ -409,7 +490,10 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
     """Scrub every name under `root`, then every regular file's contents, in place.
 
     Contents are rewritten atomically; a name holding a secret is renamed (never onto an existing
-    name). Links and special files are not followed or read.
+    name). Links and special files are not followed or read. A full disk leaves no secret:
+    a file that cannot be rewritten atomically is rewritten in place, and a file that cannot be
+    read, renamed or rewritten at all is removed; the report names both. `ScrubFailed` where
+    a file holding a secret cannot even be removed.
     """
     changed: list[str] = []
     renamed: list[tuple[str, str]] = []
@@ -420,6 +504,9 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
         (Path(d) / n for d, ds, fs in os.walk(root, followlinks=False) for n in [*ds, *fs]),
         key=lambda p: (-len(p.parts), str(p)),
     )
+    in_place: list[str] = []
+    removed: list[str] = []
+    left: list[str] = []
     for path in entries:
         clean = scrubber.name(path.name)
         if clean == path.name:
@@ -427,7 +514,11 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
         target = path.with_name(clean)
         while target.exists() or target.is_symlink():
             target = target.with_name(target.name + "~")
-        path.rename(target)
+        try:
+            path.rename(target)
+        except OSError:
+            _remove(path, root, scrubber, removed, left)
+            continue
         renamed.append(
             (
                 scrubber.name(path.relative_to(root).as_posix()),
@@ -435,9 +526,22 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
             )
         )
     for path in _regular_files(root):
-        data = path.read_bytes()
-        clean_bytes, hits = scrubber.file_bytes(path.name, data)
+        relpath = path.relative_to(root).as_posix()
+        try:
+            data = path.read_bytes()
+            clean_bytes, hits = scrubber.file_bytes(path.name, data)
+            if hits and _rewrite(path, clean_bytes, data, scrubber):
+                in_place.append(relpath)
+        except OSError:
+            _remove(path, root, scrubber, removed, left)
+            continue
         if hits:
-            atomic_write_bytes(path, clean_bytes)
-            changed.append(path.relative_to(root).as_posix())
-    return ScrubReport(tuple(sorted(set(changed))), tuple(sorted(renamed)))
+            changed.append(relpath)
+    if left:
+        raise ScrubFailed(sorted(set(left)), "could be neither scrubbed nor removed")
+    return ScrubReport(
+        tuple(sorted(set(changed))),
+        tuple(sorted(renamed)),
+        in_place=tuple(sorted(set(in_place))),
+        removed=tuple(sorted(set(removed))),
+    )

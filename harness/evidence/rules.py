@@ -123,6 +123,9 @@ def failure_reasons(
         shown = ", ".join(f"{s.path} ({s.kind})" for s in strays[:5])
         more = f" and {len(strays) - 5} more" if len(strays) > 5 else ""
         reasons.append(f"the run left {len(strays)} entries that are not evidence: {shown}{more}")
+    removed = [] if run.extra.scrub is None else run.extra.scrub.removed
+    if removed:
+        reasons.append(unscrubbable_reason(removed))
     if run.timed_out:
         reasons.append("the run timed out and was killed")
     if coverage is not None and coverage.collected == 0 and ranks.complete:
@@ -211,6 +214,17 @@ def launched_outcome(
 
 def _node_order(key: str) -> tuple[int, str]:
     return (int(key), "") if key.isdigit() else (-1, key)
+
+
+def unscrubbable_reason(removed: list[str]) -> str:
+    """Files removed because they could not be scrubbed of secrets (a full disk) fail the run,
+    not merely limit it: a bundle is judged by what it holds, and what a removed file held (a
+    record, a report, a log that named the failure) no one can check again, as with a stray."""
+    shown = ", ".join(removed[:5]) + (f" and {len(removed) - 5} more" if len(removed) > 5 else "")
+    files = "1 file that could not be scrubbed of secrets was"
+    if len(removed) > 1:
+        files = f"{len(removed)} files that could not be scrubbed of secrets were"
+    return f"{files} removed from the evidence: {shown}"
 
 
 def interruption_message(interrupted: Interruption) -> str:

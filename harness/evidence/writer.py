@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from harness.evidence.schema import SCHEMA, Geometry, Image, Receipt, RootCause,
 from harness.evidence.sources import capture_sources
 from harness.evidence.summary import render_summary
 from harness.schema.base import limitation_lines
+from harness.schema.receipt import Scrub
 
 RECEIPT_NAME = "receipt.json"
 SUMMARY_NAME = "summary.md"
@@ -153,6 +155,7 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     geometry, image = _validated(ctx)  # before anything is touched
     scrub = scrubber()
     first = scrub_folder(out_dir, scrub)  # before anything else is read or written
+    ctx = _with_scrub_losses(ctx, first)
     _check_only_files(out_dir)
     earlier = () if ctx.extra.scrub is None else ctx.extra.scrub.changed
     scrubbed = [*first.changed, *earlier]
@@ -183,6 +186,21 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     listed = [e.relpath for e in walk(out_dir) if e.relpath != SUMS_NAME]
     atomic_write_bytes(out_dir / SUMS_NAME, render_sums(hash_files(out_dir, listed)).encode())
     return receipt
+
+
+def _with_scrub_losses(ctx: RunContext, report: ScrubReport) -> RunContext:
+    """The run's scrub record with what this scrub rewrote in place or removed added (the
+    launcher's scrub ran first; the failure rules read `removed` from the run)."""
+    if not report.in_place and not report.removed:
+        return ctx
+    earlier = ctx.extra.scrub or Scrub()
+    scrub = earlier.model_copy(
+        update={
+            "in_place": sorted({*earlier.in_place, *report.in_place}),
+            "removed": sorted({*earlier.removed, *report.removed}),
+        }
+    )
+    return replace(ctx, extra=ctx.extra.model_copy(update={"scrub": scrub}))
 
 
 def assemble_receipt(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import re
 import signal
@@ -26,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, TextIO
 
+from harness.evidence.redact import Scrubber, ScrubFailed, secret_values
 from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
 from harness.launch.collect import run_context
@@ -321,13 +323,14 @@ _RANK_LINE = re.compile(rb"^\[[A-Za-z_]*(\d+)\]:")
 
 def _relay(pipe: IO[bytes], agent_log: Path, console: TextIO, ranks: tuple[int, ...]) -> None:
     """Copy torchrun's console to agent.log; pass the tee'd ranks' lines to the terminal."""
+    scrub = console_scrubber()
     with agent_log.open("ab") as log:
         for line in pipe:
             log.write(line)
             log.flush()
             match = _RANK_LINE.match(line)
             if match is not None and int(match[1]) in ranks:
-                console.write(line.decode("utf-8", errors="replace"))
+                console.write(scrub.text(line.decode("utf-8", errors="replace"))[0])
                 console.flush()
 
 
@@ -345,8 +348,41 @@ def prepare(options: RunOptions, evidence: Evidence) -> Path:
     )
 
 
+def console_scrubber() -> Scrubber:
+    """The Scrubber for what the launcher prints: the bundle's own (every print form of the
+    secret values in this process's environment, which the ranks inherit), so a secret a test
+    prints or names reaches neither the bundle nor the terminal or CI log."""
+    return _scrubber_of(secret_values(os.environ))
+
+
+@functools.lru_cache(maxsize=4)
+def _scrubber_of(values: tuple[str, ...]) -> Scrubber:
+    return Scrubber.of(values)
+
+
+@dataclass(frozen=True)
+class ScrubbedProgress:
+    """The progress display with the test's id (its only free text) scrubbed before it is
+    drawn: scrubbing the drawn line would miss a secret that a terminal's wrap split."""
+
+    shown: Progress
+
+    def update(self, snap: Snapshot) -> None:
+        self.shown.update(self._clean(snap))
+
+    def close(self, snap: Snapshot | None = None) -> None:
+        self.shown.close(None if snap is None else self._clean(snap))
+
+    @staticmethod
+    def _clean(snap: Snapshot) -> Snapshot:
+        if snap.current is None:
+            return snap
+        return replace(snap, current=console_scrubber().text(snap.current)[0])
+
+
 def _say(stream: TextIO, text: str) -> None:
-    stream.write(text + "\n")
+    """One line to the console, scrubbed of secrets (paths, messages and commands may hold one)."""
+    stream.write(console_scrubber().text(text)[0] + "\n")
     stream.flush()
 
 
@@ -390,6 +426,7 @@ def run(
         f"{options.nproc_per_node}), backend {options.backend}, evidence -> {out_dir}",
     )
     progress = make_progress(stream, plain=bool(options.tee)) if progress is None else progress
+    progress = ScrubbedProgress(progress)
     reader = RecordReader(out_dir / "records", options.world_size)
     # Every ending, from torchrun's exit on: the bundle is finished even if ^C or SIGTERM comes
     # meanwhile, and such a signal is still the run's interruption.
@@ -438,7 +475,11 @@ def _finish(
 ) -> int:
     """Scrub first, then name the interruption, set strays aside, write and verify the bundle."""
     out_dir = plan.out_dir
-    scrubbed = evidence.scrub_out_dir(out_dir)
+    try:
+        scrubbed = evidence.scrub_out_dir(out_dir)
+    except ScrubFailed as exc:
+        _say(sys.stderr, _secrets_left(out_dir, exc))
+        return 1
     if result.interrupted is not None:
         _say(
             stream,
@@ -474,16 +515,24 @@ def _finish(
     markers = (
         nodes.wait_for_nodes(out_dir, options.nnodes, NODE_WAIT_S) if options.multi_node else None
     )
-    collect_rank_logs(out_dir, options.world_size, options.nproc_per_node)
-    strays = evidence.set_aside(out_dir)
-    result = held.name_in(result, seen)  # a signal held since torchrun exited interrupted it
-    ctx = run_context(plan, result, nodes=markers)
-    scrub = Scrub(changed=list(scrubbed.changed), renamed=list(scrubbed.renamed))
-    ctx = replace(ctx, extra=ctx.extra.model_copy(update={"scrub": scrub, "strays": strays}))
+    scrub = Scrub(
+        changed=list(scrubbed.changed),
+        renamed=list(scrubbed.renamed),
+        in_place=list(scrubbed.in_place),
+        removed=list(scrubbed.removed),
+    )
     try:
+        collect_rank_logs(out_dir, options.world_size, options.nproc_per_node)
+        strays = evidence.set_aside(out_dir)
+        result = held.name_in(result, seen)  # a signal held since torchrun exited interrupted it
+        ctx = run_context(plan, result, nodes=markers)
+        ctx = replace(ctx, extra=ctx.extra.model_copy(update={"scrub": scrub, "strays": strays}))
         receipt = evidence.finalize_bundle(out_dir, ctx)
+    except ScrubFailed as exc:
+        _say(sys.stderr, _secrets_left(out_dir, exc))
+        return 1
     except OSError as exc:
-        _say(sys.stderr, _unfinished(out_dir, exc))
+        _say(sys.stderr, _unfinished(out_dir, exc, scrubbed.removed))
         return 1
     problems = evidence.verify_bundle(out_dir)
     report(stream, out_dir, receipt, problems)
@@ -494,8 +543,9 @@ def _finish(
     return 0 if passed and not problems and clean else 1
 
 
-def _unfinished(out_dir: Path, exc: OSError) -> str:
-    """One line: the bundle could not be finished, why, and which of its files exist."""
+def _unfinished(out_dir: Path, exc: OSError, removed: tuple[str, ...] = ()) -> str:
+    """One line: the bundle could not be finished, why, which of its files exist, and which
+    files the scrub removed because it could not scrub them (a full disk)."""
     from harness.evidence.files import SUMS_NAME
 
     names = ("junit/merged.xml", "receipt.json", "summary.md", SUMS_NAME)
@@ -505,7 +555,25 @@ def _unfinished(out_dir: Path, exc: OSError) -> str:
     return (
         f"dcpqual run: error: could not finish the bundle in {out_dir}: {why}; written: "
         f"{', '.join(written) or 'none'}; not written: {', '.join(missing)} (the rank files "
-        "are scrubbed and kept)"
+        f"are scrubbed and kept{_except_removed(removed)})"
+    )
+
+
+def _except_removed(removed: tuple[str, ...]) -> str:
+    if not removed:
+        return ""
+    them = "it" if len(removed) == 1 else "they"
+    return f", except {len(removed)} removed because {them} could not be scrubbed: " + ", ".join(
+        removed
+    )
+
+
+def _secrets_left(out_dir: Path, exc: ScrubFailed) -> str:
+    """One line: the scrub could neither clean nor remove some files, so no bundle is written
+    (a bundle would publish them); the person must remove them."""
+    return (
+        f"dcpqual run: error: no bundle written in {out_dir}: {exc}; remove them before "
+        "sharing this folder"
     )
 
 

@@ -329,10 +329,17 @@ class ChosenOptions(Model):
 
 
 class Scrub(Model):
-    """Files the launcher scrubbed of secrets before the writer ran, and names it renamed."""
+    """Files the launcher scrubbed of secrets before the writer ran, and names it renamed.
+
+    `in_place`: of the scrubbed files, those rewritten where they were because an atomic
+    rewrite failed (a full disk); `removed`: files that could not be scrubbed at all and were
+    removed, so the bundle lacks them (the run fails, naming them).
+    """
 
     changed: list[str] = Field(default_factory=list)
     renamed: list[tuple[str, str]] = Field(default_factory=list)
+    in_place: list[str] = Field(default_factory=list)
+    removed: list[str] = Field(default_factory=list)
 
 
 class Stray(Model):
