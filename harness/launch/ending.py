@@ -172,25 +172,40 @@ def interruption(
     )
 
 
-class Shield:
+class _Handlers:
+    """^C and SIGTERM go to `_on_signal` while inside (from the main thread, the only one that
+    may set handlers); the previous handlers come back on the way out."""
+
+    def __init__(self) -> None:
+        self._previous: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        raise NotImplementedError
+
+    def _install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+class Shield(_Handlers):
     """While the tree is being ended: ^C and SIGTERM set `hurry` instead of raising."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.hurry = threading.Event()
-        self._previous: dict[int, Any] = {}
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.hurry.set()
 
     def __enter__(self) -> Shield:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._on_signal)
+        self._install()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 class Terminated(KeyboardInterrupt):
@@ -213,7 +228,7 @@ class Held:
     after_s: float
 
 
-class Hold:
+class Hold(_Handlers):
     """^C and SIGTERM for a whole `dcpqual run`. While torchrun runs they raise
     (KeyboardInterrupt, `Terminated`), so the launch ends the tree and names the interruption.
     From torchrun's exit (`start`) until the bundle is written and verified they are held:
@@ -223,24 +238,17 @@ class Hold:
 
     def __init__(self, tell: Callable[[str], None] = _tell_stderr) -> None:
         """`tell`: how a held signal is told on the console (from the signal handler)."""
+        super().__init__()
         self.tell = tell
         self.caught: list[Held] = []
         self.holding = False
         self.named = False  # the first caught signal is the interruption the receipt names
         self._t0 = time.monotonic()
-        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> Hold:
         self._t0 = time.monotonic()
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._on_signal)
+        self._install()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
 
     def start(self) -> None:
         """torchrun has exited: from now on a signal is held, not raised."""
