@@ -204,4 +204,12 @@ def run_rank_checks(
     finally:
         gc.collect()
         dist.destroy_process_group()
+    result["cpu_shm_ops"] = cpu_shm_ops()
     return result
+
+
+def cpu_shm_ops() -> bool:
+    """Whether vLLM's CPU build registered its shared-memory communicator's ops here: vLLM's
+    CpuCommunicator reads VLLM_DIST_IDENT (and starts SHM segments) only where it did. Its
+    AVX-512 build has them; the build vLLM loads on a CPU without AVX-512 may not."""
+    return hasattr(torch.ops._C, "init_shm_manager")

@@ -92,6 +92,10 @@ def test_each_shim_is_needed(shim, failure, monkeypatch):
     for r in _spawn((shim,)):
         if shim == "b12x-backend-name":  # builds, but no recognizer sees a B12X layer
             assert r["built"] and r["vendored"]["warmed"] == [], r
+        elif shim == "dist-ident" and not r["cpu_shm_ops"]:
+            # vLLM's CPU build here has no shared-memory communicator, so nothing reads the
+            # identity: the tree builds without it, over torch.distributed
+            assert r["built"] and "error" not in r, r
         else:
             assert not r["built"] and failure in r["error"].lower(), r
 
