@@ -22,6 +22,7 @@ from harness.evidence.collect import find_root_cause, load_records
 from harness.evidence.run_context import TorchrunFailure
 from harness.evidence.schema import (
     Capture,
+    Coverage,
     Environment,
     Geometry,
     Gpu,
@@ -128,6 +129,18 @@ DENIED = [
     ({"sources": {"dcpqual": Source(version="0.1.0")}}, "sources"),
     ({"sources": {"dcpqual": DIRTY_CHECKOUT}}, "sources"),
     ({"ranks": Ranks(expected=16, reported=16, complete=16, missing_junit=[3])}, "ranks"),
+    (
+        {"coverage": Coverage(collected=4, skipped_everywhere=1, first_skipped_everywhere="t")},
+        "skipped",
+    ),
+    (
+        {
+            "coverage": Coverage(
+                collected=4, skipped_on_some_ranks=1, first_skipped_on_some_ranks="t"
+            )
+        },
+        "skipped",
+    ),
 ]
 
 

@@ -15,7 +15,8 @@ check that a receipt's verdict, status and limitations follow from its own facts
   window was a real CUDA graph, inside an image identified by its digest whose build tree was
   clean and whose in-image identity check passed, selecting the whole suites/ folder, with the
   b12x transport and a negative control run, every detector watching every capture window,
-  from a clean harness checkout, and every rank finished and left its JUnit report;
+  from a clean harness checkout, every rank finished and left its JUnit report, and no test
+  skipped on any rank;
   `source-qualified` for any other passing run (a CPU run, a GPU run outside a locked image, or
   one short of any of these).
 - The run's exit code and timeout follow from the launcher's record of its torchrun and, in a
@@ -67,6 +68,7 @@ DENIES_QUALIFIED: Final = frozenset(
         "negative-control",
         "ranks",
         "sources",
+        "skipped",
     }
 )
 
