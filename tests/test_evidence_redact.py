@@ -183,6 +183,22 @@ def test_webhooks_dsns_and_jwts_are_secret_names() -> None:
         assert is_secret_name(name), name
 
 
+def test_password_variables_named_pass_or_pwd_are_secret_names() -> None:
+    for name in ["SMTP_PASS", "DB_PASS", "DB_PASS_FILE", "MYSQL_PWD", "PGPASS_PWD"]:
+        assert is_secret_name(name), name
+    for name in ["PWD", "OLDPWD", "BYPASS", "COMPASS_HOME"]:  # the working folder, not secrets
+        assert not is_secret_name(name), name
+
+
+def test_a_secret_percent_encoded_with_lowercase_escapes_is_scrubbed() -> None:
+    secret = "s3cr3t/Value+with=chars-" + "Q" * 40
+    upper = quote(secret, safe="")
+    lower = re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), upper)
+    assert lower != upper
+    clean, _ = Scrubber.of([secret]).text(f"GET /cb?auth={lower} HTTP/1.1")
+    assert SCRUBBED in clean and lower not in clean
+
+
 def test_the_names_the_harness_records_are_not_secret_names() -> None:
     """What the harness and its ranks set or keep must stay readable in the receipt."""
     for name in [

@@ -125,6 +125,14 @@ def test_progress_snapshot_counts_tests_every_rank_finished(tmp_path):
     assert "tests 0/2" in snap.line() and "ranks alive 2/2" in snap.line()
 
 
+def test_the_running_test_is_shown_without_its_folders_but_with_all_its_parameters(tmp_path):
+    """The console scrub sees the whole parameter: a secret holding '/' is never cut in two."""
+    reader = RecordReader(tmp_path / "records", 1)
+    test = "suites/transport/test_x.py::test_auth[tok/en-value]"
+    write_record(tmp_path, 0, collected=(test,), tests=(), current_test=test)
+    assert snapshot(reader, 1.0).current == "test_x.py::test_auth[tok/en-value]"
+
+
 def test_plain_progress_prints_only_on_change():
     stream = io.StringIO()
     progress = PlainProgress(stream, heartbeat_s=3600)

@@ -52,6 +52,9 @@ DEFAULT_SECRET_PATTERNS: tuple[str, ...] = (
     "*KEY*",
     "*CREDENTIAL*",
     "*_PAT",
+    "*_PASS",
+    "*_PASS_*",
+    "*_PWD",
     "*_AUTH",
     "*_AUTH_*",
     "*COOKIE*",
@@ -170,7 +173,9 @@ def _encodings(text: str) -> set[str]:
     """The encoded forms of `text` that tools write: base64, percent-encoding, hex."""
     raw = text.encode("utf-8")
     forms = _base64_forms(raw) | {raw.hex(), raw.hex().upper()}
-    forms |= {quote(text), quote(text, safe=""), quote_plus(text), quote_plus(text, safe="/")}
+    quoted = {quote(text), quote(text, safe=""), quote_plus(text), quote_plus(text, safe="/")}
+    # %2f is as valid as %2F, and some encoders (and hand-written URLs) write it so
+    forms |= quoted | {re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), q) for q in quoted}
     return {f for f in forms if f}
 
 

@@ -83,10 +83,17 @@ def snapshot(reader: RecordReader, elapsed_s: float, *, fresh: bool = False) -> 
         done=min(len(r.tests) for r in records),
         total=max(len(r.collected) for r in records),
         failed=failed,
-        current=running[0].rsplit("/", 1)[-1] if running else None,
+        current=_short_id(running[0]) if running else None,
         behind=behind,
         waited_s=waited,
     )
+
+
+def _short_id(nodeid: str) -> str:
+    """The test id without its file's folders; a '/' in its parameters stays (it is part of
+    what the console's scrub must see whole)."""
+    path, sep, rest = nodeid.partition("::")
+    return path.rsplit("/", 1)[-1] + sep + rest
 
 
 class _AtTest(Protocol):
