@@ -25,6 +25,12 @@ def skipped(nodeid: str, message: str | None = None) -> TestOutcome:
     return TestOutcome(nodeid=nodeid, outcome="skipped", message=message)
 
 
+def ran_elsewhere(nodeid: str, rank: int) -> TestOutcome:
+    """How the harness records a sub-world case that lane 0 ran, on a rank of another lane."""
+    message = f"{ELSEWHERE_SKIP}lane 0 (ranks 0-1), not on rank {rank}"
+    return TestOutcome(nodeid=nodeid, outcome="skipped", message=message, elsewhere=True)
+
+
 def _bundle(out: Path, per_rank: dict[int, list[TestOutcome]]) -> Path:
     out.mkdir()
     world = len(per_rank)
@@ -69,18 +75,34 @@ def test_a_test_that_ran_on_some_ranks_only_names_both_sets_of_ranks(tmp_path: P
 
 
 def test_a_sub_world_case_another_lane_ran_is_not_a_skip(tmp_path: Path) -> None:
-    elsewhere = skipped(LANE_CASE, f"{ELSEWHERE_SKIP}lane 0 (ranks 0-1), not on rank 2")
-    ranks = {0: [passed(LANE_CASE)], 1: [passed(LANE_CASE)], 2: [elsewhere], 3: [elsewhere]}
+    ranks = {
+        0: [passed(LANE_CASE)],
+        1: [passed(LANE_CASE)],
+        2: [ran_elsewhere(LANE_CASE, 2)],
+        3: [ran_elsewhere(LANE_CASE, 3)],
+    }
     out = _bundle(tmp_path / "b", ranks)
     assert _limitation(out) is None
     assert verify_bundle(out).ok
 
 
 def test_a_sub_world_case_its_own_lane_skipped_is_skipped_everywhere(tmp_path: Path) -> None:
-    elsewhere = skipped(LANE_CASE, f"{ELSEWHERE_SKIP}lane 0 (ranks 0-1), not on rank 2")
-    ranks = {0: [skipped(LANE_CASE)], 1: [skipped(LANE_CASE)], 2: [elsewhere], 3: [elsewhere]}
+    ranks = {
+        0: [skipped(LANE_CASE)],
+        1: [skipped(LANE_CASE)],
+        2: [ran_elsewhere(LANE_CASE, 2)],
+        3: [ran_elsewhere(LANE_CASE, 3)],
+    }
     out = _bundle(tmp_path / "b", ranks)
     assert _limitation(out) is not None and "skipped on every rank" in str(_limitation(out))
+
+
+def test_a_test_s_own_skip_worded_like_a_lane_s_is_still_a_skip(tmp_path: Path) -> None:
+    """Only the harness marks a case as run elsewhere; a test cannot hide its one-rank run by
+    skipping with the harness's wording."""
+    own = skipped(HELD_OUT, f"{ELSEWHERE_SKIP}lane 0 (ranks 0-0), not on rank 1")
+    out = _bundle(tmp_path / "b", {0: [passed(HELD_OUT)], 1: [own]})
+    assert "skipped on some ranks and ran on others" in str(_limitation(out))
 
 
 def test_a_forger_who_drops_the_limitation_is_caught(tmp_path: Path) -> None:

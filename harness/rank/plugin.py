@@ -367,7 +367,9 @@ class RankPlugin:
         item.add_marker(pytest.mark.skip(reason=reason))
         item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         reports = runtestprotocol(item, nextitem=nextitem, log=False)
-        self.keeper.add_test(TestOutcome(nodeid=item.nodeid, outcome="skipped", message=reason))
+        self.keeper.add_test(
+            TestOutcome(nodeid=item.nodeid, outcome="skipped", message=reason, elsewhere=True)
+        )
         for rep in reports:
             item.ihook.pytest_runtest_logreport(report=rep)
         item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)

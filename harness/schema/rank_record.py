@@ -49,8 +49,8 @@ def suite_of(nodeid: str) -> str:
     return parts[-2] if len(parts) >= 2 else "tests"
 
 
-# How a rank records a sub-world case that another lane ran (`harness.rank.subworld`): a skip
-# here that is not a skip of the test, since the lane named after it ran it.
+# The message of a sub-world case that another lane ran (`harness.rank.subworld`), recorded
+# here as a skip that is not a skip of the test (`TestOutcome.elsewhere` says so).
 ELSEWHERE_SKIP = "sub-world case placed on "
 
 
@@ -74,6 +74,9 @@ class TestOutcome(JsonValue):
     failing_ranks: tuple[NonNegativeInt, ...] = ()
     failed_at: float | None = None
     agreed: bool = True
+    # A sub-world case another lane ran, recorded here as a skip by the harness itself (never
+    # by a test: a test's own skip with any message is a skip).
+    elsewhere: bool = False
 
     @derived_field
     def suite(self) -> str:
@@ -82,7 +85,7 @@ class TestOutcome(JsonValue):
     @property
     def ran_elsewhere(self) -> bool:
         """A sub-world case that another lane ran, recorded here as a skip."""
-        return self.outcome == "skipped" and (self.message or "").startswith(ELSEWHERE_SKIP)
+        return self.outcome == "skipped" and self.elsewhere
 
     @field_validator("duration_s")
     @classmethod
