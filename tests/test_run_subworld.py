@@ -40,6 +40,7 @@ def test_lanes_run_side_by_side_and_stop_together(tmp_path: Path, monkeypatch) -
             line = seen[rank][name]
             assert line.outcome == "skipped"
             assert line.message and "ranks 2-3 (groups of 2)" in line.message, line.message
+            assert line.elsewhere and line.ran_elsewhere
     for rank in (2, 3):
         assert [seen[rank][n].outcome for n in alone] == ["skipped"] * 3
         assert "ranks 0-1 (groups of 1)" in (seen[rank][alone[0]].message or "")
@@ -56,4 +57,7 @@ def test_lanes_run_side_by_side_and_stop_together(tmp_path: Path, monkeypatch) -
     assert receipt["root_cause"]["rank"] == 3
     assert receipt["root_cause"]["test"].endswith(pairs[1])
     assert receipt["suites"]["rank_suites"]["failed"] == 1
+    # a case another lane ran is no skip; the one its lane stopped before has no outcome
+    coverage = receipt["coverage"]
+    assert (coverage["skipped_everywhere"], coverage["skipped_on_some_ranks"]) == (0, 0)
     assert main(["verify", str(out)]) == 0

@@ -165,7 +165,8 @@ def skipped_tests(ranks: RankFiles) -> tuple[list[str], list[str]]:
     partly: list[str] = []
     for nodeid in order:
         if nodeid not in ran:
-            everywhere.append(nodeid)
+            if nodeid in skipped:  # else no rank reached it (its lane stopped): no outcome
+                everywhere.append(nodeid)
         elif nodeid in skipped:
             partly.append(
                 f"{nodeid} (skipped on ranks {_spans(skipped[nodeid])}, ran on ranks "
