@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from _support.evidence_factory import real_tree
 
 from harness.cli import main
 from harness.errors import UsageError
@@ -64,25 +65,9 @@ def test_real_models_without_vllm_is_one_line_and_exit_2(capsys, monkeypatch, tm
     assert not out.exists()
 
 
-def _tree(rank: int) -> dict:
-    return {
-        "model": "kimi-k3",
-        "tp": 2,
-        "dcp": 2,
-        "kv_cache_dtype": "auto",
-        "dcp_comm_backend": "ag_rs",
-        "classes": ["vllm.models.kimi_k3.nvidia.mla.MultiHeadLatentAttention"],
-        "shims": ["cuda-stream-objects"],
-        "limitations": ["real-trees: kimi-k3 built from vLLM's own classes", "real-tree shim x: y"],
-        "build_s": 1.0 + rank,
-        "import_s": 10.0,
-        "peak_rss_mib": 800.0 + rank,
-    }
-
-
 def test_model_sources_merge_the_ranks_trees():
     records = {
-        r: RankRecord(rank=r, world_size=3, extra={"real_trees": [_tree(r)]} if r < 2 else {})
+        r: RankRecord(rank=r, world_size=3, extra={"real_trees": [real_tree(r)]} if r < 2 else {})
         for r in range(3)
     }
     merged = model_sources(RankFiles(world_size=3, records=records))
@@ -96,11 +81,11 @@ def test_limitations_name_real_trees_and_shims_or_say_none_ran():
     none = model_sources(RankFiles(world_size=1, records={}))
     text = real_tree_limitations(models=none, sources={})["real-trees"]
     assert text.endswith("only stand-in model classes ran, not vLLM's own")
-    records = {0: RankRecord(rank=0, world_size=1, extra={"real_trees": [_tree(0)]})}
+    records = {0: RankRecord(rank=0, world_size=1, extra={"real_trees": [real_tree(0)]})}
     built = model_sources(RankFiles(world_size=1, records=records))
     some = real_tree_limitations(models=built, sources={})
     assert some["real-trees"] == "kimi-k3 built from vLLM's own classes"
-    assert some["real-tree shim x"] == "y"
+    assert some["real-tree shim cuda-stream-objects"] == "torch.cuda streams faked"
     assert "forward" in some["real-decode"]
 
 
