@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import errno
 import fnmatch
+import functools
 import json
 import os
 import re
@@ -550,3 +551,15 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
         in_place=tuple(sorted(set(in_place))),
         removed=tuple(sorted(set(removed))),
     )
+
+
+def environment_scrubber() -> Scrubber:
+    """The Scrubber of every print form of the secret values in this process's environment
+    (the ranks inherit it): what the bundle and the launcher's console are scrubbed with. Built
+    once per set of values, as the console asks for it at every line."""
+    return _scrubber_of(secret_values(os.environ))
+
+
+@functools.lru_cache(maxsize=4)
+def _scrubber_of(values: tuple[str, ...]) -> Scrubber:
+    return Scrubber.of(values)

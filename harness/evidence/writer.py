@@ -35,7 +35,12 @@ from harness.evidence.files import (
     unsafe_name,
     walk,
 )
-from harness.evidence.redact import Scrubber, ScrubReport, scrub_folder, secret_values
+from harness.evidence.redact import (
+    Scrubber,
+    ScrubReport,
+    environment_scrubber,
+    scrub_folder,
+)
 from harness.evidence.run_context import RunContext
 from harness.evidence.schema import SCHEMA, Geometry, Image, Receipt, RootCause, Run
 from harness.evidence.sources import capture_sources
@@ -109,15 +114,10 @@ def _check_only_files(out_dir: Path) -> None:
             raise UsageError(f"{entry.path!r}: a bundle cannot list a name with '\\' or newline")
 
 
-def scrubber() -> Scrubber:
-    """Every print form of every secret value in this process's environment (ranks inherit it)."""
-    return Scrubber.of(secret_values(os.environ))
-
-
 def scrub_out_dir(out_dir: Path) -> ScrubReport:
     """Remove secrets from every file and name already in the folder; the first step of every
     ending, before anything else is written (links and special files are not read)."""
-    return scrub_folder(Path(out_dir), scrubber())
+    return scrub_folder(Path(out_dir), environment_scrubber())
 
 
 def scrub_receipt(receipt: Receipt, scrub: Scrubber) -> Receipt:
@@ -153,7 +153,7 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     out_dir = Path(out_dir)
     _check_no_bundle(out_dir)
     geometry, image = _validated(ctx)  # before anything is touched
-    scrub = scrubber()
+    scrub = environment_scrubber()
     first = scrub_folder(out_dir, scrub)  # before anything else is read or written
     ctx = _with_scrub_losses(ctx, first)
     _check_only_files(out_dir)

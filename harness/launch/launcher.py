@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import os
 import re
 import signal
@@ -27,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, TextIO
 
-from harness.evidence.redact import Scrubber, ScrubFailed, secret_values
+from harness.evidence.redact import ScrubFailed, environment_scrubber
 from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
 from harness.launch.collect import run_context
@@ -323,7 +322,7 @@ _RANK_LINE = re.compile(rb"^\[[A-Za-z_]*(\d+)\]:")
 
 def _relay(pipe: IO[bytes], agent_log: Path, console: TextIO, ranks: tuple[int, ...]) -> None:
     """Copy torchrun's console to agent.log; pass the tee'd ranks' lines to the terminal."""
-    scrub = console_scrubber()
+    scrub = environment_scrubber()
     with agent_log.open("ab") as log:
         for line in pipe:
             log.write(line)
@@ -348,18 +347,6 @@ def prepare(options: RunOptions, evidence: Evidence) -> Path:
     )
 
 
-def console_scrubber() -> Scrubber:
-    """The Scrubber for what the launcher prints: the bundle's own (every print form of the
-    secret values in this process's environment, which the ranks inherit), so a secret a test
-    prints or names reaches neither the bundle nor the terminal or CI log."""
-    return _scrubber_of(secret_values(os.environ))
-
-
-@functools.lru_cache(maxsize=4)
-def _scrubber_of(values: tuple[str, ...]) -> Scrubber:
-    return Scrubber.of(values)
-
-
 @dataclass(frozen=True)
 class ScrubbedProgress:
     """The progress display with the test's id (its only free text) scrubbed before it is
@@ -377,12 +364,12 @@ class ScrubbedProgress:
     def _clean(snap: Snapshot) -> Snapshot:
         if snap.current is None:
             return snap
-        return replace(snap, current=console_scrubber().text(snap.current)[0])
+        return replace(snap, current=environment_scrubber().text(snap.current)[0])
 
 
 def _say(stream: TextIO, text: str) -> None:
     """One line to the console, scrubbed of secrets (paths, messages and commands may hold one)."""
-    stream.write(console_scrubber().text(text)[0] + "\n")
+    stream.write(environment_scrubber().text(text)[0] + "\n")
     stream.flush()
 
 
