@@ -113,7 +113,7 @@ def test_a_link_named_strays_takes_nothing_out_of_the_bundle(tmp_path: Path) -> 
     assert_failed_for_strays(out, receipt)
 
 
-@pytest.mark.parametrize("where", ["receipt.json", "junit/merged.xml", "SHA256SUMS"])
+@pytest.mark.parametrize("where", ["receipt.json", "junit/merged.xml", "SHA256SUMS", "launch.json"])
 def test_a_folder_where_the_writer_writes_a_file_is_set_aside(tmp_path: Path, where: str) -> None:
     out = tmp_path / "bundle"
 

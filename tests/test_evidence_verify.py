@@ -41,6 +41,7 @@ BUNDLE_FILES = (
     "junit/merged.xml",
     "junit/rank-00.xml",
     "junit/rank-01.xml",
+    "launch.json",
     "receipt.json",
     "records/rank-00.json",
     "records/rank-01.json",

@@ -197,8 +197,11 @@ FORGERIES = [
 
 
 def fooled_without_rederivation(bundle: Path, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Verify would take the forgery if it did not read the bundle's own files again (the rank
+    records, and the launch record a claimed second node would need)."""
     with monkeypatch.context() as patch:
         patch.setattr(verify, "rederive_problems", lambda *_: [])
+        patch.setattr(verify, "launch_record_problems", lambda *_: [])
         return verify.verify_bundle(bundle).ok
 
 
@@ -221,8 +224,9 @@ def test_a_forged_receipt_is_invalid_and_compare_refuses_it(
     assert fooled_without_rederivation(forged, monkeypatch)
 
     assert main(["verify", str(forged)]) == 1
-    first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith(f"receipt.json: {field} is ") and "the rank records" in first
+    lines = capsys.readouterr().out.splitlines()
+    said = [ln for ln in lines if ln.startswith(f"receipt.json: {field} is ")]
+    assert said and "the rank records" in said[0], lines
 
     for base, head in ((runs[run], forged), (forged, runs[run])):
         assert main(["compare", str(base), str(head)]) == 2

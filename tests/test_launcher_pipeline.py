@@ -190,7 +190,7 @@ def test_two_nodes_share_one_folder_and_node0_finalizes_after_both(tmp_path, mon
     second.join(60)
     assert results[0][0] == 0 and results[1][0] == 0
     assert "node 0's bundle says PASS" in results[1][1]
-    assert "= 4 passed (PASS) =" in results[1][1]  # node 0's ending, told on node 1 too
+    assert "= 4 passed in 0.0s (PASS) =" in results[1][1]  # node 0's ending, told on node 1 too
     [ctx] = evidence.contexts  # only node 0 wrote the bundle
     assert ctx.extra.nodes is not None and sorted(ctx.extra.nodes) == ["0", "1"]
     assert all(m is not None and m.state == "finished" for m in ctx.extra.nodes.values())

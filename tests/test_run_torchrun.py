@@ -7,6 +7,7 @@ run non-zero, with the right root-cause rank and test in the receipt, quickly (f
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -141,6 +142,9 @@ def test_two_agents_form_one_job_and_node0_writes_one_bundle(tmp_path):
     recs = records(out)
     assert sorted(recs) == [0, 1, 2, 3] and {r.node_rank for r in recs.values()} == {0, 1}
     assert sorted(p.name for p in (out / "torchrun").iterdir()) == ["node-00", "node-01"]
+    assert {"launch.json", "nodes/node-00.json", "nodes/node-01.json"} <= set(data["files"])
+    kept = {k: json.loads((out / "nodes" / f"node-0{k}.json").read_text()) for k in (0, 1)}
+    assert data["run"]["extra"]["nodes"] == {str(k): m for k, m in kept.items()}
     assert processes_of_run(out) == []
 
 

@@ -159,6 +159,11 @@ def test_a_written_bundle_validates_against_the_committed_schemas(bundle: Path) 
         validator("rank-record").validate(
             json.loads(rank_record_path(bundle / "records", rank).read_text())
         )
+    launch = json.loads((bundle / "launch.json").read_text())
+    validator("launch-record").validate(launch)
+    assert launch == receipt["run"]["extra"]["launch"]
+    with pytest.raises(jsonschema.ValidationError):
+        validator("launch-record").validate({**launch, "surprise": 1})
 
 
 def test_the_plan_the_launcher_hands_the_ranks_validates(tmp_path: Path) -> None:

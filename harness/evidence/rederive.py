@@ -15,13 +15,13 @@ select is held to the records too, so a narrowed run cannot drop its `selection`
 and so are the real vLLM trees the ranks built (`models`, which the real-tree limitations follow
 from) and the hosts they ran on (`environment.hosts`).
 
-Not re-derived, because no file in the bundle records it independently: the run's exit code
-and timeout (the launcher's view; verify holds them to the launcher's record of the launch in
-the receipt), tp and dcp of records that predate them, the rest of the environment, sources
-and image, and the root cause's text (it may quote torchrun's error file). The root
-cause's rank, test and kind are re-derived whenever the records name a cause (not for an
-interruption, which only the launcher saw, nor for the fallbacks to torchrun's error file,
-JUnit or the verdict's reasons).
+Not re-derived, because no rank file records it: the run's exit code and timeout (the
+launcher's view; verify holds them to the launcher's record of the launch, and that record to
+the bundle's launch.json and node markers), tp and dcp of records that predate them, the rest
+of the environment, sources and image, and the root cause's text (it may quote torchrun's
+error file). The root cause's rank, test and kind are re-derived whenever the records name a
+cause (not for an interruption, which only the launcher saw, nor for the fallbacks to
+torchrun's error file, JUnit or the verdict's reasons).
 """
 
 from __future__ import annotations

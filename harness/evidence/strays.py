@@ -2,7 +2,8 @@
 
 The launcher refused a non-empty folder at the start, so anything here came from the run: a
 test may leave a symlink, a FIFO or socket, a name `SHA256SUMS` cannot carry, files named like
-the bundle's own (`receipt.json`, `summary.md`, `SHA256SUMS`, `junit/merged.xml`), folders or
+the bundle's own (`receipt.json`, `summary.md`, `SHA256SUMS`, `junit/merged.xml`,
+`launch.json`), folders or
 files where the writer needs those names, or anything at or under `strays/` itself. None of
 that may stop the bundle from being written, and none of it may pass for evidence: links and
 special files are removed (never followed or read), folders in the writer's way are emptied and
@@ -19,12 +20,13 @@ import tempfile
 from pathlib import Path
 
 from harness.evidence.files import SUMS_NAME, unsafe_name, walk
+from harness.evidence.launch_record import LAUNCH_NAME
 from harness.schema.receipt import Receipt, Stray
 
 STRAYS_DIR = "strays"
 RECEIPT_NAME = "receipt.json"
 # Names the writer creates; a file a test wrote under one of them is not the writer's.
-BUNDLE_NAMES = frozenset({RECEIPT_NAME, "summary.md", SUMS_NAME, "junit/merged.xml"})
+BUNDLE_NAMES = frozenset({RECEIPT_NAME, "summary.md", SUMS_NAME, "junit/merged.xml", LAUNCH_NAME})
 MOVED = "moved to "
 
 

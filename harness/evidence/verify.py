@@ -9,10 +9,12 @@ Four layers, each problem one line that starts with the file it is about:
    cover), so a file added to both the folder and SHA256SUMS is caught.
 2. Schema: receipt.json validates as "dcpqual-receipt/v1".
 3. Consistency: tallies equal junit/merged.xml; the run's exit code and timeout follow from the
-   launcher's record of the launch; verdict, status, root cause and required limitations
-   follow from the receipt's own facts (harness.evidence.rules); every file under `strays/` is
-   a stray the receipt names as moved there, and the reverse (harness.evidence.strays), so the
-   strays that fail a run cannot be dropped from it.
+   launcher's record of the launch, which every launcher run has and which equals the bundle's
+   launch.json and, with several nodes, every node's marker (harness.evidence.launch_record);
+   verdict, status, root cause and required limitations follow from the receipt's own facts
+   (harness.evidence.rules); every file under `strays/` is a stray the receipt names as moved
+   there, and the reverse (harness.evidence.strays), so the strays that fail a run cannot be
+   dropped from it.
 4. Re-derivation: the receipt's verdict, failures, ranks, tallies, coverage, capture, negative
    control, signatures, transports, real trees and hosts equal what the hash-covered rank
    records and JUnit reports say (harness.evidence.rederive), naming the first field that
@@ -34,6 +36,7 @@ from harness.errors import UsageError
 from harness.evidence import rules
 from harness.evidence.files import SUMS_NAME, parse_sums, sha256_file, walk
 from harness.evidence.junit import read_merged, tallies
+from harness.evidence.launch_record import launch_record_problems
 from harness.evidence.rederive import rederive_problems
 from harness.evidence.schema import SCHEMA, Receipt, Tally
 from harness.evidence.strays import strays_problems
@@ -214,6 +217,7 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
             if bad_ranks:
                 problems.append(f"{MERGED_JUNIT}: cases of ranks {bad_ranks} beyond world size")
 
+    problems += launch_record_problems(bundle, receipt)
     problems += _check_launched(receipt)
     reasons = rules.failure_reasons_of(receipt)
     verdict = rules.verdict_of(reasons)
@@ -259,7 +263,8 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
 
 def _check_launched(receipt: Receipt) -> list[str]:
     """`run.exit_code` and `run.timed_out` are what the launcher's record of its torchrun (and
-    every node's marker) give; receipts from before that record have none to hold them to."""
+    every node's marker) give; that record is held to launch.json and the node markers apart
+    (harness.evidence.launch_record), and a smoke's receipt has none."""
     extra = receipt.run.extra
     if extra.launch is None:
         return []

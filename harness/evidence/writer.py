@@ -2,9 +2,10 @@
 
 `finalize_bundle` is a pipeline of small steps: refuse to overwrite -> scrub secrets from what
 the ranks and torchrun left -> read records and JUnit reports -> derive verdict, status, root
-cause and limitations -> write junit/merged.xml, receipt.json, summary.md -> write SHA256SUMS
-over every other file. Every write is atomic. A bundle is never overwritten: a folder that
-already holds receipt.json or SHA256SUMS is refused before anything is touched.
+cause and limitations -> write junit/merged.xml, launch.json (the launcher's record of the
+launch), receipt.json, summary.md -> write SHA256SUMS over every other file. Every write is
+atomic. A bundle is never overwritten: a folder that already holds receipt.json or SHA256SUMS
+is refused before anything is touched.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from harness.evidence.files import (
     unsafe_name,
     walk,
 )
+from harness.evidence.launch_record import LAUNCH_NAME, launch_record_bytes
 from harness.evidence.redact import (
     Scrubber,
     ScrubReport,
@@ -166,13 +168,15 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     atomic_write_bytes(out_dir / MERGED_JUNIT, merged_xml)
     if hits:
         scrubbed.append(MERGED_JUNIT)
+    # Messages, commands and paths in the receipt may carry a secret too: scrub its values
+    # before its launch record is written out, so launch.json is the receipt's copy exactly.
+    receipt = scrub_receipt(receipt, scrub)
+    if receipt.run.extra.launch is not None:
+        atomic_write_bytes(out_dir / LAUNCH_NAME, launch_record_bytes(receipt.run.extra.launch))
     witnessed = [e.relpath for e in walk(out_dir) if e.relpath not in UNWITNESSED]
     receipt = receipt.model_copy(
         update={"scrubbed_files": sorted(set(scrubbed)), "files": hash_files(out_dir, witnessed)}
     )
-    # Messages, commands and paths in the receipt may carry a secret too: scrub its values and
-    # write exactly what we return.
-    receipt = scrub_receipt(receipt, scrub)
     receipt_bytes = receipt.dumps().encode("utf-8")
     atomic_write_bytes(out_dir / RECEIPT_NAME, receipt_bytes)
 

@@ -25,12 +25,12 @@ from pydantic import ValidationError
 
 from harness.atomic import atomic_write_text
 from harness.errors import UsageError
+from harness.evidence.launch_record import marker_path, read_marker
 from harness.jsonfile import read_json
 from harness.schema.base import first_error
 from harness.schema.launch import Launch, NodeState
 from harness.schema.receipt import Receipt
 
-NODES_DIR = "nodes"
 RECEIPT = "receipt.json"
 
 
@@ -61,22 +61,9 @@ def finished_marker(started: NodeState, launch: Launch) -> NodeState:
     )
 
 
-def marker_path(out_dir: Path, node_rank: int) -> Path:
-    return out_dir / NODES_DIR / f"node-{node_rank:02d}.json"
-
-
 def write_marker(out_dir: Path, marker: NodeState) -> None:
     text = json.dumps(marker.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
     atomic_write_text(marker_path(out_dir, marker.node_rank), text, fsync=False)
-
-
-def read_marker(out_dir: Path, node_rank: int) -> NodeState | None:
-    """Node `node_rank`'s marker; None while there is none, or none that is whole and valid
-    (a marker being replaced, or a folder another tool wrote to)."""
-    try:
-        return NodeState.model_validate(read_json(marker_path(out_dir, node_rank)))
-    except (OSError, ValueError):
-        return None
 
 
 def join_out_dir(out_dir: Path, *, nnodes: int, endpoint: str, wait_s: float) -> Path:

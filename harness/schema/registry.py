@@ -67,6 +67,11 @@ SCHEMAS: dict[str, SchemaSpec] = {
         "an image build's identity.json",
         "harness.schema.image:ImageIdentity",
     ),
+    "launch-record": SchemaSpec(
+        "dcpqual-launch-record/v1",
+        "a bundle's launch.json (how node 0's torchrun ended)",
+        "harness.schema.launch:Launch",
+    ),
     "node-marker": SchemaSpec(
         "dcpqual-node-marker/v1",
         "a multi-node run's nodes/node-KK.json",

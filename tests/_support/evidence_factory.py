@@ -187,6 +187,9 @@ def context(world: int = 4, **changes: object) -> RunContext:
         finished_at="2026-11-29T18:01:00+00:00",
     )
     values.update(changes)
+    if "extra" not in changes:  # as the launcher hands it over: with its record of the launch
+        launched = {k: values[k] for k in ("exit_code", "timed_out") if k in values}
+        values["extra"] = RunExtra(launch=Launch.model_validate(launched))
     return RunContext(**values)  # type: ignore[arg-type]
 
 

@@ -1,0 +1,116 @@
+"""The launcher's record of a run's launch, kept in the bundle as files of their own.
+
+No rank file records how torchrun ended: a rank that wrote a passing record may still have
+crashed on its way out, and a node's torchrun may have failed while node 0's passed. The
+receipt's `run.exit_code` and `run.timed_out` therefore follow from the launcher's record
+(`rules.launched_outcome`), and that record is in the bundle, covered by its hashes:
+
+- `launch.json`: node 0's `Launch` (how its torchrun ended), written by the evidence writer;
+- `nodes/node-KK.json`: with several nodes, each node's marker, written by that node's own
+  launcher when its torchrun exited.
+
+`launch_record_problems` holds the receipt to those files, so a receipt cannot drop its launch
+record (every launcher run has one; only a smoke's receipt has none), edit it together with
+the exit code it implies, or leave out a node whose marker says it failed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from harness.jsonfile import read_json
+from harness.schema.base import first_error
+from harness.schema.launch import Launch, NodeState
+from harness.schema.receipt import Receipt
+
+LAUNCH_NAME = "launch.json"
+NODES_DIR = "nodes"
+RECEIPT_NAME = "receipt.json"
+
+
+def marker_path(out_dir: Path, node_rank: int) -> Path:
+    return out_dir / NODES_DIR / f"node-{node_rank:02d}.json"
+
+
+def read_marker(out_dir: Path, node_rank: int) -> NodeState | None:
+    """Node `node_rank`'s marker; None while there is none, or none that is whole and valid
+    (a marker being replaced, or a folder another tool wrote to)."""
+    try:
+        return NodeState.model_validate(read_json(marker_path(out_dir, node_rank)))
+    except (OSError, ValueError):
+        return None
+
+
+def launch_record_bytes(launch: Launch) -> bytes:
+    """`launch.json` as the writer writes it: the record, keys sorted, one trailing newline."""
+    return (json.dumps(launch.model_dump(mode="json"), indent=2, sort_keys=True) + "\n").encode()
+
+
+def launch_record_problems(bundle: Path, receipt: Receipt) -> list[str]:
+    """One line per way the receipt's launch record disagrees with the bundle's files."""
+    return [*_launch_problems(bundle, receipt), *_node_problems(bundle, receipt)]
+
+
+def _launch_problems(bundle: Path, receipt: Receipt) -> list[str]:
+    extra = receipt.run.extra
+    path = bundle / LAUNCH_NAME
+    if extra.launch is None:
+        if extra.smoke is not None:
+            return [f"{LAUNCH_NAME}: a smoke's bundle has no launch"] if path.exists() else []
+        return [
+            f"{RECEIPT_NAME}: run.extra.launch is absent: a run's exit code and timeout follow "
+            "from the launcher's record of its launch, and this receipt has none"
+        ]
+    if not path.exists() and not path.is_symlink():
+        return [f"{LAUNCH_NAME}: missing: the receipt's run.extra.launch has no record to match"]
+    try:
+        kept = Launch.model_validate(read_json(path))
+    except OSError as exc:
+        return [f"{LAUNCH_NAME}: not a launch record: {exc}"]
+    except ValidationError as exc:
+        return [f"{LAUNCH_NAME}: not a launch record: {first_error(exc)}"]
+    except ValueError as exc:
+        return [f"{LAUNCH_NAME}: not a launch record: {exc}"]
+    if kept == extra.launch:
+        return []
+    return [
+        f"{RECEIPT_NAME}: run.extra.launch is not what {LAUNCH_NAME} records (exit code "
+        f"{kept.exit_code}, timed out {kept.timed_out})"
+    ]
+
+
+def _node_problems(bundle: Path, receipt: Receipt) -> list[str]:
+    """With several nodes, the receipt names every node's marker (null for a node that left
+    none) and each is the marker that node wrote into the bundle."""
+    nnodes, nodes = receipt.geometry.nnodes, receipt.run.extra.nodes
+    if nnodes == 1 or receipt.run.extra.launch is None:
+        return []
+    if nodes is None:
+        return [
+            f"{RECEIPT_NAME}: run.extra.nodes is absent: a {nnodes}-node run records every "
+            "node's marker"
+        ]
+    expected = {str(k) for k in range(nnodes)}
+    problems = [
+        f"{RECEIPT_NAME}: run.extra.nodes has {key!r}, not a node of this {nnodes}-node run"
+        for key in sorted(set(nodes) - expected)
+    ]
+    for node in range(nnodes):
+        key = str(node)
+        if key not in nodes:
+            problems.append(
+                f"{RECEIPT_NAME}: run.extra.nodes has no entry for node {node} (a node that "
+                "left no marker is recorded as null)"
+            )
+            continue
+        kept = read_marker(bundle, node)
+        if nodes[key] != kept:
+            where = marker_path(Path(), node).as_posix()
+            said = "none" if kept is None else f"state {kept.state}, exit code {kept.exit_code}"
+            problems.append(
+                f"{RECEIPT_NAME}: run.extra.nodes[{key!r}] is not the marker {where} holds ({said})"
+            )
+    return problems

@@ -1,0 +1,236 @@
+"""The launcher's record of the launch is kept in the bundle (launch.json and, with several nodes,
+each node's marker under nodes/), and the receipt is held to it: a forger who drops the record,
+edits it together with the exit code it implies, or leaves out a node whose marker says it
+failed is caught, even with every hash resealed (`_support.forge`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _support.evidence_factory import passing_run
+from _support.forge import forge
+from _support.smoke import H200
+
+from harness.evidence import verify
+from harness.evidence.files import sha256_file
+from harness.evidence.launch_record import launch_record_problems
+from harness.evidence.strays import set_aside
+from harness.evidence.verify import verify_bundle
+from harness.evidence.writer import finalize_bundle
+from harness.launch import nodes
+from harness.schema.launch import Launch, NodeState
+from harness.schema.receipt import Receipt, RunExtra
+
+WORLD = 2
+ABSENT = (
+    "receipt.json: run.extra.launch is absent: a run's exit code and timeout follow from the "
+    "launcher's record of its launch, and this receipt has none"
+)
+
+
+def failed_launch(tmp_path: Path) -> Path:
+    """Passing rank records whose torchrun exited 1 (a rank crashed on its way out): a fail."""
+    out = tmp_path / "bundle"
+    ctx = passing_run(out, world=WORLD)
+    extra = RunExtra(launch=Launch(exit_code=1, elapsed_s=3.5, leftovers=[4242]))
+    finalize_bundle(out, dataclasses.replace(ctx, exit_code=1, extra=extra))
+    assert verify_bundle(out).ok, verify_bundle(out).problems
+    return out
+
+
+def receipt_of(bundle: Path) -> Receipt:
+    return Receipt.model_validate_json((bundle / "receipt.json").read_text())
+
+
+def test_the_bundle_keeps_the_launch_record_its_receipt_states(tmp_path: Path) -> None:
+    bundle = failed_launch(tmp_path)
+    written = receipt_of(bundle)
+    kept = Launch.model_validate_json((bundle / "launch.json").read_text())
+    assert kept == written.run.extra.launch
+    assert (kept.exit_code, kept.leftovers) == (1, [4242])
+    assert written.files["launch.json"] == sha256_file(bundle / "launch.json")
+    assert written.verdict == "fail"
+
+
+def test_a_receipt_that_drops_its_launch_record_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = failed_launch(tmp_path)
+
+    def drop(data: dict[str, Any]) -> None:
+        data["run"]["extra"]["launch"] = None
+        data["run"]["exit_code"] = 0
+
+    assert forge(bundle, drop).verdict == "pass"  # the forger's prize
+    with monkeypatch.context() as patch:
+        patch.setattr(verify, "launch_record_problems", lambda *_: [])
+        assert verify_bundle(bundle).ok  # without the record, nothing holds the exit code
+    assert verify_bundle(bundle).problems == (ABSENT,)
+
+
+def test_a_launch_record_edited_with_its_exit_code_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = failed_launch(tmp_path)
+
+    def edit(data: dict[str, Any]) -> None:
+        data["run"]["extra"]["launch"].update(exit_code=0, leftovers=[])
+        data["run"]["exit_code"] = 0
+
+    assert forge(bundle, edit).verdict == "pass"
+    with monkeypatch.context() as patch:
+        patch.setattr(verify, "launch_record_problems", lambda *_: [])
+        assert verify_bundle(bundle).ok
+    assert verify_bundle(bundle).problems == (
+        "receipt.json: run.extra.launch is not what launch.json records (exit code 1, "
+        "timed out False)",
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "launch.json: missing: the receipt's run.extra.launch has no record to match"),
+        (b"[1]", "launch.json: not a launch record: "),
+        (b"{not json", "launch.json: not a launch record: "),
+        (b"{}", "receipt.json: run.extra.launch is not what launch.json records (exit code 0, "),
+    ],
+    ids=["missing", "not-a-record", "not-json", "another-launch"],
+)
+def test_a_launch_json_replaced_or_removed_is_caught(
+    tmp_path: Path, content: bytes | None, problem: str
+) -> None:
+    """Resealed with the receipt's files map following it, so only the record check can tell."""
+    bundle = failed_launch(tmp_path)
+    path = bundle / "launch.json"
+    if content is None:
+        path.unlink()
+    else:
+        path.write_bytes(content)
+
+    def follow(data: dict[str, Any]) -> None:
+        if content is None:
+            del data["files"]["launch.json"]
+        else:
+            data["files"]["launch.json"] = sha256_file(path)
+
+    forge(bundle, follow)
+    problems = verify_bundle(bundle).problems
+    assert len(problems) == 1 and problems[0].startswith(problem), problems
+
+
+def test_a_launch_json_written_by_the_run_is_set_aside_not_believed(tmp_path: Path) -> None:
+    """A test that writes launch.json (exit code 0) into the out folder does not get to speak
+    for torchrun: its file is a stray, and the writer's record says how torchrun ended."""
+    out = tmp_path / "bundle"
+    ctx = passing_run(out, world=WORLD)
+    planted = json.dumps({"exit_code": 0}).encode()
+    (out / "launch.json").write_bytes(planted)
+    extra = RunExtra(launch=Launch(exit_code=1))
+    ctx = dataclasses.replace(ctx, exit_code=1, extra=extra)
+    strays = set_aside(out)
+    ctx = dataclasses.replace(ctx, extra=ctx.extra.model_copy(update={"strays": strays}))
+    written = finalize_bundle(out, ctx)
+    assert [(s.path, s.action) for s in strays] == [("launch.json", "moved to strays/launch.json")]
+    assert (out / "strays" / "launch.json").read_bytes() == planted
+    assert Launch.model_validate_json((out / "launch.json").read_text()).exit_code == 1
+    assert written.run.exit_code == 1 and written.verdict == "fail"
+    assert verify_bundle(out).ok, verify_bundle(out).problems
+
+
+def test_a_smoke_s_receipt_needs_no_launch_record(tmp_path: Path) -> None:
+    """The smoke runs no torchrun: its receipt carries `run.extra.smoke` and no launch."""
+    bundle = failed_launch(tmp_path)
+    (bundle / "launch.json").unlink()
+    smoke = {"machine": H200.model_dump(mode="json"), "failures": []}
+
+    def as_smoke(data: dict[str, Any]) -> None:
+        data["run"]["extra"].update(launch=None, smoke=smoke)
+        del data["files"]["launch.json"]
+
+    receipt = forge(bundle, as_smoke)
+    assert launch_record_problems(bundle, receipt) == []
+    (bundle / "launch.json").write_text("{}")
+    assert launch_record_problems(bundle, receipt) == [
+        "launch.json: a smoke's bundle has no launch"
+    ]
+
+
+# -- several nodes -----------------------------------------------------------------------------
+
+
+def marker(node: int, exit_code: int = 0) -> NodeState:
+    return NodeState(
+        node_rank=node,
+        nnodes=2,
+        rdzv_endpoint="n0:29400",
+        state="finished",
+        exit_code=exit_code,
+        hostname=f"node{node}",
+    )
+
+
+def two_nodes(bundle: Path, stated: dict[str, NodeState | None] | None) -> Receipt:
+    """The bundle's receipt as a 2-node run's that states `stated`; both nodes wrote their
+    markers into the bundle, node 1's saying its torchrun exited 3."""
+    for written in (marker(0), marker(1, exit_code=3)):
+        nodes.write_marker(bundle, written)
+    receipt = receipt_of(bundle)
+    geometry = receipt.geometry.model_copy(update={"nnodes": 2, "nproc_per_node": 1})
+    extra = receipt.run.extra.model_copy(update={"nodes": stated})
+    run = receipt.run.model_copy(update={"extra": extra})
+    return receipt.model_copy(update={"geometry": geometry, "run": run})
+
+
+def test_every_node_s_marker_is_the_one_it_wrote_into_the_bundle(tmp_path: Path) -> None:
+    bundle = failed_launch(tmp_path)
+    stated: dict[str, NodeState | None] = {"0": marker(0), "1": marker(1, exit_code=3)}
+    assert launch_record_problems(bundle, two_nodes(bundle, stated)) == []
+
+
+@pytest.mark.parametrize(
+    ("stated", "problem"),
+    [
+        (
+            {"0": marker(0)},
+            "receipt.json: run.extra.nodes has no entry for node 1 (a node that left no marker "
+            "is recorded as null)",
+        ),
+        (
+            {"0": marker(0), "1": marker(1)},
+            "receipt.json: run.extra.nodes['1'] is not the marker nodes/node-01.json holds "
+            "(state finished, exit code 3)",
+        ),
+        (
+            {"0": marker(0), "1": None},
+            "receipt.json: run.extra.nodes['1'] is not the marker nodes/node-01.json holds "
+            "(state finished, exit code 3)",
+        ),
+        (None, "receipt.json: run.extra.nodes is absent: a 2-node run records every node's marker"),
+    ],
+    ids=["node-dropped", "exit-code-edited", "marker-denied", "nodes-dropped"],
+)
+def test_a_node_s_failure_cannot_be_edited_out_of_the_receipt(
+    tmp_path: Path, stated: dict[str, NodeState | None] | None, problem: str
+) -> None:
+    bundle = failed_launch(tmp_path)
+    assert launch_record_problems(bundle, two_nodes(bundle, stated)) == [problem]
+
+
+def test_a_node_the_run_does_not_have_is_named(tmp_path: Path) -> None:
+    bundle = failed_launch(tmp_path)
+    stated = {"0": marker(0), "1": marker(1, exit_code=3), "2": marker(2)}
+    assert launch_record_problems(bundle, two_nodes(bundle, stated)) == [
+        "receipt.json: run.extra.nodes has '2', not a node of this 2-node run"
+    ]
+
+
+def test_a_node_that_left_no_marker_is_stated_as_null(tmp_path: Path) -> None:
+    bundle = failed_launch(tmp_path)
+    receipt = two_nodes(bundle, {"0": marker(0), "1": None})
+    nodes.marker_path(bundle, 1).unlink()
+    assert launch_record_problems(bundle, receipt) == []
