@@ -141,6 +141,7 @@ DENIED = [
         },
         "skipped",
     ),
+    ({"smoke": True}, "smoke"),
 ]
 
 

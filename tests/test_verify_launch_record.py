@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from _support.evidence_factory import passing_run
 from _support.forge import forge
-from _support.smoke import H200
+from _support.smoke import H200, passing_result
 
-from harness.evidence import verify
+from harness.evidence import launch_record, rules, verify
 from harness.evidence.files import sha256_file
 from harness.evidence.launch_record import launch_record_problems
 from harness.evidence.strays import set_aside
@@ -24,8 +24,11 @@ from harness.evidence.writer import finalize_bundle
 from harness.launch import nodes
 from harness.schema.launch import Launch, NodeState
 from harness.schema.receipt import Receipt, RunExtra
+from harness.schema.smoke import Smoke
+from harness.smoke.bundle import write_smoke_bundle
 
 WORLD = 2
+SMOKE = {"machine": H200.model_dump(mode="json"), "failures": []}
 ABSENT = (
     "receipt.json: run.extra.launch is absent: a run's exit code and timeout follow from the "
     "launcher's record of its launch, and this receipt has none"
@@ -142,22 +145,77 @@ def test_a_launch_json_written_by_the_run_is_set_aside_not_believed(tmp_path: Pa
     assert verify_bundle(out).ok, verify_bundle(out).problems
 
 
-def test_a_smoke_s_receipt_needs_no_launch_record(tmp_path: Path) -> None:
-    """The smoke runs no torchrun: its receipt carries `run.extra.smoke` and no launch."""
-    bundle = failed_launch(tmp_path)
-    (bundle / "launch.json").unlink()
-    smoke = {"machine": H200.model_dump(mode="json"), "failures": []}
+# -- the smoke, the one receipt without a launch ------------------------------------------------
 
-    def as_smoke(data: dict[str, Any]) -> None:
-        data["run"]["extra"].update(launch=None, smoke=smoke)
-        del data["files"]["launch.json"]
 
-    receipt = forge(bundle, as_smoke)
-    assert launch_record_problems(bundle, receipt) == []
-    (bundle / "launch.json").write_text("{}")
-    assert launch_record_problems(bundle, receipt) == [
+@pytest.fixture
+def smoke_bundle(tmp_path: Path) -> Path:
+    """The one-GPU smoke's bundle, as `dcpqual gpu-smoke` writes it: no torchrun, no launch."""
+    out = tmp_path / "smoke"
+    out.mkdir()
+    written = write_smoke_bundle(out, passing_result(), command=["dcpqual", "gpu-smoke"])
+    assert written.run.extra.launch is None and written.run.extra.smoke is not None
+    assert verify_bundle(out).ok, verify_bundle(out).problems
+    return out
+
+
+def test_a_smoke_s_receipt_is_held_to_its_own_result(smoke_bundle: Path) -> None:
+    receipt = receipt_of(smoke_bundle)
+    assert launch_record_problems(smoke_bundle, receipt) == []
+    (smoke_bundle / "launch.json").write_text("{}")
+    assert launch_record_problems(smoke_bundle, receipt) == [
         "launch.json: a smoke's bundle has no launch"
     ]
+    (smoke_bundle / "launch.json").unlink()
+    failed = receipt.run.extra.model_copy(
+        update={"smoke": Smoke(machine=H200, failures=["capture: lazy work"])}
+    )
+    edited = receipt.model_copy(update={"run": receipt.run.model_copy(update={"extra": failed})})
+    assert launch_record_problems(smoke_bundle, edited) == [
+        "receipt.json: run.extra.smoke is not what smoke/result.json records"
+    ]
+    (smoke_bundle / "smoke" / "result.json").unlink()
+    assert launch_record_problems(smoke_bundle, receipt) == [
+        "smoke/result.json: missing: the receipt's run.extra.smoke has no result"
+    ]
+
+
+def as_smoke(data: dict[str, Any]) -> None:
+    """The forger's disguise: the torchrun run was the smoke, which records no launch."""
+    data["run"]["extra"].update(launch=None, nodes=None, smoke=SMOKE)
+    data["run"]["exit_code"] = 0
+    data["files"].pop("launch.json", None)
+    data["limitations"].append(f"smoke: {rules.SMOKE_LIMITATION}")  # as a smoke's must
+
+
+def test_a_torchrun_run_cannot_call_itself_a_smoke_to_drop_its_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = failed_launch(tmp_path)
+    (bundle / "launch.json").unlink()
+    assert forge(bundle, as_smoke).verdict == "pass"
+    with monkeypatch.context() as patch:
+        patch.setattr(launch_record, "_smoke_problems", lambda *_: [])
+        assert verify_bundle(bundle).ok  # a smoke's receipt is the one without a launch
+    assert verify_bundle(bundle).problems == (
+        "receipt.json: run.extra.smoke on a run of 2 rank(s) on 1 node(s): the smoke is one "
+        "rank, and every other run records its launch",
+    )
+
+
+def test_a_smoke_s_receipt_cannot_drop_its_smoke_limitation(smoke_bundle: Path) -> None:
+    """`smoke` is required of every smoke's receipt and denies `qualified`: a one-GPU smoke
+    shows that the GPU paths run; it qualifies nothing."""
+    assert receipt_of(smoke_bundle).limitation_keys()[:1] == ["smoke"]
+
+    def drop(data: dict[str, Any]) -> None:
+        data["limitations"] = [x for x in data["limitations"] if not x.startswith("smoke: ")]
+
+    assert "smoke" not in forge(smoke_bundle, drop).limitation_keys()
+    assert verify_bundle(smoke_bundle).problems == (
+        f"receipt.json: limitations do not name 'smoke': {rules.SMOKE_LIMITATION}",
+    )
+    assert "smoke" in rules.DENIES_QUALIFIED
 
 
 # -- several nodes -----------------------------------------------------------------------------
@@ -219,6 +277,32 @@ def test_a_node_s_failure_cannot_be_edited_out_of_the_receipt(
 ) -> None:
     bundle = failed_launch(tmp_path)
     assert launch_record_problems(bundle, two_nodes(bundle, stated)) == [problem]
+
+
+def test_a_failed_node_cannot_be_dropped_by_calling_the_run_a_smoke(tmp_path: Path) -> None:
+    """Without a launch record the node markers are still read: a 2-node run is no smoke."""
+    bundle = failed_launch(tmp_path)
+    receipt = two_nodes(bundle, None)
+    extra = receipt.run.extra.model_copy(update={"launch": None, "smoke": Smoke(machine=H200)})
+    disguised = receipt.model_copy(update={"run": receipt.run.model_copy(update={"extra": extra})})
+    assert launch_record_problems(bundle, disguised) == [
+        "launch.json: a smoke's bundle has no launch",
+        "receipt.json: run.extra.smoke on a run of 2 rank(s) on 2 node(s): the smoke is one "
+        "rank, and every other run records its launch",
+        "receipt.json: run.extra.nodes is absent: a 2-node run records every node's marker",
+    ]
+
+
+def test_a_node_s_marker_names_that_node(tmp_path: Path) -> None:
+    """Node 1's marker (its leftovers, its zygote) cannot pass for node 0's, which the rules
+    take from the launch instead and skip among the markers."""
+    bundle = failed_launch(tmp_path)
+    as_node_0 = marker(1, exit_code=3).model_copy(update={"node_rank": 0})
+    receipt = two_nodes(bundle, {"0": marker(0), "1": as_node_0})
+    nodes.marker_path(bundle, 1).write_text(as_node_0.model_dump_json())
+    assert launch_record_problems(bundle, receipt) == [
+        "receipt.json: run.extra.nodes['1'] is the marker of node 0 of 2, not of node 1 of 2"
+    ]
 
 
 def test_a_node_the_run_does_not_have_is_named(tmp_path: Path) -> None:

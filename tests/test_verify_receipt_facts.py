@@ -196,6 +196,8 @@ def test_the_launched_outcome_is_the_worst_of_every_node() -> None:
     assert rules.launched_outcome(ok, {"0": marker(0), "1": None}) == (1, False)
     started = {"0": marker(0), "1": marker(1, exit_code=None, state="started")}
     assert rules.launched_outcome(ok, started) == (1, False)
+    untold = {"0": marker(0), "1": marker(1, exit_code=None)}  # finished, not saying how
+    assert rules.launched_outcome(ok, untold) == (1, False)
     late = marker(1).model_copy(update={"timed_out": True})
     assert rules.launched_outcome(ok, {"0": marker(0), "1": late}) == (0, True)
     many = {str(n): marker(n, exit_code=n) for n in (10, 2)}

@@ -10,8 +10,10 @@ receipt's `run.exit_code` and `run.timed_out` therefore follow from the launcher
   launcher when its torchrun exited.
 
 `launch_record_problems` holds the receipt to those files, so a receipt cannot drop its launch
-record (every launcher run has one; only a smoke's receipt has none), edit it together with
-the exit code it implies, or leave out a node whose marker says it failed.
+record (every launcher run has one; only the one-rank smoke's receipt has none, and it is held
+to the smoke's own `smoke/result.json`), edit it alone, or leave out a node whose marker says
+it failed. These files are the launcher's, not the ranks': a forger who rewrites one together
+with the receipt is caught only by a signature (harness.evidence.signature).
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from harness.jsonfile import read_json
 from harness.schema.base import first_error
 from harness.schema.launch import Launch, NodeState
 from harness.schema.receipt import Receipt
+from harness.schema.smoke import Smoke, SmokeResult
 
 LAUNCH_NAME = "launch.json"
 NODES_DIR = "nodes"
+SMOKE_RESULT_NAME = "smoke/result.json"
 RECEIPT_NAME = "receipt.json"
 
 
@@ -59,7 +63,8 @@ def _launch_problems(bundle: Path, receipt: Receipt) -> list[str]:
     path = bundle / LAUNCH_NAME
     if extra.launch is None:
         if extra.smoke is not None:
-            return [f"{LAUNCH_NAME}: a smoke's bundle has no launch"] if path.exists() else []
+            found = [f"{LAUNCH_NAME}: a smoke's bundle has no launch"] if path.exists() else []
+            return found + _smoke_problems(bundle, receipt, extra.smoke)
         return [
             f"{RECEIPT_NAME}: run.extra.launch is absent: a run's exit code and timeout follow "
             "from the launcher's record of its launch, and this receipt has none"
@@ -82,11 +87,34 @@ def _launch_problems(bundle: Path, receipt: Receipt) -> list[str]:
     ]
 
 
+def _smoke_problems(bundle: Path, receipt: Receipt, smoke: Smoke) -> list[str]:
+    """A receipt without a launch must be the smoke's (which starts no torchrun): one rank on
+    one node, with the smoke's own result in the bundle saying the machine and failures the
+    receipt states, so calling a torchrun run a smoke does not switch its launch checks off."""
+    g = receipt.geometry
+    if (g.world_size, g.nnodes) != (1, 1):
+        return [
+            f"{RECEIPT_NAME}: run.extra.smoke on a run of {g.world_size} rank(s) on {g.nnodes} "
+            "node(s): the smoke is one rank, and every other run records its launch"
+        ]
+    path = bundle / SMOKE_RESULT_NAME
+    if not path.exists() and not path.is_symlink():
+        return [f"{SMOKE_RESULT_NAME}: missing: the receipt's run.extra.smoke has no result"]
+    try:
+        result = SmokeResult.from_json(read_json(path))
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        shown = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
+        return [f"{SMOKE_RESULT_NAME}: not a smoke result: {shown}"]
+    if (result.machine, result.failures) != (smoke.machine, smoke.failures):
+        return [f"{RECEIPT_NAME}: run.extra.smoke is not what {SMOKE_RESULT_NAME} records"]
+    return []
+
+
 def _node_problems(bundle: Path, receipt: Receipt) -> list[str]:
     """With several nodes, the receipt names every node's marker (null for a node that left
     none) and each is the marker that node wrote into the bundle."""
     nnodes, nodes = receipt.geometry.nnodes, receipt.run.extra.nodes
-    if nnodes == 1 or receipt.run.extra.launch is None:
+    if nnodes == 1:
         return []
     if nodes is None:
         return [
@@ -106,8 +134,13 @@ def _node_problems(bundle: Path, receipt: Receipt) -> list[str]:
                 "left no marker is recorded as null)"
             )
             continue
-        kept = read_marker(bundle, node)
-        if nodes[key] != kept:
+        kept, stated = read_marker(bundle, node), nodes[key]
+        if stated is not None and (stated.node_rank, stated.nnodes) != (node, nnodes):
+            problems.append(
+                f"{RECEIPT_NAME}: run.extra.nodes[{key!r}] is the marker of node "
+                f"{stated.node_rank} of {stated.nnodes}, not of node {node} of {nnodes}"
+            )
+        elif stated != kept:
             where = marker_path(Path(), node).as_posix()
             said = "none" if kept is None else f"state {kept.state}, exit code {kept.exit_code}"
             problems.append(

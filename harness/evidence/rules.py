@@ -15,8 +15,8 @@ check that a receipt's verdict, status and limitations follow from its own facts
   window was a real CUDA graph, inside an image identified by its digest whose build tree was
   clean and whose in-image identity check passed, selecting the whole suites/ folder, with the
   b12x transport and a negative control run, every detector watching every capture window,
-  from a clean harness checkout, every rank finished and left its JUnit report, and no test
-  skipped on any rank;
+  from a clean harness checkout, every rank finished and left its JUnit report, no test
+  skipped on any rank, and not the one-GPU smoke;
   `source-qualified` for any other passing run (a CPU run, a GPU run outside a locked image, or
   one short of any of these).
 - The run's exit code and timeout follow from the launcher's record of its torchrun and, in a
@@ -57,6 +57,10 @@ GPU_PATH = "cuda-graph"
 # Required limitations that keep a passing run from `qualified`: each says that a path the
 # qualification stands for did not run, or that the receipt does not identify what ran.
 # `multi-node` is not one of them (a single node is a geometry, not a gap), nor `hash-seed`.
+SMOKE_LIMITATION: Final = (
+    "a one-GPU smoke of the GPU paths (CUDA-graph capture window, GPU detectors, NCCL group "
+    "creation), not a qualification; geometry tp=1/dcp=1 is its single rank"
+)
 DENIES_QUALIFIED: Final = frozenset(
     {
         "selection",
@@ -69,6 +73,7 @@ DENIES_QUALIFIED: Final = frozenset(
         "ranks",
         "sources",
         "skipped",
+        "smoke",
     }
 )
 
@@ -202,11 +207,12 @@ def launched_outcome(
 ) -> LaunchedOutcome:
     """The run's outcome from node 0's launch and, with several nodes, every node's last marker
     (keyed by node rank): the run failed if any node's torchrun did, a node that never said it
-    finished counts as a failure, and the first failing node's code (in node order) is kept."""
+    finished (or not with what its torchrun exited) counts as a failure, and the first failing
+    node's code (in node order) is kept."""
     exit_code, timed_out = launch.exit_code, launch.timed_out
     for _, marker in sorted((nodes or {}).items(), key=lambda item: _node_order(item[0])):
-        if marker is None or marker.state != "finished":
-            exit_code = exit_code or 1
+        if marker is None or marker.state != "finished" or marker.exit_code is None:
+            exit_code = exit_code or 1  # a node that never said how its torchrun ended failed
             continue
         timed_out = timed_out or marker.timed_out
         if marker.exit_code:
@@ -298,13 +304,16 @@ def required_limitations(
     zygote: ZygoteState | None = None,
     nodes: Mapping[str, NodeState | None] | None = None,
     coverage: Coverage | None = None,
+    smoke: bool = False,
 ) -> dict[str, str]:
     """{key: text} for every path that did not run; verify checks that each key is listed.
     `models`: vLLM's real trees the ranks built; `warm_impl`: the warm code the ranks ran;
     `zygote`: how the launch says its ranks started (None: torchrun started each); `nodes`:
     every node's marker in a multi-node run, which says the same of that node; `coverage`:
-    what the records say ran (None: not recorded)."""
+    what the records say ran (None: not recorded); `smoke`: the bundle is the one-GPU smoke's."""
     out: dict[str, str] = hash_seed_limitation(zygote, nodes)
+    if smoke:
+        out["smoke"] = SMOKE_LIMITATION
     if narrowed := narrowing(selection):
         out["selection"] = (
             "the run selected less than the suites hold, so it qualifies only what ran: "

@@ -299,6 +299,7 @@ def required_limitations_of(receipt: Receipt) -> dict[str, str]:
         zygote=None if launch is None else launch.zygote,
         nodes=receipt.run.extra.nodes,
         coverage=receipt.coverage,
+        smoke=receipt.run.extra.smoke is not None,
     )
 
 

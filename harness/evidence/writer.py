@@ -246,6 +246,7 @@ def assemble_receipt(
         zygote=None if ctx.extra.launch is None else ctx.extra.launch.zygote,
         nodes=ctx.extra.nodes,
         coverage=facts.coverage,
+        smoke=ctx.extra.smoke is not None,
     )
     limitation_items = rules.render_limitations(
         required,

@@ -26,6 +26,7 @@ from junitparser import Failure, JUnitXml, TestCase, TestSuite
 from harness.atomic import atomic_write_bytes
 from harness.capture.records import CaptureRecord
 from harness.evidence.junit import mangle
+from harness.evidence.launch_record import SMOKE_RESULT_NAME
 from harness.evidence.run_context import RunContext
 from harness.evidence.schema import Receipt
 from harness.evidence.writer import finalize_bundle
@@ -42,7 +43,7 @@ from harness.smoke.step import PRODUCTION_DCP, PRODUCTION_TP, SMOKE_MODEL
 
 SUITE_FILE = "smoke/gpu_smoke.py"
 CAPTURE_TEST = f"{SUITE_FILE}::test_capture[{SMOKE_MODEL}]"
-RESULT_NAME = "smoke/result.json"
+RESULT_NAME = SMOKE_RESULT_NAME  # verify holds a smoke's receipt to it
 # The torch pyproject.toml pins for every other command; the smoke runs on whatever is installed.
 PINNED_TORCH = "2.13.0"
 
@@ -108,11 +109,7 @@ def smoke_limitations(result: SmokeResult) -> dict[str, str]:
     machine = result.machine
     found = ", ".join(s.describe() for s in result.discovered) or "none"
     made = ", ".join(s.describe() for s in result.warmed) or "none"
-    out = {
-        "smoke": (
-            "a one-GPU smoke of the GPU paths (CUDA-graph capture window, GPU detectors, NCCL "
-            "group creation), not a qualification; geometry tp=1/dcp=1 is its single rank"
-        ),
+    out = {  # the "smoke" limitation itself is the evidence rules' (`rules.SMOKE_LIMITATION`)
         "world-1": (
             f"one process on one device (world 1): the stand-in {SMOKE_MODEL} was built at "
             f"TP{PRODUCTION_TP}/DCP{PRODUCTION_DCP} and warmed by the vendored warm code, whose "
