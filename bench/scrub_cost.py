@@ -1,9 +1,10 @@
 """What scrubbing a bundle costs: `scrub_folder` over a stand-in 16 MiB bundle, with the
 environment's secrets a run would have.
 
-`python bench/scrub_cost.py [--mib 16] [--repeats 5]`. The bundle is 16 ranks' records (JSON),
-JUnit reports (XML) and torchrun logs (text), with a few secrets in every file in several
-print forms; each repeat scrubs a fresh copy. Prints the number of forms, the time to build the
+`python bench/scrub_cost.py [--mib 16] [--repeats 5] [--clean]`. The bundle is 16 ranks' records
+(JSON), JUnit reports (XML) and torchrun logs (text), with a few secrets in every file in several
+print forms, or with `--clean` none (the ordinary bundle: what every run pays); each repeat scrubs
+a fresh copy. Prints the number of forms, the time to build the
 scrubber and the median (min-max) time to scrub the folder.
 """
 
@@ -35,8 +36,9 @@ def _line(i: int) -> str:
     return f"[rank {i % RANKS}] step {i}: gathered 96 heads x 576 in 0.{i % 997:03d} ms, ok\n"
 
 
-def write_bundle(root: Path, mib: int) -> None:
-    """Three files per rank, together about `mib` MiB, every one holding the secrets."""
+def write_bundle(root: Path, mib: int, *, clean: bool = False) -> None:
+    """Three files per rank, together about `mib` MiB, every one holding the secrets unless
+    `clean`."""
     per_file = mib * (1 << 20) // (RANKS * 3)
     token = ENV["HF_TOKEN"]
     leaks = [
@@ -47,7 +49,7 @@ def write_bundle(root: Path, mib: int) -> None:
     for rank in range(RANKS):
         lines, size, i = [], 0, 0
         while size < per_file:
-            line = leaks[i % 3] if i % 5000 == 0 else _line(i)
+            line = leaks[i % 3] if i % 5000 == 0 and not clean else _line(i)
             lines.append(line)
             size += len(line)
             i += 1
@@ -72,13 +74,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--clean", action="store_true", help="a bundle that holds no secret")
     args = parser.parse_args()
     start = time.perf_counter()
     scrubber = Scrubber.from_environ(ENV)
     build = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "source"
-        write_bundle(source, args.mib)
+        write_bundle(source, args.mib, clean=args.clean)
         size = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
         times = []
         for n in range(args.repeats):

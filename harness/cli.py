@@ -2,7 +2,8 @@
 
 Each concern owns its sub-commands in a small `cli` module exposing
 `register(subparsers) -> None`; the handler it sets as `func` takes the parsed namespace and
-returns an exit code. Errors derived from `DcpqualError` become one line on stderr.
+returns an exit code. Errors derived from `DcpqualError` become one line on stderr, scrubbed of
+secrets as the launcher's console is: an error may echo an argument, a path or a file's content.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import NoReturn
 
 from harness import __version__
 from harness.errors import DcpqualError
+from harness.evidence.redact import environment_scrubber
 
 # Modules that contribute sub-commands, in the order they appear in --help.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -34,7 +36,11 @@ class OneLineErrorParser(argparse.ArgumentParser):
     """argparse prints usage plus the error; we print one line (usage stays in --help)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, _scrubbed(f"{self.prog}: error: {message} (see --help)") + "\n")
+
+
+def _scrubbed(line: str) -> str:
+    return environment_scrubber().text(line)[0]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except DcpqualError as exc:
-        print(f"dcpqual {args.command}: error: {exc}", file=sys.stderr)
+        print(_scrubbed(f"dcpqual {args.command}: error: {exc}"), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"dcpqual {args.command}: interrupted", file=sys.stderr)

@@ -149,3 +149,14 @@ def test_git_source_of_a_folder_inside_a_checkout_is_unknown(tmp_path: Path) -> 
 
 def test_capture_sources_always_has_the_harness() -> None:
     assert "dcpqual" in capture_sources()
+
+
+def test_a_secret_too_short_to_scrub_from_files_is_never_kept_in_env() -> None:
+    env = {"NCCL_PASSWORD": "pw1", "VLLM_TOKEN": "1", "TORCH_STORE_URL": "http://u:p@h/"}
+    kept, redacted = filtered_env(env)
+    assert kept == {
+        "NCCL_PASSWORD": REDACTED,
+        "VLLM_TOKEN": REDACTED,
+        "TORCH_STORE_URL": f"http://u:{REDACTED}@h/",
+    }
+    assert redacted == ["NCCL_PASSWORD", "VLLM_TOKEN"]

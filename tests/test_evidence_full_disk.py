@@ -76,6 +76,21 @@ def test_on_a_full_disk_a_file_holding_a_secret_is_scrubbed_in_place(
         assert SCRUBBED not in log.read_text() and "*" * len(secret) in log.read_text()
 
 
+def test_on_a_full_disk_a_credential_known_by_its_shape_is_masked_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No variable holds these values; the text says they are credentials. Each is shorter
+    than SCRUBBED, so it is masked to its own length."""
+    log = tmp_path / "stdout.log"
+    log.write_text("HF_TOKEN=pw4 via https://ghp_tok@github.com/o/r\n")
+    fill_disk(monkeypatch, errno.ENOSPC)
+
+    report = scrub_folder(tmp_path, Scrubber.of([]))
+
+    assert report.in_place == ("stdout.log",) and report.removed == ()
+    assert log.read_text() == "HF_TOKEN=*** via https://*******@github.com/o/r\n"
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 256 KiB tmpfs, where one can be mounted (root on Linux); skipped elsewhere."""

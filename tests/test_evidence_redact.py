@@ -355,7 +355,7 @@ def test_an_encoded_secret_in_a_file_name_is_renamed(tmp_path: Path) -> None:
 
 def test_an_encoded_short_value_is_not_scrubbed() -> None:
     short = "x" * (MIN_SCRUB_LENGTH - 1)
-    assert not Scrubber.of([short])
+    assert Scrubber.of([short]).forms == ()
     text = f"{base64.b64encode(short.encode()).decode()} {short.encode().hex()}"
     assert Scrubber.of([short]).text(text) == (text, 0)
 
@@ -462,3 +462,170 @@ def test_urls_without_a_password_or_with_a_short_one_give_no_secret() -> None:
         "DATABASE_URL": "postgres://u:short@db/x",  # too short to scrub from files
     }
     assert secret_values(env) == ()
+
+
+# -- base64 wrapped into lines, as MIME, the `base64` tool and `base64.encodebytes` write it --
+
+
+def base64_holds(text: str, secret: str) -> bool:
+    """Whether the base64 in `text` decodes to the secret once its line breaks are removed (as
+    `base64 -d` reads it): any run, at any of the four alignments, cut to whole groups."""
+    target = core(secret).encode()
+    for run in re.findall(r"[A-Za-z0-9+/]{8,}", re.sub(r"\r?\n", "", text)):
+        for skip in range(4):
+            chunk = run[skip:]
+            if target in base64.b64decode(chunk[: len(chunk) - len(chunk) % 4]):
+                return True
+    return False
+
+
+@SETTINGS
+@given(SECRETS, st.integers(0, 120), st.sampled_from([76, 64]), st.sampled_from(["\n", "\r\n"]))
+def test_a_secret_in_line_wrapped_base64_keeps_no_copy(
+    secret: str, pad: int, width: int, newline: str
+) -> None:
+    usable(secret)
+    encoded = base64.b64encode(b"p" * pad + secret.encode() + b"|tail").decode()
+    lines = [encoded[i : i + width] for i in range(0, len(encoded), width)]
+    assume(not any(base64_holds(line, secret) for line in lines))  # its encoding is cut
+    text = newline.join(["Content-Transfer-Encoding: base64", "", *lines, "--end--", ""])
+    scrub = Scrubber.of([secret])
+    clean, hits = scrub.text(text)
+    assert hits >= 1 and not base64_holds(clean, secret)
+    assert clean.startswith("Content-Transfer-Encoding: base64") and "--end--" in clean
+    data, hits = scrub.data(text.encode())
+    assert hits >= 1 and not base64_holds(data.decode(), secret)
+
+
+def test_lines_of_base64_holding_no_secret_are_left_as_they_are() -> None:
+    block = base64.encodebytes(bytes(range(256)) * 3).decode()
+    assert Scrubber.of(["hf_not0in0this0block"]).text(block) == (block, 0)
+
+
+# -- credentials by their shape, whatever the environment holds ---------------------------------
+
+NOTHING_SECRET: dict[str, str] = {"PATH": "/usr/bin", "HOME": "/root"}
+
+
+@pytest.mark.parametrize(
+    "url, credential, rest",
+    [
+        ("https://ghp_0123456789abcdefABCDEF@github.com/org/repo.git", "ghp_", "github.com/org"),
+        ("https://oauth2:glpat-Xy12Zz@gitlab.example/org/r.git", "glpat-Xy12Zz", "gitlab.example"),
+        ("https://x-access-token:ghs_s@github.com/o/r", "ghs_s", "github.com/o/r"),
+        ("https://me:p@ss:w0rd!@proxy:3128/", "w0rd", "proxy:3128/"),
+        ("postgres://qual:pw@db.internal:5432/runs", "qual:pw", "db.internal:5432"),
+    ],
+)
+def test_the_userinfo_of_a_url_is_redacted_whatever_the_environment_holds(
+    url: str, credential: str, rest: str
+) -> None:
+    scrub = Scrubber.from_environ(NOTHING_SECRET)
+    assert scrub.forms == ()
+    clean, hits = scrub.text(f"+ git clone {url} here\n")
+    assert hits == 1 and credential not in clean
+    scheme = url.partition("://")[0]
+    assert f" {scheme}://{SCRUBBED}@" in clean and rest in clean and clean.endswith(" here\n")
+
+
+@pytest.mark.parametrize(
+    "line, value",
+    [
+        ("HF_TOKEN=hf_NotInThisEnvironment0", "hf_NotInThisEnvironment0"),
+        ("export DB_PASSWORD='two words'", "two words"),
+        ('docker run -e AWS_SECRET_ACCESS_KEY="abc/de+f" img', "abc/de+f"),
+        ("env GITHUB_PAT=ghp_x1 make", "ghp_x1"),
+        ("test_login[MY_SECRET=s3]", "s3"),
+        ("environ({'HOME': '/root', 'HF_TOKEN': 'hf_dict_repr'})", "hf_dict_repr"),
+        ('{"NPM_AUTH": "npm_in_json_text", "n": 1}', "npm_in_json_text"),
+    ],
+)
+def test_the_value_of_a_secret_named_assignment_is_redacted_whatever_the_environment_holds(
+    line: str, value: str
+) -> None:
+    scrub = Scrubber.from_environ(NOTHING_SECRET)
+    clean, hits = scrub.text(line)
+    assert hits == 1 and value not in clean and SCRUBBED in clean
+    name = re.findall(r"[A-Z][A-Z_]+(?=['\"]?[=:])", line)[-1]
+    assert name in clean  # which variable it was stays readable
+    assert scrub.text(clean) == (clean, 0)  # and scrubbing again changes nothing
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "signature(total_heads=16, max_tokens=8192, dtype='bf16')",  # lower case: code, not env
+        "NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL OMP_NUM_THREADS=1",  # not secret names
+        f"{PATTERNS_ENV}=acme_*",  # the setting that names secrets is none itself
+        "HF_TOKEN=<redacted> DB_PASSWORD=[REDACTED] PIP_PASS=****",  # already replaced
+        "HF_TOKEN= DB_PASSWORD=''",  # nothing to hide
+        "see https://github.com/org/repo and mail me@example.com",  # no userinfo
+        "https://[REDACTED]@github.com/org/repo https://****@h/",
+    ],
+)
+def test_text_that_only_looks_like_a_credential_is_left_as_it_is(line: str) -> None:
+    assert Scrubber.from_environ(NOTHING_SECRET).text(line) == (line, 0)
+
+
+def test_credentials_by_their_shape_are_scrubbed_from_every_kind_of_file(tmp_path: Path) -> None:
+    url = "https://ghp_ShapeOnly0123456789@github.com/org/repo"
+    (tmp_path / "run.log").write_text(f"cloning {url}\nHF_TOKEN=hf_shape_only\n")
+    (tmp_path / "rank-00.json").write_text(
+        json.dumps({"message": f"git clone {url}", "env": {"HF_TOKEN": "hf_shape_only"}})
+    )
+    (tmp_path / "rank-00.xml").write_text(
+        f"<testsuite><testcase name='t'><system-out>{url} HF_TOKEN=hf_shape_only"
+        "</system-out></testcase></testsuite>"
+    )
+    (tmp_path / "HF_TOKEN=hf_shape_only.txt").write_text("x")
+    report = scrub_folder(tmp_path, Scrubber.from_environ(NOTHING_SECRET))
+    for path in tmp_path.iterdir():
+        assert "hf_shape_only" not in path.name and "ghp_" not in path.name
+        assert b"hf_shape_only" not in path.read_bytes() and b"ghp_" not in path.read_bytes()
+    assert report.changed == ("rank-00.json", "rank-00.xml", "run.log")
+    record = json.loads((tmp_path / "rank-00.json").read_text())
+    assert record["env"] == {"HF_TOKEN": SCRUBBED}
+    assert record["message"] == f"git clone https://{SCRUBBED}@github.com/org/repo"
+
+
+def test_a_scrubber_without_the_shape_rules_leaves_them_to_the_values() -> None:
+    """What the negative controls use: no redaction at all."""
+    line = "HF_TOKEN=hf_value https://user@host/"
+    assert not Scrubber((), shapes=False)
+    assert Scrubber((), shapes=False).text(line) == (line, 0)
+
+
+# -- values too short to scrub wherever they appear -----------------------------------------------
+
+
+def test_a_short_secret_value_is_scrubbed_where_its_name_says_what_it_is() -> None:
+    """A value shorter than MIN_SCRUB_LENGTH ("1", "true", a short password) would corrupt every
+    file if scrubbed wherever it appears; it is scrubbed where the text names it a secret."""
+    env = {"DB_PASSWORD": "pw1", "AWS_PROFILE": "dev"}
+    scrub = Scrubber.from_environ(env)
+    assert secret_values(env) == () and scrub.forms == ()
+    clean, hits = scrub.text("DB_PASSWORD=pw1 AWS_PROFILE=dev; login with pw1 on dev")
+    assert clean == f"DB_PASSWORD={SCRUBBED} AWS_PROFILE={SCRUBBED}; login with pw1 on dev"
+    assert hits == 2
+
+
+_SHAPED = st.lists(
+    st.one_of(
+        st.sampled_from(["HF_TOKEN", "DB_PASSWORD", "NCCL_DEBUG", "=", "'", '"', ": ", "://"]),
+        st.sampled_from(["@", "/", " ", "\n", "]", "[", "*", "<", "x_KEY", "a:b", SCRUBBED]),
+        st.text(_CHARS, max_size=6),
+    ),
+    max_size=14,
+).map("".join)
+
+
+@SETTINGS
+@given(_SHAPED, st.sampled_from(["", "hf_known0123456789"]))
+def test_scrubbing_what_was_scrubbed_changes_nothing(text: str, known: str) -> None:
+    """The writer scrubs what the launcher already scrubbed, and the receipt built from
+    scrubbed files is scrubbed again: a second pass must find nothing."""
+    scrub = Scrubber.from_environ({"HF_TOKEN": known} if known else NOTHING_SECRET)
+    once, _ = scrub.text(text + known)
+    assert scrub.text(once) == (once, 0)
+    data, _ = scrub.data((text + known).encode())
+    assert scrub.data(data) == (data, 0)

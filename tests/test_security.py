@@ -47,9 +47,9 @@ def test_a_planted_token_never_reaches_the_evidence_of_a_real_run(
 ) -> None:
     """rank_secret.py spills HF_TOKEN into every kind of file a run leaves; the bundle holds none
     of it. The raw folder is kept as the writer found it, and finalized a second time with
-    redaction removed (`writer.environment_scrubber` -> a scrubber of no values), to show the
-    same check then fails. The raw copy is taken at the first step of the ending, before the
-    launcher's scrub."""
+    redaction removed (`writer.environment_scrubber` -> a scrubber of no values and no shapes),
+    to show the same check then fails. The raw copy is taken at the first step of the ending,
+    before the launcher's scrub."""
     token = f"hf_dcpqual{uuid.uuid4().hex}"
     monkeypatch.setenv("HF_TOKEN", token)
     raw = tmp_path / "raw"
@@ -80,7 +80,8 @@ def test_a_planted_token_never_reaches_the_evidence_of_a_real_run(
     assert "HF_TOKEN" not in receipt["environment"]["env"]
     assert set(receipt["scrubbed_files"]) >= {"records/rank-01.json", "junit/rank-01.xml"}
 
-    monkeypatch.setattr(writer, "environment_scrubber", lambda: Scrubber.of(()))  # no redaction
+    no_redaction = Scrubber((), shapes=False)
+    monkeypatch.setattr(writer, "environment_scrubber", lambda: no_redaction)
     finalize(raw, kept["ctx"])
     unredacted = leaks(raw, token)
     assert {"receipt.json", "summary.md", "junit/merged.xml"} <= set(unredacted), unredacted

@@ -4,7 +4,8 @@ Environment variables are kept only under the prefixes that change what NCCL, vL
 and CUDA do. Any variable whose name looks like a secret (`harness.evidence.redact` says which)
 is redacted where it is kept, and so is the password of a URL in a kept value (whatever its
 length); the writer scrubs the *values* of every such variable, and URL passwords long enough to
-scrub, out of the bundle.
+scrub, out of the bundle, and (whatever the environment holds) the userinfo of URLs and the values
+that text assigns to secret names.
 """
 
 from __future__ import annotations

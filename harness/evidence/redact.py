@@ -8,6 +8,17 @@ a JSON record). A value is also encoded before it is printed: base64 (an HTTP Ba
 cookie; either alphabet, padded or not, and at any offset inside a longer encoded string),
 percent-encoding (a URL's query) and hex (a byte dump); each encoded form is escaped once more.
 Every such form of every secret value is scrubbed, from file contents and from file names.
+A base64 encoding wrapped into lines (MIME, the `base64` tool, `base64.encodebytes`: lines of 64
+or 76 characters, `\n` or `\r\n`) is looked at with its line breaks removed.
+
+Why shapes too: some text is a credential whatever its value, and whether or not this process's
+environment holds it (a rank's own variables, a token given on a command line, a value too short
+to scrub wherever it appears). The userinfo of a URL (`https://TOKEN@host`, `scheme://user:pass@`)
+and the value of an assignment to a secret-looking environment name (`HF_TOKEN=...`,
+`export DB_PASSWORD='...'`, `'HF_TOKEN': '...'` in a printed dict, a JSON string under such a
+key) are replaced, the name and the rest of the URL kept. Names are upper case, as environment
+variables are: `max_tokens=8192` is code, not a secret. Values that are already placeholders
+(`[REDACTED]`, `<redacted>`, `****`) are left, so scrubbing twice changes nothing.
 
 Why values, not text: a secret may equal a word the files themselves are made of
 (`MY_TOKEN=complete`, a JSON key of the rank record). JSON and XML files are therefore parsed and
@@ -35,7 +46,7 @@ import re
 import shlex
 import shutil
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,8 +92,9 @@ DEFAULT_SECRET_PATTERNS: tuple[str, ...] = (
 REDACTED = "<redacted>"
 # What replaces a secret found in a file or a name: safe in JSON strings, XML, Markdown, paths.
 SCRUBBED = "[REDACTED]"
-# Values shorter than this are not scrubbed from files: replacing "1" or "true" everywhere
-# would corrupt the bundle and hide nothing (they are still redacted in `env`).
+# Values shorter than this are not scrubbed wherever they appear: replacing "1" or "true"
+# everywhere would corrupt the bundle and hide nothing. They are still redacted in `env`, and
+# scrubbed where the text names them (`NAME=value`, see the shapes above).
 MIN_SCRUB_LENGTH = 8
 
 
@@ -196,6 +208,48 @@ def print_forms(value: str) -> tuple[str, ...]:
 
 _ALNUM_RUN = re.compile(r"[A-Za-z0-9]+")
 
+_B64 = "A-Za-z0-9+/_-"
+# A line break after 64 base64 characters (or 63 and a '\r') and before more: where a wrapped
+# encoding may cut a secret's. Searched from the '\n', so a text without one costs little.
+_WRAP_BREAK = re.compile(rf"\n(?<=[{_B64}]{{63}}[\r{_B64}]\n)(?=[{_B64}])")
+# Lines of at least 64 base64 characters, each ending in a line break, then the last line.
+_WRAPPED = re.compile(rf"(?<![{_B64}])[{_B64}]{{64,}}\r?\n(?:[{_B64}]{{64,}}\r?\n)*[{_B64}]+")
+# The userinfo of a URL: from '://' to the last '@' before the host, as urllib splits it.
+_USERINFO = re.compile(r"://(?<=[A-Za-z0-9+.-]://)(?P<userinfo>[^\s/?#\"'`\\<>]+)@")
+# An upper-case NAME at a word's start, assigned (`NAME=`) or a quoted key (`'NAME': `), and its
+# value: quoted, or up to what ends a word in a shell line, a URL's query or markup.
+_WORD_END = r"\s\"'`\\<>&;|,)\]}"
+_ASSIGNED = re.compile(
+    r"(?P<name>[A-Z](?<![A-Za-z0-9_][A-Z])[A-Z0-9_]*)(?:=|[\"']:[ \t]*)"
+    rf"(?:\"(?P<dq>[^\"\n]*)\"|'(?P<sq>[^'\n]*)'|(?P<bare>[^{_WORD_END}=][^{_WORD_END}]*))"
+)
+_ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+
+
+def _placeholder(value: str) -> bool:
+    """A value some scrubber already replaced (or that names no value): left as it is."""
+    return value[:1] in ("[", "<") or not value.strip("*")
+
+
+def _scrubbed(length: int) -> str:
+    return SCRUBBED
+
+
+def _replaced(text: str, spans: list[tuple[int, int]], fill: Callable[[int], str]) -> str:
+    """`text` with each span replaced by `fill(its length)`; overlapping spans count as one."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    pieces: list[str] = []
+    last = 0
+    for start, end in merged:
+        pieces += [text[last:start], fill(end - start)]
+        last = end
+    return "".join(pieces) + text[last:]
+
 
 def _anchors(forms: Iterable[str]) -> tuple[str, ...]:
     """Substrings such that every form holds one: each form's longest alphanumeric run (the
@@ -211,59 +265,142 @@ def _anchors(forms: Iterable[str]) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Scrubber:
-    """Replaces every print form of a set of secret values; `bool(s)` is False with none.
+    """Replaces every print form of a set of secret values and, with `shapes`, what is a
+    credential by its shape (a URL's userinfo, the value of a NAME=value whose NAME matches
+    `patterns`); `bool(s)` is False where it can replace nothing.
 
     A text holding none of the anchors holds no form, so it is passed over after a few
     searches instead of one per form (most strings of a bundle hold no secret)."""
 
     forms: tuple[str, ...]
+    shapes: bool = True
+    patterns: tuple[str, ...] = DEFAULT_SECRET_PATTERNS
     anchors: tuple[str, ...] = field(init=False, repr=False, compare=False)
     byte_anchors: tuple[bytes, ...] = field(init=False, repr=False, compare=False)
+    secret_names: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    seen_names: dict[str, bool] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         anchors = _anchors(self.forms)
         object.__setattr__(self, "anchors", anchors)
         object.__setattr__(self, "byte_anchors", tuple(a.encode("utf-8") for a in anchors))
+        names = "|".join(fnmatch.translate(p.upper()) for p in self.patterns) or "(?!)"
+        object.__setattr__(self, "secret_names", re.compile(names))
+        object.__setattr__(self, "seen_names", {})  # a log assigns the same few names again
 
     @classmethod
-    def of(cls, secrets: Iterable[str]) -> Scrubber:
+    def of(
+        cls,
+        secrets: Iterable[str],
+        *,
+        shapes: bool = True,
+        patterns: tuple[str, ...] = DEFAULT_SECRET_PATTERNS,
+    ) -> Scrubber:
         forms = {f for s in secrets for f in print_forms(s)}
-        return cls(tuple(sorted(forms, key=lambda f: (-len(f), f))))
+        return cls(tuple(sorted(forms, key=lambda f: (-len(f), f))), shapes, patterns)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Scrubber:
-        return cls.of(secret_values(os.environ if environ is None else environ))
+        environ = os.environ if environ is None else environ
+        return cls.of(secret_values(environ), patterns=secret_patterns(environ))
 
     def __bool__(self) -> bool:
-        return bool(self.forms)
+        return bool(self.forms) or self.shapes
 
     def text(self, text: str) -> tuple[str, int]:
-        """`text` with every form replaced by SCRUBBED, and how many were replaced."""
-        if not any(anchor in text for anchor in self.anchors):
-            return text, 0
+        """`text` with every form and shape replaced by SCRUBBED, and how many were replaced."""
         count = 0
-        for form in self.forms:
-            hits = text.count(form)
-            if hits:
-                text = text.replace(form, SCRUBBED)
-                count += hits
+        if any(anchor in text for anchor in self.anchors):
+            for form in self.forms:
+                hits = text.count(form)
+                if hits:
+                    text = text.replace(form, SCRUBBED)
+                    count += hits
+        if self._may_hold_more(text):
+            text, more = self._beyond_forms(text, _scrubbed)
+            count += more
         return text, count
 
     def data(self, data: bytes) -> tuple[bytes, int]:
-        if not any(anchor in data for anchor in self.byte_anchors):
-            return data, 0
         count = 0
+        if any(anchor in data for anchor in self.byte_anchors):
+            for form in self.forms:
+                raw = form.encode("utf-8")
+                hits = data.count(raw)
+                if hits:
+                    data = data.replace(raw, SCRUBBED.encode())
+                    count += hits
+        data, more = self._beyond_forms_data(data, _scrubbed)
+        return data, count + more
+
+    def _beyond_forms(self, text: str, fill: Callable[[int], str]) -> tuple[str, int]:
+        """`text` with the forms a line-wrapped encoding cut and every shape replaced by
+        `fill(length)`, and how many were; after the forms themselves are replaced."""
+        spans: list[tuple[int, int]] = []
+        if self.forms and "\n" in text and _WRAP_BREAK.search(text):
+            for block in _WRAPPED.finditer(text):
+                spans += [(block.start() + a, block.start() + b) for a, b in self._cut(block[0])]
+        if self.shapes:
+            spans += self._shape_spans(text)
+        return (_replaced(text, spans, fill), len(spans)) if spans else (text, 0)
+
+    def _may_hold_more(self, text: str) -> bool:
+        """False for a text `_beyond_forms` would leave as it is, after a few searches (most
+        strings of a bundle: a test's id, a tag's text)."""
+        return (bool(self.forms) and "\n" in text) or (
+            self.shapes and ("=" in text or "://" in text or "':" in text or '":' in text)
+        )
+
+    def _beyond_forms_data(self, data: bytes, fill: Callable[[int], str]) -> tuple[bytes, int]:
+        """`_beyond_forms` on bytes, decoded so that every byte comes back as it was."""
+        if not (self.shapes or (self.forms and b"\n" in data)):
+            return data, 0
+        text, hits = self._beyond_forms(data.decode("utf-8", "surrogateescape"), fill)
+        return (text.encode("utf-8", "surrogateescape"), hits) if hits else (data, 0)
+
+    def _cut(self, block: str) -> list[tuple[int, int]]:
+        """Spans of `block` (lines of base64) that are forms once its line breaks are removed."""
+        at = [i for i, char in enumerate(block) if char not in "\r\n"]
+        joined = "".join(block[i] for i in at)
+        if not any(anchor in joined for anchor in self.anchors):
+            return []
+        spans = []
         for form in self.forms:
-            raw = form.encode("utf-8")
-            hits = data.count(raw)
-            if hits:
-                data = data.replace(raw, SCRUBBED.encode())
-                count += hits
-        return data, count
+            start = joined.find(form)
+            while start != -1:
+                end = start + len(form)
+                spans.append((at[start], at[end - 1] + 1))
+                joined = joined[:start] + "\0" * len(form) + joined[end:]  # found once
+                start = joined.find(form, end)
+        return spans
+
+    def secret_name(self, name: str) -> bool:
+        """Whether `name` is an environment-style name (upper case) that names a secret."""
+        known = self.seen_names.get(name)
+        if known is None:
+            known = self.seen_names[name] = (
+                bool(_ENV_NAME.fullmatch(name))
+                and name != PATTERNS_ENV
+                and bool(self.secret_names.match(name))
+            )
+        return known
+
+    def _shape_spans(self, text: str) -> list[tuple[int, int]]:
+        """Spans of the userinfo of every URL and of the value of every secret-named
+        assignment in `text`, placeholders left out."""
+        found = []
+        if "://" in text:
+            found += [m.span("userinfo") for m in _USERINFO.finditer(text)]
+        for m in _ASSIGNED.finditer(text):
+            if self.secret_name(m["name"]):
+                group = next(g for g in ("dq", "sq", "bare") if m[g] is not None)
+                found.append(m.span(group))
+        return [(a, b) for a, b in found if b > a and not _placeholder(text[a:b])]
 
     def value(self, value: Any) -> tuple[Any, int]:
         """A JSON value with its strings scrubbed. A key is scrubbed inside, but a key that is
-        exactly a secret form is a word of the structure and is left as it is."""
+        exactly a secret form is a word of the structure and is left as it is. A string under a
+        secret-named key (`{"HF_TOKEN": ...}`) is replaced whole."""
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, list):
@@ -275,12 +412,24 @@ class Scrubber:
             for key, item in value.items():
                 new_key, hits = (key, 0) if key in self.forms else self.text(key)
                 new_item, more = self.value(item)
+                if self._secret_key(key, new_item):
+                    new_item, more = SCRUBBED, more + 1
                 while new_key in out:
                     new_key += "~"
                 out[new_key] = new_item
                 count += hits + more
             return out, count
         return value, 0
+
+    def _secret_key(self, key: str, item: Any) -> bool:
+        """A string (not a placeholder) under a secret-named key: `{"HF_TOKEN": "..."}`."""
+        return (
+            self.shapes
+            and isinstance(item, str)
+            and bool(item)
+            and not _placeholder(item)
+            and self.secret_name(key)
+        )
 
     def json_bytes(self, data: bytes) -> tuple[bytes, int]:
         """A JSON document scrubbed as values; bytes that are not JSON are scrubbed as text."""
@@ -421,11 +570,12 @@ def mask_filler(length: int) -> str:
 
 
 def _masked(scrubber: Scrubber, data: bytes) -> bytes:
-    """`data` with every secret form replaced by a filler of its own length (never longer)."""
+    """`data` with every secret form and shape replaced by a filler of its own length (never
+    longer)."""
     for form in scrubber.forms:
         raw = form.encode("utf-8")
         data = data.replace(raw, mask_filler(len(raw)).encode())
-    return data
+    return scrubber._beyond_forms_data(data, mask_filler)[0]
 
 
 def _overwrite(path: Path, data: bytes) -> None:
@@ -555,11 +705,12 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
 
 def environment_scrubber() -> Scrubber:
     """The Scrubber of every print form of the secret values in this process's environment
-    (the ranks inherit it): what the bundle and the launcher's console are scrubbed with. Built
-    once per set of values, as the console asks for it at every line."""
-    return _scrubber_of(secret_values(os.environ))
+    (the ranks inherit it), and of the shapes of credentials: what the bundle, the launcher's
+    console and the CLI's error line are scrubbed with. Built once per set of values, as the
+    console asks for it at every line."""
+    return _scrubber_of(secret_values(os.environ), secret_patterns(os.environ))
 
 
 @functools.lru_cache(maxsize=4)
-def _scrubber_of(values: tuple[str, ...]) -> Scrubber:
-    return Scrubber.of(values)
+def _scrubber_of(values: tuple[str, ...], patterns: tuple[str, ...]) -> Scrubber:
+    return Scrubber.of(values, patterns=patterns)
