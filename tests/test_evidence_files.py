@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from _support.locked import hold_to_modes, lock
 
 from harness.atomic import atomic_write_bytes
 from harness.evidence.files import (
@@ -101,3 +102,21 @@ def test_walk_lists_files_and_links_without_following(tmp_path: Path) -> None:
     (tmp_path / "link-to-file").symlink_to(tmp_path / "d" / "f")
     found = [(e.relpath, e.kind) for e in walk(tmp_path)]
     assert found == [("d/f", "file"), ("link-to-dir", "symlink"), ("link-to-file", "symlink")]
+
+
+@pytest.mark.parametrize("mode", [0o000, 0o300], ids=["000", "wx"])
+def test_walk_names_a_folder_it_cannot_list_instead_of_skipping_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int
+) -> None:
+    hold_to_modes(monkeypatch, tmp_path)
+    out = tmp_path / "out"
+    (out / "d" / "locked").mkdir(parents=True)
+    (out / "d" / "f").write_text("x")
+    (out / "d" / "locked" / "hidden").write_text("y")
+    lock(out / "d" / "locked", mode)
+    found = [(e.relpath, e.kind) for e in walk(out)]
+    assert found == [("d/f", "file"), ("d/locked", "unreadable")]
+
+
+def test_walk_of_a_folder_that_is_not_there_finds_nothing(tmp_path: Path) -> None:
+    assert list(walk(tmp_path / "absent")) == []
