@@ -171,6 +171,58 @@ def test_a_non_empty_out_is_refused_before_anything_runs(tmp_path, monkeypatch):
     assert calls == [] and sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 
+SECRET = "hf_PipelineSecret0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    "error, why",
+    [(MemoryError(), "MemoryError"), (RuntimeError(f"stuck at {SECRET}"), "RuntimeError: stuck")],
+)
+def test_an_unexpected_error_in_the_scrub_is_one_line_and_no_bundle(
+    tmp_path, monkeypatch, capsys, error, why
+):
+    """Whatever stops the scrub, the folder it leaves may hold a secret: no bundle is written
+    from it, and one line (itself scrubbed) says so."""
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    monkeypatch.setattr(launcher, "launch", fake_launch(0)[0])
+    evidence = FakeEvidence()
+
+    def scrub_fails(out: Path) -> Any:
+        raise error
+
+    api = replace(evidence.api(), scrub_out_dir=scrub_fails)
+    out = tmp_path / "out"
+    stream = io.StringIO()
+    options = RunOptions(nproc_per_node=2, out_dir=out)
+    code = launcher.run(options, evidence=api, stream=stream, progress=PlainProgress(stream))
+    assert code == 1
+    assert evidence.contexts == []  # no bundle was written from the unscrubbed folder
+    assert not (out / "receipt.json").exists() and not (out / "SHA256SUMS").exists()
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"dcpqual run: error: no bundle written in {out.absolute()}: ")
+    assert f"the scrub of secrets stopped ({why}" in line and SECRET not in line
+    assert line.endswith("remove them before sharing this folder")
+
+
+def test_an_unexpected_error_while_the_bundle_is_written_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(launcher, "launch", fake_launch(0)[0])
+
+    def finalize_fails(out: Path, ctx: Any) -> Receipt:
+        raise MemoryError
+
+    api = replace(FakeEvidence().api(), finalize_bundle=finalize_fails)
+    out = tmp_path / "out"
+    stream = io.StringIO()
+    options = RunOptions(nproc_per_node=2, out_dir=out)
+    code = launcher.run(options, evidence=api, stream=stream, progress=PlainProgress(stream))
+    assert code == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(
+        f"dcpqual run: error: could not finish the bundle in {out.absolute()}: MemoryError; "
+        "written: none;"
+    )
+
+
 def test_two_nodes_share_one_folder_and_node0_finalizes_after_both(tmp_path, monkeypatch):
     monkeypatch.setattr(launcher, "launch", fake_launch(0)[0])
     monkeypatch.setattr(launcher, "JOIN_WAIT_S", 20.0)
