@@ -45,6 +45,20 @@ def test_atomic_write_failure_keeps_old_file_and_leaves_no_temp(tmp_path: Path, 
     assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
 
 
+def test_atomic_write_within_a_folder_never_writes_through_a_link_in_it(tmp_path: Path) -> None:
+    outside, out = tmp_path / "outside", tmp_path / "out"
+    outside.mkdir()
+    (out / "a").mkdir(parents=True)
+    (out / "a" / "logs").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(OSError, match="is a link"):
+        atomic_write_bytes(out / "a" / "logs" / "deeper" / "x.txt", b"x", within=out)
+    assert list(outside.iterdir()) == []
+    (out / "a" / "f.txt").symlink_to(outside / "f.txt")  # a link as the target is replaced
+    atomic_write_bytes(out / "a" / "f.txt", b"y", within=out)
+    assert (out / "a" / "f.txt").read_bytes() == b"y" and not (out / "a" / "f.txt").is_symlink()
+    assert list(outside.iterdir()) == []
+
+
 def test_render_sums_is_sorted_sha256sum_format(tmp_path: Path) -> None:
     text = render_sums({"z/b.txt": B, "a.txt": A})
     assert text == f"{A}  a.txt\n{B}  z/b.txt\n"

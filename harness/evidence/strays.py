@@ -29,6 +29,9 @@ RECEIPT_NAME = "receipt.json"
 # Names the writer creates; a file a test wrote under one of them is not the writer's.
 BUNDLE_NAMES = frozenset({RECEIPT_NAME, "summary.md", SUMS_NAME, "junit/merged.xml"})
 MOVED = "moved to "
+# Folders the launcher writes into once the ranks ran (their logs by global rank, in
+# harness.launch.ranklogs): a file the run left at such a name would stop it.
+WRITTEN_FOLDERS = frozenset({"logs"})
 
 
 def _kind(path: Path) -> str:
@@ -56,6 +59,8 @@ def _free(target: Path) -> Path:
 def _in_the_way(relpath: str) -> bool:
     """At, under, or a folder of a name the writer writes (`strays/` included): a run's file
     there would pass for the writer's or stop it."""
+    if relpath in WRITTEN_FOLDERS:
+        return True
     for name in (*BUNDLE_NAMES, STRAYS_DIR):
         if relpath == name or relpath.startswith(name + "/") or name.startswith(relpath + "/"):
             return True

@@ -461,7 +461,8 @@ def _finish(
     seen: Snapshot,
     held: ending.Hold,
 ) -> int:
-    """Scrub first, then name the interruption, set strays aside, write and verify the bundle."""
+    """Scrub first, then name the interruption, set strays aside (before anything is written
+    into a folder the ranks could have made a link), write and verify the bundle."""
     out_dir = plan.out_dir
     try:
         scrubbed = evidence.scrub_out_dir(out_dir)
@@ -478,7 +479,15 @@ def _finish(
             f"{result.elapsed_s:.1f}s; whole tree ended, writing the bundle of what ran",
         )
     if options.multi_node:
-        nodes.write_marker(out_dir, nodes.finished_marker(marker, result))
+        try:
+            nodes.write_marker(out_dir, nodes.finished_marker(marker, result))
+        except OSError as exc:
+            _say(
+                sys.stderr,
+                f"dcpqual run: error: could not write node {options.node_rank}'s finished "
+                f"marker in {out_dir}: {_why(exc)}",
+            )
+            return 1
     _say(
         stream,
         f"dcpqual run: torchrun exited {result.exit_code} after {result.elapsed_s:.1f}s"
@@ -513,8 +522,8 @@ def _finish(
         removed=list(scrubbed.removed),
     )
     try:
+        strays = evidence.set_aside(out_dir)  # a rank's `logs -> elsewhere` goes first
         collect_rank_logs(out_dir, options.world_size, options.nproc_per_node)
-        strays = evidence.set_aside(out_dir)
         result = held.name_in(result, seen)  # a signal held since torchrun exited interrupted it
         ctx = run_context(plan, result, nodes=markers)
         ctx = replace(ctx, extra=ctx.extra.model_copy(update={"scrub": scrub, "strays": strays}))

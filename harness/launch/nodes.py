@@ -66,8 +66,10 @@ def marker_path(out_dir: Path, node_rank: int) -> Path:
 
 
 def write_marker(out_dir: Path, marker: NodeState) -> None:
+    """Never through a link the ranks left in the shared folder (OSError)."""
     text = json.dumps(marker.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
-    atomic_write_text(marker_path(out_dir, marker.node_rank), text, fsync=False)
+    path = marker_path(out_dir, marker.node_rank)
+    atomic_write_text(path, text, fsync=False, within=out_dir)
 
 
 def read_marker(out_dir: Path, node_rank: int) -> NodeState | None:
