@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from _support.locked import hold_to_modes, lock
 
 from harness.atomic import atomic_write_bytes
 from harness.evidence.files import (
@@ -42,6 +43,20 @@ def test_atomic_write_failure_keeps_old_file_and_leaves_no_temp(tmp_path: Path, 
         atomic_write_bytes(target, b"half")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
+
+
+def test_atomic_write_within_a_folder_never_writes_through_a_link_in_it(tmp_path: Path) -> None:
+    outside, out = tmp_path / "outside", tmp_path / "out"
+    outside.mkdir()
+    (out / "a").mkdir(parents=True)
+    (out / "a" / "logs").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(OSError, match="is a link"):
+        atomic_write_bytes(out / "a" / "logs" / "deeper" / "x.txt", b"x", within=out)
+    assert list(outside.iterdir()) == []
+    (out / "a" / "f.txt").symlink_to(outside / "f.txt")  # a link as the target is replaced
+    atomic_write_bytes(out / "a" / "f.txt", b"y", within=out)
+    assert (out / "a" / "f.txt").read_bytes() == b"y" and not (out / "a" / "f.txt").is_symlink()
+    assert list(outside.iterdir()) == []
 
 
 def test_render_sums_is_sorted_sha256sum_format(tmp_path: Path) -> None:
@@ -101,3 +116,21 @@ def test_walk_lists_files_and_links_without_following(tmp_path: Path) -> None:
     (tmp_path / "link-to-file").symlink_to(tmp_path / "d" / "f")
     found = [(e.relpath, e.kind) for e in walk(tmp_path)]
     assert found == [("d/f", "file"), ("link-to-dir", "symlink"), ("link-to-file", "symlink")]
+
+
+@pytest.mark.parametrize("mode", [0o000, 0o300], ids=["000", "wx"])
+def test_walk_names_a_folder_it_cannot_list_instead_of_skipping_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int
+) -> None:
+    hold_to_modes(monkeypatch, tmp_path)
+    out = tmp_path / "out"
+    (out / "d" / "locked").mkdir(parents=True)
+    (out / "d" / "f").write_text("x")
+    (out / "d" / "locked" / "hidden").write_text("y")
+    lock(out / "d" / "locked", mode)
+    found = [(e.relpath, e.kind) for e in walk(out)]
+    assert found == [("d/f", "file"), ("d/locked", "unreadable")]
+
+
+def test_walk_of_a_folder_that_is_not_there_finds_nothing(tmp_path: Path) -> None:
+    assert list(walk(tmp_path / "absent")) == []

@@ -21,6 +21,7 @@ from pathlib import Path
 from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 import pytest
+from _support.locked import hold_to_modes, lock, refuse_chmod, unlock_all
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +31,7 @@ from harness.evidence.redact import (
     PATTERNS_ENV,
     SCRUBBED,
     Scrubber,
+    ScrubFailed,
     is_secret_name,
     scrub_folder,
     secret_values,
@@ -629,3 +631,65 @@ def test_scrubbing_what_was_scrubbed_changes_nothing(text: str, known: str) -> N
     assert scrub.text(once) == (once, 0)
     data, _ = scrub.data((text + known).encode())
     assert scrub.data(data) == (data, 0)
+
+
+# -- folders the run left locked ---------------------------------------------------------------
+
+LOCKED = "hf_LockedFolderSecret0123456789"
+
+
+@pytest.mark.parametrize("mode", [0o000, 0o300, 0o400], ids=["000", "wx", "r"])
+def test_a_folder_the_run_locked_is_opened_and_scrubbed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int
+) -> None:
+    """A folder its owner cannot list (000, 0o300) or enter (0o400) could hide a secret from a
+    walk that skips it; the scrub gives it back to its owner (u+rwx) and goes in."""
+    hold_to_modes(monkeypatch, tmp_path)
+    locked = tmp_path / "out" / "notes" / "locked"
+    (locked / "inner").mkdir(parents=True)
+    (locked / "a.txt").write_text(f"HF_TOKEN={LOCKED}\n")
+    (locked / "inner" / "b.txt").write_text(f"HF_TOKEN={LOCKED}\n")
+    (locked / f"{LOCKED}.log").write_text("named after it\n")
+    lock(locked / "inner", mode)
+    lock(locked, mode)
+
+    report = scrub_folder(tmp_path / "out", Scrubber.of([LOCKED]))
+
+    assert report.changed == ("notes/locked/a.txt", "notes/locked/inner/b.txt")
+    assert report.renamed == ((f"notes/locked/{SCRUBBED}.log", f"notes/locked/{SCRUBBED}.log"),)
+    assert report.removed == ()
+    unlock_all(tmp_path / "out")
+    assert (locked / "a.txt").read_text() == f"HF_TOKEN={SCRUBBED}\n"
+    assert (locked / "inner" / "b.txt").read_text() == f"HF_TOKEN={SCRUBBED}\n"
+
+
+def test_a_locked_folder_that_cannot_be_opened_is_removed_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where its mode cannot be changed (not the run's own, immutable), a folder that cannot be
+    listed is removed, as a file that cannot be scrubbed is, and named as removed."""
+    hold_to_modes(monkeypatch, tmp_path)
+    out = tmp_path / "out"
+    lock(out / "notes" / "locked")
+    (out / "notes" / "kept.txt").write_text("nothing secret\n")
+    refuse_chmod(monkeypatch, out)
+
+    report = scrub_folder(out, Scrubber.of([LOCKED]))
+
+    assert report.removed == ("notes/locked/",)
+    assert sorted(p.name for p in (out / "notes").iterdir()) == ["kept.txt"]
+
+
+def test_a_locked_folder_that_can_be_neither_opened_nor_removed_stops_the_scrub(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hold_to_modes(monkeypatch, tmp_path)
+    out = tmp_path / "out"
+    (out / "locked").mkdir(parents=True)
+    (out / "locked" / "a.txt").write_text(f"HF_TOKEN={LOCKED}\n")
+    lock(out / "locked")
+    refuse_chmod(monkeypatch, out)
+
+    with pytest.raises(ScrubFailed, match=r"^locked/ still holds a secret") as failed:
+        scrub_folder(out, Scrubber.of([LOCKED]))
+    assert failed.value.left == ("locked/",)

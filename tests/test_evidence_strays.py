@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from _support.evidence_factory import passing_run
 from _support.forge import forge
+from _support.locked import hold_to_modes, lock, refuse_chmod
 
 from harness.evidence.schema import Receipt
 from harness.evidence.strays import set_aside
@@ -144,6 +145,41 @@ def test_a_file_where_the_writer_needs_a_folder_is_set_aside(tmp_path: Path) -> 
         out, replace(ctx, extra=ctx.extra.model_copy(update={"strays": strays}))
     )
     assert receipt.verdict == "fail" and verify_bundle(out).problems == ()
+
+
+def test_a_folder_the_run_locked_is_opened_and_its_files_are_evidence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder its owner cannot list is given back to the owner (u+rwx): what it holds is
+    hashed and listed like any file the run left, not skipped."""
+    hold_to_modes(monkeypatch, tmp_path)
+    out = tmp_path / "bundle"
+
+    def leave(out: Path) -> None:
+        (out / "notes" / "locked").mkdir(parents=True)
+        (out / "notes" / "locked" / "a.txt").write_text("kept\n")
+        lock(out / "notes" / "locked")
+
+    receipt, strays = bundle_left_with(out, leave)
+    assert strays == []
+    assert "notes/locked/a.txt" in receipt.files
+    assert verify_bundle(out).problems == ()
+
+
+def test_a_locked_folder_that_cannot_be_opened_is_removed_as_a_stray(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hold_to_modes(monkeypatch, tmp_path)
+    out = tmp_path / "bundle"
+
+    def leave(out: Path) -> None:
+        lock(out / "notes" / "locked")
+        refuse_chmod(monkeypatch, out)
+
+    receipt, strays = bundle_left_with(out, leave)
+    assert strays == [Stray(path="notes/locked", kind="unreadable", action="removed")]
+    assert not (out / "notes" / "locked").exists()
+    assert_failed_for_strays(out, receipt)
 
 
 # -- verify holds the receipt's strays to the bundle's strays/ ---------------------------------

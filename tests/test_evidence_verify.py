@@ -3,6 +3,7 @@ checks, and exit codes through the real CLI."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from _support.evidence_factory import (
 )
 from _support.forge import forge, restate_limitations
 from _support.forge import reseal as forge_reseal
+from _support.locked import hold_to_modes, lock
 
 from harness.cli import main
 from harness.evidence import verify
@@ -414,4 +416,36 @@ def test_a_receipt_from_before_coverage_still_verifies_but_cannot_hide_unrun_tes
     problems = verify_bundle(early).problems
     assert problems[0] == (
         "receipt.json: verdict is 'pass' but the rank records and JUnit reports say 'fail'"
+    )
+
+
+@pytest.mark.parametrize("where", ["extra", "records"])
+def test_a_folder_that_cannot_be_listed_is_a_problem_not_skipped(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    """An empty folder nobody can list looks like nothing to a walk that skips it; verify
+    names it (and, for `records`, the files SHA256SUMS lists that it cannot reach)."""
+    hold_to_modes(monkeypatch, bundle.parent)
+    lock(bundle / where)
+    problems = verify_bundle(bundle).problems
+    said = "a folder that cannot be listed, or inside one that cannot be entered"
+    assert f"{where}: unreadable ({said}), so it was not checked" in problems
+    assert main(["verify", str(bundle)]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_file_that_cannot_be_read_is_a_problem_not_a_crash(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = verify.sha256_file
+
+    def refused(path: Path) -> str:
+        if path.name == "rank-00.json":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real(path)
+
+    monkeypatch.setattr(verify, "sha256_file", refused)
+    problems = verify_bundle(bundle).problems
+    assert problems == (
+        "records/rank-00.json: cannot be read (Permission denied), so it was not checked",
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import signal
 import threading
 import time
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from _support.evidence_factory import COMBINE_TEST, failing_run, passing_run
 
+from harness.cli import main
 from harness.errors import UsageError
 from harness.evidence.writer import finalize_bundle
 from harness.launch import launcher, nodes
@@ -169,6 +171,145 @@ def test_a_non_empty_out_is_refused_before_anything_runs(tmp_path, monkeypatch):
     with pytest.raises(UsageError, match="not empty"):
         run(RunOptions(nproc_per_node=2, out_dir=out), FakeEvidence())
     assert calls == [] and sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
+SECRET = "hf_PipelineSecret0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    "error, why",
+    [(MemoryError(), "MemoryError"), (RuntimeError(f"stuck at {SECRET}"), "RuntimeError: stuck")],
+)
+def test_an_unexpected_error_in_the_scrub_is_one_line_and_no_bundle(
+    tmp_path, monkeypatch, capsys, error, why
+):
+    """Whatever stops the scrub, the folder it leaves may hold a secret: no bundle is written
+    from it, and one line (itself scrubbed) says so."""
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    monkeypatch.setattr(launcher, "launch", fake_launch(0)[0])
+    evidence = FakeEvidence()
+
+    def scrub_fails(out: Path) -> Any:
+        raise error
+
+    api = replace(evidence.api(), scrub_out_dir=scrub_fails)
+    out = tmp_path / "out"
+    stream = io.StringIO()
+    options = RunOptions(nproc_per_node=2, out_dir=out)
+    code = launcher.run(options, evidence=api, stream=stream, progress=PlainProgress(stream))
+    assert code == 1
+    assert evidence.contexts == []  # no bundle was written from the unscrubbed folder
+    assert not (out / "receipt.json").exists() and not (out / "SHA256SUMS").exists()
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"dcpqual run: error: no bundle written in {out.absolute()}: ")
+    assert f"the scrub of secrets stopped ({why}" in line and SECRET not in line
+    assert line.endswith("remove them before sharing this folder")
+
+
+def test_an_unexpected_error_while_the_bundle_is_written_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(launcher, "launch", fake_launch(0)[0])
+
+    def finalize_fails(out: Path, ctx: Any) -> Receipt:
+        raise MemoryError
+
+    api = replace(FakeEvidence().api(), finalize_bundle=finalize_fails)
+    out = tmp_path / "out"
+    stream = io.StringIO()
+    options = RunOptions(nproc_per_node=2, out_dir=out)
+    code = launcher.run(options, evidence=api, stream=stream, progress=PlainProgress(stream))
+    assert code == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(
+        f"dcpqual run: error: could not finish the bundle in {out.absolute()}: MemoryError; "
+        "written: none;"
+    )
+
+
+LOG = "torchrun/node-00/run/attempt_0/0/stdout.log"
+
+
+def test_links_a_rank_left_take_no_log_out_of_the_bundle_or_into_it(tmp_path, monkeypatch):
+    """Ranks ran and left `logs` a link to a folder outside, and their stack dump a link to a
+    file outside: the launcher writes no log through the one and copies none from the other.
+    Both are set aside as strays (the run fails), and the bundle verifies."""
+    outside, private = tmp_path / "outside", tmp_path / "private.txt"
+    outside.mkdir()
+    private.write_text("not for the bundle\n")
+
+    def launch(plan, *, tick=None, tick_s=0.5, console=None, reader=None, hold=None) -> Launch:
+        log = plan.out_dir / LOG
+        log.parent.mkdir(parents=True)
+        log.write_text("rank 0 said hello\n")
+        (plan.out_dir / "logs").symlink_to(outside, target_is_directory=True)
+        (plan.out_dir / "stacks").mkdir()
+        (plan.out_dir / "stacks" / "rank-01.txt").symlink_to(private)
+        return Launch(exit_code=0, started_at="s", finished_at="f", elapsed_s=0.2)
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    out = tmp_path / "out"
+    stream = io.StringIO()
+    options = RunOptions(nproc_per_node=2, tp=2, out_dir=out)
+    evidence = launcher.Evidence.load()
+    code = launcher.run(options, evidence=evidence, stream=stream, progress=PlainProgress(stream))
+    assert code == 1
+    assert list(outside.iterdir()) == []
+    assert (out / "logs").is_dir() and not (out / "logs").is_symlink()
+    assert (out / "logs" / "rank-00.stdout").read_text() == "rank 0 said hello\n"
+    assert not (out / "logs" / "rank-01.stacks").exists()
+    strays = json.loads((out / "receipt.json").read_text())["run"]["extra"]["strays"]
+    assert {(s["path"], s["kind"], s["action"]) for s in strays} == {
+        ("logs", "symlink", "removed"),
+        ("stacks/rank-01.txt", "symlink", "removed"),
+    }
+    assert main(["verify", str(out)]) == 0
+
+
+def test_a_file_named_logs_a_rank_left_is_set_aside_and_the_logs_still_collected(
+    tmp_path, monkeypatch
+):
+    def launch(plan, *, tick=None, tick_s=0.5, console=None, reader=None, hold=None) -> Launch:
+        log = plan.out_dir / LOG
+        log.parent.mkdir(parents=True)
+        log.write_text("rank 0 said hello\n")
+        (plan.out_dir / "logs").write_text("a file where the launcher needs a folder\n")
+        return Launch(exit_code=0, started_at="s", finished_at="f", elapsed_s=0.2)
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    out = tmp_path / "out"
+    stream = io.StringIO()
+    options = RunOptions(nproc_per_node=2, tp=2, out_dir=out)
+    evidence = launcher.Evidence.load()
+    code = launcher.run(options, evidence=evidence, stream=stream, progress=PlainProgress(stream))
+    assert code == 1
+    assert (out / "logs" / "rank-00.stdout").read_text() == "rank 0 said hello\n"
+    assert (out / "strays" / "logs").read_text() == "a file where the launcher needs a folder\n"
+    strays = json.loads((out / "receipt.json").read_text())["run"]["extra"]["strays"]
+    assert strays == [{"path": "logs", "kind": "file", "action": "moved to strays/logs"}]
+    assert main(["verify", str(out)]) == 0
+
+
+def test_a_nodes_link_a_rank_left_takes_no_marker_out_of_the_folder(tmp_path, monkeypatch, capsys):
+    """Node 1's ranks made `nodes` a link to a folder outside: its finished marker is not
+    written through it, and the node says so in one line."""
+    monkeypatch.setattr(launcher, "JOIN_WAIT_S", 5.0)
+    out, outside = tmp_path / "shared", tmp_path / "outside"
+    outside.mkdir()
+    nodes.write_marker(out, nodes.started_marker(0, 2, "127.0.0.1:29999", "t0"))
+
+    def launch(plan, *, tick=None, tick_s=0.5, console=None, reader=None, hold=None) -> Launch:
+        shutil.rmtree(plan.out_dir / "nodes")
+        (plan.out_dir / "nodes").symlink_to(outside, target_is_directory=True)
+        return Launch(exit_code=0, started_at="s", finished_at="f", elapsed_s=0.2)
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    options = RunOptions(
+        node_rank=1, nnodes=2, nproc_per_node=2, rdzv_endpoint="127.0.0.1:29999", out_dir=out
+    )
+    code, _ = run(options, FakeEvidence())
+    assert code == 1
+    assert list(outside.iterdir()) == []
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"dcpqual run: error: could not write node 1's finished marker in {out}")
 
 
 def test_two_nodes_share_one_folder_and_node0_finalizes_after_both(tmp_path, monkeypatch):

@@ -54,6 +54,33 @@ def test_a_rank_without_a_record_is_placed_by_the_launch_layout(tmp_path: Path):
     assert (tmp_path / "logs" / "rank-03.stdout").read_text() == "died early\n"
 
 
+def test_a_logs_link_is_never_written_through(tmp_path: Path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    out = tmp_path / "out"
+    torchrun_log(out, 0, 0, "stdout", "hello\n")
+    (out / "logs").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(OSError, match="is a link"):
+        collect_rank_logs(out, world_size=1, nproc_per_node=1)
+    assert list(outside.iterdir()) == []
+
+
+def test_a_log_or_stack_dump_that_is_a_link_is_not_copied(tmp_path: Path):
+    """What a link points to is not the rank's output: it could be any file the run may read."""
+    private = tmp_path / "private.txt"
+    private.write_text("not for the bundle\n")
+    out = tmp_path / "out"
+    torchrun_log(out, 0, 0, "stdout", "rank 0\n")
+    torchrun_log(out, 0, 1, "stderr", "")
+    (out / "torchrun" / "node-00" / "abc_1" / "attempt_0" / "1" / "stderr.log").unlink()
+    (out / "torchrun" / "node-00" / "abc_1" / "attempt_0" / "1" / "stderr.log").symlink_to(private)
+    (out / "stacks").mkdir()
+    (out / "stacks" / "rank-00.txt").symlink_to(private)
+    (out / "torchrun" / "node-01").symlink_to(out / "torchrun" / "node-00")
+    written = collect_rank_logs(out, world_size=4, nproc_per_node=2)
+    assert written == ["logs/rank-00.stdout"]
+
+
 def test_dcpqual_logs_reads_one_rank_a_stream_or_a_pattern(tmp_path: Path, capsys):
     two_by_two(tmp_path, swapped=True)
     collect_rank_logs(tmp_path, world_size=4, nproc_per_node=2)

@@ -1,7 +1,8 @@
 """Every ending of a real `dcpqual run` leaves a scrubbed bundle `dcpqual verify` accepts, or one
-clear line: ^C, SIGTERM, odd files a test left in the out folder, a full disk, an unusable
-`--out`, an absurd world size, a rank that left mid-suite with exit code 0, a daemon a rank
-double-forked (which fails the run), and secrets printed the ways tools print them.
+clear line: ^C, SIGTERM, odd files a test left in the out folder (a `logs` link to a folder
+outside among them), a full disk, an unusable `--out`, an absurd world size, a rank that left
+mid-suite with exit code 0, a daemon a rank double-forked (which fails the run), and secrets
+printed the ways tools print them.
 
 World 2 (4 where a peer's blame matters), with the process faults again at 16 ranks (slow). Each
 protection is shown to fail when removed in tests/test_launcher_endings.py (subreaper, shield,
@@ -200,6 +201,28 @@ def test_odd_files_a_test_leaves_are_set_aside_named_and_the_run_fails(tmp_path:
     assert "strays/receipt.json" in data["files"]  # kept, hashed, and not the receipt
     assert any("not evidence" in f for f in data["failures"]), data["failures"]
     assert data["suites"] and sum(t["failed"] for t in data["suites"].values()) == 0
+    assert main(["verify", str(out)]) == 0
+
+
+def test_a_logs_link_a_rank_left_takes_no_log_out_of_the_bundle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ranks' logs are copied into the bundle's `logs/` after the ranks ran; a rank that
+    made `logs` a link to a folder outside gets nothing written there, and the link is set
+    aside as a stray."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    monkeypatch.setenv("DCPQUAL_OUTSIDE_DIR", str(outside))
+    out = tmp_path / "bundle"
+    code, _ = run(out, 2, "rank_link_logs.py")
+    assert code == 1
+    assert list(outside.iterdir()) == []
+    data = receipt(out)
+    assert data["run"]["extra"]["strays"] == [
+        {"path": "logs", "kind": "symlink", "action": "removed"}
+    ]
+    assert data["suites"] and sum(t["failed"] for t in data["suites"].values()) == 0
+    assert {"logs/rank-00.stdout", "logs/rank-01.stdout"} <= set(data["files"])
     assert main(["verify", str(out)]) == 0
 
 

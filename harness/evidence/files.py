@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,9 @@ from pathlib import Path
 from harness.schema.base import is_sha256
 
 SUMS_NAME = "SHA256SUMS"
+# The kind of an entry a walk could not look into: a folder that cannot be listed (mode 000 or
+# 0o300), or a name inside a folder that cannot be entered (0o400).
+UNREADABLE = "unreadable"
 _LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
 # Characters `sha256sum` would have to escape; we refuse them instead of escaping.
 _UNSAFE_NAME = re.compile(r"[\\\n\r]")
@@ -41,31 +45,79 @@ class Entry:
 
     relpath: str
     path: Path
-    kind: str  # "file" | "symlink" | "other"
+    kind: str  # "file" | "symlink" | "other" | UNREADABLE
+
+
+def walk_folders(root: Path, unlisted: list[Path]) -> Iterator[tuple[str, list[str], list[str]]]:
+    """`os.walk` of `root`, links not followed, that adds every folder it cannot list to
+    `unlisted` instead of skipping it silently (one gone meanwhile held nothing)."""
+    root = Path(root)
+
+    def note(error: OSError) -> None:
+        if not isinstance(error, FileNotFoundError | NotADirectoryError):
+            unlisted.append(root if error.filename is None else Path(error.filename))
+
+    return os.walk(root, followlinks=False, onerror=note)
 
 
 def walk(root: Path) -> Iterator[Entry]:
-    """Every non-directory entry under `root`, sorted by relative path; links are not followed."""
+    """Every non-directory entry under `root`, sorted by relative path; links are not followed.
+    What the walk cannot look into is an UNREADABLE entry, never skipped: nothing under it could
+    be hashed or checked. A `root` that is not there holds nothing."""
+    root = Path(root)
     found: list[Entry] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    unlisted: list[Path] = []
+    for dirpath, dirnames, filenames in walk_folders(root, unlisted):
         base = Path(dirpath)
         names = list(filenames)
         # os.walk lists links to folders among dirnames; they are entries, not folders to enter.
         for d in list(dirnames):
-            if (base / d).is_symlink():
+            if os.path.islink(base / d):
                 dirnames.remove(d)
                 names.append(d)
         for name in names:
             path = base / name
-            rel = path.relative_to(root).as_posix()
-            if path.is_symlink():
-                kind = "symlink"
-            elif path.is_file():
-                kind = "file"
-            else:
-                kind = "other"
-            found.append(Entry(rel, path, kind))
+            try:
+                kind = _kind(os.lstat(path).st_mode)
+            except FileNotFoundError:  # gone meanwhile
+                continue
+            except OSError:
+                kind = UNREADABLE
+            found.append(Entry(path.relative_to(root).as_posix(), path, kind))
+    found += [Entry(p.relative_to(root).as_posix(), p, UNREADABLE) for p in unlisted]
     return iter(sorted(found, key=lambda e: e.relpath))
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):  # a folder the walk did not enter: it could not tell it was one
+        return UNREADABLE
+    return "other"
+
+
+def open_folders(root: Path) -> list[Path]:
+    """Give every folder under `root` that its owner cannot list or enter back to the owner
+    (u+rwx, top down), so that no walk misses what it holds; the folders that still cannot be
+    listed (not the run's own, immutable). Links are neither followed nor changed."""
+    root = Path(root)
+    unlisted: list[Path] = []
+    _let_in(root)
+    for dirpath, dirnames, _ in walk_folders(root, unlisted):
+        for name in dirnames:
+            _let_in(Path(dirpath) / name)
+    return sorted(unlisted)
+
+
+def _let_in(folder: Path) -> None:
+    try:
+        mode = os.lstat(folder).st_mode
+        if stat.S_ISDIR(mode) and mode & stat.S_IRWXU != stat.S_IRWXU:
+            os.chmod(folder, stat.S_IMODE(mode) | stat.S_IRWXU)
+    except OSError:
+        pass  # the walk that follows names it if it still cannot be listed
 
 
 def unsafe_name(relpath: str) -> bool:

@@ -54,6 +54,7 @@ from urllib.parse import quote, quote_plus, unquote
 from xml.sax.saxutils import escape, quoteattr
 
 from harness.atomic import atomic_write_bytes
+from harness.evidence.files import open_folders, walk_folders
 
 PATTERNS_ENV = "DCPQUAL_SECRET_PATTERNS"
 DEFAULT_SECRET_PATTERNS: tuple[str, ...] = (
@@ -630,10 +631,31 @@ def _rewrite(path: Path, clean: bytes, data: bytes, scrubber: Scrubber) -> bool:
     return True
 
 
-def _regular_files(root: Path) -> list[Path]:
-    """Regular files under `root`, links and special files left alone (a FIFO is never read)."""
+def _remove_unlistable(
+    folder: Path, root: Path, scrubber: Scrubber, removed: list[str], left: list[str]
+) -> None:
+    """Remove a folder that cannot be listed, naming it (`name/`): it may hold a secret no scrub
+    can see. Only an empty one can go (what cannot be listed cannot be emptied); any other is
+    left for `ScrubFailed`, as `root` itself is."""
+    if folder == root:
+        left.append("./")
+        return
+    name = scrubber.name(folder.relative_to(root).as_posix()) + "/"
+    try:
+        os.rmdir(folder)
+    except FileNotFoundError:
+        return
+    except OSError:
+        left.append(name)
+        return
+    removed.append(name)
+
+
+def _regular_files(root: Path, unlisted: list[Path] | None = None) -> list[Path]:
+    """Regular files under `root`, links and special files left alone (a FIFO is never read);
+    the folders the walk could not list are added to `unlisted`."""
     found = []
-    for dirpath, _dirnames, filenames in os.walk(root, followlinks=False):
+    for dirpath, _dirnames, filenames in walk_folders(root, [] if unlisted is None else unlisted):
         base = Path(dirpath)
         for name in filenames:
             path = base / name
@@ -646,23 +668,28 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
     """Scrub every name under `root`, then every regular file's contents, in place.
 
     Contents are rewritten atomically; a name holding a secret is renamed (never onto an existing
-    name). Links and special files are not followed or read. A full disk leaves no secret:
-    a file that cannot be rewritten atomically is rewritten in place, and a file that cannot be
-    read, renamed or rewritten at all is removed; the report names both. `ScrubFailed` where
-    a file holding a secret cannot even be removed.
+    name). Links and special files are not followed or read. A folder its owner cannot list or
+    enter (a rank may leave one at mode 000) is given back to the owner first, and one that
+    still cannot be listed is removed. A full disk leaves no secret: a file that cannot be
+    rewritten atomically is rewritten in place, and a file that cannot be read, renamed or
+    rewritten at all is removed; the report names both. `ScrubFailed` where a file holding a
+    secret, or a folder that cannot be listed, cannot even be removed.
     """
     changed: list[str] = []
     renamed: list[tuple[str, str]] = []
     if not scrubber:
         return ScrubReport((), ())
-    # Names first, deepest first, so renaming a folder never invalidates a path still to visit.
-    entries = sorted(
-        (Path(d) / n for d, ds, fs in os.walk(root, followlinks=False) for n in [*ds, *fs]),
-        key=lambda p: (-len(p.parts), str(p)),
-    )
     in_place: list[str] = []
     removed: list[str] = []
     left: list[str] = []
+    for folder in open_folders(root):
+        _remove_unlistable(folder, root, scrubber, removed, left)
+    unlisted: list[Path] = []
+    # Names first, deepest first, so renaming a folder never invalidates a path still to visit.
+    entries = sorted(
+        (Path(d) / n for d, ds, fs in walk_folders(root, unlisted) for n in [*ds, *fs]),
+        key=lambda p: (-len(p.parts), str(p)),
+    )
     for path in entries:
         clean = scrubber.name(path.name)
         if clean == path.name:
@@ -681,7 +708,7 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
                 scrubber.name(target.relative_to(root).as_posix()),
             )
         )
-    for path in _regular_files(root):
+    for path in _regular_files(root, unlisted):
         relpath = path.relative_to(root).as_posix()
         try:
             data = path.read_bytes()
@@ -693,6 +720,8 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
             continue
         if hits:
             changed.append(relpath)
+    for folder in sorted(set(unlisted)):  # opened, and locked again since
+        _remove_unlistable(folder, root, scrubber, removed, left)
     if left:
         raise ScrubFailed(sorted(set(left)), "could be neither scrubbed nor removed")
     return ScrubReport(

@@ -3,23 +3,25 @@
 The launcher refused a non-empty folder at the start, so anything here came from the run: a
 test may leave a symlink, a FIFO or socket, a name `SHA256SUMS` cannot carry, files named like
 the bundle's own (`receipt.json`, `summary.md`, `SHA256SUMS`, `junit/merged.xml`,
-`launch.json`), folders or
-files where the writer needs those names, or anything at or under `strays/` itself. None of
-that may stop the bundle from being written, and none of it may pass for evidence: links and
-special files are removed (never followed or read), folders in the writer's way are emptied and
-removed, the files are moved under the bundle's own `strays/`, and each is named as a `Stray`
-so the run fails saying what it found. `strays_problems` holds a receipt's strays to the
-`strays/` folder its bundle holds, so neither can be dropped without the other.
+`launch.json`), folders or files where the writer needs those names, anything at or under
+`strays/` itself, or a folder its owner cannot list. None of that may stop the bundle from
+being written, and none of it may pass for evidence: links and special files are removed (never
+followed or read), folders in the writer's way are emptied and removed, the files are moved
+under the bundle's own `strays/`, a locked folder is given back to its owner (u+rwx) and
+removed where that fails, and each of these is named as a `Stray` so the run fails saying what
+it found. `strays_problems` holds a receipt's strays to the `strays/` folder its bundle holds,
+so neither can be dropped without the other.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
 
-from harness.evidence.files import SUMS_NAME, unsafe_name, walk
+from harness.evidence.files import SUMS_NAME, UNREADABLE, open_folders, unsafe_name, walk
 from harness.evidence.launch_record import LAUNCH_NAME
 from harness.schema.receipt import Receipt, Stray
 
@@ -28,6 +30,9 @@ RECEIPT_NAME = "receipt.json"
 # Names the writer creates; a file a test wrote under one of them is not the writer's.
 BUNDLE_NAMES = frozenset({RECEIPT_NAME, "summary.md", SUMS_NAME, "junit/merged.xml", LAUNCH_NAME})
 MOVED = "moved to "
+# Folders the launcher writes into once the ranks ran (their logs by global rank, in
+# harness.launch.ranklogs): a file the run left at such a name would stop it.
+WRITTEN_FOLDERS = frozenset({"logs"})
 
 
 def _kind(path: Path) -> str:
@@ -55,6 +60,8 @@ def _free(target: Path) -> Path:
 def _in_the_way(relpath: str) -> bool:
     """At, under, or a folder of a name the writer writes (`strays/` included): a run's file
     there would pass for the writer's or stop it."""
+    if relpath in WRITTEN_FOLDERS:
+        return True
     for name in (*BUNDLE_NAMES, STRAYS_DIR):
         if relpath == name or relpath.startswith(name + "/") or name.startswith(relpath + "/"):
             return True
@@ -68,14 +75,31 @@ def _remove_folders(folder: Path) -> None:
             os.rmdir(dirpath)
 
 
+def _remove_unreadable(out_dir: Path, path: Path, relpath: str) -> Stray:
+    """A folder that cannot be listed even once given back to its owner is removed; only an
+    empty one can be (what cannot be listed cannot be emptied), so any other stops the bundle."""
+    try:
+        if path == out_dir:  # never removed, even empty
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        os.rmdir(path)
+    except OSError as exc:
+        why = f"{relpath} in {out_dir} can be neither listed nor removed"
+        raise OSError(exc.errno, why, str(path)) from exc
+    return Stray(path=_safe(relpath), kind=UNREADABLE, action="removed")
+
+
 def set_aside(out_dir: Path) -> list[Stray]:
     """Remove links and special files; move bundle-named, unlistable and strays/ files of the
-    run under the bundle's own strays/; remove folders where the writer writes a file."""
+    run under the bundle's own strays/; remove folders where the writer writes a file. Folders
+    the run locked are given back to their owner first, and one that stays locked is removed."""
     out_dir = Path(out_dir)
     found: list[Stray] = []
     moving = []
+    open_folders(out_dir)
     for entry in walk(out_dir):  # links first: a link named `strays` must not be written through
-        if entry.kind != "file":
+        if entry.kind == UNREADABLE:
+            found.append(_remove_unreadable(out_dir, entry.path, entry.relpath))
+        elif entry.kind != "file":
             kind = _kind(entry.path)
             os.unlink(entry.path)  # a link is removed itself, never what it points to
             found.append(Stray(path=_safe(entry.relpath), kind=kind, action="removed"))

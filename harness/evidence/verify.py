@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from harness.errors import UsageError
 from harness.evidence import rules
-from harness.evidence.files import SUMS_NAME, parse_sums, sha256_file, walk
+from harness.evidence.files import SUMS_NAME, UNREADABLE, parse_sums, sha256_file, walk
 from harness.evidence.junit import read_merged, tallies
 from harness.evidence.launch_record import launch_record_problems
 from harness.evidence.rederive import rederive_problems
@@ -65,15 +65,32 @@ def verify_bundle(bundle: Path) -> VerifyResult:
     if not bundle.is_dir():
         raise UsageError(f"{bundle} is not a folder")
     problems: list[str] = []
-    receipt_data = _load_json(bundle / RECEIPT_NAME, problems)
-    receipt = _validate(receipt_data, problems)
-    problems += _check_files(bundle, receipt, receipt_data)
-    if receipt is not None:
-        problems += _check_consistency(bundle, receipt)
-        problems += strays_problems(bundle, receipt)
-        problems += rederive_problems(bundle, receipt)
-        problems += _check_summary(bundle, receipt)
+    try:
+        receipt_data = _load_json(bundle / RECEIPT_NAME, problems)
+        receipt = _validate(receipt_data, problems)
+        problems += _check_files(bundle, receipt, receipt_data)
+        if receipt is not None:
+            problems += _check_consistency(bundle, receipt)
+            problems += strays_problems(bundle, receipt)
+            problems += rederive_problems(bundle, receipt)
+            problems += _check_summary(bundle, receipt)
+    except OSError as exc:  # a file or folder its mode keeps from us: the checks stop there
+        problems.append(
+            f"{_relative(bundle, exc.filename)}: {_unreadable(exc)}, so the checks "
+            "that need it were not made"
+        )
     return VerifyResult(bundle, tuple(problems))
+
+
+def _relative(bundle: Path, filename: object) -> str:
+    if not isinstance(filename, str):
+        return str(bundle)
+    path = Path(filename)
+    return path.relative_to(bundle).as_posix() if path.is_relative_to(bundle) else filename
+
+
+def _unreadable(exc: OSError) -> str:
+    return f"cannot be read ({exc.strerror or exc})"
 
 
 def _load_json(path: Path, problems: list[str]) -> object:
@@ -121,7 +138,12 @@ def _check_files(bundle: Path, receipt: Receipt | None, data: object | None) -> 
     problems: list[str] = []
     entries = {e.relpath: e for e in walk(bundle)}
     for rel, entry in entries.items():
-        if entry.kind != "file":
+        if entry.kind == UNREADABLE:
+            problems.append(
+                f"{rel}: unreadable (a folder that cannot be listed, or inside one that cannot "
+                "be entered), so it was not checked"
+            )
+        elif entry.kind != "file":
             problems.append(f"{rel}: is a {entry.kind}, not a file")
     for rel in REQUIRED:
         if rel not in entries:
@@ -135,14 +157,19 @@ def _check_files(bundle: Path, receipt: Receipt | None, data: object | None) -> 
         return [*problems, f"{SUMS_NAME}: not UTF-8 text"]
     problems += [f"{SUMS_NAME}: {p}" for p in parsed.problems]
     listed = parsed.entries
-    actual = {
-        rel: sha256_file(e.path)
-        for rel, e in entries.items()
-        if e.kind == "file" and rel != SUMS_NAME
-    }
+    actual: dict[str, str] = {}
+    unread: set[str] = set()
+    for rel, e in entries.items():
+        if e.kind != "file" or rel == SUMS_NAME:
+            continue
+        try:
+            actual[rel] = sha256_file(e.path)
+        except OSError as exc:
+            problems.append(f"{rel}: {_unreadable(exc)}, so it was not checked")
+            unread.add(rel)
     witness = _witnesses(bundle, receipt, data)
     witnessed = receipt is not None
-    for rel in sorted(set(listed) | set(actual)):
+    for rel in sorted((set(listed) | set(actual)) - unread):
         problem = _judge(rel, listed.get(rel), actual.get(rel), witness.get(rel), witnessed)
         if problem and not (problem.endswith(": missing") and rel in REQUIRED):
             problems.append(problem)

@@ -30,6 +30,7 @@ from harness.evidence.environment import capture_environment
 from harness.evidence.facts import rank_facts
 from harness.evidence.files import (
     SUMS_NAME,
+    UNREADABLE,
     hash_files,
     render_sums,
     sha256_bytes,
@@ -111,7 +112,8 @@ def _check_no_bundle(out_dir: Path) -> None:
 def _check_only_files(out_dir: Path) -> None:
     for entry in walk(out_dir):
         if entry.kind != "file":
-            raise UsageError(f"{entry.path} is a {entry.kind}, not a file; a bundle holds files")
+            what = "unreadable" if entry.kind == UNREADABLE else f"a {entry.kind}"
+            raise UsageError(f"{entry.path} is {what}, not a file; a bundle holds files")
         if unsafe_name(entry.relpath):
             raise UsageError(f"{entry.path!r}: a bundle cannot list a name with '\\' or newline")
 

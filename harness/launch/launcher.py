@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, TextIO
 
+from harness.errors import DcpqualError
 from harness.evidence.redact import ScrubFailed, environment_scrubber
 from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
@@ -460,12 +461,16 @@ def _finish(
     seen: Snapshot,
     held: ending.Hold,
 ) -> int:
-    """Scrub first, then name the interruption, set strays aside, write and verify the bundle."""
+    """Scrub first, then name the interruption, set strays aside (before anything is written
+    into a folder the ranks could have made a link), write and verify the bundle."""
     out_dir = plan.out_dir
     try:
         scrubbed = evidence.scrub_out_dir(out_dir)
     except ScrubFailed as exc:
         _say(sys.stderr, _secrets_left(out_dir, exc))
+        return 1
+    except Exception as exc:  # out of memory, a bug: what it did not reach may hold a secret
+        _say(sys.stderr, _scrub_stopped(out_dir, exc))
         return 1
     if result.interrupted is not None:
         _say(
@@ -474,7 +479,15 @@ def _finish(
             f"{result.elapsed_s:.1f}s; whole tree ended, writing the bundle of what ran",
         )
     if options.multi_node:
-        nodes.write_marker(out_dir, nodes.finished_marker(marker, result))
+        try:
+            nodes.write_marker(out_dir, nodes.finished_marker(marker, result))
+        except OSError as exc:
+            _say(
+                sys.stderr,
+                f"dcpqual run: error: could not write node {options.node_rank}'s finished "
+                f"marker in {out_dir}: {_why(exc)}",
+            )
+            return 1
     _say(
         stream,
         f"dcpqual run: torchrun exited {result.exit_code} after {result.elapsed_s:.1f}s"
@@ -509,8 +522,8 @@ def _finish(
         removed=list(scrubbed.removed),
     )
     try:
+        strays = evidence.set_aside(out_dir)  # a rank's `logs -> elsewhere` goes first
         collect_rank_logs(out_dir, options.world_size, options.nproc_per_node)
-        strays = evidence.set_aside(out_dir)
         result = held.name_in(result, seen)  # a signal held since torchrun exited interrupted it
         ctx = run_context(plan, result, nodes=markers)
         ctx = replace(ctx, extra=ctx.extra.model_copy(update={"scrub": scrub, "strays": strays}))
@@ -518,7 +531,9 @@ def _finish(
     except ScrubFailed as exc:
         _say(sys.stderr, _secrets_left(out_dir, exc))
         return 1
-    except OSError as exc:
+    except DcpqualError:
+        raise  # already one line, from the CLI
+    except Exception as exc:  # a full disk, out of memory: the folder is scrubbed, say so
         _say(sys.stderr, _unfinished(out_dir, exc, scrubbed.removed))
         return 1
     problems = evidence.verify_bundle(out_dir)
@@ -530,7 +545,25 @@ def _finish(
     return 0 if passed and not problems and clean else 1
 
 
-def _unfinished(out_dir: Path, exc: OSError, removed: tuple[str, ...] = ()) -> str:
+def _why(exc: Exception) -> str:
+    """An error in a few words on one line: an OSError's own, else its type and first line."""
+    if isinstance(exc, OSError) and (exc.strerror or str(exc)):
+        return exc.strerror or str(exc)
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _scrub_stopped(out_dir: Path, exc: Exception) -> str:
+    """One line: the scrub stopped short, so no bundle is written from what it left (a bundle
+    would publish what it did not reach); the person must remove the folder's files."""
+    return (
+        f"dcpqual run: error: no bundle written in {out_dir}: the scrub of secrets stopped "
+        f"({_why(exc)}), so its files may still hold a secret; remove them before sharing this "
+        "folder"
+    )
+
+
+def _unfinished(out_dir: Path, exc: Exception, removed: tuple[str, ...] = ()) -> str:
     """One line: the bundle could not be finished, why, which of its files exist, and which
     files the scrub removed because it could not scrub them (a full disk)."""
     from harness.evidence.files import SUMS_NAME
@@ -538,7 +571,7 @@ def _unfinished(out_dir: Path, exc: OSError, removed: tuple[str, ...] = ()) -> s
     names = ("junit/merged.xml", "receipt.json", "summary.md", SUMS_NAME)
     written = [n for n in names if (out_dir / n).is_file()]
     missing = [n for n in names if n not in written]
-    why = exc.strerror or str(exc)
+    why = _why(exc)
     return (
         f"dcpqual run: error: could not finish the bundle in {out_dir}: {why}; written: "
         f"{', '.join(written) or 'none'}; not written: {', '.join(missing)} (the rank files "

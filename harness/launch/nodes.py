@@ -62,8 +62,10 @@ def finished_marker(started: NodeState, launch: Launch) -> NodeState:
 
 
 def write_marker(out_dir: Path, marker: NodeState) -> None:
+    """Never through a link the ranks left in the shared folder (OSError)."""
     text = json.dumps(marker.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
-    atomic_write_text(marker_path(out_dir, marker.node_rank), text, fsync=False)
+    path = marker_path(out_dir, marker.node_rank)
+    atomic_write_text(path, text, fsync=False, within=out_dir)
 
 
 def join_out_dir(out_dir: Path, *, nnodes: int, endpoint: str, wait_s: float) -> Path:

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.atomic import atomic_write_bytes
+from harness.atomic import atomic_write_bytes, link_on_the_way
 from harness.schema.rank_record import RankRecord, rank_record_path, stacks_path
 
 LOGS_DIR = "logs"
@@ -37,8 +37,15 @@ class LogFile:
     path: Path
 
 
+def _own_file(out_dir: Path, path: Path) -> bool:
+    """A regular file reached without a link: what a link points to is not a rank's output
+    (it could be any file the run may read)."""
+    return link_on_the_way(out_dir, path) is None and path.is_file()
+
+
 def torchrun_logs(out_dir: Path) -> list[LogFile]:
-    """Every per-rank log torchrun left under torchrun/node-KK/ (newest attempt last)."""
+    """Every per-rank log torchrun left under torchrun/node-KK/ (newest attempt last); none
+    reached through a link."""
     found = []
     for node_dir in sorted((out_dir / "torchrun").glob("node-*")):
         match = _NODE.match(node_dir.name)
@@ -46,7 +53,7 @@ def torchrun_logs(out_dir: Path) -> list[LogFile]:
             continue
         for path in sorted(node_dir.glob("*/attempt_*/*/*.log")):
             stream = path.stem
-            if stream in STREAMS and path.parent.name.isdigit() and path.is_file():
+            if stream in STREAMS and path.parent.name.isdigit() and _own_file(out_dir, path):
                 found.append(LogFile(int(match[1]), int(path.parent.name), stream, path))
     return found
 
@@ -72,6 +79,8 @@ def collect_rank_logs(out_dir: Path, world_size: int, nproc_per_node: int) -> li
 
     A rank that left no record (it died before writing one) is placed by the launch layout,
     node index x ranks per node + local rank, which is what torchrun assigns on one node.
+    Nothing is read or written through a link (OSError where `logs` is one): the launcher sets
+    the ranks' links aside first, this holds for any other caller.
     """
     mapping = rank_map(out_dir, world_size)
     written: list[str] = []
@@ -81,11 +90,13 @@ def collect_rank_logs(out_dir: Path, world_size: int, nproc_per_node: int) -> li
         if rank is None:
             rank = log.node * nproc_per_node + log.local_rank
         rel = f"{LOGS_DIR}/{log_name(rank, log.stream)}"
-        atomic_write_bytes(logs / log_name(rank, log.stream), log.path.read_bytes())
+        data = log.path.read_bytes()
+        atomic_write_bytes(logs / log_name(rank, log.stream), data, within=out_dir)
         written.append(rel)
     for rank in range(world_size):
         stacks = stacks_path(out_dir, rank)
-        if stacks.is_file():
-            atomic_write_bytes(logs / log_name(rank, "stacks"), stacks.read_bytes())
+        if _own_file(out_dir, stacks):
+            data = stacks.read_bytes()
+            atomic_write_bytes(logs / log_name(rank, "stacks"), data, within=out_dir)
             written.append(f"{LOGS_DIR}/{log_name(rank, 'stacks')}")
     return sorted(written)
