@@ -14,11 +14,20 @@ from pathlib import Path
 from typing import Any
 
 from harness.evidence import rules
-from harness.evidence.files import SUMS_NAME, hash_files, render_sums, sha256_bytes, walk
+from harness.evidence.files import (
+    SUMS_NAME,
+    hash_files,
+    render_sums,
+    sha256_bytes,
+    sha256_file,
+    walk,
+)
+from harness.evidence.launch_record import LAUNCH_NAME, marker_path
 from harness.evidence.schema import Receipt, RootCause
 from harness.evidence.summary import render_summary
 from harness.evidence.verify import required_limitations_of
 from harness.schema.base import Limitation
+from harness.schema.launch import Launch, NodeState
 
 Edit = Callable[[dict[str, Any]], None]
 
@@ -48,10 +57,15 @@ def reseal(bundle: Path) -> None:
     (bundle / SUMS_NAME).write_text(render_sums(hash_files(bundle, listed)))
 
 
-def forge(bundle: Path, edit: Edit) -> Receipt:
-    """Apply `edit` to receipt.json's JSON, make the receipt self-consistent and reseal."""
+def forge(bundle: Path, edit: Edit, *, launch_record: bool = False) -> Receipt:
+    """Apply `edit` to receipt.json's JSON, make the receipt self-consistent and reseal.
+    `launch_record`: write launch.json and the node markers again from the edited receipt too
+    (as the writer and the nodes' launchers would have), so only the checks that do not read
+    them can tell."""
     data = json.loads((bundle / "receipt.json").read_text())
     edit(data)
+    if launch_record:
+        _rewrite_launch_record(bundle, data)
     if data.get("limitation_items") is not None:  # the structured copy follows the edited lines
         items = [Limitation.parse(line) for line in data["limitations"]]
         data["limitation_items"] = [item.model_dump() for item in items]
@@ -70,3 +84,22 @@ def restate_limitations(data: dict[str, Any], *keys: str) -> None:
         for line in data["limitations"]
         for key in [line.partition(": ")[0]]
     ]
+
+
+def _rewrite_launch_record(bundle: Path, data: dict[str, Any]) -> None:
+    """launch.json and nodes/node-KK.json as the receipt's `run.extra` states them, and the
+    receipt's `files` map following them."""
+    extra = data["run"]["extra"]
+    written = {LAUNCH_NAME: extra.get("launch")}
+    for key, marker in (extra.get("nodes") or {}).items():
+        written[marker_path(Path(), int(key)).as_posix()] = marker
+    for name, value in written.items():
+        path = bundle / name
+        if value is None:
+            path.unlink(missing_ok=True)
+            data["files"].pop(name, None)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        model = Launch if name == LAUNCH_NAME else NodeState
+        path.write_text(model.model_validate(value).model_dump_json(indent=2))
+        data["files"][name] = sha256_file(path)
