@@ -8,8 +8,11 @@ files where the writer needs those names, or anything at or under `strays/` itse
 that may stop the bundle from being written, and none of it may pass for evidence: links and
 special files are removed (never followed or read), folders in the writer's way are emptied and
 removed, the files are moved under the bundle's own `strays/`, and each is named as a `Stray`
-so the run fails saying what it found. `strays_problems` holds a receipt's strays to the
-`strays/` folder its bundle holds, so neither can be dropped without the other.
+so the run fails saying what it found. `strays_problems` holds a receipt's moved strays to the
+files its bundle holds under `strays/`, so a stray dropped from one but kept in the other is
+caught. A consistent edit is not: a moved stray deleted with its entry (and its hashes), or a
+removed stray's entry dropped (it never left a file), leaves nothing in the bundle to hold the
+receipt to; only a signature catches that.
 """
 
 from __future__ import annotations
