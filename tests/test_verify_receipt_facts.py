@@ -6,7 +6,7 @@ hash (`_support.forge`) is caught.
   records, which are covered by the bundle's hashes.
 - `run.exit_code` and `run.timed_out` follow from the launcher's record of its torchrun
   (`run.extra.launch`, and every node's marker in a multi-node run), by the one rule the writer
-  uses too.
+  uses too; an exit code of 0 is refused while a rank's torchrun error file is in the bundle.
 - The failed-test list and its rootdir are held to the records whatever the receipt states, and
   the root cause is an interruption exactly when the launcher's record names one.
 - What the run did not build of vLLM's real trees, what the trees it built say of themselves,
@@ -35,6 +35,9 @@ from _support.evidence_factory import (
 from _support.forge import forge
 
 from harness.evidence import rules, verify
+from harness.evidence.files import sha256_file
+from harness.evidence.launch_record import launch_record_bytes
+from harness.evidence.run_context import TorchrunFailure
 from harness.evidence.schema import Models, Source
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
@@ -233,6 +236,53 @@ def test_the_writer_takes_the_run_s_outcome_from_the_launch(tmp_path: Path) -> N
     assert (written.run.exit_code, written.run.timed_out) == (1, True)
     assert written.verdict == "fail"
     assert verify_bundle(out).ok
+
+
+RANK_ERROR = "torchrun/run-1/attempt_0/1/error.json"
+
+
+def crashed_on_the_way_out(tmp_path: Path) -> Path:
+    """Passing rank records, but rank 1 left torchrun's error file and torchrun exited 1: an
+    honest `fail` whose root cause is that file."""
+    out = tmp_path / "crashed"
+    ctx = passing_run(out, world=WORLD)
+    message = "Signal 11 (SIGSEGV) received by PID 1001"
+    (out / RANK_ERROR).write_text(json.dumps({"message": message}))
+    failure = TorchrunFailure(rank=1, message=message, time=1764439200.0, file=RANK_ERROR)
+    launch = Launch(exit_code=1, elapsed_s=3.5)
+    finalize_bundle(
+        out,
+        dataclasses.replace(
+            ctx, exit_code=1, extra=RunExtra(launch=launch), torchrun_error=failure
+        ),
+    )
+    assert verify_bundle(out).ok, verify_bundle(out).problems
+    assert receipt(out)["root_cause"]["kind"] == "torchrun"
+    return out
+
+
+def test_a_zero_exit_code_is_refused_while_a_rank_s_error_file_says_it_failed(
+    tmp_path: Path,
+) -> None:
+    """The forger rewrites launch.json with the receipt, so the launcher's record says 0 too;
+    the error file the rank wrote itself still says a rank failed. (A forger who also deletes
+    that file and its hashes is caught by nothing but a signature.)"""
+    bundle = crashed_on_the_way_out(tmp_path)
+    clean = Launch(exit_code=0, elapsed_s=3.5)
+    (bundle / "launch.json").write_bytes(launch_record_bytes(clean))
+
+    def follow(data: dict[str, Any]) -> None:
+        data["run"]["extra"]["launch"] = clean.model_dump(mode="json")
+        data["run"]["exit_code"] = 0
+        data["files"]["launch.json"] = sha256_file(bundle / "launch.json")
+
+    assert forge(bundle, follow).verdict == "pass"
+    assert (bundle / RANK_ERROR).is_file()
+    assert verify_bundle(bundle).problems == (
+        "receipt.json: run.exit_code is 0 but the bundle holds 1 rank error file(s) of "
+        f"torchrun, the first {RANK_ERROR} (a rank writes one only when it fails, and then "
+        "torchrun exits non-zero)",
+    )
 
 
 # -- required limitations ----------------------------------------------------------------------

@@ -11,7 +11,9 @@ Four layers, each problem one line that starts with the file it is about:
 3. Consistency: tallies equal junit/merged.xml; the run's exit code and timeout follow from the
    launcher's record of the launch, which every launcher run has and which equals the bundle's
    launch.json and, with several nodes, every node's marker (harness.evidence.launch_record);
-   an interrupted run's root cause is its interruption, and only an interrupted run's; verdict,
+   an exit code of 0 is refused while the bundle holds a rank's torchrun error file (the ranks
+   write those themselves, on a failure that fails their exit status and so torchrun's); an
+   interrupted run's root cause is its interruption, and only an interrupted run's; verdict,
    status and root cause follow from the receipt's own facts, and the required limitations
    from those facts with the coverage the rank records give (harness.evidence.rules); every
    file under `strays/` is a stray the receipt names as moved there, and the reverse
@@ -51,6 +53,8 @@ from harness.evidence.writer import MERGED_JUNIT, RECEIPT_NAME, SUMMARY_NAME, UN
 from harness.jsonfile import JsonSyntaxError, read_json
 
 REQUIRED = (RECEIPT_NAME, SUMMARY_NAME, MERGED_JUNIT, SUMS_NAME)
+TORCHRUN_DIR = "torchrun"  # every node's torchrun --log-dir is under it
+ERROR_FILE_NAME = "error.json"  # torchrun's name for a rank's TORCHELASTIC_ERROR_FILE
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,7 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
 
     problems += launch_record_problems(bundle, receipt)
     problems += _check_launched(receipt)
+    problems += _check_rank_error_files(bundle, receipt)
     problems += _check_interruption(receipt)
     reasons = rules.failure_reasons_of(receipt)
     verdict = rules.verdict_of(reasons)
@@ -287,6 +292,28 @@ def _check_launched(receipt: Receipt) -> list[str]:
         f"({where}) says {launched}"
         for name, stated, launched in pairs
         if stated != launched
+    ]
+
+
+def _check_rank_error_files(bundle: Path, receipt: Receipt) -> list[str]:
+    """A rank's torchrun error file (`torchrun/**/error.json`, where torchrun points each
+    rank's TORCHELASTIC_ERROR_FILE) is written by the rank itself on a failure that also fails
+    its exit status (harness.rank.rankfiles.write_error_file); torchrun restarts no rank, so
+    it exits non-zero too. Such a file is a witness the launcher's record cannot speak for."""
+    if receipt.run.exit_code != 0:
+        return []
+    prefix = TORCHRUN_DIR + "/"
+    found = [
+        e.relpath
+        for e in walk(bundle)
+        if e.kind == "file" and e.relpath.startswith(prefix) and e.path.name == ERROR_FILE_NAME
+    ]
+    if not found:
+        return []
+    return [
+        f"{RECEIPT_NAME}: run.exit_code is 0 but the bundle holds {len(found)} rank error "
+        f"file(s) of torchrun, the first {found[0]} (a rank writes one only when it "
+        "fails, and then torchrun exits non-zero)"
     ]
 
 
