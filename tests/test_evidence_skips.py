@@ -9,7 +9,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from _support.evidence_factory import NODES, context, passed, torchrun_logs, write_rank
+import pytest
+from _support.evidence_factory import (
+    GPU_DIGEST,
+    NODES,
+    SIGNATURE_TEST,
+    context,
+    gpu_run,
+    passed,
+    torchrun_logs,
+    write_rank,
+)
 from _support.forge import forge
 
 from harness.evidence.schema import Receipt
@@ -125,3 +135,33 @@ def test_a_forger_who_also_zeroes_the_counts_is_caught_by_the_records(tmp_path: 
     forge(out, hide)
     problems = " ".join(verify_bundle(out).problems)
     assert "coverage.first_skipped_on_some_ranks is None but the rank records" in problems
+
+
+def test_a_forger_who_drops_the_coverage_cannot_claim_qualified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU run that earns `qualified` but for a test skipped on every rank: without its
+    coverage the receipt still owes the `skipped` limitation, required from the records' own
+    coverage, and the coverage it dropped is named."""
+    out = tmp_path / "b"
+    tests = [skipped(SIGNATURE_TEST, "no GPU of sm_12x"), *(passed(n) for n in NODES[1:])]
+    written = gpu_run(out, monkeypatch, tests=tests)
+    assert written.status == "source-qualified" and "skipped" in written.limitation_keys()
+    assert verify_bundle(out).ok, verify_bundle(out).problems
+
+    def forget(data: dict[str, Any]) -> None:
+        data["coverage"] = None
+        data["limitations"] = [x for x in data["limitations"] if not x.startswith("skipped: ")]
+
+    assert forge(out, forget).status == "qualified"
+    assert verify_bundle(out).problems == (
+        "receipt.json: status qualified is not allowed here: a pass run on nccl, 4 GPUs, image "
+        f"digest {GPU_DIGEST}, capture paths {{'cuda-graph': 4}} is source-qualified "
+        "(limitations that deny qualified: skipped)",
+        "receipt.json: limitations do not name 'skipped': 1 test(s) skipped on every rank, so "
+        f"they proved nothing (the first: {SIGNATURE_TEST})",
+        "receipt.json: coverage is None but the rank records and JUnit reports say "
+        "{'collected': 4, 'without_outcome': 0, 'first_without_outcome': None, "
+        "'skipped_everywhere': 1, 'first_skipped_everywhere': "
+        "'suites/warm/test_signatures.py::t...",
+    )

@@ -399,13 +399,21 @@ def test_first_difference_names_the_deepest_first_leaf() -> None:
     assert first_difference("x", mine, mine) is None
 
 
-def test_a_receipt_from_before_coverage_still_verifies_but_cannot_hide_unrun_tests(
+def test_a_receipt_without_coverage_is_refused_and_cannot_hide_unrun_tests(
     tmp_path: Path,
 ) -> None:
+    """Coverage is held to the records whatever the receipt states: dropping it (as a receipt
+    from before it was recorded lacks it) switches off neither its check nor the failures it
+    gives."""
     honest = tmp_path / "honest"
     finalize_bundle(honest, passing_run(honest, world=2))
     forge(honest, lambda d: d.pop("coverage"))
-    assert verify_bundle(honest).ok
+    assert verify_bundle(honest).problems == (
+        "receipt.json: coverage is None but the rank records and JUnit reports say "
+        "{'collected': 4, 'without_outcome': 0, 'first_without_outcome': None, "
+        "'skipped_everywhere': 0, 'first_skipped_everywhere': None, 'skipped_on_some_ranks': 0, "
+        "...",
+    )
 
     early = tmp_path / "early"
     early.mkdir()
@@ -413,9 +421,14 @@ def test_a_receipt_from_before_coverage_still_verifies_but_cannot_hide_unrun_tes
         write_rank(early, rank, 2, tests=[passed(NODES[0])], captures=[])
     finalize_bundle(early, context(2))
     forge(early, lambda d: d.pop("coverage"))  # the forger's way to drop the no-outcome reason
-    problems = verify_bundle(early).problems
-    assert problems[0] == (
-        "receipt.json: verdict is 'pass' but the rank records and JUnit reports say 'fail'"
+    assert verify_bundle(early).problems == (
+        "receipt.json: verdict is 'pass' but the rank records and JUnit reports say 'fail'",
+        "receipt.json: coverage is None but the rank records and JUnit reports say "
+        "{'collected': 4, 'without_outcome': 6, 'first_without_outcome': 'rank 0: "
+        "suites/transport/test_combine.py::TestCombine::test_matches_reference', 'skipped_eve...",
+        # the forger kept the list the honest receipt had; its root cause is gone with the fail
+        "receipt.json: failed_tests length is 1 but the rank records and JUnit reports say 0",
+        "receipt.json: failures length is 0 but the rank records and JUnit reports say 1",
     )
 
 

@@ -6,7 +6,9 @@ hash (`_support.forge`) is caught.
   records, which are covered by the bundle's hashes.
 - `run.exit_code` and `run.timed_out` follow from the launcher's record of its torchrun
   (`run.extra.launch`, and every node's marker in a multi-node run), by the one rule the writer
-  uses too.
+  uses too; an exit code of 0 is refused while a rank's torchrun error file is in the bundle.
+- The failed-test list and its rootdir are held to the records whatever the receipt states, and
+  the root cause is an interruption exactly when the launcher's record names one.
 - What the run did not build of vLLM's real trees, what the trees it built say of themselves,
   and warm code other than vLLM's own are required limitations: a receipt cannot drop them.
 """
@@ -20,16 +22,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support.evidence_factory import context, passing_run, real_tree, torchrun_logs, write_rank
+from _support.evidence_factory import (
+    COMBINE_TEST,
+    SIGNATURE_TEST,
+    context,
+    failing_run,
+    passing_run,
+    real_tree,
+    torchrun_logs,
+    write_rank,
+)
 from _support.forge import forge
 
 from harness.evidence import rules, verify
+from harness.evidence.files import sha256_file
+from harness.evidence.launch_record import launch_record_bytes
+from harness.evidence.run_context import TorchrunFailure
 from harness.evidence.schema import Models, Source
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
 from harness.schema.base import Limitation
-from harness.schema.launch import NodeState
-from harness.schema.rank_record import RealTree
+from harness.schema.launch import Interruption, NodeState
+from harness.schema.rank_record import RealTree, rank_record_path
 from harness.schema.receipt import Launch, RunExtra
 
 WORLD = 2
@@ -226,6 +240,53 @@ def test_the_writer_takes_the_run_s_outcome_from_the_launch(tmp_path: Path) -> N
     assert verify_bundle(out).ok
 
 
+RANK_ERROR = "torchrun/run-1/attempt_0/1/error.json"
+
+
+def crashed_on_the_way_out(tmp_path: Path) -> Path:
+    """Passing rank records, but rank 1 left torchrun's error file and torchrun exited 1: an
+    honest `fail` whose root cause is that file."""
+    out = tmp_path / "crashed"
+    ctx = passing_run(out, world=WORLD)
+    message = "Signal 11 (SIGSEGV) received by PID 1001"
+    (out / RANK_ERROR).write_text(json.dumps({"message": message}))
+    failure = TorchrunFailure(rank=1, message=message, time=1764439200.0, file=RANK_ERROR)
+    launch = Launch(exit_code=1, elapsed_s=3.5)
+    finalize_bundle(
+        out,
+        dataclasses.replace(
+            ctx, exit_code=1, extra=RunExtra(launch=launch), torchrun_error=failure
+        ),
+    )
+    assert verify_bundle(out).ok, verify_bundle(out).problems
+    assert receipt(out)["root_cause"]["kind"] == "torchrun"
+    return out
+
+
+def test_a_zero_exit_code_is_refused_while_a_rank_s_error_file_says_it_failed(
+    tmp_path: Path,
+) -> None:
+    """The forger rewrites launch.json with the receipt, so the launcher's record says 0 too;
+    the error file the rank wrote itself still says a rank failed. (A forger who also deletes
+    that file and its hashes is caught by nothing but a signature.)"""
+    bundle = crashed_on_the_way_out(tmp_path)
+    clean = Launch(exit_code=0, elapsed_s=3.5)
+    (bundle / "launch.json").write_bytes(launch_record_bytes(clean))
+
+    def follow(data: dict[str, Any]) -> None:
+        data["run"]["extra"]["launch"] = clean.model_dump(mode="json")
+        data["run"]["exit_code"] = 0
+        data["files"]["launch.json"] = sha256_file(bundle / "launch.json")
+
+    assert forge(bundle, follow).verdict == "pass"
+    assert (bundle / RANK_ERROR).is_file()
+    assert verify_bundle(bundle).problems == (
+        "receipt.json: run.exit_code is 0 but the bundle holds 1 rank error file(s) of "
+        f"torchrun, the first {RANK_ERROR} (a rank writes one only when it fails, and then "
+        "torchrun exits non-zero)",
+    )
+
+
 # -- required limitations ----------------------------------------------------------------------
 
 
@@ -282,3 +343,113 @@ def test_trees_that_say_the_same_thing_say_it_once() -> None:
     models = Models(real=["deepseek-v3", "kimi-k3"], trees=trees)
     found = rules.real_tree_limitations(models=models, sources={})
     assert found["real-trees"] == "A (x; y); B"
+
+
+# -- the failure's story -----------------------------------------------------------------------
+
+
+def failed_combine(tmp_path: Path, rootdir: str | None = None) -> Path:
+    """Rank 1 fails the combine test, rank 0 as its follow-on; the ranks name `rootdir`."""
+    out = tmp_path / "failed"
+    ctx = failing_run(out, world=WORLD, bad_rank=1)
+    if rootdir is not None:
+        for rank in range(WORLD):
+            path = rank_record_path(out / "records", rank)
+            data = json.loads(path.read_text())
+            data["extra"]["rootdir"] = rootdir
+            path.write_text(json.dumps(data))
+    written = finalize_bundle(out, ctx)
+    assert [t.nodeid for t in written.failed_tests] == [COMBINE_TEST]
+    assert written.run.rootdir == rootdir
+    assert verify_bundle(out).ok, verify_bundle(out).problems
+    return out
+
+
+@pytest.mark.parametrize("rootdir", [None, "/work/dcpqual"], ids=["no-rootdir", "rootdir"])
+def test_an_emptied_failed_test_list_is_caught_with_its_rootdir_dropped(
+    tmp_path: Path, rootdir: str | None
+) -> None:
+    """Dropping the rootdir (written with the list) switches neither check off."""
+    bundle = failed_combine(tmp_path, rootdir)
+    forged = forge(bundle, lambda d: d.update(failed_tests=[]) or d["run"].update(rootdir=None))
+    assert forged.verdict == "fail" and forged.failed_tests == []
+    expected = [
+        "receipt.json: failed_tests length is 0 but the rank records and JUnit reports say 1"
+    ]
+    if rootdir is not None:
+        expected.append(
+            "receipt.json: run.rootdir is None but the rank records and JUnit reports say "
+            f"{rootdir!r}"
+        )
+    assert verify_bundle(bundle).problems == tuple(expected)
+
+
+def test_a_root_cause_called_an_interruption_without_one_is_caught(tmp_path: Path) -> None:
+    """Calling the cause an interruption neither moves the blame off rank 1's test nor passes
+    without the launcher's record of an interruption."""
+    bundle = failed_combine(tmp_path)
+
+    def blame_rank_0(data: dict[str, Any]) -> None:
+        data["root_cause"] = {
+            "rank": 0,
+            "test": SIGNATURE_TEST,
+            "kind": "interrupted",
+            "message": "rank 0 was interrupted by the operator",
+        }
+        data["failed_tests"] = []
+        data["run"]["rootdir"] = None
+
+    forge(bundle, blame_rank_0)
+    assert verify_bundle(bundle).problems == (
+        "receipt.json: root_cause.kind is 'interrupted' but the launcher's record of the launch "
+        "(run.extra.launch.interrupted) names no interruption",
+        "receipt.json: root_cause.kind is 'interrupted' but the rank records and JUnit reports "
+        "say 'test'",
+        "receipt.json: failed_tests length is 0 but the rank records and JUnit reports say 2",
+    )
+
+
+STOP = Interruption(
+    signal="SIGINT",
+    at="2026-11-29T18:00:30Z",
+    after_s=30.0,
+    exit_code=130,
+    tests_done=4,
+    tests_collected=4,
+)
+
+
+@pytest.mark.parametrize(
+    ("cause", "first"),
+    [
+        (
+            {"rank": 1, "test": COMBINE_TEST, "kind": "interrupted", "message": STOP.message()},
+            "receipt.json: root_cause.rank is 1 but the launcher's record of the launch "
+            "(run.extra.launch.interrupted) says None",
+        ),
+        (
+            {"rank": None, "test": None, "kind": "run", "message": STOP.message()},
+            "receipt.json: root_cause.kind is 'run' but the launcher's record of the launch "
+            "(run.extra.launch.interrupted) says 'interrupted'",
+        ),
+        (
+            {"rank": None, "test": None, "kind": "interrupted", "message": "the operator"},
+            "receipt.json: root_cause.message is 'the operator' but the launcher's record of "
+            f"the launch (run.extra.launch.interrupted) says {STOP.message()!r}",
+        ),
+    ],
+    ids=["blames-a-rank", "other-kind", "other-words"],
+)
+def test_an_interrupted_run_s_root_cause_is_its_interruption(
+    tmp_path: Path, cause: dict[str, Any], first: str
+) -> None:
+    out = tmp_path / "interrupted"
+    ctx = passing_run(out, world=WORLD)
+    launch = Launch(exit_code=130, interrupted=STOP)
+    written = finalize_bundle(
+        out, dataclasses.replace(ctx, exit_code=130, extra=RunExtra(launch=launch))
+    )
+    assert written.root_cause is not None and written.root_cause.kind == "interrupted"
+    assert verify_bundle(out).ok, verify_bundle(out).problems
+    forge(out, lambda d: d.update(root_cause=cause))
+    assert verify_bundle(out).problems[0] == first

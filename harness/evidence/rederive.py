@@ -15,19 +15,24 @@ select is held to the records too, so a narrowed run cannot drop its `selection`
 and so are the real vLLM trees the ranks built (`models`, which the real-tree limitations follow
 from) and the hosts they ran on (`environment.hosts`).
 
+Coverage, the failed-test list and the rootdir are held to the records whatever the receipt
+states: a receipt without them (from before they were recorded, or with them dropped) fails,
+so dropping one cannot switch its check off.
+
 Not re-derived, because no rank file records it: the run's exit code and timeout (the
 launcher's view; verify holds them to the launcher's record of the launch, and that record to
 the bundle's launch.json and node markers), tp and dcp of records that predate them, the rest
 of the environment, sources and image, and the root cause's text (it may quote torchrun's
 error file). The root cause's rank, test and kind are re-derived whenever the records name a
-cause (not for an interruption, which only the launcher saw, nor for the fallbacks to
-torchrun's error file, JUnit or the verdict's reasons).
+cause, whatever kind the receipt gives it (not for an interrupted run, whose cause verify holds
+to the launcher's record of the interruption, nor for the fallbacks to torchrun's error file,
+JUnit or the verdict's reasons).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -99,10 +104,6 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
     facts = rank_facts(bundle, receipt.geometry.world_size, receipt.run)
     rank_files = facts.rank_files
     reasons = rules.failure_reasons_of(facts)
-    # A receipt from before coverage was recorded listed its failures without it.
-    stated_reasons = reasons
-    if receipt.coverage is None:
-        stated_reasons = rules.failure_reasons_of(replace(facts, coverage=None))
 
     def dump(value: Any) -> Any:
         if isinstance(value, list):
@@ -123,9 +124,7 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
         pass  # an unreadable merged.xml is reported by verify's consistency check
     else:
         yield MERGED_JUNIT, "suites", dump(stated), dump(facts.suites)
-    if receipt.coverage is not None:  # receipts from before coverage was recorded lack it;
-        # their verdict and failures are still re-derived with the coverage the records show
-        yield r, "coverage", dump(receipt.coverage), dump(facts.coverage)
+    yield r, "coverage", dump(receipt.coverage), dump(facts.coverage)
     yield r, "capture", dump(receipt.capture), dump(facts.capture)
     yield r, "negative_control", dump(receipt.negative_control), dump(facts.negative_control)
     yield r, "signatures", dump(receipt.signatures), dump(facts.signatures)
@@ -135,7 +134,7 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
     yield r, "environment.hosts", receipt.environment.hosts, facts.hosts
     yield from _launch_facts(receipt, rank_files)
     yield from _ending_facts(receipt, rank_files, dump)
-    yield r, "failures", receipt.failures, stated_reasons  # last: it sums up the facts above
+    yield r, "failures", receipt.failures, reasons  # last: it sums up the facts above
 
 
 def _one(values: Iterator[Any]) -> Any:
@@ -223,12 +222,13 @@ def _zygote_counts(
 def _ending_facts(
     receipt: Receipt, rank_files: RankFiles, dump: Callable[[Any], Any]
 ) -> Iterator[tuple[str, str, Any, Any]]:
-    """The failed-test list (what `--rerun-failed` reruns) and the rootdir its node ids are
-    relative to. Receipts written before the list existed have neither, so the list is held to
-    the records (with the stated root cause, whose text is not re-derived) when it is stated or
-    when the rootdir, written with it, is: an emptied list cannot hide the failures."""
+    """The root cause, the failed-test list (what `--rerun-failed` reruns) and the rootdir its
+    node ids are relative to. The list is held to the records with the stated root cause (whose
+    text is not re-derived), so an emptied list cannot hide the failures. An interrupted run's
+    cause is the interruption, held by verify to the launcher's record of it; any other cause
+    the records name is the receipt's, even one that calls itself an interruption."""
     cause = receipt.root_cause
-    if cause is not None and cause.kind != "interrupted":
+    if cause is not None and receipt.run.extra.interrupted is None:
         derived_cause = find_root_cause(
             rank_files, timed_out=receipt.run.timed_out, torchrun_error=None
         )
@@ -240,11 +240,9 @@ def _ending_facts(
                 {k: getattr(cause, k) for k in keys},
                 {k: getattr(derived_cause, k) for k in keys},
             )
-    if receipt.failed_tests or receipt.run.rootdir is not None:
-        derived = failed_tests(rank_files, receipt.root_cause)
-        yield RECEIPT_NAME, "failed_tests", dump(receipt.failed_tests), dump(derived)
-    if receipt.run.rootdir is not None:
-        yield RECEIPT_NAME, "run.rootdir", receipt.run.rootdir, ranks_rootdir(rank_files)
+    derived = failed_tests(rank_files, receipt.root_cause)
+    yield RECEIPT_NAME, "failed_tests", dump(receipt.failed_tests), dump(derived)
+    yield RECEIPT_NAME, "run.rootdir", receipt.run.rootdir, ranks_rootdir(rank_files)
 
 
 def rederive_problems(bundle: Path, receipt: Receipt) -> list[str]:

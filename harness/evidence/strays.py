@@ -9,8 +9,11 @@ being written, and none of it may pass for evidence: links and special files are
 followed or read), folders in the writer's way are emptied and removed, the files are moved
 under the bundle's own `strays/`, a locked folder is given back to its owner (u+rwx) and
 removed where that fails, and each of these is named as a `Stray` so the run fails saying what
-it found. `strays_problems` holds a receipt's strays to the `strays/` folder its bundle holds,
-so neither can be dropped without the other.
+it found. `strays_problems` holds a receipt's moved strays to the files its bundle holds under
+`strays/`, so a stray dropped from one but kept in the other is caught. A consistent edit is
+not: a moved stray deleted with its entry (and its hashes), or a removed stray's entry dropped
+(it never left a file), leaves nothing in the bundle to hold the receipt to; only a signature
+catches that.
 """
 
 from __future__ import annotations

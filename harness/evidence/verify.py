@@ -11,14 +11,21 @@ Four layers, each problem one line that starts with the file it is about:
 3. Consistency: tallies equal junit/merged.xml; the run's exit code and timeout follow from the
    launcher's record of the launch, which every launcher run has and which equals the bundle's
    launch.json and, with several nodes, every node's marker (harness.evidence.launch_record);
-   verdict, status, root cause and required limitations follow from the receipt's own facts
-   (harness.evidence.rules); every file under `strays/` is a stray the receipt names as moved
-   there, and the reverse (harness.evidence.strays), so the strays that fail a run cannot be
-   dropped from it.
+   an exit code of 0 is refused while the bundle holds a rank's torchrun error file (the ranks
+   write those themselves, on a failure that fails their exit status and so torchrun's); an
+   interrupted run's root cause is its interruption, and only an interrupted run's; verdict,
+   status and root cause follow from the receipt's own facts, and the required limitations
+   from those facts with the coverage the rank records give (harness.evidence.rules); every
+   file under `strays/` is a stray the receipt names as moved there, and the reverse
+   (harness.evidence.strays). That catches a receipt that drops a stray but keeps its file, or
+   a file that is deleted but still named; a stray deleted from strays/ together with its
+   entry, a removed stray (links, special files: no file was ever kept) dropped from the
+   receipt, or a dropped `run.extra.scrub.removed` entry leaves nothing to hold the receipt
+   to: only a signature catches those.
 4. Re-derivation: the receipt's verdict, failures, ranks, tallies, coverage, capture, negative
-   control, signatures, transports, real trees and hosts equal what the hash-covered rank
-   records and JUnit reports say (harness.evidence.rederive), naming the first field that
-   differs; and
+   control, signatures, transports, real trees, hosts, failed tests and root cause equal what
+   the hash-covered rank records and JUnit reports say (harness.evidence.rederive), naming the
+   first field that differs; and
    summary.md is exactly what the receipt renders (harness.evidence.summary).
 
 JSON is read bounded and strict (harness.jsonfile): a receipt that is a FIFO, a device, huge or
@@ -34,17 +41,20 @@ from pydantic import ValidationError
 
 from harness.errors import UsageError
 from harness.evidence import rules
+from harness.evidence.collect import coverage_of, load_records
 from harness.evidence.files import SUMS_NAME, UNREADABLE, parse_sums, sha256_file, walk
 from harness.evidence.junit import read_merged, tallies
 from harness.evidence.launch_record import launch_record_problems
-from harness.evidence.rederive import rederive_problems
-from harness.evidence.schema import SCHEMA, Receipt, Tally
+from harness.evidence.rederive import first_difference, rederive_problems
+from harness.evidence.schema import SCHEMA, Coverage, Receipt, RootCause, Tally
 from harness.evidence.strays import strays_problems
 from harness.evidence.summary import receipt_sha256_in, summary_differences
 from harness.evidence.writer import MERGED_JUNIT, RECEIPT_NAME, SUMMARY_NAME, UNWITNESSED
 from harness.jsonfile import JsonSyntaxError, read_json
 
 REQUIRED = (RECEIPT_NAME, SUMMARY_NAME, MERGED_JUNIT, SUMS_NAME)
+TORCHRUN_DIR = "torchrun"  # every node's torchrun --log-dir is under it
+ERROR_FILE_NAME = "error.json"  # torchrun's name for a rank's TORCHELASTIC_ERROR_FILE
 
 
 @dataclass(frozen=True)
@@ -246,6 +256,8 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
 
     problems += launch_record_problems(bundle, receipt)
     problems += _check_launched(receipt)
+    problems += _check_rank_error_files(bundle, receipt)
+    problems += _check_interruption(receipt)
     reasons = rules.failure_reasons_of(receipt)
     verdict = rules.verdict_of(reasons)
     if receipt.verdict != verdict:
@@ -253,7 +265,8 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
         problems.append(
             f"{RECEIPT_NAME}: verdict is {receipt.verdict} but its facts say {verdict} ({why})"
         )
-    required = required_limitations_of(receipt)
+    coverage = coverage_of(load_records(bundle, receipt.geometry.world_size))
+    required = required_limitations_of(receipt, coverage=coverage)
     status = rules.status_of(receipt.verdict, receipt.environment, required)
     if receipt.status != status:
         digest = receipt.image.digest if receipt.image else None
@@ -309,8 +322,56 @@ def _check_launched(receipt: Receipt) -> list[str]:
     ]
 
 
-def required_limitations_of(receipt: Receipt) -> dict[str, str]:
-    """The limitations the rules require of this receipt's facts, key -> text."""
+def _check_rank_error_files(bundle: Path, receipt: Receipt) -> list[str]:
+    """A rank's torchrun error file (`torchrun/**/error.json`, where torchrun points each
+    rank's TORCHELASTIC_ERROR_FILE) is written by the rank itself on a failure that also fails
+    its exit status (harness.rank.rankfiles.write_error_file); torchrun restarts no rank, so
+    it exits non-zero too. Such a file is a witness the launcher's record cannot speak for."""
+    if receipt.run.exit_code != 0:
+        return []
+    prefix = TORCHRUN_DIR + "/"
+    found = [
+        e.relpath
+        for e in walk(bundle)
+        if e.kind == "file" and e.relpath.startswith(prefix) and e.path.name == ERROR_FILE_NAME
+    ]
+    if not found:
+        return []
+    return [
+        f"{RECEIPT_NAME}: run.exit_code is 0 but the bundle holds {len(found)} rank error "
+        f"file(s) of torchrun, the first {found[0]} (a rank writes one only when it "
+        "fails, and then torchrun exits non-zero)"
+    ]
+
+
+def _check_interruption(receipt: Receipt) -> list[str]:
+    """An interrupted run's root cause is its interruption, as the launcher's record of the
+    launch names it (held to launch.json); a root cause of kind "interrupted" without that
+    record could blame any rank or test (the records' own cause is re-derived regardless)."""
+    cause, interrupted = receipt.root_cause, receipt.run.extra.interrupted
+    if interrupted is None:
+        if cause is not None and cause.kind == "interrupted":
+            return [
+                f"{RECEIPT_NAME}: root_cause.kind is 'interrupted' but the launcher's record of "
+                "the launch (run.extra.launch.interrupted) names no interruption"
+            ]
+        return []
+    if cause is None:
+        return []  # an interrupted run fails: the verdict check reports a pass
+    expected = RootCause(rank=None, test=None, message=interrupted.message(), kind="interrupted")
+    found = first_difference("root_cause", cause.model_dump(), expected.model_dump())
+    if found is None:
+        return []
+    return [
+        f"{RECEIPT_NAME}: {found.field} is {found.stated!r} but the launcher's record of the "
+        f"launch (run.extra.launch.interrupted) says {found.derived!r}"
+    ]
+
+
+def required_limitations_of(receipt: Receipt, coverage: Coverage | None = None) -> dict[str, str]:
+    """The limitations the rules require of this receipt's facts, key -> text; `coverage`, when
+    given, in place of the receipt's (verify gives the records' own, so a receipt that drops its
+    coverage still owes the `skipped` limitation)."""
     launch = receipt.run.extra.launch
     return rules.required_limitations(
         geometry=receipt.geometry,
@@ -325,7 +386,7 @@ def required_limitations_of(receipt: Receipt) -> dict[str, str]:
         warm_impl=receipt.warm_impl,
         zygote=None if launch is None else launch.zygote,
         nodes=receipt.run.extra.nodes,
-        coverage=receipt.coverage,
+        coverage=receipt.coverage if coverage is None else coverage,
         smoke=receipt.run.extra.smoke is not None,
     )
 

@@ -411,7 +411,8 @@ class Receipt(Model):
     transports: list[str] = Field(default_factory=list)  # transport backends ranks reported
     models: Models = Field(default_factory=Models)  # real vLLM trees built (collect)
     ranks: Ranks
-    # None only in receipts written before coverage was recorded; verify re-derives it.
+    # None only in receipts written before coverage was recorded; verify re-derives it and
+    # refuses a receipt without it.
     coverage: Coverage | None = None
     run: Run = Field(default_factory=Run)
     generated_by: str = ""

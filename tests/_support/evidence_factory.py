@@ -307,10 +307,11 @@ def gpu_run(
     detectors: Sequence[DetectorStatus] = (),
     harness: Source = CLEAN_CHECKOUT,
     junit: bool = True,
+    tests: Sequence[TestOutcome] | None = None,
 ) -> Receipt:
     """The bundle of a passing 4-rank NCCL run on GPUs whose every capture window was a CUDA
     graph; by default it is all `qualified` asks for, each keyword takes one thing away
-    (`junit` False: rank 3 left no JUnit report)."""
+    (`junit` False: rank 3 left no JUnit report; `tests`: every rank's outcomes, e.g. a skip)."""
     monkeypatch.setattr(writer, "capture_environment", gpu_environment)
     monkeypatch.setattr(writer, "capture_sources", lambda: {"dcpqual": harness})
     out.mkdir()
@@ -322,6 +323,7 @@ def gpu_run(
             out,
             rank,
             4,
+            tests=tests,
             captures=caps,
             transport=transport,
             backend="nccl",
