@@ -13,7 +13,8 @@ so a receipt cannot claim NCCL, more nodes, another TP/DCP or another layout tha
 with (and so drop the limitations those would require). What the ranks' pytest was told to
 select is held to the records too, so a narrowed run cannot drop its `selection` limitation,
 and so are the real vLLM trees the ranks built (`models`, which the real-tree limitations follow
-from) and the hosts they ran on (`environment.hosts`).
+from), the hosts they ran on (`environment.hosts`), the image digest their environment named
+and the harness checkout rank 0 ran (`image.digest`, `sources.dcpqual`).
 
 Coverage, the failed-test list and the rootdir are held to the records whatever the receipt
 states: a receipt without them (from before they were recorded, or with them dropped) fails,
@@ -22,7 +23,8 @@ so dropping one cannot switch its check off.
 Not re-derived, because no rank file records it: the run's exit code and timeout (the
 launcher's view; verify holds them to the launcher's record of the launch, and that record to
 the bundle's launch.json and node markers), tp and dcp of records that predate them, the rest
-of the environment, sources and image, and the root cause's text (it may quote torchrun's
+of the environment (GPUs, driver, NCCL), the image's runtime check and the peers' versions, and
+the root cause's text (it may quote torchrun's
 error file). The root cause's rank, test and kind are re-derived whenever the records name a
 cause, whatever kind the receipt gives it (not for an interrupted run, whose cause verify holds
 to the launcher's record of the interruption, nor for the fallbacks to torchrun's error file,
@@ -42,6 +44,7 @@ from harness.evidence.ending import failed_tests, ranks_rootdir
 from harness.evidence.facts import rank_facts
 from harness.evidence.junit import read_merged, tallies
 from harness.evidence.schema import Receipt
+from harness.evidence.sources import recorded_harness
 from harness.schema.launch import ZygoteState
 from harness.schema.rank_record import RankRecord, RankStart
 
@@ -133,6 +136,7 @@ def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, An
     yield r, "models", dump(receipt.models), dump(facts.models)
     yield r, "environment.hosts", receipt.environment.hosts, facts.hosts
     yield from _launch_facts(receipt, rank_files)
+    yield from _provenance_facts(receipt, rank_files, dump)
     yield from _ending_facts(receipt, rank_files, dump)
     yield r, "failures", receipt.failures, reasons  # last: it sums up the facts above
 
@@ -183,6 +187,24 @@ def _launch_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[str
         yield from _zygote_facts(
             f"node {node}'s zygote", zygotes.get(node), g.nproc_per_node, records
         )
+
+
+def _provenance_facts(
+    receipt: Receipt, rank_files: RankFiles, dump: Callable[[Any], Any]
+) -> Iterator[tuple[str, str, Any, Any]]:
+    """The image the run was in and the harness checkout it ran, held to what the ranks saw at
+    their start (records that predate it say nothing): a receipt cannot claim a locked image
+    its ranks did not run in, or a clean checkout rank 0 saw dirty, to gain `qualified`."""
+    seen = {r: x.provenance for r, x in rank_files.records.items() if x.provenance is not None}
+    if not seen:
+        return
+    stated = None if receipt.image is None else receipt.image.digest
+    yield RECEIPT_NAME, "image.digest", stated, _one(p.image_digest for p in seen.values())
+    zero = seen.get(0)
+    if zero is not None:
+        harness = receipt.sources.get("dcpqual")
+        derived = recorded_harness(zero, None if harness is None else harness.version)
+        yield RECEIPT_NAME, "sources.dcpqual", dump(harness), dump(derived)
 
 
 def _zygote_facts(

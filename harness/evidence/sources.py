@@ -15,6 +15,7 @@ from pathlib import Path
 from harness import gitinfo
 from harness.errors import UsageError
 from harness.evidence.schema import Source
+from harness.schema.rank_record import Provenance
 
 HARNESS_ROOT = Path(__file__).resolve().parents[2]
 # Distribution names to try for each peer, first found wins.
@@ -39,6 +40,18 @@ def git_source(root: Path = HARNESS_ROOT, version: str | None = None) -> Source:
         tree=ident.tree,
         dirty=ident.dirty,
         dirty_paths=list(ident.dirty_paths[:DIRTY_PATHS_SHOWN]),
+    )
+
+
+def recorded_harness(provenance: Provenance, version: str | None) -> Source:
+    """The harness checkout rank 0 recorded at its start, as the receipt's `sources.dcpqual`
+    (the installed version is the writer's: no rank records it)."""
+    return Source(
+        version=version,
+        commit=provenance.harness_commit,
+        tree=provenance.harness_tree,
+        dirty=provenance.harness_dirty,
+        dirty_paths=list(provenance.harness_dirty_paths),
     )
 
 

@@ -45,10 +45,11 @@ from harness.evidence.redact import (
     scrub_folder,
 )
 from harness.evidence.run_context import RunContext
-from harness.evidence.schema import SCHEMA, Geometry, Image, Receipt, RootCause, Run
-from harness.evidence.sources import capture_sources
+from harness.evidence.schema import SCHEMA, Geometry, Image, Receipt, RootCause, Run, Source
+from harness.evidence.sources import capture_sources, recorded_harness
 from harness.evidence.summary import render_summary
 from harness.schema.base import limitation_lines
+from harness.schema.rank_record import RankRecord
 from harness.schema.receipt import Scrub
 
 RECEIPT_NAME = "receipt.json"
@@ -232,7 +233,7 @@ def assemble_receipt(
         )
         root_cause = _with_stack_dump(out_dir, root_cause)
     environment = capture_environment(hosts=facts.hosts)
-    sources = capture_sources()
+    sources = _with_recorded_harness(capture_sources(), facts.rank_files.records.get(0))
     used_transports = facts.transports
     required = rules.required_limitations(
         geometry=geometry,
@@ -287,6 +288,18 @@ def assemble_receipt(
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     return receipt, merged.xml
+
+
+def _with_recorded_harness(
+    sources: dict[str, Source], zero: RankRecord | None
+) -> dict[str, Source]:
+    """The harness checkout as rank 0 saw it when it started, where its record says, so the
+    receipt states the code that ran (not the checkout as it is now) and verify can hold it to
+    the record."""
+    if zero is None or zero.provenance is None:
+        return sources
+    version = sources["dcpqual"].version if "dcpqual" in sources else None
+    return {**sources, "dcpqual": recorded_harness(zero.provenance, version)}
 
 
 def _launched(ctx: RunContext) -> Run:

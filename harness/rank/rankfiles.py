@@ -31,11 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.atomic import atomic_write_text
+from harness.evidence.sources import git_source
+from harness.image.identity import IDENTITY_ENV
 from harness.rank.parentage import parentage
 from harness.schema.capture import CaptureRecord
 from harness.schema.rank_record import (
     HASH_PROBE,
     ErrorNote,
+    Provenance,
     RankRecord,
     RankStart,
     TestOutcome,
@@ -87,6 +90,29 @@ class RecordText:
         return _compact(head)[:-1] + tail + "}\n"
 
 
+def rank_provenance(rank: int) -> Provenance:
+    """The image this rank's environment names and, on rank 0, the harness checkout it runs."""
+    digest = None
+    raw = os.environ.get(IDENTITY_ENV)
+    if raw:
+        try:
+            named = json.loads(raw)
+        except ValueError:
+            named = None
+        found = named.get("digest") if isinstance(named, dict) else None
+        digest = found if isinstance(found, str) else None
+    if rank != 0:
+        return Provenance(image_digest=digest)
+    harness = git_source()
+    return Provenance(
+        image_digest=digest,
+        harness_commit=harness.commit,
+        harness_tree=harness.tree,
+        harness_dirty=harness.dirty,
+        harness_dirty_paths=tuple(harness.dirty_paths),
+    )
+
+
 def rank_start() -> RankStart:
     """What this rank knows of its own start: forked or not, and its string-hash seed."""
     seed = os.environ.get("PYTHONHASHSEED", "")
@@ -135,6 +161,7 @@ class RecordKeeper:
             warm_impl=warm_impl,
             started_at=utc_now(),
             start=rank_start(),
+            provenance=rank_provenance(rank),
         )
         return cls(rank_record_path(records_dir, rank), record)
 

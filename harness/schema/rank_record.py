@@ -265,6 +265,21 @@ class RankStart:
 
 
 @dataclass(frozen=True, config=STRICT)
+class Provenance:
+    """What code this rank ran, as the rank itself saw it at its start: the digest of the image
+    its environment names (None: not inside a `dcpqual gpu16` image) and, on rank 0 only, the
+    harness checkout's commit, tree and dirtiness (None elsewhere, or outside a checkout). The
+    receipt's `image.digest` and `sources.dcpqual` are held to it, so neither is the evidence
+    writer's word alone."""
+
+    image_digest: str | None = None
+    harness_commit: str | None = None
+    harness_tree: str | None = None
+    harness_dirty: bool | None = None
+    harness_dirty_paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, config=STRICT)
 class RankRecord(JsonValue):
     """Everything one rank reports. `complete` is False until the rank's session finished;
     a record that never became complete belongs to a rank that died.
@@ -275,7 +290,7 @@ class RankRecord(JsonValue):
     finished `current_test` and began waiting for its peers' results (None while it runs a test
     or between tests): who is behind, for the progress. `broke_world`: this rank's own action
     broke the world (see `WorldBreak`); the first one only. `start`: how its interpreter
-    began (None: not recorded).
+    began (None: not recorded). `provenance`: what code it ran (None: not recorded).
     """
 
     rank: NonNegativeInt
@@ -304,6 +319,7 @@ class RankRecord(JsonValue):
     dcp: PositiveInt | None = None  # recorded), and what its pytest was told to select
     selection: Selection | None = None
     start: RankStart | None = None
+    provenance: Provenance | None = None
     schema: Literal["dcpqual-rank-record/v1"] = RANK_RECORD_SCHEMA
 
     @property

@@ -20,7 +20,7 @@ from harness.evidence import writer
 from harness.evidence.junit import mangle
 from harness.evidence.run_context import RunContext, TorchrunFailure
 from harness.schema.image import Image
-from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
+from harness.schema.rank_record import Provenance, RankRecord, TestOutcome, rank_record_path
 from harness.schema.receipt import Environment, Gpu, Launch, Receipt, RunExtra, Source
 from harness.warm.signature import TransportSignature
 
@@ -149,9 +149,11 @@ def write_rank(
     backend: str = "gloo",
     hostname: str = "node0",
     real_trees: Sequence[dict[str, object]] = (),
+    provenance: Provenance | None = None,
 ) -> None:
     """One rank's files: records/rank-NN.json and junit/rank-NN.xml (either may be left out);
-    `real_trees`: vLLM's own trees the rank says it built (`real_tree`)."""
+    `real_trees`: vLLM's own trees the rank says it built (`real_tree`); `provenance`: the
+    image and harness checkout it says it ran (None: a record that does not say)."""
     tests = [passed(n) for n in NODES] if tests is None else list(tests)
     captures = [capture(rank), control(rank)] if captures is None else list(captures)
     if record:
@@ -169,6 +171,7 @@ def write_rank(
             tests=tuple(tests),
             captures=tuple(captures),
             extra={"transport": transport, "real_trees": list(real_trees)},
+            provenance=provenance,
         ).write(rank_record_path(out / "records", rank))
     if junit:
         path = out / "junit" / f"rank-{rank:02d}.xml"
