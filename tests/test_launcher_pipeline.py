@@ -9,6 +9,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -228,6 +229,29 @@ def test_an_unexpected_error_while_the_bundle_is_written_is_one_line(tmp_path, m
 LOG = "torchrun/node-00/run/attempt_0/0/stdout.log"
 
 
+def run_with_ranks_leaving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, leave: Callable[[Path], None]
+) -> tuple[int, Path]:
+    """A real `dcpqual run` (evidence and all) whose 2 ranks logged a line, left what `leave`
+    makes in the out folder and exited 0; its exit code and bundle."""
+
+    def launch(plan, *, tick=None, tick_s=0.5, console=None, reader=None, hold=None) -> Launch:
+        log = plan.out_dir / LOG
+        log.parent.mkdir(parents=True)
+        log.write_text("rank 0 said hello\n")
+        leave(plan.out_dir)
+        return Launch(exit_code=0, started_at="s", finished_at="f", elapsed_s=0.2)
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    out = tmp_path / "out"
+    stream = io.StringIO()
+    options = RunOptions(nproc_per_node=2, tp=2, out_dir=out)
+    evidence = launcher.Evidence.load()
+    return launcher.run(
+        options, evidence=evidence, stream=stream, progress=PlainProgress(stream)
+    ), out
+
+
 def test_links_a_rank_left_take_no_log_out_of_the_bundle_or_into_it(tmp_path, monkeypatch):
     """Ranks ran and left `logs` a link to a folder outside, and their stack dump a link to a
     file outside: the launcher writes no log through the one and copies none from the other.
@@ -236,21 +260,12 @@ def test_links_a_rank_left_take_no_log_out_of_the_bundle_or_into_it(tmp_path, mo
     outside.mkdir()
     private.write_text("not for the bundle\n")
 
-    def launch(plan, *, tick=None, tick_s=0.5, console=None, reader=None, hold=None) -> Launch:
-        log = plan.out_dir / LOG
-        log.parent.mkdir(parents=True)
-        log.write_text("rank 0 said hello\n")
-        (plan.out_dir / "logs").symlink_to(outside, target_is_directory=True)
-        (plan.out_dir / "stacks").mkdir()
-        (plan.out_dir / "stacks" / "rank-01.txt").symlink_to(private)
-        return Launch(exit_code=0, started_at="s", finished_at="f", elapsed_s=0.2)
+    def leave(out_dir: Path) -> None:
+        (out_dir / "logs").symlink_to(outside, target_is_directory=True)
+        (out_dir / "stacks").mkdir()
+        (out_dir / "stacks" / "rank-01.txt").symlink_to(private)
 
-    monkeypatch.setattr(launcher, "launch", launch)
-    out = tmp_path / "out"
-    stream = io.StringIO()
-    options = RunOptions(nproc_per_node=2, tp=2, out_dir=out)
-    evidence = launcher.Evidence.load()
-    code = launcher.run(options, evidence=evidence, stream=stream, progress=PlainProgress(stream))
+    code, out = run_with_ranks_leaving(tmp_path, monkeypatch, leave)
     assert code == 1
     assert list(outside.iterdir()) == []
     assert (out / "logs").is_dir() and not (out / "logs").is_symlink()
@@ -267,19 +282,10 @@ def test_links_a_rank_left_take_no_log_out_of_the_bundle_or_into_it(tmp_path, mo
 def test_a_file_named_logs_a_rank_left_is_set_aside_and_the_logs_still_collected(
     tmp_path, monkeypatch
 ):
-    def launch(plan, *, tick=None, tick_s=0.5, console=None, reader=None, hold=None) -> Launch:
-        log = plan.out_dir / LOG
-        log.parent.mkdir(parents=True)
-        log.write_text("rank 0 said hello\n")
-        (plan.out_dir / "logs").write_text("a file where the launcher needs a folder\n")
-        return Launch(exit_code=0, started_at="s", finished_at="f", elapsed_s=0.2)
+    def leave(out_dir: Path) -> None:
+        (out_dir / "logs").write_text("a file where the launcher needs a folder\n")
 
-    monkeypatch.setattr(launcher, "launch", launch)
-    out = tmp_path / "out"
-    stream = io.StringIO()
-    options = RunOptions(nproc_per_node=2, tp=2, out_dir=out)
-    evidence = launcher.Evidence.load()
-    code = launcher.run(options, evidence=evidence, stream=stream, progress=PlainProgress(stream))
+    code, out = run_with_ranks_leaving(tmp_path, monkeypatch, leave)
     assert code == 1
     assert (out / "logs" / "rank-00.stdout").read_text() == "rank 0 said hello\n"
     assert (out / "strays" / "logs").read_text() == "a file where the launcher needs a folder\n"

@@ -24,6 +24,8 @@ from _support.evidence_factory import (
 from _support.forge import forge
 
 from harness.evidence import rederive, writer
+from harness.evidence.schema import Source
+from harness.evidence.sources import provenance_of
 from harness.evidence.verify import verify_bundle
 from harness.rank.rankfiles import rank_provenance
 from harness.schema.image import Image
@@ -32,25 +34,17 @@ from harness.schema.rank_record import Provenance
 WORLD = 4
 
 
-def seen(checkout: Any, digest: str | None, rank: int) -> Provenance:
+def seen(checkout: Source, digest: str | None, rank: int) -> Provenance:
     """What rank `rank` records: the image digest, and the harness checkout on rank 0 only."""
-    if rank != 0:
-        return Provenance(image_digest=digest)
-    return Provenance(
-        image_digest=digest,
-        harness_commit=checkout.commit,
-        harness_tree=checkout.tree,
-        harness_dirty=checkout.dirty,
-        harness_dirty_paths=tuple(checkout.dirty_paths),
-    )
+    return provenance_of(digest, checkout if rank == 0 else None)
 
 
 def gpu_bundle(
     out: Path,
     monkeypatch: pytest.MonkeyPatch,
     *,
-    ranks_saw: Any,
-    writer_sees: Any,
+    ranks_saw: Source,
+    writer_sees: Source,
     image: dict[str, Any] | None,
 ) -> Path:
     """A passing 4-rank NCCL run with CUDA-graph windows, b12x and controls; its ranks saw

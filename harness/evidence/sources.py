@@ -43,6 +43,19 @@ def git_source(root: Path = HARNESS_ROOT, version: str | None = None) -> Source:
     )
 
 
+def provenance_of(image_digest: str | None, harness: Source | None = None) -> Provenance:
+    """What a rank records of the code it runs: the image, and (rank 0) the harness checkout."""
+    if harness is None:
+        return Provenance(image_digest=image_digest)
+    return Provenance(
+        image_digest=image_digest,
+        harness_commit=harness.commit,
+        harness_tree=harness.tree,
+        harness_dirty=harness.dirty,
+        harness_dirty_paths=tuple(harness.dirty_paths),
+    )
+
+
 def recorded_harness(provenance: Provenance, version: str | None) -> Source:
     """The harness checkout rank 0 recorded at its start, as the receipt's `sources.dcpqual`
     (the installed version is the writer's: no rank records it)."""

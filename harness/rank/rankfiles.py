@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.atomic import atomic_write_text
-from harness.evidence.sources import git_source
+from harness.evidence.sources import git_source, provenance_of
 from harness.image.identity import IDENTITY_ENV
 from harness.rank.parentage import parentage
 from harness.schema.capture import CaptureRecord
@@ -101,16 +101,7 @@ def rank_provenance(rank: int) -> Provenance:
             named = None
         found = named.get("digest") if isinstance(named, dict) else None
         digest = found if isinstance(found, str) else None
-    if rank != 0:
-        return Provenance(image_digest=digest)
-    harness = git_source()
-    return Provenance(
-        image_digest=digest,
-        harness_commit=harness.commit,
-        harness_tree=harness.tree,
-        harness_dirty=harness.dirty,
-        harness_dirty_paths=tuple(harness.dirty_paths),
-    )
+    return provenance_of(digest, git_source() if rank == 0 else None)
 
 
 def rank_start() -> RankStart:
