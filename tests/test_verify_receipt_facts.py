@@ -43,7 +43,7 @@ from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
 from harness.schema.base import Limitation
 from harness.schema.launch import Interruption, NodeState
-from harness.schema.rank_record import RealTree, rank_record_path
+from harness.schema.rank_record import ErrorNote, RealTree, rank_record_path
 from harness.schema.receipt import Launch, RunExtra
 
 WORLD = 2
@@ -243,13 +243,18 @@ def test_the_writer_takes_the_run_s_outcome_from_the_launch(tmp_path: Path) -> N
 RANK_ERROR = "torchrun/run-1/attempt_0/1/error.json"
 
 
-def crashed_on_the_way_out(tmp_path: Path) -> Path:
+def crashed_on_the_way_out(tmp_path: Path, *, note: bool = False) -> Path:
     """Passing rank records, but rank 1 left torchrun's error file and torchrun exited 1: an
-    honest `fail` whose root cause is that file."""
+    honest `fail` whose root cause is that file (`note`: with the rank's own note in it, as
+    the harness's rank writes it)."""
     out = tmp_path / "crashed"
     ctx = passing_run(out, world=WORLD)
     message = "Signal 11 (SIGSEGV) received by PID 1001"
     (out / RANK_ERROR).write_text(json.dumps({"message": message}))
+    if note:
+        ours = ErrorNote(rank=1, test=None, message=message, time=1764439200.0).to_json()
+        kept = {"message": message, "extraInfo": {"dcpqual": ours}}
+        (out / RANK_ERROR).write_text(json.dumps({"message": kept}))
     failure = TorchrunFailure(rank=1, message=message, time=1764439200.0, file=RANK_ERROR)
     launch = Launch(exit_code=1, elapsed_s=3.5)
     finalize_bundle(
@@ -269,7 +274,7 @@ def test_a_zero_exit_code_is_refused_while_a_rank_s_error_file_says_it_failed(
     """The forger rewrites launch.json with the receipt, so the launcher's record says 0 too;
     the error file the rank wrote itself still says a rank failed. (A forger who also deletes
     that file and its hashes is caught by nothing but a signature.)"""
-    bundle = crashed_on_the_way_out(tmp_path)
+    bundle = crashed_on_the_way_out(tmp_path, note=True)
     clean = Launch(exit_code=0, elapsed_s=3.5)
     (bundle / "launch.json").write_bytes(launch_record_bytes(clean))
 
@@ -285,6 +290,21 @@ def test_a_zero_exit_code_is_refused_while_a_rank_s_error_file_says_it_failed(
         f"torchrun, the first {RANK_ERROR} (a rank writes one only when it fails, and then "
         "torchrun exits non-zero)",
     )
+
+
+def test_an_error_file_a_rank_s_child_left_does_not_count_against_a_zero_exit_code(
+    tmp_path: Path,
+) -> None:
+    """A test that checks a failing launcher started as a child of the rank leaves torch's own
+    error file where the rank's would go (the child inherits TORCHELASTIC_ERROR_FILE); the rank
+    passed and torchrun exited 0, and the honest bundle verifies."""
+    out = tmp_path / "child"
+    ctx = passing_run(out, world=WORLD)
+    child = {"message": {"message": "ValueError: bad", "extraInfo": {"timestamp": "1"}}}
+    (out / RANK_ERROR).write_text(json.dumps(child))
+    written = finalize_bundle(out, ctx)
+    assert written.verdict == "pass"
+    assert verify_bundle(out).ok, verify_bundle(out).problems
 
 
 # -- required limitations ----------------------------------------------------------------------

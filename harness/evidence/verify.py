@@ -51,6 +51,7 @@ from harness.evidence.strays import strays_problems
 from harness.evidence.summary import receipt_sha256_in, summary_differences
 from harness.evidence.writer import MERGED_JUNIT, RECEIPT_NAME, SUMMARY_NAME, UNWITNESSED
 from harness.jsonfile import JsonSyntaxError, read_json
+from harness.schema.rank_record import ErrorNote
 
 REQUIRED = (RECEIPT_NAME, SUMMARY_NAME, MERGED_JUNIT, SUMS_NAME)
 TORCHRUN_DIR = "torchrun"  # every node's torchrun --log-dir is under it
@@ -324,16 +325,22 @@ def _check_launched(receipt: Receipt) -> list[str]:
 
 def _check_rank_error_files(bundle: Path, receipt: Receipt) -> list[str]:
     """A rank's torchrun error file (`torchrun/**/error.json`, where torchrun points each
-    rank's TORCHELASTIC_ERROR_FILE) is written by the rank itself on a failure that also fails
-    its exit status (harness.rank.rankfiles.write_error_file); torchrun restarts no rank, so
-    it exits non-zero too. Such a file is a witness the launcher's record cannot speak for."""
+    rank's TORCHELASTIC_ERROR_FILE) that holds the rank's own note is written by the rank on a
+    failure that also fails its exit status (harness.rank.rankfiles.write_error_file); torchrun
+    restarts no rank, so it exits non-zero too. Such a file is a witness the launcher's record
+    cannot speak for. A file without that note is not the rank's: a child process the rank
+    started inherits the variable, and a test of a launcher that fails may leave torch's own
+    format there while the rank passes."""
     if receipt.run.exit_code != 0:
         return []
     prefix = TORCHRUN_DIR + "/"
     found = [
         e.relpath
         for e in walk(bundle)
-        if e.kind == "file" and e.relpath.startswith(prefix) and e.path.name == ERROR_FILE_NAME
+        if e.kind == "file"
+        and e.relpath.startswith(prefix)
+        and e.path.name == ERROR_FILE_NAME
+        and _holds_a_rank_note(e.path)
     ]
     if not found:
         return []
@@ -342,6 +349,15 @@ def _check_rank_error_files(bundle: Path, receipt: Receipt) -> list[str]:
         f"file(s) of torchrun, the first {found[0]} (a rank writes one only when it "
         "fails, and then torchrun exits non-zero)"
     ]
+
+
+def _holds_a_rank_note(path: Path) -> bool:
+    """The error file carries the note a rank of the harness writes (`extraInfo.dcpqual`)."""
+    try:
+        ErrorNote.from_json(read_json(path)["message"]["extraInfo"]["dcpqual"])
+    except (OSError, ValueError, KeyError, TypeError):  # ValidationError is a ValueError
+        return False
+    return True
 
 
 def _check_interruption(receipt: Receipt) -> list[str]:
