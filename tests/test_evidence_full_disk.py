@@ -82,13 +82,13 @@ def test_on_a_full_disk_a_credential_known_by_its_shape_is_masked_in_place(
     """No variable holds these values; the text says they are credentials. Each is shorter
     than SCRUBBED, so it is masked to its own length."""
     log = tmp_path / "stdout.log"
-    log.write_text("HF_TOKEN=pw4 via https://ghp_tok@github.com/o/r\n")
+    log.write_text("DB_PASSWORD=pw4 via https://oauth2:t0k@github.com/o/r\n")
     fill_disk(monkeypatch, errno.ENOSPC)
 
     report = scrub_folder(tmp_path, Scrubber.of([]))
 
     assert report.in_place == ("stdout.log",) and report.removed == ()
-    assert log.read_text() == "HF_TOKEN=*** via https://*******@github.com/o/r\n"
+    assert log.read_text() == "DB_PASSWORD=*** via https://oauth2:***@github.com/o/r\n"
 
 
 @pytest.fixture

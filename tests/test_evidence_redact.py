@@ -481,7 +481,9 @@ def base64_holds(text: str, secret: str) -> bool:
     return False
 
 
-@SETTINGS
+# Most paddings leave the secret's encoding whole on one line (the test wants it cut): many
+# examples are filtered out by design.
+@settings(SETTINGS, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(SECRETS, st.integers(0, 120), st.sampled_from([76, 64]), st.sampled_from(["\n", "\r\n"]))
 def test_a_secret_in_line_wrapped_base64_keeps_no_copy(
     secret: str, pad: int, width: int, newline: str
@@ -510,24 +512,65 @@ NOTHING_SECRET: dict[str, str] = {"PATH": "/usr/bin", "HOME": "/root"}
 
 
 @pytest.mark.parametrize(
-    "url, credential, rest",
+    "url, credential, shown",
     [
-        ("https://ghp_0123456789abcdefABCDEF@github.com/org/repo.git", "ghp_", "github.com/org"),
-        ("https://oauth2:glpat-Xy12Zz@gitlab.example/org/r.git", "glpat-Xy12Zz", "gitlab.example"),
-        ("https://x-access-token:ghs_s@github.com/o/r", "ghs_s", "github.com/o/r"),
-        ("https://me:p@ss:w0rd!@proxy:3128/", "w0rd", "proxy:3128/"),
-        ("postgres://qual:pw@db.internal:5432/runs", "qual:pw", "db.internal:5432"),
+        (
+            "https://ghp_0123456789abcdefABCDEF@github.com/org/repo.git",
+            "ghp_",
+            f"https://{SCRUBBED}@github.com/org/repo.git",
+        ),
+        (
+            "https://oauth2:glpat-Xy12Zz@gitlab.example/org/r.git",
+            "glpat-Xy12Zz",
+            f"https://oauth2:{SCRUBBED}@gitlab.example/org/r.git",
+        ),
+        (
+            "https://x-access-token:ghs_s@github.com/o/r",
+            "ghs_s",
+            f"https://x-access-token:{SCRUBBED}@github.com/o/r",
+        ),
+        ("https://me:p@ss:w0rd!@proxy:3128/", "w0rd", f"https://me:{SCRUBBED}@proxy:3128/"),
+        (
+            "postgres://qual:pw@db.internal:5432/runs",
+            "qual:pw",
+            f"postgres://qual:{SCRUBBED}@db.internal:5432/runs",
+        ),
     ],
 )
-def test_the_userinfo_of_a_url_is_redacted_whatever_the_environment_holds(
-    url: str, credential: str, rest: str
+def test_the_credential_of_a_url_is_redacted_whatever_the_environment_holds(
+    url: str, credential: str, shown: str
 ) -> None:
+    """A password, or a bare userinfo that looks issued; the user name and host stay."""
     scrub = Scrubber.from_environ(NOTHING_SECRET)
     assert scrub.forms == ()
     clean, hits = scrub.text(f"+ git clone {url} here\n")
     assert hits == 1 and credential not in clean
-    scheme = url.partition("://")[0]
-    assert f" {scheme}://{SCRUBBED}@" in clean and rest in clean and clean.endswith(" here\n")
+    assert clean == f"+ git clone {shown} here\n"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ssh://git@github.com/org/repo.git",
+        "ssh://ci@build.example:22/",
+        "test_clone[ssh://deploy@host/r.git]",
+        "MAX_TOKENS=64 TOKENIZERS_PARALLELISM=false NUM_KEYS=3",
+        "assert 'CACHE_KEY=abc123' == 'CACHE_KEY=abc124'",
+        "{'MAX_TOKENS': 64, 'NUM_KEYS': 3}",
+        "tests/test_limits.py::test_limit[MAX_TOKENS=128]",
+    ],
+)
+def test_user_names_numbers_switches_and_short_settings_are_left_readable(text: str) -> None:
+    """Evidence a reviewer reads and a rerun selects by: a user name, a count, a switch, a
+    short setting under a name that merely looks secret (a test id, an assertion's diff)."""
+    assert Scrubber.from_environ(NOTHING_SECRET).text(text) == (text, 0)
+
+
+def test_a_short_value_is_a_credential_where_its_name_says_password_or_secret() -> None:
+    scrub = Scrubber.from_environ(NOTHING_SECRET)
+    assert scrub.text("DB_PASSWORD=pw1 API_SECRET=s3 PIN_PWD=42x")[0] == (
+        f"DB_PASSWORD={SCRUBBED} API_SECRET={SCRUBBED} PIN_PWD={SCRUBBED}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -536,7 +579,7 @@ def test_the_userinfo_of_a_url_is_redacted_whatever_the_environment_holds(
         ("HF_TOKEN=hf_NotInThisEnvironment0", "hf_NotInThisEnvironment0"),
         ("export DB_PASSWORD='two words'", "two words"),
         ('docker run -e AWS_SECRET_ACCESS_KEY="abc/de+f" img', "abc/de+f"),
-        ("env GITHUB_PAT=ghp_x1 make", "ghp_x1"),
+        ("env GITHUB_PAT=ghp_x1y2z3w4 make", "ghp_x1y2z3w4"),
         ("test_login[MY_SECRET=s3]", "s3"),
         ("environ({'HOME': '/root', 'HF_TOKEN': 'hf_dict_repr'})", "hf_dict_repr"),
         ('{"NPM_AUTH": "npm_in_json_text", "n": 1}', "npm_in_json_text"),
@@ -602,13 +645,14 @@ def test_a_scrubber_without_the_shape_rules_leaves_them_to_the_values() -> None:
 
 def test_a_short_secret_value_is_scrubbed_where_its_name_says_what_it_is() -> None:
     """A value shorter than MIN_SCRUB_LENGTH ("1", "true", a short password) would corrupt every
-    file if scrubbed wherever it appears; it is scrubbed where the text names it a secret."""
+    file if scrubbed wherever it appears; it is scrubbed where the text names it a password or
+    secret (a short value of another secret-looking name is a setting: a profile, a count)."""
     env = {"DB_PASSWORD": "pw1", "AWS_PROFILE": "dev"}
     scrub = Scrubber.from_environ(env)
     assert secret_values(env) == () and scrub.forms == ()
     clean, hits = scrub.text("DB_PASSWORD=pw1 AWS_PROFILE=dev; login with pw1 on dev")
-    assert clean == f"DB_PASSWORD={SCRUBBED} AWS_PROFILE={SCRUBBED}; login with pw1 on dev"
-    assert hits == 2
+    assert clean == f"DB_PASSWORD={SCRUBBED} AWS_PROFILE=dev; login with pw1 on dev"
+    assert hits == 1
 
 
 _SHAPED = st.lists(

@@ -25,6 +25,7 @@ from harness.cli import main
 from harness.evidence import writer
 from harness.evidence.files import walk
 from harness.evidence.redact import Scrubber
+from harness.evidence.verify import verify_bundle
 from harness.image import engine, gpu_run
 
 # -- a planted secret, through a real 2-rank `dcpqual run` -------------------------------------
@@ -188,3 +189,29 @@ def test_a_privileged_container_would_be_caught(
         "privileged=True",
         "the logged docker run line has --privileged",
     ]
+
+
+@pytest.mark.torchrun
+@pytest.mark.xdist_group("torchrun")
+def test_an_honest_run_whose_text_looks_like_credentials_passes_and_keeps_its_ids(
+    tmp_path: Path,
+) -> None:
+    """rank_shaped_ids.py names tests like settings (`MAX_TOKENS=64`) and remotes with a user
+    (`ssh://git@...`), and one of its tests runs a child that fails through torchrun's `@record`,
+    which writes the error file the child inherited from its rank. None of that is a secret or
+    a rank's failure: the run passes, verifies, and counts each of its five tests by its id."""
+    out = tmp_path / "run"
+    code, _ = run(out, 2, "rank_shaped_ids.py")
+    assert code == 0
+    assert verify_bundle(out).ok, verify_bundle(out).problems
+    data = json.loads((out / "receipt.json").read_text())
+    assert data["verdict"] == "pass" and data["coverage"]["collected"] == 5
+    ids = json.loads((out / "records" / "rank-00.json").read_text())["collected"]
+    assert [i.partition("::")[2] for i in ids] == [
+        "test_limit[MAX_TOKENS=64]",
+        "test_limit[MAX_TOKENS=128]",
+        "test_remote[ssh://git@example.org/a]",
+        "test_remote[ssh://ci@example.org/a]",
+        "test_a_child_that_fails_is_reported",
+    ]
+    assert list(out.glob("torchrun/**/error.json"))  # the child's, beside a pass

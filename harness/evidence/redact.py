@@ -13,12 +13,16 @@ or 76 characters, `\n` or `\r\n`) is looked at with its line breaks removed.
 
 Why shapes too: some text is a credential whatever its value, and whether or not this process's
 environment holds it (a rank's own variables, a token given on a command line, a value too short
-to scrub wherever it appears). The userinfo of a URL (`https://TOKEN@host`, `scheme://user:pass@`)
-and the value of an assignment to a secret-looking environment name (`HF_TOKEN=...`,
-`export DB_PASSWORD='...'`, `'HF_TOKEN': '...'` in a printed dict, a JSON string under such a
-key) are replaced, the name and the rest of the URL kept. Names are upper case, as environment
-variables are: `max_tokens=8192` is code, not a secret. Values that are already placeholders
-(`[REDACTED]`, `<redacted>`, `****`) are left, so scrubbing twice changes nothing.
+to scrub wherever it appears). The password of a URL's userinfo (`scheme://user:pass@`), a bare
+userinfo that looks issued (`https://ghp_...@host`, not `git@`), and the value of an assignment
+to a secret-looking environment name (`HF_TOKEN=...`, `export DB_PASSWORD='...'`,
+`'HF_TOKEN': '...'` in a printed dict, a JSON string under such a key) are replaced, the name,
+the user and the rest of the URL kept. Names are upper case, as environment variables are:
+`max_tokens=8192` is code, not a secret. A number or a switch is no credential
+(`MAX_TOKENS=64`, `TOKENIZERS_PARALLELISM=false`), nor a value shorter than 8 characters unless
+its name says password or secret: test ids, assertions and config printouts that name such
+settings stay evidence a reviewer can read and a rerun can select. Values that are already
+placeholders (`[REDACTED]`, `<redacted>`, `****`) are left, so scrubbing twice changes nothing.
 
 Why values, not text: a secret may equal a word the files themselves are made of
 (`MY_TOKEN=complete`, a JSON key of the rank record). JSON and XML files are therefore parsed and
@@ -232,6 +236,38 @@ def _placeholder(value: str) -> bool:
     return value[:1] in ("[", "<") or not value.strip("*")
 
 
+# Names whose value is a credential however short (a PIN, a short password); other secret-looking
+# names (`*TOKEN*`, `*KEY*`) also name counts and settings (`MAX_TOKENS`, `CACHE_KEY`).
+_CREDENTIAL_NAME = re.compile(r"PASS|PWD|SECRET")
+# Values that are no credential whatever they are assigned to: numbers and switches.
+_SETTING = re.compile(r"[-+]?[0-9][0-9_.]*|true|false|yes|no|on|off|none|null", re.IGNORECASE)
+_LETTER, _DIGIT = re.compile(r"[A-Za-z]"), re.compile(r"[0-9]")
+
+
+def _credential_value(name: str, value: str) -> bool:
+    """`value`, assigned to the secret-looking `name`, may be a credential: not a number or a
+    switch, and long enough to be one unless the name says it is a password or secret. So
+    `MAX_TOKENS=64`, `TOKENIZERS_PARALLELISM=false` and `CACHE_KEY=abc123` stay readable (a
+    failed assertion on them is evidence), `HF_TOKEN=hf_...` and `DB_PASSWORD=pw1` do not."""
+    if _placeholder(value) or _SETTING.fullmatch(value.strip()):
+        return False
+    return len(value) >= MIN_SCRUB_LENGTH or bool(_CREDENTIAL_NAME.search(name.upper()))
+
+
+def _credential_userinfo(userinfo: str) -> tuple[int, int] | None:
+    """The part of a URL's userinfo that is a credential, as a span within it: the password of
+    `user:password`, or a bare user that looks like a token (long, letters and digits: a
+    `ghp_...`), never a plain user name (`git@`, `ci@`), which is what a reviewer reads."""
+    user, colon, password = userinfo.partition(":")
+    if colon:
+        start = len(user) + 1
+        return None if _placeholder(password) or not password else (start, len(userinfo))
+    looks_issued = bool(_LETTER.search(user) and _DIGIT.search(user))
+    if len(user) >= MIN_SCRUB_LENGTH and looks_issued and not _placeholder(user):
+        return (0, len(userinfo))
+    return None
+
+
 def _scrubbed(length: int) -> str:
     return SCRUBBED
 
@@ -391,11 +427,15 @@ class Scrubber:
         assignment in `text`, placeholders left out."""
         found = []
         if "://" in text:
-            found += [m.span("userinfo") for m in _USERINFO.finditer(text)]
+            for m in _USERINFO.finditer(text):
+                part = _credential_userinfo(m["userinfo"])
+                if part is not None:
+                    found.append((m.start("userinfo") + part[0], m.start("userinfo") + part[1]))
         for m in _ASSIGNED.finditer(text):
             if self.secret_name(m["name"]):
                 group = next(g for g in ("dq", "sq", "bare") if m[g] is not None)
-                found.append(m.span(group))
+                if _credential_value(m["name"], m[group]):
+                    found.append(m.span(group))
         return [(a, b) for a, b in found if b > a and not _placeholder(text[a:b])]
 
     def value(self, value: Any) -> tuple[Any, int]:
@@ -428,8 +468,8 @@ class Scrubber:
             self.shapes
             and isinstance(item, str)
             and bool(item)
-            and not _placeholder(item)
             and self.secret_name(key)
+            and _credential_value(key, item)
         )
 
     def json_bytes(self, data: bytes) -> tuple[bytes, int]:
