@@ -146,3 +146,18 @@ def test_a_rank_records_the_image_its_environment_names(monkeypatch: pytest.Monk
     assert rank_provenance(3).image_digest is None
     zero = rank_provenance(0)
     assert zero.harness_commit is not None and len(zero.harness_commit) == 40
+
+
+def test_rank_0_cannot_be_the_one_record_that_says_nothing(tmp_path: Path) -> None:
+    """Rank 0 names the checkout; a record of its that says nothing while the others name
+    their image would leave a pasted clean checkout held to nothing."""
+    out = tmp_path / "b"
+    out.mkdir()
+    for rank in range(2):
+        provenance = None if rank == 0 else Provenance(image_digest=None)
+        write_rank(out, rank, 2, provenance=provenance)
+    writer.finalize_bundle(out, context(2))
+    assert verify_bundle(out).problems == (
+        "receipt.json: rank 0's provenance is None but the rank records and JUnit reports say "
+        "'recorded, as ranks [1] record it'",
+    )

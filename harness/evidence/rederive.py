@@ -201,6 +201,9 @@ def _provenance_facts(
     stated = None if receipt.image is None else receipt.image.digest
     yield RECEIPT_NAME, "image.digest", stated, _one(p.image_digest for p in seen.values())
     zero = seen.get(0)
+    if zero is None and 0 in rank_files.records:  # the one record that names the checkout
+        others = sorted(seen)
+        yield RECEIPT_NAME, "rank 0's provenance", None, f"recorded, as ranks {others} record it"
     if zero is not None:
         harness = receipt.sources.get("dcpqual")
         derived = recorded_harness(zero, None if harness is None else harness.version)
