@@ -55,6 +55,17 @@ def test_the_rank_s_error_file_names_its_rank_to_the_launcher(tmp_path, monkeypa
     assert set(note) == {"rank", "test", "message", "time"} and err.time == note["time"]
 
 
+def test_the_rank_keeps_its_first_note_and_replaces_a_file_its_child_left(tmp_path, monkeypatch):
+    path = tmp_path / "torchrun/node-00/run/attempt_0/1/error.json"
+    path.parent.mkdir(parents=True)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    path.write_text(json.dumps({"message": {"message": "the child's", "extraInfo": {}}}))
+    write_error_file(1, "suites/x.py::t", "first")
+    write_error_file(1, "suites/x.py::u", "second")
+    err = parse_error_file(path, tmp_path)
+    assert err is not None and (err.rank, err.message) == (1, "rank 1 in suites/x.py::t: first")
+
+
 def test_a_note_that_is_not_the_rank_s_names_no_rank(tmp_path):
     path = tmp_path / "error.json"
     extra = {"timestamp": "9", "dcpqual": {"rank": 2, "message": "m", "time": 1.0, "who": "me"}}

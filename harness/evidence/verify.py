@@ -51,7 +51,7 @@ from harness.evidence.strays import strays_problems
 from harness.evidence.summary import receipt_sha256_in, summary_differences
 from harness.evidence.writer import MERGED_JUNIT, RECEIPT_NAME, SUMMARY_NAME, UNWITNESSED
 from harness.jsonfile import JsonSyntaxError, read_json
-from harness.schema.rank_record import ErrorNote
+from harness.schema.rank_record import error_file_note
 
 REQUIRED = (RECEIPT_NAME, SUMMARY_NAME, MERGED_JUNIT, SUMS_NAME)
 TORCHRUN_DIR = "torchrun"  # every node's torchrun --log-dir is under it
@@ -340,7 +340,7 @@ def _check_rank_error_files(bundle: Path, receipt: Receipt) -> list[str]:
         if e.kind == "file"
         and e.relpath.startswith(prefix)
         and e.path.name == ERROR_FILE_NAME
-        and _holds_a_rank_note(e.path)
+        and error_file_note(e.path) is not None
     ]
     if not found:
         return []
@@ -349,15 +349,6 @@ def _check_rank_error_files(bundle: Path, receipt: Receipt) -> list[str]:
         f"file(s) of torchrun, the first {found[0]} (a rank writes one only when it "
         "fails, and then torchrun exits non-zero)"
     ]
-
-
-def _holds_a_rank_note(path: Path) -> bool:
-    """The error file carries the note a rank of the harness writes (`extraInfo.dcpqual`)."""
-    try:
-        ErrorNote.from_json(read_json(path)["message"]["extraInfo"]["dcpqual"])
-    except (OSError, ValueError, KeyError, TypeError):  # ValidationError is a ValueError
-        return False
-    return True
 
 
 def _check_interruption(receipt: Receipt) -> list[str]:

@@ -42,6 +42,7 @@ from harness.schema.rank_record import (
     RankRecord,
     RankStart,
     TestOutcome,
+    error_file_note,
     rank_record_path,
     stacks_path,
 )
@@ -279,7 +280,9 @@ def write_error_file(rank: int, test: str | None, message: str, callstack: str =
     so a failure is attributed even by someone reading only torchrun's output.
     """
     target = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not target or os.path.exists(target):
+    # The first failure's note is kept; a file a child of this rank left (it inherited the
+    # variable) is not this rank's and is replaced.
+    if not target or error_file_note(Path(target)) is not None:
         return
     where = f" in {test}" if test else ""
     data = {

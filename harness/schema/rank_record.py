@@ -127,6 +127,16 @@ class ErrorNote(JsonValue):
     time: float
 
 
+def error_file_note(path: Path) -> ErrorNote | None:
+    """The note a rank of the harness left in torchrun's error file at `path`
+    (`message.extraInfo.dcpqual`); None when there is no such file or it is not the rank's own
+    (a child the rank started inherits TORCHELASTIC_ERROR_FILE and may write torch's format)."""
+    try:
+        return ErrorNote.from_json(read_json(path)["message"]["extraInfo"]["dcpqual"])
+    except (OSError, ValueError, KeyError, TypeError):  # ValidationError is a ValueError
+        return None
+
+
 @dataclass(frozen=True, config=STRICT)
 class Selection(JsonValue):
     """What this rank's pytest was told to select, beside what it collected: the targets it
