@@ -18,6 +18,12 @@ from harness.errors import UsageError
 GIT_TIMEOUT_S = 30.0
 
 
+# The checkout (or install) that holds this harness, and how many differing paths a receipt
+# shows a reviewer.
+HARNESS_ROOT = Path(__file__).resolve().parents[1]
+DIRTY_PATHS_SHOWN = 20
+
+
 @dataclass(frozen=True)
 class GitIdentity:
     """The commit HEAD points at, its tree, and whether the working tree differs from it."""
@@ -78,6 +84,18 @@ def identity(repo: Path) -> GitIdentity:
     status = _run(repo, "status", "--porcelain=v1", "--untracked-files=normal")
     paths = tuple(line[3:] for line in status.splitlines() if line.strip())
     return GitIdentity(commit=commit, tree=tree, dirty=bool(paths), dirty_paths=paths)
+
+
+def checkout_identity(root: Path = HARNESS_ROOT) -> GitIdentity | None:
+    """The identity of the git checkout whose top is `root` (by default the harness's own);
+    None where it is none: installed into a venv that sits inside another repo, no git, no
+    commit yet."""
+    try:
+        if toplevel(root) != root.resolve():
+            return None
+        return identity(root)
+    except UsageError:
+        return None
 
 
 def toplevel(repo: Path) -> Path:

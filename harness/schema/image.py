@@ -17,6 +17,10 @@ from pydantic import ConfigDict, Field, ValidationError
 from harness.errors import UsageError
 from harness.schema.base import Model, first_error
 
+# The environment variable a `dcpqual gpu16` container names its image's identity in (JSON);
+# the ranks inherit it.
+IDENTITY_ENV = "DCPQUAL_IMAGE_IDENTITY"
+
 IDENTITY_SCHEMA: Final = "dcpqual-image-identity/v1"
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 

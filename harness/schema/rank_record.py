@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic.dataclasses import dataclass
 
 from harness.atomic import atomic_write_text
+from harness.gitinfo import DIRTY_PATHS_SHOWN, GitIdentity
 from harness.jsonfile import read_json
 from harness.schema.base import JsonValue, Limitation, derived_field
 from harness.schema.capture import STRICT, CaptureRecord, derived
@@ -287,6 +288,19 @@ class Provenance:
     harness_tree: str | None = None
     harness_dirty: bool | None = None
     harness_dirty_paths: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, image_digest: str | None, checkout: GitIdentity | None = None) -> Provenance:
+        """What a rank records: the image, and (rank 0) the checkout, its first dirty paths."""
+        if checkout is None:
+            return cls(image_digest=image_digest)
+        return cls(
+            image_digest=image_digest,
+            harness_commit=checkout.commit,
+            harness_tree=checkout.tree,
+            harness_dirty=checkout.dirty,
+            harness_dirty_paths=checkout.dirty_paths[:DIRTY_PATHS_SHOWN],
+        )
 
 
 @dataclass(frozen=True, config=STRICT)
