@@ -568,8 +568,8 @@ def test_user_names_numbers_switches_and_short_settings_are_left_readable(text: 
 
 def test_a_short_value_is_a_credential_where_its_name_says_password_or_secret() -> None:
     scrub = Scrubber.from_environ(NOTHING_SECRET)
-    assert scrub.text("DB_PASSWORD=pw1 API_SECRET=s3 PIN_PWD=42x")[0] == (
-        f"DB_PASSWORD={SCRUBBED} API_SECRET={SCRUBBED} PIN_PWD={SCRUBBED}"
+    assert scrub.text("DB_PASSWORD=pw1 API_SECRET=s3 PIN_PWD=4711 USE_SECRET=true")[0] == (
+        f"DB_PASSWORD={SCRUBBED} API_SECRET={SCRUBBED} PIN_PWD={SCRUBBED} USE_SECRET=true"
     )
 
 

@@ -239,19 +239,24 @@ def _placeholder(value: str) -> bool:
 # Names whose value is a credential however short (a PIN, a short password); other secret-looking
 # names (`*TOKEN*`, `*KEY*`) also name counts and settings (`MAX_TOKENS`, `CACHE_KEY`).
 _CREDENTIAL_NAME = re.compile(r"PASS|PWD|SECRET")
-# Values that are no credential whatever they are assigned to: numbers and switches.
-_SETTING = re.compile(r"[-+]?[0-9][0-9_.]*|true|false|yes|no|on|off|none|null", re.IGNORECASE)
+# Values that are no credential whatever they are assigned to: switches; and numbers, unless
+# the name says password or secret (a PIN).
+_SWITCH = re.compile(r"true|false|yes|no|on|off|none|null", re.IGNORECASE)
+_NUMBER = re.compile(r"[-+]?[0-9][0-9_.]*")
 _LETTER, _DIGIT = re.compile(r"[A-Za-z]"), re.compile(r"[0-9]")
 
 
 def _credential_value(name: str, value: str) -> bool:
-    """`value`, assigned to the secret-looking `name`, may be a credential: not a number or a
-    switch, and long enough to be one unless the name says it is a password or secret. So
+    """`value`, assigned to the secret-looking `name`, may be a credential: not a switch, and
+    (unless the name says password or secret) no number and long enough to be one. So
     `MAX_TOKENS=64`, `TOKENIZERS_PARALLELISM=false` and `CACHE_KEY=abc123` stay readable (a
-    failed assertion on them is evidence), `HF_TOKEN=hf_...` and `DB_PASSWORD=pw1` do not."""
-    if _placeholder(value) or _SETTING.fullmatch(value.strip()):
+    failed assertion on them is evidence); `HF_TOKEN=hf_...`, `DB_PASSWORD=pw1` and
+    `SERVICE_PIN_PWD=4711` do not."""
+    if _placeholder(value) or _SWITCH.fullmatch(value.strip()):
         return False
-    return len(value) >= MIN_SCRUB_LENGTH or bool(_CREDENTIAL_NAME.search(name.upper()))
+    if _CREDENTIAL_NAME.search(name.upper()):
+        return True
+    return len(value) >= MIN_SCRUB_LENGTH and not _NUMBER.fullmatch(value.strip())
 
 
 def _credential_userinfo(userinfo: str) -> tuple[int, int] | None:
