@@ -24,11 +24,10 @@ Not re-derived, because no rank file records it: the run's exit code and timeout
 launcher's view; verify holds them to the launcher's record of the launch, and that record to
 the bundle's launch.json and node markers), tp and dcp of records that predate them, the rest
 of the environment (GPUs, driver, NCCL), the image's runtime check and the peers' versions, and
-the root cause's text (it may quote torchrun's
-error file). The root cause's rank, test and kind are re-derived whenever the records name a
-cause, whatever kind the receipt gives it (not for an interrupted run, whose cause verify holds
-to the launcher's record of the interruption, nor for the fallbacks to torchrun's error file,
-JUnit or the verdict's reasons).
+the root cause's text (it may quote torchrun's error file). The root cause's rank, test and
+kind are re-derived whenever the records name a cause, whatever kind the receipt gives it (not
+for an interrupted run, whose cause verify holds to the launcher's record of the interruption,
+nor for the fallbacks to torchrun's error file, JUnit or the verdict's reasons).
 """
 
 from __future__ import annotations
