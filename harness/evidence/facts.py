@@ -55,9 +55,12 @@ class RankFacts:
     run: Run
 
 
-def rank_facts(out_dir: Path, world_size: int, run: Run) -> RankFacts:
-    """Read `records/rank-NN.json` and `junit/rank-NN.xml` of ranks 0..world_size-1."""
-    rank_files = load_records(out_dir, world_size)
+def rank_facts(
+    out_dir: Path, world_size: int, run: Run, rank_files: RankFiles | None = None
+) -> RankFacts:
+    """Read `records/rank-NN.json` and `junit/rank-NN.xml` of ranks 0..world_size-1
+    (`rank_files`: the records, where the caller has read them already)."""
+    rank_files = load_records(out_dir, world_size) if rank_files is None else rank_files
     merged = merge_junit(out_dir, rank_files)
     capture, negative = summarize_capture(rank_files)
     return RankFacts(

@@ -97,13 +97,16 @@ def first_difference(path: str, mine: Any, theirs: Any) -> Disagreement | None:
     return Disagreement(path, mine, theirs)
 
 
-def derived_facts(bundle: Path, receipt: Receipt) -> Iterator[tuple[str, str, Any, Any]]:
-    """(file, field, its value, re-derived value) as JSON, in the order they are reported.
+def derived_facts(
+    bundle: Path, receipt: Receipt, rank_files: RankFiles | None = None
+) -> Iterator[tuple[str, str, Any, Any]]:
+    """(file, field, its value, re-derived value) as JSON, in the order they are reported
+    (`rank_files`: the bundle's records, where the caller has read them already).
 
     Tallies are checked on junit/merged.xml, which verify already holds the receipt's tallies
     to: each fact is checked once, where it is first stated.
     """
-    facts = rank_facts(bundle, receipt.geometry.world_size, receipt.run)
+    facts = rank_facts(bundle, receipt.geometry.world_size, receipt.run, rank_files)
     rank_files = facts.rank_files
     reasons = rules.failure_reasons_of(facts)
 
@@ -269,10 +272,12 @@ def _ending_facts(
     yield RECEIPT_NAME, "run.rootdir", receipt.run.rootdir, ranks_rootdir(rank_files)
 
 
-def rederive_problems(bundle: Path, receipt: Receipt) -> list[str]:
+def rederive_problems(
+    bundle: Path, receipt: Receipt, rank_files: RankFiles | None = None
+) -> list[str]:
     """One line per receipt field that the bundle's own records contradict."""
     problems = []
-    for holder, field, mine, theirs in derived_facts(bundle, receipt):
+    for holder, field, mine, theirs in derived_facts(bundle, receipt, rank_files):
         found = first_difference(field, mine, theirs)
         if found is not None:
             problems.append(found.describe(holder))

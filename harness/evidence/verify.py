@@ -81,9 +81,10 @@ def verify_bundle(bundle: Path) -> VerifyResult:
         receipt = _validate(receipt_data, problems)
         problems += _check_files(bundle, receipt, receipt_data)
         if receipt is not None:
-            problems += _check_consistency(bundle, receipt)
+            rank_files = load_records(bundle, receipt.geometry.world_size)  # read once
+            problems += _check_consistency(bundle, receipt, coverage_of(rank_files))
             problems += strays_problems(bundle, receipt)
-            problems += rederive_problems(bundle, receipt)
+            problems += rederive_problems(bundle, receipt, rank_files)
             problems += _check_summary(bundle, receipt)
     except OSError as exc:  # a file or folder its mode keeps from us: the checks stop there
         problems.append(
@@ -234,7 +235,8 @@ def _judge(
     return f"{rel}: modified (sha256 {actual[:12]}..., recorded {listed[:12]}...)"
 
 
-def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
+def _check_consistency(bundle: Path, receipt: Receipt, coverage: Coverage) -> list[str]:
+    """`coverage`: what the rank records say ran, which the required limitations follow."""
     problems: list[str] = []
     merged_path = bundle / MERGED_JUNIT
     if merged_path.is_file():
@@ -266,7 +268,6 @@ def _check_consistency(bundle: Path, receipt: Receipt) -> list[str]:
         problems.append(
             f"{RECEIPT_NAME}: verdict is {receipt.verdict} but its facts say {verdict} ({why})"
         )
-    coverage = coverage_of(load_records(bundle, receipt.geometry.world_size))
     required = required_limitations_of(receipt, coverage=coverage)
     status = rules.status_of(receipt.verdict, receipt.environment, required)
     if receipt.status != status:
@@ -333,12 +334,13 @@ def _check_rank_error_files(bundle: Path, receipt: Receipt) -> list[str]:
     format there while the rank passes."""
     if receipt.run.exit_code != 0:
         return []
-    prefix = TORCHRUN_DIR + "/"
+    logs = bundle / TORCHRUN_DIR
+    if logs.is_symlink() or not logs.is_dir():  # the file check names a link; none is followed
+        return []
     found = [
-        e.relpath
-        for e in walk(bundle)
+        f"{TORCHRUN_DIR}/{e.relpath}"
+        for e in walk(logs)
         if e.kind == "file"
-        and e.relpath.startswith(prefix)
         and e.path.name == ERROR_FILE_NAME
         and error_file_note(e.path) is not None
     ]
