@@ -86,6 +86,9 @@ class RunOptions:
     dcp_comm_backend: str = "ag_rs"  # of the real trees
     real_model: str = "kimi-k3"  # which real tree the real-tree suite builds
     draft_kv_cache_dtype: str = ""  # the real draft's own KV cache dtype; "": the target's
+    # Whether pytest_args name targets (paths, node ids) of their own, as pytest's parser says
+    # (harness.launch.pytestargs): they replace the default targets; options alone narrow them.
+    pytest_names_targets: bool = True
 
     def __post_init__(self) -> None:
         for flag, value, allowed in (
@@ -313,12 +316,20 @@ def rank_plan(options: RunOptions, out_dir: Path) -> RankPlan:
     )
 
 
+def run_targets(options: RunOptions) -> tuple[str, ...]:
+    """What the ranks' pytest is given: the user's arguments where they name targets, else the
+    default targets followed by the user's options (as pytest puts its testpaths first)."""
+    if options.pytest_args and options.pytest_names_targets:
+        return options.pytest_args
+    return (*default_targets(), *options.pytest_args)
+
+
 def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
     """The torchrun invocation for this node. `out_dir` must be absolute (ranks chdir nowhere,
     but torchrun's log paths and the ranks' files must not depend on the cwd)."""
     if not out_dir.is_absolute():
         raise ValueError(f"out_dir must be absolute, got {out_dir}")
-    targets = options.pytest_args or default_targets()
+    targets = run_targets(options)
     probe = RunPlan(options=options, out_dir=out_dir, argv=())
     argv = (*torchrun_args(options, probe.log_dir), *forked(pytest_args(targets)))
     pythonpath = os.environ.get("PYTHONPATH", "")
