@@ -21,7 +21,7 @@ from harness.evidence.collect import (
     summarize_capture,
     transports,
 )
-from harness.evidence.junit import MergedJUnit, merge_junit, tallies
+from harness.evidence.junit import MergedJUnit, merge_junit, skip_reasons, tallies
 from harness.evidence.schema import (
     Capture,
     Coverage,
@@ -43,6 +43,7 @@ class RankFacts:
     rank_files: RankFiles
     merged: MergedJUnit
     suites: dict[str, Tally]
+    skip_reasons: dict[str, int]
     capture: Capture
     negative_control: NegativeControl
     signatures: list[SignatureRow]
@@ -67,6 +68,7 @@ def rank_facts(
         rank_files=rank_files,
         merged=merged,
         suites=tallies(merged.cases),
+        skip_reasons=skip_reasons(merged.cases),
         capture=capture,
         negative_control=negative,
         signatures=merge_signatures(rank_files.captures()),

@@ -251,11 +251,35 @@ def read_merged(path: Path) -> tuple[Case, ...]:
     return tuple(cases)
 
 
+def skip_reason(message: str) -> str:
+    """A skip's reason as a reader groups it: pytest's `Skipped: ` prefix and the
+    `path:line: ` location it puts before a skip's text dropped, one line."""
+    text = next(iter(message.strip().splitlines()), "").strip()
+    text = text.removeprefix("Skipped: ")
+    text = re.sub(r"^\S+\.py:\d+: ", "", text)
+    return text or "no reason given"
+
+
+def skip_reasons(cases: Iterable[Case]) -> dict[str, int]:
+    """{reason: tests}: the tests a tally counts as skipped (skipped on every rank that ran
+    them), grouped by their reason (the lowest rank's), most tests first."""
+    seen: dict[tuple[str, str, str], dict[str, str]] = defaultdict(dict)
+    for case in sorted(cases, key=lambda c: c.rank):
+        seen[(case.suite, case.classname, case.name)].setdefault(case.outcome, case.message)
+    counts: dict[str, int] = defaultdict(int)
+    for outcomes in seen.values():
+        if set(outcomes) == {"skipped"}:
+            counts[skip_reason(outcomes["skipped"])] += 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
 def tallies(cases: Iterable[Case]) -> dict[str, Tally]:
     """Per-suite counts of tests (see the module docstring for the merge over ranks)."""
     outcomes: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     rank_cases: dict[str, int] = defaultdict(int)
     for case in cases:
+        if case.suite == LIFECYCLE_SUITE:
+            continue  # the runner's own account of a rank that left nothing: not a test
         outcomes[(case.suite, case.classname, case.name)].add(case.outcome)
         rank_cases[case.suite] += 1
     counts: dict[str, dict[str, int]] = defaultdict(
