@@ -224,10 +224,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "tee",
-        ("--tee",),
+        ("--stream-ranks", "--local-ranks-filter", "--tee"),
         "RANKS",
-        "stream these local ranks' stdout/stderr to the terminal while the run goes "
-        "(torchrun's --tee and --local-ranks-filter), e.g. 0,5",
+        "stream these local ranks' stdout/stderr to the terminal while the run goes, e.g. 0,5 "
+        "(torchrun's --local-ranks-filter, also accepted; --tee RANKS is a deprecated alias: "
+        "torchrun's --tee chooses streams, not ranks)",
         _ranks,
         default_help="none",
     ),
@@ -311,8 +312,29 @@ class Chosen:
     explicit: frozenset[str]
 
 
+# Spellings kept working with a warning on stderr: {flag: what to use instead}.
+DEPRECATED_FLAGS: dict[str, str] = {
+    "--tee": "--stream-ranks RANKS (torchrun's --tee chooses streams; ranks are "
+    "--local-ranks-filter there)",
+}
+
+
+def warn_deprecated(args: argparse.Namespace) -> None:
+    """One warning line on stderr for each deprecated spelling the user typed."""
+    import sys
+
+    given: dict[str, tuple[str, str]] = getattr(args, "_given_as", {})
+    for flag, _ in given.values():
+        if flag in DEPRECATED_FLAGS:
+            print(
+                f"dcpqual run: warning: {flag} is deprecated; use {DEPRECATED_FLAGS[flag]}",
+                file=sys.stderr,
+            )
+
+
 def choose(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Chosen:
     """flag > environment > default, each chosen text parsed by its option."""
+    warn_deprecated(args)
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     explicit: set[str] = set()

@@ -126,8 +126,8 @@ class RunOptions:
         outside = [r for r in self.tee if not 0 <= r < self.nproc_per_node]
         if outside:
             raise UsageError(
-                f"--tee names local rank(s) {', '.join(map(str, outside))}, but this node runs "
-                f"local ranks 0..{self.nproc_per_node - 1}"
+                f"--stream-ranks names local rank(s) {', '.join(map(str, outside))}, but this "
+                f"node runs local ranks 0..{self.nproc_per_node - 1}"
             )
         if self.backend not in BACKENDS:
             raise UsageError(f"unknown --backend {self.backend!r}; expected gloo or nccl")
