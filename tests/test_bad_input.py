@@ -224,7 +224,7 @@ CASES = [
     Case(
         "run-world-size-not-a-dcp-of-tp",
         argv("run", "--nproc-per-node", "6", "--out", "{new}"),
-        "dcp=6 does not divide tp=16",
+        "world size 6 does not fit --tp 16: the default DCP (the world size, at most 16) must",
     ),
     Case(
         "run-out-not-empty",

@@ -200,7 +200,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "tp",
         ("--tp", "--tensor-parallel-size"),
         "T",
-        "tensor parallel size (vLLM's --tensor-parallel-size)",
+        "tensor parallel size (vLLM's --tensor-parallel-size). The default is the target's "
+        "TP16 on any world size: each rank then holds a TP16 rank's share of every model's "
+        "heads, the per-rank shapes Kimi-K3 is served with, and the ranks form the DCP "
+        "groups; a world size that neither divides 16 nor is a multiple of it needs --tp "
+        "and --dcp",
         _int,
         default="16",
     ),
@@ -208,7 +212,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "dcp",
         ("--dcp", "--decode-context-parallel-size"),
         "D",
-        "decode context parallel size (vLLM's --decode-context-parallel-size)",
+        "decode context parallel size (vLLM's --decode-context-parallel-size); the default "
+        "follows the world size",
         _int,
         default_help="min(world size, 16)",
     ),

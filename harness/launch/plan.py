@@ -159,6 +159,12 @@ class RunOptions:
             )
         from harness.warm.geometry import ParallelGeometry  # validates tp/dcp, GeometryError
 
+        if self.dcp is None and self.tp % self.resolved_dcp:
+            raise UsageError(
+                f"world size {self.world_size} does not fit --tp {self.tp}: the default DCP "
+                f"(the world size, at most 16) must divide TP; give --dcp D dividing "
+                f"{self.tp} (and the world size), or --tp"
+            )
         ParallelGeometry(tp=self.tp, dcp=self.resolved_dcp)
         if self.world_size % self.resolved_dcp:
             raise UsageError(
