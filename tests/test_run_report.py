@@ -5,6 +5,7 @@ summary.md whose first screen says what was qualified, at what scope."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -94,3 +95,36 @@ def test_no_list_reprs_and_no_host_name_in_the_summary(run: Run) -> None:
 
 def test_each_rank_stack_dump_is_kept_under_one_name(run: Run) -> None:
     assert not list((run.out / "logs").glob("*.stacks"))
+
+
+@pytest.fixture(scope="module")
+def in_actions(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path]:
+    """The same suite as GitHub Actions runs it: GITHUB_ACTIONS=true and a step summary file."""
+    root = tmp_path_factory.mktemp("actions")
+    out, step = root / "bundle", root / "step-summary.md"
+    step.write_text("earlier step\n")
+    argv = [sys.executable, "-m", "harness", "run", "--nproc-per-node", "2", "--tp", "2"]
+    argv += ["--out", str(out), "--timeout", "300", "--", SUITE]
+    env = {**os.environ, "GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(step)}
+    done = subprocess.run(
+        argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=420, check=False
+    )
+    return Run(out, done.returncode, done.stdout, done.stderr), step
+
+
+def test_in_github_actions_the_summary_goes_to_the_step_summary(in_actions) -> None:
+    run, step = in_actions
+    assert step.read_text() == "earlier step\n" + run.summary + "\n"
+
+
+def test_in_github_actions_each_failed_test_is_an_error_annotation(in_actions) -> None:
+    run, _ = in_actions
+    errors = [ln for ln in run.stdout.splitlines() if ln.startswith("::error")]
+    title = f"FAILED {FAILING} (ranks 0, 1)".replace(":", "%3A").replace(",", "%2C")
+    assert errors == [
+        f"::error file={SUITE},title={title}::AssertionError: the same assertion on every rank"
+    ]
+
+
+def test_outside_github_actions_there_are_no_annotations(run: Run) -> None:
+    assert "::error" not in run.stdout

@@ -541,6 +541,9 @@ def _finish(
         return 1
     problems = evidence.verify_bundle(out_dir)
     report(stream, out_dir, receipt, problems)
+    from harness.launch.ci import report_to_ci
+
+    report_to_ci(stream, receipt, out_dir / "summary.md")
     if result.interrupted is not None:
         return result.interrupted.exit_code
     passed = receipt.verdict == "pass"
