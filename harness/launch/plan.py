@@ -45,12 +45,15 @@ def local_rank_capacity() -> int:
 
 
 def default_targets() -> tuple[str, ...]:
-    """The repository's suites/ (next to the harness package in a source checkout)."""
-    suites = REPO_ROOT / "suites"
-    if not suites.is_dir():
+    """The suites: the checkout's suites/ folder, else the copy the installed package carries
+    (`harness.core.suites`)."""
+    from harness.core.suites import suites_dir
+
+    suites = suites_dir()
+    if suites is None:
         raise UsageError(
-            f"no suites/ folder at {suites} (harness installed without its repository?); "
-            "give the pytest targets after --"
+            f"no suites/ folder next to the harness at {REPO_ROOT} and none in the installed "
+            "package; give the pytest targets after --"
         )
     return (str(suites),)
 
