@@ -259,8 +259,6 @@ def _lazy_table(c: Capture) -> list[str]:
     ]
     lines = ["", f"Lazy events during capture ({c.lazy_events}), by rank and detector:", ""]
     lines += _table(["rank", *(md.text(d) for d in detectors)], rows)
-    first = c.events[0]
-    lines += ["", f"First: rank {first.rank}, {md.code(first.test)}: {md.text(first.what)}"]
     if len(c.events) < c.lazy_events:
         lines.append(f"({len(c.events)} of {c.lazy_events} events listed in receipt.json)")
     return lines
