@@ -171,7 +171,8 @@ def test_read_merged_still_reads_the_one_suite_per_rank_form(tmp_path: Path) -> 
     path.write_text(
         '<testsuites name="dcpqual"><testsuite name="rank-01">'
         '<testcase classname="suites.capture.test_x" name="t"><properties>'
-        '<property name="dcpqual.rank" value="1" /><property name="dcpqual.suite" value="capture" />'
+        '<property name="dcpqual.rank" value="1" />'
+        '<property name="dcpqual.suite" value="capture" />'
         '<property name="dcpqual.source" value="record" /></properties>'
         '<skipped message="needs 16 ranks" /></testcase></testsuite></testsuites>'
     )
