@@ -70,3 +70,12 @@ def test_verify_refuses_skip_reasons_that_merged_xml_does_not_say(tmp_path: Path
     forged = receipt.model_copy(update={"skip_reasons": {"needs 16 ranks": 3}})
     problems = _check_consistency(out, forged, coverage)
     assert any("skip_reasons are {'needs 16 ranks': 3}" in p for p in problems), problems
+
+
+def test_list_reprs_read_as_prose_but_test_ids_keep_their_brackets() -> None:
+    from harness.evidence.summary import prose
+
+    assert prose("ranks [0, 2, 3] did not finish (killed [])") == (
+        "ranks 0, 2 and 3 did not finish (killed none)"
+    )
+    assert prose("the first: suites/a.py::test_x[1]") == "the first: suites/a.py::test_x[1]"

@@ -77,6 +77,21 @@ def _list(numbers: Sequence[int]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
+_LIST_REPR = re.compile(r"(?<![\w\]])\[(\d+(?:, \d+)*)?\]")
+
+
+def prose(text: str) -> str:
+    """A receipt's text with its list reprs read as prose: `ranks [0, 2, 3]` -> `ranks 0, 2
+    and 3`, `[]` -> `none` (the receipt keeps the text the rules give)."""
+
+    def words(match: re.Match[str]) -> str:
+        if not match[1]:
+            return "none"
+        return _list([int(n) for n in match[1].split(", ")])
+
+    return _LIST_REPR.sub(words, text)
+
+
 def _ranks_line(ranks: Ranks) -> str:
     line = f"{ranks.complete}/{ranks.expected} complete"
     if ranks.killed:
@@ -281,7 +296,7 @@ def _failures(r: Receipt) -> list[str]:
     lines += _lazy_table(r.capture)
     if r.failures:
         lines += ["", "Every reason the run failed:", ""]
-        lines += [f"- {md.text(first_line(reason))}" for reason in r.failures]
+        lines += [f"- {md.text(prose(first_line(reason)))}" for reason in r.failures]
     return [*lines, ""]
 
 
@@ -307,7 +322,7 @@ def _not_run(r: Receipt) -> list[str]:
         placed |= {i.key for i in mine}
         if mine:
             lines += [f"### {title}", ""]
-            lines += [f"- {md.text(i.key)}: {md.text(i.text)}" for i in mine]
+            lines += [f"- {md.text(i.key)}: {md.text(prose(i.text))}" for i in mine]
             lines.append("")
     if not items:
         lines += ["- nothing", ""]

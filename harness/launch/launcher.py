@@ -496,7 +496,8 @@ def _finish(
         f"dcpqual run: torchrun exited {result.exit_code} after {result.elapsed_s:.1f}s"
         + (" (timed out: whole tree ended)" if result.timed_out else "")
         + (
-            f" (rank(s) {result.ended_for_ranks_gone_mid_suite} left mid-suite: whole tree ended)"
+            f" (rank(s) {', '.join(map(str, result.ended_for_ranks_gone_mid_suite))} left "
+            "mid-suite: whole tree ended)"
             if result.ended_for_ranks_gone_mid_suite
             else ""
         ),
