@@ -74,3 +74,13 @@ def test_direct_options_keep_their_targets_unless_told():
     assert run_targets(options) == ("x.py",)
     narrowing = RunOptions(nproc_per_node=2, pytest_args=("-q",), pytest_names_targets=False)
     assert run_targets(narrowing) == (SUITES, "-q")
+
+
+def test_gpu16_hands_its_pytest_arguments_to_run_which_narrows_alike(planned):
+    """`dcpqual gpu16 -- -k warmup` runs `dcpqual run ... -- -k warmup` (in the image or on the
+    host): the suites stay, narrowed."""
+    from harness.image.gpu_run import run_argv
+
+    argv = run_argv(16, "/evidence/x", ["-k", "warmup"])
+    assert argv[argv.index("--") :] == ("--", "-k", "warmup")
+    assert planned("--", *argv[argv.index("--") + 1 :]) == (SUITES, "-k", "warmup")

@@ -38,8 +38,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "pytest_args",
         nargs=argparse.REMAINDER,
-        help="-- PYTEST_ARGS...: pytest arguments for every rank; ranks load no installed "
-        "pytest plugin unless it is named here with -p NAME (e.g. -p timeout --timeout 60)",
+        help="-- PYTEST_ARGS...: pytest arguments for every rank, as pytest takes them: options "
+        "alone narrow the suites (-- -k warmup), a path or node id replaces them; checked with "
+        "pytest's parser before torchrun starts (xdist, --lf/--ff, -x/--maxfail and "
+        "--collect-only/--setup-only/--setup-plan are refused with what to use instead); ranks "
+        "load no installed pytest plugin unless it is named here with -p NAME (e.g. -p timeout "
+        "--timeout 60)",
     )
     p.set_defaults(func=run_command)
 
