@@ -84,6 +84,9 @@ def test_a_custom_suite_carries_only_the_limitations_that_apply(run: Run) -> Non
     assert "b12x-transport:" not in not_run and "real-trees:" not in not_run
     assert "Not applicable to a custom suite (kept in receipt.json)" in not_run
     assert "- nccl: NCCL did not run" in not_run  # a limitation that applies stays
+    # what this run left out weighs most: first
+    assert not_run.index("### Left out of this run") < not_run.index("- skipped: 4 test(s)")
+    assert not_run.index("- skipped:") < not_run.index("### Not run on this machine")
 
 
 def test_no_list_reprs_and_no_host_name_in_the_summary(run: Run) -> None:

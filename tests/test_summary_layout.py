@@ -47,7 +47,8 @@ def test_what_did_not_run_is_grouped_and_the_heaviest_comes_first(tmp_path: Path
     not_run = summary.split("## What did not run")[1].split("## Run")[0]
     machine = not_run.index("### Not run on this machine")
     shims = not_run.index("### Shims and stand-ins")
-    assert machine < shims
+    scope = not_run.index("### Out of scope")
+    assert machine < shims < scope < not_run.index("- multi-node:")
     assert not_run.index("- gpu-capture:") < not_run.index("- nccl:") < not_run.index("- image:")
     assert not_run.index("- real-trees:") > shims
 
