@@ -42,13 +42,22 @@ def test_shipped_template_loads_but_does_not_pin() -> None:
     paths = [p.split(":", 1)[0] for p in problems]
     assert len(paths) == len(set(paths)), "one line per field"
     for where in (
-        "base_image.digest",
+        "foundation.image.digest",
         "versions.nccl",
+        "versions.triton",
         "components.pytorch.source.commit",
         "components.pytorch.source.tree",
-        "components.vllm.source.repository",
+        "components.vllm.source.ref",
     ):
         assert where in paths
+    # The fork and b12x are known: their repositories are no longer placeholders.
+    data = json.loads(TEMPLATE.read_text())
+    assert data["components"]["vllm"]["source"]["repository"] == (
+        "https://github.com/local-inference-lab/vllm.git"
+    )
+    assert data["components"]["b12x"]["source"]["repository"] == (
+        "https://github.com/local-inference-lab/b12x.git"
+    )
     with pytest.raises(LockError):
         load_pinned_lock(TEMPLATE)
 
@@ -57,8 +66,8 @@ def test_pinned_lock_passes(tmp_path: Path) -> None:
     path = write_lock(tmp_path / "source.lock.json", pinned_lock_data())
     assert check_lock(path) == []
     lock = load_pinned_lock(path)
-    assert lock.base_image.pinned.startswith("nvidia/cuda:13.3.0-")
-    assert "@sha256:" in lock.base_image.pinned
+    assert lock.foundation.image.pinned.startswith("nvidia/cuda:13.3.0-")
+    assert "@sha256:" in lock.foundation.image.pinned
     assert set(lock.components) == {"nccl", "pytorch", "vllm", "b12x"}
 
 
@@ -67,15 +76,17 @@ GOOD_PR = {"number": 7, "head": fake_hex("h"), "merge_commit": None, "title": "W
 BAD_LOCKS = [
     ("components.pytorch.source.commit", "abc123", "components.pytorch.source.commit", "40-hex"),
     ("components.nccl.source.tree", fake_hex("t").upper(), "components.nccl.source.tree", "40-hex"),
-    ("base_image.digest", "", "base_image.digest", "has no sha256: digest"),
-    ("base_image.digest", "sha256:abc", "base_image.digest", "has no sha256: digest"),
-    ("base_image.digest", DELETE, "base_image.digest", "Field required"),
+    ("foundation.image.digest", "", "foundation.image.digest", "has no sha256: digest"),
+    ("foundation.image.digest", "sha256:abc", "foundation.image.digest", "has no sha256: digest"),
+    ("foundation.image.digest", DELETE, "foundation.image.digest", "Field required"),
     (
-        "base_image.reference",
+        "foundation.image.reference",
         "nvidia/cuda:12.9.1-devel-ubuntu24.04",
-        "base_image.reference",
+        "foundation.image.reference",
         "not a CUDA 13.3",
     ),
+    ("foundation.labels", {"a": "13.3"}, "foundation.labels", "asserts no labels"),
+    ("foundation.kind", "prebuilt", "foundation.kind", "Input should be"),
     ("components.vllm.source.ref", "main", "components.vllm.source.ref", "ambiguous"),
     (
         "components.pytorch.source.ref",
@@ -113,13 +124,38 @@ BAD_LOCKS = [
         "components.vllm.pull_requests.0.number",
         "greater than or equal to 1",
     ),
-    ("versions.cuda", "13.2", "versions.cuda", "CUDA 13.3"),
-    ("versions.torch", "2.12.0", "versions.torch", "PyTorch 2.13.0"),
+    ("versions.cuda", "13.2", "versions.cuda", "is for cu133"),
+    ("versions.cuda", "13", "versions.cuda", "MAJOR.MINOR"),
+    ("versions.torch", "2.12.0", "versions.torch", "is for torch213"),
+    ("versions.torch", "2.13", "versions.torch", "MAJOR.MINOR.PATCH"),
     ("versions.nccl", "2.28", "versions.nccl", "MAJOR.MINOR.PATCH"),
-    ("torch_cuda_arch_list", "9.0;12.0", "torch_cuda_arch_list", "12.0a"),
-    ("components.b12x", DELETE, "components.b12x", "missing"),
+    ("versions.triton", "latest", "versions.triton", "MAJOR.MINOR.PATCH"),
+    ("versions.torch_cuda_arch_list", "sm_120", "versions.torch_cuda_arch_list", "arch list"),
+    ("components.b12x", DELETE, "components.b12x", "missing (b12x_from.kind is repository)"),
+    ("components.pytorch", DELETE, "components.pytorch", "built from source"),
+    ("components.vllm", DELETE, "components.vllm", "missing"),
+    ("b12x_from.index_url", "https://flashinfer.ai/whl/", "b12x_from", "for kind flashinfer"),
+    ("python_pins.0.why", " ", "python_pins.0.why", "says why"),
+    ("python_pins.0.version", ">=4.7", "python_pins.0.version", "exact version"),
+    ("python_pins.1.name", "nvidia_cutlass_dsl", "python_pins.1.name", "pinned twice"),
+    ("source_gates.0.component", "flashinfer", "source_gates.0.component", "not a component"),
+    ("source_gates.0.tests", ["../escape.py"], "source_gates.0.tests.0", "inside the tree"),
+    ("source_gates.0.tests", [], "source_gates.0.tests", "at least 1"),
+    (
+        "vllm_build.build_requirements",
+        "requirements/build.txt/..",
+        "vllm_build.build_requirements",
+        "requirements/*.txt",
+    ),
+    ("build.nvcc_threads", 0, "build.nvcc_threads", "greater than or equal to 1"),
+    (
+        "components.vllm.pull_requests",
+        [GOOD_PR, GOOD_PR],
+        "components.vllm.pull_requests.1.number",
+        "listed twice",
+    ),
     ("components.vllm.source.extra", "x", "components.vllm.source.extra", "Extra inputs"),
-    ("schema", "dcpqual-source-lock/v0", "schema", "Input should be"),
+    ("schema", "dcpqual-source-lock/v1", "schema", "Input should be"),
     ("components.vllm.source.title", "TODO", "components.vllm.source.title", "Extra inputs"),
 ]
 
@@ -168,7 +204,7 @@ def test_unreadable_lock(tmp_path: Path, text: str, needle: str) -> None:
         ("components.vllm.source.commit", "{}\n"),
         ("components.b12x.source.tree", "{}\n"),
         ("components.vllm.upstream_base.commit", "{}\n"),
-        ("base_image.digest", "{}\n"),
+        ("foundation.image.digest", "{}\n"),
         ("versions.nccl", "{}\n"),
         ("components.nccl.source.repository", "{}\n"),
     ],
@@ -239,7 +275,8 @@ def test_pin_fills_commit_tree_and_ref_from_a_checkout(
     assert src["commit"] == git(repo, "rev-parse", "HEAD")
     assert src["tree"] == git(repo, "rev-parse", "HEAD^{tree}")
     assert src["ref"] == "refs/tags/v1.5.1"
-    assert src["repository"] == "https://example.org/b12x.git"
+    # A repository the lock already names is kept (the clone's origin may be a mirror).
+    assert src["repository"] == "https://github.com/local-inference-lab/b12x.git"
     # Nothing else moved.
     expected = copy.deepcopy(before)
     expected["components"]["b12x"]["source"] = src
