@@ -160,7 +160,8 @@ CASES = [
     Case(
         "lock-tag-without-digest",
         lock(with_value("foundation.image.digest", "")),
-        "foundation.image.digest: tag 'nvidia/cuda:13.3.0-cudnn-devel-ubuntu24.04' has no sha256: digest",
+        "foundation.image.digest: tag 'nvidia/cuda:13.3.0-cudnn-devel-ubuntu24.04' has no "
+        "sha256: digest",
     ),
     Case(
         "lock-placeholder-left-in",
