@@ -54,10 +54,17 @@ def cmd_lock_pin(args: argparse.Namespace) -> int:
 
     if args.pr is not None:
         result = pin_pull_request(
-            args.lock, args.component, args.repo, args.pr, args.base_ref, args.side, args.title
+            args.lock,
+            args.component,
+            args.repo,
+            args.pr,
+            args.base_ref,
+            args.side,
+            args.title,
+            args.expect_head,
         )
-    elif args.side != "head" or args.title is not None:
-        raise UsageError("--side and --title are for --pr")
+    elif args.side != "head" or args.title is not None or args.expect_head is not None:
+        raise UsageError("--side, --title and --expect-head are for --pr")
     else:
         result = pin_component(args.lock, args.component, args.repo)
     print(f"{args.lock}: {result.component} at {result.commit} (tree {result.tree})")
@@ -132,6 +139,12 @@ def register(subparsers: Any) -> None:
         help="pin the pull request's head (default) or the commit it branched from",
     )
     pin.add_argument("--title", default=None, help="default: the head commit's subject")
+    pin.add_argument(
+        "--expect-head",
+        default=None,
+        metavar="SHA",
+        help="refuse unless the pull request's head is this (reviewed) commit",
+    )
     pin.set_defaults(func=cmd_lock_pin)
 
     image = subparsers.add_parser("image", help="build the source-locked image")

@@ -575,11 +575,13 @@ def pin_pull_request(
     base_ref: str,
     side: str = "head",
     title: str | None = None,
+    expect_head: str | None = None,
 ) -> PinResult:
     """Pin component `name` to pull request `number`'s head (`side="head"`: ref
     refs/pull/N/head, the pull request recorded with its head) or to the commit it branched from
     on `base_ref` (`side="base"`: no pull request). Every pull request already recorded must
-    still be contained in the pinned commit (ancestry), else nothing is written."""
+    still be contained in the pinned commit (ancestry), else nothing is written; with
+    `expect_head`, the fetched head must be that commit (the one a person reviewed)."""
     if side not in ("head", "base"):
         raise UsageError(f"side must be head or base, not {side!r}")
     lock_path, repo_path = Path(lock_path), Path(repo_path)
@@ -590,6 +592,10 @@ def pin_pull_request(
         known = ", ".join(sorted(lock.components)) or "none"
         raise UsageError(f"{lock_path}: no component {name!r} (components: {known})")
     pr = fetch_pull_request(repo_path, number, base_ref)
+    if expect_head is not None and pr.head != expect_head:
+        raise UsageError(
+            f"pull request {number}'s head is {pr.head}, not the reviewed {expect_head}"
+        )
     entry = raw["components"][name]
     src = entry["source"]
     at = f"components.{name}"

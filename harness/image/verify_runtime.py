@@ -122,8 +122,13 @@ def observe(image_root: Path) -> ObservedRuntime:
             notes.append(f"build.json harness: {first_error(exc)}")
     lock_sha = build.get("lock_sha256")
     gates: list[GateTally] = []
+    # The CPU gates ran in the build (in the image root); the GPU gates run on the node, in the
+    # container, and name their report in DCPQUAL_GPU_GATES (the image root is read-only there).
+    gpu_report = os.environ.get("DCPQUAL_GPU_GATES")
     for where in ("cpu", "gpu"):
         path = image_root / f"source-gates-{where}.json"
+        if where == "gpu" and gpu_report:
+            path = Path(gpu_report)
         if not path.is_file():
             continue
         try:
