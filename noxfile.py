@@ -203,6 +203,15 @@ def nightly(session: nox.Session) -> None:
     session.run("dcpqual", "nightly", *session.posargs)
 
 
+@nox.session(default=False)
+def qualify_pr(session: nox.Session) -> None:
+    """A pull request of the vLLM fork, before and after: its base and head pinned, both
+    images built, the engine lane in each, compare (GPU host; logic in
+    harness/qualify/fork_pr.py). Arguments: see `dcpqual qualify-pr --help`."""
+    install_harness(session)
+    session.run("dcpqual", "qualify-pr", *session.posargs)
+
+
 # --- Benchmarks: logic in harness/bench/; method in bench/README.md ----------------
 
 
