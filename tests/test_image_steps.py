@@ -316,3 +316,39 @@ def test_fetch_source_refuses_another_tree_and_an_unmerged_pull_request(
     assert (
         f"pull request 9 head {upstream['stranger']} is not in {upstream['commit']}" in done.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("gate_passes", "run_code", "expected"),
+    [(True, 0, 0), (False, 0, 1), (True, 3, 3), (False, 3, 3)],
+)
+def test_gated_runs_the_gpu_gates_then_the_run_and_fails_on_either(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gate_passes: bool, run_code: int,
+    expected: int,
+) -> None:  # fmt: skip
+    """For real, in sh: the gates' report is named to the run (which reads it into the
+    receipt), the run happens even when a gate failed, and the exit status says both."""
+    tests = tmp_path / "gates" / "b12x" / "tests"
+    tests.mkdir(parents=True)
+    (tests / "test_gpu.py").write_text(f"def test_gpu():\n    assert {gate_passes}\n")
+    lock = json.loads(TEMPLATE.read_text())
+    lock["source_gates"] = [{"component": "b12x", "where": "gpu", "tests": ["tests/test_gpu.py"]}]
+    (tmp_path / "source.lock.json").write_text(json.dumps(lock))
+    monkeypatch.setenv("DCPQUAL_LOCK", str(tmp_path / "source.lock.json"))
+    monkeypatch.setenv("DCPQUAL_GATES_ROOT", str(tmp_path / "gates"))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    seen = tmp_path / "seen"
+    run = [sys.executable, "-c", "import os, sys; open(sys.argv[1], 'w').write("
+           "os.environ['DCPQUAL_GPU_GATES']); sys.exit(int(sys.argv[2]))", str(seen),
+           str(run_code)]  # fmt: skip
+    report = tmp_path / "home" / "source-gates-gpu.json"
+    done = subprocess.run(gates.gated(run, str(report)), capture_output=True, text=True)
+    assert done.returncode == expected, done.stderr
+    assert seen.read_text() == str(report)  # the run happened and was told where the report is
+    (tally,) = json.loads(report.read_text())
+    assert (tally["component"], tally["where"], tally["passed"]) == (
+        "b12x",
+        "gpu",
+        int(gate_passes),
+    )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,10 @@ from harness.schema.image import GateTally
 from harness.schema.lock import SourceGate
 
 DEFAULT_ROOT = Path("/opt/dcpqual/image/gates")
+# In a GPU container: where the GPU gates' report goes (HOME is writable for the run's user; the
+# image root is not) and the variable that tells the in-image check to read it.
+GPU_REPORT = "/tmp/dcpqual-home/source-gates-gpu.json"
+GPU_REPORT_ENV = "DCPQUAL_GPU_GATES"
 
 Runner = Callable[[Sequence[str], Path], int]
 
@@ -56,6 +61,18 @@ def tallies(junit: Path) -> tuple[int, int, int, int]:
         skipped += int(suite.get("skipped", 0))
         errors += int(suite.get("errors", 0))
     return tests - failed - skipped - errors, failed, skipped, errors
+
+
+def gated(command: Sequence[str], report: str = GPU_REPORT) -> tuple[str, ...]:
+    """`command` (a `dcpqual run` in a GPU container) after the GPU source gates: the run reads
+    their report into the receipt (`GPU_REPORT_ENV`), and the exit status is the run's unless
+    it passed and a gate failed, so a failed gate fails the run either way."""
+    script = (
+        f"python -m harness.image.gates --where gpu --out {shlex.quote(report)}; g=$?; "
+        f"{GPU_REPORT_ENV}={shlex.quote(report)} {shlex.join(command)}; r=$?; "
+        'if [ "$r" -ne 0 ]; then exit "$r"; fi; exit "$g"'
+    )
+    return ("sh", "-c", script)
 
 
 def _run(argv: Sequence[str], cwd: Path) -> int:

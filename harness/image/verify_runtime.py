@@ -124,7 +124,7 @@ def observe(image_root: Path) -> ObservedRuntime:
     gates: list[GateTally] = []
     # The CPU gates ran in the build (in the image root); the GPU gates run on the node, in the
     # container, and name their report in DCPQUAL_GPU_GATES (the image root is read-only there).
-    gpu_report = os.environ.get("DCPQUAL_GPU_GATES")
+    gpu_report = os.environ.get("DCPQUAL_GPU_GATES")  # harness.image.gates.GPU_REPORT_ENV
     for where in ("cpu", "gpu"):
         path = image_root / f"source-gates-{where}.json"
         if where == "gpu" and gpu_report:

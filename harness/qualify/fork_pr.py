@@ -35,10 +35,6 @@ from harness.image.lock import HEX40, load_lock
 GPU_RANKS = 16
 COMPONENT = "vllm"
 REPOSITORY = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
-# Inside the container: where the GPU gates' tallies go (HOME is writable for the run's user)
-# and the variable that tells the in-image check to read them.
-GPU_GATES_FILE = "/tmp/dcpqual-home/source-gates-gpu.json"
-GPU_GATES_ENV = "DCPQUAL_GPU_GATES"
 
 Runner = Callable[[Sequence[str], Path | None], int]  # argv, file for its stdout
 Emit = Callable[[str], None]
@@ -90,16 +86,11 @@ def fork_url(repository: str) -> str:
 
 
 def engine_command(out: str, nproc: int = GPU_RANKS) -> tuple[str, ...]:
-    """What the container runs: the GPU source gates, then the engine lane; the run's exit
-    status unless it passed and a gate failed (a failed gate fails the side either way, and its
-    tallies still reach the receipt through the in-image check)."""
-    run = f"dcpqual run --models engine --nproc-per-node {nproc} --backend nccl --out {out}"
-    script = (
-        f"python -m harness.image.gates --where gpu --out {GPU_GATES_FILE}; g=$?; "
-        f"{GPU_GATES_ENV}={GPU_GATES_FILE} {run}; r=$?; "
-        'if [ "$r" -ne 0 ]; then exit "$r"; fi; exit "$g"'
-    )
-    return ("sh", "-c", script)
+    """What the container runs: the GPU source gates, then the engine lane (`gates.gated`)."""
+    from harness.image.gates import gated
+
+    run = ("dcpqual", "run", "--models", "engine", "--nproc-per-node", str(nproc))
+    return gated((*run, "--backend", "nccl", "--out", out))
 
 
 def _harness() -> tuple[str, ...]:
