@@ -503,7 +503,9 @@ def buildx_argv(
     dockerfile_path: Path, tag: str, args: Mapping[str, str], metadata_file: Path
 ) -> list[str]:
     """`docker buildx build` with SLSA provenance (max) and an SBOM attested, the context a tar
-    on stdin (the same reproducible tar of tracked files the SDK path sends)."""
+    on stdin (the same reproducible tar of tracked files the SDK path sends). It runs on the
+    current builder: the engine's own (`docker` driver) must use the containerd image store to
+    keep attestations on a loaded image, and is the one that sees a foundation built here."""
     argv = ["docker", "buildx", "build", "--file", str(dockerfile_path), "--tag", tag]
     for key, value in sorted(args.items()):
         argv += ["--build-arg", f"{key}={value}"]
