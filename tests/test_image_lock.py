@@ -529,3 +529,15 @@ def test_an_unknown_pull_request_or_base_is_one_line_exit_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
     assert fork["lock"].read_bytes() == before
+
+
+def test_pull_request_options_without_pr_are_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = write_lock(tmp_path / "source.lock.json", pinned_lock_data())
+    repo = make_repo(tmp_path / "vllm", {"a.py": "a = 1\n"})
+    argv = ["lock", "pin", "--component", "vllm", "--repo", str(repo), "--lock", str(lock)]
+    assert main([*argv, "--side", "base"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "are for --pr" in err[0]
+    assert json.loads(lock.read_text()) == pinned_lock_data()
