@@ -35,6 +35,7 @@ from junitparser import (
 )
 
 from harness.evidence.collect import RankFiles, in_progress
+from harness.evidence.environment import host_digest
 from harness.evidence.schema import Tally
 from harness.schema.rank_record import RankRecord, junit_path, suite_of
 
@@ -192,7 +193,7 @@ def merge_junit(out_dir: Path, ranks: RankFiles) -> MergedJUnit:
         suite = TestSuite(f"rank-{rank:02d}")
         suite.add_property("dcpqual.rank", str(rank))
         if record is not None and record.hostname:
-            suite.add_property("dcpqual.hostname", record.hostname)
+            suite.add_property("dcpqual.host", host_digest(record.hostname))
         tagged = [_tag(case, rank, name, source) for case, name, source in cases]
         suite.add_testcases(tagged)
         merged.append(suite)

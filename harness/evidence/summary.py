@@ -132,7 +132,7 @@ def render_summary(receipt: Receipt, receipt_sha256: str, bundle: Path | None = 
             "environment",
             md.text(
                 f"torch {env.torch}, CUDA {env.cuda or '-'}, NCCL {env.nccl or '-'}, "
-                f"Python {env.python}, host {env.host}"
+                f"Python {env.python}"
             ),
         ],
         [
