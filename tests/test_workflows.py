@@ -12,7 +12,13 @@ import pytest
 import yaml
 
 WORKFLOWS = Path(__file__).resolve().parent.parent / ".github" / "workflows"
-NAMES = ("ci.yml", "nightly-gpu16.yml", "pr-qualification.yml", "mutants-weekly.yml")
+NAMES = (
+    "ci.yml",
+    "nightly-gpu16.yml",
+    "pr-qualification.yml",
+    "fork-pr-qualification.yml",
+    "mutants-weekly.yml",
+)
 GPU_LABEL = "rtx-pro-6000-x16"
 GPU_GROUP = "gpu-rtx-pro-6000-x16"
 PINNED_USES = re.compile(r"^\s*(?:-\s+)?uses:\s*([\w.-]+/[\w./-]+)@([0-9a-f]{40}) # v\d+(\.\d+)*$")
@@ -98,6 +104,7 @@ def test_gpu_jobs_run_one_at_a_time_on_the_gpu_host() -> None:
         ("nightly-gpu16.yml", "nightly"),
         ("pr-qualification.yml", "base"),
         ("pr-qualification.yml", "head"),
+        ("fork-pr-qualification.yml", "qualify"),
     }
     for name, job, spec in gpu_jobs:
         assert GPU_LABEL in spec["runs-on"], (name, job)
@@ -129,6 +136,25 @@ def test_pr_qualification_is_dispatched_with_the_reviewed_head_and_approved() ->
     # only the job that posts holds a write token, and it runs no project code
     comment = spec["comment"]
     assert not any(s.get("uses", "").startswith("actions/checkout@") for s in comment["steps"])
+
+
+def test_a_fork_pull_request_is_qualified_at_the_reviewed_head_after_approval() -> None:
+    """The fork's pull request, not this repository's: the reviewed head is checked when the
+    pull request is resolved and again when it is pinned; the GPU job waits for approval and
+    runs this repository's harness (its checkout names no other ref)."""
+    workflow = load("fork-pr-qualification.yml")
+    inputs = workflow["on"]["workflow_dispatch"]["inputs"]
+    assert inputs["repository"]["options"] == ["local-inference-lab/vllm"]
+    assert inputs["pr"]["required"] and inputs["head_sha"]["required"]
+    qualify = workflow["jobs"]["qualify"]
+    assert qualify["environment"] == "gpu-qualification" and qualify["needs"] == "resolve"
+    checkout = next(s for s in qualify["steps"] if s.get("uses", "").startswith("actions/checkout"))
+    assert "ref" not in checkout["with"]
+    scripts = "\n".join(step.get("run", "") for _, step in steps("fork-pr-qualification.yml"))
+    assert '[[ "$head" != "$REVIEWED_HEAD" ]]' in scripts
+    assert "-s qualify_pr --" in scripts and '--head-sha "$HEAD_SHA"' in scripts
+    assert '--base-ref "$BASE_REF"' in scripts and '--fork-repo "$RUNNER_TEMP/fork"' in scripts
+    assert "compare.md" in scripts and "gh pr comment" not in scripts
 
 
 def test_nightly_is_scheduled_and_uploads_whatever_happened() -> None:

@@ -229,8 +229,13 @@ def transports(ranks: RankFiles) -> list[str]:
 
 
 def rank_hosts(ranks: RankFiles) -> list[str]:
-    """The hostnames the rank records report, each once, sorted (records without one: none)."""
-    return sorted({record.hostname for record in ranks.records.values() if record.hostname})
+    """The hosts the rank records report, as `host_digest`s, each once, sorted (records
+    without one: none): the receipt names no machine."""
+    from harness.evidence.environment import host_digest
+
+    return sorted(
+        {host_digest(record.hostname) for record in ranks.records.values() if record.hostname}
+    )
 
 
 def model_sources(ranks: RankFiles) -> Models:

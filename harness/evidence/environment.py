@@ -177,10 +177,21 @@ def _cpu_build() -> _TorchBuild | None:
     return _TorchBuild(version, None, None, git if isinstance(git, str) else None)
 
 
+def host_digest(name: str) -> str:
+    """What a receipt says of a host: `host-` and the first 16 hex of the name's sha256. Two
+    ranks on one host share it and verify can re-derive it from the rank records, but no file
+    meant for a pull request (summary.md, compare.md) carries a machine's name: the community
+    publishes receipts without host names, addresses or uname data."""
+    import hashlib
+
+    return "host-" + hashlib.sha256(name.encode("utf-8")).hexdigest()[:16]
+
+
 def capture_environment(
     environ: Mapping[str, str] | None = None, hosts: Iterable[str] = ()
 ) -> Environment:
-    """Describe this process's machine. `hosts` are the hostnames the ranks reported."""
+    """Describe this process's machine without naming it (`host_digest`; the platform is the
+    OS and architecture, not uname's node and kernel). `hosts` are the ranks' host digests."""
     environ = os.environ if environ is None else environ
     env, redacted = filtered_env(environ)
     build = _cpu_build()
@@ -207,9 +218,9 @@ def capture_environment(
         nccl=nccl,
         device_names=[g.name for g in gpus] or ["cpu"],
         python=platform.python_version(),
-        host=socket.gethostname(),
+        host=host_digest(socket.gethostname()),
         hosts=sorted({h for h in hosts if h}),
-        platform=platform.platform(),
+        platform=f"{platform.system()}-{platform.machine()}",
         cpu_count=os.cpu_count(),
         torch_git=build.git,
         cuda_available=cuda_available,

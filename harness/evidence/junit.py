@@ -6,7 +6,8 @@ and carries every rank's outcome as properties: `dcpqual.suite`, and per rank NN
 `dcpqual.rank.NN` (its outcome), `dcpqual.source.NN` (`junit` when copied from the rank's own
 report, `record` when rebuilt from its rank record because the report is missing,
 `synthesized` for the error case that attributes a dead rank, as xdist does for a dead worker)
-and `dcpqual.message.NN` (its message, where it has one). The ranks' own reports stay in
+`dcpqual.message.NN` (its message, where it has one) and `dcpqual.host.NN` (the digest of
+its host, never the name). The ranks' own reports stay in
 junit/rank-NN.xml. Bundles written before read as one testsuite per rank with `dcpqual.rank`
 on each case; `read_merged` reads both.
 
@@ -40,6 +41,7 @@ from junitparser import (
 )
 
 from harness.evidence.collect import RankFiles, in_progress
+from harness.evidence.environment import host_digest
 from harness.evidence.schema import Tally
 from harness.schema.rank_record import RankRecord, junit_path, suite_of
 
@@ -47,6 +49,7 @@ PROP_RANK = "dcpqual.rank"
 PROP_SUITE = "dcpqual.suite"
 PROP_SOURCE = "dcpqual.source"
 PROP_MESSAGE = "dcpqual.message"
+PROP_HOST = "dcpqual.host"
 _PER_RANK = re.compile(r"^dcpqual\.(rank|source|message)\.(\d+)$")
 LIFECYCLE_SUITE = "ranks"  # suite of the synthesized cases of ranks that left nothing
 OUTCOME_ORDER = ("failed", "error", "passed", "skipped")  # precedence across ranks
@@ -170,6 +173,7 @@ def _read_report(path: Path, record: RankRecord | None) -> list[tuple[TestCase, 
 def merge_junit(out_dir: Path, ranks: RankFiles) -> MergedJUnit:
     """Build merged.xml from junit/rank-NN.xml, filling in ranks that left no report."""
     per_test: dict[tuple[str, str, str], list[tuple[int, TestCase, Case]]] = {}
+    hosts: dict[int, str] = {}  # rank -> the digest of its host (never the name)
     missing: list[int] = []
     notes: list[str] = []
     for rank in range(ranks.world_size):
@@ -184,6 +188,8 @@ def merge_junit(out_dir: Path, ranks: RankFiles) -> MergedJUnit:
             missing.append(rank)
             notes.append(f"{path.relative_to(out_dir).as_posix()} is unreadable: {exc}")
             cases = _from_record(rank, record)
+        if record is not None and record.hostname:
+            hosts[rank] = host_digest(record.hostname)
         for case, name, source in cases:
             outcome, message = _outcome(case)
             value = Case(
@@ -196,7 +202,7 @@ def merge_junit(out_dir: Path, ranks: RankFiles) -> MergedJUnit:
         if suite_name not in suites:
             suites[suite_name] = TestSuite(suite_name)
             merged.append(suites[suite_name])
-        suites[suite_name].add_testcase(_one_case(suite_name, entries))
+        suites[suite_name].add_testcase(_one_case(suite_name, entries, hosts))
     for suite in suites.values():
         suite.update_statistics()
     merged.update_statistics()
@@ -209,9 +215,11 @@ def _in_rank_order(values: Iterable[Case]) -> tuple[Case, ...]:
     return tuple(sorted(values, key=lambda c: c.rank))
 
 
-def _one_case(suite: str, entries: list[tuple[int, TestCase, Case]]) -> TestCase:
+def _one_case(
+    suite: str, entries: list[tuple[int, TestCase, Case]], hosts: dict[int, str]
+) -> TestCase:
     """One testcase for a test run on several ranks: the worst rank's (lowest first), with
-    every rank's outcome, source and message as properties."""
+    every rank's outcome, source, message and host digest as properties."""
     seen = {value.outcome for _, _, value in entries}
     worst = next(o for o in OUTCOME_ORDER if o in seen)
     _, shown, _ = next(e for e in entries if e[2].outcome == worst)
@@ -226,6 +234,8 @@ def _one_case(suite: str, entries: list[tuple[int, TestCase, Case]]) -> TestCase
         props.add_property(Property(f"{PROP_SOURCE}.{rank:02d}", value.source))
         if value.message:
             props.add_property(Property(f"{PROP_MESSAGE}.{rank:02d}", value.message))
+        if rank in hosts:
+            props.add_property(Property(f"{PROP_HOST}.{rank:02d}", hosts[rank]))
     if found is None:
         elem.insert(0, props._elem)
     for tag in ("system-out", "system-err"):  # each rank's own output is in its report

@@ -4,6 +4,9 @@
   line (stderr) and a count when there are several; `ok` and the lock's sha256 on stdout, exit 0.
 - `dcpqual lock pin --component NAME --repo PATH [--lock FILE]`: fill commit and tree (and what
   else the checkout answers) from a clean local checkout; the lock is rewritten atomically.
+  With `--pr N [--base-ref refs/heads/B] [--side head|base]`: fetch the fork's pull request N
+  into the clone at PATH and pin its head (recorded as number + head) or the commit it branched
+  from; pull requests already recorded must be ancestors of what is pinned.
 - `dcpqual image build [--lock FILE] [--context DIR] [--tag TAG] [--allow-dirty] [--out FILE]`:
   build with the docker SDK and write the image identity JSON (`harness.image.identity`).
 - `dcpqual gpu16 [--no-image] [--identity FILE] [--lock FILE] [--evidence-root DIR] [-- ARGS]`:
@@ -47,9 +50,23 @@ def cmd_lock_check(args: argparse.Namespace) -> int:
 
 
 def cmd_lock_pin(args: argparse.Namespace) -> int:
-    from harness.image.lock import check_lock, pin_component
+    from harness.image.lock import check_lock, pin_component, pin_pull_request
 
-    result = pin_component(args.lock, args.component, args.repo)
+    if args.pr is not None:
+        result = pin_pull_request(
+            args.lock,
+            args.component,
+            args.repo,
+            args.pr,
+            args.base_ref,
+            args.side,
+            args.title,
+            args.expect_head,
+        )
+    elif args.side != "head" or args.title is not None or args.expect_head is not None:
+        raise UsageError("--side, --title and --expect-head are for --pr")
+    else:
+        result = pin_component(args.lock, args.component, args.repo)
     print(f"{args.lock}: {result.component} at {result.commit} (tree {result.tree})")
     for where in result.filled:
         print(f"  filled {where}")
@@ -122,6 +139,28 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_LOCK,
         metavar="FILE",
         help=f"the lock to update (default: {DEFAULT_LOCK})",
+    )
+    pin.add_argument(
+        "--pr", type=int, default=None, metavar="N", help="pin the fork's pull request N"
+    )
+    pin.add_argument(
+        "--base-ref",
+        default="refs/heads/main",
+        metavar="REF",
+        help="the branch the pull request targets (default: refs/heads/main)",
+    )
+    pin.add_argument(
+        "--side",
+        choices=("head", "base"),
+        default="head",
+        help="pin the pull request's head (default) or the commit it branched from",
+    )
+    pin.add_argument("--title", default=None, help="default: the head commit's subject")
+    pin.add_argument(
+        "--expect-head",
+        default=None,
+        metavar="SHA",
+        help="refuse unless the pull request's head is this (reviewed) commit",
     )
     pin.set_defaults(func=cmd_lock_pin)
 

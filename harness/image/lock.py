@@ -1,30 +1,19 @@
 """The source lock: what every component of the image is built from, pinned by commit and tree.
 
-A lock (`images/<image>/source.lock.json`) looks like::
-
-    {
-      "schema": "dcpqual-source-lock/v1",
-      "image": "kimi-k3-cu133-torch213",
-      "base_image": {"reference": "nvidia/cuda:13.3.0-...", "digest": "sha256:<64 hex>"},
-      "versions": {"cuda": "13.3", "torch": "2.13.0", "nccl": "2.28.9"},
-      "torch_cuda_arch_list": "12.0a",
-      "components": {
-        "<name>": {
-          "source": {"repository": URL, "ref": "refs/tags/..", "commit": 40hex, "tree": 40hex},
-          "upstream_base": {"repository": URL, "ref": "refs/..", "commit": 40hex} | null,
-          "pull_requests": [
-            {"number": N, "head": 40hex, "merge_commit": 40hex | null, "title": ".."}
-          ],
-          "source_patches": []
-        }
-      }
-    }
+A lock (`images/<image>/source.lock.json`, schema "dcpqual-source-lock/v2"; fields described in
+`harness.schema.lock` and `schemas/source-lock.json`) says what the image builds on
+(`foundation`: a CUDA devel image with NCCL and PyTorch built from source, or a prebuilt
+foundation image pinned by digest and labels), the versions it is for (data: CUDA 13.3 / torch
+2.13 today, 13.4.1 / 2.14 tomorrow), the Python pins it decides and why, where b12x comes from,
+the build's caps, the source gates, and per component `source {repository, ref, commit, tree}`,
+`upstream_base`, `pull_requests [{number, head, merge_commit, title}]`, `source_patches: []`.
 
 Two levels of checking, because the shipped lock is a template: `load_lock` checks the *shape*
 (pydantic; placeholders allowed, so `pin_component` can fill them), `check_lock` checks that the
 lock actually *pins* something (40-hex commits and trees, sha256 digests, no placeholders, no
-branch-only refs, the versions this image is for). `lock_sha256` is over the file's bytes: the
-same bytes that sit in the build context and that the image's labels name.
+branch-only refs, versions that agree with the image's name and the components). `lock_sha256`
+is over the file's bytes: the same bytes that sit in the build context and that the image's
+labels name.
 """
 
 from __future__ import annotations
@@ -49,16 +38,19 @@ from harness.schema.lock import (
     Versions,
 )
 
-# What this image is, by its name (kimi-k3-cu133-torch213): a lock for anything else is wrong.
-REQUIRED_CUDA = "13.3"
-REQUIRED_TORCH = "2.13.0"
-REQUIRED_ARCH_LIST = "12.0a"
-REQUIRED_COMPONENTS = ("nccl", "pytorch", "vllm", "b12x")
+# Components the foundation builds from source (kind "source") or already carries ("image").
+FOUNDATION_COMPONENTS = ("nccl", "pytorch")
 
 # Whole-value patterns, always used with fullmatch: `$` would also accept a trailing newline.
 HEX40 = re.compile(r"[0-9a-f]{40}")
 SHA256_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 VERSION3 = re.compile(r"\d+\.\d+\.\d+")
+# A release or pre-release version as wheels name it: 2.13.0, 2.14.0a0, 2.14.0.dev20260101.
+VERSION = re.compile(r"\d+\.\d+\.\d+(?:(?:a|b|rc|\.dev|\.post)\d+)*")
+CUDA_VERSION = re.compile(r"\d+\.\d+")  # MAJOR.MINOR, as nvcc and torch.version.cuda say it
+ARCH_LIST = re.compile(r"\d+\.\d+[af]?(?:;\d+\.\d+[af]?)*(?:\+PTX)?")
+DIST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:\[[A-Za-z0-9._,-]+\])?")
+TOOLCHAIN = re.compile(r"\d+\.\d+(?:\.\d+)?")
 REPOSITORY = re.compile(r"(?:https://|ssh://|git@)\S+")
 MAX_LOCK_BYTES = 1 << 20  # a lock is a few KiB
 PLACEHOLDER = re.compile(r"<[^<>]*>|\b(?:TODO|FIXME|TBD|XXX|CHANGEME|PLACEHOLDER)\b")
@@ -209,17 +201,149 @@ def _check_component(p: _Problems, name: str, comp: Component, versions: Version
         _repository(p, f"{at}.upstream_base.repository", base.repository)
         _ref(p, f"{at}.upstream_base.ref", base.ref, base.commit)
         _hex40(p, f"{at}.upstream_base.commit", base.commit, "commit")
+    numbers: set[int] = set()
     for i, pr in enumerate(comp.pull_requests):
         _hex40(p, f"{at}.pull_requests.{i}.head", pr.head, "head")
         if pr.merge_commit is not None:
             _hex40(p, f"{at}.pull_requests.{i}.merge_commit", pr.merge_commit, "merge_commit")
         if not pr.title.strip():
             p.add(f"{at}.pull_requests.{i}.title", "title is empty")
+        if pr.number in numbers:
+            p.add(f"{at}.pull_requests.{i}.number", f"pull request {pr.number} is listed twice")
+        numbers.add(pr.number)
+    pull = re.fullmatch(r"refs/pull/(\d+)/head", src.ref)
+    if pull is not None:
+        number = int(pull.group(1))
+        named = [pr for pr in comp.pull_requests if pr.number == number]
+        if not named:
+            p.add(f"{at}.pull_requests", f"ref {src.ref} names pull request {number}; record it")
+        elif named[0].head != src.commit:
+            p.add(
+                f"{at}.source.commit",
+                f"ref {src.ref} is built at {src.commit}, not its recorded head {named[0].head}",
+            )
     if comp.source_patches:
         p.add(
             f"{at}.source_patches",
             f"{len(comp.source_patches)} patch(es); carry changes as commits on the source instead",
         )
+
+
+def _check_versions(p: _Problems, lock: SourceLock) -> None:
+    """The versions are well-formed and agree with the image's name (kimi-k3-cu133-torch213)."""
+    v = lock.versions
+    shapes = (
+        ("cuda", CUDA_VERSION, "MAJOR.MINOR"),
+        ("torch", VERSION, "MAJOR.MINOR.PATCH (pre-release suffix allowed)"),
+        ("nccl", VERSION3, "MAJOR.MINOR.PATCH"),
+        ("triton", VERSION, "MAJOR.MINOR.PATCH (pre-release suffix allowed)"),
+        ("torch_cuda_arch_list", ARCH_LIST, "an arch list such as 12.0a"),
+    )
+    for key, pattern, what in shapes:
+        value = getattr(v, key)
+        if not is_placeholder(value) and not pattern.fullmatch(value):
+            p.add(f"versions.{key}", f"{value!r} is not {what}")
+    cu = re.search(r"cu(\d{3,})", lock.image)
+    if cu and CUDA_VERSION.fullmatch(v.cuda) and cu.group(1) != v.cuda.replace(".", ""):
+        p.add("versions.cuda", f"{v.cuda!r}, the image {lock.image!r} is for cu{cu.group(1)}")
+    torch = re.search(r"torch(\d{3,})", lock.image)
+    if torch and VERSION.fullmatch(v.torch):
+        major_minor = "".join(v.torch.split(".")[:2])
+        if torch.group(1) != major_minor:
+            p.add(
+                "versions.torch",
+                f"{v.torch!r}, the image {lock.image!r} is for torch{torch.group(1)}",
+            )
+
+
+def _check_foundation(p: _Problems, lock: SourceLock) -> None:
+    f = lock.foundation
+    image = f.image
+    if "@" in image.reference:
+        p.add("foundation.image.reference", "carries a digest; put it in foundation.image.digest")
+    if not SHA256_DIGEST.fullmatch(image.digest):
+        p.add(
+            "foundation.image.digest",
+            f"tag {image.reference!r} has no sha256: digest (found {image.digest!r})",
+        )
+    v = lock.versions
+    if f.kind == "source":
+        tag = image.reference.rsplit("/", 1)[-1].partition(":")[2]
+        if tag and not is_placeholder(tag) and not tag.startswith(f"{v.cuda}."):
+            p.add("foundation.image.reference", f"tag {tag!r} is not a CUDA {v.cuda} image")
+        if f.labels:
+            p.add(
+                "foundation.labels", "a from-source foundation is built here; it asserts no labels"
+            )
+        for name in FOUNDATION_COMPONENTS:
+            if name not in lock.components:
+                p.add(f"components.{name}", "missing (the foundation is built from source)")
+        return
+    if not f.labels:
+        p.add(
+            "foundation.labels", "a prebuilt foundation must be held to labels naming its versions"
+        )
+    for name in FOUNDATION_COMPONENTS:
+        if name in lock.components:
+            p.add(
+                f"components.{name}",
+                "the prebuilt foundation carries it; remove it or build from source",
+            )
+    values = set(f.labels.values())
+    for key in ("cuda", "torch", "nccl"):
+        want = getattr(v, key)
+        if not any(
+            value == want or value.startswith(f"{want}.") or value.startswith(f"{want}+")
+            for value in values
+        ):
+            p.add("foundation.labels", f"no label says {key} {want}")
+
+
+def _check_b12x(p: _Problems, lock: SourceLock) -> None:
+    b = lock.b12x_from
+    if b.kind == "repository":
+        if "b12x" not in lock.components:
+            p.add("components.b12x", "missing (b12x_from.kind is repository)")
+        if b.flashinfer_version is not None or b.index_url is not None:
+            p.add("b12x_from", "flashinfer_version and index_url are for kind flashinfer-python")
+        return
+    if "b12x" in lock.components:
+        p.add("components.b12x", "b12x comes from flashinfer-python; remove the component")
+    if b.flashinfer_version is None or not VERSION.fullmatch(b.flashinfer_version):
+        p.add("b12x_from.flashinfer_version", f"{b.flashinfer_version!r} is not an exact version")
+    if b.index_url is None or not b.index_url.startswith("https://"):
+        p.add("b12x_from.index_url", f"{b.index_url!r} is not an https:// index")
+
+
+def _check_pins_and_gates(p: _Problems, lock: SourceLock) -> None:
+    seen: set[str] = set()
+    for i, pin in enumerate(lock.python_pins):
+        at = f"python_pins.{i}"
+        if not DIST_NAME.fullmatch(pin.name):
+            p.add(f"{at}.name", f"{pin.name!r} is not a distribution name")
+        base = pin.name.partition("[")[0].lower().replace("_", "-")
+        if base in seen:
+            p.add(f"{at}.name", f"{base} is pinned twice")
+        seen.add(base)
+        if not is_placeholder(pin.version) and not VERSION.fullmatch(pin.version):
+            p.add(f"{at}.version", f"{pin.version!r} is not an exact version")
+        if not pin.why.strip():
+            p.add(f"{at}.why", "a pin the lock decides says why")
+    for i, gate in enumerate(lock.source_gates):
+        at = f"source_gates.{i}"
+        if gate.component not in lock.components:
+            p.add(f"{at}.component", f"{gate.component!r} is not a component of this lock")
+        for j, test in enumerate(gate.tests):
+            if test.startswith(("/", "-")) or ".." in test.split("::")[0].split("/"):
+                p.add(f"{at}.tests.{j}", f"{test!r} is not a test id inside the tree")
+    vb = lock.vllm_build
+    for key in ("build_requirements", "runtime_requirements"):
+        value = getattr(vb, key)
+        parts = value.split("/")
+        if parts[0] != "requirements" or ".." in parts or not value.endswith(".txt"):
+            p.add(f"vllm_build.{key}", f"{value!r} is not a requirements/*.txt file of the fork")
+    if not is_placeholder(vb.rust_toolchain) and not TOOLCHAIN.fullmatch(vb.rust_toolchain):
+        p.add("vllm_build.rust_toolchain", f"{vb.rust_toolchain!r} is not a toolchain version")
 
 
 def check_lock(path: Path) -> list[str]:
@@ -229,36 +353,16 @@ def check_lock(path: Path) -> list[str]:
         return problems
     assert raw is not None
     p = _Problems()
-    base = lock.base_image
-    if "@" in base.reference:
-        p.add("base_image.reference", "carries a digest; put it in base_image.digest only")
-    if not SHA256_DIGEST.fullmatch(base.digest):
-        p.add(
-            "base_image.digest",
-            f"tag {base.reference!r} has no sha256: digest (found {base.digest!r})",
-        )
-    v = lock.versions
-    if v.cuda != REQUIRED_CUDA:
-        p.add("versions.cuda", f"{v.cuda!r}, this image is for CUDA {REQUIRED_CUDA}")
-    if v.torch != REQUIRED_TORCH:
-        p.add("versions.torch", f"{v.torch!r}, this image is for PyTorch {REQUIRED_TORCH}")
-    if not is_placeholder(v.nccl) and not VERSION3.fullmatch(v.nccl):
-        p.add("versions.nccl", f"{v.nccl!r} is not a MAJOR.MINOR.PATCH version")
-    if lock.torch_cuda_arch_list != REQUIRED_ARCH_LIST:
-        p.add(
-            "torch_cuda_arch_list",
-            f"{lock.torch_cuda_arch_list!r}, this image is for {REQUIRED_ARCH_LIST} (sm_120)",
-        )
-    tag = base.reference.rsplit("/", 1)[-1].partition(":")[2]
-    if tag and not is_placeholder(tag) and not tag.startswith(f"{REQUIRED_CUDA}."):
-        p.add("base_image.reference", f"tag {tag!r} is not a CUDA {REQUIRED_CUDA} image")
-    for name in REQUIRED_COMPONENTS:
-        if name not in lock.components:
-            p.add(f"components.{name}", "missing")
+    _check_foundation(p, lock)
+    _check_versions(p, lock)
+    _check_b12x(p, lock)
+    _check_pins_and_gates(p, lock)
+    if "vllm" not in lock.components:
+        p.add("components.vllm", "missing")
     for name, comp in lock.components.items():
         if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
             p.add(f"components.{name}", "name must match [a-z][a-z0-9_]* (it becomes a build arg)")
-        _check_component(p, name, comp, v)
+        _check_component(p, name, comp, lock.versions)
     for where, value in _strings(raw, ""):
         if is_placeholder(value):
             p.add(where, f"placeholder {value!r} is not pinned")
@@ -356,6 +460,14 @@ def pin_component(lock_path: Path, name: str, repo_path: Path) -> PinResult:
     if is_placeholder(src["repository"]) and (url := _origin_url(repo_path)):
         src["repository"] = url
         filled.append(f"{at}.source.repository")
+    for pr in entry["pull_requests"]:
+        if HEX40.fullmatch(str(pr.get("head", ""))) and not is_ancestor(
+            repo_path, pr["head"], ident.commit
+        ):
+            raise UsageError(
+                f"{at}: pull request {pr['number']} (head {pr['head']}) is not contained in "
+                f"{ident.commit}; the lock records it as merged"
+            )
     for key, value in (("commit", ident.commit), ("tree", ident.tree)):
         if src[key] != value:
             src[key] = value
@@ -386,3 +498,145 @@ def pin_component(lock_path: Path, name: str, repo_path: Path) -> PinResult:
         raise LockError(lock_path, _shape_problems(exc)) from None
     write_json_atomic(lock_path, raw)
     return PinResult(component=name, commit=ident.commit, tree=ident.tree, filled=tuple(filled))
+
+
+# ---------------------------------------------------------------------------------------------
+# pull requests: pin a fork pull request's head (or its base), verified by ancestry
+
+
+@dataclass(frozen=True)
+class PullRequestPin:
+    """A pull request as fetched from the component's remote: its head, and the commit its base
+    ref and head have in common (what the pull request is qualified against)."""
+
+    number: int
+    head: str
+    head_tree: str
+    base_ref: str
+    base: str
+    base_tree: str
+    title: str
+
+
+def is_ancestor(repo: Path, ancestor: str, commit: str) -> bool:
+    """True when `ancestor` is `commit` or reachable from it (git merge-base --is-ancestor)."""
+    try:
+        gitinfo.git(repo, "merge-base", "--is-ancestor", ancestor, commit)
+    except UsageError:
+        return False
+    return True
+
+
+def fetch_pull_request(
+    repo_path: Path, number: int, base_ref: str, remote: str = "origin"
+) -> PullRequestPin:
+    """Fetch `refs/pull/N/head` and `base_ref` from `remote` into `repo_path` (a clone of the
+    fork; nothing in its working tree changes) and read their commits, trees and merge-base."""
+    if number < 1:
+        raise UsageError(f"pull request number must be 1 or more, not {number}")
+    if not base_ref.startswith("refs/heads/"):
+        raise UsageError(f"base ref {base_ref!r} must be a branch, refs/heads/NAME")
+    repo = Path(repo_path)
+    local_head = f"refs/dcpqual/pull/{number}/head"
+    local_base = f"refs/dcpqual/pull/{number}/base"
+    gitinfo.git(
+        repo,
+        "fetch",
+        "--quiet",
+        "--no-tags",
+        remote,
+        f"+refs/pull/{number}/head:{local_head}",
+        f"+{base_ref}:{local_base}",
+    )
+    head = gitinfo.git(repo, "rev-parse", "--verify", f"{local_head}^{{commit}}")
+    tip = gitinfo.git(repo, "rev-parse", "--verify", f"{local_base}^{{commit}}")
+    try:
+        base = gitinfo.git(repo, "merge-base", head, tip)
+    except UsageError:
+        raise UsageError(
+            f"pull request {number}'s head {head} shares no history with {base_ref}"
+        ) from None
+    return PullRequestPin(
+        number=number,
+        head=head,
+        head_tree=gitinfo.git(repo, "rev-parse", f"{head}^{{tree}}"),
+        base_ref=base_ref,
+        base=base,
+        base_tree=gitinfo.git(repo, "rev-parse", f"{base}^{{tree}}"),
+        title=gitinfo.git(repo, "log", "-1", "--format=%s", head) or f"pull request {number}",
+    )
+
+
+def pin_pull_request(
+    lock_path: Path,
+    name: str,
+    repo_path: Path,
+    number: int,
+    base_ref: str,
+    side: str = "head",
+    title: str | None = None,
+    expect_head: str | None = None,
+) -> PinResult:
+    """Pin component `name` to pull request `number`'s head (`side="head"`: ref
+    refs/pull/N/head, the pull request recorded with its head) or to the commit it branched from
+    on `base_ref` (`side="base"`: no pull request). Every pull request already recorded must
+    still be contained in the pinned commit (ancestry), else nothing is written; with
+    `expect_head`, the fetched head must be that commit (the one a person reviewed)."""
+    if side not in ("head", "base"):
+        raise UsageError(f"side must be head or base, not {side!r}")
+    lock_path, repo_path = Path(lock_path), Path(repo_path)
+    raw, lock, problems = _parse(lock_path)
+    if lock is None or raw is None:
+        raise LockError(lock_path, problems)
+    if name not in lock.components:
+        known = ", ".join(sorted(lock.components)) or "none"
+        raise UsageError(f"{lock_path}: no component {name!r} (components: {known})")
+    pr = fetch_pull_request(repo_path, number, base_ref)
+    if expect_head is not None and pr.head != expect_head:
+        raise UsageError(
+            f"pull request {number}'s head is {pr.head}, not the reviewed {expect_head}"
+        )
+    entry = raw["components"][name]
+    src = entry["source"]
+    at = f"components.{name}"
+    commit, tree = (pr.head, pr.head_tree) if side == "head" else (pr.base, pr.base_tree)
+    kept = []
+    for old in entry["pull_requests"]:
+        if old["number"] == number:
+            continue
+        if not is_ancestor(repo_path, old["head"], commit):
+            raise UsageError(
+                f"{at}: pull request {old['number']} (head {old['head']}) is not contained in "
+                f"{commit}; remove it from the lock or merge it first"
+            )
+        kept.append(old)
+    if side == "head":
+        kept.append(
+            {"number": number, "head": pr.head, "merge_commit": None, "title": title or pr.title}
+        )
+        ref = f"refs/pull/{number}/head"
+    else:
+        ref = base_ref
+    filled = [f"{at}.source.ref", f"{at}.source.commit", f"{at}.source.tree"]
+    src.update(ref=ref, commit=commit, tree=tree)
+    if is_placeholder(src["repository"]) and (url := _origin_url(repo_path)):
+        src["repository"] = url
+        filled.append(f"{at}.source.repository")
+    entry["pull_requests"] = kept
+    filled.append(f"{at}.pull_requests")
+    upstream = entry.get("upstream_base")
+    base_ref_up = upstream.get("ref", "") if isinstance(upstream, dict) else ""
+    if (
+        base_ref_up
+        and not is_placeholder(base_ref_up)
+        and gitinfo.resolve_commit(repo_path, base_ref_up)
+    ):
+        assert isinstance(upstream, dict)
+        upstream["commit"] = gitinfo.git(repo_path, "merge-base", commit, base_ref_up)
+        filled.append(f"{at}.upstream_base.commit")
+    try:
+        SourceLock.model_validate(raw)
+    except ValidationError as exc:  # pragma: no cover - we only write strings we validated
+        raise LockError(lock_path, _shape_problems(exc)) from None
+    write_json_atomic(lock_path, raw)
+    return PinResult(component=name, commit=commit, tree=tree, filled=tuple(filled))

@@ -32,16 +32,12 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from harness.errors import DcpqualError, UsageError
-from harness.image.lock import (
-    REQUIRED_CUDA,
-    REQUIRED_TORCH,
-    check_lock,
-    load_lock,
-)
+from harness.image.lock import check_lock, load_lock
 from harness.jsonfile import read_json
 from harness.schema.base import first_error
 from harness.schema.image import (
     ExpectedRuntime,
+    GateTally,
     GitPin,
     ImageHarness,
     ImageRuntime,
@@ -125,6 +121,21 @@ def observe(image_root: Path) -> ObservedRuntime:
         except ValidationError as exc:
             notes.append(f"build.json harness: {first_error(exc)}")
     lock_sha = build.get("lock_sha256")
+    gates: list[GateTally] = []
+    # The CPU gates ran in the build (in the image root); the GPU gates run on the node, in the
+    # container, and name their report in DCPQUAL_GPU_GATES (the image root is read-only there).
+    gpu_report = os.environ.get("DCPQUAL_GPU_GATES")  # harness.image.gates.GPU_REPORT_ENV
+    for where in ("cpu", "gpu"):
+        path = image_root / f"source-gates-{where}.json"
+        if where == "gpu" and gpu_report:
+            path = Path(gpu_report)
+        if not path.is_file():
+            continue
+        try:
+            data = read_json(path)
+            gates += [GateTally.model_validate(item) for item in data]
+        except (OSError, ValueError, TypeError, ValidationError) as exc:
+            notes.append(f"{path}: not a source-gate report: {type(exc).__name__}")
     return ObservedRuntime(
         torch=torch.__version__,
         torch_commit=getattr(torch.version, "git_version", None),
@@ -137,25 +148,28 @@ def observe(image_root: Path) -> ObservedRuntime:
         sources=sources,
         image_lock_sha256=None if lock_sha is None else str(lock_sha),
         harness=harness,
+        source_gates=gates,
         notes=notes,
     )
 
 
 def expected_from(lock: SourceLock | None) -> ExpectedRuntime:
-    """What a correct image holds, from the lock (the image's fixed versions without one)."""
+    """What a correct image holds, from the lock (nothing is expected without one, and the
+    unreadable lock is itself a mismatch)."""
     if lock is None:
-        return ExpectedRuntime(torch=REQUIRED_TORCH, cuda=REQUIRED_CUDA)
+        return ExpectedRuntime()
     pytorch = lock.components.get("pytorch")
     return ExpectedRuntime(
         torch=lock.versions.torch,
         torch_commit=pytorch.source.commit if pytorch else None,
         cuda=lock.versions.cuda,
         nccl=lock.versions.nccl,
-        arch="sm_" + lock.torch_cuda_arch_list.replace(".", ""),
+        arch="sm_" + lock.versions.torch_cuda_arch_list.replace(".", ""),
         sources={
             name: GitPin(commit=c.source.commit, tree=c.source.tree)
             for name, c in lock.components.items()
         },
+        source_gates=sorted({f"{g.component}/{g.where}" for g in lock.source_gates}),
     )
 
 
@@ -189,6 +203,17 @@ def compare(
     for name, version in sorted(observed.packages.items()):
         if name in expected.sources and version is None:
             out.append(f"package {name}: not installed")
+    for gate in observed.source_gates:
+        if not gate.ok:
+            why = gate.note or (
+                f"{gate.passed} passed, {gate.failed} failed, {gate.errors} errors "
+                f"(exit {gate.exit_code})"
+            )
+            out.append(f"source gate {gate.key}: {why}")
+    ran = {g.key for g in observed.source_gates}
+    for key in expected.source_gates:
+        if key.endswith("/cpu") and key not in ran:
+            out.append(f"source gate {key}: did not run in the image build")
     if lock_sha256 is not None and observed.image_lock_sha256 != lock_sha256:
         found = observed.image_lock_sha256 or "none (no build.json)"
         out.append(f"lock sha256: expected {lock_sha256}, the image was built with {found}")

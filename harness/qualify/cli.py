@@ -1,4 +1,5 @@
-"""Sub-commands of the qualification concern: `dcpqual compare` and `dcpqual nightly`."""
+"""Sub-commands of the qualification concern: `dcpqual compare`, `dcpqual nightly` and
+`dcpqual qualify-pr`."""
 
 from __future__ import annotations
 
@@ -46,6 +47,45 @@ def register(subparsers: Any) -> None:
     )
     nightly.set_defaults(func=run_nightly)
 
+    pr = subparsers.add_parser(
+        "qualify-pr",
+        help="qualify a pull request of the vLLM fork: engine lane at its base and head, compare",
+        description=(
+            "Pin the lock's vllm component to the fork pull request's base and to its head (in "
+            "two worktrees of this harness), build both images, run the engine lane in each on "
+            "the GPU node and write `dcpqual compare` of the two bundles (compare.md, "
+            "compare.json in the work folder). Exit 0 when the head passed and did not regress, "
+            "1 otherwise; a failed step's code (2: no engine, no GPUs, unusable input)."
+        ),
+    )
+    pr.add_argument(
+        "--repository",
+        required=True,
+        metavar="OWNER/NAME",
+        help="the fork, e.g. local-inference-lab/vllm",
+    )
+    pr.add_argument("--pr", type=int, required=True, metavar="N", help="the pull request number")
+    pr.add_argument(
+        "--head-sha",
+        required=True,
+        metavar="SHA",
+        help="the reviewed head (40 hex); any other is refused",
+    )
+    pr.add_argument(
+        "--fork-repo", type=Path, required=True, metavar="PATH", help="a local clone of the fork"
+    )
+    pr.add_argument(
+        "--base-ref",
+        default="refs/heads/main",
+        metavar="REF",
+        help="the branch the pull request targets (default: refs/heads/main)",
+    )
+    pr.add_argument("--work", type=Path, required=True, metavar="DIR", help="an empty folder")
+    pr.add_argument(
+        "--dry-run", action="store_true", help="print the plan and exit without running it"
+    )
+    pr.set_defaults(func=run_qualify_pr)
+
 
 def run_compare(args: argparse.Namespace) -> int:
     from harness.qualify.compare import compare_bundles, load_bundle
@@ -65,3 +105,23 @@ def run_nightly(args: argparse.Namespace) -> int:
     from harness.qualify.nightly import main_nightly
 
     return main_nightly(archive=args.archive, report=args.report, no_image=args.no_image)
+
+
+def run_qualify_pr(args: argparse.Namespace) -> int:
+    from harness.qualify.fork_pr import plan_fork_pr, run_plan
+
+    plan = plan_fork_pr(
+        Path("."),
+        args.repository,
+        args.pr,
+        args.head_sha,
+        args.fork_repo,
+        args.work,
+        base_ref=args.base_ref,
+    )
+    if args.dry_run:
+        for step in plan.steps:
+            print(step.describe())
+        return 0
+    args.work.mkdir(parents=True, exist_ok=True)
+    return run_plan(plan)

@@ -44,6 +44,37 @@ class ImageHarness(Model):
     dirty: bool | None = None
 
 
+class GateTally(Model):
+    """One source gate as it ran in the image (`python -m harness.image.gates`): the component's
+    own focused tests, where they ran, and pytest's tallies. `ran` False: it could not run (its
+    tests are not in the image, pytest did not start); a gate that ran no test did not pass."""
+
+    component: str
+    where: Literal["cpu", "gpu"]
+    tests: list[str]
+    ran: bool
+    exit_code: int | None = None
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    errors: int = 0
+    note: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.ran
+            and self.exit_code == 0
+            and self.failed == 0
+            and self.errors == 0
+            and self.passed > 0
+        )
+
+    @property
+    def key(self) -> str:
+        return f"{self.component}/{self.where}"
+
+
 class ExpectedRuntime(Model):
     """What a correct image holds, from its source lock."""
 
@@ -53,6 +84,7 @@ class ExpectedRuntime(Model):
     nccl: str | None = None
     arch: str | None = None
     sources: dict[str, GitPin] = Field(default_factory=dict)
+    source_gates: list[str] = Field(default_factory=list)  # "component/where", from the lock
 
 
 class ObservedRuntime(Model):
@@ -69,6 +101,7 @@ class ObservedRuntime(Model):
     sources: dict[str, GitPin] = Field(default_factory=dict)
     image_lock_sha256: str | None = None
     harness: ImageHarness | None = None
+    source_gates: list[GateTally] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 
 
@@ -123,6 +156,10 @@ class Image(Model):
                 blockers.append(f"the in-image identity check failed: {first}")
             if self.runtime.lock_sha256 != self.source_lock_sha256:
                 blockers.append("the in-image check used a different lock than the build")
+            ran = {g.key for g in self.runtime.observed.source_gates if g.ok}
+            for key in self.runtime.expected.source_gates:
+                if key not in ran:
+                    blockers.append(f"source gate {key} did not run and pass")
         return blockers
 
 

@@ -77,9 +77,9 @@ class Environment(Model):
     nccl: str | None
     device_names: list[str]  # one per visible GPU, or ["cpu"]
     python: str
-    host: str
+    host: str  # host-<16 hex of sha256(hostname)>: never the name itself
     # extensions
-    hosts: list[str] = Field(default_factory=list)  # hostnames the rank records report
+    hosts: list[str] = Field(default_factory=list)  # the rank records' hosts, as `host` says them
     platform: str = ""
     cpu_count: NonNegativeInt | None = None
     torch_git: str | None = None

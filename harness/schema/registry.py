@@ -45,7 +45,7 @@ SCHEMAS: dict[str, SchemaSpec] = {
         "harness.schema.plan:RankPlan",
     ),
     "source-lock": SchemaSpec(
-        "dcpqual-source-lock/v1", "an image's source.lock.json", "harness.schema.lock:SourceLock"
+        "dcpqual-source-lock/v2", "an image's source.lock.json", "harness.schema.lock:SourceLock"
     ),
     "signature": SchemaSpec(
         "dcpqual-signature/v1",

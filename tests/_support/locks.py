@@ -21,17 +21,43 @@ def fake_hex(seed: str, n: int = 40) -> str:
 def pinned_lock_data() -> dict[str, Any]:
     """The shipped template with every placeholder replaced by a well-formed pin."""
     data = json.loads(TEMPLATE.read_text())
-    data["base_image"]["digest"] = "sha256:" + fake_hex("base", 64)
+    data["foundation"]["image"]["digest"] = "sha256:" + fake_hex("base", 64)
     data["versions"]["nccl"] = "2.28.9"
+    data["versions"]["triton"] = "3.7.0"
+    data["vllm_build"]["rust_toolchain"] = "1.92.0"
+    refs = {"nccl": "refs/tags/v2.28.9-1", "b12x": "refs/tags/v1.5.1"}
     for name, comp in data["components"].items():
         src = comp["source"]
         src["commit"], src["tree"] = fake_hex(f"{name}-commit"), fake_hex(f"{name}-tree")
         if "<" in src["repository"]:
             src["repository"] = f"https://example.org/{name}.git"
         if "<" in src["ref"]:
-            src["ref"] = "refs/tags/v2.28.9-1" if name == "nccl" else "refs/heads/dcp-warmup"
+            src["ref"] = refs.get(name, "refs/heads/dcp-warmup")
         if comp["upstream_base"]:
             comp["upstream_base"]["commit"] = fake_hex(f"{name}-base")
+    return data
+
+
+def prebuilt_foundation_lock_data() -> dict[str, Any]:
+    """A pinned lock on a prebuilt foundation image (CUDA 13.4.1 / torch 2.14 pre-release):
+    no nccl or pytorch component, the foundation held to labels naming its versions."""
+    data = pinned_lock_data()
+    data["image"] = "kimi-k3-cu134-torch214"
+    data["foundation"] = {
+        "kind": "image",
+        "image": {
+            "reference": "example.org/blackwell/foundation:cu134-torch214",
+            "digest": "sha256:" + fake_hex("foundation", 64),
+        },
+        "labels": {
+            "local-inference.cuda.version": "13.4.1",
+            "local-inference.torch.version": "2.14.0a0",
+            "local-inference.nccl.version": "2.30.4",
+        },
+    }
+    data["versions"].update(cuda="13.4", torch="2.14.0a0", nccl="2.30.4", triton="3.8.0")
+    for name in ("nccl", "pytorch"):
+        del data["components"][name]
     return data
 
 
