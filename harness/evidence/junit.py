@@ -332,12 +332,14 @@ def skip_reasons(cases: Iterable[Case]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
-def tallies(cases: Iterable[Case]) -> dict[str, Tally]:
-    """Per-suite counts of tests (see the module docstring for the merge over ranks)."""
+def tallies(cases: Iterable[Case], *, runner_cases: bool = False) -> dict[str, Tally]:
+    """Per-suite counts of tests (see the module docstring for the merge over ranks). The
+    runner's own cases of ranks that left nothing are no tests; `runner_cases` counts them, as
+    receipts written before `skip_reasons` did (under the suite `ranks`)."""
     outcomes: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     rank_cases: dict[str, int] = defaultdict(int)
     for case in cases:
-        if case.suite == LIFECYCLE_SUITE:
+        if case.suite == LIFECYCLE_SUITE and not runner_cases:
             continue  # the runner's own account of a rank that left nothing: not a test
         outcomes[(case.suite, case.classname, case.name)].add(case.outcome)
         rank_cases[case.suite] += 1
