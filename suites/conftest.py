@@ -17,7 +17,19 @@ import torch.distributed as dist
 from harness.capture.check import ranks_failing_each
 from harness.rank.fixtures import World, plan_of
 from harness.schema.plan import RankPlan
+from harness.schema.rank_record import RankUse
 from harness.warm.geometry import ParallelGeometry
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_dcpqual_rank_use() -> RankUse:
+    """For the rank plugin (as the repository's root conftest answers it): the transports this
+    rank created and the vLLM trees it built, also where these suites run from an installed
+    wheel without the checkout's root conftest."""
+    from harness.use import rank_use
+
+    return rank_use()
+
 
 # Group sizes created together, on the first request for any group: sub-world cases of
 # different sizes run at the same time on different ranks (the rank plugin's lanes), and

@@ -225,7 +225,7 @@ CASES = [
     Case(
         "run-world-size-not-a-dcp-of-tp",
         argv("run", "--nproc-per-node", "6", "--out", "{new}"),
-        "dcp=6 does not divide tp=16",
+        "world size 6 does not fit --tp 16: the default DCP (the world size, at most 16) must",
     ),
     Case(
         "run-out-not-empty",
@@ -233,6 +233,33 @@ CASES = [
         "is not empty (2 entries: receipt.json, records)",
     ),
     Case("run-out-is-a-file", run_out(None), "exists and is not a folder"),
+    # -- pytest arguments after `--`: checked with pytest's parser before torchrun starts --
+    *(
+        Case(
+            f"run-pytest-{name}",
+            argv("run", "--nproc-per-node", "2", "--out", "{new}", "--", *extra),
+            needle,
+        )
+        for name, extra, needle in (
+            ("unknown-option", ["--bogus-flag"], "unrecognized arguments: --bogus-flag"),
+            ("missing-path", ["no/such_test.py"], "not found: no/such_test.py"),
+            ("missing-node-id-file", ["no/such_test.py::t"], "not found: no/such_test.py"),
+            (
+                "xdist-plugin",
+                ["-p", "xdist", "-n", "2"],
+                "-p xdist cannot run under the ranks' lockstep",
+            ),
+            ("xdist-workers", ["-n", "2"], "-n cannot run under the ranks' lockstep"),
+            ("last-failed", ["--lf"], "--lf needs pytest's cache; use dcpqual run --rerun-failed"),
+            ("failed-first", ["--ff"], "--ff needs pytest's cache; use dcpqual run --rerun-failed"),
+            ("exitfirst", ["-x"], "use dcpqual run's own --maxfail N"),
+            ("exitfirst-in-a-cluster", ["-qx"], "use dcpqual run's own --maxfail N"),
+            ("maxfail", ["--maxfail", "5"], "use dcpqual run's own --maxfail N"),
+            ("setup-only", ["--setup-only"], "--setup-only runs no test body"),
+            ("setup-plan", ["--setup-plan"], "--setup-plan runs no test body"),
+            ("collect-only", ["--collect-only"], "--collect-only runs no test body"),
+        )
+    ),
     # -- `dcpqual verify DIR` --
     Case("verify-missing-folder", argv("verify", "{new}"), "new-out does not exist"),
     Case(

@@ -352,3 +352,32 @@ def test_the_json_form_is_every_field_of_the_comparison() -> None:
             }
         ],
     }
+
+
+def test_passes_that_became_skips_regress_with_their_count() -> None:
+    """A 2-rank head against a 4-rank base: nothing failed, but 29 passes became skips."""
+    base = {"passed": 40, "failed": 0, "skipped": 4, "errors": 0}
+    head = {"passed": 11, "failed": 0, "skipped": 33, "errors": 0}
+    c = compare_receipts(receipt(suites={"capture": base}), receipt(suites={"capture": head}))
+    assert c.exit_code == 1
+    assert c.regressions == (
+        "suite capture: 29 passed test(s) no longer pass without failing (skipped or not "
+        "run): passed 40 -> 11, skipped 4 -> 33",
+    )
+
+
+def test_passes_that_did_not_run_regress_and_failures_are_not_counted_twice() -> None:
+    base = {"passed": 10, "failed": 0, "skipped": 0, "errors": 0}
+    head = {"passed": 6, "failed": 1, "skipped": 0, "errors": 0}  # 1 failed, 3 never ran
+    c = compare_receipts(receipt(suites={"capture": base}), receipt(suites={"capture": head}))
+    assert "suite capture: failed+errors 0 -> 1" in c.regressions
+    assert any(
+        r.startswith("suite capture: 3 passed test(s) no longer pass") for r in c.regressions
+    )
+
+
+def test_more_passes_are_no_regression() -> None:
+    base = {"passed": 6, "failed": 0, "skipped": 4, "errors": 0}
+    head = {"passed": 10, "failed": 0, "skipped": 0, "errors": 0}
+    c = compare_receipts(receipt(suites={"capture": base}), receipt(suites={"capture": head}))
+    assert c.regressions == () and c.exit_code == 0

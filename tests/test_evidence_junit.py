@@ -93,8 +93,30 @@ def test_merge_tags_every_case_with_its_rank_and_suite(tmp_path: Path) -> None:
         "suites.transport.test_combine.TestCombine::test_matches_reference",
     )
     text = merged.xml.decode()
-    assert text.count('<testsuite name="rank-0') == 2
-    assert 'name="dcpqual.source" value="junit"' in text
+    assert 'name="dcpqual.source.01" value="junit"' in text
+    assert 'name="dcpqual.rank.00" value="failed"' in text
+
+
+def test_merged_has_one_testcase_per_test_so_reporters_count_tests(tmp_path: Path) -> None:
+    """4 tests on 2 ranks: a CI reporter reading merged.xml sees 4 testcases, 1 failure."""
+    import xml.etree.ElementTree as ET
+
+    tests = [passed(n) for n in NODES]
+    for rank in range(2):
+        mine = list(tests)
+        if rank == 1:
+            mine[1] = failed(COMBINE_TEST, "only rank 1")
+        write_rank(tmp_path, rank, 2, tests=mine)
+    merged = merge_junit(tmp_path, load_records(tmp_path, 2))
+    root = ET.fromstring(merged.xml)
+    testcases = root.findall(".//testcase")
+    names = [(c.get("classname"), c.get("name")) for c in testcases]
+    assert len(names) == len(set(names)) == len(NODES)
+    assert (root.get("tests"), root.get("failures")) == ("4", "1")
+    [bad] = [c for c in testcases if c.find("failure") is not None]
+    outcomes = {p.get("name"): p.get("value") for p in bad.iter("property")}
+    assert outcomes["dcpqual.rank.00"] == "passed" and outcomes["dcpqual.rank.01"] == "failed"
+    assert outcomes["dcpqual.message.01"] == "only rank 1"
 
 
 def test_merge_keeps_properties_pytest_already_wrote(tmp_path: Path) -> None:
@@ -106,8 +128,8 @@ def test_merge_keeps_properties_pytest_already_wrote(tmp_path: Path) -> None:
     (tmp_path / "junit" / "rank-00.xml").write_text(xml)
     merged = merge_junit(tmp_path, load_records(tmp_path, 1))
     text = merged.xml.decode()
-    assert text.count("<properties>") == 2  # the rank suite's, and the case's (shared)
-    assert 'name="seed" value="7"' in text and 'name="dcpqual.rank" value="0"' in text
+    assert text.count("<properties>") == 1  # the case's, shared with the ranks' outcomes
+    assert 'name="seed" value="7"' in text and 'name="dcpqual.rank.00" value="passed"' in text
 
 
 def test_missing_report_is_rebuilt_from_the_record(tmp_path: Path) -> None:
@@ -141,3 +163,19 @@ def test_read_merged_rejects_reports_without_rank_tags(tmp_path: Path) -> None:
     path.write_text("<testsuites><testsuite>")
     with pytest.raises(ValueError, match="not valid JUnit XML"):
         read_merged(path)
+
+
+def test_read_merged_still_reads_the_one_suite_per_rank_form(tmp_path: Path) -> None:
+    """Bundles written before one testcase per test still verify."""
+    path = tmp_path / "merged.xml"
+    path.write_text(
+        '<testsuites name="dcpqual"><testsuite name="rank-01">'
+        '<testcase classname="suites.capture.test_x" name="t"><properties>'
+        '<property name="dcpqual.rank" value="1" />'
+        '<property name="dcpqual.suite" value="capture" />'
+        '<property name="dcpqual.source" value="record" /></properties>'
+        '<skipped message="needs 16 ranks" /></testcase></testsuite></testsuites>'
+    )
+    assert read_merged(path) == (
+        Case(1, "capture", "suites.capture.test_x", "t", "skipped", "needs 16 ranks", "record"),
+    )

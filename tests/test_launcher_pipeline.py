@@ -114,7 +114,9 @@ def test_exit_code_follows_the_verified_verdict(
     assert f"verdict {verdict.upper()}" in text
     assert str(tmp_path / "out") in text
     if verdict == "fail":
-        assert f"root cause: rank 1 in {COMBINE_TEST}: AssertionError: combine mismatch" in text
+        # the root cause is a test's failure: said once, as the first FAILED line
+        assert f"FAILED {COMBINE_TEST} - rank 1: AssertionError: combine mismatch" in text
+        assert "root cause:" not in text
 
 
 def test_a_timed_out_run_never_exits_zero(tmp_path, monkeypatch):

@@ -165,8 +165,10 @@ def test_bad_options_are_refused_with_the_offending_value(kwargs, message):
 
 
 def test_geometry_is_checked_against_the_world_size():
+    with pytest.raises(UsageError, match="world size 3 does not fit --tp 16: the default DCP"):
+        RunOptions(nproc_per_node=3)  # names the default it could not use and the way out
     with pytest.raises(GeometryError, match="dcp=3 does not divide tp=16"):
-        RunOptions(nproc_per_node=3)
+        RunOptions(nproc_per_node=3, dcp=3)
     with pytest.raises(UsageError, match="world size 4 cannot be split into DCP groups of 8"):
         RunOptions(nproc_per_node=4, tp=16, dcp=8)
     assert RunOptions(nproc_per_node=3, tp=3).resolved_dcp == 3

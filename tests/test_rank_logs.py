@@ -38,7 +38,8 @@ def two_by_two(out: Path, *, swapped: bool) -> None:
 def test_logs_are_named_by_the_global_rank_each_rank_reported(tmp_path: Path, swapped: bool):
     two_by_two(tmp_path, swapped=swapped)
     written = collect_rank_logs(tmp_path, world_size=4, nproc_per_node=2)
-    assert len(written) == 9 and "logs/rank-03.stacks" in written
+    assert len(written) == 8  # stdout and stderr; the stack dump stays stacks/rank-03.txt alone
+    assert not (tmp_path / "logs" / "rank-03.stacks").exists()
     for rank in range(4):
         assert (
             tmp_path / "logs" / f"rank-{rank:02d}.stdout"
@@ -100,7 +101,7 @@ def test_dcpqual_logs_reads_one_rank_a_stream_or_a_pattern(tmp_path: Path, capsy
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["--rank", "9"], "no rank-09.stdout in"),
+        (["--rank", "9"], "no logs/rank-09.stdout in"),
         (["--rank", "x"], "--rank must be an integer"),
         (["--grep", "("], "is not a regular expression"),
     ],
@@ -121,7 +122,7 @@ def test_dcpqual_logs_says_so_when_the_bundle_has_none_of_that_stream(tmp_path: 
     assert main(["logs", str(tmp_path), "--stacks"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.strip().splitlines() == [
-        f"dcpqual logs: error: {tmp_path} has no logs/rank-NN.stacks files"
+        f"dcpqual logs: error: {tmp_path} has no stacks/rank-NN.txt files"
     ]
     assert main(["logs", str(tmp_path), "--rank", "0"]) == 0  # the other streams are there
 

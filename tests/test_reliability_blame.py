@@ -48,7 +48,7 @@ def test_the_rank_that_died_is_blamed_not_the_lower_ranks_torchrun_stopped(tmp_p
     assert receipt.ranks.killed == [0, 1, 2, 3]  # none finished; only one died on its own
     assert receipt.ranks.stopped == [0, 1, 2]  # ... and the others say so
     summary = (out / "summary.md").read_text()
-    assert "killed [0, 1, 2, 3], of them stopped by the run's fault [0, 1, 2]" in summary
+    assert "did not finish: 0, 1, 2 and 3 (stopped by the run's fault: 0, 1 and 2)" in summary
     assert verify_bundle(out).ok
 
 

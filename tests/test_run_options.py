@@ -208,8 +208,12 @@ def test_help_lists_every_spelling_and_states_precedence_and_real_defaults():
     [
         (["--maxfail", "-1"], "--maxfail must be an integer >= 0, got -1"),
         (["--maxfail", "two"], "--maxfail must be an integer, got 'two'"),
-        (["--tee", "0,5"], "--tee names local rank(s) 5, but this node runs local ranks 0..1"),
-        (["--tee", "x"], "--tee must be comma-separated local ranks"),
+        (
+            ["--stream-ranks", "0,5"],
+            "--stream-ranks names local rank(s) 5, but this node runs local ranks 0..1",
+        ),
+        (["--stream-ranks", "x"], "--stream-ranks must be comma-separated local ranks"),
+        (["--local-ranks-filter", "x"], "--stream-ranks must be comma-separated local ranks"),
         (["--nproc_per_node", "many"], "--nproc-per-node must be an integer, got 'many'"),
     ],
 )
@@ -266,3 +270,23 @@ def test_node_ids_are_made_absolute_against_the_rank_rootdir():
     assert absolute_nodeid("suites/a/test_b.py::t[x-1]", root) == "/repo/suites/a/test_b.py::t[x-1]"
     assert absolute_nodeid("/else/test_b.py::t", root) == "/else/test_b.py::t"
     assert absolute_nodeid("suites/a/test_b.py::t", None) == "suites/a/test_b.py::t"
+
+
+def test_torchrun_local_ranks_filter_chooses_the_streamed_ranks(launched, capsys):
+    options = options_of(
+        launched, "--nproc-per-node", "2", "--tp", "2", "--local-ranks-filter", "1"
+    )
+    assert options.tee == (1,)
+    assert capsys.readouterr().err == ""
+
+
+def test_tee_still_works_as_a_deprecated_alias_with_a_warning(launched, capsys):
+    options = options_of(launched, "--nproc-per-node", "2", "--tp", "2", "--tee", "0,1")
+    assert options.tee == (0, 1)
+    [warning] = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith("dcpqual run: warning: --tee is deprecated; use --stream-ranks")
+
+
+def test_the_stream_ranks_name_is_not_torchruns_tee(launched, capsys):
+    options = options_of(launched, "--nproc-per-node", "2", "--tp", "2", "--stream-ranks", "0")
+    assert options.tee == (0,) and capsys.readouterr().err == ""

@@ -92,7 +92,7 @@ def test_a_hang_is_ended_by_the_per_test_timeout_with_stack_dumps(tmp_path):
     stacks = (out / "stacks" / "rank-01.txt").read_text()
     assert "rank_hang.py" in stacks and "test_fault" in stacks
     assert (out / "stacks" / "rank-00.txt").exists()
-    assert (out / "logs" / "rank-01.stacks").read_text() == stacks  # by global rank too
+    assert not (out / "logs" / "rank-01.stacks").exists()  # one dump per rank, one name
     recs = records(out)
     [hung] = [t for t in recs[1].tests if t.nodeid.endswith("::test_fault")]
     assert hung.primary and "not inside a torch.distributed call" in (hung.message or "")

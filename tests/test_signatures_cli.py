@@ -163,6 +163,31 @@ def test_a_non_b12x_attention_backend_needs_no_transport(capsys):
     assert run_json(capsys, *KIMI, "--attention-backend", "b12x") == run_json(capsys, *KIMI)
 
 
+def test_vllms_backend_names_are_accepted_as_vllm_spells_them(capsys):
+    """vLLM 0.32's AttentionBackendEnum names (and the fork's B12X MLA names) mean the
+    stand-ins' backends; the older lowercase names still work, with no warning."""
+    assert run_json(capsys, *KIMI, "--attention-backend", "FLASHMLA") == []
+    assert run_json(capsys, *KIMI, "--attention-backend", "TRITON_MLA") == []
+    assert run_json(capsys, *KIMI, "--attention-backend", "FLASHINFER_MLA") == []
+    assert run_json(capsys, *KIMI, "--attention-backend", "B12X_MLA") == run_json(capsys, *KIMI)
+    with pytest.raises(SystemExit) as exc:
+        main(["signatures", *KIMI, "--attention-backend", "flash_mla"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'flash_mla'" in capsys.readouterr().err
+
+
+def test_vllms_backend_names_exist_in_vllm(capsys):
+    """The names that are vLLM's own are members of its registry (the B12X MLA ones are the
+    fork's, which upstream vLLM 0.32 does not have)."""
+    registry = pytest.importorskip("vllm.v1.attention.backends.registry")
+    from harness.core.choices import VLLM_ATTENTION_BACKENDS
+
+    names = {m.name for m in registry.AttentionBackendEnum}
+    fork = {"B12X_MLA", "B12X_MLA_SPARSE", "V4_B12X_SPARSE"}
+    assert set(VLLM_ATTENTION_BACKENDS) - fork <= names
+    assert not fork & names  # if upstream gains them, this table should say so
+
+
 def test_deprecated_backend_still_works_with_one_warning_line(capsys):
     for argv in (
         ("--backend", "flashmla"),
@@ -326,7 +351,12 @@ HELP = {
     "--model": "stand-in model family ('mixed': one tree with every family)",
     "--tp": "tensor-parallel size",
     "--dcp": "decode-context-parallel size",
-    "--attention-backend": "attention backend of the stand-in layers (vLLM's name; default b12x)",
+    "--attention-backend": (
+        "attention backend of the stand-in layers, as vLLM names it: B12X_MLA, B12X_MLA_SPARSE, "
+        "V4_B12X_SPARSE, B12X, FLASHMLA, TRITON_MLA, FLASHINFER_MLA (B12X_MLA, B12X_MLA_SPARSE "
+        "and V4_B12X_SPARSE each pick the model family's B12X MLA backend; default: that one); "
+        "the older spellings b12x, b12x-paged, flashmla, triton-mla, flashinfer-mla still work"
+    ),
     "--backend": "deprecated alias of --attention-backend (in `run`, --backend is gloo|nccl)",
     "--dtype": "the model's dtype, which the warm code warms (default bf16)",
     "--max-tokens": (
@@ -384,8 +414,8 @@ def test_help_lists_the_choices_and_the_required_flags(capsys, monkeypatch):
     usage = " ".join(help_text(capsys, monkeypatch, "signatures").split("\n\n")[0].split())
     for part in (
         "--model {kimi-k3,deepseek-v4,generic-mla,mixed} --tp TP --dcp DCP",
-        "[--attention-backend {b12x,b12x-paged,flashmla,triton-mla,flashinfer-mla}]",
-        "[--backend {b12x,b12x-paged,flashmla,triton-mla,flashinfer-mla}]",
+        "[--attention-backend NAME]",
+        "[--backend NAME]",
         "[--dtype {bf16,fp16,fp32}] [--max-tokens MAX_TOKENS] [--num-layers NUM_LAYERS]",
         "[--kv-cache-dtype {auto,bfloat16,fp8,fp8_e4m3,fp8_e5m2,fp8_ds_mla}]",
         "[--dcp-comm-backend {ag_rs,a2a}] [--recognizers {before-kimi,vendored}]",

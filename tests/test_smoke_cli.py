@@ -91,7 +91,7 @@ def test_a_passing_smoke_exits_0_with_a_verified_bundle(
     assert verify_bundle(out).problems == ()
     printed = capsys.readouterr().out
     assert "PASS smoke/gpu_smoke.py::test_capture[kimi-k3]" in printed
-    assert "verdict pass" in printed and "## Limitations" in printed  # summary.md follows
+    assert "verdict pass" in printed and "## What did not run" in printed  # summary.md follows
 
 
 @pytest.mark.parametrize("fault", ["capture-lazy-event", "control-no-work", "control-missing"])

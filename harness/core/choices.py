@@ -13,10 +13,23 @@ __all__ = [
     "MODEL_CHOICES",
     "MODEL_FAMILIES",
     "RECOGNIZER_SET_NAMES",
+    "VLLM_ATTENTION_BACKENDS",
     "VLLM_WARM_IMPL",
     "WARM_IMPL_NAMES",
 ]
 
+# vLLM's names of the attention backends (`VLLM_ATTENTION_BACKEND`, AttentionBackendEnum and
+# the fork's B12X MLA backends) -> the stand-in's name. The three B12X MLA names are each
+# family's B12X backend ("b12x"); vLLM 0.32's own `B12X` is the paged one.
+VLLM_ATTENTION_BACKENDS: dict[str, str] = {
+    "B12X_MLA": "b12x",
+    "B12X_MLA_SPARSE": "b12x",
+    "V4_B12X_SPARSE": "b12x",
+    "B12X": "b12x-paged",
+    "FLASHMLA": "flashmla",
+    "TRITON_MLA": "triton-mla",
+    "FLASHINFER_MLA": "flashinfer-mla",
+}
 # Stand-in model families with published head geometry; "mixed" combines them in one tree.
 MODEL_FAMILIES: tuple[str, ...] = ("kimi-k3", "deepseek-v4", "generic-mla")
 MODEL_CHOICES: tuple[str, ...] = (*MODEL_FAMILIES, "mixed")

@@ -517,6 +517,13 @@ def _candidates(ranks: RankFiles, timed_out: bool) -> list[_Candidate]:
     return found
 
 
+def _same_failure(torchrun_says: str, cause: str) -> bool:
+    """torchrun's error file repeats the rank's own failure (the rank wrote it): adding it to
+    the cause would say the same thing twice."""
+    first = next((ln.strip() for ln in cause.splitlines() if ln.strip()), "")
+    return bool(first) and first in torchrun_says
+
+
 def find_root_cause(
     ranks: RankFiles,
     *,
@@ -550,8 +557,9 @@ def find_root_cause(
     if candidates:
         best = candidates[0]
         message = best.message
-        if torchrun_message and torchrun_rank == best.rank:
-            message += f" [torchrun: {torchrun_message}]"
+        said = None if torchrun_error is None else torchrun_error.message
+        if said and torchrun_rank == best.rank and not _same_failure(said, message):
+            message += f" [torchrun: {said}]"  # what torchrun adds, without its file's path
         return RootCause(rank=best.rank, test=best.test, message=message, kind=best.kind)
     if torchrun_message:
         return RootCause(rank=torchrun_rank, test=None, message=torchrun_message, kind="torchrun")

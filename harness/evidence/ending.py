@@ -30,9 +30,11 @@ def failed_tests(ranks: RankFiles, root_cause: RootCause | None) -> list[FailedT
     """Every failed test, the root cause's first, then in collection order.
 
     The ranks named are the agreed primary ranks (`failing_ranks`, else the ranks that say their
-    failure was primary); the message is the first of those ranks' own, else the first any rank
-    recorded. A root cause at a test no rank recorded as failed (a rank killed mid-test) is
-    listed too.
+    failure was primary), and every rank that failed the same way on its own: the agreement
+    blames only the first of two ranks that fail one assertion, but both failed it. "The same
+    way": its own failure (not a follow-on) with the primary's exception type. The message is
+    the first of the primary ranks' own, else the first any rank recorded. A root cause at a
+    test no rank recorded as failed (a rank killed mid-test) is listed too.
     """
     order: dict[str, int] = {}
     seen: dict[str, list[tuple[int, TestOutcome]]] = {}
@@ -49,6 +51,13 @@ def failed_tests(ranks: RankFiles, root_cause: RootCause | None) -> list[FailedT
         blamed = blamed or sorted(rank for rank, t in entries if t.primary)
         own = [t for rank, t in entries if rank in blamed and t.primary]
         chosen = own[0] if own else entries[0][1]
+        kind = _exception_type(chosen.message)
+        alike = {
+            rank
+            for rank, t in entries
+            if _own_failure(t.message) and kind and _exception_type(t.message) == kind
+        }
+        blamed = sorted(set(blamed) | alike)
         found[nodeid] = FailedTest(
             nodeid=nodeid,
             outcome="failed" if chosen.outcome == "failed" else "error",
@@ -69,6 +78,19 @@ def failed_tests(ranks: RankFiles, root_cause: RootCause | None) -> list[FailedT
     )
 
 
+def _own_failure(message: str | None) -> bool:
+    """A rank's own failure: primary, or marked secondary by the agreement (a follow-on that
+    only reports a peer's failure reads `follow-on: ...`)."""
+    text = (message or "").lstrip()
+    return not text.startswith("follow-on")
+
+
+def _exception_type(message: str | None) -> str:
+    """`AssertionError` of `AssertionError: x` (after a `[secondary] ` marker), else ''."""
+    head = first_line(message).partition(":")[0].strip()
+    return head if head.isidentifier() else ""
+
+
 def ranks_rootdir(ranks: RankFiles) -> str | None:
     """The pytest rootdir the ranks report (`extra.rootdir`), lowest rank first."""
     for rank in sorted(ranks.records):
@@ -85,6 +107,15 @@ def _rule(text: str, char: str = "=") -> str:
     return f"{char * left}{text}{char * right}"
 
 
+def not_run_count(receipt: Receipt) -> int:
+    """Tests some rank selected that have no outcome in the tallies (a --maxfail stop, a rank
+    that ended early): pytest's own tallies would not show them, so a reader would not know."""
+    if receipt.coverage is None:
+        return 0
+    counted = sum(t.passed + t.failed + t.skipped + t.errors for t in receipt.suites.values())
+    return max(0, receipt.coverage.collected - counted)
+
+
 def tallies_line(receipt: Receipt) -> str:
     """`1 failed, 4 passed, 1 skipped in 12.3s`, pytest's words and order."""
     counts = {"failed": 0, "passed": 0, "skipped": 0, "errors": 0}
@@ -96,6 +127,9 @@ def tallies_line(receipt: Receipt) -> str:
     parts = [f"{n} {word}" for word, n in counts.items() if n]
     if counts["errors"] == 1:
         parts[-1] = "1 error"
+    not_run = not_run_count(receipt)
+    if not_run:
+        parts.append(f"{not_run} not run")
     launch = receipt.run.extra.launch
     wall = "" if launch is None else f" in {launch.elapsed_s:.1f}s"
     return f"{', '.join(parts) or 'no tests ran'}{wall}"

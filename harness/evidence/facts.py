@@ -21,7 +21,7 @@ from harness.evidence.collect import (
     summarize_capture,
     transports,
 )
-from harness.evidence.junit import MergedJUnit, merge_junit, tallies
+from harness.evidence.junit import MergedJUnit, merge_junit, skip_reasons, tallies
 from harness.evidence.schema import (
     Capture,
     Coverage,
@@ -43,6 +43,7 @@ class RankFacts:
     rank_files: RankFiles
     merged: MergedJUnit
     suites: dict[str, Tally]
+    skip_reasons: dict[str, int]
     capture: Capture
     negative_control: NegativeControl
     signatures: list[SignatureRow]
@@ -56,17 +57,25 @@ class RankFacts:
 
 
 def rank_facts(
-    out_dir: Path, world_size: int, run: Run, rank_files: RankFiles | None = None
+    out_dir: Path,
+    world_size: int,
+    run: Run,
+    rank_files: RankFiles | None = None,
+    *,
+    runner_cases: bool = False,
 ) -> RankFacts:
     """Read `records/rank-NN.json` and `junit/rank-NN.xml` of ranks 0..world_size-1
-    (`rank_files`: the records, where the caller has read them already)."""
+    (`rank_files`: the records, where the caller has read them already; `runner_cases`: count
+    the runner's own cases of ranks that left nothing in the tallies, as receipts written
+    before `skip_reasons` did)."""
     rank_files = load_records(out_dir, world_size) if rank_files is None else rank_files
     merged = merge_junit(out_dir, rank_files)
     capture, negative = summarize_capture(rank_files)
     return RankFacts(
         rank_files=rank_files,
         merged=merged,
-        suites=tallies(merged.cases),
+        suites=tallies(merged.cases, runner_cases=runner_cases),
+        skip_reasons=skip_reasons(merged.cases),
         capture=capture,
         negative_control=negative,
         signatures=merge_signatures(rank_files.captures()),

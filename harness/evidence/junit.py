@@ -1,9 +1,15 @@
 """Merge the per-rank JUnit reports into `junit/merged.xml` and count outcomes per suite.
 
-`merged.xml` holds one `<testsuite name="rank-NN">` per expected rank; every testcase carries the
-properties `dcpqual.rank`, `dcpqual.suite` and `dcpqual.source` (`junit` when copied from the
-rank's own report, `record` when rebuilt from its rank record because the report is missing,
-`synthesized` for the error case that attributes a dead rank, as xdist does for a dead worker).
+`merged.xml` holds one `<testsuite>` per suite and one `<testcase>` per test (node id), so a CI
+test reporter counts tests, not rank cases. The testcase is the worst rank's (its failure text),
+and carries every rank's outcome as properties: `dcpqual.suite`, and per rank NN
+`dcpqual.rank.NN` (its outcome), `dcpqual.source.NN` (`junit` when copied from the rank's own
+report, `record` when rebuilt from its rank record because the report is missing,
+`synthesized` for the error case that attributes a dead rank, as xdist does for a dead worker)
+`dcpqual.message.NN` (its message, where it has one) and `dcpqual.host.NN` (the digest of
+its host, never the name). The ranks' own reports stay in
+junit/rank-NN.xml. Bundles written before read as one testsuite per rank with `dcpqual.rank`
+on each case; `read_merged` reads both.
 
 Tallies count *tests*, not rank cases: a test that ran on 16 ranks counts once, as `failed` if
 it failed on any rank, else `error` if it errored on any, else `passed` if it passed on any, else
@@ -42,6 +48,9 @@ from harness.schema.rank_record import RankRecord, junit_path, suite_of
 PROP_RANK = "dcpqual.rank"
 PROP_SUITE = "dcpqual.suite"
 PROP_SOURCE = "dcpqual.source"
+PROP_MESSAGE = "dcpqual.message"
+PROP_HOST = "dcpqual.host"
+_PER_RANK = re.compile(r"^dcpqual\.(rank|source|message)\.(\d+)$")
 LIFECYCLE_SUITE = "ranks"  # suite of the synthesized cases of ranks that left nothing
 OUTCOME_ORDER = ("failed", "error", "passed", "skipped")  # precedence across ranks
 
@@ -100,17 +109,6 @@ def _outcome(case: TestCase) -> tuple[str, str]:
                 first_line = next(iter((result.text or "").strip().splitlines()), "")
                 return outcome, result.message or first_line
     return "passed", ""
-
-
-def _tag(case: TestCase, rank: int, suite: str, source: str) -> TestCase:
-    elem = case._elem
-    found = elem.find("properties")
-    props = Properties() if found is None else Properties.fromelem(found)
-    for name, value in ((PROP_RANK, str(rank)), (PROP_SUITE, suite), (PROP_SOURCE, source)):
-        props.add_property(Property(name, value))
-    if found is None:
-        elem.insert(0, props._elem)
-    return case
 
 
 def _props(case: TestCase) -> dict[str, str]:
@@ -174,8 +172,8 @@ def _read_report(path: Path, record: RankRecord | None) -> list[tuple[TestCase, 
 
 def merge_junit(out_dir: Path, ranks: RankFiles) -> MergedJUnit:
     """Build merged.xml from junit/rank-NN.xml, filling in ranks that left no report."""
-    merged = JUnitXml("dcpqual")
-    values: list[Case] = []
+    per_test: dict[tuple[str, str, str], list[tuple[int, TestCase, Case]]] = {}
+    hosts: dict[int, str] = {}  # rank -> the digest of its host (never the name)
     missing: list[int] = []
     notes: list[str] = []
     for rank in range(ranks.world_size):
@@ -190,20 +188,60 @@ def merge_junit(out_dir: Path, ranks: RankFiles) -> MergedJUnit:
             missing.append(rank)
             notes.append(f"{path.relative_to(out_dir).as_posix()} is unreadable: {exc}")
             cases = _from_record(rank, record)
-        suite = TestSuite(f"rank-{rank:02d}")
-        suite.add_property("dcpqual.rank", str(rank))
         if record is not None and record.hostname:
-            suite.add_property("dcpqual.host", host_digest(record.hostname))
-        tagged = [_tag(case, rank, name, source) for case, name, source in cases]
-        suite.add_testcases(tagged)
-        merged.append(suite)
-        for case, (_, name, source) in zip(tagged, cases, strict=True):
+            hosts[rank] = host_digest(record.hostname)
+        for case, name, source in cases:
             outcome, message = _outcome(case)
-            values.append(
-                Case(rank, name, case.classname or "", case.name or "", outcome, message, source)
+            value = Case(
+                rank, name, case.classname or "", case.name or "", outcome, message, source
             )
+            per_test.setdefault((name, value.classname, value.name), []).append((rank, case, value))
+    merged = JUnitXml("dcpqual")
+    suites: dict[str, TestSuite] = {}
+    for (suite_name, _, _), entries in per_test.items():
+        if suite_name not in suites:
+            suites[suite_name] = TestSuite(suite_name)
+            merged.append(suites[suite_name])
+        suites[suite_name].add_testcase(_one_case(suite_name, entries, hosts))
+    for suite in suites.values():
+        suite.update_statistics()
     merged.update_statistics()
-    return MergedJUnit(_serialize(merged), tuple(values), tuple(missing), tuple(notes))
+    values = _in_rank_order(v for entries in per_test.values() for _, _, v in entries)
+    return MergedJUnit(_serialize(merged), values, tuple(missing), tuple(notes))
+
+
+def _in_rank_order(values: Iterable[Case]) -> tuple[Case, ...]:
+    """Rank by rank, each rank's cases in test order (what `read_merged` gives back)."""
+    return tuple(sorted(values, key=lambda c: c.rank))
+
+
+def _one_case(
+    suite: str, entries: list[tuple[int, TestCase, Case]], hosts: dict[int, str]
+) -> TestCase:
+    """One testcase for a test run on several ranks: the worst rank's (lowest first), with
+    every rank's outcome, source, message and host digest as properties."""
+    seen = {value.outcome for _, _, value in entries}
+    worst = next(o for o in OUTCOME_ORDER if o in seen)
+    _, shown, _ = next(e for e in entries if e[2].outcome == worst)
+    case: TestCase = TestCase.fromelem(deepcopy(shown._elem))
+    case.time = max((float(c.time or 0.0) for _, c, _ in entries), default=0.0)
+    elem = case._elem
+    found = elem.find("properties")
+    props = Properties() if found is None else Properties.fromelem(found)
+    props.add_property(Property(PROP_SUITE, suite))
+    for rank, _, value in entries:
+        props.add_property(Property(f"{PROP_RANK}.{rank:02d}", value.outcome))
+        props.add_property(Property(f"{PROP_SOURCE}.{rank:02d}", value.source))
+        if value.message:
+            props.add_property(Property(f"{PROP_MESSAGE}.{rank:02d}", value.message))
+        if rank in hosts:
+            props.add_property(Property(f"{PROP_HOST}.{rank:02d}", hosts[rank]))
+    if found is None:
+        elem.insert(0, props._elem)
+    for tag in ("system-out", "system-err"):  # each rank's own output is in its report
+        for child in elem.findall(tag):
+            elem.remove(child)
+    return case
 
 
 def _serialize(xml: JUnitXml) -> bytes:
@@ -217,7 +255,8 @@ def _serialize(xml: JUnitXml) -> bytes:
 
 
 def read_merged(path: Path) -> tuple[Case, ...]:
-    """The cases of a merged.xml written by `merge_junit` (for `dcpqual verify`).
+    """The cases of a merged.xml written by `merge_junit` (for `dcpqual verify`), one per
+    (rank, test), as `merge_junit` gave them; older bundles' one-suite-per-rank form too.
 
     Raises ValueError when the file is not such a report.
     """
@@ -228,35 +267,80 @@ def read_merged(path: Path) -> tuple[Case, ...]:
     cases = []
     for suite in xml:
         for case in suite:
-            props = _props(case)
-            try:
-                rank = int(props[PROP_RANK])
-                name = props[PROP_SUITE]
-            except (KeyError, ValueError):
+            cases += _rank_cases(case, suite.name)
+    return _in_rank_order(cases)
+
+
+def _rank_cases(case: TestCase, suite_name: str | None) -> list[Case]:
+    props = _props(case)
+    classname, name = case.classname or "", case.name or ""
+    per_rank: dict[int, dict[str, str]] = defaultdict(dict)
+    for key, value in props.items():
+        match = _PER_RANK.match(key)
+        if match:
+            per_rank[int(match[2])][match[1]] = value
+    if PROP_SUITE in props and per_rank:
+        out = []
+        for rank, said in sorted(per_rank.items()):
+            if said.get("rank") not in OUTCOME_ORDER:
                 raise ValueError(
-                    f"testcase {case.classname}::{case.name} in {suite.name} has no "
-                    f"{PROP_RANK}/{PROP_SUITE} properties"
-                ) from None
-            outcome, message = _outcome(case)
-            cases.append(
+                    f"testcase {classname}::{name} has rank {rank} without a known outcome"
+                )
+            out.append(
                 Case(
                     rank,
+                    props[PROP_SUITE],
+                    classname,
                     name,
-                    case.classname or "",
-                    case.name or "",
-                    outcome,
-                    message,
-                    props.get(PROP_SOURCE, "junit"),
+                    said["rank"],
+                    said.get("message", ""),
+                    said.get("source", "junit"),
                 )
             )
-    return tuple(cases)
+        return out
+    try:  # one suite per rank: the form of bundles written before
+        rank = int(props[PROP_RANK])
+        suite = props[PROP_SUITE]
+    except (KeyError, ValueError):
+        raise ValueError(
+            f"testcase {classname}::{name} in {suite_name} has no "
+            f"{PROP_RANK}/{PROP_SUITE} properties"
+        ) from None
+    outcome, message = _outcome(case)
+    return [Case(rank, suite, classname, name, outcome, message, props.get(PROP_SOURCE, "junit"))]
 
 
-def tallies(cases: Iterable[Case]) -> dict[str, Tally]:
-    """Per-suite counts of tests (see the module docstring for the merge over ranks)."""
+def skip_reason(message: str) -> str:
+    """A skip's reason as a reader groups it: pytest's `Skipped: ` prefix and the
+    `path:line: ` location it puts before a skip's text dropped, one line."""
+    text = next(iter(message.strip().splitlines()), "").strip()
+    text = text.removeprefix("Skipped: ")
+    text = re.sub(r"^\S+\.py:\d+: ", "", text)
+    return text or "no reason given"
+
+
+def skip_reasons(cases: Iterable[Case]) -> dict[str, int]:
+    """{reason: tests}: the tests a tally counts as skipped (skipped on every rank that ran
+    them), grouped by their reason (the lowest rank's), most tests first."""
+    seen: dict[tuple[str, str, str], dict[str, str]] = defaultdict(dict)
+    for case in sorted(cases, key=lambda c: c.rank):
+        seen[(case.suite, case.classname, case.name)].setdefault(case.outcome, case.message)
+    counts: dict[str, int] = defaultdict(int)
+    for outcomes in seen.values():
+        if set(outcomes) == {"skipped"}:
+            counts[skip_reason(outcomes["skipped"])] += 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def tallies(cases: Iterable[Case], *, runner_cases: bool = False) -> dict[str, Tally]:
+    """Per-suite counts of tests (see the module docstring for the merge over ranks). The
+    runner's own cases of ranks that left nothing are no tests; `runner_cases` counts them, as
+    receipts written before `skip_reasons` did (under the suite `ranks`)."""
     outcomes: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     rank_cases: dict[str, int] = defaultdict(int)
     for case in cases:
+        if case.suite == LIFECYCLE_SUITE and not runner_cases:
+            continue  # the runner's own account of a rank that left nothing: not a test
         outcomes[(case.suite, case.classname, case.name)].add(case.outcome)
         rank_cases[case.suite] += 1
     counts: dict[str, dict[str, int]] = defaultdict(

@@ -106,7 +106,13 @@ def derived_facts(
     Tallies are checked on junit/merged.xml, which verify already holds the receipt's tallies
     to: each fact is checked once, where it is first stated.
     """
-    facts = rank_facts(bundle, receipt.geometry.world_size, receipt.run, rank_files)
+    facts = rank_facts(
+        bundle,
+        receipt.geometry.world_size,
+        receipt.run,
+        rank_files,
+        runner_cases=receipt.skip_reasons is None,  # written before: counted them as tests
+    )
     rank_files = facts.rank_files
     reasons = rules.failure_reasons_of(facts)
 
@@ -124,7 +130,9 @@ def derived_facts(
     yield r, "verdict", receipt.verdict, rules.verdict_of(reasons)
     yield r, "ranks", dump(receipt.ranks), dump(facts.ranks)
     try:
-        stated = tallies(read_merged(bundle / MERGED_JUNIT))
+        stated = tallies(
+            read_merged(bundle / MERGED_JUNIT), runner_cases=receipt.skip_reasons is None
+        )
     except (OSError, ValueError):
         pass  # an unreadable merged.xml is reported by verify's consistency check
     else:

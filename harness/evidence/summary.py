@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from harness.evidence import markdown as md
-from harness.evidence.ending import RERUN_PREFIX, ending_lines
-from harness.evidence.schema import Ranks, Receipt
+from harness.evidence.ending import RERUN_PREFIX, ending_lines, first_line, not_run_count
+from harness.evidence.schema import Capture, Ranks, Receipt
+from harness.schema.base import Limitation
 
 RECEIPT_SHA_LINE = "receipt.json sha256: `{}`"
 _RECEIPT_SHA = re.compile(r"^receipt\.json sha256: `([0-9a-f]{64})`$", re.MULTILINE)
@@ -48,8 +50,18 @@ def _split(text: str) -> list[str]:
 
 
 def summary_differences(stated: str, receipt: Receipt, receipt_sha256: str) -> str | None:
-    """Where a summary.md differs from the one this receipt renders, as one phrase, or None."""
-    expected = render_summary(receipt, receipt_sha256, bundle=rerun_bundle_in(stated))
+    """Where a summary.md differs from the one this receipt renders, as one phrase, or None.
+    A receipt written before `skip_reasons` renders the layout of then (`summary_v1`)."""
+    bundle = rerun_bundle_in(stated)
+    expected = render_summary(receipt, receipt_sha256, bundle=bundle)
+    if receipt.skip_reasons is None:  # written before: one of the layouts of then
+        from harness.evidence import summary_v1
+
+        then = [
+            summary_v1.render_summary(receipt, receipt_sha256, bundle, with_host=host)
+            for host in (False, True)
+        ]
+        expected = stated if stated in then else then[0]
     if stated == expected:
         return None
     mine, theirs = stated.splitlines(), expected.splitlines()
@@ -69,10 +81,33 @@ def _cell(markdown: object) -> str:
     return md.cell(str(markdown))
 
 
+def _list(numbers: Sequence[int]) -> str:
+    """0, 2 and 3 (prose, not a list repr)."""
+    words = [str(n) for n in numbers]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+_LIST_REPR = re.compile(r"(?<![\w\]])\[(\d+(?:, \d+)*)?\]")
+
+
+def prose(text: str) -> str:
+    """A receipt's text with its list reprs read as prose: `ranks [0, 2, 3]` -> `ranks 0, 2
+    and 3`, `[]` -> `none` (the receipt keeps the text the rules give)."""
+
+    def words(match: re.Match[str]) -> str:
+        if not match[1]:
+            return "none"
+        return _list([int(n) for n in match[1].split(", ")])
+
+    return _LIST_REPR.sub(words, text)
+
+
 def _ranks_line(ranks: Ranks) -> str:
-    line = f"{ranks.complete}/{ranks.expected} complete, killed {ranks.killed}"
+    line = f"{ranks.complete}/{ranks.expected} complete"
+    if ranks.killed:
+        line += f"; did not finish: {_list(ranks.killed)}"
     if ranks.stopped:
-        line += f", of them stopped by the run's fault {ranks.stopped}"
+        line += f" (stopped by the run's fault: {_list(ranks.stopped)})"
     return line
 
 
@@ -97,12 +132,229 @@ def _ending(receipt: Receipt, bundle: Path | None) -> list[str]:
     return [*_fence("\n".join(ending_lines(receipt, bundle))), ""]
 
 
+# The geometry dcpqual qualifies for: Kimi-K3 served at TP16 / DCP16 on 16 ranks.
+TARGET_MODEL, TARGET_TP, TARGET_DCP, TARGET_WORLD = "Kimi-K3", 16, 16, 16
+
+# "What did not run", grouped, and the keys in order of weight (what a reviewer must weigh
+# first) across the groups; keys not named here come last in the last group.
+_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Left out of this run", ("skipped", "selection", "ranks", "negative-control", "smoke")),
+    (
+        "Not run on this machine",
+        ("gpu-capture", "nccl", "b12x-transport", "image", "detectors", "gpu-facts"),
+    ),
+    ("Shims and stand-ins", ("real-trees", "real-decode", "warm-impl")),
+    ("Out of scope", ("multi-node", "sources", "hash-seed")),
+)
+_WEIGHT = (
+    "skipped",
+    "selection",
+    "ranks",
+    "negative-control",
+    "gpu-capture",
+    "nccl",
+    "b12x-transport",
+    "real-trees",
+    "real-decode",
+    "image",
+    "detectors",
+    "warm-impl",
+    "multi-node",
+    "smoke",
+    "sources",
+    "hash-seed",
+    "gpu-facts",
+)
+# Limitations that concern the dcpqual suites (their transports, trees, warm code, capture
+# windows): a custom suite's summary leaves them to receipt.json.
+_SUITES_ONLY = frozenset(
+    {
+        "b12x-transport",
+        "real-trees",
+        "real-decode",
+        "warm-impl",
+        "negative-control",
+        "gpu-capture",
+        "detectors",
+        "selection",
+    }
+)
+
+
+def custom_suite(receipt: Receipt) -> bool:
+    """The run's targets are none of the dcpqual suites (a suites/ folder or what is in it)."""
+    targets = receipt.selection.targets if receipt.selection is not None else []
+    return bool(targets) and not any("suites" in Path(t.split("::", 1)[0]).parts for t in targets)
+
+
+def _geometry_scope(r: Receipt) -> str:
+    g = r.geometry
+    ran = (
+        f"{g.world_size} ranks ({g.nnodes} node x {g.nproc_per_node}), {g.backend}, "
+        f"TP{g.tp} / DCP{g.dcp}"
+    )
+    target = f"{TARGET_MODEL} TP{TARGET_TP} / DCP{TARGET_DCP} on {TARGET_WORLD} ranks"
+    if (g.tp, g.dcp, g.world_size) == (TARGET_TP, TARGET_DCP, TARGET_WORLD):
+        return f"{ran}: the target geometry ({target})"
+    return f"{ran}: **not the target geometry** ({target})"
+
+
+def _totals(r: Receipt) -> dict[str, int]:
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    for tally in r.suites.values():
+        counts["passed"] += tally.passed
+        counts["failed"] += tally.failed
+        counts["errors"] += tally.errors
+        counts["skipped"] += tally.skipped
+    return counts
+
+
+def _tests_scope(r: Receipt) -> str:
+    t = _totals(r)
+    not_run = not_run_count(r)
+    selected = t["passed"] + t["failed"] + t["errors"] + t["skipped"] + not_run
+    ran = t["passed"] + t["failed"] + t["errors"]
+    line = f"{selected} selected, {ran} ran ({t['passed']} passed"
+    line += f", {t['failed']} failed" if t["failed"] else ""
+    line += f", {t['errors']} error{'s' if t['errors'] != 1 else ''}" if t["errors"] else ""
+    line += f"), {t['skipped']} skipped"
+    if not_run > 0:
+        maxfail = r.run.extra.options.maxfail if r.run.extra.options is not None else 0
+        stopped = t["failed"] + t["errors"]
+        why = (
+            f"stopped after {stopped} failure{'s' if stopped != 1 else ''} (--maxfail {maxfail})"
+            if maxfail and stopped >= maxfail
+            else "the run ended before they ran"
+        )
+        line += f", {not_run} not run: {why}"
+    return line
+
+
+def _skips(r: Receipt) -> list[str]:
+    if not r.skip_reasons:
+        return []
+    return [f"  - {n} x {md.text(reason)}" for reason, n in r.skip_reasons.items()]
+
+
+def _narrowing(r: Receipt) -> str:
+    from harness.evidence.rules import narrowing
+
+    if r.selection is None:
+        return "not recorded"
+    if custom_suite(r):
+        return "a custom suite: " + md.text(", ".join(r.selection.targets[:3]))
+    said = narrowing(r.selection)
+    return md.text("; ".join(said)) if said else "none: the whole suites/ folder"
+
+
+def _verdict(r: Receipt) -> str:
+    line = f"**{r.verdict.upper()}** ({r.status})"
+    rc = r.root_cause
+    if r.verdict == "fail" and rc is not None:
+        where = "" if rc.rank is None else f"rank {rc.rank}: "
+        line += f": {md.text(where + first_line(rc.message))} (root cause; more under Failures)"
+    elif r.verdict == "fail" and r.failures:
+        line += ": " + md.text(first_line(r.failures[0]))
+    return line
+
+
+def _scope(r: Receipt) -> list[str]:
+    """The first screen: what was qualified, at what scope, with what verdict."""
+    lines = [
+        f"- **Qualified:** {_geometry_scope(r)}",
+        f"- **Tests:** {_tests_scope(r)}",
+        *(["- **Skipped, by reason:**", *_skips(r)] if r.skip_reasons else []),
+        f"- **Narrowing:** {_narrowing(r)}",
+        f"- **Verdict:** {_verdict(r)}",
+    ]
+    return [*lines, ""]
+
+
+def _lazy_table(c: Capture) -> list[str]:
+    """Lazy events as a rank x detector table (16 ranks alike are one glance, not 16 bullets)."""
+    if not c.events:
+        return []
+    detectors = sorted({e.detector for e in c.events})
+    ranks = sorted({e.rank for e in c.events})
+    counts = Counter((e.rank, e.detector) for e in c.events)
+    rows: list[list[object]] = [
+        [rank, *(counts.get((rank, d), 0) or "" for d in detectors)] for rank in ranks
+    ]
+    lines = ["", f"Lazy events during capture ({c.lazy_events}), by rank and detector:", ""]
+    lines += _table(["rank", *(md.text(d) for d in detectors)], rows)
+    if len(c.events) < c.lazy_events:
+        lines.append(f"({len(c.events)} of {c.lazy_events} events listed in receipt.json)")
+    return lines
+
+
+def _failures(r: Receipt) -> list[str]:
+    if r.verdict != "fail":
+        return []
+    lines = ["## Failures", ""]
+    rc = r.root_cause
+    if rc is not None:
+        where = "rank ?" if rc.rank is None else f"rank {rc.rank}"
+        at = f", {md.code(rc.test)}" if rc.test else ""
+        lines += [f"Root cause: {where}{at} ({rc.kind}):", "", *_fence(rc.message), ""]
+    for failed in r.failed_tests:
+        word = "failed" if failed.outcome == "failed" else "error"
+        ranks = failed.ranks
+        who = f"ranks {_list(ranks)}" if len(ranks) > 1 else _rank_word(ranks)
+        lines.append(f"- {md.code(failed.nodeid)} {word} on {who}: {md.text(failed.message)}")
+    lines += _lazy_table(r.capture)
+    if r.failures:
+        lines += ["", "Every reason the run failed:", ""]
+        lines += [f"- {md.text(prose(first_line(reason)))}" for reason in r.failures]
+    return [*lines, ""]
+
+
+def _rank_word(ranks: Sequence[int]) -> str:
+    return "rank ?" if not ranks else f"rank {ranks[0]}"
+
+
+def _not_run(r: Receipt) -> list[str]:
+    """What did not run, grouped and ordered by weight; a custom suite's summary leaves the
+    suites' own limitations to receipt.json."""
+    items = list(r.limitation_items or _items_of(r.limitations))
+    custom = custom_suite(r)
+    left_out = [i.key for i in items if custom and i.key in _SUITES_ONLY]
+    items = [i for i in items if not (custom and i.key in _SUITES_ONLY)]
+    order = {key: n for n, key in enumerate(_WEIGHT)}
+    items.sort(key=lambda i: order.get(i.key, len(order)))
+    lines = ["## What did not run", ""]
+    placed: set[str] = set()
+    for n, (title, keys) in enumerate(_GROUPS):
+        last = n == len(_GROUPS) - 1
+        mine = [i for i in items if i.key in keys or (last and i.key not in placed)]
+        mine = [i for i in mine if i.key not in placed]
+        placed |= {i.key for i in mine}
+        if mine:
+            lines += [f"### {title}", ""]
+            lines += [f"- {md.text(i.key)}: {md.text(prose(i.text))}" for i in mine]
+            lines.append("")
+    if not items:
+        lines += ["- nothing", ""]
+    if left_out:
+        lines += [
+            f"Not applicable to a custom suite (kept in receipt.json): {', '.join(left_out)}",
+            "",
+        ]
+    return lines
+
+
+def _items_of(lines: Sequence[str]) -> list[Limitation]:
+    return [Limitation(key=k, text=t) for k, _, t in (ln.partition(": ") for ln in lines) if k]
+
+
 def render_summary(receipt: Receipt, receipt_sha256: str, bundle: Path | None = None) -> str:
     r = receipt
     g = r.geometry
     env = r.environment
     lines = [f"# dcpqual: {r.verdict.upper()} ({r.status})", ""]
+    lines += _scope(r)
     lines += _ending(r, bundle)
+    lines += _failures(r)
+    lines += _not_run(r)
     image = "none (source checkout)"
     if r.image is not None:
         image = md.text(f"{r.image.reference or '(unnamed)'} @ {r.image.digest or 'no digest'}")
@@ -118,8 +370,6 @@ def render_summary(receipt: Receipt, receipt_sha256: str, bundle: Path | None = 
         sources.append(f"{md.text(name)} {ident.strip()}")
     gpus = md.text(", ".join(sorted(set(env.device_names))))
     overview = [
-        ["verdict", f"**{r.verdict}**"],
-        ["status", f"`{r.status}`"],
         [
             "geometry",
             f"{g.world_size} ranks ({g.nnodes} node x {g.nproc_per_node}), backend {g.backend}, "
@@ -146,6 +396,7 @@ def render_summary(receipt: Receipt, receipt_sha256: str, bundle: Path | None = 
             + md.text(f"{r.run.started_at or '?'} -> {r.run.finished_at or '?'}"),
         ],
     ]
+    lines += ["## Run", ""]
     lines += _table(["", ""], overview)
 
     lines += ["", "## Transport signatures", ""]
@@ -180,13 +431,6 @@ def render_summary(receipt: Receipt, receipt_sha256: str, bundle: Path | None = 
             "- by detector: "
             + md.text(", ".join(f"{d} {n}" for d, n in sorted(c.by_detector.items())))
         )
-    for event in c.events[:10]:
-        lines.append(
-            f"  - rank {event.rank}, {md.code(event.test)}: {md.text(event.detector)}: "
-            f"{md.text(event.what)}"
-        )
-    if len(c.events) > 10:
-        lines.append(f"  - ... {len(c.events) - 10} more in receipt.json")
     lines.append(
         f"- negative control: {nc.detected}/{nc.expected} windows detected, "
         f"{nc.lazy_events} provoked events"
@@ -198,21 +442,6 @@ def render_summary(receipt: Receipt, receipt_sha256: str, bundle: Path | None = 
         for name, t in sorted(r.suites.items())
     ]
     lines += _table(["suite", "passed", "failed", "skipped", "errors", "rank cases"], tally_rows)
-
-    lines += ["", "## Root cause", ""]
-    if r.root_cause is None:
-        lines.append("None: the run passed.")
-    else:
-        rc = r.root_cause
-        where = "rank ?" if rc.rank is None else f"rank {rc.rank}"
-        test = f", {md.code(rc.test)}" if rc.test else ""
-        lines += [f"{where}{test} ({rc.kind}):", "", *_fence(rc.message)]
-        if len(r.failures) > 1:
-            lines += ["", "All reasons the run failed:", ""]
-            lines += [f"- {md.text(reason)}" for reason in r.failures]
-
-    lines += ["", "## Limitations", ""]
-    lines += [f"- {md.text(item)}" for item in r.limitations] or ["- none"]
     lines += [
         "",
         "---",

@@ -43,7 +43,7 @@ from harness.errors import UsageError
 from harness.evidence import rules
 from harness.evidence.collect import coverage_of, load_records
 from harness.evidence.files import SUMS_NAME, UNREADABLE, parse_sums, sha256_file, walk
-from harness.evidence.junit import read_merged, tallies
+from harness.evidence.junit import read_merged, skip_reasons, tallies
 from harness.evidence.launch_record import launch_record_problems
 from harness.evidence.rederive import first_difference, rederive_problems
 from harness.evidence.schema import SCHEMA, Coverage, Receipt, RootCause, Tally
@@ -245,7 +245,7 @@ def _check_consistency(bundle: Path, receipt: Receipt, coverage: Coverage) -> li
         except ValueError as exc:
             problems.append(f"{MERGED_JUNIT}: {exc}")
         else:
-            recount = tallies(cases)
+            recount = tallies(cases, runner_cases=receipt.skip_reasons is None)
             for suite in sorted(set(recount) | set(receipt.suites)):
                 mine, theirs = receipt.suites.get(suite), recount.get(suite)
                 if mine != theirs:
@@ -253,6 +253,12 @@ def _check_consistency(bundle: Path, receipt: Receipt, coverage: Coverage) -> li
                         f"{RECEIPT_NAME}: suites.{suite} is {_tally(mine)} but {MERGED_JUNIT} "
                         f"counts {_tally(theirs)}"
                     )
+            skips = skip_reasons(cases)
+            if receipt.skip_reasons is not None and receipt.skip_reasons != skips:
+                problems.append(
+                    f"{RECEIPT_NAME}: skip_reasons are {receipt.skip_reasons} but "
+                    f"{MERGED_JUNIT} groups its skips as {skips}"
+                )
             bad_ranks = sorted({c.rank for c in cases if c.rank >= receipt.geometry.world_size})
             if bad_ranks:
                 problems.append(f"{MERGED_JUNIT}: cases of ranks {bad_ranks} beyond world size")

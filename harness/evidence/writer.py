@@ -269,6 +269,7 @@ def assemble_receipt(
         image=image,
         sources=sources,
         suites=facts.suites,
+        skip_reasons=facts.skip_reasons,
         signatures=facts.signatures,
         capture=capture,
         negative_control=negative,

@@ -117,12 +117,29 @@ def register(subparsers: Any) -> None:
     lock = subparsers.add_parser("lock", help="check or pin the image's source lock")
     lock_sub = lock.add_subparsers(dest="lock_command", metavar="ACTION", required=True)
     check = lock_sub.add_parser("check", help="validate a source lock (exit 2 if unpinned)")
-    check.add_argument("file", type=Path, metavar="FILE")
+    check.add_argument("file", type=Path, metavar="FILE", help="the source lock JSON to check")
     check.set_defaults(func=cmd_lock_check)
     pin = lock_sub.add_parser("pin", help="fill a component's commit and tree from a checkout")
-    pin.add_argument("--component", required=True, metavar="NAME")
-    pin.add_argument("--repo", required=True, type=Path, metavar="PATH")
-    pin.add_argument("--lock", type=Path, default=DEFAULT_LOCK, metavar="FILE")
+    pin.add_argument(
+        "--component",
+        required=True,
+        metavar="NAME",
+        help="the lock's component to pin (nccl, pytorch, vllm, b12x)",
+    )
+    pin.add_argument(
+        "--repo",
+        required=True,
+        type=Path,
+        metavar="PATH",
+        help="a git checkout of that component at the commit to pin",
+    )
+    pin.add_argument(
+        "--lock",
+        type=Path,
+        default=DEFAULT_LOCK,
+        metavar="FILE",
+        help=f"the lock to update (default: {DEFAULT_LOCK})",
+    )
     pin.add_argument(
         "--pr", type=int, default=None, metavar="N", help="pin the fork's pull request N"
     )
@@ -183,8 +200,31 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="run on the host directly (the receipt cannot say qualified)",
     )
-    gpu16.add_argument("--identity", type=Path, default=DEFAULT_IDENTITY, metavar="FILE")
-    gpu16.add_argument("--lock", type=Path, default=DEFAULT_LOCK, metavar="FILE")
-    gpu16.add_argument("--evidence-root", type=Path, default=DEFAULT_EVIDENCE_ROOT, metavar="DIR")
-    gpu16.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS")
+    gpu16.add_argument(
+        "--identity",
+        type=Path,
+        default=DEFAULT_IDENTITY,
+        metavar="FILE",
+        help=f"the identity `dcpqual image build` wrote (default: {DEFAULT_IDENTITY})",
+    )
+    gpu16.add_argument(
+        "--lock",
+        type=Path,
+        default=DEFAULT_LOCK,
+        metavar="FILE",
+        help=f"the source lock the image must be built from (default: {DEFAULT_LOCK})",
+    )
+    gpu16.add_argument(
+        "--evidence-root",
+        type=Path,
+        default=DEFAULT_EVIDENCE_ROOT,
+        metavar="DIR",
+        help=f"the folder the dated bundle is made in (default: {DEFAULT_EVIDENCE_ROOT})",
+    )
+    gpu16.add_argument(
+        "pytest_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- PYTEST_ARGS",
+        help="pytest arguments for every rank, as `dcpqual run` takes them after --",
+    )
     gpu16.set_defaults(func=cmd_gpu16)

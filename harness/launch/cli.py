@@ -38,8 +38,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "pytest_args",
         nargs=argparse.REMAINDER,
-        help="-- PYTEST_ARGS...: pytest arguments for every rank; ranks load no installed "
-        "pytest plugin unless it is named here with -p NAME (e.g. -p timeout --timeout 60)",
+        help="-- PYTEST_ARGS...: pytest arguments for every rank, as pytest takes them: options "
+        "alone narrow the suites (-- -k warmup), a path or node id replaces them; checked with "
+        "pytest's parser before torchrun starts (xdist, --lf/--ff, -x/--maxfail and "
+        "--collect-only/--setup-only/--setup-plan are refused with what to use instead); ranks "
+        "load no installed pytest plugin unless it is named here with -p NAME (e.g. -p timeout "
+        "--timeout 60)",
     )
     p.set_defaults(func=run_command)
 
@@ -79,9 +83,10 @@ def _check_real_trees_available(models: str) -> None:
 def _check_suites_geometry(options: RunOptions) -> None:
     """The default suites build every stand-in model at --tp: each model's heads must split.
 
-    With explicit pytest targets the user chose what runs, and the geometry is theirs to use.
+    With pytest targets of their own the user chose what runs, and the geometry is theirs to
+    use; options alone (`-- -k warmup`) still run the suites.
     """
-    if options.pytest_args:
+    if options.pytest_args and options.pytest_names_targets:
         return
     from harness.core.choices import FAMILY_HEADS
     from harness.core.geometry import ParallelGeometry
@@ -104,6 +109,12 @@ def options_from_args(
     values = dict(chosen.values)
     pytest_args = _pytest_args(args.pytest_args)
     rerun_of: Path | None = values.pop("rerun_failed")
+    names_targets = True
+    if pytest_args and rerun_of is None:
+        from harness.launch.plan import default_targets
+        from harness.launch.pytestargs import check_pytest_args
+
+        names_targets = check_pytest_args(pytest_args, default_targets).names_targets
     if rerun_of is not None:
         if pytest_args:
             raise UsageError("--rerun-failed chooses the tests itself; give no pytest arguments")
@@ -121,6 +132,7 @@ def options_from_args(
         nproc_per_node=resolve_nproc(str(spec)),
         nproc_requested=str(spec),
         pytest_args=pytest_args,
+        pytest_names_targets=names_targets,
         rerun_of=None if rerun_of is None else rerun_of.absolute(),
         **{dest: value for dest, value in values.items() if value is not None},
     )

@@ -377,14 +377,17 @@ def _say(stream: TextIO, text: str) -> None:
 def report(stream: TextIO, out_dir: Path, receipt: Receipt, problems: list[str]) -> None:
     """A few lines for the person at the terminal, ending as pytest does; the bundle has the
     rest."""
-    from harness.evidence.ending import ending_lines
+    from harness.evidence.ending import ending_lines, first_line
 
     _say(stream, f"dcpqual run: verdict {receipt.verdict.upper()} (status {receipt.status})")
     cause = receipt.root_cause
-    if cause is not None:
+    first = receipt.failed_tests[0].nodeid if receipt.failed_tests else None
+    if cause is not None and (cause.test is None or cause.test != first):
+        # A test's failure is the first FAILED line of the ending; anything else is said here,
+        # in one line (summary.md has the whole message).
         where = f" in {cause.test}" if cause.test else ""
         who = "?" if cause.rank is None else cause.rank
-        _say(stream, f"  root cause: rank {who}{where}: {cause.message}")
+        _say(stream, f"  root cause: rank {who}{where}: {first_line(cause.message)}")
     for problem in problems:
         _say(stream, f"  bundle problem: {problem}")
     _say(stream, f"  evidence: {out_dir}  (summary.md, receipt.json, logs/)")
@@ -493,7 +496,8 @@ def _finish(
         f"dcpqual run: torchrun exited {result.exit_code} after {result.elapsed_s:.1f}s"
         + (" (timed out: whole tree ended)" if result.timed_out else "")
         + (
-            f" (rank(s) {result.ended_for_ranks_gone_mid_suite} left mid-suite: whole tree ended)"
+            f" (rank(s) {', '.join(map(str, result.ended_for_ranks_gone_mid_suite))} left "
+            "mid-suite: whole tree ended)"
             if result.ended_for_ranks_gone_mid_suite
             else ""
         ),
@@ -538,6 +542,9 @@ def _finish(
         return 1
     problems = evidence.verify_bundle(out_dir)
     report(stream, out_dir, receipt, problems)
+    from harness.launch.ci import report_to_ci
+
+    report_to_ci(stream, receipt, out_dir / "summary.md")
     if result.interrupted is not None:
         return result.interrupted.exit_code
     passed = receipt.verdict == "pass"

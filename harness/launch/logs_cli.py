@@ -17,7 +17,9 @@ from pathlib import Path
 from harness.errors import UsageError
 from harness.launch.ranklogs import LOGS_DIR, log_name
 
-_RANK_FILE = re.compile(r"^rank-(\d+)\.(stdout|stderr|stacks)$")
+_RANK_FILE = re.compile(r"^rank-(\d+)\.(stdout|stderr)$")
+_STACKS_FILE = re.compile(r"^rank-(\d+)\.txt$")
+STACKS_DIR = "stacks"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "logs",
         help="print a bundle's rank logs by global rank",
         description=(
-            "Print the rank logs of an evidence bundle (logs/rank-NN.stdout, .stderr, .stacks) "
+            "Print the rank logs of an evidence bundle (logs/rank-NN.stdout, .stderr, "
+            "stacks/rank-NN.txt) "
             "by global rank. Exit 0 when something was printed, 1 when --grep matched nothing, "
             "2 on unusable input."
         ),
@@ -42,18 +45,36 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def available(bundle: Path, stream: str) -> dict[int, Path]:
-    """Global rank -> its log file for `stream`, as the bundle holds them."""
+    """Global rank -> its log file for `stream`, as the bundle holds them (the stack dumps in
+    stacks/rank-NN.txt, where the ranks write them by global rank)."""
     folder = bundle / LOGS_DIR
     if not bundle.is_dir():
         raise UsageError(f"{bundle} is not a folder")
     if not folder.is_dir():
         raise UsageError(f"{bundle} has no {LOGS_DIR}/ folder (not a dcpqual run bundle?)")
+    pattern = _STACKS_FILE if stream == "stacks" else _RANK_FILE
+    where = bundle / STACKS_DIR if stream == "stacks" else folder
     found: dict[int, Path] = {}
-    for path in folder.iterdir():
-        match = _RANK_FILE.match(path.name)
-        if match and match[2] == stream and path.is_file() and not path.is_symlink():
+    for path in where.iterdir() if where.is_dir() and not where.is_symlink() else ():
+        match = pattern.match(path.name)
+        wanted = match is not None and (stream == "stacks" or match[2] == stream)
+        if match and wanted and path.is_file() and not path.is_symlink():
             found[int(match[1])] = path
     return dict(sorted(found.items()))
+
+
+def _file_name(rank: int | str, stream: str) -> str:
+    if stream == "stacks":
+        return (
+            f"{STACKS_DIR}/rank-{rank:02d}.txt"
+            if isinstance(rank, int)
+            else f"{STACKS_DIR}/rank-{rank}.txt"
+        )
+    return (
+        f"{LOGS_DIR}/{log_name(rank, stream)}"
+        if isinstance(rank, int)
+        else f"{LOGS_DIR}/rank-{rank}.{stream}"
+    )
 
 
 def logs_command(args: argparse.Namespace) -> int:
@@ -66,7 +87,7 @@ def logs_command(args: argparse.Namespace) -> int:
             raise UsageError(f"--grep {args.grep!r} is not a regular expression: {exc}") from None
     files = available(args.bundle, stream)
     if not files:  # nothing would be printed: exit 0 would read as "here they are"
-        raise UsageError(f"{args.bundle} has no {LOGS_DIR}/rank-NN.{stream} files")
+        raise UsageError(f"{args.bundle} has no {_file_name('NN', stream)} files")
     if args.rank is not None:
         try:
             rank = int(args.rank)
@@ -74,14 +95,14 @@ def logs_command(args: argparse.Namespace) -> int:
             raise UsageError(f"--rank must be an integer, got {args.rank!r}") from None
         if rank not in files:
             have = ", ".join(map(str, files)) or "none"
-            raise UsageError(f"no {log_name(rank, stream)} in {args.bundle} (ranks: {have})")
+            raise UsageError(f"no {_file_name(rank, stream)} in {args.bundle} (ranks: {have})")
         files = {rank: files[rank]}
     out = sys.stdout
     matched = 0
     for rank, path in files.items():
         text = path.read_text(encoding="utf-8", errors="replace")
         if pattern is None:
-            out.write(f"==> rank {rank} ({LOGS_DIR}/{path.name}) <==\n")
+            out.write(f"==> rank {rank} ({path.parent.name}/{path.name}) <==\n")
             out.write(text if text.endswith("\n") or not text else text + "\n")
             continue
         for number, line in enumerate(text.splitlines(), 1):

@@ -200,7 +200,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "tp",
         ("--tp", "--tensor-parallel-size"),
         "T",
-        "tensor parallel size (vLLM's --tensor-parallel-size)",
+        "tensor parallel size (vLLM's --tensor-parallel-size). The default is the target's "
+        "TP16 on any world size: each rank then holds a TP16 rank's share of every model's "
+        "heads, the per-rank shapes Kimi-K3 is served with, and the ranks form the DCP "
+        "groups; a world size that neither divides 16 nor is a multiple of it needs --tp "
+        "and --dcp",
         _int,
         default="16",
     ),
@@ -208,7 +212,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "dcp",
         ("--dcp", "--decode-context-parallel-size"),
         "D",
-        "decode context parallel size (vLLM's --decode-context-parallel-size)",
+        "decode context parallel size (vLLM's --decode-context-parallel-size); the default "
+        "follows the world size",
         _int,
         default_help="min(world size, 16)",
     ),
@@ -224,10 +229,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "tee",
-        ("--tee",),
+        ("--stream-ranks", "--local-ranks-filter", "--tee"),
         "RANKS",
-        "stream these local ranks' stdout/stderr to the terminal while the run goes "
-        "(torchrun's --tee and --local-ranks-filter), e.g. 0,5",
+        "stream these local ranks' stdout/stderr to the terminal while the run goes, e.g. 0,5 "
+        "(torchrun's --local-ranks-filter, also accepted; --tee RANKS is a deprecated alias: "
+        "torchrun's --tee chooses streams, not ranks)",
         _ranks,
         default_help="none",
     ),
@@ -311,8 +317,29 @@ class Chosen:
     explicit: frozenset[str]
 
 
+# Spellings kept working with a warning on stderr: {flag: what to use instead}.
+DEPRECATED_FLAGS: dict[str, str] = {
+    "--tee": "--stream-ranks RANKS (torchrun's --tee chooses streams; ranks are "
+    "--local-ranks-filter there)",
+}
+
+
+def warn_deprecated(args: argparse.Namespace) -> None:
+    """One warning line on stderr for each deprecated spelling the user typed."""
+    import sys
+
+    given: dict[str, tuple[str, str]] = getattr(args, "_given_as", {})
+    for flag, _ in given.values():
+        if flag in DEPRECATED_FLAGS:
+            print(
+                f"dcpqual run: warning: {flag} is deprecated; use {DEPRECATED_FLAGS[flag]}",
+                file=sys.stderr,
+            )
+
+
 def choose(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Chosen:
     """flag > environment > default, each chosen text parsed by its option."""
+    warn_deprecated(args)
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     explicit: set[str] = set()

@@ -45,12 +45,15 @@ def local_rank_capacity() -> int:
 
 
 def default_targets() -> tuple[str, ...]:
-    """The repository's suites/ (next to the harness package in a source checkout)."""
-    suites = REPO_ROOT / "suites"
-    if not suites.is_dir():
+    """The suites: the checkout's suites/ folder, else the copy the installed package carries
+    (`harness.core.suites`)."""
+    from harness.core.suites import suites_dir
+
+    suites = suites_dir()
+    if suites is None:
         raise UsageError(
-            f"no suites/ folder at {suites} (harness installed without its repository?); "
-            "give the pytest targets after --"
+            f"no suites/ folder next to the harness at {REPO_ROOT} and none in the installed "
+            "package; give the pytest targets after --"
         )
     return (str(suites),)
 
@@ -86,6 +89,9 @@ class RunOptions:
     dcp_comm_backend: str = "ag_rs"  # of the real trees
     real_model: str = "kimi-k3"  # which real tree the real-tree suite builds
     draft_kv_cache_dtype: str = ""  # the real draft's own KV cache dtype; "": the target's
+    # Whether pytest_args name targets (paths, node ids) of their own, as pytest's parser says
+    # (harness.launch.pytestargs): they replace the default targets; options alone narrow them.
+    pytest_names_targets: bool = True
 
     def __post_init__(self) -> None:
         for flag, value, allowed in (
@@ -123,8 +129,8 @@ class RunOptions:
         outside = [r for r in self.tee if not 0 <= r < self.nproc_per_node]
         if outside:
             raise UsageError(
-                f"--tee names local rank(s) {', '.join(map(str, outside))}, but this node runs "
-                f"local ranks 0..{self.nproc_per_node - 1}"
+                f"--stream-ranks names local rank(s) {', '.join(map(str, outside))}, but this "
+                f"node runs local ranks 0..{self.nproc_per_node - 1}"
             )
         if self.backend not in BACKENDS:
             raise UsageError(f"unknown --backend {self.backend!r}; expected gloo or nccl")
@@ -156,6 +162,12 @@ class RunOptions:
             )
         from harness.warm.geometry import ParallelGeometry  # validates tp/dcp, GeometryError
 
+        if self.dcp is None and self.tp % self.resolved_dcp:
+            raise UsageError(
+                f"world size {self.world_size} does not fit --tp {self.tp}: the default DCP "
+                f"(the world size, at most 16) must divide TP; give --dcp D dividing "
+                f"{self.tp} (and the world size), or --tp"
+            )
         ParallelGeometry(tp=self.tp, dcp=self.resolved_dcp)
         if self.world_size % self.resolved_dcp:
             raise UsageError(
@@ -313,12 +325,20 @@ def rank_plan(options: RunOptions, out_dir: Path) -> RankPlan:
     )
 
 
+def run_targets(options: RunOptions) -> tuple[str, ...]:
+    """What the ranks' pytest is given: the user's arguments where they name targets, else the
+    default targets followed by the user's options (as pytest puts its testpaths first)."""
+    if options.pytest_args and options.pytest_names_targets:
+        return options.pytest_args
+    return (*default_targets(), *options.pytest_args)
+
+
 def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
     """The torchrun invocation for this node. `out_dir` must be absolute (ranks chdir nowhere,
     but torchrun's log paths and the ranks' files must not depend on the cwd)."""
     if not out_dir.is_absolute():
         raise ValueError(f"out_dir must be absolute, got {out_dir}")
-    targets = options.pytest_args or default_targets()
+    targets = run_targets(options)
     probe = RunPlan(options=options, out_dir=out_dir, argv=())
     argv = (*torchrun_args(options, probe.log_dir), *forked(pytest_args(targets)))
     pythonpath = os.environ.get("PYTHONPATH", "")

@@ -6,7 +6,8 @@ every node. Each rank's record says which node folder it belongs to (`extra["nod
 launcher's --node-rank) and its local rank, so the mapping comes from the ranks themselves, not
 from an assumed rendezvous order. torchrun's own files stay where they are; these are copies
 under the names a reader asks for. The faulthandler dump (`stacks/rank-NN.txt`, written on a
-timeout or abort) is copied next to them.
+timeout or abort) is already by global rank and stays the one copy (`dcpqual logs --stacks`
+reads it there).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.atomic import atomic_write_bytes, link_on_the_way
-from harness.schema.rank_record import RankRecord, rank_record_path, stacks_path
+from harness.schema.rank_record import RankRecord, rank_record_path
 
 LOGS_DIR = "logs"
 STREAMS = ("stdout", "stderr")
@@ -93,10 +94,4 @@ def collect_rank_logs(out_dir: Path, world_size: int, nproc_per_node: int) -> li
         data = log.path.read_bytes()
         atomic_write_bytes(logs / log_name(rank, log.stream), data, within=out_dir)
         written.append(rel)
-    for rank in range(world_size):
-        stacks = stacks_path(out_dir, rank)
-        if _own_file(out_dir, stacks):
-            data = stacks.read_bytes()
-            atomic_write_bytes(logs / log_name(rank, "stacks"), data, within=out_dir)
-            written.append(f"{LOGS_DIR}/{log_name(rank, 'stacks')}")
     return sorted(written)

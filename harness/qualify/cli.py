@@ -64,7 +64,7 @@ def register(subparsers: Any) -> None:
         metavar="OWNER/NAME",
         help="the fork, e.g. local-inference-lab/vllm",
     )
-    pr.add_argument("--pr", type=int, required=True, metavar="N")
+    pr.add_argument("--pr", type=int, required=True, metavar="N", help="the pull request number")
     pr.add_argument(
         "--head-sha",
         required=True,
@@ -74,7 +74,12 @@ def register(subparsers: Any) -> None:
     pr.add_argument(
         "--fork-repo", type=Path, required=True, metavar="PATH", help="a local clone of the fork"
     )
-    pr.add_argument("--base-ref", default="refs/heads/main", metavar="REF")
+    pr.add_argument(
+        "--base-ref",
+        default="refs/heads/main",
+        metavar="REF",
+        help="the branch the pull request targets (default: refs/heads/main)",
+    )
     pr.add_argument("--work", type=Path, required=True, metavar="DIR", help="an empty folder")
     pr.add_argument(
         "--dry-run", action="store_true", help="print the plan and exit without running it"

@@ -8,6 +8,8 @@ HEAD regresses against BASE, and the exit code is 1, when any of these holds:
 - the verdict went from pass to fail, or the status word went down
   (qualified > source-qualified > not-qualified);
 - a suite lost tests to failures or errors, or disappeared;
+- a suite passed fewer tests for other reasons: passes that became skips or did not run (a
+  smaller geometry skips what needs more ranks; nothing failed, yet less was shown);
 - lazy work in capture grew for some (detector, signature);
 - a signature is used in capture without warmup in HEAD but was not in BASE;
 - negative-control windows went undetected that BASE detected.
@@ -215,6 +217,13 @@ def _judge(
         b, h = _bad(s.base), _bad(s.head)
         if b != h:
             (worse if h > b else better).append(f"suite {s.name}: failed+errors {b} -> {h}")
+        unshown = (s.base.passed - s.head.passed) - max(0, h - b)
+        if unshown > 0:
+            worse.append(
+                f"suite {s.name}: {unshown} passed test(s) no longer pass without failing "
+                f"(skipped or not run): passed {s.base.passed} -> {s.head.passed}, skipped "
+                f"{s.base.skipped} -> {s.head.skipped}"
+            )
         if s.head.skipped != s.base.skipped:
             notes.append(f"suite {s.name}: skipped {s.base.skipped} -> {s.head.skipped}")
     for c in lazy:

@@ -88,6 +88,17 @@ def pytest_configure(config: pytest.Config) -> None:
     plugin.start()
 
 
+def _suites_folder(rootpath: Path) -> Path:
+    """The whole suites folder a run's targets are held to: the rootdir's suites/ in a
+    checkout, else the installed package's copy (which is then itself the rootdir)."""
+    from harness.core.suites import suites_dir
+
+    checkout = rootpath / "suites"
+    if checkout.is_dir():
+        return checkout
+    return suites_dir() or checkout
+
+
 HYPOTHESIS_PLUGIN = "hypothesispytest"  # Hypothesis's pytest11 entry point
 
 
@@ -225,7 +236,7 @@ class RankPlugin:
         return Selection.of(
             [str(a) for a in config.args],
             invocation_dir=config.invocation_params.dir,
-            suites=config.rootpath / "suites",
+            suites=_suites_folder(config.rootpath),
             deselected=self._deselected,
             ignored=[str(p) for p in ignored],
         )

@@ -426,6 +426,9 @@ class Receipt(Model):
     failed_tests: list[FailedTest] = Field(default_factory=list)
     # None where the records do not say what was selected (written before they did).
     selection: Selection | None = None
+    # The tests the tallies count as skipped, by reason ({reason: tests}, most first), from
+    # junit/merged.xml; None in receipts written before them.
+    skip_reasons: dict[str, NonNegativeInt] | None = None
     # The limitations as {key, text} objects, rendering to exactly `limitations`; None in
     # receipts written before them (their keys are then read from the lines).
     limitation_items: list[Limitation] | None = None

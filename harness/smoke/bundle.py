@@ -44,7 +44,8 @@ from harness.smoke.step import PRODUCTION_DCP, PRODUCTION_TP, SMOKE_MODEL
 SUITE_FILE = "smoke/gpu_smoke.py"
 CAPTURE_TEST = f"{SUITE_FILE}::test_capture[{SMOKE_MODEL}]"
 RESULT_NAME = SMOKE_RESULT_NAME  # verify holds a smoke's receipt to it
-# The torch pyproject.toml pins for every other command; the smoke runs on whatever is installed.
+# The torch the nox sessions and CI pin (noxfile.TORCH_PIN; pyproject allows a range); the
+# smoke runs on whatever is installed.
 PINNED_TORCH = "2.13.0"
 
 

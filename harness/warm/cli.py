@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING
 
 from harness.core.choices import (
     ATTENTION_BACKENDS,
+    FAMILY_HEADS,
     KV_CACHE_DTYPES,
     MODEL_CHOICES,
     RECOGNIZER_SET_NAMES,
+    VLLM_ATTENTION_BACKENDS,
 )
 from harness.core.signature import (
     COMM_BACKENDS,
@@ -72,13 +74,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         p.add_argument(*flags, required=True, type=int, action=SingleValue, help=text)
     p.add_argument(
         "--attention-backend",
-        choices=ATTENTION_BACKENDS,
-        help="attention backend of the stand-in layers (vLLM's name; default b12x)",
+        choices=BACKEND_SPELLINGS,
+        metavar="NAME",
+        help="attention backend of the stand-in layers, as vLLM names it: "
+        f"{', '.join(VLLM_ATTENTION_BACKENDS)} (B12X_MLA, B12X_MLA_SPARSE and V4_B12X_SPARSE "
+        "each pick the model family's B12X MLA backend; default: that one); the older "
+        f"spellings {', '.join(ATTENTION_BACKENDS)} still work",
     )
     p.add_argument(
         "--backend",
         dest="deprecated_backend",
-        choices=ATTENTION_BACKENDS,
+        choices=BACKEND_SPELLINGS,
+        metavar="NAME",
         help="deprecated alias of --attention-backend (in `run`, --backend is gloo|nccl)",
     )
     p.add_argument(
@@ -145,20 +152,42 @@ def signature_rows(
     ]
 
 
+# What --attention-backend accepts: vLLM's names, and the stand-ins' older lowercase ones.
+BACKEND_SPELLINGS: tuple[str, ...] = (*VLLM_ATTENTION_BACKENDS, *ATTENTION_BACKENDS)
+
+
+def _stand_in_backend(name: str) -> str:
+    """vLLM's name -> the stand-in's; the older lowercase spellings are the stand-in's own."""
+    return VLLM_ATTENTION_BACKENDS.get(name, name)
+
+
 def attention_backend(args: argparse.Namespace) -> str:
-    """--attention-backend, or the deprecated --backend with a warning on stderr."""
+    """--attention-backend, or the deprecated --backend with a warning on stderr, as the
+    stand-in's backend name."""
+    chosen = args.attention_backend
     if args.deprecated_backend is not None:
-        if args.attention_backend is not None and args.attention_backend != args.deprecated_backend:
+        same = _stand_in_backend(str(chosen)) == _stand_in_backend(args.deprecated_backend)
+        if chosen is not None and not same:
             raise UsageError(
                 f"--backend {args.deprecated_backend} contradicts --attention-backend "
-                f"{args.attention_backend}; give only --attention-backend"
+                f"{chosen}; give only --attention-backend"
             )
         print(
             "dcpqual signatures: warning: --backend is deprecated here, use --attention-backend",
             file=sys.stderr,
         )
-        return str(args.deprecated_backend)
-    return str(args.attention_backend or "b12x")
+        chosen = args.deprecated_backend
+    return "b12x" if chosen is None else _stand_in_backend(str(chosen))
+
+
+def check_geometry(model: str, tp: int, dcp: int) -> None:
+    """tp/dcp and the model's heads, checked before anything imports torch (seconds)."""
+    from harness.core.geometry import ParallelGeometry
+
+    geometry = ParallelGeometry(tp=tp, dcp=dcp)
+    families = FAMILY_HEADS if model == "mixed" else {model: FAMILY_HEADS[model]}
+    for family, heads in families.items():
+        geometry.local_heads(heads, model=family)
 
 
 def _dtypes(sig: TransportSignature) -> str:
@@ -209,6 +238,7 @@ def _print_rows(
 
 
 def run_signatures(args: argparse.Namespace) -> int:
+    check_geometry(args.model, args.tp, args.dcp)
     printers = {"stand-in": _print_stand_in, "real": _print_real}
     return printers[args.source](args)
 
