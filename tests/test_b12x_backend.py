@@ -79,11 +79,11 @@ def test_call_kwargs() -> None:
         "threads": bb.THREADS,
         "block_limit": bb.BLOCK_LIMIT,
         "plan": plan,
-        "channel_id": bb.CHANNEL_ID,
+        "channel_id": bb.EAGER_CHANNEL_ID,
     }
     kw = bb.reduce_kwargs(o, lse, plan=plan, base_e=False)
     assert kw["partial_output"] is o and kw["partial_lse"] is lse and kw["plan"] is plan
-    assert kw["is_lse_base_on_e"] is False and kw["channel_id"] == bb.CHANNEL_ID
+    assert kw["is_lse_base_on_e"] is False and kw["channel_id"] == bb.EAGER_CHANNEL_ID
     assert bb.query_kwargs(bb.REDUCE_SURFACE, {"a": 1}) == {
         "surface": "DcpAllToAllPool.lse_reduce_scatter",
         "call": {"a": 1},
@@ -175,22 +175,24 @@ def test_lifecycle_with_a_fake_b12x() -> None:
     kinds = [k for k, _ in log]
     assert kinds[:3] == ["pool", "prepare_channels", "for_stream"], kinds
     assert log[0][1] == bb.pool_kwargs(SMALL, process_group=group, device=alloc.device)
-    assert log[1][1] == (bb.CHANNEL_ID,) and log[2][1] == bb.CHANNEL_ID
+    assert log[1][1] == (bb.EAGER_CHANNEL_ID, bb.graph_channel_id(0))
+    assert log[2][1] == bb.EAGER_CHANNEL_ID
     prepared = [v for k, v in log if k == "prepare"]
     assert prepared == [
         ("plan", bb.GATHER_SURFACE, None),
         ("plan", bb.REDUCE_SURFACE, True),
         ("plan", bb.REDUCE_SURFACE, False),
     ]
-    assert alloc.external == [("b12x_ipc_slab", bb.slab_bytes(SMALL))]
+    slab = bb.slab_bytes(SMALL)
+    assert alloc.external == [("b12x_ipc_slab_eager", slab), ("b12x_ipc_slab_graph", slab)]
     assert len(alloc.names) == 5  # max_tokens-shaped plan tensors, all at creation
 
     log.clear()
     q = torch.empty(3, 4, 24, dtype=torch.bfloat16, device="meta")
     assert t.gather_queries(q) == "gathered"
     (kind, kw), *_ = log
-    assert kind == "all_gather_heads" and kw["plan"] == t.gather_plan
-    assert kw["channel_id"] == bb.CHANNEL_ID and kw["local_input"].shape == (3, 4, 24)
+    assert kind == "all_gather_heads" and kw["plan"] == t.eager.gather
+    assert kw["channel_id"] == bb.EAGER_CHANNEL_ID and kw["local_input"].shape == (3, 4, 24)
 
     part = torch.empty(2, 8, 16, dtype=torch.bfloat16, device="meta")
     lse = torch.empty(2, 8, dtype=torch.float32, device="meta")

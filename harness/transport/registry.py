@@ -15,6 +15,9 @@ Observability (for the capture window and its detectors):
   A callback that raises stops the operation and its exception propagates out of
   `get`/`get_or_create`/`allocator.empty`/the transport's operation (on `TransportCreated`,
   the new transport is closed and not registered).
+- `capture_scope(stream)`: enters, for a CUDA graph about to be captured on `stream`, the
+  capture context of every held transport that has one (a b12x pool's graph channel, which
+  b12x requires before capture begins); the capture window enters it before its warm-up.
 - `frozen()`: a context manager marking everything that happens inside it as `frozen=True`.
   The registry still works while frozen; detectors decide what a frozen event means.
 - `allocator`: the `CountingAllocator` through which transports allocate, so an allocation
@@ -27,8 +30,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any, Protocol
 
 import torch
@@ -78,6 +81,18 @@ Subscriber = Callable[[RegistryEvent], None]
 def created_on(transport: DCPTransport, group: dist.ProcessGroup | None) -> bool:
     """Was `transport` created on `group`? One that names no group (a stand-in) is on any."""
     return getattr(transport, "group", group) is group
+
+
+@contextmanager
+def enter_capture_scopes(transports: Iterable[object], stream: Any = None) -> Iterator[None]:
+    """Enter `capture_scope(stream)` of each transport that has one (b12x), in order; leave
+    them in reverse. Transports without one (torch) need nothing before a capture."""
+    with ExitStack() as stack:
+        for transport in transports:
+            scope = getattr(transport, "capture_scope", None)
+            if scope is not None:
+                stack.enter_context(scope(stream))
+        yield None
 
 
 def _global_rank() -> int:
@@ -150,6 +165,14 @@ class TransportRegistry:
 
     def _emit_allocation(self, event: BufferAllocated) -> None:
         self._emit(event)
+
+    @contextmanager
+    def capture_scope(self, stream: Any) -> Iterator[None]:
+        """Every held transport's capture context for a graph captured on `stream`; see the
+        module doc. Collective where a transport's is (b12x): every rank enters it together."""
+        held = [self._transports[s] for s in self.signatures()]
+        with enter_capture_scopes(held, stream):
+            yield None
 
     @contextmanager
     def frozen(self) -> Iterator[TransportRegistry]:
