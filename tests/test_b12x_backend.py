@@ -4,6 +4,7 @@ against b12x's reference, live in tests/compat/ (`nox -s compat`)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -220,3 +221,42 @@ def test_failed_creation_closes_the_pool() -> None:
         api = fake_api(log, fail_prepare=True)
         bb.B12xDCPTransport(SMALL, object(), allocator=FakeAllocator(), api=api)
     assert log[-1] == ("close", None)
+
+
+# -- which transport the stand-in suites use -------------------------------------------------
+
+SM120 = bb.DeviceFacts("", True, "cuda", (12, 0), "RTX PRO 6000", 8, "2.13.0")
+
+
+@pytest.mark.parametrize(
+    ("facts", "dcp", "backend", "why"),
+    [
+        (SM120, 16, "b12x", r"on RTX PRO 6000 \(sm_120\)"),
+        (SM120, 9, "b12x", "sm_120"),
+        (bb.DeviceFacts("", True, "cuda", (12, 1), "GB10", 2), 2, "b12x", "sm_121"),
+        (bb.DeviceFacts("", True, "cuda", (9, 0), "H200", 8), 16, "torch", "H200 is sm_90"),
+        (bb.DeviceFacts("", True, "cuda", (10, 0), "B200", 8), 16, "torch", "sm_100"),
+        (bb.DeviceFacts("ModuleNotFoundError: b12x", True, "cuda", (12, 0)), 2, "torch", "b12x"),
+        (bb.DeviceFacts("", True, "cuda", (12, 0), "RTX", 1), 2, "torch", "at least 2 visible"),
+        (bb.DeviceFacts("", False, "cpu"), 2, "torch", "CUDA is not available"),
+        (SM120, 6, "torch", "dcp=6"),
+        (SM120, 1, "torch", "dcp=1"),
+    ],
+)
+def test_the_stand_in_transport_follows_the_device(facts, dcp, backend, why) -> None:
+    chosen, reason = bb.select_transport_backend(facts, dcp)
+    assert chosen == backend
+    assert re.search(why, reason), reason
+    from harness.transport.registry import stand_in_backend
+
+    assert stand_in_backend("cuda", dcp, facts) == (chosen, reason)
+
+
+def test_this_machine_without_an_sm12x_gpu_gets_the_torch_transport() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this check is for machines without CUDA")
+    from harness.transport.registry import stand_in_registry
+
+    assert bb.select_transport_backend(bb.device_facts("cpu"), 2)[0] == "torch"
+    with stand_in_registry("cpu", 2) as registry:
+        assert registry.backend == "torch"

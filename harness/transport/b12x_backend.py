@@ -66,24 +66,72 @@ _SIGNAL_BYTES = (64 * 16 + 2 * 64 * 16 * 32) * 4
 _IPC_ALIGN = 256
 
 
-def b12x_available(device: torch.device | str | None = None) -> tuple[bool, str]:
-    """(usable, reason): whether the b12x backend can run here, and why not, for `limitations`."""
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What decides whether b12x can run here, read once (`device_facts`) so the decision
+    (`b12x_usable`, `select_transport_backend`) is a pure function tests feed fakes."""
+
+    b12x_error: str  # "" when b12x imports
+    cuda_available: bool
+    device_type: str = "cuda"
+    capability: tuple[int, int] = (0, 0)
+    name: str = ""
+    device_count: int = 0
+    torch_version: str = ""
+
+
+def device_facts(device: torch.device | str | None = None) -> DeviceFacts:
+    """The facts of this machine and `device` (default: the current CUDA device)."""
     try:
         import b12x.comm.pcie.pcie_dcp_a2a  # noqa: F401
+
+        error = ""
     except Exception as exc:  # ImportError, or a broken install failing at import
-        return False, f"b12x is not importable ({type(exc).__name__}: {exc})"
-    if not torch.cuda.is_available():
-        return False, f"CUDA is not available (torch {torch.__version__}); b12x needs sm_12x GPUs"
+        error = f"{type(exc).__name__}: {exc}"
     dev = torch.device(device) if device is not None else torch.device("cuda")
-    if dev.type != "cuda":
-        return False, f"b12x runs on CUDA devices, got {dev}"
-    major, minor = torch.cuda.get_device_capability(dev)
-    name = torch.cuda.get_device_name(dev)
+    if not torch.cuda.is_available() or dev.type != "cuda":
+        return DeviceFacts(
+            error, torch.cuda.is_available(), dev.type, torch_version=torch.__version__
+        )
+    return DeviceFacts(
+        error,
+        True,
+        dev.type,
+        tuple(torch.cuda.get_device_capability(dev)),  # type: ignore[arg-type]
+        torch.cuda.get_device_name(dev),
+        torch.cuda.device_count(),
+        torch.__version__,
+    )
+
+
+def b12x_usable(facts: DeviceFacts) -> tuple[bool, str]:
+    """(usable, reason): whether the b12x backend can run on these facts, and why not."""
+    if facts.b12x_error:
+        return False, f"b12x is not importable ({facts.b12x_error})"
+    if not facts.cuda_available:
+        return False, f"CUDA is not available (torch {facts.torch_version}); b12x needs sm_12x GPUs"
+    if facts.device_type != "cuda":
+        return False, f"b12x runs on CUDA devices, got {facts.device_type}"
+    major, minor = facts.capability
     if major != 12:
-        return False, f"{name} is sm_{major}{minor}; b12x PCIe DCP kernels need sm_12x"
-    if torch.cuda.device_count() < 2:
+        return False, f"{facts.name} is sm_{major}{minor}; b12x PCIe DCP kernels need sm_12x"
+    if facts.device_count < 2:
         return False, "b12x PCIe collectives need at least 2 visible CUDA devices"
-    return True, f"b12x {_b12x_version()} on {name} (sm_{major}{minor})"
+    return True, f"b12x {_b12x_version()} on {facts.name} (sm_{major}{minor})"
+
+
+def b12x_available(device: torch.device | str | None = None) -> tuple[bool, str]:
+    """(usable, reason) for this machine: `b12x_usable(device_facts(device))`."""
+    return b12x_usable(device_facts(device))
+
+
+def select_transport_backend(facts: DeviceFacts, dcp: int) -> tuple[str, str]:
+    """The transport backend a stand-in run uses, and why: b12x where it can run (an sm_12x
+    GPU, b12x importable, a DCP size b12x supports), else torch's collectives."""
+    usable, reason = b12x_usable(facts)
+    if usable and dcp not in SUPPORTED_WORLD_SIZES:
+        usable, reason = False, f"b12x DCP supports {SUPPORTED_WORLD_SIZES}, the run has dcp={dcp}"
+    return ("b12x", reason) if usable else ("torch", reason)
 
 
 def _b12x_version() -> str:

@@ -95,6 +95,20 @@ def enter_capture_scopes(transports: Iterable[object], stream: Any = None) -> It
         yield None
 
 
+def stand_in_backend(device: torch.device | str, dcp: int, facts: Any = None) -> tuple[str, str]:
+    """(backend, why) for the stand-in suites: b12x on an sm_12x GPU with b12x (so a GPU run
+    exercises it), torch elsewhere; `facts` (a `DeviceFacts`) defaults to this machine's."""
+    from harness.transport.b12x_backend import device_facts, select_transport_backend
+
+    return select_transport_backend(facts if facts is not None else device_facts(device), dcp)
+
+
+def stand_in_registry(device: torch.device | str, dcp: int) -> TransportRegistry:
+    """A registry on the backend `stand_in_backend` picks for this machine."""
+    backend, _ = stand_in_backend(device, dcp)
+    return TransportRegistry(backend, device=device)
+
+
 def _global_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 

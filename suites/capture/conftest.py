@@ -22,7 +22,7 @@ from harness.capture.decode import DecodeStep
 from harness.capture.detector import Detector
 from harness.capture.offrank import OFF_RANK, ControlOutcome, OffRankControls
 from harness.models import BuiltModel, build
-from harness.transport.registry import TransportRegistry
+from harness.transport.registry import TransportRegistry, stand_in_registry
 from harness.warm.impls import resolve_warm_impl
 from harness.warm.recognizers import WarmContext
 from harness.warm.warmup import WarmReport
@@ -147,7 +147,7 @@ def prepare(world, qualification) -> Iterator[Callable[..., Prepared]]:
             device_type=world.device.type,
             dcp_world_size=where.dcp,
         )
-        registry = TransportRegistry("torch", device=world.device)
+        registry = stand_in_registry(world.device, where.dcp)
         registries.append(registry)
         impl = resolve_warm_impl(warm_impl)
         report = impl.fn(

@@ -12,7 +12,7 @@ import pytest
 
 from harness.capture.check import int_ranges, same_on_every_rank
 from harness.models import build
-from harness.transport.registry import TransportRegistry
+from harness.transport.registry import stand_in_registry
 from harness.warm.discovery import discover
 from harness.warm.impls import resolve_warm_impl
 from harness.warm.recognizers import WarmContext, recognizer_set
@@ -92,7 +92,7 @@ def test_warmup_creates_each_signature_once_and_is_idempotent(
     warm_fn = resolve_warm_impl(warm_impl_name).fn
     built = build_for(model, qualification)
     context = context_for(qualification, world, model)
-    with TransportRegistry(backend="torch", device=world.device) as registry:
+    with stand_in_registry(world.device, qualification.dcp) as registry:
         report = warm_fn(
             built.model,
             registry=registry,
