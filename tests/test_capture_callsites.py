@@ -105,17 +105,26 @@ def test_a_warm_of_the_right_key_serves_every_call():
     assert registry.created == [] and router.served == {key().signature()}
 
 
-def test_a_larger_warmed_capacity_covers_the_call_site():
+def test_a_larger_warmed_capacity_does_not_serve_the_call_site():
+    """Fork registries look transports up by exact capacity: a warm sized by
+    max_num_batched_tokens (2048) leaves the runtime's 8-token key to be created in capture."""
     registry = FakeRegistry()
     registry.warm(key(max_tokens=2048).signature())
     router = run_step(registry)
-    assert registry.created == [] and router.served == {key(max_tokens=2048).signature()}
+    assert registry.created == [key().signature()]
+    assert router.served == {key().signature()}
 
 
 @pytest.mark.parametrize(
     "wrong",
-    [{"max_tokens": 4}, {"query_dtype": "float16", "output_dtype": "float16"}, {"local_heads": 12}],
-    ids=["capacity-too-small", "wrong-dtype", "wrong-heads"],
+    [
+        {"max_tokens": 4},
+        {"max_tokens": 16},
+        {"query_dtype": "float16", "output_dtype": "float16"},
+        {"local_heads": 12},
+        {"comm_backend": "a2a"},
+    ],
+    ids=["capacity-too-small", "capacity-too-large", "wrong-dtype", "wrong-heads", "wrong-comm"],
 )
 def test_a_warm_that_computed_a_wrong_key_is_caught_as_a_creation(wrong):
     registry = FakeRegistry()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from harness.core.capacity import SEED_RUNTIME, RuntimeCapacity
 from harness.models.backends import AttentionBackend
 from harness.models.dcp import DCPManager, kimi_query_dtype, quantized_kv_cache
 
@@ -40,7 +41,9 @@ class EngineSettings:
     dtype: torch.dtype = torch.bfloat16
     kv_cache_dtype: str = "auto"
     dcp_comm_backend: str = "ag_rs"
-    max_num_tokens: int = 64
+    max_num_tokens: int = 64  # the engine's capacity (max_num_batched_tokens)
+    # How the fork's runtime sizes the layer's B12X transport from it (the decode token cap).
+    runtime: RuntimeCapacity = SEED_RUNTIME
 
     def manager(
         self,
@@ -60,7 +63,9 @@ class EngineSettings:
             output_head_dim=output_head_dim,
             query_dtype=query_dtype,
             output_dtype=self.dtype,
-            max_num_tokens=self.max_num_tokens,
+            max_num_tokens=self.runtime.tokens(self.max_num_tokens)
+            if b12x
+            else self.max_num_tokens,
             comm_backend=self.dcp_comm_backend,
             b12x=b12x,
         )
