@@ -178,7 +178,8 @@ CASES = [
     Case(
         "sig-heads-not-divisible",
         argv(*SIG, "--tp", "64", "--dcp", "4"),
-        "kimi-k3 has 96 attention heads, not divisible by tp=64",
+        "kimi-k3 has 96 attention heads: at tp=64 (2 per rank) a whole rank would hold only "
+        "padding",
     ),
     Case(
         "sig-unknown-model",
@@ -209,7 +210,8 @@ CASES = [
     Case(
         "run-heads-not-divisible",
         argv("run", "--nproc-per-node", "4", "--tp", "64", "--out", "{new}"),
-        "kimi-k3 has 96 attention heads, not divisible by tp=64",
+        "kimi-k3 has 96 attention heads: at tp=64 (2 per rank) a whole rank would hold only "
+        "padding",
     ),
     Case(
         "run-unknown-backend",

@@ -207,18 +207,18 @@ def _deepseek_v4_layer(index: int, spec: ModelSpec, prefix: str) -> DecoderLayer
 def _generic_mla_layer(index: int, spec: ModelSpec, prefix: str) -> DecoderLayer:
     cfg = FAMILIES["generic-mla"]
     local = spec.geometry.local_heads(cfg.num_heads, model="generic-mla")
-    return DecoderLayer(
-        MLAAttention(
-            num_heads=local,
-            kv_lora_rank=cfg.kv_lora_rank,
-            qk_rope_head_dim=cfg.qk_rope_head_dim,
-            backend=backend_for("generic-mla", spec.backend),
-            dcp_world_size=spec.dcp,
-            prefix=prefix,
-            engine=spec.engine,
-            use_b12x_dcp_a2a=spec.use_b12x_dcp_a2a,
-        )
+    attn = MLAAttention(
+        num_heads=local,
+        kv_lora_rank=cfg.kv_lora_rank,
+        qk_rope_head_dim=cfg.qk_rope_head_dim,
+        backend=backend_for("generic-mla", spec.backend),
+        dcp_world_size=spec.dcp,
+        prefix=prefix,
+        engine=spec.engine,
+        use_b12x_dcp_a2a=spec.use_b12x_dcp_a2a,
     )
+    attn.original_num_attention_heads = cfg.num_heads  # the model's, before the tail padding
+    return DecoderLayer(attn)
 
 
 _LAYER_BUILDERS = {

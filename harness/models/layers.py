@@ -174,7 +174,8 @@ class DeepseekV4Attention(DCPLayer):
     ) -> None:
         super().__init__()
         self.n_heads = n_heads
-        self.n_local_heads = n_heads // tp_size
+        self.original_num_attention_heads = n_heads  # before the tail padding
+        self.n_local_heads = -(-n_heads // tp_size)  # ceil: the fork pads the tail
         self.head_dim = head_dim
         self.prefix = prefix
         self.backend_cls = backend
@@ -238,7 +239,8 @@ class MultiHeadLatentAttention(DCPLayer):
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.num_local_heads = num_heads // tp_size
+        self.original_num_attention_heads = num_heads  # before the tail padding
+        self.num_local_heads = -(-num_heads // tp_size)  # ceil: 11 at TP9, the tail padded
         self.kv_lora_rank = kv_lora_rank
         self.qk_rope_head_dim = qk_rope_head_dim
         self.head_size = kv_lora_rank + qk_rope_head_dim
@@ -282,7 +284,7 @@ class KimiDeltaAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.num_local_heads = num_heads // tp_size
+        self.num_local_heads = -(-num_heads // tp_size)
         self.head_dim = head_dim
         self.head_size = head_dim
         self.kv_lora_rank = head_dim
