@@ -108,6 +108,10 @@ class MLAAttention(DCPLayer):
     `fp8_ds_mla`) and an impl that takes quantized queries, as in vLLM.
     """
 
+    # The model's heads before the tail padding, where the builder knows them (`num_heads` here
+    # is already the local, padded count).
+    original_num_attention_heads: int | None = None
+
     def __init__(
         self,
         *,
