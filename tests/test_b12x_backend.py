@@ -35,9 +35,28 @@ def test_creating_without_b12x_or_cuda_is_a_clear_error() -> None:
         bb.B12xDCPTransport(KIMI, None, allocator=FakeAllocator())
 
 
-@pytest.mark.parametrize("sig", [KIMI, DSV4, SMALL], ids=["kimi-k3", "deepseek-v4", "small"])
+KIMI_FP8 = TransportSignature(
+    "bf16", 96, 576, 512, 16, max_tokens=8, device_type="cuda", query_dtype="fp8_e4m3fn"
+)
+DS_MLA = TransportSignature(  # 656-byte fp8_ds_mla records
+    "bf16", 99, 656, 512, 9, max_tokens=8, device_type="cuda", query_dtype="fp8_e4m3fn"
+)
+
+
+@pytest.mark.parametrize(
+    "sig", [KIMI, DSV4, SMALL, KIMI_FP8, DS_MLA], ids=["kimi-k3", "dsv4", "small", "fp8", "656"]
+)
 def test_supported_geometry(sig: TransportSignature) -> None:
     bb.check_pool_geometry(sig)
+
+
+def test_fp8_query_records_must_be_16_byte_aligned() -> None:
+    fields = {**KIMI_FP8.to_json(), "query_head_dim": 584}  # 8-aligned, not 16
+    fields.pop("local_heads")
+    with pytest.raises(GeometryError, match=r"16-byte records .* got 584 bytes"):
+        bb.check_pool_geometry(TransportSignature(**fields))
+    bf16 = {**fields, "query_dtype": "bf16"}  # 1168 bytes a record: b12x's own % 8 rule only
+    bb.check_pool_geometry(TransportSignature(**bf16))
 
 
 @pytest.mark.parametrize(

@@ -55,6 +55,8 @@ from harness.warm.signature import (
 SUPPORTED_WORLD_SIZES: tuple[int, ...] = (2, 4, 8, 9, 10, 12, 16)
 SUPPORTED_DTYPES: tuple[str, ...] = ("bf16", "fp16")
 SUPPORTED_GATHER_DTYPES: tuple[str, ...] = (*SUPPORTED_DTYPES, FP8_E4M3)
+# The fork gathers fp8 query records (576 B e4m3, 656 B fp8_ds_mla) on 16-byte boundaries.
+FP8_RECORD_ALIGNMENT = 16
 EAGER_CHANNEL_ID = "dcpqual:eager:dcp"
 GRAPH_CHANNEL_PREFIX = "dcpqual:graph:dcp"
 GATHER_SURFACE = "DcpAllToAllPool.all_gather_heads"
@@ -160,6 +162,11 @@ def check_pool_geometry(signature: TransportSignature) -> None:
     for name in ("query_head_dim", "output_head_dim"):
         if getattr(sig, name) % 8:
             raise GeometryError(f"b12x DCP needs {name} % 8 == 0, got {getattr(sig, name)}")
+    if sig.query_dtype == FP8_E4M3 and sig.query_head_dim % FP8_RECORD_ALIGNMENT:
+        raise GeometryError(
+            f"the fork's fp8 query gather needs {FP8_RECORD_ALIGNMENT}-byte records (576, or "
+            f"656 for fp8_ds_mla), got {sig.query_head_dim} bytes"
+        )
     if sig.device_type != "cuda":
         raise GeometryError(f"b12x DCP runs on CUDA, signature is for {sig.device_type}")
 
