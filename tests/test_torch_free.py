@@ -193,3 +193,14 @@ def test_the_torch_free_choices_name_what_the_builders_build() -> None:
             assert backends.backend_for(family, name).get_name()
     assert set(recognizers.RECOGNIZER_SETS) == set(choices.RECOGNIZER_SET_NAMES)
     assert set(MODEL_DTYPES) == set(OUTPUT_DTYPES)
+
+
+def test_the_launchers_real_tree_heads_are_the_tiny_configs() -> None:
+    from harness.launch.plan import REAL_MODEL_HEADS, REAL_MODELS
+    from harness.models.real import configs
+
+    assert tuple(REAL_MODEL_HEADS) == REAL_MODELS
+    assert REAL_MODEL_HEADS == {
+        "kimi-k3": configs.KIMI_HEADS,
+        "deepseek-v3": configs.DEEPSEEK_V3_HEADS,
+    }
