@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +16,9 @@ from harness.capture.callsites import (
     CallSiteRouter,
     ManagerCall,
     RealDecodeStep,
+    watch_managers,
 )
+from harness.core.capacity import RuntimeCapacity
 from harness.warm.signature import TransportSignature
 
 CALL = ManagerCall(
@@ -185,3 +188,23 @@ def test_an_exact_warm_makes_what_each_manager_was_built_for_and_skips_what_it_i
         key().signature(),
     )
     assert run_step(skipped).served == {key().signature()}
+
+
+@pytest.mark.parametrize(
+    ("runtime", "expected"),
+    [(RuntimeCapacity(), 8), (RuntimeCapacity("engine", 4), 4), (RuntimeCapacity("decode-cap"), 8)],
+)
+def test_the_oracle_records_the_runtime_capacity_of_each_manager(
+    monkeypatch: pytest.MonkeyPatch, runtime: RuntimeCapacity, expected: int
+) -> None:
+    """What a manager was sized to (vLLM: 8 tokens here) under the fork's runtime token cap."""
+    dcp = pytest.importorskip("vllm.v1.attention.ops.dcp")
+
+    def sized(self, *args, **kwargs):  # vLLM's constructor, reduced to what is recorded
+        self.max_num_tokens, self.use_a2a = 8, False
+        self.group = SimpleNamespace(world_size=2)
+
+    monkeypatch.setattr(dcp.MLADCPManager, "__init__", sized)
+    with watch_managers(runtime) as calls:
+        manager = dcp.MLADCPManager(None, None, 6, 576, 512, torch.bfloat16, torch.bfloat16)
+    assert calls[id(manager)].max_num_tokens == expected
