@@ -262,7 +262,8 @@ SMOKE_REQUIREMENTS = ("pydantic>=2.7,<3", "junitparser>=3.1")
 
 @nox.session(default=False, venv_params=["--system-site-packages"])
 def gpu1(session: nox.Session) -> None:
-    """One-GPU smoke on the installed CUDA torch: real CUDA-graph capture, GPU detector controls."""
+    """One-GPU smoke on the installed CUDA torch: real CUDA-graph capture, GPU detector controls;
+    then the b12x channel/capture sequence where sm_12x GPUs and b12x are (or why not)."""
     from pathlib import Path
 
     try:
@@ -273,6 +274,11 @@ def gpu1(session: nox.Session) -> None:
     session.run(
         "python", "-m", "harness", "gpu-smoke", *session.posargs,
         env={"PYTHONPATH": str(Path.cwd())},
+    )  # fmt: skip
+    # The b12x channel/capture sequence on 2 ranks where sm_12x GPUs and b12x are; elsewhere
+    # one line saying plainly that it could not run, and why.
+    session.run(
+        "python", "-m", "harness.smoke.b12x_check", env={"PYTHONPATH": str(Path.cwd())}
     )  # fmt: skip
 
 

@@ -4,6 +4,7 @@ against b12x's reference, live in tests/compat/ (`nox -s compat`)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -34,9 +35,28 @@ def test_creating_without_b12x_or_cuda_is_a_clear_error() -> None:
         bb.B12xDCPTransport(KIMI, None, allocator=FakeAllocator())
 
 
-@pytest.mark.parametrize("sig", [KIMI, DSV4, SMALL], ids=["kimi-k3", "deepseek-v4", "small"])
+KIMI_FP8 = TransportSignature(
+    "bf16", 96, 576, 512, 16, max_tokens=8, device_type="cuda", query_dtype="fp8_e4m3fn"
+)
+DS_MLA = TransportSignature(  # 656-byte fp8_ds_mla records
+    "bf16", 99, 656, 512, 9, max_tokens=8, device_type="cuda", query_dtype="fp8_e4m3fn"
+)
+
+
+@pytest.mark.parametrize(
+    "sig", [KIMI, DSV4, SMALL, KIMI_FP8, DS_MLA], ids=["kimi-k3", "dsv4", "small", "fp8", "656"]
+)
 def test_supported_geometry(sig: TransportSignature) -> None:
     bb.check_pool_geometry(sig)
+
+
+def test_fp8_query_records_must_be_16_byte_aligned() -> None:
+    fields = {**KIMI_FP8.to_json(), "query_head_dim": 584}  # 8-aligned, not 16
+    fields.pop("local_heads")
+    with pytest.raises(GeometryError, match=r"16-byte records .* got 584 bytes"):
+        bb.check_pool_geometry(TransportSignature(**fields))
+    bf16 = {**fields, "query_dtype": "bf16"}  # 1168 bytes a record: b12x's own % 8 rule only
+    bb.check_pool_geometry(TransportSignature(**bf16))
 
 
 @pytest.mark.parametrize(
@@ -79,11 +99,11 @@ def test_call_kwargs() -> None:
         "threads": bb.THREADS,
         "block_limit": bb.BLOCK_LIMIT,
         "plan": plan,
-        "channel_id": bb.CHANNEL_ID,
+        "channel_id": bb.EAGER_CHANNEL_ID,
     }
     kw = bb.reduce_kwargs(o, lse, plan=plan, base_e=False)
     assert kw["partial_output"] is o and kw["partial_lse"] is lse and kw["plan"] is plan
-    assert kw["is_lse_base_on_e"] is False and kw["channel_id"] == bb.CHANNEL_ID
+    assert kw["is_lse_base_on_e"] is False and kw["channel_id"] == bb.EAGER_CHANNEL_ID
     assert bb.query_kwargs(bb.REDUCE_SURFACE, {"a": 1}) == {
         "surface": "DcpAllToAllPool.lse_reduce_scatter",
         "call": {"a": 1},
@@ -175,22 +195,24 @@ def test_lifecycle_with_a_fake_b12x() -> None:
     kinds = [k for k, _ in log]
     assert kinds[:3] == ["pool", "prepare_channels", "for_stream"], kinds
     assert log[0][1] == bb.pool_kwargs(SMALL, process_group=group, device=alloc.device)
-    assert log[1][1] == (bb.CHANNEL_ID,) and log[2][1] == bb.CHANNEL_ID
+    assert log[1][1] == (bb.EAGER_CHANNEL_ID, bb.graph_channel_id(0))
+    assert log[2][1] == bb.EAGER_CHANNEL_ID
     prepared = [v for k, v in log if k == "prepare"]
     assert prepared == [
         ("plan", bb.GATHER_SURFACE, None),
         ("plan", bb.REDUCE_SURFACE, True),
         ("plan", bb.REDUCE_SURFACE, False),
     ]
-    assert alloc.external == [("b12x_ipc_slab", bb.slab_bytes(SMALL))]
+    slab = bb.slab_bytes(SMALL)
+    assert alloc.external == [("b12x_ipc_slab_eager", slab), ("b12x_ipc_slab_graph", slab)]
     assert len(alloc.names) == 5  # max_tokens-shaped plan tensors, all at creation
 
     log.clear()
     q = torch.empty(3, 4, 24, dtype=torch.bfloat16, device="meta")
     assert t.gather_queries(q) == "gathered"
     (kind, kw), *_ = log
-    assert kind == "all_gather_heads" and kw["plan"] == t.gather_plan
-    assert kw["channel_id"] == bb.CHANNEL_ID and kw["local_input"].shape == (3, 4, 24)
+    assert kind == "all_gather_heads" and kw["plan"] == t.eager.gather
+    assert kw["channel_id"] == bb.EAGER_CHANNEL_ID and kw["local_input"].shape == (3, 4, 24)
 
     part = torch.empty(2, 8, 16, dtype=torch.bfloat16, device="meta")
     lse = torch.empty(2, 8, dtype=torch.float32, device="meta")
@@ -218,3 +240,42 @@ def test_failed_creation_closes_the_pool() -> None:
         api = fake_api(log, fail_prepare=True)
         bb.B12xDCPTransport(SMALL, object(), allocator=FakeAllocator(), api=api)
     assert log[-1] == ("close", None)
+
+
+# -- which transport the stand-in suites use -------------------------------------------------
+
+SM120 = bb.DeviceFacts("", True, "cuda", (12, 0), "RTX PRO 6000", 8, "2.13.0")
+
+
+@pytest.mark.parametrize(
+    ("facts", "dcp", "backend", "why"),
+    [
+        (SM120, 16, "b12x", r"on RTX PRO 6000 \(sm_120\)"),
+        (SM120, 9, "b12x", "sm_120"),
+        (bb.DeviceFacts("", True, "cuda", (12, 1), "GB10", 2), 2, "b12x", "sm_121"),
+        (bb.DeviceFacts("", True, "cuda", (9, 0), "H200", 8), 16, "torch", "H200 is sm_90"),
+        (bb.DeviceFacts("", True, "cuda", (10, 0), "B200", 8), 16, "torch", "sm_100"),
+        (bb.DeviceFacts("ModuleNotFoundError: b12x", True, "cuda", (12, 0)), 2, "torch", "b12x"),
+        (bb.DeviceFacts("", True, "cuda", (12, 0), "RTX", 1), 2, "torch", "at least 2 visible"),
+        (bb.DeviceFacts("", False, "cpu"), 2, "torch", "CUDA is not available"),
+        (SM120, 6, "torch", "dcp=6"),
+        (SM120, 1, "torch", "dcp=1"),
+    ],
+)
+def test_the_stand_in_transport_follows_the_device(facts, dcp, backend, why) -> None:
+    chosen, reason = bb.select_transport_backend(facts, dcp)
+    assert chosen == backend
+    assert re.search(why, reason), reason
+    from harness.transport.registry import stand_in_backend
+
+    assert stand_in_backend("cuda", dcp, facts) == (chosen, reason)
+
+
+def test_this_machine_without_an_sm12x_gpu_gets_the_torch_transport() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this check is for machines without CUDA")
+    from harness.transport.registry import stand_in_registry
+
+    assert bb.select_transport_backend(bb.device_facts("cpu"), 2)[0] == "torch"
+    with stand_in_registry("cpu", 2) as registry:
+        assert registry.backend == "torch"

@@ -179,7 +179,8 @@ CASES = [
     Case(
         "sig-heads-not-divisible",
         argv(*SIG, "--tp", "64", "--dcp", "4"),
-        "kimi-k3 has 96 attention heads, not divisible by tp=64",
+        "kimi-k3 has 96 attention heads: at tp=64 (2 per rank) a whole rank would hold only "
+        "padding",
     ),
     Case(
         "sig-unknown-model",
@@ -208,9 +209,16 @@ CASES = [
         "--tp must be an integer >= 1, got -4",
     ),
     Case(
+        "run-real-tree-tp-not-dividing-heads",
+        argv("run", "--nproc-per-node", "9", "--models", "real", "--tp", "9", "--out", "{new}"),
+        "vLLM 0.32's kimi-k3 cannot be built on 9 ranks (tp=9): it asserts that tp divides its "
+        "96 attention heads",
+    ),
+    Case(
         "run-heads-not-divisible",
         argv("run", "--nproc-per-node", "4", "--tp", "64", "--out", "{new}"),
-        "kimi-k3 has 96 attention heads, not divisible by tp=64",
+        "kimi-k3 has 96 attention heads: at tp=64 (2 per rank) a whole rank would hold only "
+        "padding",
     ),
     Case(
         "run-unknown-backend",
@@ -362,6 +370,11 @@ REMOVED_CHECKS: list[tuple[str, str, object]] = [
         lambda self, num_heads, model="model": num_heads // self.tp,
     ),
     ("run-heads-not-divisible", "harness.launch.cli._check_suites_geometry", lambda options: None),
+    (
+        "run-real-tree-tp-not-dividing-heads",
+        "harness.launch.cli._check_real_tree_geometry",
+        lambda options: None,
+    ),
     (
         "run-out-not-empty",
         "harness.evidence.writer.prepare_out_dir",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +16,9 @@ from harness.capture.callsites import (
     CallSiteRouter,
     ManagerCall,
     RealDecodeStep,
+    watch_managers,
 )
+from harness.core.capacity import RuntimeCapacity
 from harness.warm.signature import TransportSignature
 
 CALL = ManagerCall(
@@ -105,17 +108,26 @@ def test_a_warm_of_the_right_key_serves_every_call():
     assert registry.created == [] and router.served == {key().signature()}
 
 
-def test_a_larger_warmed_capacity_covers_the_call_site():
+def test_a_larger_warmed_capacity_does_not_serve_the_call_site():
+    """Fork registries look transports up by exact capacity: a warm sized by
+    max_num_batched_tokens (2048) leaves the runtime's 8-token key to be created in capture."""
     registry = FakeRegistry()
     registry.warm(key(max_tokens=2048).signature())
     router = run_step(registry)
-    assert registry.created == [] and router.served == {key(max_tokens=2048).signature()}
+    assert registry.created == [key().signature()]
+    assert router.served == {key().signature()}
 
 
 @pytest.mark.parametrize(
     "wrong",
-    [{"max_tokens": 4}, {"query_dtype": "float16", "output_dtype": "float16"}, {"local_heads": 12}],
-    ids=["capacity-too-small", "wrong-dtype", "wrong-heads"],
+    [
+        {"max_tokens": 4},
+        {"max_tokens": 16},
+        {"query_dtype": "float16", "output_dtype": "float16"},
+        {"local_heads": 12},
+        {"comm_backend": "a2a"},
+    ],
+    ids=["capacity-too-small", "capacity-too-large", "wrong-dtype", "wrong-heads", "wrong-comm"],
 )
 def test_a_warm_that_computed_a_wrong_key_is_caught_as_a_creation(wrong):
     registry = FakeRegistry()
@@ -176,3 +188,23 @@ def test_an_exact_warm_makes_what_each_manager_was_built_for_and_skips_what_it_i
         key().signature(),
     )
     assert run_step(skipped).served == {key().signature()}
+
+
+@pytest.mark.parametrize(
+    ("runtime", "expected"),
+    [(RuntimeCapacity(), 8), (RuntimeCapacity("engine", 4), 4), (RuntimeCapacity("decode-cap"), 8)],
+)
+def test_the_oracle_records_the_runtime_capacity_of_each_manager(
+    monkeypatch: pytest.MonkeyPatch, runtime: RuntimeCapacity, expected: int
+) -> None:
+    """What a manager was sized to (vLLM: 8 tokens here) under the fork's runtime token cap."""
+    dcp = pytest.importorskip("vllm.v1.attention.ops.dcp")
+
+    def sized(self, *args, **kwargs):  # vLLM's constructor, reduced to what is recorded
+        self.max_num_tokens, self.use_a2a = 8, False
+        self.group = SimpleNamespace(world_size=2)
+
+    monkeypatch.setattr(dcp.MLADCPManager, "__init__", sized)
+    with watch_managers(runtime) as calls:
+        manager = dcp.MLADCPManager(None, None, 6, 576, 512, torch.bfloat16, torch.bfloat16)
+    assert calls[id(manager)].max_num_tokens == expected

@@ -10,7 +10,13 @@ import torch
 from _support.gloo_spawn import gloo_group, spawn
 
 from harness.capture.check import default_detectors
-from harness.capture.decode import DecodeStep, partial_attention, transport_manager
+from harness.capture.decode import (
+    DecodeStep,
+    padding_mask,
+    partial_attention,
+    transport_layers,
+    transport_manager,
+)
 from harness.capture.events import LazySpecializationError
 from harness.capture.window import CaptureWindow
 from harness.errors import GeometryError
@@ -160,3 +166,42 @@ def test_fp8_kv_cache_is_a_finding_for_the_vendored_warm() -> None:
     """The vendored warm code (faithful to the seed change) warms bf16 queries; under an fp8 KV
     cache Kimi-K3 gathers fp8 queries, so the capture window sees that transport miss."""
     spawn(_fp8_kv_finding)
+
+
+# -- padded heads (TP that does not divide the heads) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "local", "padded_on_last"),
+    [
+        ("kimi-k3", 9, 11, 3),
+        ("kimi-k3", 10, 10, 4),
+        ("kimi-k3", 12, 8, 0),
+        ("deepseek-v4", 9, 15, 7),
+    ],
+)
+def test_padded_heads_are_the_tail_of_the_last_tp_rank(model, tp, local, padded_on_last) -> None:
+    built = build(model, tp=tp, dcp=tp, num_layers=4)
+    for _, module, manager in transport_layers(built):
+        assert manager.num_heads == local
+        masks = [padding_mask(module, local, tp, r) for r in range(tp)]
+        assert all(m is None for m in masks[:-1])
+        last = masks[-1]
+        if padded_on_last == 0:
+            assert last is None
+        else:
+            assert (
+                last is not None
+                and last.tolist() == [False] * (local - padded_on_last) + [True] * padded_on_last
+            )
+
+
+def test_kimi_k3_at_tp9_asks_for_99_heads() -> None:
+    built = build("kimi-k3", tp=9, dcp=9, num_layers=4)
+    [(_, module, manager)] = list(transport_layers(built))[:1]
+    assert (module.num_local_heads, module.original_num_attention_heads) == (11, 96)
+    assert _asks(manager)[:3] == (11, 576, 512)
+
+
+def test_a_layer_without_an_original_head_count_has_no_padding() -> None:
+    assert padding_mask(torch.nn.Identity(), 11, 9, 8) is None

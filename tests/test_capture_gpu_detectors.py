@@ -16,16 +16,21 @@ from typing import Any
 import pytest
 import torch
 
+from harness.capture.check import memory_floor
 from harness.capture.events import LazyEvent, LazySpecializationError
 from harness.capture.gpu_detectors import (
+    DEFAULT_DRIVER_TOLERANCE,
     MIB,
     B12xKernelResolutionDetector,
     CudaMemoryDetector,
     MemoryReading,
     TritonJitDetector,
+    driver_floor,
     memory_growth,
     read_memory,
 )
+from harness.transport.b12x_backend import slab_bytes
+from harness.warm.signature import TransportSignature
 
 GRAPH_POOL = (1, 7)
 
@@ -318,3 +323,70 @@ def test_b12x_strict_raises_at_the_refusal() -> None:
     assert isinstance(info.value.__context__, FrozenError)
     detector.stop()
     assert rc.guards == []
+
+
+# -- the memory floor, sized by the run's b12x slabs -----------------------------------------
+
+KIMI_CUDA = TransportSignature("bf16", 96, 576, 512, 16, max_tokens=8, device_type="cuda")
+
+
+def test_the_floor_is_just_under_the_smallest_b12x_slab_of_the_run() -> None:
+    small = TransportSignature("bf16", 8, 24, 16, 2, max_tokens=4, device_type="cuda")
+    b12x = SimpleNamespace(backend="b12x", signatures=lambda: (KIMI_CUDA, small))
+    assert memory_floor(b12x) == min(slab_bytes(KIMI_CUDA), slab_bytes(small)) - 1
+    one = SimpleNamespace(backend="b12x", signatures=lambda: (KIMI_CUDA,))
+    assert memory_floor(one) == 2_041_856 - 1  # 96 heads x 576, 8 tokens (fork.md, b12x 1.5.1)
+    torch_registry = SimpleNamespace(backend="torch", signatures=lambda: (KIMI_CUDA,))
+    assert memory_floor(torch_registry) == DEFAULT_DRIVER_TOLERANCE == driver_floor(())
+
+
+def _lazy_slab(tolerance: int) -> list[LazyEvent]:
+    cuda = FakeCuda()
+    detector = CudaMemoryDetector("cuda:0", cuda=cuda, driver_tolerance_bytes=tolerance)
+    detector.start()
+    detector.enter_phase("capture")
+    cuda.used += slab_bytes(KIMI_CUDA)  # b12x's cudaMalloc of one channel's IPC slab
+    detector.note_graph_pool(GRAPH_POOL)
+    detector.stop()
+    return detector.events
+
+
+def test_a_lazily_created_production_slab_is_caught_under_the_run_floor() -> None:
+    registry = SimpleNamespace(backend="b12x", signatures=lambda: (KIMI_CUDA,))
+    [event] = _lazy_slab(memory_floor(registry))
+    assert "device memory grew by 2041856 bytes" in event.what
+    assert _lazy_slab(DEFAULT_DRIVER_TOLERANCE) == []  # the fixed 16 MiB floor missed it
+
+
+def test_b12x_frozen_preparation_runtime_error_is_a_lazy_event() -> None:
+    """b12x 1.5.1's own `prepare_default` under its own guard raises a plain RuntimeError."""
+    pytest.importorskip("b12x.preparation", exc_type=ModuleNotFoundError)
+    from b12x.preparation import prepare_default
+
+    detector = B12xKernelResolutionDetector(cuda_available=lambda: True)
+    detector.start()
+    request = SimpleNamespace(name="dcpqual:gather", plan=SimpleNamespace(component_id="comm.pcie"))
+    with pytest.raises(RuntimeError) as info:
+        prepare_default(request)
+    detector.stop()
+    assert type(info.value) is RuntimeError
+    assert str(info.value) == "comm.pcie plan is not prepared and kernel resolution is frozen"
+    wrapped = RuntimeError("capture failed")
+    wrapped.__cause__ = info.value
+    event = detector.explain(wrapped)
+    assert event is not None and "plan is not prepared" in event.what
+    assert detector.explain(wrapped) is None  # reported once
+    assert detector.explain(RuntimeError("comm.pcie plan is not ready")) is None
+
+
+def test_the_capture_time_unprepared_plan_error_is_recognized() -> None:
+    rc = _fake_runtime_control()
+    detector = B12xKernelResolutionDetector(rc, cuda_available=lambda: True)
+    detector.start()
+    text = (
+        "comm.pcie plan 'x' is not prepared; a shape used under CUDA graph capture must be "
+        "declared and prepared before the capture"
+    )
+    assert detector.explain(RuntimeError(text)) is not None
+    assert detector.explain(ValueError(text)) is None  # only b12x's plain RuntimeError
+    detector.stop()

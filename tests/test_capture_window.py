@@ -328,6 +328,44 @@ def test_cuda_path_follows_the_documented_capture_recipe() -> None:
     assert cuda.calls[-1] == "graph.reset"
 
 
+class ScopedRegistry:
+    """A registry with a capture scope (b12x's graph channels), logging into the CUDA calls."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def frozen(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def capture_scope(self, stream: FakeStream) -> Iterator[None]:
+        self.calls.append(f"enter capture_scope({stream.name})")
+        yield
+        self.calls.append("exit capture_scope")
+
+
+def test_cuda_path_enters_the_capture_scope_before_warmup_and_detectors() -> None:
+    """b12x's graph channel must be entered before capture begins, and the side-stream warm-up
+    must already run on it: the scope opens first and closes after the graph."""
+    cuda = FakeCudaGraphApi()
+    probe = Probe(log=cuda.calls)
+    window = CaptureWindow([probe], registry=ScopedRegistry(cuda.calls), path=CUDA_GRAPH, cuda=cuda)
+    window.capture(_step(calls=cuda.calls), _inputs())
+    calls = cuda.calls
+    assert calls[:3] == ["Stream()", "enter capture_scope(side)", "probe.start"]
+    assert calls.index("enter stream(side)") > calls.index("enter capture_scope(side)")
+    assert calls[-3:] == ["probe.pool=(1, 2)", "probe.stop", "exit capture_scope"]
+    assert calls.index("exit graph") < calls.index("exit capture_scope")
+
+
+def test_cpu_path_enters_no_capture_scope() -> None:
+    calls: list[str] = []
+    CaptureWindow(registry=ScopedRegistry(calls), path=CPU_SIMULATED).capture(
+        _step(calls=calls), _inputs()
+    )
+    assert "enter capture_scope(side)" not in calls and calls == ["step"]
+
+
 def test_cuda_strict_error_survives_a_capture_that_cannot_end() -> None:
     cuda = FakeCudaGraphApi(broken_capture=True)
     probe = Probe()

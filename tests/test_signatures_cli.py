@@ -437,7 +437,10 @@ def test_the_command_list_says_what_signatures_does(capsys, monkeypatch):
     [
         (["--model", "kimi-k3", "--tp", "16", "--dcp", "5"], "dcp=5 does not divide tp=16"),
         (["--model", "kimi-k3", "--tp", "0", "--dcp", "1"], "tp must be a positive integer"),
-        (["--model", "kimi-k3", "--tp", "64", "--dcp", "4"], "not divisible by tp=64"),
+        (
+            ["--model", "kimi-k3", "--tp", "64", "--dcp", "4"],
+            "at tp=64 (2 per rank) a whole rank would hold only padding",
+        ),
         (
             [*KIMI, "--max-tokens", "0"],
             "max_num_batched_tokens must be a positive integer, got 0",
@@ -513,3 +516,10 @@ def test_rows_say_which_tree_they_came_from(capsys, monkeypatch):
     assert [(r.source, r.model, r.layers) for r in real[0]] == [
         ("real", row["model"], row["layers"])
     ]
+
+
+def test_kimi_k3_tp9_dcp9_is_one_row_of_99_padded_heads(capsys):
+    """Production's TP9/DCP9: ceil(96 / 9) = 11 local heads, 99 gathered (3 padding)."""
+    [row] = run_json(capsys, "--model", "kimi-k3", "--tp", "9", "--dcp", "9")
+    assert (row["total_heads"], row["local_heads"], row["dcp_world_size"]) == (99, 11, 9)
+    assert (row["query_head_dim"], row["output_head_dim"], row["layers"]) == (576, 512, 16)

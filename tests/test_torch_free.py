@@ -170,11 +170,11 @@ def test_run_checks_its_options_without_importing_torch(warm_impl: str, repo_roo
 def test_run_refuses_a_tp_the_stand_ins_cannot_split_without_torch(
     light_env: dict[str, str], repo_root: Path
 ) -> None:
-    proc = _until_launch(["--tp", "3", "--dcp", "1"], repo_root, light_env)
+    proc = _until_launch(["--tp", "100", "--dcp", "1"], repo_root, light_env)
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr.splitlines() == [
-        "dcpqual run: error: deepseek-v4 has 128 attention heads, not divisible by tp=3; "
-        "the suites build every stand-in model at --tp"
+        "dcpqual run: error: kimi-k3 has 96 attention heads: at tp=100 (1 per rank) a whole "
+        "rank would hold only padding heads; the suites build every stand-in model at --tp"
     ]
 
 
@@ -193,3 +193,14 @@ def test_the_torch_free_choices_name_what_the_builders_build() -> None:
             assert backends.backend_for(family, name).get_name()
     assert set(recognizers.RECOGNIZER_SETS) == set(choices.RECOGNIZER_SET_NAMES)
     assert set(MODEL_DTYPES) == set(OUTPUT_DTYPES)
+
+
+def test_the_launchers_real_tree_heads_are_the_tiny_configs() -> None:
+    from harness.launch.plan import REAL_MODEL_HEADS, REAL_MODELS
+    from harness.models.real import configs
+
+    assert tuple(REAL_MODEL_HEADS) == REAL_MODELS
+    assert REAL_MODEL_HEADS == {
+        "kimi-k3": configs.KIMI_HEADS,
+        "deepseek-v3": configs.DEEPSEEK_V3_HEADS,
+    }

@@ -399,3 +399,26 @@ def test_the_a2a_reduction_ignores_torch_s_default_device() -> None:
     for rank, got in enumerate(run_ranks(world, body)):
         assert got.device.type == "cpu"
         assert_matches(got, parts.expected(rank), what=f"rank {rank}")
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_tp9_padded_heads_travel_in_place(impl) -> None:
+    """Kimi-K3 at TP9/DCP9: 11 local heads, 99 gathered, the last rank's 3 tail heads padding
+    (zero queries). The transport moves every row, padding in place after the 96 real heads,
+    and reduces each rank's heads (padding included) as the reference does."""
+    world, local, real = 9, 11, 96
+    sig = TransportSignature("bf16", local * world, 16, 8, world, max_tokens=2)
+    queries = make_queries(world, 2, local, 16, torch.bfloat16, seed=9)
+    queries[world - 1, :, real - local * (world - 1) :] = 0  # the tail padding
+    parts = make_partials(world, 2, sig.total_heads, 8, torch.bfloat16, pattern=PATTERNS[0], seed=9)
+
+    def body(member: Member) -> None:
+        transport = _transport(sig, member, impl)
+        got = transport.gather_queries(queries[member.rank].contiguous())
+        assert got.shape == (2, 99, 16) and bit_equal(got, expected_gather(queries))
+        assert not got[:, real:].any() and got[:, :real].any()
+        reduced = transport.reduce_outputs(*parts.of_rank(member.rank))
+        assert reduced.shape == (2, local, 8)
+        assert_matches(reduced, parts.expected(member.rank, base_e=True), what="tp9")
+
+    run_ranks(world, body)

@@ -4,6 +4,9 @@ behaviour in a 2-rank gloo job spawned per test (the pytest worker never holds a
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -24,7 +27,7 @@ from harness.transport.events import (
     RegistryMiss,
     TransportCreated,
 )
-from harness.transport.registry import TransportRegistry
+from harness.transport.registry import TransportRegistry, enter_capture_scopes
 from harness.transport.testing import (
     assert_matches,
     bit_equal,
@@ -266,3 +269,41 @@ def _strategies_agree(rank: int, world: int, store: str) -> None:
 @pytest.mark.timeout(180)
 def test_every_strategy_matches_the_oracle() -> None:
     spawn(_strategies_agree)
+
+
+# -- the capture scope the window enters before a CUDA graph capture ---------------------------
+
+
+class Scoped:
+    """A transport with a capture context (as the b12x one has), recording its use."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    @contextlib.contextmanager
+    def capture_scope(self, stream: object) -> Iterator[None]:
+        self.log.append(f"enter {self.name} on {stream}")
+        yield
+        self.log.append(f"exit {self.name}")
+
+
+def test_capture_scopes_are_entered_in_order_and_left_in_reverse() -> None:
+    log: list[str] = []
+    plain = object()  # a torch transport: nothing to enter
+    with enter_capture_scopes([Scoped("a", log), plain, Scoped("b", log)], "side"):
+        log.append("capture")
+    assert log == ["enter a on side", "enter b on side", "capture", "exit b", "exit a"]
+
+
+def test_the_registry_enters_every_held_transport_in_signature_order() -> None:
+    log: list[str] = []
+    registry = TransportRegistry()
+    small = TransportSignature("bf16", 8, 24, 16, 2)
+    large = TransportSignature("bf16", 96, 576, 512, 2)
+    registry._transports[large] = Scoped("large", log)  # type: ignore[assignment]
+    registry._transports[small] = Scoped("small", log)  # type: ignore[assignment]
+    with registry.capture_scope("side"):
+        log.append("capture")
+    assert log[0] == f"enter {'small' if small < large else 'large'} on side"
+    assert log[2] == "capture" and len(log) == 5
+    registry._transports.clear()

@@ -9,9 +9,14 @@
 # 2. Runs `python3 -m harness gpu-smoke` against the torch installed there (its version is
 #    recorded), writing the bundle to $OUT/gpu-smoke when OUT is set (with the log beside it),
 #    else to evidence/<UTC time>-<id>/; then `dcpqual verify` on the bundle.
+# 3. Runs `python3 -m harness.smoke.b12x_check`: on an sm_12x machine with b12x and two or more
+#    GPUs, the b12x channel/capture sequence on 2 NCCL ranks (bundle in $OUT/b12x); elsewhere one
+#    line "b12x: NOT RUN: ..." that says why (the GPU's generation, b12x missing, one device).
+#    Its log is $OUT/b12x.log.
 #
 # Exit: the smoke's (0 pass, 1 fail, 2 unusable: no CUDA, a missing package), or 124 at the
-# time limit (GPU_SMOKE_TIMEOUT seconds, default 480).
+# time limit (GPU_SMOKE_TIMEOUT seconds, default 480); where the smoke passed, the b12x check's
+# (0 passed or could not run here, 1 failed, 124 past B12X_CHECK_TIMEOUT, default 420).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="${PYTHON:-python3}"
@@ -64,5 +69,19 @@ rc=${PIPESTATUS[0]}
 set -e
 if [ -n "${OUT:-}" ] && [ -f "$OUT/gpu-smoke/receipt.json" ]; then
   "$py" -m harness verify "$OUT/gpu-smoke" || rc=1
+fi
+
+b12x_args=(--timeout "${B12X_CHECK_TIMEOUT:-420}")
+b12x_log=/dev/null
+if [ -n "${OUT:-}" ]; then
+  b12x_args+=(--out "$OUT/b12x")
+  b12x_log="$OUT/b12x.log"
+fi
+set +e
+"$py" -m harness.smoke.b12x_check "${b12x_args[@]}" 2>&1 | tee "$b12x_log"
+b12x_rc=${PIPESTATUS[0]}
+set -e
+if [ "$rc" -eq 0 ]; then
+  rc=$b12x_rc
 fi
 exit "$rc"

@@ -17,7 +17,6 @@ Three pieces, none of which reads a recognizer or a layer attribute the warm cod
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from harness.core.capacity import SEED_RUNTIME, RuntimeCapacity
 from harness.errors import UsageError
 from harness.transport.registry import TransportRegistry
 from harness.warm.protocols import DCPTransport
@@ -101,8 +101,12 @@ def _dtype(value: torch.dtype) -> str:
 
 
 @contextmanager
-def watch_managers() -> Iterator[dict[int, ManagerCall]]:
-    """Record every `MLADCPManager` built inside, keyed by `id(manager)`."""
+def watch_managers(
+    runtime: RuntimeCapacity = SEED_RUNTIME,
+) -> Iterator[dict[int, ManagerCall]]:
+    """Record every `MLADCPManager` built inside, keyed by `id(manager)`. The token capacity
+    recorded is the one the fork's B12X runtime sizes the layer's transport to: the manager's
+    own (`get_dcp_workspace_max_num_tokens`) under `runtime`'s cap."""
     from vllm.v1.attention.ops.dcp import MLADCPManager
 
     calls: dict[int, ManagerCall] = {}
@@ -126,7 +130,7 @@ def watch_managers() -> Iterator[dict[int, ManagerCall]]:
             output_head_dim=int(bound["output_head_dim"]),
             query_dtype=_dtype(bound["query_dtype"]),
             output_dtype=_dtype(bound["output_dtype"]),
-            max_num_tokens=int(self.max_num_tokens),
+            max_num_tokens=runtime.tokens(int(self.max_num_tokens)),
             comm_backend="a2a" if self.use_a2a else "ag_rs",
             dcp_world_size=int(self.group.world_size),
         )
@@ -213,19 +217,11 @@ class CallSiteRouter:
         self._saved: list[tuple[Any, Any, Any]] = []
 
     def covering(self, key: CallSiteKey) -> TransportSignature | None:
-        """The registered signature serving `key`: its own, or the smallest one that differs
-        only in a larger token capacity (a transport sized for N tokens serves any batch up
-        to N); None when the registry holds neither."""
+        """The registered signature serving `key`: exactly its own, or None. Every fork registry
+        looks a transport up by its exact key, token capacity included, so a transport warmed
+        for a larger capacity does not serve a smaller one: the runtime misses it."""
         wanted = key.signature(self.device_type)
-        if wanted in self.registry.signatures():
-            return wanted
-        larger = [
-            s
-            for s in self.registry.signatures()
-            if s.max_tokens >= wanted.max_tokens
-            and dataclasses.replace(s, max_tokens=wanted.max_tokens) == wanted
-        ]
-        return min(larger, key=lambda s: s.max_tokens, default=None)
+        return wanted if wanted in self.registry.signatures() else None
 
     def _transport(self, key: CallSiteKey) -> DCPTransport:
         self.used.add(key)

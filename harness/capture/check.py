@@ -22,9 +22,11 @@ from harness.capture.gpu_detectors import (
     B12xKernelResolutionDetector,
     CudaMemoryDetector,
     TritonJitDetector,
+    driver_floor,
 )
 from harness.capture.records import CaptureRecord, DetectorStatus, SignatureUse
 from harness.errors import UsageError
+from harness.transport.b12x_backend import slab_bytes
 from harness.warm.signature import TransportSignature
 
 DETECTOR_NAMES: tuple[str, ...] = (
@@ -41,16 +43,26 @@ DETECTOR_NAMES: tuple[str, ...] = (
 def default_detectors(
     registry: ObservableRegistry, *, device: torch.device | str | None = None
 ) -> list[Detector]:
-    """Every detector, in `DETECTOR_NAMES` order; those that cannot run here say why."""
+    """Every detector, in `DETECTOR_NAMES` order; those that cannot run here say why. The
+    memory detector's floor is sized by the b12x slabs of the registry's transports."""
     return [
         TransportRegistryDetector(registry),
         TransportBufferDetector(registry),
         ProcessGroupDetector(),
         DynamoDetector(),
-        CudaMemoryDetector(device),
+        CudaMemoryDetector(device, driver_tolerance_bytes=memory_floor(registry)),
         TritonJitDetector(),
         B12xKernelResolutionDetector(),
     ]
+
+
+def memory_floor(registry: object) -> int:
+    """`driver_floor` over the b12x slabs of the transports `registry` holds (a b12x registry:
+    the channels a lazy creation of the same geometry would allocate); the default otherwise."""
+    if getattr(registry, "backend", None) != "b12x":
+        return driver_floor(())
+    signatures = getattr(registry, "signatures", lambda: ())()
+    return driver_floor(slab_bytes(s) for s in signatures)
 
 
 def signature_uses(

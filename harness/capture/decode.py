@@ -15,6 +15,12 @@ over the DCP group, attend all gathered heads to this rank's KV shard (MQA over 
 the values are the first `odim` latent elements), reduce the partial outputs with their LSEs.
 Queries and KV shards are generated from seeds per (layer, DCP rank), so every rank can also
 compute the whole-context reference of its own heads without communicating (`reference`).
+
+Padded heads (a TP that does not divide the heads: 96 at TP9 is 11 per rank, 99 in all): the
+tail heads past the layer's `original_num_attention_heads` are padding, as in the fork. Their
+queries are zero (the zero-padded projection's rows) and their reduced outputs are masked to
+zero (the output projection drops them), in the step and in its reference alike; the transports
+still move every row, padding included, as the fork's do.
 """
 
 from __future__ import annotations
@@ -54,11 +60,32 @@ def transport_layers(built: BuiltModel) -> Iterator[tuple[str, nn.Module, DCPMan
 
 @dataclass(frozen=True)
 class DecodeLayer:
-    """One registration of an attention layer in the step (the draft's is one more)."""
+    """One registration of an attention layer in the step (the draft's is one more);
+    `padding` marks this rank's local heads that are tail padding (None: none are)."""
 
     name: str
     module: DCPLayer
     manager: DCPManager
+    padding: torch.Tensor | None = None
+
+
+def padding_mask(module: nn.Module, local_heads: int, tp: int, tp_rank: int) -> torch.Tensor | None:
+    """This TP rank's padded local heads of a layer (True = padding), from the layer's
+    `original_num_attention_heads`; None where the layer has no padding here."""
+    original = getattr(module, "original_num_attention_heads", None)
+    if not isinstance(original, int):
+        return None
+    real = max(0, min(local_heads, original - tp_rank * local_heads))
+    if real == local_heads:
+        return None
+    return torch.arange(local_heads) >= real
+
+
+def _masked(values: torch.Tensor, padding: torch.Tensor | None) -> torch.Tensor:
+    """`values` [B, heads, dim] with the padded heads' rows zero."""
+    if padding is None:
+        return values
+    return values.masked_fill(padding.to(values.device)[None, :, None], 0)
 
 
 def partial_attention(
@@ -137,6 +164,8 @@ class DecodeStep(TransportUser):
         self.seed = seed
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        self.tp = built.spec.tp
+        self.tp_rank = dist.get_rank() % self.tp  # TP groups are consecutive global ranks
         self.device = torch.device(getattr(registry, "device", "cpu"))
         self.layers = self._layers(built)
         capacity = min(layer.manager.max_num_tokens for layer in self.layers)
@@ -158,7 +187,8 @@ class DecodeStep(TransportUser):
                     f"layer {name} was built for dcp={dcp}, the step runs on a DCP group of "
                     f"{self.world} ranks"
                 )
-            layers.append(DecodeLayer(name, module, manager))
+            mask = padding_mask(module, manager.num_heads, self.tp, self.tp_rank)
+            layers.append(DecodeLayer(name, module, manager, mask))
         if not layers:
             raise UsageError(
                 f"no attention layer of {built.spec.model} uses a B12X DCP transport at "
@@ -249,6 +279,7 @@ class DecodeStep(TransportUser):
         manager = self.layers[layer].manager
         shape = (self.batch, manager.num_heads, manager.query_head_dim)
         values = torch.randn(shape, generator=seeded_generator(1, seed, layer, rank))
+        values = _masked(values, self.layers[layer].padding)
         return values.to(manager.output_dtype)  # the layer casts to its query dtype itself
 
     def _kv(self, layer: int, rank: int) -> torch.Tensor:
@@ -279,7 +310,7 @@ class DecodeStep(TransportUser):
             ) -> tuple[torch.Tensor, torch.Tensor]:
                 return partial_attention(gathered, kv, odim)
 
-            outputs.append(layer.module.forward_decode(query, attend))
+            outputs.append(_masked(layer.module.forward_decode(query, attend), layer.padding))
         return tuple(outputs)
 
     def reference(self, seed: int) -> tuple[torch.Tensor, ...]:
@@ -295,5 +326,5 @@ class DecodeStep(TransportUser):
             queries = self._query(seed, i, self.rank).to(manager.query_dtype)
             kv = torch.cat([self._kv(i, r) for r in range(self.world)], dim=0)
             out, _ = partial_attention(queries, kv, manager.output_head_dim)
-            results.append(out)
+            results.append(_masked(out, layer.padding))
         return tuple(results)

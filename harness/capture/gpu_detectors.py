@@ -10,7 +10,8 @@ packages.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -24,6 +25,17 @@ from harness.capture.events import LazyEvent
 
 DEFAULT_POOL = (0, 0)
 MIB = 1 << 20
+# Without a b12x transport to size it by: room for an executable graph, below an NCCL
+# communicator's buffers.
+DEFAULT_DRIVER_TOLERANCE = 16 * MIB
+
+
+def driver_floor(slabs: Iterable[int]) -> int:
+    """The driver-level growth the memory detector tolerates: just under the smallest b12x IPC
+    slab the run's transports would allocate (one lazily created channel is then always seen;
+    a fixed 16 MiB would miss a production channel of 2,041,856 B), else the default."""
+    sizes = [int(n) for n in slabs if int(n) > 0]
+    return min(sizes) - 1 if sizes else DEFAULT_DRIVER_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -71,12 +83,13 @@ def memory_growth(
     after: MemoryReading,
     *,
     tolerance_bytes: int = 0,
-    driver_tolerance_bytes: int = 16 * MIB,
+    driver_tolerance_bytes: int = DEFAULT_DRIVER_TOLERANCE,
 ) -> list[str]:
     """What grew across the capture that the graph does not own; one message per finding.
 
     The driver-level tolerance leaves room for the executable graph itself (instantiation takes
-    device memory outside PyTorch's allocator); b12x slabs and NCCL communicators are far larger.
+    device memory outside PyTorch's allocator); `driver_floor` puts it under the smallest b12x
+    slab of the run, and NCCL communicators are far larger.
     """
     findings = []
     held = after.allocated_outside_graph - before.allocated_outside_graph
@@ -112,7 +125,7 @@ class CudaMemoryDetector(Detector):
         *,
         cuda: Any = None,
         tolerance_bytes: int = 0,
-        driver_tolerance_bytes: int = 16 * MIB,
+        driver_tolerance_bytes: int = DEFAULT_DRIVER_TOLERANCE,
     ) -> None:
         super().__init__()
         self._cuda = torch.cuda if cuda is None else cuda
@@ -244,6 +257,21 @@ class TritonJitDetector(Detector):
 
 B12X_GUARD_REASON = "dcpqual capture window"
 _REPORTED = "__dcpqual_reported__"
+# b12x 1.5.1 `preparation.session.prepare_default` refuses an unprepared plan with a plain
+# RuntimeError, not KernelResolutionFrozenError, under a frozen session and during capture.
+B12X_UNPREPARED_PLAN = re.compile(
+    r"plan is not prepared and kernel resolution is frozen"
+    r"|plan .* is not prepared; a shape used under CUDA graph capture must be declared"
+)
+
+
+def _unreported_refusal(exc: BaseException, frozen_error: type[BaseException]) -> bool:
+    """A b12x refusal to resolve or prepare lazily that no report has named yet."""
+    if getattr(exc, _REPORTED, False):
+        return False
+    if isinstance(exc, frozen_error):
+        return True
+    return type(exc) is RuntimeError and bool(B12X_UNPREPARED_PLAN.search(str(exc)))
 
 
 class B12xKernelResolutionDetector(Detector):
@@ -329,7 +357,7 @@ class B12xKernelResolutionDetector(Detector):
         current: BaseException | None = exc
         while current is not None and id(current) not in seen:
             seen.add(id(current))
-            if isinstance(current, frozen_error) and not getattr(current, _REPORTED, False):
+            if _unreported_refusal(current, frozen_error):
                 setattr(current, _REPORTED, True)
                 return self.report(
                     f"b12x refused a kernel resolution inside the capture window: {current}",

@@ -8,7 +8,10 @@ inputs copied into the static input buffers.
 - `cuda-graph` (inputs on a CUDA device): PyTorch's documented recipe. Warm-up iterations run on
   a side stream that waits on the current one; the current stream then waits on it; the step is
   captured with `torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local")`;
-  `replay` copies the inputs in and calls `graph.replay()`.
+  `replay` copies the inputs in and calls `graph.replay()`. Before the warm-up (and before the
+  detectors start), the registry's `capture_scope(side)` is entered, and left after the capture:
+  b12x's graph-owned channel must be entered before capture begins, and its stream-affine
+  channels need the side-stream warm-up to run on that graph channel, not the eager one.
 - `cpu-simulated` (CPU inputs; CPU torch cannot build a `torch.cuda.CUDAGraph`): the same
   window, with the captured step recorded and re-executed on replay, its results copied into
   the static outputs so replay has the graph's semantics (outputs live in fixed buffers).
@@ -56,9 +59,15 @@ Step = Callable[[tuple[torch.Tensor, ...]], torch.Tensor | Sequence[torch.Tensor
 
 
 class FreezableRegistry(Protocol):
-    """What the window needs from a transport registry: `TransportRegistry.frozen()`."""
+    """What the window needs from a transport registry: `TransportRegistry.frozen()` (and, on
+    the CUDA path, `capture_scope(stream)` where the registry has one)."""
 
     def frozen(self) -> AbstractContextManager[Any]: ...
+
+
+def _capture_scope(registry: FreezableRegistry | None, stream: Any) -> AbstractContextManager[Any]:
+    scope = getattr(registry, "capture_scope", None)
+    return nullcontext() if scope is None else scope(stream)
 
 
 def _as_inputs(static_inputs: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -252,10 +261,15 @@ class CaptureWindow:
         if warmup is None:
             warmup = DEFAULT_WARMUP_ITERS[path]
         result = CapturedStep(path=path, static_inputs=inputs, outputs=(), events=())
-        with self.watching():
+        side: Any = None
+        scope: AbstractContextManager[Any] = nullcontext()
+        if path == CUDA_GRAPH:
+            side = self._cuda.Stream(device=inputs[0].device)
+            scope = _capture_scope(self.registry, side)
+        with scope, self.watching():
             try:
                 if path == CUDA_GRAPH:
-                    self._capture_cuda(step, inputs, warmup, result)
+                    self._capture_cuda(step, inputs, warmup, result, side)
                 else:
                     self._capture_cpu(step, inputs, warmup, result)
             except LazySpecializationError:
@@ -288,10 +302,14 @@ class CaptureWindow:
         result._run = run
 
     def _capture_cuda(
-        self, step: Step, inputs: tuple[torch.Tensor, ...], warmup: int, result: CapturedStep
+        self,
+        step: Step,
+        inputs: tuple[torch.Tensor, ...],
+        warmup: int,
+        result: CapturedStep,
+        side: Any,
     ) -> None:
         cuda, device = self._cuda, inputs[0].device
-        side = cuda.Stream(device=device)
         side.wait_stream(cuda.current_stream(device))
         with cuda.stream(side):
             for _ in range(warmup):

@@ -27,13 +27,28 @@ class ParallelGeometry:
             raise GeometryError(f"dcp={self.dcp} does not divide tp={self.tp}")
 
     def local_heads(self, num_heads: int, *, model: str = "model") -> int:
-        """Heads per TP rank; the model's head count must split evenly over tp."""
+        """Heads per TP rank: `ceil(num_heads / tp)`, the tail padded as the fork pads Kimi-K3
+        (`original_num_attention_heads`): 96 heads at TP9 are 11 per rank, 99 in all, the last
+        three padding. A tp so large that a whole rank would hold only padding is refused."""
         _positive("num_heads", num_heads)
-        if num_heads % self.tp:
+        local = -(-num_heads // self.tp)
+        if local * (self.tp - 1) >= num_heads:
             raise GeometryError(
-                f"{model} has {num_heads} attention heads, not divisible by tp={self.tp}"
+                f"{model} has {num_heads} attention heads: at tp={self.tp} ({local} per rank) "
+                "a whole rank would hold only padding heads"
             )
-        return num_heads // self.tp
+        return local
+
+    def padded_heads(self, num_heads: int, *, model: str = "model") -> int:
+        """Heads over all TP ranks, padding included (99 for 96 heads at TP9)."""
+        return self.local_heads(num_heads, model=model) * self.tp
+
+    def real_local_heads(self, num_heads: int, tp_rank: int) -> int:
+        """How many of TP rank `tp_rank`'s local heads are real (the rest are tail padding)."""
+        if not 0 <= tp_rank < self.tp:
+            raise GeometryError(f"tp rank {tp_rank} is outside tp={self.tp}")
+        local = self.local_heads(num_heads)
+        return max(0, min(local, num_heads - tp_rank * local))
 
     def check_world_size(self, world_size: int) -> None:
         """A run of `world_size` ranks can host this geometry only as whole TP groups."""

@@ -80,6 +80,25 @@ def _check_real_trees_available(models: str) -> None:
         raise UsageError(f"--models {models} needs {VLLM_REQUIREMENT}, and vllm is not importable")
 
 
+def _check_real_tree_geometry(options: RunOptions) -> None:
+    """vLLM 0.32 builds a real tree at tp = the world size and asserts that tp divides its
+    heads (Kimi-K3's MLA and KDA: `num_heads % tp_size == 0`); only the fork pads the tail, so
+    a world of 9 or 10 ranks is refused here for real trees rather than failing on every rank."""
+    if options.models == "stand-in" or options.pytest_args:
+        return
+    from harness.errors import GeometryError
+    from harness.launch.plan import REAL_MODEL_HEADS
+
+    world = options.nproc_per_node * options.nnodes
+    heads = REAL_MODEL_HEADS[options.real_model]
+    if heads % world:
+        raise GeometryError(
+            f"vLLM 0.32's {options.real_model} cannot be built on {world} ranks (tp={world}): it "
+            f"asserts that tp divides its {heads} attention heads (only the fork pads the tail); "
+            "run the real trees on a world size that divides them, the stand-ins at any"
+        )
+
+
 def _check_suites_geometry(options: RunOptions) -> None:
     """The default suites build every stand-in model at --tp: each model's heads must split.
 
@@ -143,6 +162,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     options = options_from_args(args)
     _check_suites_geometry(options)
+    _check_real_tree_geometry(options)
     check_backend_available(options.backend, options.nproc_per_node)
     _check_warm_impl(options.warm_impl)
     _check_real_trees_available(options.models)

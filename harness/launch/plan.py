@@ -62,6 +62,9 @@ MODEL_SOURCES: tuple[str, ...] = ("stand-in", "real", "both")
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")  # vLLM's --kv-cache-dtype spellings
 # The real trees `--real-model` builds (harness.models.real.configs; kept here torch-free).
 REAL_MODELS: tuple[str, ...] = ("kimi-k3", "deepseek-v3")
+# Their attention heads (the tiny configs'): vLLM 0.32 builds a real tree at tp = world size and
+# asserts that tp divides them (only the fork pads the tail).
+REAL_MODEL_HEADS: dict[str, int] = {"kimi-k3": 96, "deepseek-v3": 128}
 
 
 @dataclass(frozen=True)

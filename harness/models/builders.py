@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import nn
 
+from harness.core.capacity import SEED_RUNTIME, RuntimeCapacity
 from harness.core.choices import FAMILY_HEADS, KV_CACHE_DTYPES, MODEL_CHOICES
 from harness.core.geometry import ParallelGeometry
 from harness.core.signature import (
@@ -89,6 +90,8 @@ class ModelSpec:
     max_num_batched_tokens: int = DEFAULT_MAX_TOKENS
     use_b12x_dcp_a2a: bool = True
     mtp: bool = True
+    # How the fork's runtime caps its B12X transports' token capacity (`harness.core.capacity`).
+    runtime_capacity: RuntimeCapacity = SEED_RUNTIME
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_CHOICES:
@@ -128,6 +131,7 @@ class ModelSpec:
             kv_cache_dtype=self.kv_cache_dtype,
             dcp_comm_backend=self.dcp_comm_backend,
             max_num_tokens=self.max_num_batched_tokens,
+            runtime=self.runtime_capacity,
         )
 
 
@@ -203,18 +207,18 @@ def _deepseek_v4_layer(index: int, spec: ModelSpec, prefix: str) -> DecoderLayer
 def _generic_mla_layer(index: int, spec: ModelSpec, prefix: str) -> DecoderLayer:
     cfg = FAMILIES["generic-mla"]
     local = spec.geometry.local_heads(cfg.num_heads, model="generic-mla")
-    return DecoderLayer(
-        MLAAttention(
-            num_heads=local,
-            kv_lora_rank=cfg.kv_lora_rank,
-            qk_rope_head_dim=cfg.qk_rope_head_dim,
-            backend=backend_for("generic-mla", spec.backend),
-            dcp_world_size=spec.dcp,
-            prefix=prefix,
-            engine=spec.engine,
-            use_b12x_dcp_a2a=spec.use_b12x_dcp_a2a,
-        )
+    attn = MLAAttention(
+        num_heads=local,
+        kv_lora_rank=cfg.kv_lora_rank,
+        qk_rope_head_dim=cfg.qk_rope_head_dim,
+        backend=backend_for("generic-mla", spec.backend),
+        dcp_world_size=spec.dcp,
+        prefix=prefix,
+        engine=spec.engine,
+        use_b12x_dcp_a2a=spec.use_b12x_dcp_a2a,
     )
+    attn.original_num_attention_heads = cfg.num_heads  # the model's, before the tail padding
+    return DecoderLayer(attn)
 
 
 _LAYER_BUILDERS = {

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from harness.core.capacity import SEED_RUNTIME, RuntimeCapacity
 from harness.models.backends import AttentionBackend
 from harness.models.dcp import DCPManager, kimi_query_dtype, quantized_kv_cache
 
@@ -40,7 +41,9 @@ class EngineSettings:
     dtype: torch.dtype = torch.bfloat16
     kv_cache_dtype: str = "auto"
     dcp_comm_backend: str = "ag_rs"
-    max_num_tokens: int = 64
+    max_num_tokens: int = 64  # the engine's capacity (max_num_batched_tokens)
+    # How the fork's runtime sizes the layer's B12X transport from it (the decode token cap).
+    runtime: RuntimeCapacity = SEED_RUNTIME
 
     def manager(
         self,
@@ -60,7 +63,9 @@ class EngineSettings:
             output_head_dim=output_head_dim,
             query_dtype=query_dtype,
             output_dtype=self.dtype,
-            max_num_tokens=self.max_num_tokens,
+            max_num_tokens=self.runtime.tokens(self.max_num_tokens)
+            if b12x
+            else self.max_num_tokens,
             comm_backend=self.dcp_comm_backend,
             b12x=b12x,
         )
@@ -102,6 +107,10 @@ class MLAAttention(DCPLayer):
     for vLLM's own collectives. The query is fp8 only under a quantized KV cache (not
     `fp8_ds_mla`) and an impl that takes quantized queries, as in vLLM.
     """
+
+    # The model's heads before the tail padding, where the builder knows them (`num_heads` here
+    # is already the local, padded count).
+    original_num_attention_heads: int | None = None
 
     def __init__(
         self,
@@ -169,7 +178,8 @@ class DeepseekV4Attention(DCPLayer):
     ) -> None:
         super().__init__()
         self.n_heads = n_heads
-        self.n_local_heads = n_heads // tp_size
+        self.original_num_attention_heads = n_heads  # before the tail padding
+        self.n_local_heads = -(-n_heads // tp_size)  # ceil: the fork pads the tail
         self.head_dim = head_dim
         self.prefix = prefix
         self.backend_cls = backend
@@ -233,7 +243,8 @@ class MultiHeadLatentAttention(DCPLayer):
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.num_local_heads = num_heads // tp_size
+        self.original_num_attention_heads = num_heads  # before the tail padding
+        self.num_local_heads = -(-num_heads // tp_size)  # ceil: 11 at TP9, the tail padded
         self.kv_lora_rank = kv_lora_rank
         self.qk_rope_head_dim = qk_rope_head_dim
         self.head_size = kv_lora_rank + qk_rope_head_dim
@@ -277,7 +288,7 @@ class KimiDeltaAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.num_local_heads = num_heads // tp_size
+        self.num_local_heads = -(-num_heads // tp_size)
         self.head_dim = head_dim
         self.head_size = head_dim
         self.kv_lora_rank = head_dim

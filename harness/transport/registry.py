@@ -15,6 +15,9 @@ Observability (for the capture window and its detectors):
   A callback that raises stops the operation and its exception propagates out of
   `get`/`get_or_create`/`allocator.empty`/the transport's operation (on `TransportCreated`,
   the new transport is closed and not registered).
+- `capture_scope(stream)`: enters, for a CUDA graph about to be captured on `stream`, the
+  capture context of every held transport that has one (a b12x pool's graph channel, which
+  b12x requires before capture begins); the capture window enters it before its warm-up.
 - `frozen()`: a context manager marking everything that happens inside it as `frozen=True`.
   The registry still works while frozen; detectors decide what a frozen event means.
 - `allocator`: the `CountingAllocator` through which transports allocate, so an allocation
@@ -27,8 +30,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any, Protocol
 
 import torch
@@ -78,6 +81,32 @@ Subscriber = Callable[[RegistryEvent], None]
 def created_on(transport: DCPTransport, group: dist.ProcessGroup | None) -> bool:
     """Was `transport` created on `group`? One that names no group (a stand-in) is on any."""
     return getattr(transport, "group", group) is group
+
+
+@contextmanager
+def enter_capture_scopes(transports: Iterable[object], stream: Any = None) -> Iterator[None]:
+    """Enter `capture_scope(stream)` of each transport that has one (b12x), in order; leave
+    them in reverse. Transports without one (torch) need nothing before a capture."""
+    with ExitStack() as stack:
+        for transport in transports:
+            scope = getattr(transport, "capture_scope", None)
+            if scope is not None:
+                stack.enter_context(scope(stream))
+        yield None
+
+
+def stand_in_backend(device: torch.device | str, dcp: int, facts: Any = None) -> tuple[str, str]:
+    """(backend, why) for the stand-in suites: b12x on an sm_12x GPU with b12x (so a GPU run
+    exercises it), torch elsewhere; `facts` (a `DeviceFacts`) defaults to this machine's."""
+    from harness.transport.b12x_backend import device_facts, select_transport_backend
+
+    return select_transport_backend(facts if facts is not None else device_facts(device), dcp)
+
+
+def stand_in_registry(device: torch.device | str, dcp: int) -> TransportRegistry:
+    """A registry on the backend `stand_in_backend` picks for this machine."""
+    backend, _ = stand_in_backend(device, dcp)
+    return TransportRegistry(backend, device=device)
 
 
 def _global_rank() -> int:
@@ -150,6 +179,14 @@ class TransportRegistry:
 
     def _emit_allocation(self, event: BufferAllocated) -> None:
         self._emit(event)
+
+    @contextmanager
+    def capture_scope(self, stream: Any) -> Iterator[None]:
+        """Every held transport's capture context for a graph captured on `stream`; see the
+        module doc. Collective where a transport's is (b12x): every rank enters it together."""
+        held = [self._transports[s] for s in self.signatures()]
+        with enter_capture_scopes(held, stream):
+            yield None
 
     @contextmanager
     def frozen(self) -> Iterator[TransportRegistry]:

@@ -21,8 +21,9 @@ from harness.capture.check import default_detectors
 from harness.capture.decode import DecodeStep
 from harness.capture.detector import Detector
 from harness.capture.offrank import OFF_RANK, ControlOutcome, OffRankControls
+from harness.core.capacity import RuntimeCapacity
 from harness.models import BuiltModel, build
-from harness.transport.registry import TransportRegistry
+from harness.transport.registry import TransportRegistry, stand_in_registry
 from harness.warm.impls import resolve_warm_impl
 from harness.warm.recognizers import WarmContext
 from harness.warm.warmup import WarmReport
@@ -126,11 +127,20 @@ class Prepared:
 
 @pytest.fixture
 def prepare(world, qualification) -> Iterator[Callable[..., Prepared]]:
-    """`prepare(model, warm_impl, geometry=None)`: build at the run's geometry (or the given
-    `Qualification` of suites/conftest.py, e.g. `held_out`), warm, make the decode step."""
+    """`prepare(model, warm_impl, geometry=None, *, max_num_batched_tokens=, runtime=)`: build
+    at the run's geometry (or the given `Qualification` of suites/conftest.py, e.g.
+    `held_out`) with the runtime's token cap (default: this environment's), warm, make the
+    decode step."""
     registries: list[TransportRegistry] = []
 
-    def make(model: str, warm_impl: str, geometry: Any = None) -> Prepared:
+    def make(
+        model: str,
+        warm_impl: str,
+        geometry: Any = None,
+        *,
+        max_num_batched_tokens: int = MAX_TOKENS,
+        runtime: RuntimeCapacity | None = None,
+    ) -> Prepared:
         where = geometry or qualification
         built = build(
             model,
@@ -138,16 +148,18 @@ def prepare(world, qualification) -> Iterator[Callable[..., Prepared]]:
             dcp=where.dcp,
             num_layers=NUM_LAYERS[model],
             dtype=DTYPE,
-            max_num_batched_tokens=MAX_TOKENS,
+            max_num_batched_tokens=max_num_batched_tokens,
+            # The fork's runtime token cap; VLLM_DCP_A2A_MAX_TOKENS reaches it as in production.
+            runtime_capacity=runtime if runtime is not None else RuntimeCapacity.from_env(),
         )
         # What production warmup reads from the engine config (not from the layers).
         context = WarmContext(
             dtype=DTYPE,
-            max_tokens=MAX_TOKENS,
+            max_tokens=max_num_batched_tokens,
             device_type=world.device.type,
             dcp_world_size=where.dcp,
         )
-        registry = TransportRegistry("torch", device=world.device)
+        registry = stand_in_registry(world.device, where.dcp)
         registries.append(registry)
         impl = resolve_warm_impl(warm_impl)
         report = impl.fn(

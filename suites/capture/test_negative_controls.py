@@ -35,6 +35,7 @@ from harness.capture.detector import without
 from harness.capture.events import LazySpecializationError
 from harness.capture.offrank import OFF_RANK, VARIANTS, ControlOutcome, run_control
 from harness.capture.window import CaptureWindow
+from harness.core.capacity import RuntimeCapacity
 from harness.errors import GeometryError, QualificationError
 from harness.transport.registry import TransportRegistry
 from harness.warm.signature import TransportSignature
@@ -46,15 +47,17 @@ KIMI_HEADS, KIMI_QDIM, KIMI_ODIM = 96, 576, 512
 
 
 def kimi_signature(qualification, context) -> TransportSignature:
-    """The transport the seed change warms: Kimi-K3's local heads x dcp, 576 -> 512."""
-    local = KIMI_HEADS // qualification.tp
+    """The transport the seed change warms: Kimi-K3's local heads x dcp, 576 -> 512, at the
+    runtime's token capacity. Local heads are ceil(heads / tp): the fork pads the tail (TP9:
+    11 per rank, 99 gathered)."""
+    local = -(-KIMI_HEADS // qualification.tp)
     return TransportSignature(
         dtype=context.dtype,
         total_heads=local * qualification.dcp,
         query_head_dim=KIMI_QDIM,
         output_head_dim=KIMI_ODIM,
         dcp_world_size=qualification.dcp,
-        max_tokens=context.max_tokens,
+        max_tokens=RuntimeCapacity.from_env().tokens(context.max_tokens),
         device_type=context.device_type,
     )
 

@@ -27,6 +27,7 @@ from harness.capture.callsites import (
 )
 from harness.capture.check import default_detectors
 from harness.capture.window import CaptureWindow
+from harness.core.capacity import RuntimeCapacity
 from harness.models.real import RealTree, build_real, planned_spec
 from harness.transport.registry import TransportRegistry
 from harness.warm.impls import resolve_warm_impl
@@ -58,7 +59,7 @@ def real_tree(world, qualification, rank_plan) -> Built:
         spec = planned_spec(rank_plan, world.size)
         if spec.dcp != qualification.dcp:  # one resolution of the run's dcp, never two
             pytest.fail(f"real tree at dcp={spec.dcp}, the run qualifies dcp={qualification.dcp}")
-        with watch_managers() as calls:
+        with watch_managers(RuntimeCapacity.from_env()) as calls:
             tree = build_real(spec)
         _CACHE["tree"] = Built(tree, call_sites(tree.static_forward_context, calls))
     return _CACHE["tree"]

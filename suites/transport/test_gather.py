@@ -13,7 +13,7 @@ from harness.transport.testing import (
     expected_gather,
     make_queries,
 )
-from harness.warm.signature import query_torch_dtype
+from harness.warm.signature import TransportSignature, query_torch_dtype
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
@@ -52,3 +52,41 @@ def test_gather_into_out_and_same_result_twice(dcp, dcp_group, transports, world
     second = transport.gather_queries(mine, out=out)
     assert second is out
     assert bit_equal(first, second)
+
+
+# The fork's fp8 query records: Kimi-K3's 576-byte e4m3 queries under a quantized KV cache, and
+# the 656-byte `fp8_ds_mla` records (512 fp8 latent bytes, 16 of scales, 128 of bf16 rope); the
+# fork's gather needs each record 16-byte aligned.
+FP8_RECORD_BYTES = (576, 656)
+RECORD_ALIGNMENT = 16
+
+
+@pytest.mark.parametrize("record", FP8_RECORD_BYTES)
+@pytest.mark.parametrize("dcp", DCP_SIZES)
+def test_fp8_records_gather_bit_exact_and_16_byte_aligned(
+    dcp, record, dcp_group, transports, world
+) -> None:
+    group = dcp_group(dcp)
+    local = MODELS["kimi-k3"].local_heads
+    sig = TransportSignature(
+        "bf16",
+        local * dcp,
+        record,
+        512,
+        dcp,
+        max_tokens=SUITE_MAX_TOKENS,
+        device_type=world.device.type,
+        query_dtype="fp8_e4m3fn",
+    )
+    fp8 = query_torch_dtype(sig)
+    assert fp8.itemsize * record % RECORD_ALIGNMENT == 0
+    transport = transports.get("ag_rs", sig, group.group)
+    for batch in (1, SUITE_MAX_TOKENS):
+        queries = make_queries(dcp, batch, local, record, fp8, seed=70 + batch)
+        mine = queries[group.rank].to(world.device)
+        got = transport.gather_queries(mine)
+        assert got.dtype == fp8 and got.shape == (batch, local * dcp, record)
+        # every record of the result starts on a 16-byte boundary, as the fork's gather needs
+        assert got.is_contiguous() and got.data_ptr() % RECORD_ALIGNMENT == 0
+        assert got.stride(1) * got.element_size() % RECORD_ALIGNMENT == 0
+        assert bit_equal(got.cpu(), expected_gather(queries)), f"batch {batch}"

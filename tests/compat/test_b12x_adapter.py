@@ -14,6 +14,7 @@ Its keys are checked against the keys b12x's DCP preparation module reads.
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -110,7 +111,10 @@ class CheckedPool:
         def method(*args: Any, **kwargs: Any) -> Any:
             bind(real, self, *args, **kwargs)
             self.calls.append(f"PCIeDCPA2APool.{name}")
-            return SimpleNamespace(world_size=KIMI.dcp_world_size) if name == "for_stream" else None
+            channel = SimpleNamespace(world_size=KIMI.dcp_world_size)
+            if name == "capture":
+                return contextlib.nullcontext(channel)
+            return channel if name == "for_stream" else None
 
         return method
 
@@ -171,11 +175,17 @@ def checked_api(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> bb.B12xApi
         calls.append("plan")
         return CheckedPlan(query)
 
+    def use_stream(stream: Any) -> contextlib.AbstractContextManager[None]:
+        bind(torch.cuda.stream, stream)
+        calls.append("torch.cuda.stream")
+        return contextlib.nullcontext()
+
     return bb.B12xApi(
         pool_from_process_group=pool_from_process_group,
         query_from_runtime=query_from_runtime,
         plan=plan,
         prepare=real.prepare,
+        use_stream=use_stream,
     )
 
 
@@ -187,7 +197,9 @@ EVERY_ENTRY_POINT = {
     "PCIeDCPA2APool.for_stream",
     "PCIeDCPA2APool.all_gather_heads",
     "PCIeDCPA2APool.lse_reduce_scatter",
+    "PCIeDCPA2APool.capture",
     "PCIeDCPA2APool.close",
+    "torch.cuda.stream",
     "query_from_runtime",
     "plan",
     "Plan.request",
@@ -207,9 +219,11 @@ def test_the_adapter_lifecycle_binds_to_the_real_b12x_api(monkeypatch):
     lse = torch.empty(3, KIMI.total_heads, device="meta", dtype=torch.float32)
     for base_e in (True, False):
         transport.reduce_outputs(partial, lse, base_e=base_e)
+    with transport.capture_scope(object()):  # a graph channel: its own three plans
+        transport.gather_queries(torch.empty(3, KIMI.local_heads, 576, **meta))
     transport.close()
     assert set(calls) == EVERY_ENTRY_POINT
-    assert calls.count("prepare_call") == 3  # gather + one reduction plan per LSE base
+    assert calls.count("prepare_call") == 6  # gather + one reduction per LSE base, per channel
 
 
 @pytest.mark.parametrize("base_e", [True, False])
