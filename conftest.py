@@ -21,8 +21,11 @@ collect_ignore = [] if PLAN_ENV in os.environ else ["suites"]
 @pytest.hookimpl(optionalhook=True)
 def pytest_dcpqual_rank_use() -> RankUse:
     """For the rank plugin: the transports this rank created and the vLLM trees it built."""
+    from harness.engine.record import engine_record
     from harness.models.real.builder import built_trees
     from harness.transport.registry import transports_used
 
     trees = tuple(tree.record() for tree in built_trees())
-    return RankUse(transports=tuple(transports_used()), real_trees=trees)
+    return RankUse(
+        transports=tuple(transports_used()), real_trees=trees, engine=engine_record()
+    )

@@ -36,6 +36,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_arguments(p)
     p.add_argument(
+        "--engine-arg",
+        dest="engine_args",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine lane: one of vLLM's engine arguments (value as YAML: 4, true, {...}); "
+        "repeatable, after --engine-config and the lane's defaults",
+    )
+    p.add_argument(
+        "--engine-env",
+        dest="engine_env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine lane: an environment variable for vLLM's engine (repeatable)",
+    )
+    p.add_argument(
         "pytest_args",
         nargs=argparse.REMAINDER,
         help="-- PYTEST_ARGS...: pytest arguments for every rank; ranks load no installed "
@@ -67,7 +84,7 @@ def _check_warm_impl(name: str) -> None:
 
 
 def _check_real_trees_available(models: str) -> None:
-    """Real trees need vLLM's real classes; refuse before anything is written."""
+    """Real trees and the engine lane need vLLM itself; refuse before anything is written."""
     if models == "stand-in":
         return
     from harness.core.peers import VLLM_REQUIREMENT, vllm_installed
@@ -119,6 +136,8 @@ def options_from_args(
         raise UsageError("--nproc-per-node N|auto|cpu|gpu is required (or --rerun-failed BUNDLE)")
     return RunOptions(
         nproc_per_node=resolve_nproc(str(spec)),
+        engine_args=tuple(getattr(args, "engine_args", None) or ()),
+        engine_env=tuple(getattr(args, "engine_env", None) or ()),
         nproc_requested=str(spec),
         pytest_args=pytest_args,
         rerun_of=None if rerun_of is None else rerun_of.absolute(),

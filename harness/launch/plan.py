@@ -55,7 +55,7 @@ def default_targets() -> tuple[str, ...]:
     return (str(suites),)
 
 
-MODEL_SOURCES: tuple[str, ...] = ("stand-in", "real", "both")
+MODEL_SOURCES: tuple[str, ...] = ("stand-in", "real", "both", "engine", "stand-in,engine")
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")  # vLLM's --kv-cache-dtype spellings
 # The real trees `--real-model` builds (harness.models.real.configs; kept here torch-free).
 REAL_MODELS: tuple[str, ...] = ("kimi-k3", "deepseek-v3")
@@ -86,6 +86,12 @@ class RunOptions:
     dcp_comm_backend: str = "ag_rs"  # of the real trees
     real_model: str = "kimi-k3"  # which real tree the real-tree suite builds
     draft_kv_cache_dtype: str = ""  # the real draft's own KV cache dtype; "": the target's
+    # The engine lane's model ("": the platform's default), `vllm serve --config` file and
+    # KEY=VALUE arguments/environment (validated here, resolved on the ranks).
+    engine_model: str = ""
+    engine_config: Path | None = None
+    engine_args: tuple[str, ...] = ()
+    engine_env: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for flag, value, allowed in (
@@ -94,6 +100,7 @@ class RunOptions:
             ("--dcp-comm-backend", self.dcp_comm_backend, COMM_BACKENDS),
             ("--real-model", self.real_model, REAL_MODELS),
             ("--draft-kv-cache-dtype", self.draft_kv_cache_dtype, ("", *KV_CACHE_DTYPES)),
+            ("--engine-model", self.engine_model, ("", *REAL_MODELS)),
         ):
             if value not in allowed:
                 raise UsageError(f"unknown {flag} {value!r}; expected one of {', '.join(allowed)}")
@@ -305,12 +312,31 @@ def rank_plan(options: RunOptions, out_dir: Path) -> RankPlan:
             "dcp_comm_backend": options.dcp_comm_backend,
             "real_model": options.real_model,
             "draft_kv_cache_dtype": options.draft_kv_cache_dtype,
+            **engine_plan(options),
             "test_timeout_s": options.resolved_test_timeout,
             "collect_timeout_s": options.resolved_test_timeout,  # collection is a test too
             "maxfail": options.maxfail,
             "fast_exit": True,  # records and junit are final: skip 16 interpreter teardowns
         }
     )
+
+
+def engine_plan(options: RunOptions) -> dict[str, object]:
+    """The engine lane's part of the rank plan: its arguments checked here (UsageError), the
+    config file read here, so a bad one is refused before anything is written."""
+    from harness.engine.settings import parse_engine_arg, parse_engine_env, read_engine_config
+
+    for text in options.engine_args:
+        parse_engine_arg(text)
+    for text in options.engine_env:
+        parse_engine_env(text)
+    config = {} if options.engine_config is None else read_engine_config(options.engine_config)
+    return {
+        "engine_model": options.engine_model or None,
+        "engine_config": config,
+        "engine_args": options.engine_args,
+        "engine_env": options.engine_env,
+    }
 
 
 def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
