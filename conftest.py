@@ -26,6 +26,4 @@ def pytest_dcpqual_rank_use() -> RankUse:
     from harness.transport.registry import transports_used
 
     trees = tuple(tree.record() for tree in built_trees())
-    return RankUse(
-        transports=tuple(transports_used()), real_trees=trees, engine=engine_record()
-    )
+    return RankUse(transports=tuple(transports_used()), real_trees=trees, engine=engine_record())

@@ -177,7 +177,7 @@ def shm_segments() -> list[Path]:
         group = ref()
         communicator = getattr(group, "device_communicator", None)
         name = getattr(getattr(communicator, "dist_module", None), "group_name", None)
-        if isinstance(name, str):  # POSIX shm names lose their leading slashes in /dev/shm
+        if isinstance(name, str) and communicator is not None:  # leading slashes: dropped
             out.append(Path("/dev/shm") / f"{name.lstrip('/')}_{communicator.rank}")
     return out
 
@@ -195,8 +195,8 @@ def keeping_default_group() -> Iterator[None]:
             return
         original(group)
 
-    dist.destroy_process_group = destroy  # type: ignore[assignment]
-    c10d.destroy_process_group = destroy  # type: ignore[assignment]
+    dist.destroy_process_group = destroy
+    c10d.destroy_process_group = destroy
     try:
         yield
     finally:
@@ -225,8 +225,9 @@ def eager_reference(run: EngineRun, folder: Path, rank: int) -> tuple[tuple[int,
     the lane's engine is gone afterwards."""
     tear_down(run)
     start = time.perf_counter()
-    eager = EngineRun(run.settings.eager(), None, run.watch, run.architecture, run.tp, run.dcp,
-                      run.gpu, 0.0)
+    eager = EngineRun(
+        run.settings.eager(), None, run.watch, run.architecture, run.tp, run.dcp, run.gpu, 0.0
+    )
     eager.llm = _build(eager.settings, folder, run.tp, rank)
     run.eager_build_s = time.perf_counter() - start
     try:
@@ -290,7 +291,7 @@ def lane_limitations(run: EngineRun) -> tuple[Limitation, ...]:
                 key="engine-dcp",
                 text=(
                     f"the engine ran at DCP1: vLLM refuses DCP on the CPU platform "
-                    f"(\"{CPU_DCP_REFUSAL}\"), so no decode DCP call was made and the b12x "
+                    f'("{CPU_DCP_REFUSAL}"), so no decode DCP call was made and the b12x '
                     "served/not-served counts are zero, not evidence"
                 ),
             )
@@ -329,7 +330,7 @@ def engine_record_of(run: EngineRun) -> EngineRecord:
         EnginePhase(
             name=p,
             entered=watch.entered[p],
-            seconds=round(max(0.0, watch.seconds[p]), 3),
+            seconds=round(max(0.0, watch.seconds.get(p, 0.0)), 3),
             created=created_per_phase.get(p, 0),
         )
         for p in PHASES

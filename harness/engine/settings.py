@@ -55,17 +55,17 @@ def _key(text: str, flag: str) -> str:
 
 
 def parse_value(text: str) -> Any:
-    """A value as `vllm serve --config` reads YAML: numbers, booleans, JSON objects, else text."""
-    import yaml
+    """A JSON value (4, true, {"a": 1}, [1, 2]) where the text is one, else the text itself."""
+    import json
 
     try:
-        return yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
+        return json.loads(text)
+    except ValueError:
         return text
 
 
 def parse_engine_arg(text: str) -> tuple[str, Any]:
-    """`--engine-arg max-num-seqs=4` -> ("max_num_seqs", 4)."""
+    """`--engine-arg max-num-seqs=4` -> ("max_num_seqs", 4); a value is JSON where it parses."""
     name, sep, value = text.partition("=")
     if not sep:
         raise UsageError(f"--engine-arg needs KEY=VALUE, got {text!r}")
@@ -84,8 +84,10 @@ def parse_engine_env(text: str) -> tuple[str, str]:
 
 def read_engine_config(path: Path) -> dict[str, Any]:
     """A `vllm serve --config` YAML file: a mapping of engine arguments (dashes or underscores)."""
-    import yaml
-
+    try:
+        import yaml  # type: ignore[import-untyped]  # vLLM's own dependency
+    except ImportError:
+        raise UsageError("--engine-config needs PyYAML (vLLM installs it)") from None
     try:
         loaded = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
@@ -179,7 +181,8 @@ def shown(settings: EngineSettings) -> tuple[tuple[str, ...], tuple[str, ...]]:
     import json
 
     args = tuple(
-        f"{k}={json.dumps(v, sort_keys=True, default=str)}" for k, v in sorted(settings.args.items())
+        f"{k}={json.dumps(v, sort_keys=True, default=str)}"
+        for k, v in sorted(settings.args.items())
     )
     env = tuple(f"{k}={v}" for k, v in sorted(settings.env.items()))
     return args, env

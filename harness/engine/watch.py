@@ -62,7 +62,7 @@ class PhaseWatch:
 
     phase: str = "load"
     created: list[Created] = field(default_factory=list)
-    seconds: Counter[str] = field(default_factory=Counter)
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     entered: Counter[str] = field(default_factory=Counter)
     graph_captures: int = 0
     served: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (class, call, phase)
@@ -81,9 +81,9 @@ class PhaseWatch:
             yield
         finally:
             spent = time.perf_counter() - start
-            self.seconds[name] += spent
-            if outer != name:
-                self.seconds[outer] -= spent  # the outer phase's time excludes the inner's
+            self.seconds[name] = self.seconds.get(name, 0.0) + spent
+            if outer != name:  # the outer phase's time excludes the inner's
+                self.seconds[outer] = self.seconds.get(outer, 0.0) - spent
             self.phase = outer
 
     def note(self, kind: str, what: str) -> None:
@@ -209,8 +209,9 @@ class PhaseWatch:
             for call in B12X_CALLS:
                 method = cls.__dict__[call]
 
-                def served(*a: Any, _m: Any = method, _key: tuple[str, str] = (public, call),
-                           **k: Any) -> Any:
+                def served(
+                    *a: Any, _m: Any = method, _key: tuple[str, str] = (public, call), **k: Any
+                ) -> Any:
                     watch.served[(*_key, watch.phase)] += 1
                     return _m(*a, **k)
 
@@ -239,14 +240,20 @@ class PhaseWatch:
         self.seams["b12x-kernels"] = "armed"
 
     def _arm_triton(self, undo: contextlib.ExitStack) -> None:
+        """Triton's JIT hook, where a real Triton is installed (vLLM puts a placeholder module
+        in its place when it is not, so the distribution is asked, not `import triton`)."""
+        import importlib.metadata
+
         try:
-            import triton
-        except ImportError:
+            importlib.metadata.version("triton")
+        except importlib.metadata.PackageNotFoundError:
             self.seams["triton"] = "not armed: triton is not installed"
             return
+        import triton
+
         runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
         if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
-            self.seams["triton"] = "not armed: this triton has no knobs.runtime.jit_post_compile_hook"
+            self.seams["triton"] = "not armed: no triton.knobs.runtime.jit_post_compile_hook"
             return
         previous = runtime.jit_post_compile_hook
         watch = self
@@ -283,7 +290,7 @@ class PhaseWatch:
 
 def _subclasses(cls: type) -> list[type]:
     out: list[type] = []
-    stack = list(cls.__subclasses__())
+    stack: list[type] = list(cls.__subclasses__())
     while stack:
         sub = stack.pop()
         if sub not in out:

@@ -50,4 +50,3 @@ def keep_record(engine) -> Iterator[None]:
 
     yield
     set_engine_record(engine_record_of(engine))
-
