@@ -153,4 +153,7 @@ def run_command(args: argparse.Namespace) -> int:
     check_backend_available(options.backend, options.nproc_per_node)
     _check_warm_impl(options.warm_impl)
     _check_real_trees_available(options.models)
+    from harness.launch.plan import engine_plan
+
+    engine_plan(options)  # the engine lane's arguments and config file, refused here if bad
     return launcher.run(options)
