@@ -107,8 +107,8 @@ def run_argv(
     models: str = GPU_MODELS,
 ) -> tuple[str, ...]:
     """The `dcpqual run` command line the GPU runs use, in the container or on the host."""
-    argv = ("dcpqual", "run", "--nproc-per-node", str(nproc), "--backend", backend)
-    argv = (*argv, "--models", models, "--out", out)
+    argv: tuple[str, ...] = ("dcpqual", "run", "--nproc-per-node", str(nproc))
+    argv = (*argv, "--backend", backend, "--models", models, "--out", out)
     return (*argv, "--", *pytest_args) if pytest_args else argv
 
 
