@@ -271,3 +271,21 @@ def test_a_lazy_event_outside_the_controls_counts() -> None:
 
 def test_no_engine_record_means_no_lane() -> None:
     assert engine_lane({0: RankRecord(rank=0, world_size=1)}) is None
+
+
+def _options(*argv: str):
+    import argparse
+
+    from harness.launch import cli
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    return cli.options_from_args(parser.parse_args(["run", "--nproc-per-node", "2", *argv]), {})
+
+
+def test_warm_impl_vllm_is_a_thin_alias_of_the_engine_lane() -> None:
+    assert _options("--warm-impl", "vllm").models == "engine"
+    both = _options("--warm-impl", "vllm", "--models", "stand-in,engine")
+    assert both.models == "stand-in,engine"
+    with pytest.raises(UsageError, match="--warm-impl vllm is the engine lane"):
+        _options("--warm-impl", "vllm", "--models", "real")

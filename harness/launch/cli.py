@@ -131,6 +131,7 @@ def options_from_args(
             if dest not in chosen.explicit:
                 values[dest] = value
         pytest_args = (*source.plugins, *source.targets)
+    _warm_impl_vllm_is_the_engine_lane(values, chosen.explicit)
     spec = values.pop("nproc_per_node")
     if spec is None:
         raise UsageError("--nproc-per-node N|auto|cpu|gpu is required (or --rerun-failed BUNDLE)")
@@ -143,6 +144,24 @@ def options_from_args(
         rerun_of=None if rerun_of is None else rerun_of.absolute(),
         **{dest: value for dest, value in values.items() if value is not None},
     )
+
+
+def _warm_impl_vllm_is_the_engine_lane(values: dict[str, object], explicit: frozenset[str]) -> None:
+    """`--warm-impl vllm` is a thin alias of the engine lane: vLLM's own warm is qualified by
+    starting vLLM's own engine (`--models engine`), never by calling one era's private warm
+    names on our stand-in trees."""
+    from harness.core.choices import VLLM_WARM_IMPL
+
+    if values.get("warm_impl") != VLLM_WARM_IMPL:
+        return
+    models = values.get("models")
+    if "models" in explicit and models not in ("engine", "stand-in,engine"):
+        raise UsageError(
+            f"--warm-impl {VLLM_WARM_IMPL} is the engine lane (--models engine); "
+            f"it cannot qualify --models {models}"
+        )
+    if "models" not in explicit:
+        values["models"] = "engine"
 
 
 def run_command(args: argparse.Namespace) -> int:

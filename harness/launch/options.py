@@ -144,7 +144,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "warm_impl",
         ("--warm-impl",),
         "NAME",
-        "warm implementation: vendored, before-kimi, vllm or package.module:function",
+        "warm implementation: vendored, before-kimi, package.module:function, or vllm (an "
+        "alias of --models engine: vLLM's own warm, run by vLLM's own engine)",
         _text,
         default="vendored",
         env="DCPQUAL_RUN_WARM_IMPL",
