@@ -155,7 +155,7 @@ def _warm_impl_vllm_is_the_engine_lane(values: dict[str, object], explicit: froz
     if values.get("warm_impl") != VLLM_WARM_IMPL:
         return
     models = values.get("models")
-    if "models" in explicit and models not in ("engine", "stand-in,engine"):
+    if "models" in explicit and models != "engine":
         raise UsageError(
             f"--warm-impl {VLLM_WARM_IMPL} is the engine lane (--models engine); "
             f"it cannot qualify --models {models}"
