@@ -108,18 +108,22 @@ def test_control_before_capture_is_not_lazy(engine: EngineRun, action: str) -> N
 
 @pytest.mark.parametrize("action", sorted(ACTIONS))
 def test_control_inside_vllms_lazy_phase_is_caught(engine: EngineRun, action: str) -> None:
-    """The hook rides vLLM's own call of the live model's forward during the decode steps (on
-    a GPU the watched phase around them also holds graph replay)."""
+    """The hook rides vLLM's own call of the live model's forward. Where CUDA graphs replay
+    (no Python forward), it rides vLLM's own `capture_model`, run once more on the live
+    engine; on CPU (no graphs) it rides the decode steps, which stand in for capture."""
     model = engine.model_runner.model
     start = len(engine.watch.created)
     with hooked_once(model, "forward", ACTIONS[action]):
-        engine.decode()
+        if engine.gpu and engine.policy.get("cudagraph_mode", "NONE") != "NONE":
+            engine.model_runner.capture_model()
+        else:
+            engine.decode()
     made = engine.watch.created[start:]
     phase = made[0].phase if made else engine.watch.phase
     item = engine.control(action, "lazy-phase", phase, start)
     _keep(engine)
     assert made, f"the {action} hook never ran inside vLLM's forward"
-    assert item.caught, f"{action} inside vLLM's decode phase was not caught as lazy"
+    assert item.caught, f"{action} inside vLLM's {phase} phase was not caught as lazy"
 
 
 def test_dcp_calls_took_the_b12x_path(engine: EngineRun) -> None:
