@@ -289,3 +289,15 @@ def test_warm_impl_vllm_is_a_thin_alias_of_the_engine_lane() -> None:
     for other in ("real", "stand-in,engine"):  # the stand-ins would need a copy of the warm
         with pytest.raises(UsageError, match="--warm-impl vllm is the engine lane"):
             _options("--warm-impl", "vllm", "--models", other)
+
+
+def test_only_capture_and_decode_dcp_calls_off_b12x_are_fallbacks() -> None:
+    served = (
+        {"path": "other:all_gather", "phase": "warm", "calls": 5},
+        {"path": "other:reduce_scatter", "phase": "decode", "calls": 2},
+        {"path": "b12x:DcpAllToAllPool.all_gather_heads", "phase": "decode", "calls": 7},
+    )
+    lane = _lane(_record(served=served))
+    assert lane is not None
+    assert (lane.other_calls, lane.b12x_calls) == (2, {"decode": 7})
+    assert _record(served=served).other_calls() == 2

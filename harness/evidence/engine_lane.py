@@ -13,6 +13,8 @@ from harness.schema.base import Limitation
 from harness.schema.rank_record import EngineRecord, RankRecord
 from harness.schema.receipt import EngineLane
 
+# The phases whose DCP calls must be b12x's (vLLM's own capture, and decode that replays it).
+SERVED_PHASES = frozenset({"capture", "decode"})
 # What identifies an engine configuration (the rest is what it cost or saw on one rank).
 IDENTITY = (
     "model",
@@ -67,7 +69,7 @@ def engine_lane(records: Mapping[int, RankRecord]) -> EngineLane | None:
         for served in engine.served:
             if served.path.startswith("b12x:"):
                 b12x[served.phase] = b12x.get(served.phase, 0) + served.calls
-            else:
+            elif served.phase in SERVED_PHASES:  # the calls capture and replay make
                 other += served.calls
         for item in engine.limitations:
             limitations.setdefault(item.key, item)

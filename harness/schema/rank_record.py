@@ -291,7 +291,12 @@ class EngineRecord:
         return sum(s.calls for s in self.served if s.path.startswith("b12x:") and s.phase == phase)
 
     def other_calls(self) -> int:
-        return sum(s.calls for s in self.served if not s.path.startswith("b12x:"))
+        """DCP calls in capture and decode that b12x did not serve (a fallback)."""
+        return sum(
+            s.calls
+            for s in self.served
+            if not s.path.startswith("b12x:") and s.phase in ("capture", "decode")
+        )
 
     def phase(self, name: str) -> EnginePhase | None:
         return next((p for p in self.phases if p.name == name), None)
