@@ -152,10 +152,18 @@ def agree(agree_all) -> Callable[[bool, str], None]:
 
 
 # Which model sources a run qualifies (`dcpqual run --models`): stand-in trees, vLLM's real
-# trees, or both. Tests of the other source are deselected, identically on every rank.
-MODEL_SOURCES = {"stand-in": ("stand-in",), "real": ("real",), "both": ("stand-in", "real")}
+# trees, both, or vLLM's own engine (the engine lane, alone or beside the stand-ins). Tests of
+# the other sources are deselected, identically on every rank.
+MODEL_SOURCES = {
+    "stand-in": ("stand-in",),
+    "real": ("real",),
+    "both": ("stand-in", "real"),
+    "engine": ("engine",),
+    "stand-in,engine": ("stand-in", "engine"),
+}
 STAND_IN_SUITES = ("suites/warmup/", "suites/capture/")
 REAL_SUITES = ("suites/real/",)
+ENGINE_SUITES = ("suites/engine/",)
 
 
 # Suites that run before the others, in collection order otherwise (identical on every rank).
@@ -172,6 +180,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     dropped_prefixes = [
         *(() if "stand-in" in chosen else STAND_IN_SUITES),
         *(() if "real" in chosen else REAL_SUITES),
+        *(() if "engine" in chosen else ENGINE_SUITES),
     ]
     if not dropped_prefixes:
         return

@@ -38,12 +38,25 @@ from harness.evidence.schema import (
     Verdict,
 )
 from harness.schema.launch import Launch, NodeState, ZygoteState
+from harness.schema.receipt import EngineLane
 
 CPU = Environment(torch="2.13.0", cuda=None, nccl=None, device_names=["cpu"], python="3", host="h")
 GPU = CPU.model_copy(update={"gpus": [Gpu(index=0, name="RTX PRO 6000")]})
 NCCL = Geometry(world_size=16, nnodes=1, nproc_per_node=16, backend="nccl", tp=16, dcp=16)
 GLOO = NCCL.model_copy(update={"backend": "gloo"})
-REAL_TREES = Models(real=["kimi-k3"])  # vLLM's own tree built, saying nothing of itself
+# The engine lane as a qualifying GPU run leaves it: vLLM's own warm and capture ran on every
+# rank, b12x served the decode DCP calls, nothing fell back, tokens agree and equal eager.
+ENGINE = EngineLane(
+    ranks=[0, 1],
+    warm_ran=True,
+    capture_ran=True,
+    controls=3,
+    controls_caught=3,
+    b12x_calls={"capture": 8, "decode": 16},
+    tokens_agree=True,
+    eager_equal=True,
+)
+REAL_TREES = Models(real=["kimi-k3"], engine=ENGINE)  # vLLM's own tree, saying nothing of itself
 LOCK_SHA = "cd" * 32
 LOCKED = Image(
     reference="img",
@@ -125,6 +138,7 @@ DENIED = [
         {"capture": GRAPHS.model_copy(update={"inactive_detectors": {"cuda-memory": "no NVML"}})},
         "detectors",
     ),
+    ({"models": REAL_TREES.model_copy(update={"engine": None})}, "engine"),
     ({"sources": {}}, "sources"),
     ({"sources": {"dcpqual": Source(version="0.1.0")}}, "sources"),
     ({"sources": {"dcpqual": DIRTY_CHECKOUT}}, "sources"),
@@ -363,3 +377,47 @@ def test_a_consequence_at_an_earlier_test_never_beats_its_cause(tmp_path: Path) 
     cause = find_root_cause(load_records(tmp_path, 4), timed_out=False, torchrun_error=None)
     assert cause is not None
     assert (cause.rank, cause.test, cause.message) == (2, CAPTURE_TEST, "timed out")
+
+
+def _engine(**changes: object) -> Models:
+    return REAL_TREES.model_copy(update={"engine": ENGINE.model_copy(update=changes)})
+
+
+@pytest.mark.parametrize(
+    ("models", "says"),
+    [
+        (REAL_TREES.model_copy(update={"engine": None}), "the engine lane did not run"),
+        (_engine(capture_ran=False), "vLLM's own capture"),
+        (_engine(warm_ran=False), "vLLM's own warm"),
+        (_engine(b12x_calls={"capture": 8}), "served no decode DCP call"),
+        (_engine(other_calls=2), "2 DCP calls took another path"),
+    ],
+)
+def test_qualified_needs_the_engine_lane_capture_b12x_decode_and_no_fallback(
+    models: Models, says: str
+) -> None:
+    assert status(models=models) == "source-qualified"
+    assert says in required_of(models=models)["engine"]
+
+
+def test_the_engine_lanes_own_limitations_are_required_by_their_keys() -> None:
+    from harness.schema.base import Limitation
+
+    models = _engine(limitations=[Limitation(key="engine-dcp", text="ran at DCP1")])
+    assert required_of(models=models)["engine-dcp"] == "ran at DCP1"
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"lazy_events": 1}, "1 lazy events inside vLLM's own capture"),
+        ({"controls_caught": 2}, "1 of 3 engine-lane negative controls went undetected"),
+        ({"controls_false": 1}, "controls before capture were called lazy"),
+        ({"tokens_agree": False}, "differ across ranks"),
+        ({"eager_equal": False}, "enforce_eager"),
+    ],
+)
+def test_engine_lane_records_fail_the_verdict(changes: dict[str, object], says: str) -> None:
+    assert any(says in r for r in rules.engine_failures(_engine(**changes)))
+    assert rules.engine_failures(REAL_TREES) == []
+    assert rules.engine_failures(Models()) == []

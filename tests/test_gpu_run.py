@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import shutil
@@ -47,8 +48,49 @@ def test_spec_follows_the_rules(identity: ImageIdentity, tmp_path: Path) -> None
     assert json.loads(spec.environment[IDENTITY_ENV]) == identity.to_json()
     assert spec.command == (
         "dcpqual", "run", "--nproc-per-node", "16", "--backend", "nccl",
-        "--out", "/evidence/RUN", "--", "-k", "warm",
+        "--models", "stand-in,engine", "--out", "/evidence/RUN", "--", "-k", "warm",
     )  # fmt: skip
+
+
+def test_the_gpu_node_runs_the_engine_lane_with_the_production_kimi_launch() -> None:
+    """What `--models stand-in,engine` starts on 16 NCCL ranks: Kimi-K3 with its MTP draft,
+    the B12X_MLA backend and its env gate, DCP = TP = 16, CUDA graphs at the capture sizes."""
+    from harness.engine.settings import resolve_settings
+    from harness.launch.cli import options_from_args
+    from harness.launch.plan import rank_plan
+
+    argv = gpu_run.run_argv(16, "/evidence/RUN")
+    assert argv[argv.index("--models") + 1] == "stand-in,engine"
+    parser = argparse.ArgumentParser()
+    from harness.launch import cli
+
+    sub = parser.add_subparsers()
+    cli.register(sub)
+    args = parser.parse_args(list(argv[1:]))
+    options = options_from_args(args, environ={})
+    plan = rank_plan(options, Path("/evidence/RUN"))
+    assert (plan.models, plan.dcp) == ("stand-in,engine", 16)
+    settings = resolve_settings(
+        gpu=True,
+        dcp=plan.resolved_dcp(16),
+        dcp_comm_backend=plan.dcp_comm_backend,
+        model=plan.engine_model,
+        config=plan.engine_config,
+        args=plan.engine_args,
+        env=plan.engine_env,
+    )
+    assert settings.model == "kimi-k3"
+    assert settings.env == {"VLLM_USE_B12X_DCP_A2A": "1"}
+    kwargs = settings.kwargs(Path("/m"), 16)
+    assert kwargs["attention_backend"] == "B12X_MLA"
+    assert (kwargs["tensor_parallel_size"], kwargs["decode_context_parallel_size"]) == (16, 16)
+    assert kwargs["distributed_executor_backend"] == "external_launcher"
+    assert kwargs["compilation_config"] == {
+        "cudagraph_mode": "FULL_AND_PIECEWISE",
+        "cudagraph_capture_sizes": [1, 2, 4, 8],
+    }
+    assert kwargs["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 1}
+    assert "enforce_eager" not in kwargs
 
 
 def test_spec_as_sdk_kwargs(identity: ImageIdentity, tmp_path: Path) -> None:

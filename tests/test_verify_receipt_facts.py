@@ -475,3 +475,37 @@ def test_an_interrupted_run_s_root_cause_is_its_interruption(
     assert verify_bundle(out).ok, verify_bundle(out).problems
     forge(out, lambda d: d.update(root_cause=cause))
     assert verify_bundle(out).problems[0] == first
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A passing bundle whose ranks ran the engine lane (the factory's qualifying record)."""
+    from _support.evidence_factory import engine_record
+
+    out = tmp_path_factory.mktemp("engine") / "bundle"
+    out.mkdir()
+    for rank in range(WORLD):
+        write_rank(out, rank, WORLD, engine=engine_record())
+    torchrun_logs(out, WORLD)
+    finalize_bundle(out, context(WORLD))
+    return out
+
+
+def test_an_engine_lane_edited_in_the_receipt_is_held_to_the_records(
+    engine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forger who hides a fallback (or claims capture ran) in `models.engine` and drops the
+    `engine` limitation fools every layer but the re-derivation from the rank records."""
+    assert receipt(engine)["models"]["engine"]["b12x_calls"] == {"decode": 16}
+
+    def claim(data: dict[str, Any]) -> None:
+        data["models"]["engine"]["other_calls"] = 0
+        data["models"]["engine"]["b12x_calls"] = {"decode": 99}
+
+    bundle = copy(engine, tmp_path)
+    forge(bundle, claim)
+    with monkeypatch.context() as patch:
+        patch.setattr(verify, "rederive_problems", lambda *_: [])
+        assert verify_bundle(bundle).ok
+    problems = verify_bundle(bundle).problems
+    assert problems and "models.engine.b12x_calls" in problems[0], problems

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.capture.records import CaptureRecord
+from harness.evidence.engine_lane import engine_lane
 from harness.evidence.run_context import TorchrunFailure
 from harness.evidence.schema import (
     Capture,
@@ -260,6 +261,7 @@ def model_sources(ranks: RankFiles) -> Models:
         build_s_max=max(build_s, default=0.0),
         peak_rss_mib_max=max(rss, default=0.0),
         ranks_with_real_trees=ranks_built,
+        engine=engine_lane(ranks.records),
     )
 
 

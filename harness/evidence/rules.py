@@ -74,6 +74,7 @@ DENIES_QUALIFIED: Final = frozenset(
         "sources",
         "skipped",
         "smoke",
+        "engine",
     }
 )
 
@@ -96,11 +97,13 @@ class FailureFacts(Protocol):
     def run(self) -> Run: ...
     @property
     def coverage(self) -> Coverage | None: ...
+    @property
+    def models(self) -> Models: ...
 
 
 def failure_reasons_of(facts: FailureFacts) -> list[str]:
     """`failure_reasons` of a receipt, or of the facts a receipt is made from."""
-    return failure_reasons(
+    reasons = failure_reasons(
         suites=facts.suites,
         capture=facts.capture,
         negative_control=facts.negative_control,
@@ -109,6 +112,33 @@ def failure_reasons_of(facts: FailureFacts) -> list[str]:
         run=facts.run,
         coverage=facts.coverage,
     )
+    leftover = reasons[-1:] if reasons and reasons[-1] == leftover_reason(facts.run) else []
+    body = reasons[: len(reasons) - len(leftover)]
+    return [*body, *engine_failures(facts.models), *leftover]
+
+
+def engine_failures(models: Models) -> list[str]:
+    """What the engine lane's records show failed, whatever its tests said: something created
+    lazily inside vLLM's capture or decode, a negative control missed or misattributed, tokens
+    that differ across ranks or from the enforce_eager engine."""
+    lane = models.engine
+    if lane is None:
+        return []
+    out = []
+    if lane.lazy_events:
+        out.append(f"{lane.lazy_events} lazy events inside vLLM's own capture or decode steps")
+    if lane.controls_caught < lane.controls:
+        out.append(
+            f"{lane.controls - lane.controls_caught} of {lane.controls} engine-lane negative "
+            "controls went undetected"
+        )
+    if lane.controls_false:
+        out.append(f"{lane.controls_false} engine-lane controls before capture were called lazy")
+    if not lane.tokens_agree:
+        out.append("the engine lane's generated tokens differ across ranks (or none recorded)")
+    if not lane.eager_equal:
+        out.append("the engine lane's tokens differ from its enforce_eager engine's (or none)")
+    return out
 
 
 def failure_reasons(
@@ -380,7 +410,45 @@ def required_limitations(
         out["warm-impl"] = f"the warm code qualified is the {warm_impl!r} copy, not vLLM's own"
     for key, text in real_tree_limitations(models=models, sources=sources).items():
         out[key] = f"{out[key]}; {text}" if key in out else text
+    if not smoke:
+        out.update(engine_limitations(models))
     out.update(skip_limitation(coverage))
+    return out
+
+
+def engine_shortfalls(models: Models) -> list[str]:
+    """Why the engine lane does not back `qualified`: it must have run vLLM's own warm and
+    capture, b12x must have served the decode DCP calls, and no DCP call may have taken another
+    path. Empty: nothing is short."""
+    lane = models.engine
+    if lane is None:
+        return [
+            "the engine lane did not run (--models engine): the installed vLLM's own startup "
+            "(its warm, its CUDA-graph capture, its decode steps) was not qualified"
+        ]
+    out = []
+    if not lane.warm_ran:
+        out.append("not every engine rank ran vLLM's own warm (compile_or_warm_up_model)")
+    if not lane.capture_ran:
+        out.append(
+            "not every engine rank ran vLLM's own capture (the model runner's capture_model)"
+        )
+    if lane.b12x_calls.get("decode", 0) == 0:
+        out.append("the b12x transport served no decode DCP call")
+    if lane.other_calls:
+        out.append(f"{lane.other_calls} DCP calls took another path than b12x (a fallback)")
+    return out
+
+
+def engine_limitations(models: Models) -> dict[str, str]:
+    """The engine lane's required limitations: `engine` (denies `qualified`) with every
+    shortfall, and what the lane's records say of themselves (their keys, e.g. engine-dcp)."""
+    out: dict[str, str] = {}
+    if shortfalls := engine_shortfalls(models):
+        out["engine"] = "; ".join(shortfalls)
+    if models.engine is not None:
+        for item in models.engine.limitations:
+            out[item.key] = item.text
     return out
 
 

@@ -346,6 +346,34 @@ def _items_of(lines: Sequence[str]) -> list[Limitation]:
     return [Limitation(key=k, text=t) for k, _, t in (ln.partition(": ") for ln in lines) if k]
 
 
+def _engine_lines(r: Receipt) -> list[str]:
+    """The engine lane in a few lines (receipt.json holds the whole of `models.engine`)."""
+    lane = r.models.engine
+    if lane is None:
+        return []
+    lines = ["", "## Engine lane", ""]
+    for engine in lane.engines:
+        lines.append(
+            f"- {md.text(engine.get('model'))}: vLLM {md.text(engine.get('vllm_version'))} "
+            f"({md.code(engine.get('vllm_path'))}, commit {md.text(engine.get('vllm_commit'))}), "
+            f"TP{engine.get('tp')}/DCP{engine.get('dcp')}, cudagraph "
+            f"{md.text(engine.get('cudagraph_mode'))} sizes {md.text(engine.get('capture_sizes'))}"
+            f", KV {md.text(engine.get('kv_cache_dtype'))}, graphs {md.text(engine.get('graphs'))}"
+        )
+    served = ", ".join(f"{p} {n}" for p, n in lane.b12x_calls.items()) or "none"
+    lines.append(
+        f"- vLLM's own warm ran: {_yes(lane.warm_ran)}; its capture ran: {_yes(lane.capture_ran)}"
+        f"; lazy events: **{lane.lazy_events}**; controls caught {lane.controls_caught}/"
+        f"{lane.controls}"
+    )
+    lines.append(
+        f"- DCP calls served by b12x: {md.text(served)}; by another path: {lane.other_calls}; "
+        f"tokens equal across ranks: {_yes(lane.tokens_agree)}, equal to enforce_eager: "
+        f"{_yes(lane.eager_equal)}"
+    )
+    return lines
+
+
 def render_summary(receipt: Receipt, receipt_sha256: str, bundle: Path | None = None) -> str:
     r = receipt
     g = r.geometry
@@ -435,6 +463,8 @@ def render_summary(receipt: Receipt, receipt_sha256: str, bundle: Path | None = 
         f"- negative control: {nc.detected}/{nc.expected} windows detected, "
         f"{nc.lazy_events} provoked events"
     )
+
+    lines += _engine_lines(r)
 
     lines += ["", "## Suites", ""]
     tally_rows: list[list[object]] = [

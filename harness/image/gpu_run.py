@@ -92,11 +92,23 @@ def require_gpus(needed: int, gpus: Sequence[GpuInfo]) -> None:
         )
 
 
+# The GPU node qualifies the installed vLLM's own startup too: the engine lane runs beside the
+# stand-in lane in the same bundle, with the production Kimi-K3 launch as the lane's GPU
+# defaults (`harness.engine.settings`: B12X_MLA, VLLM_USE_B12X_DCP_A2A=1, DCP = TP = the ranks,
+# CUDA graphs at the decode capture sizes).
+GPU_MODELS = "stand-in,engine"
+
+
 def run_argv(
-    nproc: int, out: str, pytest_args: Sequence[str] = (), backend: str = "nccl"
+    nproc: int,
+    out: str,
+    pytest_args: Sequence[str] = (),
+    backend: str = "nccl",
+    models: str = GPU_MODELS,
 ) -> tuple[str, ...]:
     """The `dcpqual run` command line the GPU runs use, in the container or on the host."""
-    argv = ("dcpqual", "run", "--nproc-per-node", str(nproc), "--backend", backend, "--out", out)
+    argv: tuple[str, ...] = ("dcpqual", "run", "--nproc-per-node", str(nproc))
+    argv = (*argv, "--backend", backend, "--models", models, "--out", out)
     return (*argv, "--", *pytest_args) if pytest_args else argv
 
 

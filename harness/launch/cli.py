@@ -36,6 +36,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_arguments(p)
     p.add_argument(
+        "--engine-arg",
+        dest="engine_args",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine lane: one of vLLM's engine arguments (value as YAML: 4, true, {...}); "
+        "repeatable, after --engine-config and the lane's defaults",
+    )
+    p.add_argument(
+        "--engine-env",
+        dest="engine_env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine lane: an environment variable for vLLM's engine (repeatable)",
+    )
+    p.add_argument(
         "pytest_args",
         nargs=argparse.REMAINDER,
         help="-- PYTEST_ARGS...: pytest arguments for every rank, as pytest takes them: options "
@@ -71,7 +88,7 @@ def _check_warm_impl(name: str) -> None:
 
 
 def _check_real_trees_available(models: str) -> None:
-    """Real trees need vLLM's real classes; refuse before anything is written."""
+    """Real trees and the engine lane need vLLM itself; refuse before anything is written."""
     if models == "stand-in":
         return
     from harness.core.peers import VLLM_REQUIREMENT, vllm_installed
@@ -144,17 +161,38 @@ def options_from_args(
             if dest not in chosen.explicit:
                 values[dest] = value
         pytest_args = (*source.plugins, *source.targets)
+    _warm_impl_vllm_is_the_engine_lane(values, chosen.explicit)
     spec = values.pop("nproc_per_node")
     if spec is None:
         raise UsageError("--nproc-per-node N|auto|cpu|gpu is required (or --rerun-failed BUNDLE)")
     return RunOptions(
         nproc_per_node=resolve_nproc(str(spec)),
+        engine_args=tuple(getattr(args, "engine_args", None) or ()),
+        engine_env=tuple(getattr(args, "engine_env", None) or ()),
         nproc_requested=str(spec),
         pytest_args=pytest_args,
         pytest_names_targets=names_targets,
         rerun_of=None if rerun_of is None else rerun_of.absolute(),
         **{dest: value for dest, value in values.items() if value is not None},
     )
+
+
+def _warm_impl_vllm_is_the_engine_lane(values: dict[str, object], explicit: frozenset[str]) -> None:
+    """`--warm-impl vllm` is a thin alias of the engine lane: vLLM's own warm is qualified by
+    starting vLLM's own engine (`--models engine`), never by calling one era's private warm
+    names on our stand-in trees."""
+    from harness.core.choices import VLLM_WARM_IMPL
+
+    if values.get("warm_impl") != VLLM_WARM_IMPL:
+        return
+    models = values.get("models")
+    if "models" in explicit and models != "engine":
+        raise UsageError(
+            f"--warm-impl {VLLM_WARM_IMPL} is the engine lane (--models engine); "
+            f"it cannot qualify --models {models}"
+        )
+    if "models" not in explicit:
+        values["models"] = "engine"
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -166,4 +204,7 @@ def run_command(args: argparse.Namespace) -> int:
     check_backend_available(options.backend, options.nproc_per_node)
     _check_warm_impl(options.warm_impl)
     _check_real_trees_available(options.models)
+    from harness.launch.plan import engine_plan
+
+    engine_plan(options)  # the engine lane's arguments and config file, refused here if bad
     return launcher.run(options)

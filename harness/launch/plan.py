@@ -58,7 +58,7 @@ def default_targets() -> tuple[str, ...]:
     return (str(suites),)
 
 
-MODEL_SOURCES: tuple[str, ...] = ("stand-in", "real", "both")
+MODEL_SOURCES: tuple[str, ...] = ("stand-in", "real", "both", "engine", "stand-in,engine")
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")  # vLLM's --kv-cache-dtype spellings
 # The real trees `--real-model` builds (harness.models.real.configs; kept here torch-free).
 REAL_MODELS: tuple[str, ...] = ("kimi-k3", "deepseek-v3")
@@ -95,6 +95,12 @@ class RunOptions:
     # Whether pytest_args name targets (paths, node ids) of their own, as pytest's parser says
     # (harness.launch.pytestargs): they replace the default targets; options alone narrow them.
     pytest_names_targets: bool = True
+    # The engine lane's model ("": the platform's default), `vllm serve --config` file and
+    # KEY=VALUE arguments/environment (validated here, resolved on the ranks).
+    engine_model: str = ""
+    engine_config: Path | None = None
+    engine_args: tuple[str, ...] = ()
+    engine_env: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for flag, value, allowed in (
@@ -103,6 +109,7 @@ class RunOptions:
             ("--dcp-comm-backend", self.dcp_comm_backend, COMM_BACKENDS),
             ("--real-model", self.real_model, REAL_MODELS),
             ("--draft-kv-cache-dtype", self.draft_kv_cache_dtype, ("", *KV_CACHE_DTYPES)),
+            ("--engine-model", self.engine_model, ("", *REAL_MODELS)),
         ):
             if value not in allowed:
                 raise UsageError(f"unknown {flag} {value!r}; expected one of {', '.join(allowed)}")
@@ -320,6 +327,7 @@ def rank_plan(options: RunOptions, out_dir: Path) -> RankPlan:
             "dcp_comm_backend": options.dcp_comm_backend,
             "real_model": options.real_model,
             "draft_kv_cache_dtype": options.draft_kv_cache_dtype,
+            **engine_plan(options),
             "test_timeout_s": options.resolved_test_timeout,
             "collect_timeout_s": options.resolved_test_timeout,  # collection is a test too
             "maxfail": options.maxfail,
@@ -334,6 +342,24 @@ def run_targets(options: RunOptions) -> tuple[str, ...]:
     if options.pytest_args and options.pytest_names_targets:
         return options.pytest_args
     return (*default_targets(), *options.pytest_args)
+
+
+def engine_plan(options: RunOptions) -> dict[str, object]:
+    """The engine lane's part of the rank plan: its arguments checked here (UsageError), the
+    config file read here, so a bad one is refused before anything is written."""
+    from harness.engine.settings import parse_engine_arg, parse_engine_env, read_engine_config
+
+    for text in options.engine_args:
+        parse_engine_arg(text)
+    for text in options.engine_env:
+        parse_engine_env(text)
+    config = {} if options.engine_config is None else read_engine_config(options.engine_config)
+    return {
+        "engine_model": options.engine_model or None,
+        "engine_config": config,
+        "engine_args": options.engine_args,
+        "engine_env": options.engine_env,
+    }
 
 
 def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:

@@ -285,8 +285,11 @@ class RankPlugin:
         if used is None:
             return
         facts = self.keeper.record.extra
-        if (facts.transports, facts.real_trees) != (used.transports, used.real_trees):
-            changed = replace(facts, transports=used.transports, real_trees=used.real_trees)
+        now = (used.transports, used.real_trees, used.engine)
+        if (facts.transports, facts.real_trees, facts.engine) != now:
+            changed = replace(
+                facts, transports=used.transports, real_trees=used.real_trees, engine=used.engine
+            )
             self.keeper.note(extra=changed)  # written by the caller's next write
 
     def add_capture(self, record: CaptureRecord) -> None:

@@ -10,7 +10,7 @@ Without it (a developer running torchrun by hand) every field has its default.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError
 
@@ -34,11 +34,17 @@ class RankPlan(Model):
     warm_impl: str = "vendored"
     tp: PositiveInt = 16
     dcp: PositiveInt | None = None
-    models: Literal["stand-in", "real", "both"] = "stand-in"
+    models: Literal["stand-in", "real", "both", "engine", "stand-in,engine"] = "stand-in"
     kv_cache_dtype: str = "auto"
     dcp_comm_backend: Literal["ag_rs", "a2a"] = "ag_rs"
     real_model: Literal["kimi-k3", "deepseek-v3"] = "kimi-k3"  # which real tree suites/real builds
     draft_kv_cache_dtype: str = ""  # the real draft's own KV cache dtype; "": the target's
+    # The engine lane (`--models engine`): its model (None: the platform's default), the
+    # `vllm serve --config` file's arguments, then `--engine-arg`/`--engine-env` KEY=VALUE.
+    engine_model: Literal["deepseek-v3", "kimi-k3"] | None = None
+    engine_config: dict[str, Any] = Field(default_factory=dict)
+    engine_args: tuple[str, ...] = ()
+    engine_env: tuple[str, ...] = ()
     test_timeout_s: NonNegativeFloat = 300.0
     collect_timeout_s: NonNegativeFloat = 300.0
     abort_grace_s: NonNegativeFloat = 3.0

@@ -211,6 +211,98 @@ class RealTreeRecord(RealTree):
 
 
 @dataclass(frozen=True, config=STRICT)
+class EngineEvent:
+    """Something created while vLLM's engine ran (`harness.engine.watch`): in which phase (load,
+    warm, capture, decode), what kind (process-group, b12x-transport, kernel), and the stack.
+    `control`: created by a negative control's test-only hook (expected, not a failure)."""
+
+    phase: str
+    kind: str
+    what: str
+    lazy: bool
+    stack: tuple[str, ...] = ()
+    control: str | None = None
+
+
+@dataclass(frozen=True, config=STRICT)
+class EnginePhase:
+    """One of vLLM's startup phases on one rank: how often it ran and how long it took."""
+
+    name: str
+    entered: NonNegativeInt
+    seconds: NonNegativeFloat
+    created: NonNegativeInt = 0
+
+
+@dataclass(frozen=True, config=STRICT)
+class EngineServed:
+    """DCP calls one path served in one phase: a b12x object's method (`path` "b12x:CLASS.call")
+    or vLLM's DCP group coordinator ("other:collective", a call b12x did not serve)."""
+
+    path: str
+    phase: str
+    calls: NonNegativeInt
+
+
+@dataclass(frozen=True, config=STRICT)
+class EngineControl:
+    """A negative control of the engine lane: a test-only hook did `action` (new-group,
+    b12x-transport, kernel) `where` (in a lazy phase, or before capture); `caught`: the watch
+    named it lazy."""
+
+    action: str
+    where: Literal["lazy-phase", "before-capture"]
+    phase: str
+    caught: bool
+
+
+@dataclass(frozen=True, config=STRICT)
+class EngineRecord:
+    """vLLM's own engine as one rank built and ran it in the engine lane."""
+
+    model: str
+    architecture: str
+    vllm_version: str
+    vllm_path: str
+    vllm_commit: str | None
+    tp: PositiveInt
+    dcp: PositiveInt
+    engine_args: tuple[str, ...] = ()  # "key=json value", scrubbed by the bundle's scrubber
+    engine_env: tuple[str, ...] = ()
+    cudagraph_mode: str = ""
+    capture_sizes: tuple[int, ...] = ()
+    max_num_batched_tokens: NonNegativeInt = 0
+    kv_cache_dtype: str = ""
+    attention_backend: str = ""
+    graphs: tuple[str, ...] = ()  # "MODE=count" as vLLM counted its captured graphs
+    phases: tuple[EnginePhase, ...] = ()
+    events: tuple[EngineEvent, ...] = ()
+    served: tuple[EngineServed, ...] = ()
+    seams: tuple[str, ...] = ()  # "seam: armed" or "seam: not armed: why"
+    tokens: tuple[tuple[int, ...], ...] = ()
+    eager_tokens: tuple[tuple[int, ...], ...] = ()
+    controls: tuple[EngineControl, ...] = ()
+    build_s: NonNegativeFloat = 0.0
+    eager_build_s: NonNegativeFloat = 0.0
+    peak_rss_mib: NonNegativeFloat = 0.0
+    limitations: tuple[Limitation, ...] = ()
+
+    def b12x_calls(self, phase: str) -> int:
+        return sum(s.calls for s in self.served if s.path.startswith("b12x:") and s.phase == phase)
+
+    def other_calls(self) -> int:
+        """DCP calls in capture and decode that b12x did not serve (a fallback)."""
+        return sum(
+            s.calls
+            for s in self.served
+            if not s.path.startswith("b12x:") and s.phase in ("capture", "decode")
+        )
+
+    def phase(self, name: str) -> EnginePhase | None:
+        return next((p for p in self.phases if p.name == name), None)
+
+
+@dataclass(frozen=True, config=STRICT)
 class SubworldLane:
     """One lane of a sub-world block: its group size, its ranks, how many cases it ran."""
 
@@ -243,6 +335,7 @@ class RankFacts:
     transports: tuple[str, ...] = ()
     transport: str | None = None
     real_trees: tuple[RealTreeRecord, ...] = ()
+    engine: EngineRecord | None = None  # vLLM's own engine (the engine lane)
     missing_collection: tuple[NonNegativeInt, ...] = ()
     subworld: tuple[SubworldBlock, ...] = ()  # the lanes this rank's collection was placed on
 
@@ -257,6 +350,7 @@ class RankUse:
 
     transports: tuple[str, ...] = ()
     real_trees: tuple[RealTreeRecord, ...] = ()
+    engine: EngineRecord | None = None
 
 
 HASH_PROBE: Final = "dcpqual-hash-seed-probe"

@@ -379,8 +379,39 @@ class Run(Model):
     rootdir: str | None = None  # the ranks' pytest rootdir: node ids are relative to it
 
 
+class EngineLane(Model):
+    """extension: the engine lane (vLLM's own engine on every rank), as its records state it.
+
+    `engines`: each distinct engine configuration the ranks built (identity, arguments and
+    environment, policy); `warm_ran`/`capture_ran`: every engine rank ran vLLM's own warm /
+    capture phase; `lazy_events`: things created in capture or decode outside the negative
+    controls; `controls`/`controls_caught`: the lazy-phase controls and how many were caught;
+    `controls_false`: before-capture controls wrongly called lazy; `b12x_calls`: DCP calls b12x
+    objects served, per phase; `other_calls`: DCP calls that took another path;
+    `tokens_agree`: every rank generated the same tokens; `eager_equal`: each rank's tokens
+    equal its `enforce_eager` engine's."""
+
+    ranks: list[NonNegativeInt] = Field(default_factory=list)
+    engines: list[dict[str, Any]] = Field(default_factory=list)
+    phases_s_max: dict[str, NonNegativeFloat] = Field(default_factory=dict)
+    warm_ran: bool = False
+    capture_ran: bool = False
+    lazy_events: NonNegativeInt = 0
+    controls: NonNegativeInt = 0
+    controls_caught: NonNegativeInt = 0
+    controls_false: NonNegativeInt = 0
+    b12x_calls: dict[str, NonNegativeInt] = Field(default_factory=dict)
+    other_calls: NonNegativeInt = 0
+    tokens_agree: bool = False
+    eager_equal: bool = False
+    build_s_max: NonNegativeFloat = 0.0
+    peak_rss_mib_max: NonNegativeFloat = 0.0
+    limitations: list[Limitation] = Field(default_factory=list)
+
+
 class Models(Model):
-    """extension: which model trees the ranks built from vLLM's own classes."""
+    """extension: which model trees the ranks built from vLLM's own classes, and the engine
+    lane's engines (None: the lane did not run)."""
 
     real: list[str] = Field(default_factory=list)
     trees: list[RealTree] = Field(default_factory=list)  # one per distinct configuration
@@ -389,6 +420,7 @@ class Models(Model):
     build_s_max: NonNegativeFloat = 0.0
     peak_rss_mib_max: NonNegativeFloat = 0.0
     ranks_with_real_trees: list[NonNegativeInt] = Field(default_factory=list)
+    engine: EngineLane | None = None
 
 
 class Receipt(Model):

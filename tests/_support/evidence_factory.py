@@ -150,6 +150,7 @@ def write_rank(
     hostname: str = "node0",
     real_trees: Sequence[dict[str, object]] = (),
     provenance: Provenance | None = None,
+    engine: dict[str, object] | None = None,
 ) -> None:
     """One rank's files: records/rank-NN.json and junit/rank-NN.xml (either may be left out);
     `real_trees`: vLLM's own trees the rank says it built (`real_tree`); `provenance`: the
@@ -170,13 +171,51 @@ def write_rank(
             collected=tuple(collected),
             tests=tuple(tests),
             captures=tuple(captures),
-            extra={"transport": transport, "real_trees": list(real_trees)},
+            extra={
+                "transport": transport,
+                "real_trees": list(real_trees),
+                # A GPU run with b12x also ran the engine lane, as a qualifying run must.
+                "engine": engine
+                if engine is not None or backend != "nccl" or transport != "b12x"
+                else engine_record(),
+            },
             provenance=provenance,
         ).write(rank_record_path(out / "records", rank))
     if junit:
         path = out / "junit" / f"rank-{rank:02d}.xml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(junit_xml(tests))
+
+
+def engine_record(**changes: object) -> dict[str, object]:
+    """A rank's engine-lane record as a qualifying GPU run leaves it: vLLM's warm and capture
+    ran, b12x served the decode DCP calls, no fallback, controls caught, tokens equal eager."""
+    record: dict[str, object] = {
+        "model": "kimi-k3",
+        "architecture": "KimiLinearForCausalLM",
+        "vllm_version": "0.32.0+fork",
+        "vllm_path": "/opt/vllm/vllm",
+        "vllm_commit": "ab" * 20,
+        "tp": 16,
+        "dcp": 16,
+        "cudagraph_mode": "FULL_AND_PIECEWISE",
+        "capture_sizes": [1, 2, 4, 8],
+        "phases": [
+            {"name": "warm", "entered": 1, "seconds": 1.0},
+            {"name": "capture", "entered": 1, "seconds": 2.0},
+            {"name": "decode", "entered": 2, "seconds": 0.5},
+        ],
+        "served": [
+            {"path": "b12x:DcpAllToAllPool.all_gather_heads", "phase": "decode", "calls": 8}
+        ],
+        "controls": [
+            {"action": "new-group", "where": "lazy-phase", "phase": "decode", "caught": True}
+        ],
+        "tokens": [[1, 2], [3, 4]],
+        "eager_tokens": [[1, 2], [3, 4]],
+    }
+    record.update(changes)
+    return record
 
 
 def context(world: int = 4, **changes: object) -> RunContext:
