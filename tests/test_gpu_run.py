@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -46,10 +47,15 @@ def test_spec_follows_the_rules(identity: ImageIdentity, tmp_path: Path) -> None
     assert spec.environment["NCCL_P2P_LEVEL"] == "SYS"
     assert spec.environment["NCCL_IB_DISABLE"] == "1"
     assert json.loads(spec.environment[IDENTITY_ENV]) == identity.to_json()
-    assert spec.command == (
+    run = (
         "dcpqual", "run", "--nproc-per-node", "16", "--backend", "nccl",
         "--models", "stand-in,engine", "--out", "/evidence/RUN", "--", "-k", "warm",
     )  # fmt: skip
+    assert spec.command[:2] == ("sh", "-c"), "the GPU source gates run first, in one shell"
+    gates, _, rest = spec.command[2].partition("; g=$?; ")
+    assert gates.startswith("python -m harness.image.gates --where gpu ")
+    assert shlex.join(run) in rest, "then the run itself, unchanged"
+    assert rest.endswith('exit "$g"'), "a failed gate fails a passing run"
 
 
 def test_the_gpu_node_runs_the_engine_lane_with_the_production_kimi_launch() -> None:
@@ -114,7 +120,8 @@ def test_spec_as_docker_run_line(identity: ImageIdentity, tmp_path: Path) -> Non
     assert f"{tmp_path.resolve()}:/evidence:rw" in argv
     assert "NCCL_P2P_LEVEL=SYS" in argv and "NCCL_IB_DISABLE=1" in argv
     assert f"{IDENTITY_ENV}=..." in argv  # the identity JSON is passed, not printed
-    assert argv[argv.index(IMAGE_ID) + 1 :][:2] == ["dcpqual", "run"]
+    command = argv[argv.index(IMAGE_ID) + 1 :]
+    assert command[:2] == ["sh", "-c"] and "dcpqual run --nproc-per-node 16" in command[2]
 
 
 def test_evidence_name_is_dated_and_names_the_digest(identity: ImageIdentity) -> None:

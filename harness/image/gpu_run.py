@@ -201,7 +201,10 @@ def gpu16_container_spec(
     user: str | None = None,
     nproc: int = GPU_RANKS,
 ) -> ContainerSpec:
-    """The container that runs the suites on `nproc` GPUs in the image `identity` names."""
+    """The container that runs the suites on `nproc` GPUs in the image `identity` names, after
+    the image's GPU source gates (whose failure fails the run, `harness.image.gates.gated`)."""
+    from harness.image.gates import gated
+
     env = {
         **NCCL_HOST_ENV,
         "HOME": CONTAINER_HOME,
@@ -209,7 +212,7 @@ def gpu16_container_spec(
     }
     return ContainerSpec(
         image=identity.image_id,
-        command=run_argv(nproc, f"{CONTAINER_EVIDENCE}/{out_name}", pytest_args),
+        command=gated(run_argv(nproc, f"{CONTAINER_EVIDENCE}/{out_name}", pytest_args)),
         environment=env,
         mounts=(Mount(str(Path(evidence_root).resolve()), CONTAINER_EVIDENCE),),
         workdir=CONTAINER_WORKDIR,
