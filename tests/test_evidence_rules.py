@@ -142,6 +142,10 @@ DENIED = [
         "skipped",
     ),
     ({"smoke": True}, "smoke"),
+    (
+        {"coverage": Coverage(collected=4, no_body=1, first_no_body="t")},
+        "test-bodies",
+    ),
 ]
 
 
@@ -363,3 +367,11 @@ def test_a_consequence_at_an_earlier_test_never_beats_its_cause(tmp_path: Path) 
     cause = find_root_cause(load_records(tmp_path, 4), timed_out=False, torchrun_error=None)
     assert cause is not None
     assert (cause.rank, cause.test, cause.message) == (2, CAPTURE_TEST, "timed out")
+
+
+def test_a_test_whose_body_never_ran_fails_the_run_and_is_named() -> None:
+    """Setup and teardown passing prove nothing of a test: a run with such a test fails."""
+    coverage = Coverage(collected=4, no_body=2, first_no_body="suites/x/test_a.py::t")
+    said = reasons(coverage=coverage)
+    assert any("no test body ran for 2 test(s)" in r and "test_a.py::t" in r for r in said)
+    assert reasons(coverage=Coverage(collected=4)) == []

@@ -135,6 +135,9 @@ def coverage_of(ranks: RankFiles) -> Coverage:
         missing += [(positions[n], rank, n) for n in without_outcome(record)]
     first = min(missing, default=None)
     everywhere, partly = skipped_tests(ranks)
+    bodiless = _in_order(
+        t.nodeid for _, record in sorted(ranks.records.items()) for t in record.tests if t.no_body
+    )
     return Coverage(
         collected=len(collected),
         without_outcome=len(missing),
@@ -143,6 +146,8 @@ def coverage_of(ranks: RankFiles) -> Coverage:
         first_skipped_everywhere=everywhere[0] if everywhere else None,
         skipped_on_some_ranks=len(partly),
         first_skipped_on_some_ranks=partly[0] if partly else None,
+        no_body=len(bodiless),
+        first_no_body=bodiless[0] if bodiless else None,
     )
 
 

@@ -74,6 +74,7 @@ DENIES_QUALIFIED: Final = frozenset(
         "sources",
         "skipped",
         "smoke",
+        "test-bodies",
     }
 )
 
@@ -146,6 +147,8 @@ def failure_reasons(
             f"{coverage.without_outcome} collected tests have no outcome, the first "
             f"{coverage.first_without_outcome} (the session ended before they ran)"
         )
+    if coverage is not None and coverage.no_body:
+        reasons.append(no_body_text(coverage))
     failed = sum(t.failed for t in suites.values())
     errors = sum(t.errors for t in suites.values())
     if failed or errors:
@@ -167,6 +170,15 @@ def failure_reasons(
     if (leftover := leftover_reason(run)) is not None:
         reasons.append(leftover)
     return reasons
+
+
+def no_body_text(coverage: Coverage) -> str:
+    """Tests whose call phase pytest never ran: setup and teardown passing prove nothing of a
+    test, so such a run fails whatever else it shows (a reason and a limitation both)."""
+    return (
+        f"no test body ran for {coverage.no_body} test(s): pytest skipped their call phase "
+        f"(--setup-only, --setup-plan or a hook), the first {coverage.first_no_body}"
+    )
 
 
 def leftover_reason(run: Run) -> str | None:
@@ -381,6 +393,8 @@ def required_limitations(
     for key, text in real_tree_limitations(models=models, sources=sources).items():
         out[key] = f"{out[key]}; {text}" if key in out else text
     out.update(skip_limitation(coverage))
+    if coverage is not None and coverage.no_body:
+        out["test-bodies"] = no_body_text(coverage)
     return out
 
 

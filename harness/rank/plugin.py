@@ -47,6 +47,7 @@ from harness.schema.capture import CaptureRecord
 from harness.schema.plan import RankPlan
 from harness.schema.rank_record import (
     ELSEWHERE_SKIP,
+    NO_BODY_SKIP,
     Outcome,
     RankFacts,
     RankUse,
@@ -120,13 +121,27 @@ def _short(report: pytest.TestReport | pytest.CollectReport) -> str:
 
 
 def local_outcome(reports: list[pytest.TestReport]) -> tuple[Outcome, str | None]:
-    """One test's outcome on this rank from its setup/call/teardown reports."""
+    """One test's outcome on this rank from its setup/call/teardown reports: passed only when
+    its call phase ran and passed (a setup that passed with no call after it ran no body)."""
     for rep in reports:
         if rep.failed:
             return ("failed" if rep.when == "call" else "error"), _short(rep)
     if any(rep.skipped for rep in reports):
         return "skipped", None
+    if not any(rep.when == "call" for rep in reports):
+        return "skipped", NO_BODY_SKIP
     return "passed", None
+
+
+def mark_bodiless(item: pytest.Item, reports: list[pytest.TestReport]) -> None:
+    """Make pytest's reports (and so junit and the terminal) call a test whose body never ran
+    skipped, as its record does, not passed."""
+    target = next((r for r in reports if r.when == "setup"), reports[0] if reports else None)
+    if target is None:
+        return
+    path, line, _ = item.location
+    target.outcome = "skipped"
+    target.longrepr = (path, (line or 0) + 1, f"Skipped: {NO_BODY_SKIP}")
 
 
 class RankPlugin:
@@ -431,6 +446,10 @@ class RankPlugin:
         if any(r.kind == "timeout" for r in results.values()):
             dump_stacks(self.out_dir, self.env.rank, f"a peer timed out in {item.nodeid}")
         recorded = agreement.outcome_for(mine)
+        if message == NO_BODY_SKIP:
+            mark_bodiless(item, reports)
+            if recorded.outcome == "skipped":
+                recorded = replace(recorded, no_body=True)
         self._note_transports()
         self.keeper.add_test(recorded)
         self._apply(reports, agreement.failed, recorded)

@@ -53,6 +53,10 @@ def suite_of(nodeid: str) -> str:
 # The message of a sub-world case that another lane ran (`harness.rank.subworld`), recorded
 # here as a skip that is not a skip of the test (`TestOutcome.elsewhere` says so).
 ELSEWHERE_SKIP = "sub-world case placed on "
+# The message of a test pytest ran no call phase for (`TestOutcome.no_body`).
+NO_BODY_SKIP = (
+    "no test body ran: pytest skipped the call phase (--setup-only, --setup-plan or a hook)"
+)
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -78,6 +82,9 @@ class TestOutcome(JsonValue):
     # A sub-world case another lane ran, recorded here as a skip by the harness itself (never
     # by a test: a test's own skip with any message is a skip).
     elsewhere: bool = False
+    # pytest ran no call phase for it on this rank (--setup-only, --setup-plan, a hook): its
+    # body never ran, so it is recorded as a skip that says so, never as passed.
+    no_body: bool = False
 
     @derived_field
     def suite(self) -> str:
@@ -92,6 +99,12 @@ class TestOutcome(JsonValue):
     @classmethod
     def _rounded(cls, value: float) -> float:
         return round(value, 6)
+
+    @model_validator(mode="after")
+    def _bodiless_skipped(self) -> TestOutcome:
+        if self.no_body and self.outcome != "skipped":
+            raise ValueError(f"a test whose body never ran cannot be {self.outcome!r}")
+        return self
 
     @model_validator(mode="before")
     @classmethod
