@@ -204,6 +204,10 @@ def selection_of(ranks: RankFiles) -> Selection | None:
         partial_targets=_in_order(t for s in said for t in s.partial_targets),
         deselected=max(s.deselected for s in said),
         ignored=_in_order(t for s in said for t in s.ignored),
+        unreached=_in_order(t for s in said for t in s.unreached),
+        outside=_in_order(t for s in said for t in s.outside),
+        removed=max(s.removed for s in said),
+        rules=_in_order(t for s in said for t in s.rules),
     )
 
 

@@ -273,18 +273,33 @@ def narrowing(selection: Selection | None) -> list[str]:
         return []
     out = []
     if selection.partial_targets:
-        shown = ", ".join(selection.partial_targets[:3])
-        more = (
-            f" and {len(selection.partial_targets) - 3} more"
-            if len(selection.partial_targets) > 3
-            else ""
+        out.append(
+            "pytest targets other than the whole suites/ folder: "
+            + _some(selection.partial_targets)
         )
-        out.append(f"pytest targets other than the whole suites/ folder: {shown}{more}")
     if selection.deselected:
         out.append(f"{selection.deselected} collected tests deselected (-k, -m or --deselect)")
     if selection.ignored:
         out.append(f"paths left out with --ignore: {', '.join(selection.ignored[:3])}")
+    if selection.unreached:
+        out.append(
+            f"files of the harness's suites/ that gave no test: {_some(selection.unreached)}"
+        )
+    if selection.outside:
+        out.append(
+            f"tests collected from outside the harness's suites/: {_some(selection.outside)}"
+        )
+    if selection.removed:
+        out.append(f"{selection.removed} collected tests taken away without being deselected")
+    if selection.rules:
+        out.append(f"collection rules not the harness's: {'; '.join(selection.rules[:3])}")
     return out
+
+
+def _some(items: list[str]) -> str:
+    """The first three, and how many more."""
+    more = f" and {len(items) - 3} more" if len(items) > 3 else ""
+    return ", ".join(items[:3]) + more
 
 
 def denying_limitations(required: Mapping[str, str]) -> list[str]:

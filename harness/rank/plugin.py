@@ -57,6 +57,19 @@ from harness.schema.rank_record import (
     suite_of,
 )
 
+# The harness's own suites/ and configuration: what a run's collection is held to, wherever
+# pytest's rootdir is (a folder with a suites/ of its own is not the harness's).
+HARNESS_ROOT = Path(__file__).resolve().parents[2]
+HARNESS_SUITES = HARNESS_ROOT / "suites"
+HARNESS_CONFIG = HARNESS_ROOT / "pyproject.toml"
+# The collection rules of the harness's configuration (pytest's defaults, which it keeps).
+COLLECTION_INI: Mapping[str, tuple[str, ...]] = {
+    "python_files": ("test_*.py", "*_test.py"),
+    "python_classes": ("Test",),
+    "python_functions": ("test",),
+}
+OWN_PLUGINS = frozenset({"harness.rank.heap", "harness.rank.plugin"})
+
 # What signal.signal returns and accepts: a Python handler, SIG_DFL/SIG_IGN, or a raw int.
 SignalHandler = Callable[[int, FrameType | None], Any] | int
 MAX_MESSAGE = 2000
@@ -162,6 +175,9 @@ class RankPlugin:
         self._agreed_failures = 0
         self._deselected = 0  # collected tests -k, -m or --deselect took away
         self._by_model_source: set[str] = set()  # left out by --models, not by the user
+        self._deselected_ids: set[str] = set()
+        self._gathered: dict[str, Path] = {}  # every item pytest collected, before any hook
+        self._skipped_files: dict[str, Path] = {}  # skipped at collection (module-level skip)
         self.keeper: RecordKeeper | None = None
         self.channel: SideChannel | None = None
         self.watchdog: Watchdog | None = None
@@ -233,17 +249,65 @@ class RankPlugin:
         """The tp and dcp the suites on this rank qualify (the `qualification` fixture's)."""
         return {"tp": self.plan.tp, "dcp": self.plan.resolved_dcp(self.env.world_size)}
 
-    def _selection(self) -> Selection:
-        """What pytest was told to select here, for the evidence to name any narrowing."""
+    def _selection(self, items: list[pytest.Item]) -> Selection:
+        """What pytest was told to select here, and what it collected against the harness's
+        own suites/, for the evidence to name any narrowing, by whatever means."""
         config = self.config
         ignored = [*(config.getoption("ignore") or []), *(config.getoption("ignore_glob") or [])]
+        kept = {item.nodeid for item in items}
+        removed = set(self._gathered) - kept - self._deselected_ids
         return Selection.of(
             [str(a) for a in config.args],
             invocation_dir=config.invocation_params.dir,
-            suites=config.rootpath / "suites",
+            suites=HARNESS_SUITES,
             deselected=self._deselected,
             ignored=[str(p) for p in ignored],
+            **self._against_suites(),
+            removed=len(removed),
+            rules=self._foreign_rules(),
         )
+
+    def _against_suites(self) -> dict[str, list[str]]:
+        """The harness's suites files that gave no test (neither collected nor skipped at
+        collection), and the files tests were collected from outside them."""
+        seen: dict[Path, str] = {}
+        for nodeid, path in [*self._gathered.items(), *self._skipped_files.items()]:
+            seen.setdefault(path, nodeid.split("::", 1)[0])
+        suites = HARNESS_SUITES.resolve()
+        expected = {
+            path.resolve()
+            for pattern in COLLECTION_INI["python_files"]
+            for path in suites.rglob(pattern)
+        }
+        return {
+            "unreached": sorted(str(p.relative_to(HARNESS_ROOT)) for p in expected - set(seen)),
+            "outside": sorted({f for p, f in seen.items() if not p.is_relative_to(suites)}),
+        }
+
+    def _foreign_rules(self) -> list[str]:
+        """Collection rules that are not the harness's: any one of them can narrow a run
+        (ini overrides, another configuration file, a conftest or a plugin from elsewhere)."""
+        config = self.config
+        rules = []
+        for name, harness in COLLECTION_INI.items():
+            value = tuple(str(v) for v in config.getini(name))
+            if value != harness:
+                rules.append(f"{name} is {' '.join(value)!r}, not {' '.join(harness)!r}")
+        inipath = config.inipath
+        if inipath is None or inipath.resolve() != HARNESS_CONFIG:
+            rules.append(f"configuration from {inipath or 'no file'}, not {HARNESS_CONFIG}")
+        for plugin in config.pluginmanager.get_plugins():
+            file = getattr(plugin, "__file__", None)
+            if not isinstance(file, str) or Path(file).name != "conftest.py":
+                continue
+            if not Path(file).resolve().is_relative_to(HARNESS_ROOT):
+                rules.append(f"a conftest.py from outside the harness: {file}")
+        for name in getattr(config.option, "plugins", None) or []:
+            if not name.startswith("no:") and name not in OWN_PLUGINS:
+                rules.append(f"a plugin given with -p: {name}")
+        if os.environ.get("PYTEST_PLUGINS"):
+            rules.append(f"plugins given in PYTEST_PLUGINS: {os.environ['PYTEST_PLUGINS']}")
+        return rules
 
     def left_out_by_model_source(self, items: list[pytest.Item]) -> None:
         """The suites leave these out because of the run's --models (the receipt's real-trees
@@ -253,6 +317,11 @@ class RankPlugin:
 
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         self._deselected += sum(1 for item in items if item.nodeid not in self._by_model_source)
+        self._deselected_ids.update(item.nodeid for item in items)
+
+    def pytest_itemcollected(self, item: pytest.Item) -> None:
+        """Every item as pytest collects it, before any hook takes one away."""
+        self._gathered[item.nodeid] = Path(item.path).resolve()
 
     def _where(self) -> RankFacts:
         """Where this rank's files and tests live: the pytest rootdir its node ids are relative
@@ -301,6 +370,8 @@ class RankPlugin:
     # -- collection -------------------------------------------------------------------------
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.skipped and self.keeper is not None:
+            self._skipped_at_collection(report)
         if report.failed and self.keeper is not None:
             message = _short(report)
             self.keeper.add_test(
@@ -312,6 +383,19 @@ class RankPlugin:
                 )
             )
             write_error_file(self.env.rank, report.nodeid, f"collection error: {message}")
+
+    def _skipped_at_collection(self, report: pytest.CollectReport) -> None:
+        """A module skipped as it was collected (`pytest.skip(allow_module_level=True)`,
+        `importorskip`): its tests never ran, so it is a skipped test of the record."""
+        assert self.keeper is not None
+        nodeid = report.nodeid or "<collection>"
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else _short(report)
+        self._skipped_files[nodeid] = (self.config.rootpath / nodeid.split("::", 1)[0]).resolve()
+        self.keeper.add_test(
+            TestOutcome(
+                nodeid=nodeid, outcome="skipped", message=f"skipped at collection: {reason}"
+            )
+        )
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -329,7 +413,7 @@ class RankPlugin:
         nodeids = tuple(item.nodeid for item in session.items)
         self._index = {id(item): i for i, item in enumerate(session.items)}
         self.keeper.collected(nodeids)
-        self.keeper.update(selection=self._selection())
+        self.keeper.update(selection=self._selection(session.items))
         self.channel.post_collection(nodeids)
         lists = self.channel.gather_collections(time.monotonic() + self.collect_timeout_s)
         missing = [r for r in range(self.env.world_size) if r not in lists]

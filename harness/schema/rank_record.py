@@ -154,14 +154,23 @@ def error_file_note(path: Path) -> ErrorNote | None:
 @dataclass(frozen=True, config=STRICT)
 class Selection(JsonValue):
     """What this rank's pytest was told to select, beside what it collected: the targets it
-    was given, those of them that are not the repository's whole suites/ folder, how many
-    collected tests -k, -m or --deselect took away, and the paths --ignore left out. A run is
-    only as broad as what it selected, so the evidence names any narrowing."""
+    was given, those of them that are not the harness's whole suites/ folder, how many
+    collected tests -k, -m or --deselect took away, and the paths --ignore left out; and what
+    it collected against the harness's own suites/ whatever it was told: the suites files
+    that gave no test (`unreached`), the files it collected from outside them (`outside`),
+    the tests taken away without being deselected (`removed`: a hook), and the collection
+    rules that are not the harness's (`rules`: ini overrides, another config file, a conftest
+    or plugin from elsewhere). A run is only as broad as what it selected, so the evidence
+    names any narrowing."""
 
     targets: tuple[str, ...] = ()
     partial_targets: tuple[str, ...] = ()
     deselected: NonNegativeInt = 0
     ignored: tuple[str, ...] = ()
+    unreached: tuple[str, ...] = ()
+    outside: tuple[str, ...] = ()
+    removed: NonNegativeInt = 0
+    rules: tuple[str, ...] = ()
 
     @classmethod
     def of(
@@ -172,6 +181,10 @@ class Selection(JsonValue):
         suites: Path,
         deselected: int = 0,
         ignored: Sequence[str] = (),
+        unreached: Sequence[str] = (),
+        outside: Sequence[str] = (),
+        removed: int = 0,
+        rules: Sequence[str] = (),
     ) -> Selection:
         """From pytest's targets as given (relative to `invocation_dir`): a node id, or a path
         other than the `suites` folder itself, is a partial target."""
@@ -182,6 +195,10 @@ class Selection(JsonValue):
             partial_targets=tuple(partial),
             deselected=deselected,
             ignored=tuple(ignored),
+            unreached=tuple(unreached),
+            outside=tuple(outside),
+            removed=removed,
+            rules=tuple(rules),
         )
 
 

@@ -315,6 +315,11 @@ class Selection(Model):
     partial_targets: list[str] = Field(default_factory=list)
     deselected: NonNegativeInt = 0
     ignored: list[str] = Field(default_factory=list)
+    # What was collected against the harness's own suites/ (see the rank record's Selection).
+    unreached: list[str] = Field(default_factory=list)
+    outside: list[str] = Field(default_factory=list)
+    removed: NonNegativeInt = 0
+    rules: list[str] = Field(default_factory=list)
 
 
 class RequestedCount(Model):
