@@ -173,6 +173,9 @@ def test_without_the_shield_a_second_interrupt_orphans_the_helper(tmp_path, monk
     class NoShield:
         hurry = threading.Event()
 
+        def __init__(self, hurry: threading.Event | None = None) -> None:
+            pass
+
         def __enter__(self) -> NoShield:
             return self
 

@@ -194,11 +194,12 @@ class _Handlers:
 
 
 class Shield(_Handlers):
-    """While the tree is being ended: ^C and SIGTERM set `hurry` instead of raising."""
+    """While the tree is being ended: ^C and SIGTERM set `hurry` instead of raising.
+    `hurry`: an event a signal may have set already (one held before the shield was up)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hurry: threading.Event | None = None) -> None:
         super().__init__()
-        self.hurry = threading.Event()
+        self.hurry = threading.Event() if hurry is None else hurry
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.hurry.set()
@@ -243,6 +244,8 @@ class Hold(_Handlers):
         self.caught: list[Held] = []
         self.holding = False
         self.named = False  # the first caught signal is the interruption the receipt names
+        self.raised = False  # one signal was raised: the launch is preparing its ending
+        self.hurry = threading.Event()  # a later signal meanwhile: end the tree at once
         self._t0 = time.monotonic()
 
     def __enter__(self) -> Hold:
@@ -256,8 +259,15 @@ class Hold(_Handlers):
 
     def _on_signal(self, signum: int, frame: object) -> None:
         sig = signal.Signals(signum)
-        if not self.holding:
+        if not self.holding and not self.raised:
+            self.raised = True  # only once: every later signal is held, never raised
             raise Terminated() if sig == signal.SIGTERM else KeyboardInterrupt()
+        if not self.holding:
+            # Back to back with the raised one, before the ending's shield is up: raising
+            # again would abort the ending itself (no bundle, raw logs). It hurries the ending.
+            self.hurry.set()
+            self.tell(f"dcpqual run: {sig.name} again: ending the run's processes at once")
+            return
         at = datetime.now(UTC).isoformat(timespec="seconds")
         self.caught.append(Held(sig, at, time.monotonic() - self._t0))
         again = " again" if len(self.caught) > 1 else ""

@@ -193,7 +193,10 @@ def launch(
             forker=None if zygote is None else zygote.pid,
         )
         exited = None if hold is None else hold.start
-        outcome = _supervise(proc, tracker, reader, t0, timeout_s, tick, tick_s, zygote, exited)
+        hurry = None if hold is None else hold.hurry
+        outcome = _supervise(
+            proc, tracker, reader, t0, timeout_s, tick, tick_s, zygote, exited, hurry
+        )
         if relay is not None:
             relay.join(timeout=5.0)
             if not relay.is_alive() and proc.stdout is not None:
@@ -263,11 +266,13 @@ def _supervise(
     tick_s: float,
     zygote: ZygoteRun | None = None,
     exited: Callable[[], None] | None = None,
+    hurry: threading.Event | None = None,
 ) -> _Outcome:
     """Wait for torchrun; end the tree on a timeout, a rank gone mid-suite, the zygote's death,
     ^C or SIGTERM. `exited` is called as soon as torchrun is known to have exited, on every
     path (on ^C still inside the ending's shield): a signal before it is this launch's
-    interruption, one after it is the caller's to hold."""
+    interruption, one after it is the caller's to hold. `hurry`: set by a signal the caller's
+    hold took while this ending was being prepared (the shield then ends the tree at once)."""
     exited = (lambda: None) if exited is None else exited
     watch = ending.DeadRankWatch(reader, tracker, None if zygote is None else zygote.reaped)
     exit_wait = ExitWait(proc)
@@ -304,7 +309,7 @@ def _supervise(
         # What had run when the signal came, before ending the tree marks the rest stopped.
         seen = snapshot(reader, 0.0, fresh=True)
         interrupted = ending.interruption(sig, time.monotonic() - t0, seen)
-        with ending.Shield() as shield:  # a second ^C hurries the ending, never aborts it
+        with ending.Shield(hurry) as shield:  # a second ^C hurries the ending, never aborts it
             tracker.end_all(grace_s=5.0, hurry=shield.hurry)
             proc.wait()
             exited()
