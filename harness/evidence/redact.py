@@ -44,6 +44,7 @@ import base64
 import errno
 import fnmatch
 import functools
+import html
 import json
 import os
 import re
@@ -170,8 +171,29 @@ def _escapes(text: str) -> set[str]:
         text.replace("&", "&amp;").replace("<", "&lt;"),  # writers that leave '>' alone
         shlex.quote(text),
         shlex.quote(text)[1:-1] if shlex.quote(text).startswith("'") else text,
+        html.escape(text),
+        ascii(text)[1:-1],
+        ascii("\"'" + text)[4:-1],
+        text.encode("unicode_escape").decode("ascii"),
     }
     return {f for f in forms if f}
+
+
+# How HTML and XML writers spell a quote: every named, decimal and hex entity.
+_APOSTROPHES = ("'", "&#x27;", "&#X27;", "&#39;", "&#039;", "&apos;")
+_QUOTES = ('"', "&quot;", "&#x22;", "&#X22;", "&#34;", "&#034;")
+
+
+def _entities(text: str) -> set[str]:
+    """`text` with '&', '<', '>' escaped and its quotes in every entity spelling (pairs of
+    spellings: a writer escapes both quotes alike or one of them only)."""
+    if "'" not in text and '"' not in text:
+        return {escape(text)}
+    return {
+        escape(text, {"'": apostrophe, '"': quote_})
+        for apostrophe in _APOSTROPHES
+        for quote_ in _QUOTES
+    }
 
 
 def _base64_forms(raw: bytes) -> set[str]:
@@ -204,7 +226,7 @@ def print_forms(value: str) -> tuple[str, ...]:
     first: set[str] = set()
     for base in bases:
         if len(base.strip()) >= MIN_SCRUB_LENGTH:
-            first |= _escapes(base) | _encodings(base)
+            first |= _escapes(base) | _encodings(base) | _entities(base)
     forms = set(first)
     for form in first:
         forms |= _escapes(form)
@@ -224,10 +246,16 @@ _USERINFO = re.compile(r"://(?<=[A-Za-z0-9+.-]://)(?P<userinfo>[^\s/?#\"'`\\<>]+
 # An upper-case NAME at a word's start, assigned (`NAME=`) or a quoted key (`'NAME': `), and its
 # value: quoted, or up to what ends a word in a shell line, a URL's query or markup.
 _WORD_END = r"\s\"'`\\<>&;|,)\]}"
-_ASSIGNED = re.compile(
-    r"(?P<name>[A-Z](?<![A-Za-z0-9_][A-Z])[A-Z0-9_]*)(?:=|[\"']:[ \t]*)"
-    rf"(?:\"(?P<dq>[^\"\n]*)\"|'(?P<sq>[^'\n]*)'|(?P<bare>[^{_WORD_END}=][^{_WORD_END}]*))"
+# `NAME=`, `'NAME': ` (a printed dict, JSON) and `NAME: ` (a header, YAML, a log line).
+_ASSIGN = r"(?:=|[\"']:[ \t]*|:[ \t]+)"
+_VALUE = rf"(?:\"(?P<dq>[^\"\n]*)\"|'(?P<sq>[^'\n]*)'|(?P<bare>[^{_WORD_END}=][^{_WORD_END}]*))"
+_ASSIGNED = re.compile(r"(?P<name>[A-Z](?<![A-Za-z0-9_][A-Z])[A-Z0-9_]*)" + _ASSIGN + _VALUE)
+# Any case, for names that say password or secret (`password=`, `Password: `, `secret='...'`):
+# a program's own settings are spelt so, not only environment variables.
+_ASSIGNED_ANY_CASE = re.compile(
+    r"(?<![A-Za-z0-9_])(?P<name>[A-Za-z_][A-Za-z0-9_]*)" + _ASSIGN + _VALUE
 )
+_CREDENTIAL_WORD = re.compile(r"pass(?:word|wd)?(?![a-z])|pwd|secret", re.IGNORECASE)
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 
 
@@ -390,7 +418,8 @@ class Scrubber:
         """False for a text `_beyond_forms` would leave as it is, after a few searches (most
         strings of a bundle: a test's id, a tag's text)."""
         return (bool(self.forms) and "\n" in text) or (
-            self.shapes and ("=" in text or "://" in text or "':" in text or '":' in text)
+            self.shapes
+            and ("=" in text or "://" in text or "':" in text or '":' in text or ": " in text)
         )
 
     def _beyond_forms_data(self, data: bytes, fill: Callable[[int], str]) -> tuple[bytes, int]:
@@ -441,6 +470,14 @@ class Scrubber:
                 group = next(g for g in ("dq", "sq", "bare") if m[g] is not None)
                 if _credential_value(m["name"], m[group]):
                     found.append(m.span(group))
+        for m in _ASSIGNED_ANY_CASE.finditer(text):
+            name = m["name"]
+            if name.isupper() or not _CREDENTIAL_WORD.search(name):
+                continue  # upper case: an environment name, judged above
+            group = next(g for g in ("dq", "sq", "bare") if m[g] is not None)
+            value = m[group]
+            if not (_placeholder(value) or _SWITCH.fullmatch(value) or _NUMBER.fullmatch(value)):
+                found.append(m.span(group))
         return [(a, b) for a, b in found if b > a and not _placeholder(text[a:b])]
 
     def value(self, value: Any) -> tuple[Any, int]:
