@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.evidence.redact import SCRUBBED, Scrubber
+from harness.evidence.redact import SCRUBBED, Scrubber, command_line_secrets
 
 # A secret with both quotes, an ampersand, a backslash, a '<' and non-ASCII letters: every
 # escaping function below changes it.
@@ -96,3 +96,35 @@ def test_a_credential_by_its_name_is_scrubbed_whatever_the_case_or_separator(
 def test_what_is_no_credential_stays_readable(line: str) -> None:
     """Negative controls: settings, switches, counts and placeholders are evidence."""
     assert Scrubber.of([]).text(line) == (line, 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "secret"),
+    [
+        (["run", "--", "-k", "not hf_abcdefghijklmnop1234"], "hf_abcdefghijklmnop1234"),
+        (["run", "--", "--api-token", "Zq8wLk2pXv9r"], "Zq8wLk2pXv9r"),
+        (["run", "--", "--db-password=pw-1234-5678"], "pw-1234-5678"),
+        (["run", "--", "MY_SECRET=Zq8wLk2pXv9r"], "Zq8wLk2pXv9r"),
+        (["run", "--", "ghp_0123456789abcdefABCDEF"], "ghp_0123456789abcdefABCDEF"),
+    ],
+)
+def test_a_secret_typed_on_the_command_line_is_a_secret(argv: list[str], secret: str) -> None:
+    assert secret in command_line_secrets(argv)
+
+
+def test_ordinary_arguments_are_no_secrets() -> None:
+    """Negative control: paths, options, node ids and -k words stay as they are."""
+    argv = [
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--out",
+        "/tmp/out",
+        "--",
+        "-k",
+        "kimi_tokens",
+        "suites/capture/test_capture.py::test_x[max_tokens-8]",
+        "--max-tokens",
+        "64",
+    ]
+    assert command_line_secrets(argv) == ()

@@ -51,7 +51,7 @@ import re
 import shlex
 import shutil
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -814,12 +814,58 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
     )
 
 
+# Tokens as their issuers shape them (Hugging Face, GitHub, GitLab, Slack, OpenAI-style keys,
+# AWS access key ids, npm, PyPI): a credential wherever it is typed, whatever names it.
+_ISSUED_TOKEN = re.compile(
+    r"(?<![A-Za-z0-9])(?:(?:hf|ghp|gho|ghu|ghs|ghr|github_pat|npm)_[A-Za-z0-9_]{16,}"
+    r"|glpat-[A-Za-z0-9_-]{16,}|xox[abposr]-[A-Za-z0-9-]{10,}|sk-[A-Za-z0-9_-]{16,}"
+    r"|(?:AKIA|ASIA)[A-Z0-9]{16}|pypi-[A-Za-z0-9_-]{16,})"
+)
+_typed: list[str] = []  # secrets typed on this process's own command line
+
+
+def command_line_secrets(argv: Sequence[str]) -> tuple[str, ...]:
+    """Secrets typed on a command line: the value of an option whose name is a secret name
+    (`--token X`, `--api-key=X`, `HF_TOKEN=X`) and anything shaped like an issued token."""
+    found: list[str] = []
+    previous_secret = False
+    for arg in argv:
+        if previous_secret and not arg.startswith("-"):
+            found.append(arg)
+        previous_secret = False
+        name, eq, value = arg.lstrip("-").partition("=")
+        named = is_secret_name(name.replace("-", "_")) and bool(_ENV_NAME_ANY.fullmatch(name))
+        if named and eq:
+            found.append(value)
+        elif named and arg.startswith("-"):
+            previous_secret = True
+        found += _ISSUED_TOKEN.findall(arg)
+    return tuple(
+        dict.fromkeys(
+            v
+            for v in found
+            if len(v.strip()) >= MIN_SCRUB_LENGTH
+            and not (_NUMBER.fullmatch(v.strip()) or _SWITCH.fullmatch(v.strip()))
+        )
+    )
+
+
+_ENV_NAME_ANY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+def register_command_line(argv: Sequence[str]) -> None:
+    """Scrub what this process's own command line typed as secrets (see
+    `command_line_secrets`) wherever the environment's secrets are scrubbed."""
+    _typed[:] = command_line_secrets(argv)
+
+
 def environment_scrubber() -> Scrubber:
     """The Scrubber of every print form of the secret values in this process's environment
-    (the ranks inherit it), and of the shapes of credentials: what the bundle, the launcher's
-    console and the CLI's error line are scrubbed with. Built once per set of values, as the
-    console asks for it at every line."""
-    return _scrubber_of(secret_values(os.environ), secret_patterns(os.environ))
+    (the ranks inherit it) and on its own command line, and of the shapes of credentials:
+    what the bundle, the launcher's console and the CLI's error line are scrubbed with. Built
+    once per set of values, as the console asks for it at every line."""
+    values = tuple(dict.fromkeys((*secret_values(os.environ), *_typed)))
+    return _scrubber_of(values, secret_patterns(os.environ))
 
 
 @functools.lru_cache(maxsize=4)
