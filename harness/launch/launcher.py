@@ -39,6 +39,7 @@ from harness.launch.ranklogs import collect_rank_logs
 from harness.launch.rankview import RecordReader
 from harness.launch.zygote import ZygoteRun
 from harness.schema.launch import Interruption, Launch, NodeState
+from harness.schema.plan import PLAN_ENV
 from harness.schema.receipt import Receipt, Scrub, Stray
 
 if TYPE_CHECKING:
@@ -207,11 +208,16 @@ def launch(
             zygote.stop()
         if cgroup is not None:  # and whatever is still in the run's cgroup, wherever it went
             tracker.seen |= {p for pid in cgroup.pids() if (p := identify(pid)) is not None}
+        marked = plan.env.get(PLAN_ENV)
+        witness = None if marked is None else ending.EnvironmentWitness(f"{PLAN_ENV}={marked}")
+        if witness is not None:
+            tracker.seen |= witness.find()
         leftovers = [p for p in tracker.survivors() if p.pid != proc.pid]
         if leftovers:
             tracker.end_all(grace_s=3.0)
-        if cgroup is not None and leftovers:
-            cgroup.kill()
+        # Until the tree is empty: a helper that re-forks outruns any single scan and kill.
+        swept = ending.sweep(tracker, cgroup, witness, keep={proc.pid})
+        leftovers = sorted({*leftovers, *swept}, key=lambda p: p.pid)
         ending.reap(p for p in tracker.seen if p.pid != proc.pid)
     finally:
         if zygote is not None:
