@@ -41,6 +41,7 @@ from harness.launch.zygote import ZygoteRun
 from harness.schema.launch import Interruption, Launch, NodeState
 from harness.schema.plan import PLAN_ENV
 from harness.schema.receipt import Receipt, Scrub, Stray
+from harness.terminal import printable
 
 if TYPE_CHECKING:
     from harness.evidence.redact import ScrubReport
@@ -381,7 +382,7 @@ class ScrubbedProgress:
 
 def _say(stream: TextIO, text: str) -> None:
     """One line to the console, scrubbed of secrets (paths, messages and commands may hold one)."""
-    stream.write(environment_scrubber().text(text)[0] + "\n")
+    stream.write(printable(environment_scrubber().text(text)[0]) + "\n")
     stream.flush()
 
 
