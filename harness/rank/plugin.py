@@ -191,7 +191,12 @@ class RankPlugin:
         self._old_sigterm: SignalHandler | None = None
         self._session: pytest.Session | None = None
         self.fast_exit = self.plan.fast_exit
-        if config.option.xmlpath is None and not hasattr(config, "workerinput"):
+        # Without pytest's junitxml (`-p no:junitxml`) there is no option to set: the rank
+        # leaves no JUnit report, and the evidence says so (its cases come from its record).
+        junitxml = getattr(config.option, "xmlpath", None) is None and hasattr(
+            config.option, "xmlpath"
+        )
+        if junitxml and not hasattr(config, "workerinput"):
             config.option.xmlpath = str(junit_path(self.out_dir, self.env.rank))
 
     # -- life cycle -------------------------------------------------------------------------
