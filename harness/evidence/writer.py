@@ -10,6 +10,7 @@ is refused before anything is touched.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 import uuid
@@ -65,16 +66,34 @@ def default_out_dir(root: Path = Path("evidence")) -> Path:
     return root / f"{stamp}-{uuid.uuid4().hex[:8]}"
 
 
-def prepare_out_dir(path: Path) -> Path:
-    """Create the out folder for a run; refuse one that exists and is not empty.
+# Out folders this process claimed: their open descriptors, each holding an exclusive flock
+# for as long as this process runs (or until `release_out_dir`).
+_CLAIMED: dict[Path, int] = {}
 
+
+def prepare_out_dir(path: Path) -> Path:
+    """Create the out folder for a run and claim it; refuse one that exists and is not empty,
+    or that another run is claiming at the same moment.
+
+    The claim is an exclusive lock on the folder itself, taken before it is looked into and
+    held while this process runs: of two runs started at the same instant on one empty folder,
+    one wins and the other is refused (checking, then writing, lets both in).
     Returns the absolute path. Nothing is touched when it refuses.
     """
     path = Path(path).absolute()
     try:
-        if path.exists() or path.is_symlink():
-            if not path.is_dir() or path.is_symlink():
-                raise UsageError(f"evidence folder {path} exists and is not a folder")
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise UsageError(f"evidence folder {path} exists and is not a folder")
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UsageError(
+                f"evidence folder {path} is being used by another run; choose another --out"
+            ) from None
+        try:
             entries = sorted(p.name for p in path.iterdir())
             if entries:
                 shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
@@ -82,14 +101,23 @@ def prepare_out_dir(path: Path) -> Path:
                     f"evidence folder {path} is not empty ({len(entries)} entries: {shown}); "
                     "evidence is never overwritten, choose another --out"
                 )
-        else:
-            path.mkdir(parents=True)
-        _probe_writable(path)
+            _probe_writable(path)
+        except BaseException:
+            os.close(fd)
+            raise
     except OSError as exc:
         raise UsageError(
             f"cannot use {path} as the evidence folder: {exc.strerror or exc}"
         ) from None
+    _CLAIMED[path] = fd
     return path
+
+
+def release_out_dir(path: Path) -> None:
+    """Let go of an out folder this process claimed (its run is over)."""
+    fd = _CLAIMED.pop(Path(path).absolute(), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _probe_writable(path: Path) -> None:

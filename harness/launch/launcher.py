@@ -415,6 +415,21 @@ def run(
     stream = sys.stdout if stream is None else stream
     evidence = Evidence.load() if evidence is None else evidence
     out_dir = prepare(options, evidence)
+    try:
+        return _run(options, evidence, stream, progress, out_dir)
+    finally:
+        from harness.evidence.writer import release_out_dir
+
+        release_out_dir(out_dir)  # the run is over: the folder holds its bundle (or what ran)
+
+
+def _run(
+    options: RunOptions,
+    evidence: Evidence,
+    stream: TextIO,
+    progress: Progress | None,
+    out_dir: Path,
+) -> int:
     plan = build_plan(options, out_dir)
     endpoint = options.rdzv_endpoint or ""
     marker = nodes.started_marker(options.node_rank, options.nnodes, endpoint, _now())
