@@ -105,15 +105,19 @@ def options_from_args(
     pytest_args = _pytest_args(args.pytest_args)
     rerun_of: Path | None = values.pop("rerun_failed")
     if rerun_of is not None:
-        if pytest_args:
-            raise UsageError("--rerun-failed chooses the tests itself; give no pytest arguments")
-        from harness.launch.rerun import rerun_source
+        from harness.launch.rerun import only_plugins, plugin_args, rerun_source
+
+        if not only_plugins(pytest_args):
+            raise UsageError(
+                "--rerun-failed chooses the tests itself; give no pytest arguments but the "
+                "plugins to load (-p NAME)"
+            )
 
         source = rerun_source(rerun_of)
         for dest, value in dataclasses.asdict(source.settings).items():
             if dest not in chosen.explicit:
                 values[dest] = value
-        pytest_args = (*source.plugins, *source.targets)
+        pytest_args = (*plugin_args(pytest_args), *source.targets)
     spec = values.pop("nproc_per_node")
     if spec is None:
         raise UsageError("--nproc-per-node N|auto|cpu|gpu is required (or --rerun-failed BUNDLE)")
