@@ -134,6 +134,9 @@ def run_command(args: argparse.Namespace) -> int:
     from harness.launch import launcher
 
     options = options_from_args(args)
+    from harness.image.identity import identity_from_environ
+
+    identity_from_environ()  # the environment's inputs, before anything runs
     _check_suites_geometry(options)
     check_backend_available(options.backend, options.nproc_per_node)
     _check_warm_impl(options.warm_impl)
