@@ -196,20 +196,30 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     receipt, merged_xml = assemble_receipt(out_dir, ctx, geometry, image)
 
     merged_xml, hits = scrub.xml_bytes(merged_xml)
-    atomic_write_bytes(out_dir / MERGED_JUNIT, merged_xml)
     if hits:
         scrubbed.append(MERGED_JUNIT)
     # Messages, commands and paths in the receipt may carry a secret too: scrub its values
-    # before its launch record is written out, so launch.json is the receipt's copy exactly.
+    # before its launch record is made, so launch.json is the receipt's copy exactly.
     receipt = scrub_receipt(receipt, scrub)
+    pending = {MERGED_JUNIT: merged_xml}
     if receipt.run.extra.launch is not None:
-        atomic_write_bytes(out_dir / LAUNCH_NAME, launch_record_bytes(receipt.run.extra.launch))
-    witnessed = [e.relpath for e in walk(out_dir) if e.relpath not in UNWITNESSED]
+        pending[LAUNCH_NAME] = launch_record_bytes(receipt.run.extra.launch)
+    # The receipt first, witnessing the files still to come by the bytes they will hold: on a
+    # full disk the small receipt, which says how the run ended, is what must exist.
+    witnessed = [
+        e.relpath
+        for e in walk(out_dir)
+        if e.relpath not in UNWITNESSED and e.relpath not in pending
+    ]
+    files = hash_files(out_dir, witnessed)
+    files.update({name: sha256_bytes(data) for name, data in pending.items()})
     receipt = receipt.model_copy(
-        update={"scrubbed_files": sorted(set(scrubbed)), "files": hash_files(out_dir, witnessed)}
+        update={"scrubbed_files": sorted(set(scrubbed)), "files": dict(sorted(files.items()))}
     )
     receipt_bytes = receipt.dumps().encode("utf-8")
     atomic_write_bytes(out_dir / RECEIPT_NAME, receipt_bytes)
+    for name, data in pending.items():
+        atomic_write_bytes(out_dir / name, data)
 
     # Rendered only from scrubbed values (the receipt, the folder's name) and never scrubbed as
     # text afterwards: the template's own words are no secret (a secret "complete" must not

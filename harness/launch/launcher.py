@@ -595,7 +595,7 @@ def _unfinished(out_dir: Path, exc: Exception, removed: tuple[str, ...] = ()) ->
     files the scrub removed because it could not scrub them (a full disk)."""
     from harness.evidence.files import SUMS_NAME
 
-    names = ("junit/merged.xml", "receipt.json", "summary.md", SUMS_NAME)
+    names = ("receipt.json", "junit/merged.xml", "summary.md", SUMS_NAME)
     written = [n for n in names if (out_dir / n).is_file()]
     missing = [n for n in names if n not in written]
     why = _why(exc)
