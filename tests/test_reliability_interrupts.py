@@ -13,8 +13,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _support.leaks import leaks, main_thread_only
 from _support.runs import processes_of_run, receipt, records, run
-from test_reliability_endings import leaks, main_thread_only
 
 from harness.cli import main
 

@@ -7,8 +7,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _support.leaks import leaks
 from _support.runs import SUITES, receipt
-from test_reliability_endings import leaks
 
 from harness.cli import main
 
