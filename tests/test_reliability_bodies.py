@@ -44,6 +44,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, Path]
     for name, args in {
         "plain": (suite,),
         "setup-only": ("--setup-only", suite),
+        "collect-only": ("--collect-only", suite),
         "hooked": (str(hooked),),
     }.items():
         folder = base / name
@@ -64,6 +65,16 @@ def test_a_run_whose_call_phases_never_ran_fails_and_says_so(
     assert sum(t["passed"] for t in data["suites"].values()) == 0
     for record in records(out).values():
         assert record.tests and all(t.outcome == "skipped" and t.no_body for t in record.tests)
+    assert main(["verify", str(out)]) == 0
+
+
+def test_a_run_that_only_collected_fails_with_every_test_without_an_outcome(
+    runs: dict[str, tuple[int, Path]],
+) -> None:
+    code, out = runs["collect-only"]
+    data = receipt(out)
+    assert code == 1 and data["verdict"] == "fail" and data["status"] == "not-qualified"
+    assert data["coverage"]["without_outcome"] == 2 * 3  # 3 tests on each of 2 ranks
     assert main(["verify", str(out)]) == 0
 
 
