@@ -41,6 +41,7 @@ a package index) makes that password a secret value.
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import fnmatch
 import functools
@@ -50,6 +51,7 @@ import os
 import re
 import shlex
 import shutil
+import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -746,6 +748,97 @@ def _regular_files(root: Path, unlisted: list[Path] | None = None) -> list[Path]
     return sorted(found)
 
 
+# Text files larger than this are scrubbed a block at a time (a rank's log can be gigabytes:
+# read whole, it would cost the launcher that much memory, and an OOM kill leaves every secret).
+STREAM_BYTES = 32 << 20
+STREAM_BLOCK = 4 << 20
+
+
+def _streamed(path: Path) -> bool:
+    return not path.name.endswith((".json", ".xml")) and path.stat().st_size > STREAM_BYTES
+
+
+# A line of wrapped base64 (64 or 76 characters and its break): a block is never cut after one,
+# so a wrapped encoding of a secret stays in one block.
+_B64_LINE_END = re.compile(rb"[A-Za-z0-9+/_=-]{64,}\r?\n\Z")
+
+
+def _cut(buffer: bytes, longest: int, forms: tuple[bytes, ...] = ()) -> int:
+    """Where `buffer` may be cut so that no secret's form (of `forms`, `longest` the longest),
+    no `NAME=value` and no wrapped encoding straddles the cut: after a line break (the last one
+    whose line is not a line of wrapped base64), else after the last whitespace, else
+    `longest` bytes from the end; moved back before any form it would cut. 0 when there is no
+    safe cut yet (a form at the very start): the caller reads on."""
+    floor = max(len(buffer) // 2, 1)
+    at = buffer.rfind(b"\n", floor)
+    before_run = -1  # the line break before a run of wrapped base64 lines
+    while at != -1 and _B64_LINE_END.search(buffer[max(0, at - 80) : at + 1]):
+        before_run = buffer.rfind(b"\n", 0, at)
+        at = buffer.rfind(b"\n", floor, at)
+    if at == -1 and before_run > 0:
+        at = before_run
+        while at > 0 and _B64_LINE_END.search(buffer[max(0, at - 80) : at + 1]):
+            at = buffer.rfind(b"\n", 0, at)  # back to where the run begins
+    if at == -1:
+        at = max(buffer.rfind(b" ", floor), buffer.rfind(b"\t", floor))
+    cut = at + 1 if at > 0 else max(len(buffer) - longest, 0)
+    moved = True
+    while moved:  # a form straddling the cut: cut before it (and look again from there)
+        moved = False
+        low = max(0, cut - longest)
+        window = buffer[low : cut + longest]
+        for form in forms:
+            start = window.find(form)
+            while start != -1:
+                if low + start < cut < low + start + len(form):
+                    cut, moved = low + start, True
+                    break
+                start = window.find(form, start + 1)
+            if moved:
+                break
+    return cut  # 0: no safe cut yet, read more
+
+
+def scrub_stream(path: Path, scrubber: Scrubber, block: int | None = None) -> int:
+    """Scrub a large text file a block at a time into a new file beside it, then put it in
+    place; memory stays about two blocks whatever the file's size. Blocks are cut where no
+    form or shape can straddle the cut (`_cut`), and a form cut by a forced cut is found by
+    keeping the last `longest` bytes for the next block. Returns the replacements; OSError
+    (a full disk) is the caller's, which removes the file."""
+    block = STREAM_BLOCK if block is None else block
+    forms = tuple(f.encode("utf-8") for f in scrubber.forms)
+    longest = max((len(f) for f in forms), default=0) + 1
+    hits = 0
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", dir=path.parent)
+    try:
+        with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
+            carry = b""
+            while True:
+                chunk = src.read(block)
+                buffer = carry + chunk
+                if not chunk:
+                    clean, more = scrubber.data(buffer)
+                    dst.write(clean)
+                    hits += more
+                    break
+                at = _cut(buffer, longest, forms)
+                if at == 0:
+                    carry = buffer
+                    continue
+                clean, more = scrubber.data(buffer[:at])
+                dst.write(clean)
+                hits += more
+                carry = buffer[at:]
+            dst.flush()
+            os.fsync(dst.fileno())
+        if hits:
+            os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return hits
+
+
 def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
     """Scrub every name under `root`, then every regular file's contents, in place.
 
@@ -793,10 +886,13 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
     for path in _regular_files(root, unlisted):
         relpath = path.relative_to(root).as_posix()
         try:
-            data = path.read_bytes()
-            clean_bytes, hits = scrubber.file_bytes(path.name, data)
-            if hits and _rewrite(path, clean_bytes, data, scrubber):
-                in_place.append(relpath)
+            if _streamed(path):
+                hits = scrub_stream(path, scrubber)
+            else:
+                data = path.read_bytes()
+                clean_bytes, hits = scrubber.file_bytes(path.name, data)
+                if hits and _rewrite(path, clean_bytes, data, scrubber):
+                    in_place.append(relpath)
         except OSError:
             _remove(path, root, scrubber, removed, left)
             continue
