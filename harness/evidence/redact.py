@@ -949,6 +949,17 @@ def command_line_secrets(argv: Sequence[str]) -> tuple[str, ...]:
 _ENV_NAME_ANY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
 
+def typed_secrets() -> list[str]:
+    """The secrets registered from this process's command line (`register_command_line`)."""
+    return list(_typed)
+
+
+def register_secrets(values: Sequence[str]) -> None:
+    """Scrub `values` as secrets typed on the command line (a process that scrubs for another,
+    which sent it what its own command line held)."""
+    _typed[:] = [v for v in values if len(v.strip()) >= MIN_SCRUB_LENGTH]
+
+
 def register_command_line(argv: Sequence[str]) -> None:
     """Scrub what this process's own command line typed as secrets (see
     `command_line_secrets`) wherever the environment's secrets are scrubbed."""

@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, TextIO
 
 from harness.errors import DcpqualError
-from harness.evidence.redact import ScrubFailed, environment_scrubber
+from harness.evidence.redact import ScrubFailed, environment_scrubber, typed_secrets
 from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
 from harness.launch.collect import run_context
 from harness.launch.ending import Terminated
+from harness.launch.guardian import Guardian
 from harness.launch.plan import SHUTDOWN_TIMEOUT_S, RunOptions, RunPlan, build_plan
 from harness.launch.proctree import ExitWait, Tracker, end_launch_root, identify, start_launch_root
 from harness.launch.progress import Progress, Snapshot, make_progress, poller, snapshot
@@ -209,8 +210,8 @@ def launch(
             zygote.stop()
         if cgroup is not None:  # and whatever is still in the run's cgroup, wherever it went
             tracker.seen |= {p for pid in cgroup.pids() if (p := identify(pid)) is not None}
-        marked = plan.env.get(PLAN_ENV)
-        witness = None if marked is None else ending.EnvironmentWitness(f"{PLAN_ENV}={marked}")
+        marked = _plan_entry(plan)
+        witness = None if marked is None else ending.EnvironmentWitness(marked)
         if witness is not None:
             tracker.seen |= witness.find()
         leftovers = [p for p in tracker.survivors() if p.pid != proc.pid]
@@ -431,6 +432,31 @@ def _run(
     out_dir: Path,
 ) -> int:
     plan = build_plan(options, out_dir)
+    # Whatever kills this process from here on (SIGKILL, the OOM killer), the out folder is
+    # scrubbed: by the guardian, unless this launcher says its own ending is done.
+    guardian = Guardian.start(out_dir, _plan_entry(plan), typed_secrets())
+    try:
+        code = _launch_and_end(options, evidence, stream, progress, out_dir, plan)
+    except BaseException:
+        guardian.abandon()
+        raise
+    guardian.done()
+    return code
+
+
+def _plan_entry(plan: RunPlan) -> str | None:
+    marked = plan.env.get(PLAN_ENV)
+    return None if marked is None else f"{PLAN_ENV}={marked}"
+
+
+def _launch_and_end(
+    options: RunOptions,
+    evidence: Evidence,
+    stream: TextIO,
+    progress: Progress | None,
+    out_dir: Path,
+    plan: RunPlan,
+) -> int:
     endpoint = options.rdzv_endpoint or ""
     marker = nodes.started_marker(options.node_rank, options.nnodes, endpoint, _now())
     if options.multi_node:
