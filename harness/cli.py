@@ -16,7 +16,8 @@ from typing import NoReturn
 
 from harness import __version__
 from harness.errors import DcpqualError
-from harness.evidence.redact import environment_scrubber
+from harness.evidence.redact import environment_scrubber, register_command_line
+from harness.terminal import printable
 
 # Modules that contribute sub-commands, in the order they appear in --help.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -40,7 +41,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 
 def _scrubbed(line: str) -> str:
-    return environment_scrubber().text(line)[0]
+    return printable(environment_scrubber().text(line)[0], newlines=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    register_command_line(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

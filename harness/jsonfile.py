@@ -9,7 +9,10 @@ deep nesting, keeps the last of two duplicate keys and accepts NaN. Here:
   a byte is read), and no more than `max_bytes` are ever read;
 - nesting deeper than `max_depth` is refused before parsing;
 - duplicate keys and the non-JSON constants NaN/Infinity are syntax errors, so a file has one
-  meaning only.
+  meaning only;
+- numbers are bounded: an integer of more than `MAX_INT_DIGITS` digits (Python refuses to
+  convert one of thousands with a ValueError of its own) and a number that overflows to
+  infinity (`1e999`) are syntax errors too.
 
 Two kinds of failure: `JsonFileRefused` (a UsageError: the file is not something to parse at
 all, so the command stops with one line and exit 2) and `JsonSyntaxError` (a ValueError: the
@@ -29,6 +32,7 @@ from harness.errors import UsageError
 
 MAX_BYTES = 64 << 20  # far above any receipt or rank record a 16-rank run writes
 MAX_DEPTH = 64  # receipts and records nest about 8 deep
+MAX_INT_DIGITS = 40  # far above any count, size, pid or nanosecond time a file holds
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # unrolled: linear and fast
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
@@ -112,13 +116,35 @@ def _no_constant(name: str) -> Any:
     raise JsonSyntaxError(f"{name} is not a JSON value")
 
 
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise JsonSyntaxError(
+            f"an integer of {digits} digits, more than the {MAX_INT_DIGITS} a number may have"
+        )
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise JsonSyntaxError(f"the number {text[:20]}... overflows to infinity")
+    return value
+
+
 def loads_strict(text: str, *, max_depth: int = MAX_DEPTH, where: str = "JSON") -> Any:
     """Parse JSON text strictly; JsonFileRefused when nested deeper than `max_depth`."""
     depth = nesting_depth(text)
     if depth > max_depth:
         raise JsonFileRefused(f"{where}: nests {depth} deep, more than the {max_depth} allowed")
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        return json.loads(
+            text,
+            object_pairs_hook=_unique_keys,
+            parse_constant=_no_constant,
+            parse_int=_bounded_int,
+            parse_float=_finite_float,
+        )
     except json.JSONDecodeError as exc:
         raise JsonSyntaxError(f"line {exc.lineno} column {exc.colno}: {exc.msg}") from None
 

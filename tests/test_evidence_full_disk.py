@@ -343,3 +343,33 @@ def test_the_receipt_names_what_a_full_disk_made_the_scrub_do(
         assert (scrub["in_place"], scrub["removed"]) == ([LOG], [])
         assert LOG in receipt["scrubbed_files"] and LOG in receipt["files"]
     assert verify_bundle(out).ok
+
+
+def test_on_a_full_disk_the_receipt_is_written_before_the_optional_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The small receipt says how the run ended; a merged JUnit report that no longer fits
+    must not cost it. It witnesses the report by the bytes it was to hold, so verify names
+    the report as missing, not the receipt as wrong."""
+    from _support.evidence_factory import failing_run
+
+    from harness.evidence import writer
+    from harness.evidence.verify import verify_bundle
+
+    out = tmp_path / "bundle"
+    ctx = failing_run(out, world=2, bad_rank=1)
+    real_write = writer.atomic_write_bytes
+
+    def full_disk(path: Path, data: bytes, **kw: object) -> None:
+        if path.name == "merged.xml":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real_write(path, data, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer, "atomic_write_bytes", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        writer.finalize_bundle(out, ctx)
+    receipt = json.loads((out / "receipt.json").read_text())
+    assert receipt["verdict"] == "fail" and "junit/merged.xml" in receipt["files"]
+    assert not (out / "junit" / "merged.xml").exists()
+    problems = verify_bundle(out).problems
+    assert any("junit/merged.xml" in p for p in problems), problems

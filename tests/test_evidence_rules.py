@@ -156,6 +156,10 @@ DENIED = [
         "skipped",
     ),
     ({"smoke": True}, "smoke"),
+    (
+        {"coverage": Coverage(collected=4, no_body=1, first_no_body="t")},
+        "test-bodies",
+    ),
 ]
 
 
@@ -421,3 +425,11 @@ def test_engine_lane_records_fail_the_verdict(changes: dict[str, object], says: 
     assert any(says in r for r in rules.engine_failures(_engine(**changes)))
     assert rules.engine_failures(REAL_TREES) == []
     assert rules.engine_failures(Models()) == []
+
+
+def test_a_test_whose_body_never_ran_fails_the_run_and_is_named() -> None:
+    """Setup and teardown passing prove nothing of a test: a run with such a test fails."""
+    coverage = Coverage(collected=4, no_body=2, first_no_body="suites/x/test_a.py::t")
+    said = reasons(coverage=coverage)
+    assert any("no test body ran for 2 test(s)" in r and "test_a.py::t" in r for r in said)
+    assert reasons(coverage=Coverage(collected=4)) == []

@@ -5,6 +5,7 @@ or under `strays/` included), always leaving a bundle that can be written, and h
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -248,3 +249,26 @@ def test_a_stray_neither_removed_nor_moved_under_strays_does_not_verify(
         f"receipt.json: run.extra.strays: x was {action!r}, neither removed nor moved under "
         "strays/",
     )
+
+
+@pytest.mark.parametrize("where", [b"", b"notes/"], ids=["top", "in-a-folder"])
+def test_a_file_name_that_is_not_utf8_is_set_aside_and_the_bundle_is_written(
+    tmp_path: Path, where: bytes
+) -> None:
+    """SHA256SUMS is UTF-8 text: a name no UTF-8 encoder takes would stop it, while the
+    receipt, written first, says pass."""
+    out = tmp_path / "bundle"
+
+    def leave(out: Path) -> None:
+        folder = os.fsencode(out) + b"/" + where
+        os.makedirs(folder, exist_ok=True)
+        with open(folder + b"latin1-\xe9t\xe9.log", "wb") as fh:
+            fh.write(b"kept\n")
+
+    receipt, strays = bundle_left_with(out, leave)
+    [stray] = strays
+    assert stray.action.startswith("moved to strays/") and "\\" not in stray.path
+    moved = out / stray.action.removeprefix("moved to ")
+    assert moved.read_bytes() == b"kept\n"
+    assert (out / "SHA256SUMS").is_file()
+    assert_failed_for_strays(out, receipt)

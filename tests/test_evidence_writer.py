@@ -38,7 +38,12 @@ from harness.evidence.files import parse_sums
 from harness.evidence.junit import read_merged
 from harness.evidence.schema import Image, Receipt, RunExtra
 from harness.evidence.verify import verify_bundle
-from harness.evidence.writer import default_out_dir, finalize_bundle, prepare_out_dir
+from harness.evidence.writer import (
+    default_out_dir,
+    finalize_bundle,
+    prepare_out_dir,
+    release_out_dir,
+)
 from harness.schema.launch import Launch
 
 
@@ -443,7 +448,11 @@ def test_finalize_refuses_links(tmp_path: Path) -> None:
 def test_prepare_out_dir_creates_a_new_folder(tmp_path: Path) -> None:
     made = prepare_out_dir(tmp_path / "evidence" / "run-1")
     assert made.is_dir() and made.is_absolute() and not any(made.iterdir())
+    with pytest.raises(UsageError, match="being used by another run"):
+        prepare_out_dir(made)  # claimed: no second run gets in meanwhile
+    release_out_dir(made)
     assert prepare_out_dir(made) == made  # an empty folder is fine
+    release_out_dir(made)
 
 
 def test_prepare_out_dir_refuses_a_non_empty_folder_and_touches_nothing(tmp_path: Path) -> None:

@@ -126,9 +126,27 @@ def test_the_runs_cgroup_alone_catches_the_double_forked_daemon(tmp_path, monkey
         kill(daemon)
 
 
-def test_without_subreaper_and_cgroup_the_double_forked_daemon_escapes(tmp_path, monkeypatch):
+def test_without_subreaper_and_cgroup_the_environment_witness_still_ends_the_daemon(
+    tmp_path, monkeypatch
+):
+    """The third witness alone: the daemon's environment holds the run's plan."""
     monkeypatch.setattr(ending, "set_subreaper", lambda on: False)
     monkeypatch.setattr(ending.Cgroup, "create", classmethod(lambda cls: None))
+    plan, pidfile = plan_for(tmp_path, DOUBLE_FORK)
+    result = launch(plan, tick_s=30.0)
+    daemon = wait_for(pidfile)
+    try:
+        assert daemon in result.leftovers and identify(daemon) is None
+    finally:
+        kill(daemon)
+
+
+def test_without_subreaper_cgroup_and_witness_the_double_forked_daemon_escapes(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(ending, "set_subreaper", lambda on: False)
+    monkeypatch.setattr(ending.Cgroup, "create", classmethod(lambda cls: None))
+    monkeypatch.setattr(ending.EnvironmentWitness, "find", lambda self: set())
     plan, pidfile = plan_for(tmp_path, DOUBLE_FORK)
     result = launch(plan, tick_s=30.0)
     daemon = wait_for(pidfile)
@@ -172,6 +190,9 @@ def test_a_second_interrupt_hurries_the_ending_and_still_ends_everything(tmp_pat
 def test_without_the_shield_a_second_interrupt_orphans_the_helper(tmp_path, monkeypatch):
     class NoShield:
         hurry = threading.Event()
+
+        def __init__(self, hurry: threading.Event | None = None) -> None:
+            pass
 
         def __enter__(self) -> NoShield:
             return self

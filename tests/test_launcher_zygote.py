@@ -119,6 +119,7 @@ def test_without_tracking_the_zygote_forked_ranks_escape_the_timeout(tmp_path, m
     monkeypatch.setattr(proctree.Tracker, "scan", _scan_without_forker)
     monkeypatch.setattr("harness.launch.ending.set_subreaper", lambda on: False)
     monkeypatch.setattr("harness.launch.ending.Cgroup.create", classmethod(lambda cls: None))
+    monkeypatch.setattr("harness.launch.ending.EnvironmentWitness.find", lambda self: set())
     plan, pids = plan_for(tmp_path, "hang", timeout_s=8.0)
     assert plan.zygote is not None
     lax = (

@@ -257,8 +257,7 @@ def test_rerun_refuses_extra_pytest_arguments(capsys, launched, tmp_path: Path):
     assert "--rerun-failed chooses the tests itself" in line
 
 
-def test_a_rerun_names_the_plugins_its_run_named():
-    """Ranks load only the plugins named on the command line; a rerun keeps the run's."""
+def test_plugins_a_rerun_may_be_given_are_read_as_pairs():
     run = ["suites/x", "-p", "xdist", "-ptimeout", "-p", "no:warnings", "-k", "p", "--pdb"]
     assert plugin_args(run) == ("-p", "xdist", "-p", "timeout", "-p", "no:warnings")
     assert plugin_args(["suites", "-k", "-p"]) == ()

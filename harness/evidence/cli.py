@@ -9,6 +9,7 @@ from typing import Any
 
 from harness.errors import UsageError
 from harness.evidence.verify import verify_bundle
+from harness.terminal import printable
 
 
 def register(subparsers: Any) -> None:
@@ -64,11 +65,11 @@ def run_verify(args: argparse.Namespace) -> int:
         problems += signature_problems(args.dir, args.signature, args.public_key)
     if not problems:
         signed = f" (signed, {args.signature})" if args.signature is not None else ""
-        print(f"{result.bundle}: valid{signed}")
+        print(printable(f"{result.bundle}: valid{signed}"))
         return 0
-    for problem in problems:
-        print(problem)
-    print(f"{result.bundle}: INVALID ({len(problems)} problems)", file=sys.stderr)
+    for problem in problems:  # a problem names files and texts the bundle's writer chose
+        print(printable(problem, newlines=False))
+    print(printable(f"{result.bundle}: INVALID ({len(problems)} problems)"), file=sys.stderr)
     return 1
 
 
@@ -80,5 +81,5 @@ def run_sign(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.dir} is not a valid bundle: {result.problems[0]}")
     out = args.out if args.out is not None else default_signature_path(args.dir)
     sign_bundle(args.dir, args.key, out)
-    print(f"{args.dir}: signed -> {out}")
+    print(printable(f"{args.dir}: signed -> {out}"))
     return 0

@@ -136,6 +136,9 @@ def coverage_of(ranks: RankFiles) -> Coverage:
         missing += [(positions[n], rank, n) for n in without_outcome(record)]
     first = min(missing, default=None)
     everywhere, partly = skipped_tests(ranks)
+    bodiless = _in_order(
+        t.nodeid for _, record in sorted(ranks.records.items()) for t in record.tests if t.no_body
+    )
     return Coverage(
         collected=len(collected),
         without_outcome=len(missing),
@@ -144,6 +147,8 @@ def coverage_of(ranks: RankFiles) -> Coverage:
         first_skipped_everywhere=everywhere[0] if everywhere else None,
         skipped_on_some_ranks=len(partly),
         first_skipped_on_some_ranks=partly[0] if partly else None,
+        no_body=len(bodiless),
+        first_no_body=bodiless[0] if bodiless else None,
     )
 
 
@@ -200,6 +205,10 @@ def selection_of(ranks: RankFiles) -> Selection | None:
         partial_targets=_in_order(t for s in said for t in s.partial_targets),
         deselected=max(s.deselected for s in said),
         ignored=_in_order(t for s in said for t in s.ignored),
+        unreached=_in_order(t for s in said for t in s.unreached),
+        outside=_in_order(t for s in said for t in s.outside),
+        removed=max(s.removed for s in said),
+        rules=_in_order(t for s in said for t in s.rules),
     )
 
 

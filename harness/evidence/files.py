@@ -24,7 +24,9 @@ SUMS_NAME = "SHA256SUMS"
 UNREADABLE = "unreadable"
 _LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
 # Characters `sha256sum` would have to escape; we refuse them instead of escaping.
-_UNSAFE_NAME = re.compile(r"[\\\n\r]")
+# Backslash and line breaks, and the surrogates `os.fsdecode` turns bytes that are not UTF-8
+# into (SHA256SUMS and the receipt are UTF-8 text: such a name cannot be written in them).
+_UNSAFE_NAME = re.compile(r"[\\\n\r\udc80-\udcff]")
 
 
 def sha256_file(path: Path) -> str:
@@ -121,7 +123,8 @@ def _let_in(folder: Path) -> None:
 
 
 def unsafe_name(relpath: str) -> bool:
-    """True for names `SHA256SUMS` could not carry without escaping (backslash, newline)."""
+    """True for names `SHA256SUMS` could not carry without escaping (backslash, newline, a
+    byte that is not UTF-8)."""
     return bool(_UNSAFE_NAME.search(relpath))
 
 

@@ -41,16 +41,19 @@ a package index) makes that password a secret value.
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import fnmatch
 import functools
+import html
 import json
 import os
 import re
 import shlex
 import shutil
+import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,8 +173,29 @@ def _escapes(text: str) -> set[str]:
         text.replace("&", "&amp;").replace("<", "&lt;"),  # writers that leave '>' alone
         shlex.quote(text),
         shlex.quote(text)[1:-1] if shlex.quote(text).startswith("'") else text,
+        html.escape(text),
+        ascii(text)[1:-1],
+        ascii("\"'" + text)[4:-1],
+        text.encode("unicode_escape").decode("ascii"),
     }
     return {f for f in forms if f}
+
+
+# How HTML and XML writers spell a quote: every named, decimal and hex entity.
+_APOSTROPHES = ("'", "&#x27;", "&#X27;", "&#39;", "&#039;", "&apos;")
+_QUOTES = ('"', "&quot;", "&#x22;", "&#X22;", "&#34;", "&#034;")
+
+
+def _entities(text: str) -> set[str]:
+    """`text` with '&', '<', '>' escaped and its quotes in every entity spelling (pairs of
+    spellings: a writer escapes both quotes alike or one of them only)."""
+    if "'" not in text and '"' not in text:
+        return {escape(text)}
+    return {
+        escape(text, {"'": apostrophe, '"': quote_})
+        for apostrophe in _APOSTROPHES
+        for quote_ in _QUOTES
+    }
 
 
 def _base64_forms(raw: bytes) -> set[str]:
@@ -204,7 +228,7 @@ def print_forms(value: str) -> tuple[str, ...]:
     first: set[str] = set()
     for base in bases:
         if len(base.strip()) >= MIN_SCRUB_LENGTH:
-            first |= _escapes(base) | _encodings(base)
+            first |= _escapes(base) | _encodings(base) | _entities(base)
     forms = set(first)
     for form in first:
         forms |= _escapes(form)
@@ -224,10 +248,16 @@ _USERINFO = re.compile(r"://(?<=[A-Za-z0-9+.-]://)(?P<userinfo>[^\s/?#\"'`\\<>]+
 # An upper-case NAME at a word's start, assigned (`NAME=`) or a quoted key (`'NAME': `), and its
 # value: quoted, or up to what ends a word in a shell line, a URL's query or markup.
 _WORD_END = r"\s\"'`\\<>&;|,)\]}"
-_ASSIGNED = re.compile(
-    r"(?P<name>[A-Z](?<![A-Za-z0-9_][A-Z])[A-Z0-9_]*)(?:=|[\"']:[ \t]*)"
-    rf"(?:\"(?P<dq>[^\"\n]*)\"|'(?P<sq>[^'\n]*)'|(?P<bare>[^{_WORD_END}=][^{_WORD_END}]*))"
+# `NAME=`, `'NAME': ` (a printed dict, JSON) and `NAME: ` (a header, YAML, a log line).
+_ASSIGN = r"(?:=|[\"']:[ \t]*|:[ \t]+)"
+_VALUE = rf"(?:\"(?P<dq>[^\"\n]*)\"|'(?P<sq>[^'\n]*)'|(?P<bare>[^{_WORD_END}=][^{_WORD_END}]*))"
+_ASSIGNED = re.compile(r"(?P<name>[A-Z](?<![A-Za-z0-9_][A-Z])[A-Z0-9_]*)" + _ASSIGN + _VALUE)
+# Any case, for names that say password or secret (`password=`, `Password: `, `secret='...'`):
+# a program's own settings are spelt so, not only environment variables.
+_ASSIGNED_ANY_CASE = re.compile(
+    r"(?<![A-Za-z0-9_])(?P<name>[A-Za-z_][A-Za-z0-9_]*)" + _ASSIGN + _VALUE
 )
+_CREDENTIAL_WORD = re.compile(r"pass(?:word|wd)?(?![a-z])|pwd|secret", re.IGNORECASE)
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 
 
@@ -390,7 +420,8 @@ class Scrubber:
         """False for a text `_beyond_forms` would leave as it is, after a few searches (most
         strings of a bundle: a test's id, a tag's text)."""
         return (bool(self.forms) and "\n" in text) or (
-            self.shapes and ("=" in text or "://" in text or "':" in text or '":' in text)
+            self.shapes
+            and ("=" in text or "://" in text or "':" in text or '":' in text or ": " in text)
         )
 
     def _beyond_forms_data(self, data: bytes, fill: Callable[[int], str]) -> tuple[bytes, int]:
@@ -441,6 +472,14 @@ class Scrubber:
                 group = next(g for g in ("dq", "sq", "bare") if m[g] is not None)
                 if _credential_value(m["name"], m[group]):
                     found.append(m.span(group))
+        for m in _ASSIGNED_ANY_CASE.finditer(text):
+            name = m["name"]
+            if name.isupper() or not _CREDENTIAL_WORD.search(name):
+                continue  # upper case: an environment name, judged above
+            group = next(g for g in ("dq", "sq", "bare") if m[g] is not None)
+            value = m[group]
+            if not (_placeholder(value) or _SWITCH.fullmatch(value) or _NUMBER.fullmatch(value)):
+                found.append(m.span(group))
         return [(a, b) for a, b in found if b > a and not _placeholder(text[a:b])]
 
     def value(self, value: Any) -> tuple[Any, int]:
@@ -709,6 +748,97 @@ def _regular_files(root: Path, unlisted: list[Path] | None = None) -> list[Path]
     return sorted(found)
 
 
+# Text files larger than this are scrubbed a block at a time (a rank's log can be gigabytes:
+# read whole, it would cost the launcher that much memory, and an OOM kill leaves every secret).
+STREAM_BYTES = 32 << 20
+STREAM_BLOCK = 4 << 20
+
+
+def _streamed(path: Path) -> bool:
+    return not path.name.endswith((".json", ".xml")) and path.stat().st_size > STREAM_BYTES
+
+
+# A line of wrapped base64 (64 or 76 characters and its break): a block is never cut after one,
+# so a wrapped encoding of a secret stays in one block.
+_B64_LINE_END = re.compile(rb"[A-Za-z0-9+/_=-]{64,}\r?\n\Z")
+
+
+def _cut(buffer: bytes, longest: int, forms: tuple[bytes, ...] = ()) -> int:
+    """Where `buffer` may be cut so that no secret's form (of `forms`, `longest` the longest),
+    no `NAME=value` and no wrapped encoding straddles the cut: after a line break (the last one
+    whose line is not a line of wrapped base64), else after the last whitespace, else
+    `longest` bytes from the end; moved back before any form it would cut. 0 when there is no
+    safe cut yet (a form at the very start): the caller reads on."""
+    floor = max(len(buffer) // 2, 1)
+    at = buffer.rfind(b"\n", floor)
+    before_run = -1  # the line break before a run of wrapped base64 lines
+    while at != -1 and _B64_LINE_END.search(buffer[max(0, at - 80) : at + 1]):
+        before_run = buffer.rfind(b"\n", 0, at)
+        at = buffer.rfind(b"\n", floor, at)
+    if at == -1 and before_run > 0:
+        at = before_run
+        while at > 0 and _B64_LINE_END.search(buffer[max(0, at - 80) : at + 1]):
+            at = buffer.rfind(b"\n", 0, at)  # back to where the run begins
+    if at == -1:
+        at = max(buffer.rfind(b" ", floor), buffer.rfind(b"\t", floor))
+    cut = at + 1 if at > 0 else max(len(buffer) - longest, 0)
+    moved = True
+    while moved:  # a form straddling the cut: cut before it (and look again from there)
+        moved = False
+        low = max(0, cut - longest)
+        window = buffer[low : cut + longest]
+        for form in forms:
+            start = window.find(form)
+            while start != -1:
+                if low + start < cut < low + start + len(form):
+                    cut, moved = low + start, True
+                    break
+                start = window.find(form, start + 1)
+            if moved:
+                break
+    return cut  # 0: no safe cut yet, read more
+
+
+def scrub_stream(path: Path, scrubber: Scrubber, block: int | None = None) -> int:
+    """Scrub a large text file a block at a time into a new file beside it, then put it in
+    place; memory stays about two blocks whatever the file's size. Blocks are cut where no
+    form or shape can straddle the cut (`_cut`), and a form cut by a forced cut is found by
+    keeping the last `longest` bytes for the next block. Returns the replacements; OSError
+    (a full disk) is the caller's, which removes the file."""
+    block = STREAM_BLOCK if block is None else block
+    forms = tuple(f.encode("utf-8") for f in scrubber.forms)
+    longest = max((len(f) for f in forms), default=0) + 1
+    hits = 0
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", dir=path.parent)
+    try:
+        with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
+            carry = b""
+            while True:
+                chunk = src.read(block)
+                buffer = carry + chunk
+                if not chunk:
+                    clean, more = scrubber.data(buffer)
+                    dst.write(clean)
+                    hits += more
+                    break
+                at = _cut(buffer, longest, forms)
+                if at == 0:
+                    carry = buffer
+                    continue
+                clean, more = scrubber.data(buffer[:at])
+                dst.write(clean)
+                hits += more
+                carry = buffer[at:]
+            dst.flush()
+            os.fsync(dst.fileno())
+        if hits:
+            os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return hits
+
+
 def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
     """Scrub every name under `root`, then every regular file's contents, in place.
 
@@ -756,10 +886,13 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
     for path in _regular_files(root, unlisted):
         relpath = path.relative_to(root).as_posix()
         try:
-            data = path.read_bytes()
-            clean_bytes, hits = scrubber.file_bytes(path.name, data)
-            if hits and _rewrite(path, clean_bytes, data, scrubber):
-                in_place.append(relpath)
+            if _streamed(path):
+                hits = scrub_stream(path, scrubber)
+            else:
+                data = path.read_bytes()
+                clean_bytes, hits = scrubber.file_bytes(path.name, data)
+                if hits and _rewrite(path, clean_bytes, data, scrubber):
+                    in_place.append(relpath)
         except OSError:
             _remove(path, root, scrubber, removed, left)
             continue
@@ -777,12 +910,69 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
     )
 
 
+# Tokens as their issuers shape them (Hugging Face, GitHub, GitLab, Slack, OpenAI-style keys,
+# AWS access key ids, npm, PyPI): a credential wherever it is typed, whatever names it.
+_ISSUED_TOKEN = re.compile(
+    r"(?<![A-Za-z0-9])(?:(?:hf|ghp|gho|ghu|ghs|ghr|github_pat|npm)_[A-Za-z0-9_]{16,}"
+    r"|glpat-[A-Za-z0-9_-]{16,}|xox[abposr]-[A-Za-z0-9-]{10,}|sk-[A-Za-z0-9_-]{16,}"
+    r"|(?:AKIA|ASIA)[A-Z0-9]{16}|pypi-[A-Za-z0-9_-]{16,})"
+)
+_typed: list[str] = []  # secrets typed on this process's own command line
+
+
+def command_line_secrets(argv: Sequence[str]) -> tuple[str, ...]:
+    """Secrets typed on a command line: the value of an option whose name is a secret name
+    (`--token X`, `--api-key=X`, `HF_TOKEN=X`) and anything shaped like an issued token."""
+    found: list[str] = []
+    previous_secret = False
+    for arg in argv:
+        if previous_secret and not arg.startswith("-"):
+            found.append(arg)
+        previous_secret = False
+        name, eq, value = arg.lstrip("-").partition("=")
+        named = is_secret_name(name.replace("-", "_")) and bool(_ENV_NAME_ANY.fullmatch(name))
+        if named and eq:
+            found.append(value)
+        elif named and arg.startswith("-"):
+            previous_secret = True
+        found += _ISSUED_TOKEN.findall(arg)
+    return tuple(
+        dict.fromkeys(
+            v
+            for v in found
+            if len(v.strip()) >= MIN_SCRUB_LENGTH
+            and not (_NUMBER.fullmatch(v.strip()) or _SWITCH.fullmatch(v.strip()))
+        )
+    )
+
+
+_ENV_NAME_ANY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+def typed_secrets() -> list[str]:
+    """The secrets registered from this process's command line (`register_command_line`)."""
+    return list(_typed)
+
+
+def register_secrets(values: Sequence[str]) -> None:
+    """Scrub `values` as secrets typed on the command line (a process that scrubs for another,
+    which sent it what its own command line held)."""
+    _typed[:] = [v for v in values if len(v.strip()) >= MIN_SCRUB_LENGTH]
+
+
+def register_command_line(argv: Sequence[str]) -> None:
+    """Scrub what this process's own command line typed as secrets (see
+    `command_line_secrets`) wherever the environment's secrets are scrubbed."""
+    _typed[:] = command_line_secrets(argv)
+
+
 def environment_scrubber() -> Scrubber:
     """The Scrubber of every print form of the secret values in this process's environment
-    (the ranks inherit it), and of the shapes of credentials: what the bundle, the launcher's
-    console and the CLI's error line are scrubbed with. Built once per set of values, as the
-    console asks for it at every line."""
-    return _scrubber_of(secret_values(os.environ), secret_patterns(os.environ))
+    (the ranks inherit it) and on its own command line, and of the shapes of credentials:
+    what the bundle, the launcher's console and the CLI's error line are scrubbed with. Built
+    once per set of values, as the console asks for it at every line."""
+    values = tuple(dict.fromkeys((*secret_values(os.environ), *_typed)))
+    return _scrubber_of(values, secret_patterns(os.environ))
 
 
 @functools.lru_cache(maxsize=4)

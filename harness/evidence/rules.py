@@ -75,6 +75,7 @@ DENIES_QUALIFIED: Final = frozenset(
         "skipped",
         "smoke",
         "engine",
+        "test-bodies",
     }
 )
 
@@ -176,6 +177,8 @@ def failure_reasons(
             f"{coverage.without_outcome} collected tests have no outcome, the first "
             f"{coverage.first_without_outcome} (the session ended before they ran)"
         )
+    if coverage is not None and coverage.no_body:
+        reasons.append(no_body_text(coverage))
     failed = sum(t.failed for t in suites.values())
     errors = sum(t.errors for t in suites.values())
     if failed or errors:
@@ -197,6 +200,15 @@ def failure_reasons(
     if (leftover := leftover_reason(run)) is not None:
         reasons.append(leftover)
     return reasons
+
+
+def no_body_text(coverage: Coverage) -> str:
+    """Tests whose call phase pytest never ran: setup and teardown passing prove nothing of a
+    test, so such a run fails whatever else it shows (a reason and a limitation both)."""
+    return (
+        f"no test body ran for {coverage.no_body} test(s): pytest skipped their call phase "
+        f"(--setup-only, --setup-plan or a hook), the first {coverage.first_no_body}"
+    )
 
 
 def leftover_reason(run: Run) -> str | None:
@@ -291,18 +303,33 @@ def narrowing(selection: Selection | None) -> list[str]:
         return []
     out = []
     if selection.partial_targets:
-        shown = ", ".join(selection.partial_targets[:3])
-        more = (
-            f" and {len(selection.partial_targets) - 3} more"
-            if len(selection.partial_targets) > 3
-            else ""
+        out.append(
+            "pytest targets other than the whole suites/ folder: "
+            + _some(selection.partial_targets)
         )
-        out.append(f"pytest targets other than the whole suites/ folder: {shown}{more}")
     if selection.deselected:
         out.append(f"{selection.deselected} collected tests deselected (-k, -m or --deselect)")
     if selection.ignored:
         out.append(f"paths left out with --ignore: {', '.join(selection.ignored[:3])}")
+    if selection.unreached:
+        out.append(
+            f"files of the harness's suites/ that gave no test: {_some(selection.unreached)}"
+        )
+    if selection.outside:
+        out.append(
+            f"tests collected from outside the harness's suites/: {_some(selection.outside)}"
+        )
+    if selection.removed:
+        out.append(f"{selection.removed} collected tests taken away without being deselected")
+    if selection.rules:
+        out.append(f"collection rules not the harness's: {'; '.join(selection.rules[:3])}")
     return out
+
+
+def _some(items: list[str]) -> str:
+    """The first three, and how many more."""
+    more = f" and {len(items) - 3} more" if len(items) > 3 else ""
+    return ", ".join(items[:3]) + more
 
 
 def denying_limitations(required: Mapping[str, str]) -> list[str]:
@@ -413,6 +440,8 @@ def required_limitations(
     if not smoke:
         out.update(engine_limitations(models))
     out.update(skip_limitation(coverage))
+    if coverage is not None and coverage.no_body:
+        out["test-bodies"] = no_body_text(coverage)
     return out
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -51,7 +52,9 @@ def _kind(path: Path) -> str:
 
 
 def _safe(relpath: str) -> str:
-    return relpath.replace("\\", "_").replace("\n", "_").replace("\r", "_")
+    """A name UTF-8 text can hold: a byte that is not UTF-8 is written as `_xNN`."""
+    clean = relpath.replace("\\", "_").replace("\n", "_").replace("\r", "_")
+    return re.sub("[\udc80-\udcff]", lambda m: f"_x{ord(m[0]) - 0xDC00:02x}", clean)
 
 
 def _free(target: Path) -> Path:

@@ -10,6 +10,7 @@ is refused before anything is touched.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 import uuid
@@ -65,16 +66,34 @@ def default_out_dir(root: Path = Path("evidence")) -> Path:
     return root / f"{stamp}-{uuid.uuid4().hex[:8]}"
 
 
-def prepare_out_dir(path: Path) -> Path:
-    """Create the out folder for a run; refuse one that exists and is not empty.
+# Out folders this process claimed: their open descriptors, each holding an exclusive flock
+# for as long as this process runs (or until `release_out_dir`).
+_CLAIMED: dict[Path, int] = {}
 
+
+def prepare_out_dir(path: Path) -> Path:
+    """Create the out folder for a run and claim it; refuse one that exists and is not empty,
+    or that another run is claiming at the same moment.
+
+    The claim is an exclusive lock on the folder itself, taken before it is looked into and
+    held while this process runs: of two runs started at the same instant on one empty folder,
+    one wins and the other is refused (checking, then writing, lets both in).
     Returns the absolute path. Nothing is touched when it refuses.
     """
     path = Path(path).absolute()
     try:
-        if path.exists() or path.is_symlink():
-            if not path.is_dir() or path.is_symlink():
-                raise UsageError(f"evidence folder {path} exists and is not a folder")
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise UsageError(f"evidence folder {path} exists and is not a folder")
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UsageError(
+                f"evidence folder {path} is being used by another run; choose another --out"
+            ) from None
+        try:
             entries = sorted(p.name for p in path.iterdir())
             if entries:
                 shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
@@ -82,14 +101,23 @@ def prepare_out_dir(path: Path) -> Path:
                     f"evidence folder {path} is not empty ({len(entries)} entries: {shown}); "
                     "evidence is never overwritten, choose another --out"
                 )
-        else:
-            path.mkdir(parents=True)
-        _probe_writable(path)
+            _probe_writable(path)
+        except BaseException:
+            os.close(fd)
+            raise
     except OSError as exc:
         raise UsageError(
             f"cannot use {path} as the evidence folder: {exc.strerror or exc}"
         ) from None
+    _CLAIMED[path] = fd
     return path
+
+
+def release_out_dir(path: Path) -> None:
+    """Let go of an out folder this process claimed (its run is over)."""
+    fd = _CLAIMED.pop(Path(path).absolute(), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _probe_writable(path: Path) -> None:
@@ -168,20 +196,30 @@ def finalize_bundle(out_dir: Path, ctx: RunContext) -> Receipt:
     receipt, merged_xml = assemble_receipt(out_dir, ctx, geometry, image)
 
     merged_xml, hits = scrub.xml_bytes(merged_xml)
-    atomic_write_bytes(out_dir / MERGED_JUNIT, merged_xml)
     if hits:
         scrubbed.append(MERGED_JUNIT)
     # Messages, commands and paths in the receipt may carry a secret too: scrub its values
-    # before its launch record is written out, so launch.json is the receipt's copy exactly.
+    # before its launch record is made, so launch.json is the receipt's copy exactly.
     receipt = scrub_receipt(receipt, scrub)
+    pending = {MERGED_JUNIT: merged_xml}
     if receipt.run.extra.launch is not None:
-        atomic_write_bytes(out_dir / LAUNCH_NAME, launch_record_bytes(receipt.run.extra.launch))
-    witnessed = [e.relpath for e in walk(out_dir) if e.relpath not in UNWITNESSED]
+        pending[LAUNCH_NAME] = launch_record_bytes(receipt.run.extra.launch)
+    # The receipt first, witnessing the files still to come by the bytes they will hold: on a
+    # full disk the small receipt, which says how the run ended, is what must exist.
+    witnessed = [
+        e.relpath
+        for e in walk(out_dir)
+        if e.relpath not in UNWITNESSED and e.relpath not in pending
+    ]
+    files = hash_files(out_dir, witnessed)
+    files.update({name: sha256_bytes(data) for name, data in pending.items()})
     receipt = receipt.model_copy(
-        update={"scrubbed_files": sorted(set(scrubbed)), "files": hash_files(out_dir, witnessed)}
+        update={"scrubbed_files": sorted(set(scrubbed)), "files": dict(sorted(files.items()))}
     )
     receipt_bytes = receipt.dumps().encode("utf-8")
     atomic_write_bytes(out_dir / RECEIPT_NAME, receipt_bytes)
+    for name, data in pending.items():
+        atomic_write_bytes(out_dir / name, data)
 
     # Rendered only from scrubbed values (the receipt, the folder's name) and never scrubbed as
     # text afterwards: the template's own words are no secret (a secret "complete" must not

@@ -15,12 +15,12 @@ empty list means it can.
 
 from __future__ import annotations
 
-import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from harness.errors import UsageError
-from harness.jsonfile import JsonSyntaxError, read_json
+from harness.jsonfile import JsonSyntaxError, loads_strict, read_json
 from harness.schema.image import IDENTITY_ENV, IDENTITY_SCHEMA, Image, ImageIdentity
 
 __all__ = [
@@ -46,17 +46,33 @@ def read_identity(path: Path) -> ImageIdentity:
     return ImageIdentity.from_json(data)
 
 
+def identity_from_environ(environ: Mapping[str, str] | None = None) -> ImageIdentity | None:
+    """The build identity `dcpqual gpu16` hands its container, or None where none is set;
+    anything malformed is one UsageError line. Checked before a launch: noticed only when the
+    receipt is written, it would throw away a whole run."""
+    raw = (os.environ if environ is None else environ).get(IDENTITY_ENV)
+    if not raw:
+        return None
+    try:
+        data = loads_strict(raw, where=f"${IDENTITY_ENV}")
+    except JsonSyntaxError as exc:
+        raise UsageError(f"${IDENTITY_ENV} is not strict JSON: {exc}") from None
+    try:
+        return ImageIdentity.from_json(data)
+    except UsageError as exc:
+        raise UsageError(f"${IDENTITY_ENV}: {exc}") from None
+
+
 def image_for_run() -> Image | None:
     """`RunContext.image` for a run inside a `dcpqual gpu16` container, else None.
 
     The build identity comes from the environment; the in-image check runs again here, so the
     receipt carries what this container actually holds, not what the build claimed.
     """
-    raw = os.environ.get(IDENTITY_ENV)
-    if not raw:
+    identity = identity_from_environ()
+    if identity is None:
         return None
     from harness.image import verify_runtime  # imports torch; only inside an image run
 
-    identity = ImageIdentity.from_json(json.loads(raw))
     runtime = verify_runtime.verify(verify_runtime.default_lock_path())
     return identity.model_copy(update={"runtime": runtime})

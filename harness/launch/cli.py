@@ -152,15 +152,19 @@ def options_from_args(
 
         names_targets = check_pytest_args(pytest_args, default_targets).names_targets
     if rerun_of is not None:
-        if pytest_args:
-            raise UsageError("--rerun-failed chooses the tests itself; give no pytest arguments")
-        from harness.launch.rerun import rerun_source
+        from harness.launch.rerun import only_plugins, plugin_args, rerun_source
+
+        if not only_plugins(pytest_args):
+            raise UsageError(
+                "--rerun-failed chooses the tests itself; give no pytest arguments but the "
+                "plugins to load (-p NAME)"
+            )
 
         source = rerun_source(rerun_of)
         for dest, value in dataclasses.asdict(source.settings).items():
             if dest not in chosen.explicit:
                 values[dest] = value
-        pytest_args = (*source.plugins, *source.targets)
+        pytest_args = (*plugin_args(pytest_args), *source.targets)
     _warm_impl_vllm_is_the_engine_lane(values, chosen.explicit)
     spec = values.pop("nproc_per_node")
     if spec is None:
@@ -199,6 +203,9 @@ def run_command(args: argparse.Namespace) -> int:
     from harness.launch import launcher
 
     options = options_from_args(args)
+    from harness.image.identity import identity_from_environ
+
+    identity_from_environ()  # the environment's inputs, before anything runs
     _check_suites_geometry(options)
     _check_real_tree_geometry(options)
     check_backend_available(options.backend, options.nproc_per_node)

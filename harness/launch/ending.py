@@ -33,7 +33,7 @@ from typing import Any
 
 import psutil
 
-from harness.launch.proctree import Proc, Tracker, alive
+from harness.launch.proctree import Proc, Tracker, alive, identify
 from harness.launch.progress import Snapshot
 from harness.launch.rankview import RankStatus, RecordReader
 from harness.schema.launch import Interruption, Launch
@@ -156,6 +156,77 @@ class Cgroup:
                 time.sleep(0.05)
 
 
+class EnvironmentWitness:
+    """A second witness to the run's processes besides its tree and cgroup: every process
+    whose environment holds this node's rank plan exactly (the ranks are given it, and whatever
+    they start inherits it), wherever it re-parented or whichever cgroup it moved itself to.
+    Exactly: another run's plan (another out folder, another node of this run) is not ours."""
+
+    def __init__(self, entry: str) -> None:
+        """`entry`: the `NAME=value` environment entry that marks the run's processes."""
+        self.entry = entry.encode()
+        self.me = os.getpid()
+
+    def find(self) -> set[Proc]:
+        found: set[Proc] = set()
+        for entry in _proc_entries():
+            if int(entry.name) == self.me:
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:  # gone, or not ours to read
+                continue
+            if self.entry in environ.split(b"\0") and (proc := identify(int(entry.name))):
+                found.add(proc)
+        return found
+
+
+def _proc_entries() -> list[Path]:
+    try:
+        return [e for e in Path("/proc").iterdir() if e.name.isdigit()]
+    except OSError:
+        return []
+
+
+def sweep(
+    tracker: Tracker,
+    cgroup: Cgroup | None,
+    witness: EnvironmentWitness | None = None,
+    *,
+    keep: set[int] | frozenset[int] = frozenset(),
+    quiet_scans: int = 3,
+    limit_s: float = 10.0,
+) -> set[Proc]:
+    """SIGKILL whatever the tree, the cgroup and the witness still show, and look again,
+    until `quiet_scans` looks in a row find nothing (or `limit_s` passes): a helper that keeps
+    re-forking (each parent exiting at once) outruns a single scan and kill, never this loop,
+    since the launcher stays the subreaper its orphans re-parent to. The cgroup is killed at
+    the end whatever was seen. Returns what it ended (pids in `keep` are never signalled)."""
+    ended: set[Proc] = set()
+    quiet = 0
+    deadline = time.monotonic() + limit_s
+    while quiet < quiet_scans and time.monotonic() < deadline:
+        tracker.scan()
+        if cgroup is not None:
+            tracker.seen |= {p for pid in cgroup.pids() if (p := identify(pid)) is not None}
+        if witness is not None:
+            tracker.seen |= witness.find()
+        live = [p for p in tracker.survivors() if p.pid not in keep]
+        if not live:
+            quiet += 1
+            time.sleep(0.01)
+            continue
+        quiet = 0
+        for found in live:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(found.pid, signal.SIGKILL)
+        ended.update(live)
+        reap(live)
+    if cgroup is not None:
+        cgroup.kill(wait_s=2.0)
+    return ended
+
+
 def interruption(
     sig: int, after_s: float, seen: Snapshot | None = None, at: str | None = None
 ) -> Interruption:
@@ -194,11 +265,12 @@ class _Handlers:
 
 
 class Shield(_Handlers):
-    """While the tree is being ended: ^C and SIGTERM set `hurry` instead of raising."""
+    """While the tree is being ended: ^C and SIGTERM set `hurry` instead of raising.
+    `hurry`: an event a signal may have set already (one held before the shield was up)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hurry: threading.Event | None = None) -> None:
         super().__init__()
-        self.hurry = threading.Event()
+        self.hurry = threading.Event() if hurry is None else hurry
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.hurry.set()
@@ -243,6 +315,8 @@ class Hold(_Handlers):
         self.caught: list[Held] = []
         self.holding = False
         self.named = False  # the first caught signal is the interruption the receipt names
+        self.raised = False  # one signal was raised: the launch is preparing its ending
+        self.hurry = threading.Event()  # a later signal meanwhile: end the tree at once
         self._t0 = time.monotonic()
 
     def __enter__(self) -> Hold:
@@ -256,8 +330,15 @@ class Hold(_Handlers):
 
     def _on_signal(self, signum: int, frame: object) -> None:
         sig = signal.Signals(signum)
-        if not self.holding:
+        if not self.holding and not self.raised:
+            self.raised = True  # only once: every later signal is held, never raised
             raise Terminated() if sig == signal.SIGTERM else KeyboardInterrupt()
+        if not self.holding:
+            # Back to back with the raised one, before the ending's shield is up: raising
+            # again would abort the ending itself (no bundle, raw logs). It hurries the ending.
+            self.hurry.set()
+            self.tell(f"dcpqual run: {sig.name} again: ending the run's processes at once")
+            return
         at = datetime.now(UTC).isoformat(timespec="seconds")
         self.caught.append(Held(sig, at, time.monotonic() - self._t0))
         again = " again" if len(self.caught) > 1 else ""

@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, TextIO
 
 from harness.errors import DcpqualError
-from harness.evidence.redact import ScrubFailed, environment_scrubber
+from harness.evidence.redact import ScrubFailed, environment_scrubber, typed_secrets
 from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
 from harness.launch.collect import run_context
 from harness.launch.ending import Terminated
+from harness.launch.guardian import Guardian
 from harness.launch.plan import SHUTDOWN_TIMEOUT_S, RunOptions, RunPlan, build_plan
 from harness.launch.proctree import ExitWait, Tracker, end_launch_root, identify, start_launch_root
 from harness.launch.progress import Progress, Snapshot, make_progress, poller, snapshot
@@ -39,7 +40,9 @@ from harness.launch.ranklogs import collect_rank_logs
 from harness.launch.rankview import RecordReader
 from harness.launch.zygote import ZygoteRun
 from harness.schema.launch import Interruption, Launch, NodeState
+from harness.schema.plan import PLAN_ENV
 from harness.schema.receipt import Receipt, Scrub, Stray
+from harness.terminal import printable
 
 if TYPE_CHECKING:
     from harness.evidence.redact import ScrubReport
@@ -193,7 +196,10 @@ def launch(
             forker=None if zygote is None else zygote.pid,
         )
         exited = None if hold is None else hold.start
-        outcome = _supervise(proc, tracker, reader, t0, timeout_s, tick, tick_s, zygote, exited)
+        hurry = None if hold is None else hold.hurry
+        outcome = _supervise(
+            proc, tracker, reader, t0, timeout_s, tick, tick_s, zygote, exited, hurry
+        )
         if relay is not None:
             relay.join(timeout=5.0)
             if not relay.is_alive() and proc.stdout is not None:
@@ -204,11 +210,16 @@ def launch(
             zygote.stop()
         if cgroup is not None:  # and whatever is still in the run's cgroup, wherever it went
             tracker.seen |= {p for pid in cgroup.pids() if (p := identify(pid)) is not None}
+        marked = _plan_entry(plan)
+        witness = None if marked is None else ending.EnvironmentWitness(marked)
+        if witness is not None:
+            tracker.seen |= witness.find()
         leftovers = [p for p in tracker.survivors() if p.pid != proc.pid]
         if leftovers:
             tracker.end_all(grace_s=3.0)
-        if cgroup is not None and leftovers:
-            cgroup.kill()
+        # Until the tree is empty: a helper that re-forks outruns any single scan and kill.
+        swept = ending.sweep(tracker, cgroup, witness, keep={proc.pid})
+        leftovers = sorted({*leftovers, *swept}, key=lambda p: p.pid)
         ending.reap(p for p in tracker.seen if p.pid != proc.pid)
     finally:
         if zygote is not None:
@@ -263,11 +274,13 @@ def _supervise(
     tick_s: float,
     zygote: ZygoteRun | None = None,
     exited: Callable[[], None] | None = None,
+    hurry: threading.Event | None = None,
 ) -> _Outcome:
     """Wait for torchrun; end the tree on a timeout, a rank gone mid-suite, the zygote's death,
     ^C or SIGTERM. `exited` is called as soon as torchrun is known to have exited, on every
     path (on ^C still inside the ending's shield): a signal before it is this launch's
-    interruption, one after it is the caller's to hold."""
+    interruption, one after it is the caller's to hold. `hurry`: set by a signal the caller's
+    hold took while this ending was being prepared (the shield then ends the tree at once)."""
     exited = (lambda: None) if exited is None else exited
     watch = ending.DeadRankWatch(reader, tracker, None if zygote is None else zygote.reaped)
     exit_wait = ExitWait(proc)
@@ -304,7 +317,7 @@ def _supervise(
         # What had run when the signal came, before ending the tree marks the rest stopped.
         seen = snapshot(reader, 0.0, fresh=True)
         interrupted = ending.interruption(sig, time.monotonic() - t0, seen)
-        with ending.Shield() as shield:  # a second ^C hurries the ending, never aborts it
+        with ending.Shield(hurry) as shield:  # a second ^C hurries the ending, never aborts it
             tracker.end_all(grace_s=5.0, hurry=shield.hurry)
             proc.wait()
             exited()
@@ -370,7 +383,7 @@ class ScrubbedProgress:
 
 def _say(stream: TextIO, text: str) -> None:
     """One line to the console, scrubbed of secrets (paths, messages and commands may hold one)."""
-    stream.write(environment_scrubber().text(text)[0] + "\n")
+    stream.write(printable(environment_scrubber().text(text)[0]) + "\n")
     stream.flush()
 
 
@@ -406,7 +419,47 @@ def run(
     stream = sys.stdout if stream is None else stream
     evidence = Evidence.load() if evidence is None else evidence
     out_dir = prepare(options, evidence)
+    try:
+        return _run(options, evidence, stream, progress, out_dir)
+    finally:
+        from harness.evidence.writer import release_out_dir
+
+        release_out_dir(out_dir)  # the run is over: the folder holds its bundle (or what ran)
+
+
+def _run(
+    options: RunOptions,
+    evidence: Evidence,
+    stream: TextIO,
+    progress: Progress | None,
+    out_dir: Path,
+) -> int:
     plan = build_plan(options, out_dir)
+    # Whatever kills this process from here on (SIGKILL, the OOM killer), the out folder is
+    # scrubbed: by the guardian, unless this launcher says its own ending is done.
+    guardian = Guardian.start(out_dir, _plan_entry(plan), typed_secrets())
+    try:
+        code = _launch_and_end(options, evidence, stream, progress, out_dir, plan)
+    except BaseException:
+        guardian.abandon()
+        raise
+    guardian.done()
+    return code
+
+
+def _plan_entry(plan: RunPlan) -> str | None:
+    marked = plan.env.get(PLAN_ENV)
+    return None if marked is None else f"{PLAN_ENV}={marked}"
+
+
+def _launch_and_end(
+    options: RunOptions,
+    evidence: Evidence,
+    stream: TextIO,
+    progress: Progress | None,
+    out_dir: Path,
+    plan: RunPlan,
+) -> int:
     endpoint = options.rdzv_endpoint or ""
     marker = nodes.started_marker(options.node_rank, options.nnodes, endpoint, _now())
     if options.multi_node:
@@ -575,7 +628,7 @@ def _unfinished(out_dir: Path, exc: Exception, removed: tuple[str, ...] = ()) ->
     files the scrub removed because it could not scrub them (a full disk)."""
     from harness.evidence.files import SUMS_NAME
 
-    names = ("junit/merged.xml", "receipt.json", "summary.md", SUMS_NAME)
+    names = ("receipt.json", "junit/merged.xml", "summary.md", SUMS_NAME)
     written = [n for n in names if (out_dir / n).is_file()]
     missing = [n for n in names if n not in written]
     why = _why(exc)

@@ -422,5 +422,41 @@ def zygote_socket(log_dir: Path) -> tuple[Path, Path | None]:
         return path, None
     import secrets
 
-    private = Path("/tmp") / f"dcpqual-zygote-{secrets.token_hex(8)}"
+    # The launcher's pid in the name: a later launch removes what a killed one left.
+    private = Path("/tmp") / f"{PRIVATE_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
     return private / "zygote.sock", private
+
+
+PRIVATE_PREFIX = "dcpqual-zygote-"
+
+
+def remove_stale_private_dirs(root: Path = Path("/tmp")) -> list[Path]:
+    """The zygote socket folders of launchers that are gone (killed before they could remove
+    their own), this user's only: removed with the socket they hold, nothing else. Returns the
+    folders removed."""
+    removed = []
+    for folder in root.glob(f"{PRIVATE_PREFIX}*-*"):
+        pid = folder.name[len(PRIVATE_PREFIX) :].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or _pid_alive(int(pid)) or folder.lstat().st_uid != os.getuid():
+                continue
+            for entry in folder.iterdir():
+                if entry.name != "zygote.sock":
+                    break
+                entry.unlink()
+            else:
+                folder.rmdir()
+                removed.append(folder)
+        except OSError:
+            continue
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -5,6 +5,13 @@ The ranks run with pytest's cache plugin off (16 ranks would race on one .pytest
 used: its receipt is the one the writer wrote, so the node ids and geometry are the run's own.
 Node ids are relative to the rank's pytest rootdir, which the receipt records; they are made
 absolute so the rerun works from any working directory.
+
+A bundle that verifies is still only as trustworthy as whoever could write it (unsigned, its
+hashes are its own), so a rerun takes from it nothing that chooses code to import: the rootdir
+must be absolute (a relative one would resolve against wherever the rerun is typed), every node
+id must lie under it, and the run's `-p NAME` plugins are never taken from the receipt (no
+record holds them, so verify cannot hold the receipt to them); a rerun names its own plugins
+after `--`.
 """
 
 from __future__ import annotations
@@ -36,14 +43,11 @@ class RerunSource:
     bundle: Path
     settings: RerunSettings
     targets: tuple[str, ...]
-    plugins: tuple[str, ...] = ()  # the run's own `-p NAME` arguments, given again
 
 
 def plugin_args(pytest_args: Sequence[str]) -> tuple[str, ...]:
-    """The `-p NAME` / `-pNAME` arguments among a run's pytest arguments, as `-p NAME` pairs.
-
-    Ranks load no installed plugin unless it is named, so a rerun names the same ones: without
-    them a failed test that used a plugin's fixture would fail differently, or not be found."""
+    """The `-p NAME` / `-pNAME` arguments among pytest arguments, as `-p NAME` pairs (what a
+    rerun may be given after `--`: ranks load no installed plugin unless it is named)."""
     found: list[str] = []
     args = iter(pytest_args)
     for arg in args:
@@ -54,6 +58,30 @@ def plugin_args(pytest_args: Sequence[str]) -> tuple[str, ...]:
         elif arg.startswith("-p") and not arg.startswith("--"):
             found += ["-p", arg[2:]]
     return tuple(found)
+
+
+def only_plugins(pytest_args: Sequence[str]) -> bool:
+    """Whether `pytest_args` are nothing but `-p NAME` / `-pNAME` arguments."""
+    args = iter(pytest_args)
+    for arg in args:
+        if arg == "-p":
+            if next(args, None) is None:
+                return False
+        elif not (arg.startswith("-p") and not arg.startswith("--")):
+            return False
+    return True
+
+
+def contained_nodeid(nodeid: str, rootdir: Path) -> str:
+    """`nodeid` made absolute under `rootdir`; UsageError when its file is not inside it."""
+    path = nodeid.partition("::")[0]
+    where = (rootdir / path).resolve()
+    if not where.is_relative_to(rootdir.resolve()):
+        raise UsageError(
+            f"--rerun-failed: the failed test {nodeid!r} is not under the run's rootdir "
+            f"{rootdir}; a rerun runs only the tests of the checkout that ran"
+        )
+    return absolute_nodeid(nodeid, rootdir)
 
 
 def absolute_nodeid(nodeid: str, rootdir: Path | None) -> str:
@@ -84,6 +112,11 @@ def rerun_source(bundle: Path) -> RerunSource:
     if not nodeids:
         raise UsageError(f"--rerun-failed {bundle}: its receipt names no failed test to rerun")
     root = Path(receipt.run.rootdir) if receipt.run.rootdir else None
+    if root is None or not root.is_absolute():
+        raise UsageError(
+            f"--rerun-failed {bundle}: its receipt records no absolute rootdir "
+            f"({receipt.run.rootdir!r}), so its tests cannot be found safely"
+        )
     g = receipt.geometry
     settings = RerunSettings(
         nproc_per_node=str(g.nproc_per_node),
@@ -96,6 +129,5 @@ def rerun_source(bundle: Path) -> RerunSource:
     return RerunSource(
         bundle=Path(bundle),
         settings=settings,
-        targets=tuple(dict.fromkeys(absolute_nodeid(n, root) for n in nodeids)),
-        plugins=plugin_args(receipt.run.pytest_args),
+        targets=tuple(dict.fromkeys(contained_nodeid(n, root) for n in nodeids)),
     )

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.launch.plan import ZygotePlan
+from harness.launch.plan import ZygotePlan, remove_stale_private_dirs
 from harness.launch.proctree import end_launch_root, start_launch_root
 from harness.rank.forkwire import ZYGOTE_PID_ENV, clear_stale, read_refusal
 from harness.rank.zygote import EXIT_REFUSED
@@ -52,6 +52,7 @@ class ZygoteRun:
     ) -> ZygoteRun:
         run = cls(plan, log, pythonhashseed=env.get("PYTHONHASHSEED", "random"))
         if plan.private_dir is not None:
+            remove_stale_private_dirs(plan.private_dir.parent)
             try:  # this run's own: it fails where anything is at the path already
                 os.mkdir(plan.private_dir, 0o700)
             except OSError as exc:

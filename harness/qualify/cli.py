@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from harness.terminal import printable
+
 
 def register(subparsers: Any) -> None:
     compare = subparsers.add_parser(
@@ -95,9 +97,9 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(comparison.to_json(), indent=2, sort_keys=True))
     elif args.markdown:
-        print(render_markdown(comparison), end="")
+        print(printable(render_markdown(comparison)), end="")
     else:
-        print(render_text(comparison), end="")
+        print(printable(render_text(comparison)), end="")
     return comparison.exit_code
 
 

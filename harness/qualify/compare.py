@@ -243,6 +243,13 @@ def _judge(
         (worse if h_missed > b_missed else better).append(
             f"negative controls not detected {b_missed} -> {h_missed}"
         )
+    bodiless = head.coverage.no_body if head.coverage is not None else 0
+    if bodiless and better:
+        # Fewer failures where test bodies never ran is no fix: nothing was shown to work.
+        notes += [f"not an improvement ({bodiless} test bodies never ran): {b}" for b in better]
+        better = []
+    if bodiless > (base.coverage.no_body if base.coverage is not None else 0):
+        worse.append(f"head ran no test body for {bodiless} test(s)")
     if base.geometry != head.geometry:
         notes.append(
             f"geometry differs ({describe_geometry(base)} vs {describe_geometry(head)}): "

@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from harness.core.suites import suites_dir
 from harness.rank.agreement import Agreement, LocalResult, agree, compare_collections
 from harness.rank.bootstrap import BootstrapError, RankEnv, exit_now, init_process_group, teardown
 from harness.rank.fixtures import PLUGIN_NAME, rank_plan, record_capture, world
@@ -47,6 +48,7 @@ from harness.schema.capture import CaptureRecord
 from harness.schema.plan import RankPlan
 from harness.schema.rank_record import (
     ELSEWHERE_SKIP,
+    NO_BODY_SKIP,
     Outcome,
     RankFacts,
     RankUse,
@@ -55,6 +57,23 @@ from harness.schema.rank_record import (
     WorldBreak,
     suite_of,
 )
+
+# The harness's own suites/ and configuration: what a run's collection is held to, wherever
+# pytest's rootdir is (a folder with a suites/ of its own is not the harness's).
+# The harness's own suites, whatever the rootdir: a checkout's suites/ folder, else the copy an
+# installed wheel carries (`harness.core.suites`); its configuration is the checkout's
+# pyproject.toml, and an installed copy has none.
+HARNESS_SUITES = suites_dir() or Path(__file__).resolve().parents[2] / "suites"
+HARNESS_ROOT = HARNESS_SUITES.parent
+_CHECKOUT_CONFIG = HARNESS_ROOT / "pyproject.toml"
+HARNESS_CONFIG = _CHECKOUT_CONFIG if _CHECKOUT_CONFIG.is_file() else None
+# The collection rules of the harness's configuration (pytest's defaults, which it keeps).
+COLLECTION_INI: Mapping[str, tuple[str, ...]] = {
+    "python_files": ("test_*.py", "*_test.py"),
+    "python_classes": ("Test",),
+    "python_functions": ("test",),
+}
+OWN_PLUGINS = frozenset({"harness.rank.heap", "harness.rank.plugin"})
 
 # What signal.signal returns and accepts: a Python handler, SIG_DFL/SIG_IGN, or a raw int.
 SignalHandler = Callable[[int, FrameType | None], Any] | int
@@ -86,17 +105,6 @@ def pytest_configure(config: pytest.Config) -> None:
     plugin = RankPlugin(config)
     config.pluginmanager.register(plugin, PLUGIN_NAME)
     plugin.start()
-
-
-def _suites_folder(rootpath: Path) -> Path:
-    """The whole suites folder a run's targets are held to: the rootdir's suites/ in a
-    checkout, else the installed package's copy (which is then itself the rootdir)."""
-    from harness.core.suites import suites_dir
-
-    checkout = rootpath / "suites"
-    if checkout.is_dir():
-        return checkout
-    return suites_dir() or checkout
 
 
 HYPOTHESIS_PLUGIN = "hypothesispytest"  # Hypothesis's pytest11 entry point
@@ -131,13 +139,27 @@ def _short(report: pytest.TestReport | pytest.CollectReport) -> str:
 
 
 def local_outcome(reports: list[pytest.TestReport]) -> tuple[Outcome, str | None]:
-    """One test's outcome on this rank from its setup/call/teardown reports."""
+    """One test's outcome on this rank from its setup/call/teardown reports: passed only when
+    its call phase ran and passed (a setup that passed with no call after it ran no body)."""
     for rep in reports:
         if rep.failed:
             return ("failed" if rep.when == "call" else "error"), _short(rep)
     if any(rep.skipped for rep in reports):
         return "skipped", None
+    if not any(rep.when == "call" for rep in reports):
+        return "skipped", NO_BODY_SKIP
     return "passed", None
+
+
+def mark_bodiless(item: pytest.Item, reports: list[pytest.TestReport]) -> None:
+    """Make pytest's reports (and so junit and the terminal) call a test whose body never ran
+    skipped, as its record does, not passed."""
+    target = next((r for r in reports if r.when == "setup"), reports[0] if reports else None)
+    if target is None:
+        return
+    path, line, _ = item.location
+    target.outcome = "skipped"
+    target.longrepr = (path, (line or 0) + 1, f"Skipped: {NO_BODY_SKIP}")
 
 
 class RankPlugin:
@@ -158,6 +180,9 @@ class RankPlugin:
         self._agreed_failures = 0
         self._deselected = 0  # collected tests -k, -m or --deselect took away
         self._by_model_source: set[str] = set()  # left out by --models, not by the user
+        self._deselected_ids: set[str] = set()
+        self._gathered: dict[str, Path] = {}  # every item pytest collected, before any hook
+        self._skipped_files: dict[str, Path] = {}  # skipped at collection (module-level skip)
         self.keeper: RecordKeeper | None = None
         self.channel: SideChannel | None = None
         self.watchdog: Watchdog | None = None
@@ -171,7 +196,12 @@ class RankPlugin:
         self._old_sigterm: SignalHandler | None = None
         self._session: pytest.Session | None = None
         self.fast_exit = self.plan.fast_exit
-        if config.option.xmlpath is None and not hasattr(config, "workerinput"):
+        # Without pytest's junitxml (`-p no:junitxml`) there is no option to set: the rank
+        # leaves no JUnit report, and the evidence says so (its cases come from its record).
+        junitxml = getattr(config.option, "xmlpath", None) is None and hasattr(
+            config.option, "xmlpath"
+        )
+        if junitxml and not hasattr(config, "workerinput"):
             config.option.xmlpath = str(junit_path(self.out_dir, self.env.rank))
 
     # -- life cycle -------------------------------------------------------------------------
@@ -229,17 +259,67 @@ class RankPlugin:
         """The tp and dcp the suites on this rank qualify (the `qualification` fixture's)."""
         return {"tp": self.plan.tp, "dcp": self.plan.resolved_dcp(self.env.world_size)}
 
-    def _selection(self) -> Selection:
-        """What pytest was told to select here, for the evidence to name any narrowing."""
+    def _selection(self, items: list[pytest.Item]) -> Selection:
+        """What pytest was told to select here, and what it collected against the harness's
+        own suites/, for the evidence to name any narrowing, by whatever means."""
         config = self.config
         ignored = [*(config.getoption("ignore") or []), *(config.getoption("ignore_glob") or [])]
+        kept = {item.nodeid for item in items}
+        removed = set(self._gathered) - kept - self._deselected_ids
         return Selection.of(
             [str(a) for a in config.args],
             invocation_dir=config.invocation_params.dir,
-            suites=_suites_folder(config.rootpath),
+            suites=HARNESS_SUITES,
             deselected=self._deselected,
             ignored=[str(p) for p in ignored],
+            **self._against_suites(),
+            removed=len(removed),
+            rules=self._foreign_rules(),
         )
+
+    def _against_suites(self) -> dict[str, list[str]]:
+        """The harness's suites files that gave no test (neither collected nor skipped at
+        collection), and the files tests were collected from outside them."""
+        seen: dict[Path, str] = {}
+        for nodeid, path in [*self._gathered.items(), *self._skipped_files.items()]:
+            seen.setdefault(path, nodeid.split("::", 1)[0])
+        suites = HARNESS_SUITES.resolve()
+        expected = {
+            path.resolve()
+            for pattern in COLLECTION_INI["python_files"]
+            for path in suites.rglob(pattern)
+        }
+        return {
+            "unreached": sorted(str(p.relative_to(HARNESS_ROOT)) for p in expected - set(seen)),
+            "outside": sorted({f for p, f in seen.items() if not p.is_relative_to(suites)}),
+        }
+
+    def _foreign_rules(self) -> list[str]:
+        """Collection rules that are not the harness's: any one of them can narrow a run
+        (ini overrides, another configuration file, a conftest or a plugin from elsewhere)."""
+        config = self.config
+        rules = []
+        for name, harness in COLLECTION_INI.items():
+            value = tuple(str(v) for v in config.getini(name))
+            if value != harness:
+                rules.append(f"{name} is {' '.join(value)!r}, not {' '.join(harness)!r}")
+        inipath = config.inipath
+        if (inipath.resolve() if inipath is not None else None) != HARNESS_CONFIG:
+            rules.append(
+                f"configuration from {inipath or 'no file'}, not {HARNESS_CONFIG or 'none'}"
+            )
+        for plugin in config.pluginmanager.get_plugins():
+            file = getattr(plugin, "__file__", None)
+            if not isinstance(file, str) or Path(file).name != "conftest.py":
+                continue
+            if not Path(file).resolve().is_relative_to(HARNESS_ROOT):
+                rules.append(f"a conftest.py from outside the harness: {file}")
+        for name in getattr(config.option, "plugins", None) or []:
+            if not name.startswith("no:") and name not in OWN_PLUGINS:
+                rules.append(f"a plugin given with -p: {name}")
+        if os.environ.get("PYTEST_PLUGINS"):
+            rules.append(f"plugins given in PYTEST_PLUGINS: {os.environ['PYTEST_PLUGINS']}")
+        return rules
 
     def left_out_by_model_source(self, items: list[pytest.Item]) -> None:
         """The suites leave these out because of the run's --models (the receipt's real-trees
@@ -249,6 +329,11 @@ class RankPlugin:
 
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         self._deselected += sum(1 for item in items if item.nodeid not in self._by_model_source)
+        self._deselected_ids.update(item.nodeid for item in items)
+
+    def pytest_itemcollected(self, item: pytest.Item) -> None:
+        """Every item as pytest collects it, before any hook takes one away."""
+        self._gathered[item.nodeid] = Path(item.path).resolve()
 
     def _where(self) -> RankFacts:
         """Where this rank's files and tests live: the pytest rootdir its node ids are relative
@@ -300,6 +385,8 @@ class RankPlugin:
     # -- collection -------------------------------------------------------------------------
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.skipped and self.keeper is not None:
+            self._skipped_at_collection(report)
         if report.failed and self.keeper is not None:
             message = _short(report)
             self.keeper.add_test(
@@ -311,6 +398,19 @@ class RankPlugin:
                 )
             )
             write_error_file(self.env.rank, report.nodeid, f"collection error: {message}")
+
+    def _skipped_at_collection(self, report: pytest.CollectReport) -> None:
+        """A module skipped as it was collected (`pytest.skip(allow_module_level=True)`,
+        `importorskip`): its tests never ran, so it is a skipped test of the record."""
+        assert self.keeper is not None
+        nodeid = report.nodeid or "<collection>"
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else _short(report)
+        self._skipped_files[nodeid] = (self.config.rootpath / nodeid.split("::", 1)[0]).resolve()
+        self.keeper.add_test(
+            TestOutcome(
+                nodeid=nodeid, outcome="skipped", message=f"skipped at collection: {reason}"
+            )
+        )
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -328,7 +428,7 @@ class RankPlugin:
         nodeids = tuple(item.nodeid for item in session.items)
         self._index = {id(item): i for i, item in enumerate(session.items)}
         self.keeper.collected(nodeids)
-        self.keeper.update(selection=self._selection())
+        self.keeper.update(selection=self._selection(session.items))
         self.channel.post_collection(nodeids)
         lists = self.channel.gather_collections(time.monotonic() + self.collect_timeout_s)
         missing = [r for r in range(self.env.world_size) if r not in lists]
@@ -445,6 +545,10 @@ class RankPlugin:
         if any(r.kind == "timeout" for r in results.values()):
             dump_stacks(self.out_dir, self.env.rank, f"a peer timed out in {item.nodeid}")
         recorded = agreement.outcome_for(mine)
+        if message == NO_BODY_SKIP:
+            mark_bodiless(item, reports)
+            if recorded.outcome == "skipped":
+                recorded = replace(recorded, no_body=True)
         self._note_transports()
         self.keeper.add_test(recorded)
         self._apply(reports, agreement.failed, recorded)

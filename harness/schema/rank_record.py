@@ -53,6 +53,10 @@ def suite_of(nodeid: str) -> str:
 # The message of a sub-world case that another lane ran (`harness.rank.subworld`), recorded
 # here as a skip that is not a skip of the test (`TestOutcome.elsewhere` says so).
 ELSEWHERE_SKIP = "sub-world case placed on "
+# The message of a test pytest ran no call phase for (`TestOutcome.no_body`).
+NO_BODY_SKIP = (
+    "no test body ran: pytest skipped the call phase (--setup-only, --setup-plan or a hook)"
+)
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -78,6 +82,9 @@ class TestOutcome(JsonValue):
     # A sub-world case another lane ran, recorded here as a skip by the harness itself (never
     # by a test: a test's own skip with any message is a skip).
     elsewhere: bool = False
+    # pytest ran no call phase for it on this rank (--setup-only, --setup-plan, a hook): its
+    # body never ran, so it is recorded as a skip that says so, never as passed.
+    no_body: bool = False
 
     @derived_field
     def suite(self) -> str:
@@ -92,6 +99,12 @@ class TestOutcome(JsonValue):
     @classmethod
     def _rounded(cls, value: float) -> float:
         return round(value, 6)
+
+    @model_validator(mode="after")
+    def _bodiless_skipped(self) -> TestOutcome:
+        if self.no_body and self.outcome != "skipped":
+            raise ValueError(f"a test whose body never ran cannot be {self.outcome!r}")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -141,14 +154,23 @@ def error_file_note(path: Path) -> ErrorNote | None:
 @dataclass(frozen=True, config=STRICT)
 class Selection(JsonValue):
     """What this rank's pytest was told to select, beside what it collected: the targets it
-    was given, those of them that are not the repository's whole suites/ folder, how many
-    collected tests -k, -m or --deselect took away, and the paths --ignore left out. A run is
-    only as broad as what it selected, so the evidence names any narrowing."""
+    was given, those of them that are not the harness's whole suites/ folder, how many
+    collected tests -k, -m or --deselect took away, and the paths --ignore left out; and what
+    it collected against the harness's own suites/ whatever it was told: the suites files
+    that gave no test (`unreached`), the files it collected from outside them (`outside`),
+    the tests taken away without being deselected (`removed`: a hook), and the collection
+    rules that are not the harness's (`rules`: ini overrides, another config file, a conftest
+    or plugin from elsewhere). A run is only as broad as what it selected, so the evidence
+    names any narrowing."""
 
     targets: tuple[str, ...] = ()
     partial_targets: tuple[str, ...] = ()
     deselected: NonNegativeInt = 0
     ignored: tuple[str, ...] = ()
+    unreached: tuple[str, ...] = ()
+    outside: tuple[str, ...] = ()
+    removed: NonNegativeInt = 0
+    rules: tuple[str, ...] = ()
 
     @classmethod
     def of(
@@ -159,6 +181,10 @@ class Selection(JsonValue):
         suites: Path,
         deselected: int = 0,
         ignored: Sequence[str] = (),
+        unreached: Sequence[str] = (),
+        outside: Sequence[str] = (),
+        removed: int = 0,
+        rules: Sequence[str] = (),
     ) -> Selection:
         """From pytest's targets as given (relative to `invocation_dir`): a node id, or a path
         other than the `suites` folder itself, is a partial target."""
@@ -169,6 +195,10 @@ class Selection(JsonValue):
             partial_targets=tuple(partial),
             deselected=deselected,
             ignored=tuple(ignored),
+            unreached=tuple(unreached),
+            outside=tuple(outside),
+            removed=removed,
+            rules=tuple(rules),
         )
 
 

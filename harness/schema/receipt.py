@@ -285,6 +285,10 @@ class Coverage(Model):
     first_skipped_everywhere: str | None = None
     skipped_on_some_ranks: NonNegativeInt = 0
     first_skipped_on_some_ranks: str | None = None
+    # Tests pytest ran no call phase for on some rank (--setup-only, --setup-plan, a hook):
+    # their bodies never ran there, so they are skips, and the run fails.
+    no_body: NonNegativeInt = 0
+    first_no_body: str | None = None
 
     @model_validator(mode="after")
     def _first(self) -> Coverage:
@@ -292,6 +296,7 @@ class Coverage(Model):
             ("without_outcome", "first_without_outcome"),
             ("skipped_everywhere", "first_skipped_everywhere"),
             ("skipped_on_some_ranks", "first_skipped_on_some_ranks"),
+            ("no_body", "first_no_body"),
         ):
             if (getattr(self, first) is None) != (getattr(self, count) == 0):
                 raise ValueError(
@@ -310,6 +315,11 @@ class Selection(Model):
     partial_targets: list[str] = Field(default_factory=list)
     deselected: NonNegativeInt = 0
     ignored: list[str] = Field(default_factory=list)
+    # What was collected against the harness's own suites/ (see the rank record's Selection).
+    unreached: list[str] = Field(default_factory=list)
+    outside: list[str] = Field(default_factory=list)
+    removed: NonNegativeInt = 0
+    rules: list[str] = Field(default_factory=list)
 
 
 class RequestedCount(Model):

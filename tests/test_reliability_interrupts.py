@@ -1,0 +1,74 @@
+"""Signals back to back, any order and mix: every one that arrives while an ending is being
+prepared is held, and the run still leaves a scrubbed bundle that verifies. Real `dcpqual run`
+launches at 2 ranks (the launcher is this process, as in tests/test_reliability_endings.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from _support.leaks import leaks, main_thread_only
+from _support.runs import processes_of_run, receipt, records, run
+
+from harness.cli import main
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+
+
+def signals_when_running(out: Path, test: str, *sigs: signal.Signals) -> threading.Thread:
+    """Send this process (the launcher) `sigs` with nothing between them once both ranks are
+    inside `test`: the later ones arrive while the first one's ending is being prepared."""
+
+    def wait_then_signal() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                recs = records(out)
+            except (OSError, ValueError):
+                recs = {}
+            running = [r.current_test or "" for r in recs.values()]
+            if len(running) == 2 and all(t.endswith(f"::{test}") for t in running):
+                break
+            time.sleep(0.2)
+        for sig in sigs:
+            os.kill(os.getpid(), sig)
+
+    thread = threading.Thread(target=wait_then_signal, daemon=True)
+    thread.start()
+    return thread
+
+
+@main_thread_only
+@pytest.mark.parametrize(
+    "sigs",
+    [
+        (signal.SIGTERM, signal.SIGINT),
+        (signal.SIGINT, signal.SIGTERM),
+        (signal.SIGTERM, signal.SIGTERM, signal.SIGINT, signal.SIGINT),
+    ],
+    ids=["term-int", "int-term", "term-term-int-int"],
+)
+def test_signals_back_to_back_leave_a_scrubbed_verified_bundle(
+    sigs: tuple[signal.Signals, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = f"hf_backtoback{uuid.uuid4().hex}"
+    monkeypatch.setenv("HF_TOKEN", token)
+    out = tmp_path / "bundle"
+    sender = signals_when_running(out, "test_waits_for_the_interrupt", *sigs)
+    code, elapsed = run(out, 2, "rank_interrupt.py")
+    sender.join()
+    assert elapsed < 90
+    named = receipt(out)["run"]["extra"]["launch"]["interrupted"]["signal"]
+    assert named in {s.name for s in sigs}
+    assert code == 128 + signal.Signals[named]
+    assert (out / "SHA256SUMS").is_file()
+    assert receipt(out)["root_cause"]["kind"] == "interrupted"
+    assert main(["verify", str(out)]) == 0
+    assert leaks(out, token) == []
+    assert processes_of_run(out) == []
