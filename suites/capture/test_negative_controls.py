@@ -112,6 +112,7 @@ def test_seed_control_strict_names_the_signature(
     message = str(error)
     ok = (
         error is not None
+        and len(window.events) == 1
         and error.event.detector == "transport-registry"
         and error.event.signature == expected
         and f"{expected.total_heads} heads x {KIMI_QDIM} -> {KIMI_ODIM}" in message
@@ -149,11 +150,31 @@ def test_seed_control_record(world, qualification, prepare, agree_all, record_ca
     )
     seen = {e.detector for e in window.events}
     lazily_created = [e.signature for e in window.events if e.what.startswith("transport created")]
+    # The registry's account of one lazy creation, in order, each about the Kimi transport.
+    registry_said = [
+        (e.what.split(":")[0].split(" (")[0], e.signature)
+        for e in window.events
+        if e.detector == "transport-registry"
+    ]
+    registry_expected = [
+        (what, expected)
+        for what in (
+            "registry miss in get",
+            "registry miss in get_or_create",
+            "transport created lazily inside capture",
+            "first use of gather with bfloat16 inside capture",
+            "first use of reduce with bfloat16 inside capture",
+        )
+    ]
     _, unseen_window, unseen_created, _ = window_over_the_creation(removed=True)
     agree_all(
         (
-            created == 1 and set(SEED_DETECTORS) <= seen and lazily_created == [expected],
-            f"record window sees the Kimi transport created lazily ({seen=}, {created=})",
+            created == 1
+            and seen == set(SEED_DETECTORS)
+            and lazily_created == [expected]
+            and registry_said == registry_expected,
+            f"record window sees the Kimi transport created lazily, its detectors alone and the "
+            f"registry's five events in order ({seen=}, {created=}, {registry_said=})",
         ),
         (
             unseen_created == 1 and not unseen_window.events,
@@ -250,6 +271,7 @@ def test_gather_only_warm_is_caught_at_the_first_reduction(
     what = error.event.what if error is not None else "nothing"
     ok = (
         error is not None
+        and len(window.events) == 1
         and error.event.detector == "transport-registry"
         and error.event.signature == expected
         and what.startswith("first use of reduce with bfloat16 inside capture")
@@ -278,6 +300,8 @@ def test_local_heads_by_dcp_warm_is_caught_at_the_held_out_geometry(
     what = error.event.what if error is not None else "nothing"
     ok = (
         error is not None
+        and len(window.events) == 1
+        and error.event.detector == "transport-registry"
         and error.event.signature == expected
         and what.startswith("registry miss")
         and expected not in prepared.report.signatures
