@@ -15,6 +15,7 @@ import pytest
 import torch.distributed as dist
 
 from harness.capture.check import ranks_failing_each
+from harness.models.builders import CONTRAST_DCP_SIZES, CONTRAST_TP
 from harness.rank.fixtures import World, plan_of
 from harness.schema.plan import RankPlan
 from harness.schema.rank_record import RankUse
@@ -118,6 +119,26 @@ def held_out(
         f"no held-out geometry at tp={tp} on {world.size} ranks: needs dcp in "
         f"{HELD_OUT_DCP_SIZES}, a proper divisor of the world size, other than tp and "
         f"dcp={qualification.dcp}"
+    )
+
+
+@pytest.fixture(scope="session")
+def contrast(
+    world: World, qualification: Qualification, subgroups: Callable[[int], dist.ProcessGroup]
+) -> Qualification:
+    """Where the contrast tree runs (`harness.models.builders.build_contrasts`: layers at TP16,
+    TP8 and TP4, so dcp is 2 or 4): the run's DCP group where its size is one of those (2 ranks:
+    DCP2; 4 ranks: DCP4), else groups of 4 or 2 on the same ranks (16 ranks: DCP4)."""
+    if qualification.dcp in CONTRAST_DCP_SIZES:
+        geometry = ParallelGeometry(tp=CONTRAST_TP, dcp=qualification.dcp)
+        return Qualification(geometry=geometry, dcp_group=qualification.dcp_group)
+    for dcp in sorted(CONTRAST_DCP_SIZES, reverse=True):
+        if dcp <= world.size and world.size % dcp == 0:
+            group = dist.group.WORLD if dcp == world.size else subgroups(dcp)
+            return Qualification(ParallelGeometry(tp=CONTRAST_TP, dcp=dcp), dcp_group=group)
+    pytest.skip(
+        f"the contrast tree needs dcp in {CONTRAST_DCP_SIZES}; "
+        f"{world.size} ranks split into neither"
     )
 
 

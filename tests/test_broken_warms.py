@@ -29,7 +29,9 @@ from harness.warm.recognizers import WarmContext
 from harness.warm.warmup import warm
 
 WORLD = 4
-IMPLS = {"vendored": warm, **BROKEN_WARMS}
+# The warm-code mistakes are judged on the contrast tree (tests/test_contrast_tree.py).
+GEOMETRY_MISTAKES = ("gather-only", "local-heads-by-dcp", "ignores-dcp-group")
+IMPLS = {"vendored": warm, **{name: BROKEN_WARMS[name] for name in GEOMETRY_MISTAKES}}
 
 
 def _outcome(impl: str, tp: int, dcp: int, group: dist.ProcessGroup) -> str:

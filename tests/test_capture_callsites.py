@@ -208,3 +208,43 @@ def test_the_oracle_records_the_runtime_capacity_of_each_manager(
     with watch_managers(runtime) as calls:
         manager = dcp.MLADCPManager(None, None, 6, 576, 512, torch.bfloat16, torch.bfloat16)
     assert calls[id(manager)].max_num_tokens == expected
+
+
+class DraftedLayer(torch.nn.Module):
+    """A Kimi-K3-shaped layer: a manager of its own, no gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dcp_manager = Manager()
+
+
+def test_the_drafts_layers_are_call_sites_with_their_own_key():
+    """The draft's layer is a registration of the forward context like the target's, not a
+    module of the target: its manager, built at the draft's own KV dtype (fp8 queries), is a
+    call site of its own, and a warm of the target's key alone is caught creating the draft's."""
+    from harness.capture.callsites import call_sites
+
+    target = torch.nn.ModuleList([DraftedLayer(), DraftedLayer()])
+    draft = DraftedLayer()  # its own tree, reachable only through the forward context
+    context = {
+        "model.layers.0.self_attn": target[0],
+        "model.layers.1.self_attn": target[1],
+        "model.layers.2.self_attn": draft,
+    }
+    fp8 = dataclasses.replace(CALL, query_dtype="float8_e4m3fn")
+    calls = {id(target[0].dcp_manager): CALL, id(target[1].dcp_manager): CALL}
+    calls[id(draft.dcp_manager)] = fp8
+    sites = call_sites(context, calls)
+    assert [(s.name, s.call) for s in sites] == [
+        ("model.layers.0.self_attn", CALL),
+        ("model.layers.1.self_attn", CALL),
+        ("model.layers.2.self_attn", fp8),
+    ]
+    assert sites[2].layer is draft and sites[2].manager is draft.dcp_manager
+    registry = FakeRegistry()
+    registry.warm(key().signature())  # the target's key only
+    step = RealDecodeStep(sites, rank=0)
+    with CallSiteRouter(sites, registry, group=None) as router:  # type: ignore[arg-type]
+        step(step.make_inputs(seed=5))
+    assert registry.created == [key(query_dtype="float8_e4m3fn").signature()]
+    assert set(router.used) == {key(), key(query_dtype="float8_e4m3fn")}

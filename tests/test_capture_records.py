@@ -70,6 +70,14 @@ def test_detected_needs_every_expected_detector() -> None:
     assert only_registry.by_detector == {"transport-registry": 1}
 
 
+def test_a_control_expecting_no_detector_or_seeing_no_event_is_not_detected() -> None:
+    """An empty expectation is no control (every window would pass it), and nothing seen is
+    nothing detected."""
+    written = {k: v for k, v in _record().to_json().items() if k != "by_detector"}
+    assert not CaptureRecord.from_json({**written, "expected_detectors": []}).detected
+    assert not CaptureRecord.from_json({**written, "events": []}).detected
+
+
 def test_a_record_whose_counts_disagree_with_its_events_is_refused() -> None:
     record = _record()
     edited = {**record.to_json(), "events": [record.events[0].to_json()]}

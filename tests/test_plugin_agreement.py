@@ -155,3 +155,12 @@ def test_collection_mismatch_names_the_odd_rank_with_a_diff(odd):
 def test_collection_order_matters():
     mismatch = compare_collections({0: ["a", "b"], 1: ["b", "a"], 2: ["a", "b"]})
     assert mismatch is not None and mismatch.odd_ranks == (1,)
+
+
+@pytest.mark.parametrize("peers", ["passed", "skipped"])
+def test_an_error_on_one_rank_fails_the_agreed_outcome(peers):
+    """A setup or teardown error is failing like a failure: a peer's pass cannot outvote it."""
+    results = {0: ok(0, peers), 1: LocalResult(rank=1, outcome="error", message="setup broke")}
+    verdict = agree(T, results, 2)
+    assert (verdict.outcome, verdict.primary_ranks, verdict.failed) == ("error", (1,), True)
+    assert verdict.outcome_for(results[0]).outcome == "error"  # the follow-on rank too

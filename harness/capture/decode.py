@@ -51,10 +51,18 @@ def transport_manager(module: nn.Module) -> DCPManager | None:
 
 def transport_layers(built: BuiltModel) -> Iterator[tuple[str, nn.Module, DCPManager]]:
     """(name, layer, manager) of every forward-context registration (the draft's included)
-    whose decode runs through the B12X DCP transport, in registration order."""
+    whose decode runs through the B12X DCP transport, in registration order, then of every
+    such layer of the model tree that no registration holds (a layer the forward context
+    misses still runs in the model's forward)."""
+    registered: set[int] = set()
     for name, module in built.static_forward_context.items():
+        registered.add(id(module))
         manager = transport_manager(module)
         if manager is not None:
+            yield name, module, manager
+    for name, module in built.model.named_modules():
+        manager = transport_manager(module)
+        if manager is not None and id(module) not in registered:
             yield name, module, manager
 
 

@@ -28,6 +28,13 @@ class B12XMLABackend(AttentionBackend):
     NAME = "B12X_MLA"
 
 
+class B12XMLAExperimentalBackend(AttentionBackend):
+    """A made-up backend whose name starts with `B12X_MLA` and is not it: a recognizer that
+    matched backend names by prefix would take its layers for B12X_MLA ones."""
+
+    NAME = "B12X_MLA_EXPERIMENTAL"
+
+
 class B12XMLASparseBackend(AttentionBackend):
     NAME = "B12X_MLA_SPARSE"
 

@@ -23,7 +23,13 @@ from harness.core.signature import (
     check_dtype_name,
 )
 from harness.errors import UsageError
-from harness.models.backends import KimiDeltaAttentionBackend, backend_for
+from harness.models.backends import (
+    AttentionBackend,
+    B12XMLABackend,
+    B12XMLAExperimentalBackend,
+    KimiDeltaAttentionBackend,
+    backend_for,
+)
 from harness.models.layers import (
     DecoderLayer,
     DeepseekV4Attention,
@@ -283,3 +289,95 @@ def _register(context: dict[str, nn.Module], attn: nn.Module) -> None:
 def build(model: str, *, tp: int, dcp: int, **settings: Any) -> BuiltModel:
     """Convenience form of `build_model(ModelSpec(...))`; `settings` are ModelSpec fields."""
     return build_model(ModelSpec(model=model, tp=tp, dcp=dcp, **settings))
+
+
+CONTRASTS = "contrasts"  # the tree `build_contrasts` makes (not a model family)
+CONTRAST_TP = 16  # the target's tp; its draft and its prefix-named layer run at others
+CONTRAST_DRAFT_TP = 8
+CONTRAST_PREFIX_TP = 4
+CONTRAST_DCP_SIZES = (2, 4)  # dcp must divide every tp of the tree (4 is the smallest)
+
+
+def build_contrasts(
+    *,
+    dcp: int,
+    dtype: str = "bf16",
+    max_num_batched_tokens: int = DEFAULT_MAX_TOKENS,
+    runtime_capacity: RuntimeCapacity = SEED_RUNTIME,
+) -> BuiltModel:
+    """One tree whose layers differ in each thing the warm code reads, so that a warm-code
+    mistake that is harmless on a uniform tree (every layer at TP16, DCP > 1, one backend,
+    reachable both ways, the draft's key equal to the target's) warms the wrong keys here.
+
+    - `model.layers.0`: Kimi-K3 at TP16/DCP`dcp`, B12X_MLA, in the tree and the forward context,
+      its impl at DCP1 (as vLLM 0.32's `CPUMLAImpl` pins it): the layer's own DCP size decides;
+    - `model.layers.1`: Kimi-K3 at DCP1 beside it: no DCP manager, nothing to warm;
+    - `model.layers.2`: Kimi-K3 at TP4 with backend `B12X_MLA_EXPERIMENTAL`: not B12X_MLA, no
+      transport (a warm that matched by prefix would warm its key, which nothing uses);
+    - `model.layers.3`: DeepSeek-V4's B12X layer in the module tree only (not in the forward
+      context), its key of its own;
+    - the MTP draft: Kimi-K3 at TP8, in the forward context only, impl at DCP1 like the target.
+      Its key differs from the target's through its local heads: vLLM 0.32 allows a draft TP of
+      1 or the target's only, and its real-world own key (its KV dtype) is one the vendored warm
+      code misses anyway (README); TP8 is the stand-in's way to give the draft a key of its own
+      that a correct warm covers.
+
+    Transport keys at DCP d: 6d heads x 576 -> 512 (target), 12d heads x 576 -> 512 (draft),
+    8d heads x 512 -> 512 (DeepSeek-V4). `dcp` must be one of `CONTRAST_DCP_SIZES`.
+    """
+    if dcp not in CONTRAST_DCP_SIZES:
+        raise UsageError(f"the contrast tree runs at dcp in {CONTRAST_DCP_SIZES}, got {dcp}")
+
+    def spec(tp: int, layer_dcp: int = dcp, backend: str = "b12x") -> ModelSpec:
+        return ModelSpec(
+            model="kimi-k3",
+            tp=tp,
+            dcp=layer_dcp,
+            backend=backend,
+            dtype=dtype,
+            max_num_batched_tokens=max_num_batched_tokens,
+            runtime_capacity=runtime_capacity,
+        )
+
+    def kimi(
+        tp: int,
+        prefix: str,
+        *,
+        layer_dcp: int = dcp,
+        impl_dcp: int | None = None,
+        backend: type[AttentionBackend] = B12XMLABackend,
+    ) -> DecoderLayer:
+        cfg, where = FAMILIES["kimi-k3"], spec(tp, layer_dcp)
+        where.geometry.local_heads(cfg.num_heads, model="kimi-k3")  # tp and dcp checked
+        attn = MultiHeadLatentAttention(
+            num_heads=cfg.num_heads,
+            tp_size=tp,
+            kv_lora_rank=cfg.kv_lora_rank,
+            qk_rope_head_dim=cfg.qk_rope_head_dim,
+            backend=backend,
+            dcp_world_size=layer_dcp,
+            prefix=prefix,
+            engine=where.engine,
+        )
+        if impl_dcp is not None:
+            attn.impl.dcp_world_size = impl_dcp
+        return DecoderLayer(attn)
+
+    target = kimi(CONTRAST_TP, "model.layers.0.self_attn", impl_dcp=1)
+    dcp1 = kimi(CONTRAST_TP, "model.layers.1.self_attn", layer_dcp=1)
+    prefixed = kimi(
+        CONTRAST_PREFIX_TP, "model.layers.2.self_attn", backend=B12XMLAExperimentalBackend
+    )
+    module_only = _deepseek_v4_layer(3, spec(CONTRAST_TP), "model.layers.3.self_attn")
+    layers = [target, dcp1, prefixed, module_only]
+    context: dict[str, nn.Module] = {}
+    for layer in layers[:3]:
+        _register(context, layer.self_attn)
+    draft_block = kimi(CONTRAST_DRAFT_TP, "model.layers.4.self_attn", impl_dcp=1)
+    _register(context, draft_block.self_attn)
+    return BuiltModel(
+        spec=spec(CONTRAST_TP),
+        model=StandInModel(layers),
+        static_forward_context=context,
+        draft=MTPDraftModel({4: draft_block}),
+    )

@@ -18,14 +18,17 @@ import pytest
 import torch.distributed as dist
 
 from harness.capture.check import default_detectors
+from harness.capture.contrasts import contrast_keys
 from harness.capture.decode import DecodeStep
 from harness.capture.detector import Detector
 from harness.capture.offrank import OFF_RANK, ControlOutcome, OffRankControls
 from harness.core.capacity import RuntimeCapacity
 from harness.models import BuiltModel, build
+from harness.models.builders import CONTRASTS, build_contrasts
 from harness.transport.registry import TransportRegistry, stand_in_registry
 from harness.warm.impls import resolve_warm_impl
 from harness.warm.recognizers import WarmContext
+from harness.warm.signature import TransportSignature
 from harness.warm.warmup import WarmReport
 
 # Few layers, every kind kept: Kimi-K3 has MLA on layers 3 and 7 (KDA elsewhere) plus the MTP
@@ -126,11 +129,20 @@ class Prepared:
 
 
 @pytest.fixture
+def contrast_keys_here(world, contrast) -> dict[str, TransportSignature]:
+    """The contrast tree's keys (`harness.capture.contrasts.contrast_keys`) as `prepare` builds
+    and warms it on the `contrast` DCP group."""
+    return contrast_keys(
+        contrast.dcp, dtype=DTYPE, max_tokens=MAX_TOKENS, device_type=world.device.type
+    )
+
+
+@pytest.fixture
 def prepare(world, qualification) -> Iterator[Callable[..., Prepared]]:
     """`prepare(model, warm_impl, geometry=None, *, max_num_batched_tokens=, runtime=)`: build
     at the run's geometry (or the given `Qualification` of suites/conftest.py, e.g.
     `held_out`) with the runtime's token cap (default: this environment's), warm, make the
-    decode step."""
+    decode step. `model` "contrasts" is the contrast tree (`contrast`'s DCP group)."""
     registries: list[TransportRegistry] = []
 
     def make(
@@ -142,16 +154,25 @@ def prepare(world, qualification) -> Iterator[Callable[..., Prepared]]:
         runtime: RuntimeCapacity | None = None,
     ) -> Prepared:
         where = geometry or qualification
-        built = build(
-            model,
-            tp=where.tp,
-            dcp=where.dcp,
-            num_layers=NUM_LAYERS[model],
-            dtype=DTYPE,
-            max_num_batched_tokens=max_num_batched_tokens,
-            # The fork's runtime token cap; VLLM_DCP_A2A_MAX_TOKENS reaches it as in production.
-            runtime_capacity=runtime if runtime is not None else RuntimeCapacity.from_env(),
-        )
+        # The fork's runtime token cap; VLLM_DCP_A2A_MAX_TOKENS reaches it as in production.
+        capacity = runtime if runtime is not None else RuntimeCapacity.from_env()
+        if model == CONTRASTS:
+            built = build_contrasts(
+                dcp=where.dcp,
+                dtype=DTYPE,
+                max_num_batched_tokens=max_num_batched_tokens,
+                runtime_capacity=capacity,
+            )
+        else:
+            built = build(
+                model,
+                tp=where.tp,
+                dcp=where.dcp,
+                num_layers=NUM_LAYERS[model],
+                dtype=DTYPE,
+                max_num_batched_tokens=max_num_batched_tokens,
+                runtime_capacity=capacity,
+            )
         # What production warmup reads from the engine config (not from the layers).
         context = WarmContext(
             dtype=DTYPE,

@@ -13,6 +13,10 @@
   once, in a child process of rank 0 (`harness.capture.offrank`: no rank imports dynamo);
   rank 0 records their window and their verdict is every rank's.
 
+- Warm-code mistakes (`harness.capture.broken_warms.WARM_CODE_MISTAKES`), each caught on the
+  contrast tree exactly as `harness.capture.contrasts.CAUGHT_AS` says, naming its key: a key
+  the layers use missed (the strict window's first event), a key the DCP group refuses at
+  creation, or a key warmed that no layer uses.
 - Broken warms (`harness.capture.broken_warms`), each caught: a warm that runs only the gather
   (the reduction's first use inside capture, at the run's geometry); at the held-out geometry
   (DCP group a proper subgroup, tp != dcp), a warm reading Kimi-K3's local heads as
@@ -29,20 +33,25 @@ from typing import Any
 
 import pytest
 
-from harness.capture.broken_warms import BROKEN_WARMS
+from harness.capture.broken_warms import BROKEN_WARMS, WARM_CODE_MISTAKES
 from harness.capture.check import DETECTOR_NAMES, capture_record, default_detectors
+from harness.capture.contrasts import CAUGHT_AS, describe
 from harness.capture.detector import without
 from harness.capture.events import LazySpecializationError
 from harness.capture.offrank import OFF_RANK, VARIANTS, ControlOutcome, run_control
 from harness.capture.window import CaptureWindow
 from harness.core.capacity import RuntimeCapacity
 from harness.errors import GeometryError, QualificationError
+from harness.models.builders import CONTRASTS
 from harness.transport.registry import TransportRegistry
 from harness.warm.signature import TransportSignature
 
 SEED_DETECTORS = ("transport-registry", "transport-buffers")
 BROKEN = "harness.capture.broken_warms:"
-assert set(BROKEN_WARMS) == {"gather-only", "local-heads-by-dcp", "ignores-dcp-group"}
+assert set(BROKEN_WARMS) == {"gather-only", "local-heads-by-dcp", "ignores-dcp-group"} | set(
+    WARM_CODE_MISTAKES
+)
+assert set(WARM_CODE_MISTAKES) == set(CAUGHT_AS)
 KIMI_HEADS, KIMI_QDIM, KIMI_ODIM = 96, 576, 512
 
 
@@ -106,6 +115,7 @@ def test_seed_control_strict_names_the_signature(
     message = str(error)
     ok = (
         error is not None
+        and len(window.events) == 1
         and error.event.detector == "transport-registry"
         and error.event.signature == expected
         and f"{expected.total_heads} heads x {KIMI_QDIM} -> {KIMI_ODIM}" in message
@@ -143,11 +153,31 @@ def test_seed_control_record(world, qualification, prepare, agree_all, record_ca
     )
     seen = {e.detector for e in window.events}
     lazily_created = [e.signature for e in window.events if e.what.startswith("transport created")]
+    # The registry's account of one lazy creation, in order, each about the Kimi transport.
+    registry_said = [
+        (e.what.split(":")[0].split(" (")[0], e.signature)
+        for e in window.events
+        if e.detector == "transport-registry"
+    ]
+    registry_expected = [
+        (what, expected)
+        for what in (
+            "registry miss in get",
+            "registry miss in get_or_create",
+            "transport created lazily inside capture",
+            "first use of gather with bfloat16 inside capture",
+            "first use of reduce with bfloat16 inside capture",
+        )
+    ]
     _, unseen_window, unseen_created, _ = window_over_the_creation(removed=True)
     agree_all(
         (
-            created == 1 and set(SEED_DETECTORS) <= seen and lazily_created == [expected],
-            f"record window sees the Kimi transport created lazily ({seen=}, {created=})",
+            created == 1
+            and seen == set(SEED_DETECTORS)
+            and lazily_created == [expected]
+            and registry_said == registry_expected,
+            f"record window sees the Kimi transport created lazily, its detectors alone and the "
+            f"registry's five events in order ({seen=}, {created=}, {registry_said=})",
         ),
         (
             unseen_created == 1 and not unseen_window.events,
@@ -244,6 +274,7 @@ def test_gather_only_warm_is_caught_at_the_first_reduction(
     what = error.event.what if error is not None else "nothing"
     ok = (
         error is not None
+        and len(window.events) == 1
         and error.event.detector == "transport-registry"
         and error.event.signature == expected
         and what.startswith("first use of reduce with bfloat16 inside capture")
@@ -272,6 +303,8 @@ def test_local_heads_by_dcp_warm_is_caught_at_the_held_out_geometry(
     what = error.event.what if error is not None else "nothing"
     ok = (
         error is not None
+        and len(window.events) == 1
+        and error.event.detector == "transport-registry"
         and error.event.signature == expected
         and what.startswith("registry miss")
         and expected not in prepared.report.signatures
@@ -289,3 +322,48 @@ def test_warm_ignoring_its_dcp_group_is_refused_at_the_held_out_geometry(
         error = exc
     ok = error is not None and f"needs a DCP group of {held_out.dcp} ranks" in str(error)
     agree(ok, f"a warm on the world instead of the DCP group is refused (got: {error})")
+
+
+@pytest.mark.parametrize("mistake", WARM_CODE_MISTAKES)
+def test_warm_code_mistake_is_caught_on_the_contrast_tree(
+    mistake, world, contrast, contrast_keys_here, prepare, agree, record_capture, request
+):
+    how, which = CAUGHT_AS[mistake]
+    key = contrast_keys_here[which]
+    expected = f"expected {how} of [{key.describe()}]"
+    try:
+        prepared = prepare(CONTRASTS, BROKEN + WARM_CODE_MISTAKES[mistake].__name__, contrast)
+    except GeometryError as exc:
+        refusal = f"transport [{key.describe()}] needs a DCP group of 1 ranks, get_or_create "
+        refusal += f"got a group of {contrast.dcp}"
+        agree(how == "refused" and str(exc) == refusal, f"{mistake}: {expected}, got {exc}")
+        return
+    window, error = _strict_capture(prepared, 24)
+    if how == "registry miss":  # a window that must see its lazy work (the others see none)
+        _record(
+            record_capture,
+            request,
+            world,
+            window,
+            model=CONTRASTS,
+            warm_impl=prepared.warm_impl,
+            path=_path(world),
+            expected=("transport-registry",),
+        )
+    warmed = set(prepared.report.signatures)
+    if error is not None:
+        got = f"{len(window.events)} event(s), the first: {error.event.what.split(':')[0]} of "
+        got += f"[{error.event.signature.describe()}]"
+        ok = (
+            how == "registry miss"
+            and len(window.events) == 1
+            and error.event.detector == "transport-registry"
+            and error.event.what.startswith("registry miss")
+            and error.event.signature == key
+            and key not in warmed
+        )
+    else:
+        unused = warmed - set(prepared.step.used_signatures)
+        got = f"no lazy event, warmed but used by no layer: {describe(unused)}"
+        ok = how == "unused" and unused == {key}
+    agree(ok, f"{mistake}: {expected}, got {got}")

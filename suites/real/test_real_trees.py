@@ -91,6 +91,25 @@ def test_draft_shares_the_forward_context_as_its_own_tree(world, with_draft, rea
     agree(ok, f"the real MTP draft is a separate tree in the forward context ({tree.draft_layers})")
 
 
+def test_the_drafts_layers_are_call_sites_of_the_oracle(world, with_draft, real_tree, agree):
+    """The oracle watches the draft's managers as well as the target's: each draft layer built
+    a DCP manager and is a call site whose key is what that manager was built for (at the
+    draft's own KV dtype under `--draft-kv-cache-dtype`), so a draft key no warm made is seen."""
+    tree = real_tree.tree
+    sites = {site.name: site for site in real_tree.sites}
+    missing = [name for name in tree.draft_layers if name not in sites]
+    wrong = [
+        name
+        for name in tree.draft_layers
+        if name in sites
+        and sites[name].manager is not tree.static_forward_context[name].dcp_manager
+    ]
+    agree(
+        bool(tree.draft_layers) and not missing and not wrong,
+        f"every draft layer is a call site with its own manager (missing {missing}, wrong {wrong})",
+    )
+
+
 def test_modules_only_warm_against_the_draft(
     world, with_draft, real_tree, agree, record_capture, request
 ):

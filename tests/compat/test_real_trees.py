@@ -227,6 +227,7 @@ def test_the_draft_at_fp8_kv_gathers_fp8_queries_while_the_target_stays_bf16(fp8
     for r in fp8_draft_ranks:
         assert r["built"] and r["draft_layers"], r
         assert [c["query_dtype"] for c in r["draft_calls"]] == ["float8_e4m3fn"]
+        assert set(r["draft_layers"]) <= set(r["sites"]), r["sites"]  # the oracle watches it
         target = [c for c in r["calls"] if c not in r["draft_calls"]]
         assert target and {c["query_dtype"] for c in target} == {"bfloat16"}
         assert {c["output_dtype"] for c in r["calls"]} == {"bfloat16"}
