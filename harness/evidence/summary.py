@@ -138,7 +138,10 @@ TARGET_MODEL, TARGET_TP, TARGET_DCP, TARGET_WORLD = "Kimi-K3", 16, 16, 16
 # "What did not run", grouped, and the keys in order of weight (what a reviewer must weigh
 # first) across the groups; keys not named here come last in the last group.
 _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Left out of this run", ("skipped", "selection", "ranks", "negative-control", "smoke")),
+    (
+        "Left out of this run",
+        ("test-bodies", "skipped", "selection", "ranks", "negative-control", "smoke"),
+    ),
     (
         "Not run on this machine",
         (
@@ -161,6 +164,7 @@ _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Out of scope", ("multi-node", "sources", "hash-seed")),
 )
 _WEIGHT = (
+    "test-bodies",
     "skipped",
     "selection",
     "ranks",
@@ -193,6 +197,7 @@ _SUITES_ONLY = frozenset(
         "real-trees",
         "real-decode",
         "warm-impl",
+        "engine",
         "negative-control",
         "gpu-capture",
         "detectors",
@@ -253,7 +258,9 @@ def _tests_scope(r: Receipt) -> str:
 def _skips(r: Receipt) -> list[str]:
     if not r.skip_reasons:
         return []
-    return [f"  - {n} x {md.text(reason)}" for reason, n in r.skip_reasons.items()]
+    # Most frequent first, then by reason: the same order whatever order the JSON kept.
+    ordered = sorted(r.skip_reasons.items(), key=lambda item: (-item[1], item[0]))
+    return [f"  - {n} x {md.text(reason)}" for reason, n in ordered]
 
 
 def _narrowing(r: Receipt) -> str:

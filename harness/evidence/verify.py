@@ -388,7 +388,7 @@ def required_limitations_of(receipt: Receipt, coverage: Coverage | None = None) 
     given, in place of the receipt's (verify gives the records' own, so a receipt that drops its
     coverage still owes the `skipped` limitation)."""
     launch = receipt.run.extra.launch
-    return rules.required_limitations(
+    required = rules.required_limitations(
         geometry=receipt.geometry,
         image=receipt.image,
         capture=receipt.capture,
@@ -404,6 +404,11 @@ def required_limitations_of(receipt: Receipt, coverage: Coverage | None = None) 
         coverage=receipt.coverage if coverage is None else coverage,
         smoke=receipt.run.extra.smoke is not None,
     )
+    if receipt.skip_reasons is None and receipt.status != "qualified":
+        # Written before the engine lane existed (the layout without `skip_reasons`): its
+        # `engine` limitation only denies `qualified`, which such a receipt does not claim.
+        required.pop("engine", None)
+    return required
 
 
 def _limitation_pairs(receipt: Receipt) -> list[tuple[str, str]]:
