@@ -421,3 +421,42 @@ def test_engine_lane_records_fail_the_verdict(changes: dict[str, object], says: 
     assert any(says in r for r in rules.engine_failures(_engine(**changes)))
     assert rules.engine_failures(REAL_TREES) == []
     assert rules.engine_failures(Models()) == []
+
+
+def test_the_warm_code_limits_a_run_only_where_a_suite_that_runs_it_ran() -> None:
+    ran, skipped = Tally(passed=2, rank_cases=4), Tally(skipped=3, rank_cases=6)
+    failed = Tally(failed=1, rank_cases=2)
+    vendored = {"warm_impl": "vendored"}
+    for suite in sorted(rules.WARM_SUITES):
+        assert "warm-impl" in required_of(suites={suite: ran}, **vendored)
+    assert "warm-impl" in required_of(suites={"warmup": failed}, **vendored)
+    assert "warm-impl" in required_of(suites=None, **vendored)  # not known: assumed
+    assert "warm-impl" in required_of(suites={}, smoke=True, **vendored)  # the smoke warms
+    # An engine-lane run: vLLM's own warm in the engine, the vendored copy nowhere.
+    engine_only = {"engine": ran, "transport": ran, "warmup": skipped}
+    assert "warm-impl" not in required_of(suites=engine_only, **vendored)
+    assert "warm-impl" not in required_of(suites={}, **vendored)
+    assert "warm-impl" not in required_of(suites={"capture": ran})  # vLLM's own warm
+
+
+def test_the_stand_in_tree_limitation_needs_a_stand_in_to_have_run() -> None:
+    engine_only = Models(engine=ENGINE)  # no real tree; the engine built vLLM's own classes
+    suites = {"engine": Tally(passed=1), "transport": Tally(passed=1)}
+    assert "real-trees" not in required_of(models=engine_only, suites=suites)
+    with_stand_ins = suites | {"capture": Tally(passed=1)}
+    assert "real-trees" in required_of(models=engine_only, suites=with_stand_ins)
+    assert "real-trees" in required_of(models=Models(), suites=suites)  # no engine: nothing real
+    assert "real-trees" in required_of(models=engine_only, suites=None)
+
+
+def test_the_warm_suites_are_the_suite_folders_whose_tests_take_the_warm_code(
+    repo_root: Path,
+) -> None:
+    """An oracle by text, not by the rule: a suite folder whose files name the warm code."""
+    suites = repo_root / "suites"
+    taking = {
+        p.relative_to(suites).parts[0]
+        for p in suites.glob("*/*.py")
+        if "warm_impl" in p.read_text()
+    }
+    assert taking == rules.WARM_SUITES

@@ -403,6 +403,7 @@ def required_limitations_of(receipt: Receipt, coverage: Coverage | None = None) 
         nodes=receipt.run.extra.nodes,
         coverage=receipt.coverage if coverage is None else coverage,
         smoke=receipt.run.extra.smoke is not None,
+        suites=receipt.suites,
     )
 
 
