@@ -57,6 +57,8 @@ ENGINE = EngineLane(
     eager_equal=True,
 )
 REAL_TREES = Models(real=["kimi-k3"], engine=ENGINE)  # vLLM's own tree, saying nothing of itself
+# One capture-suite control window, and the engine lane's lazy-phase controls folded in.
+CONTROLS = NegativeControl(expected=1 + 3, detected=1 + 3, lazy_events=1 + 3)
 LOCK_SHA = "cd" * 32
 LOCKED = Image(
     reference="img",
@@ -93,7 +95,7 @@ QUALIFYING: dict[str, object] = dict(
     geometry=NCCL,
     image=LOCKED,
     capture=GRAPHS,
-    negative_control=NegativeControl(expected=1, detected=1, lazy_events=1),
+    negative_control=CONTROLS,
     transports=["b12x"],
     ranks=Ranks(expected=16, reported=16, complete=16),
     sources={"dcpqual": CLEAN_CHECKOUT},
@@ -241,7 +243,7 @@ def test_required_limitations_follow_the_facts() -> None:
             geometry=NCCL.model_copy(update={"nnodes": 2, "nproc_per_node": 8}),
             image=LOCKED,
             capture=GRAPHS,
-            negative_control=NegativeControl(expected=1, detected=1, lazy_events=1),
+            negative_control=CONTROLS,
             transports=["b12x"],
             ranks=Ranks(expected=16, reported=16, complete=16),
             sources={},
@@ -460,3 +462,20 @@ def test_the_warm_suites_are_the_suite_folders_whose_tests_take_the_warm_code(
         if "warm_impl" in p.read_text()
     }
     assert taking == rules.WARM_SUITES
+
+
+def test_the_engine_lanes_controls_stand_in_only_where_no_capture_window_ran() -> None:
+    """ENGINE has 3 lazy-phase controls, folded into `negative_control` with the capture
+    suite's; only the capture suite's show the capture windows' detectors firing."""
+    only_engine = NegativeControl(expected=3, detected=3, lazy_events=3)
+    with_capture = NegativeControl(expected=4, detected=4, lazy_events=4)
+    assert "negative-control" in required_of(negative_control=only_engine)  # GRAPHS: 2 windows
+    assert (
+        "the engine lane's 3 controls"
+        in required_of(negative_control=only_engine)["negative-control"]
+    )
+    assert "negative-control" not in required_of(negative_control=with_capture)
+    no_window = Capture(lazy_events=0, by_detector={}, per_rank={}, windows=0)
+    assert "negative-control" not in required_of(capture=no_window, negative_control=only_engine)
+    none = NegativeControl(expected=0, detected=0, lazy_events=0)
+    assert "negative-control" in required_of(capture=no_window, negative_control=none)

@@ -524,7 +524,9 @@ def engine_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out.mkdir()
     for rank in range(WORLD):
         tests, engine = [passed(ENGINE_TEST)], engine_record()
-        write_rank(out, rank, WORLD, tests=tests, collected=[ENGINE_TEST], engine=engine)
+        write_rank(  # no capture suite: no capture window, no capture-suite control
+            out, rank, WORLD, tests=tests, collected=[ENGINE_TEST], captures=[], engine=engine
+        )
     torchrun_logs(out, WORLD)
     finalize_bundle(out, context(WORLD))
     return out
@@ -552,3 +554,22 @@ def test_a_receipt_that_claims_a_warm_suite_ran_is_held_to_the_junit(
     problems = verify_bundle(bundle).problems
     assert any("suites.warmup" in p for p in problems), problems
     assert any("limitations do not name 'warm-impl'" in p for p in problems), problems
+
+
+def test_the_engine_lanes_controls_are_the_runs_negative_controls(
+    engine_only: Path, tmp_path: Path
+) -> None:
+    """An engine-only run ran no capture-suite control, but its lane's lazy-phase controls
+    showed the detectors fire: they are counted, and no `negative-control` limitation is owed.
+    A receipt that leaves them out is held to the records."""
+    stated = receipt(engine_only)
+    assert stated["negative_control"]["expected"] == WORLD == stated["negative_control"]["detected"]
+    assert "negative-control" not in {key(x) for x in stated["limitations"]}
+
+    def hide(data: dict[str, Any]) -> None:
+        data["negative_control"].update(expected=0, detected=0)
+
+    bundle = copy(engine_only, tmp_path)
+    forge(bundle, hide)
+    problems = verify_bundle(bundle).problems
+    assert any("negative_control" in p for p in problems), problems

@@ -398,9 +398,18 @@ def required_limitations(
         )
     if geometry.nnodes == 1:
         out["multi-node"] = "single node: multi-node rendezvous (c10d) was not exercised"
+    # The engine lane's lazy-phase controls count among the run's negative controls, but they
+    # show the engine watch firing, not the capture windows' detectors.
+    engine_controls = 0 if models.engine is None else models.engine.controls
     if negative_control.expected == 0:
         out["negative-control"] = (
             "no negative-control window ran: the lazy-work detectors were not shown to fire"
+        )
+    elif capture.windows and negative_control.expected <= engine_controls:
+        out["negative-control"] = (
+            f"no negative-control window ran beside the {capture.windows} capture windows, only "
+            f"the engine lane's {engine_controls} controls: the capture windows' detectors were "
+            "not shown to fire"
         )
     if ranks.killed or ranks.missing_junit:
         parts = []
