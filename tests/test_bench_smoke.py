@@ -1,7 +1,7 @@
 """Acceptance: `dcpqual bench --quick` at 2 gloo ranks, the real CLI and a real torchrun launch.
 
-The launch and real sections (full suite runs) are skipped to keep this short; the others run
-at the smallest sizes. Only structure is checked, never timings.
+The launch, real and engine sections (full suite runs) are skipped to keep this short; the
+others run at the smallest sizes. Only structure is checked, never timings.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from harness.schema.bench import BenchReport
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
 
 SMALL = (
-    "--quick", "--skip", "launch,real", "--batches", "1", "--iters", "2", "--capture-iters", "4",
-    "--lookup-rounds", "2", "--lookup-loops", "50", "--modules", "1000",
+    "--quick", "--skip", "launch,real,engine", "--batches", "1", "--iters", "2",
+    "--capture-iters", "4", "--lookup-rounds", "2", "--lookup-loops", "50", "--modules", "1000",
     "--discovery-repeats", "1", "--timeout", "240",
 )  # fmt: skip
 
@@ -47,9 +47,11 @@ def test_quick_bench_writes_schema_v1_and_prints_tables(tmp_path: Path, repo_roo
     BenchReport.model_validate(data)  # the file is what the committed schema describes
     assert data["results"]["discovery"]["modules"] >= 1000
     assert data["results"]["launch"] is None and data["results"]["real"] is None
+    assert data["results"]["engine"] is None
     outcomes = {t["key"]: t["outcome"] for t in data["targets"]}
     assert outcomes["suite_vs_bare_launch"] == "not-measured"
     assert outcomes["peak_rss_per_rank"] == "not-measured"
     assert outcomes["peak_rss_per_rank_real"] == "not-measured"
     assert outcomes["real_vs_bare_real_launch"] == "not-measured"
+    assert outcomes["engine_run_s"] == outcomes["peak_rss_per_rank_engine"] == "not-measured"
     assert "Targets" in done.stdout and "transport_overhead" in done.stdout

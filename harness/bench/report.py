@@ -27,6 +27,7 @@ from harness.schema.bench import (
     Bandwidth,
     BenchOptions,
     BenchReport,
+    EngineRun,
     Environment,
     Ratio,
     Results,
@@ -127,7 +128,23 @@ REAL_LAUNCH = Target(
     1.5,
     "x",
 )
-TARGETS = (TRANSPORT, LAUNCH, DISCOVERY, CAPTURE, MEMORY, REAL_MEMORY, REAL_LAUNCH)
+ENGINE_LAUNCH = Target(
+    "engine_run_s", "dcpqual run --models engine, 2 ranks, wall (vLLM engine per rank)", 90.0, "s"
+)
+ENGINE_MEMORY = Target(
+    "peak_rss_per_rank_engine", "peak RSS of a rank in the engine lane (its record)", 1.5, "GiB"
+)
+TARGETS = (
+    TRANSPORT,
+    LAUNCH,
+    DISCOVERY,
+    CAPTURE,
+    MEMORY,
+    REAL_MEMORY,
+    REAL_LAUNCH,
+    ENGINE_LAUNCH,
+    ENGINE_MEMORY,
+)
 
 
 def _spread(s: Summary, fmt: str = ".0f") -> str:
@@ -174,6 +191,32 @@ def _real_launch(run: SuiteRuns | None) -> Reading:
     return run.ratio.value, detail
 
 
+def _per_rank(values: Mapping[str, float]) -> str:
+    return ", ".join(f"{rank} {v:.1f}" for rank, v in values.items()) or "none"
+
+
+def _engine(run: EngineRun | None) -> tuple[Reading, Reading]:
+    """The engine run's wall time and its worst rank's peak RSS, each with the per-rank engine
+    build seconds its record holds; a rank without an engine record leaves the RSS unmeasured."""
+    if run is None:
+        return None, None
+    served = ", ".join(run.models) or "no engine recorded"
+    builds = (
+        f"engine build per rank {_per_rank(run.build_s_per_rank)} s "
+        f"(eager {_per_rank(run.eager_build_s_per_rank)} s)"
+    )
+    wall = f"{run.world_size} {run.backend} ranks, exit {run.exit_code}, {served}; {builds}"
+    rss = run.peak_rss_mib_per_rank
+    if run.peak_rss_gib is None or len(rss) < run.world_size:
+        return (run.wall_s, wall), (
+            None,
+            f"engine records from {len(rss)} of {run.world_size} ranks",
+        )
+    worst = max(rss, key=rss.__getitem__)
+    memory = f"rank {worst} of {len(rss)} ({served}; the engine record's peak RSS)"
+    return (run.wall_s, wall), (run.peak_rss_gib, memory)
+
+
 def readings(r: Results) -> dict[Target, tuple[str, Reading]]:
     """Each target's section and what it reads there."""
     t, run, d, cap = r.transport, r.launch, r.discovery, r.capture
@@ -201,6 +244,7 @@ def readings(r: Results) -> dict[Target, tuple[str, Reading]]:
         if (lookup := cap.lookup_ratio.get("after_window")) is not None:
             detail += f"; registry get {(lookup.value - 1) * 100:+.1f}%"
         capture = cap.overhead_pct, detail
+    engine_wall, engine_memory = _engine(r.engine)
     return {
         TRANSPORT: ("transport", transport),
         LAUNCH: ("launch", launch),
@@ -209,6 +253,8 @@ def readings(r: Results) -> dict[Target, tuple[str, Reading]]:
         MEMORY: ("launch", _memory(r.launch, gib=False)),
         REAL_MEMORY: ("real", _memory(r.real, gib=True)),
         REAL_LAUNCH: ("real", _real_launch(r.real)),
+        ENGINE_LAUNCH: ("engine", engine_wall),
+        ENGINE_MEMORY: ("engine", engine_memory),
     }
 
 
@@ -235,6 +281,7 @@ def build_report(
     not failures) and every suite run passed."""
     failed = any(not why.startswith("skipped") for why in missing.values())
     runs = [run for run in (results.launch, results.real) if run is not None]
+    engine_failed = results.engine is not None and results.engine.exit_code != 0
     return BenchReport(
         created_at=created_at,
         environment=environment,
@@ -242,7 +289,9 @@ def build_report(
         results=results,
         missing=dict(missing),
         targets=evaluate_targets(results, missing),
-        complete=not failed and not any(any(run.suite_exit_codes) for run in runs),
+        complete=not failed
+        and not engine_failed
+        and not any(any(run.suite_exit_codes) for run in runs),
         notes=tuple(notes),
     )
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.capture.records import CaptureRecord
-from harness.evidence.engine_lane import engine_lane
+from harness.evidence.engine_lane import engine_lane, with_engine_controls
 from harness.evidence.run_context import TorchrunFailure
 from harness.evidence.schema import (
     Capture,
@@ -327,7 +327,8 @@ def merge_signatures(captures: Iterable[CaptureRecord]) -> list[SignatureRow]:
 
 
 def summarize_capture(ranks: RankFiles) -> tuple[Capture, NegativeControl]:
-    """Lazy events of the real capture windows, and the negative-control windows apart.
+    """Lazy events of the real capture windows, and the negative-control windows apart (with
+    the engine lane's lazy-phase controls, which are such windows inside vLLM's own engine).
 
     Events count whatever their phase: lazy work in a window's warm-up iterations still means
     warmup did not create what the step uses.
@@ -372,7 +373,7 @@ def summarize_capture(ranks: RankFiles) -> tuple[Capture, NegativeControl]:
         by_detector=dict(sorted(Counter(e.detector for e in control_events).items())),
         missed=[f"rank {c.rank}: {c.test}" for c in controls if not c.detected],
     )
-    return capture, negative
+    return capture, with_engine_controls(negative, ranks.records)
 
 
 @dataclass(frozen=True, order=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 from harness.schema.base import Limitation
 from harness.schema.rank_record import EngineRecord, RankRecord
-from harness.schema.receipt import EngineLane
+from harness.schema.receipt import EngineLane, NegativeControl
 
 # The phases whose DCP calls must be b12x's (vLLM's own capture, and decode that replays it).
 SERVED_PHASES = frozenset({"capture", "decode"})
@@ -93,4 +93,35 @@ def engine_lane(records: Mapping[int, RankRecord]) -> EngineLane | None:
         build_s_max=max(e.build_s for e in engines.values()),
         peak_rss_mib_max=max(e.peak_rss_mib for e in engines.values()),
         limitations=list(limitations.values()),
+    )
+
+
+def with_engine_controls(
+    negative: NegativeControl, records: Mapping[int, RankRecord]
+) -> NegativeControl:
+    """The run's negative controls with the engine lane's folded in: each lazy-phase control is
+    a window that provokes lazy work on purpose (a test-only hook inside vLLM's own capture or
+    decode), detected when the watch named it lazy; its events count under `engine:<kind>`.
+    Before-capture controls are not windows that must fire (one caught is a failure of its own,
+    `controls_false`), so they are left out."""
+    expected, detected, lazy = negative.expected, negative.detected, negative.lazy_events
+    by_detector, missed = dict(negative.by_detector), list(negative.missed)
+    for rank, record in sorted(records.items()):
+        if (engine := record.extra.engine) is None:
+            continue
+        for control in (c for c in engine.controls if c.where == "lazy-phase"):
+            expected += 1
+            detected += control.caught
+            if not control.caught:
+                missed.append(f"rank {rank}: engine lane {control.action} ({control.phase})")
+        for event in (e for e in engine.events if e.lazy and e.control is not None):
+            lazy += 1
+            key = f"engine:{event.kind}"
+            by_detector[key] = by_detector.get(key, 0) + 1
+    return NegativeControl(
+        expected=expected,
+        detected=detected,
+        lazy_events=lazy,
+        by_detector=dict(sorted(by_detector.items())),
+        missed=missed,
     )

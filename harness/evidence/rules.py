@@ -346,6 +346,21 @@ def status_of(verdict: Verdict, environment: Environment, required: Mapping[str,
     return "source-qualified"
 
 
+# The suites whose tests run the selected warm code (the vendored copy unless told otherwise)
+# on stand-in or real trees; the engine lane runs vLLM's own warm inside its engine instead.
+WARM_SUITES: Final = frozenset({"warmup", "capture", "real"})
+
+
+def warm_code_ran(suites: Mapping[str, Tally] | None, *, smoke: bool = False) -> bool:
+    """Whether a test that runs the selected warm code got to run (passed, failed or erred: a
+    skip ran nothing). `suites` None: not known, so assumed (a limitation is never dropped for
+    want of a fact); the one-GPU smoke warms with it itself."""
+    if suites is None or smoke:
+        return True
+    ran = (t for name, t in suites.items() if name in WARM_SUITES)
+    return any(t.passed + t.failed + t.errors for t in ran)
+
+
 def required_limitations(
     *,
     geometry: Geometry,
@@ -362,9 +377,11 @@ def required_limitations(
     nodes: Mapping[str, NodeState | None] | None = None,
     coverage: Coverage | None = None,
     smoke: bool = False,
+    suites: Mapping[str, Tally] | None = None,
 ) -> dict[str, str]:
     """{key: text} for every path that did not run; verify checks that each key is listed.
-    `models`: vLLM's real trees the ranks built; `warm_impl`: the warm code the ranks ran;
+    `models`: vLLM's real trees the ranks built; `warm_impl`: the warm code the ranks ran, which
+    limits the run only where a suite that runs it ran (`suites`, per suite; None: assumed);
     `zygote`: how the launch says its ranks started (None: torchrun started each); `nodes`:
     every node's marker in a multi-node run, which says the same of that node; `coverage`:
     what the records say ran (None: not recorded); `smoke`: the bundle is the one-GPU smoke's."""
@@ -408,9 +425,18 @@ def required_limitations(
         )
     if geometry.nnodes == 1:
         out["multi-node"] = "single node: multi-node rendezvous (c10d) was not exercised"
+    # The engine lane's lazy-phase controls count among the run's negative controls, but they
+    # show the engine watch firing, not the capture windows' detectors.
+    engine_controls = 0 if models.engine is None else models.engine.controls
     if negative_control.expected == 0:
         out["negative-control"] = (
             "no negative-control window ran: the lazy-work detectors were not shown to fire"
+        )
+    elif capture.windows and negative_control.expected <= engine_controls:
+        out["negative-control"] = (
+            f"no negative-control window ran beside the {capture.windows} capture windows, only "
+            f"the engine lane's {engine_controls} controls: the capture windows' detectors were "
+            "not shown to fire"
         )
     if ranks.killed or ranks.missing_junit:
         parts = []
@@ -433,10 +459,14 @@ def required_limitations(
             f"the harness checkout was dirty (e.g. {shown}): commit and tree do not fully "
             "identify the code that ran"
         )
-    if warm_impl != VLLM_WARM_IMPL:
+    warm_ran = warm_code_ran(suites, smoke=smoke)
+    if warm_impl != VLLM_WARM_IMPL and warm_ran:
         out["warm-impl"] = f"the warm code qualified is the {warm_impl!r} copy, not vLLM's own"
-    for key, text in real_tree_limitations(models=models, sources=sources).items():
-        out[key] = f"{out[key]}; {text}" if key in out else text
+    # Only the engine lane ran vLLM code (its own classes, in its engine): no stand-in tree ran
+    # for the real-tree limitations to speak of.
+    if models.engine is None or models.real or warm_ran:
+        for key, text in real_tree_limitations(models=models, sources=sources).items():
+            out[key] = f"{out[key]}; {text}" if key in out else text
     if not smoke:
         out.update(engine_limitations(models))
     out.update(skip_limitation(coverage))

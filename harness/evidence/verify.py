@@ -403,6 +403,7 @@ def required_limitations_of(receipt: Receipt, coverage: Coverage | None = None) 
         nodes=receipt.run.extra.nodes,
         coverage=receipt.coverage if coverage is None else coverage,
         smoke=receipt.run.extra.smoke is not None,
+        suites=receipt.suites,
     )
     if receipt.skip_reasons is None and receipt.status != "qualified":
         # Written before the engine lane existed (the layout without `skip_reasons`): its

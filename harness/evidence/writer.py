@@ -288,6 +288,7 @@ def assemble_receipt(
         nodes=ctx.extra.nodes,
         coverage=facts.coverage,
         smoke=ctx.extra.smoke is not None,
+        suites=facts.suites,
     )
     limitation_items = rules.render_limitations(
         required,

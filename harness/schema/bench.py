@@ -15,8 +15,8 @@ from pydantic import Field, field_validator, model_validator
 
 from harness.schema.base import Model
 
-SECTIONS = ("transport", "capture", "discovery", "launch", "real")
-Section = Literal["transport", "capture", "discovery", "launch", "real"]
+SECTIONS = ("transport", "capture", "discovery", "launch", "real", "engine")
+Section = Literal["transport", "capture", "discovery", "launch", "real", "engine"]
 KIMI_HEADS = 96  # a bench rank count must divide Kimi-K3's heads (TP16/DCP16 geometry)
 
 
@@ -226,12 +226,29 @@ class SuiteRuns(Model):
     zygote_preload_s: float | None = None
 
 
+class EngineRun(Model):
+    """One `dcpqual run --models engine` (vLLM's own engine per rank): its wall time as the
+    person waiting sees it, and per rank what its engine record already holds (the engine's
+    build and eager build seconds, the rank's peak RSS), read from the bundle, not re-measured."""
+
+    world_size: int
+    backend: str
+    wall_s: float
+    exit_code: int
+    models: tuple[str, ...]  # the model each rank's engine served
+    build_s_per_rank: dict[str, float]
+    eager_build_s_per_rank: dict[str, float]
+    peak_rss_mib_per_rank: dict[str, float]  # MiB (2**20 bytes), as the record holds it
+    peak_rss_gib: float | None  # the worst rank; None where no rank recorded an engine
+
+
 class Results(Model):
     transport: TransportResults | None = None
     capture: CaptureOverhead | None = None
     discovery: DiscoveryResult | None = None
     launch: SuiteRuns | None = None
     real: SuiteRuns | None = None  # the full run on vLLM's real trees
+    engine: EngineRun | None = None  # the engine lane's run
 
 
 class GitSource(Model):
