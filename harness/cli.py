@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from harness import __version__
@@ -63,9 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    register_command_line(sys.argv[1:] if argv is None else argv)
+    typed = sys.argv[1:] if argv is None else argv
+    register_command_line(typed)  # before parsing: an argument error's line is scrubbed too
     parser = build_parser()
     args = parser.parse_args(argv)
+    register_command_line(typed, file_names=_file_names(args))
     try:
         return int(args.func(args))
     except DcpqualError as exc:
@@ -76,6 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return _reader_gone()
+
+
+def _file_names(args: argparse.Namespace) -> set[str]:
+    """What the parser took as file names, as typed (an option of `type=Path`)."""
+    return {str(v) for v in vars(args).values() if isinstance(v, Path)}
 
 
 # The exit status of a process a closed pipe ended (128 + SIGPIPE), as a shell reports it.

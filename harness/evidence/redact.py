@@ -53,7 +53,7 @@ import shlex
 import shutil
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -960,10 +960,11 @@ def register_secrets(values: Sequence[str]) -> None:
     _typed[:] = [v for v in values if len(v.strip()) >= MIN_SCRUB_LENGTH]
 
 
-def register_command_line(argv: Sequence[str]) -> None:
+def register_command_line(argv: Sequence[str], file_names: Collection[str] = ()) -> None:
     """Scrub what this process's own command line typed as secrets (see
-    `command_line_secrets`) wherever the environment's secrets are scrubbed."""
-    _typed[:] = command_line_secrets(argv)
+    `command_line_secrets`) wherever the environment's secrets are scrubbed, less the values
+    its parser took as file names (`--key FILE` names a key, it is not one)."""
+    _typed[:] = [v for v in command_line_secrets(argv) if v not in file_names]
 
 
 def environment_scrubber() -> Scrubber:
