@@ -54,8 +54,10 @@ def test_dcpqual_run_on_a_folder_another_run_holds_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = prepare_out_dir(tmp_path / "held")
+    target = tmp_path / "test_x.py"  # a target that exists: only the folder is refused
+    target.write_text("def test_x():\n    pass\n")
     try:
-        code = main(["run", "--nproc-per-node", "2", "--out", str(folder), "--", "x.py"])
+        code = main(["run", "--nproc-per-node", "2", "--out", str(folder), "--", str(target)])
         said = capsys.readouterr()
         assert code == 2 and said.out == ""
         assert said.err.count("\n") == 1 and "being used by another run" in said.err

@@ -28,35 +28,51 @@ def launch(out: Path, *pytest_args: str) -> int:
     return main([*argv, "--", *pytest_args])
 
 
+def hooked_suite(base: Path, name: str, option: str, body: str) -> str:
+    """A suite whose conftest turns pytest's `option` on itself: no option on the command line
+    (where `dcpqual run` refuses `--setup-only`, `--setup-plan` and `--collect-only` before
+    launch), so only the post-run rules can tell."""
+    suite = base / f"suite-{name}"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(
+        f"def pytest_configure(config):\n    config.option.{option} = True\n"
+    )
+    (suite / f"test_{name.replace('-', '_')}.py").write_text(body)
+    return str(suite)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, Path]]:
-    """One launch each: the failing suite as is, under --setup-only, and under a conftest that
-    turns --setup-only on itself (no option on the command line)."""
+    """One launch each: the failing suite as is, and suites whose conftest turns on pytest's
+    setup-only or collect-only mode."""
     base = tmp_path_factory.mktemp("bodies")
-    hooked = base / "suite-hooked"
-    hooked.mkdir()
-    (hooked / "conftest.py").write_text(
-        "def pytest_configure(config):\n    config.option.setuponly = True\n"
-    )
-    (hooked / "test_hooked.py").write_text("def test_body():\n    assert False\n")
-    suite = str(SUITES / "rank_assert.py")
+    failing = "def test_body():\n    assert False\n"
+    three = "".join(f"def test_{n}():\n    assert False\n" for n in range(3))
     out = {}
     for name, args in {
-        "plain": (suite,),
-        "setup-only": ("--setup-only", suite),
-        "collect-only": ("--collect-only", suite),
-        "hooked": (str(hooked),),
+        "plain": (str(SUITES / "rank_assert.py"),),
+        "hooked": (hooked_suite(base, "hooked", "setuponly", failing),),
+        "collect-only": (hooked_suite(base, "collect-only", "collectonly", three),),
     }.items():
         folder = base / name
         out[name] = (launch(folder, *args), folder)
     return out
 
 
-@pytest.mark.parametrize("name", ["setup-only", "hooked"])
-def test_a_run_whose_call_phases_never_ran_fails_and_says_so(
-    runs: dict[str, tuple[int, Path]], name: str
+def test_the_options_that_skip_test_bodies_are_refused_before_launch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out = runs[name]
+    suite = str(SUITES / "rank_assert.py")
+    for option in ("--setup-only", "--setup-plan", "--collect-only"):
+        assert launch(tmp_path / option.strip("-"), option, suite) == 2
+        assert capsys.readouterr().err.count("\n") == 1
+        assert not (tmp_path / option.strip("-")).exists()
+
+
+def test_a_run_whose_call_phases_never_ran_fails_and_says_so(
+    runs: dict[str, tuple[int, Path]],
+) -> None:
+    code, out = runs["hooked"]
     data: dict[str, Any] = receipt(out)
     assert code == 1 and data["verdict"] == "fail" and data["status"] == "not-qualified"
     keys = {item["key"]: item["text"] for item in data["limitation_items"]}
@@ -90,7 +106,7 @@ def test_compare_never_calls_a_bodiless_run_an_improvement(
     runs: dict[str, tuple[int, Path]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, plain = runs["plain"]
-    _, bodiless = runs["setup-only"]
+    _, bodiless = runs["hooked"]
     capsys.readouterr()
     assert main(["compare", str(plain), str(bodiless), "--json"]) == 1
     comparison = json.loads(capsys.readouterr().out)
