@@ -196,11 +196,13 @@ def test_without_the_launchers_final_kill_an_orphan_outlives_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The check `processes_of_run(out) == []` above can fail: a stand-in agent leaves a child
-    behind in its own session; with `Tracker.end_all` (the launcher's kill) patched away it
-    survives the launch and `processes_of_run` finds it, by its environment alone."""
+    behind in its own session; with `Tracker.end_all` and `ending.sweep` (the launcher's kills)
+    patched away it survives the launch and `processes_of_run` finds it, by its environment
+    alone."""
     plan, pidfile = fake_plan(tmp_path, "exit", timeout_s=60)
     monkeypatch.setattr(Tracker, "end_all", lambda self, grace_s: [])
-    # The run's cgroup is a second line that would still end the child; this is about the first.
+    monkeypatch.setattr(ending, "sweep", lambda *args, **kwargs: set())  # and its repeated kill
+    # The run's cgroup is a further line that would still end the child; this is about the first.
     monkeypatch.setattr(ending.Cgroup, "create", classmethod(lambda cls: None))
     launch(plan, tick_s=0.05)
     child = int(pidfile.read_text())
