@@ -24,30 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _support.leaks import leaks, main_thread_only
 from _support.runs import processes_of_run, receipt, records, run
 
 from harness.cli import main
 from harness.evidence import writer
-from harness.evidence.files import walk
 from harness.launch import ending
 from harness.launch.proctree import identify
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
-main_thread_only = pytest.mark.skipif(
-    threading.current_thread() is not threading.main_thread(), reason="needs the main thread"
-)
-
-
-def leaks(root: Path, *secrets: str) -> list[str]:
-    """Files under `root` whose name or bytes hold any of `secrets` (stripped)."""
-    found = []
-    for entry in walk(root):
-        data = entry.path.read_bytes() if entry.kind == "file" else b""
-        for secret in secrets:
-            core = secret.strip()
-            if core in entry.relpath or core.encode() in data:
-                found.append(f"{entry.relpath}: {core[:12]}...")
-    return found
 
 
 def interrupt_when_running(out: Path, world: int, test: str, sig: int) -> threading.Thread:
