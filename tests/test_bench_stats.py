@@ -78,7 +78,7 @@ def test_bandwidth_against_pcie_gen5_x16() -> None:
         bandwidth("x", 1.0, 0.0)
 
 
-def test_targets_are_the_seven_bounds() -> None:
+def test_targets_are_the_nine_bounds() -> None:
     assert [(t.key, t.threshold, t.unit) for t in TARGETS] == [
         ("transport_overhead", 1.15, "x"),
         ("suite_vs_bare_launch", 2.0, "x"),
@@ -87,6 +87,8 @@ def test_targets_are_the_seven_bounds() -> None:
         ("peak_rss_per_rank", 400.0, "MB"),
         ("peak_rss_per_rank_real", 1.2, "GiB"),
         ("real_vs_bare_real_launch", 1.5, "x"),
+        ("engine_run_s", 90.0, "s"),
+        ("peak_rss_per_rank_engine", 1.5, "GiB"),
     ]
 
 

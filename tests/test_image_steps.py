@@ -4,6 +4,7 @@ the source gates, and fetch-source's tree and ancestry checks."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -175,8 +176,10 @@ def test_b12x_must_come_from_the_distribution_the_lock_names() -> None:
     mixed = pipcheck.b12x_problem("repository", owners(["b12x", "flashinfer-python"]))
     assert mixed == "b12x is provided by b12x, flashinfer-python; the lock says b12x only"
     assert "nothing" in (pipcheck.b12x_problem("repository", owners([])) or "")
-    # Here, for real: b12x 1.5.1 from PyPI is its own distribution.
-    assert pipcheck.b12x_problem("repository") is None
+    # Here, for real, where b12x is installed (the compat extra): b12x 1.5.1 from PyPI is its
+    # own distribution.
+    if importlib.util.find_spec("b12x") is not None:
+        assert pipcheck.b12x_problem("repository") is None
 
 
 # --- source gates ----------------------------------------------------------------------------

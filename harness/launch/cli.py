@@ -210,8 +210,8 @@ def run_command(args: argparse.Namespace) -> int:
     _check_real_tree_geometry(options)
     check_backend_available(options.backend, options.nproc_per_node)
     _check_warm_impl(options.warm_impl)
-    _check_real_trees_available(options.models)
     from harness.launch.plan import engine_plan
 
     engine_plan(options)  # the engine lane's arguments and config file, refused here if bad
+    _check_real_trees_available(options.models)
     return launcher.run(options)
