@@ -17,15 +17,14 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _support.leaks import leaks, main_thread_only
-from _support.runs import processes_of_run, receipt, records, run
+from _support.leaks import leaks, main_thread_only, signal_when_running
+from _support.runs import processes_of_run, receipt, run
 
 from harness.cli import main
 from harness.evidence import writer
@@ -33,27 +32,6 @@ from harness.launch import ending
 from harness.launch.proctree import identify
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
-
-
-def interrupt_when_running(out: Path, world: int, test: str, sig: int) -> threading.Thread:
-    """Signal this process (the launcher) once every rank is inside `test`."""
-
-    def wait_then_signal() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                recs = records(out)
-            except (OSError, ValueError):
-                recs = {}
-            running = [r.current_test or "" for r in recs.values()]
-            if len(running) == world and all(t.endswith(f"::{test}") for t in running):
-                break
-            time.sleep(0.2)
-        os.kill(os.getpid(), sig)
-
-    thread = threading.Thread(target=wait_then_signal, daemon=True)
-    thread.start()
-    return thread
 
 
 def assert_interrupted_bundle(out: Path, code: int, sig: signal.Signals, token: str) -> None:
@@ -81,7 +59,7 @@ def test_an_interrupted_run_leaves_a_scrubbed_bundle_naming_the_interruption(
     token = f"hf_interrupt{uuid.uuid4().hex}"
     monkeypatch.setenv("HF_TOKEN", token)
     out = tmp_path / "bundle"
-    sender = interrupt_when_running(out, 2, "test_waits_for_the_interrupt", sig)
+    sender = signal_when_running(out, 2, "test_waits_for_the_interrupt", sig)
     code, elapsed = run(out, 2, "rank_interrupt.py")
     sender.join()
     assert elapsed < 90
@@ -454,7 +432,7 @@ def test_an_interrupt_at_16_ranks_leaves_a_verified_bundle_and_nothing_running(
     token = f"hf_interrupt16{uuid.uuid4().hex}"
     monkeypatch.setenv("HF_TOKEN", token)
     out = tmp_path / "bundle"
-    sender = interrupt_when_running(out, 16, "test_waits_for_the_interrupt", signal.SIGINT)
+    sender = signal_when_running(out, 16, "test_waits_for_the_interrupt", signal.SIGINT)
     code, _ = run(out, 16, "rank_interrupt.py")
     sender.join()
     assert_interrupted_bundle(out, code, signal.SIGINT, token)

@@ -5,43 +5,17 @@ launches at 2 ranks (the launcher is this process, as in tests/test_reliability_
 
 from __future__ import annotations
 
-import os
 import signal
-import threading
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-from _support.leaks import leaks, main_thread_only
-from _support.runs import processes_of_run, receipt, records, run
+from _support.leaks import leaks, main_thread_only, signal_when_running
+from _support.runs import processes_of_run, receipt, run
 
 from harness.cli import main
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
-
-
-def signals_when_running(out: Path, test: str, *sigs: signal.Signals) -> threading.Thread:
-    """Send this process (the launcher) `sigs` with nothing between them once both ranks are
-    inside `test`: the later ones arrive while the first one's ending is being prepared."""
-
-    def wait_then_signal() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                recs = records(out)
-            except (OSError, ValueError):
-                recs = {}
-            running = [r.current_test or "" for r in recs.values()]
-            if len(running) == 2 and all(t.endswith(f"::{test}") for t in running):
-                break
-            time.sleep(0.2)
-        for sig in sigs:
-            os.kill(os.getpid(), sig)
-
-    thread = threading.Thread(target=wait_then_signal, daemon=True)
-    thread.start()
-    return thread
 
 
 @main_thread_only
@@ -60,7 +34,7 @@ def test_signals_back_to_back_leave_a_scrubbed_verified_bundle(
     token = f"hf_backtoback{uuid.uuid4().hex}"
     monkeypatch.setenv("HF_TOKEN", token)
     out = tmp_path / "bundle"
-    sender = signals_when_running(out, "test_waits_for_the_interrupt", *sigs)
+    sender = signal_when_running(out, 2, "test_waits_for_the_interrupt", *sigs)
     code, elapsed = run(out, 2, "rank_interrupt.py")
     sender.join()
     assert elapsed < 90

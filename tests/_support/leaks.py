@@ -3,11 +3,15 @@ tests that signal the launcher (signal handlers can only be set from the main th
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from _support.runs import records
 from harness.evidence.files import walk
 
 main_thread_only = pytest.mark.skipif(
@@ -25,3 +29,28 @@ def leaks(root: Path, *secrets: str) -> list[str]:
             if core in entry.relpath or core.encode() in data:
                 found.append(f"{entry.relpath}: {core[:12]}...")
     return found
+
+
+def signal_when_running(
+    out: Path, world: int, test: str, *sigs: signal.Signals
+) -> threading.Thread:
+    """Send this process (the launcher) `sigs`, with nothing between them, once all `world`
+    ranks are inside `test`: the later ones arrive while the first one's ending is prepared."""
+
+    def wait_then_signal() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                recs = records(out)
+            except (OSError, ValueError):
+                recs = {}
+            running = [r.current_test or "" for r in recs.values()]
+            if len(running) == world and all(t.endswith(f"::{test}") for t in running):
+                break
+            time.sleep(0.2)
+        for sig in sigs:
+            os.kill(os.getpid(), sig)
+
+    thread = threading.Thread(target=wait_then_signal, daemon=True)
+    thread.start()
+    return thread
