@@ -397,6 +397,11 @@ def _engine(**changes: object) -> Models:
         (_engine(warm_ran=False), "vLLM's own warm"),
         (_engine(b12x_calls={"capture": 8}), "served no decode DCP call"),
         (_engine(other_calls=2), "2 DCP calls took another path"),
+        (_engine(engines=[{"cudagraph_mode": "NONE"}]), "ran without CUDA graphs"),
+        (
+            _engine(engines=[{"cudagraph_mode": "FULL", "graphs": ["captured=0"]}]),
+            "ran without CUDA graphs",
+        ),
     ],
 )
 def test_qualified_needs_the_engine_lane_capture_b12x_decode_and_no_fallback(
@@ -491,3 +496,9 @@ def test_the_engine_lanes_controls_stand_in_only_where_no_capture_window_ran() -
     assert "negative-control" not in required_of(capture=no_window, negative_control=only_engine)
     none = NegativeControl(expected=0, detected=0, lazy_events=0)
     assert "negative-control" in required_of(capture=no_window, negative_control=none)
+
+
+def test_an_engine_that_captured_graphs_is_not_short_of_them() -> None:
+    """Negative control of the graph rule: graphs on and counted is no shortfall."""
+    captured = _engine(engines=[{"cudagraph_mode": "FULL_AND_PIECEWISE", "graphs": ["captured=4"]}])
+    assert "engine" not in required_of(models=captured)

@@ -492,11 +492,25 @@ def engine_shortfalls(models: Models) -> list[str]:
         out.append(
             "not every engine rank ran vLLM's own capture (the model runner's capture_model)"
         )
+    if any(_no_graphs(engine) for engine in lane.engines):
+        out.append(
+            "an engine ran without CUDA graphs (cudagraph_mode NONE, or vLLM counted no "
+            "captured graph): its capture_model captured nothing, so replay was not qualified"
+        )
     if lane.b12x_calls.get("decode", 0) == 0:
         out.append("the b12x transport served no decode DCP call")
     if lane.other_calls:
         out.append(f"{lane.other_calls} DCP calls took another path than b12x (a fallback)")
     return out
+
+
+def _no_graphs(engine: Mapping[str, object]) -> bool:
+    """An engine whose policy or vLLM's own graph count says it captured no CUDA graph (an
+    `--engine-arg` can turn graphs off while capture_model is still entered)."""
+    if str(engine.get("cudagraph_mode")).upper() == "NONE":
+        return True
+    graphs = engine.get("graphs")
+    return isinstance(graphs, list | tuple) and "captured=0" in graphs
 
 
 def engine_limitations(models: Models) -> dict[str, str]:

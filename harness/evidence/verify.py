@@ -405,9 +405,13 @@ def required_limitations_of(receipt: Receipt, coverage: Coverage | None = None) 
         smoke=receipt.run.extra.smoke is not None,
         suites=receipt.suites,
     )
-    if receipt.skip_reasons is None and receipt.status != "qualified":
-        # Written before the engine lane existed (the layout without `skip_reasons`): its
-        # `engine` limitation only denies `qualified`, which such a receipt does not claim.
+    if (
+        receipt.skip_reasons is None
+        and receipt.models.engine is None
+        and receipt.status != "qualified"
+    ):
+        # Written before the engine lane existed (the layout without `skip_reasons`, no lane):
+        # its `engine` limitation only denies `qualified`, which such a receipt does not claim.
         required.pop("engine", None)
     return required
 
