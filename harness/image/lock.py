@@ -423,6 +423,18 @@ def _origin_url(repo: Path) -> str | None:
     return url if REPOSITORY.fullmatch(url) else None
 
 
+def _lock_with_component(lock_path: Path, name: str) -> dict[str, Any]:
+    """The lock's raw JSON, refused (LockError/UsageError) unless it parses as a lock and has
+    component `name`: what every pin starts from."""
+    raw, lock, problems = _parse(lock_path)
+    if lock is None or raw is None:
+        raise LockError(lock_path, problems)
+    if name not in lock.components:
+        known = ", ".join(sorted(lock.components)) or "none"
+        raise UsageError(f"{lock_path}: no component {name!r} (components: {known})")
+    return raw
+
+
 def pin_component(lock_path: Path, name: str, repo_path: Path) -> PinResult:
     """Fill `name`'s commit and tree (and placeholders git can answer) from a clean checkout.
 
@@ -430,12 +442,7 @@ def pin_component(lock_path: Path, name: str, repo_path: Path) -> PinResult:
     writes the lock atomically, or not at all.
     """
     lock_path, repo_path = Path(lock_path), Path(repo_path)
-    raw, lock, problems = _parse(lock_path)
-    if lock is None or raw is None:
-        raise LockError(lock_path, problems)
-    if name not in lock.components:
-        known = ", ".join(sorted(lock.components)) or "none"
-        raise UsageError(f"{lock_path}: no component {name!r} (components: {known})")
+    raw = _lock_with_component(lock_path, name)
     ident = gitinfo.identity(repo_path)
     if ident.dirty:
         raise UsageError(f"{repo_path} has uncommitted or untracked changes; pin a clean checkout")
@@ -585,12 +592,7 @@ def pin_pull_request(
     if side not in ("head", "base"):
         raise UsageError(f"side must be head or base, not {side!r}")
     lock_path, repo_path = Path(lock_path), Path(repo_path)
-    raw, lock, problems = _parse(lock_path)
-    if lock is None or raw is None:
-        raise LockError(lock_path, problems)
-    if name not in lock.components:
-        known = ", ".join(sorted(lock.components)) or "none"
-        raise UsageError(f"{lock_path}: no component {name!r} (components: {known})")
+    raw = _lock_with_component(lock_path, name)
     pr = fetch_pull_request(repo_path, number, base_ref)
     if expect_head is not None and pr.head != expect_head:
         raise UsageError(
