@@ -203,6 +203,43 @@ def test_a_torchrun_run_cannot_call_itself_a_smoke_to_drop_its_launch(
     )
 
 
+def test_a_torchrun_run_that_keeps_its_launch_cannot_call_itself_a_smoke(tmp_path: Path) -> None:
+    """A smoke's receipt is excused the engine lane's limitations (the smoke runs no engine):
+    a torchrun receipt that adds `smoke` beside its launch record, and drops its `engine`
+    limitation, is held to the smoke's facts all the same (one rank, a smoke result)."""
+    out = tmp_path / "bundle"
+    finalize_bundle(out, passing_run(out, world=WORLD))
+    assert "engine" in receipt_of(out).limitation_keys()
+
+    def disguise(data: dict[str, Any]) -> None:
+        data["run"]["extra"]["smoke"] = SMOKE
+        data["limitations"] = [x for x in data["limitations"] if not x.startswith("engine: ")]
+        data["limitations"].append(f"smoke: {rules.SMOKE_LIMITATION}")
+
+    forged = forge(out, disguise)
+    assert forged.run.extra.launch is not None and "engine" not in forged.limitation_keys()
+    assert verify_bundle(out).problems == (
+        "receipt.json: run.extra.smoke beside run.extra.launch: the smoke starts no torchrun, "
+        "and a run that records its launch is not the smoke",
+        "launch.json: a smoke's bundle has no launch",
+        "receipt.json: run.extra.smoke on a run of 2 rank(s) on 1 node(s): the smoke is one "
+        "rank, and every other run records its launch",
+    )
+
+
+def test_a_smoke_s_receipt_that_states_a_launch_is_refused(smoke_bundle: Path) -> None:
+    """The one-rank smoke with its own result, given a launch record: still not a smoke."""
+    receipt = receipt_of(smoke_bundle)
+    launched = receipt.model_copy(
+        update={"run": receipt.run.model_copy(update={"extra": receipt.run.extra.model_copy(
+            update={"launch": Launch()})})}
+    )  # fmt: skip
+    assert launch_record_problems(smoke_bundle, launched) == [
+        "receipt.json: run.extra.smoke beside run.extra.launch: the smoke starts no torchrun, "
+        "and a run that records its launch is not the smoke"
+    ]
+
+
 def test_a_smoke_s_receipt_cannot_drop_its_smoke_limitation(smoke_bundle: Path) -> None:
     """`smoke` is required of every smoke's receipt and denies `qualified`: a one-GPU smoke
     shows that the GPU paths run; it qualifies nothing."""

@@ -11,8 +11,8 @@ receipt's `run.exit_code` and `run.timed_out` therefore follow from the launcher
 
 `launch_record_problems` holds the receipt to those files, so a receipt cannot drop its launch
 record (every launcher run has one; only the one-rank smoke's receipt has none, and it is held
-to the smoke's own `smoke/result.json`), edit it alone, or leave out a node whose marker says
-it failed. These files are the launcher's, not the ranks': a forger who rewrites one together
+to the smoke's own `smoke/result.json` whether or not it also states a launch, which it must
+not), edit it alone, or leave out a node whose marker says it failed. These files are the launcher's, not the ranks': a forger who rewrites one together
 with the receipt is caught only by a signature (harness.evidence.signature).
 """
 
@@ -61,10 +61,17 @@ def launch_record_problems(bundle: Path, receipt: Receipt) -> list[str]:
 def _launch_problems(bundle: Path, receipt: Receipt) -> list[str]:
     extra = receipt.run.extra
     path = bundle / LAUNCH_NAME
+    if extra.smoke is not None:  # the smoke starts no torchrun: it has no launch to record
+        found = []
+        if extra.launch is not None:
+            found.append(
+                f"{RECEIPT_NAME}: run.extra.smoke beside run.extra.launch: the smoke starts no "
+                "torchrun, and a run that records its launch is not the smoke"
+            )
+        if path.exists() or path.is_symlink():
+            found.append(f"{LAUNCH_NAME}: a smoke's bundle has no launch")
+        return found + _smoke_problems(bundle, receipt, extra.smoke)
     if extra.launch is None:
-        if extra.smoke is not None:
-            found = [f"{LAUNCH_NAME}: a smoke's bundle has no launch"] if path.exists() else []
-            return found + _smoke_problems(bundle, receipt, extra.smoke)
         return [
             f"{RECEIPT_NAME}: run.extra.launch is absent: a run's exit code and timeout follow "
             "from the launcher's record of its launch, and this receipt has none"
