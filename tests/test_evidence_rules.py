@@ -44,10 +44,12 @@ CPU = Environment(torch="2.13.0", cuda=None, nccl=None, device_names=["cpu"], py
 GPU = CPU.model_copy(update={"gpus": [Gpu(index=0, name="RTX PRO 6000")]})
 NCCL = Geometry(world_size=16, nnodes=1, nproc_per_node=16, backend="nccl", tp=16, dcp=16)
 GLOO = NCCL.model_copy(update={"backend": "gloo"})
-# The engine lane as a qualifying GPU run leaves it: vLLM's own warm and capture ran on every
-# rank, b12x served the decode DCP calls, nothing fell back, tokens agree and equal eager.
+# The engine lane as a qualifying GPU run leaves it: every rank of NCCL's 16 recorded its
+# engine (one configuration, graphs on), vLLM's own warm and capture ran on every rank, b12x
+# served the decode DCP calls, nothing fell back, tokens agree and equal eager.
 ENGINE = EngineLane(
-    ranks=[0, 1],
+    ranks=list(range(16)),
+    engines=[{"model": "kimi-k3", "tp": 16, "cudagraph_mode": "FULL_AND_PIECEWISE"}],
     warm_ran=True,
     capture_ran=True,
     controls=3,
@@ -502,3 +504,38 @@ def test_an_engine_that_captured_graphs_is_not_short_of_them() -> None:
     """Negative control of the graph rule: graphs on and counted is no shortfall."""
     captured = _engine(engines=[{"cudagraph_mode": "FULL_AND_PIECEWISE", "graphs": ["captured=4"]}])
     assert "engine" not in required_of(models=captured)
+
+
+def test_every_rank_of_the_world_must_have_recorded_its_engine() -> None:
+    """The lane's facts are over the ranks that left an engine record: a rank that left none
+    (or a record of a rank outside the world) would leave its engine unjudged."""
+    fewer = _engine(ranks=list(range(15)))
+    assert status(models=fewer) == "source-qualified"
+    assert required_of(models=fewer)["engine"] == (
+        "ranks 15 of the 16-rank world left no engine record: what their engines did was not judged"
+    )
+    many = required_of(models=_engine(ranks=[0, 1]))["engine"]
+    assert many.startswith("ranks 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 and 4 more of the 16-rank")
+    stranger = _engine(ranks=[*range(16), 16])
+    assert status(models=stranger) == "source-qualified"
+    assert required_of(models=stranger)["engine"] == (
+        "engine records of ranks 16, not of this run's world"
+    )
+
+
+def test_an_engine_lane_naming_no_engine_does_not_back_qualified() -> None:
+    """No configuration: the graph rule (every engine captured graphs) would hold vacuously."""
+    nameless = _engine(engines=[])
+    assert status(models=nameless) == "source-qualified"
+    assert required_of(models=nameless)["engine"] == (
+        "the engine lane names no engine configuration: its graphs are not known"
+    )
+
+
+def test_a_smoke_is_excused_the_lanes_absence_but_not_a_lanes_own_facts() -> None:
+    from harness.schema.base import Limitation
+
+    assert "engine" not in required_of(models=Models(), smoke=True)
+    lane = _engine(ranks=[0], limitations=[Limitation(key="engine-dcp", text="ran at DCP1")])
+    said = required_of(models=lane, smoke=True)
+    assert said["engine-dcp"] == "ran at DCP1" and "ranks 1, 2" in said["engine"]

@@ -12,8 +12,9 @@ receipt's `run.exit_code` and `run.timed_out` therefore follow from the launcher
 `launch_record_problems` holds the receipt to those files, so a receipt cannot drop its launch
 record (every launcher run has one; only the one-rank smoke's receipt has none, and it is held
 to the smoke's own `smoke/result.json` whether or not it also states a launch, which it must
-not), edit it alone, or leave out a node whose marker says it failed. These files are the launcher's, not the ranks': a forger who rewrites one together
-with the receipt is caught only by a signature (harness.evidence.signature).
+not), edit it alone, or leave out a node whose marker says it failed. These files are the
+launcher's, not the ranks': a forger who rewrites one together with the receipt is caught
+only by a signature (harness.evidence.signature).
 """
 
 from __future__ import annotations

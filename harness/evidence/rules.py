@@ -467,18 +467,22 @@ def required_limitations(
     if models.engine is None or models.real or warm_ran:
         for key, text in real_tree_limitations(models=models, sources=sources).items():
             out[key] = f"{out[key]}; {text}" if key in out else text
-    if not smoke:
-        out.update(engine_limitations(models))
+    # The smoke runs no engine, so it is excused the lane's absence, never a lane's own facts.
+    if not smoke or models.engine is not None:
+        out.update(engine_limitations(models, world_size=geometry.world_size))
     out.update(skip_limitation(coverage))
     if coverage is not None and coverage.no_body:
         out["test-bodies"] = no_body_text(coverage)
     return out
 
 
-def engine_shortfalls(models: Models) -> list[str]:
-    """Why the engine lane does not back `qualified`: it must have run vLLM's own warm and
-    capture, b12x must have served the decode DCP calls, and no DCP call may have taken another
-    path. Empty: nothing is short."""
+def engine_shortfalls(models: Models, *, world_size: int) -> list[str]:
+    """Why the engine lane does not back `qualified`: every rank of the run's world (vLLM's TP
+    under the external launcher) must have recorded its engine, it must have run vLLM's own
+    warm and capture, b12x must have served the decode DCP calls, and no DCP call may have
+    taken another path. The lane's other facts are over the ranks that recorded one, so a rank
+    without a record would go unjudged; with no engine named, the graph rule would hold
+    vacuously. Empty: nothing is short."""
     lane = models.engine
     if lane is None:
         return [
@@ -486,6 +490,15 @@ def engine_shortfalls(models: Models) -> list[str]:
             "(its warm, its CUDA-graph capture, its decode steps) was not qualified"
         ]
     out = []
+    if missing := sorted(set(range(world_size)) - set(lane.ranks)):
+        out.append(
+            f"ranks {_ranks(missing)} of the {world_size}-rank world left no engine record: "
+            "what their engines did was not judged"
+        )
+    if strangers := sorted(set(lane.ranks) - set(range(world_size))):
+        out.append(f"engine records of ranks {_ranks(strangers)}, not of this run's world")
+    if not lane.engines:
+        out.append("the engine lane names no engine configuration: its graphs are not known")
     if not lane.warm_ran:
         out.append("not every engine rank ran vLLM's own warm (compile_or_warm_up_model)")
     if not lane.capture_ran:
@@ -504,6 +517,12 @@ def engine_shortfalls(models: Models) -> list[str]:
     return out
 
 
+def _ranks(ranks: list[int]) -> str:
+    """The first ten, and how many more."""
+    more = f" and {len(ranks) - 10} more" if len(ranks) > 10 else ""
+    return ", ".join(str(r) for r in ranks[:10]) + more
+
+
 def _no_graphs(engine: Mapping[str, object]) -> bool:
     """An engine whose policy or vLLM's own graph count says it captured no CUDA graph (an
     `--engine-arg` can turn graphs off while capture_model is still entered)."""
@@ -513,11 +532,11 @@ def _no_graphs(engine: Mapping[str, object]) -> bool:
     return isinstance(graphs, list | tuple) and "captured=0" in graphs
 
 
-def engine_limitations(models: Models) -> dict[str, str]:
+def engine_limitations(models: Models, *, world_size: int) -> dict[str, str]:
     """The engine lane's required limitations: `engine` (denies `qualified`) with every
     shortfall, and what the lane's records say of themselves (their keys, e.g. engine-dcp)."""
     out: dict[str, str] = {}
-    if shortfalls := engine_shortfalls(models):
+    if shortfalls := engine_shortfalls(models, world_size=world_size):
         out["engine"] = "; ".join(shortfalls)
     if models.engine is not None:
         for item in models.engine.limitations:
