@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
+from _support.cuda_sim import SimCuda, SimGraph, SimStream
 
 from harness.capture.detector import Detector
 from harness.capture.events import LazyEvent, LazySpecializationError
@@ -238,55 +238,17 @@ def test_bad_arguments_are_usage_errors() -> None:
 # -- CUDA path, with a fake graph API ---------------------------------------------------------
 
 
-class FakeGraph:
-    def __init__(self, calls: list[str]) -> None:
-        self.calls = calls
-        calls.append("CUDAGraph()")
-
-    def replay(self) -> None:
-        self.calls.append("graph.replay")
-
-    def pool(self) -> tuple[int, int]:
-        return (1, 2)
-
-    def reset(self) -> None:
-        self.calls.append("graph.reset")
-
-
-class FakeStream:
-    def __init__(self, calls: list[str], name: str) -> None:
-        self.calls, self.name = calls, name
-
-    def wait_stream(self, other: FakeStream) -> None:
-        self.calls.append(f"{self.name}.wait_stream({other.name})")
-
-
-class FakeCudaGraphApi:
-    """The `torch.cuda` calls the window makes, recorded in order."""
+class FakeCudaGraphApi(SimCuda):
+    """The `torch.cuda` calls the window makes, recorded in order (the stream and graph of
+    `_support.cuda_sim`), the capture mode named, and a capture that can end broken."""
 
     def __init__(self, *, broken_capture: bool = False) -> None:
-        self.calls: list[str] = []
+        super().__init__()
         self.broken_capture = broken_capture
-        self.current = FakeStream(self.calls, "current")
-
-    def Stream(self, device: Any = None) -> FakeStream:
-        self.calls.append("Stream()")
-        return FakeStream(self.calls, "side")
-
-    def current_stream(self, device: Any = None) -> FakeStream:
-        return self.current
+        self.default = self.current = SimStream(self.calls, "current")
 
     @contextlib.contextmanager
-    def stream(self, stream: FakeStream) -> Iterator[None]:
-        self.calls.append(f"enter stream({stream.name})")
-        yield
-        self.calls.append(f"exit stream({stream.name})")
-
-    def CUDAGraph(self) -> FakeGraph:
-        return FakeGraph(self.calls)
-
-    @contextlib.contextmanager
-    def graph(self, graph: FakeGraph, *, stream: FakeStream, capture_error_mode: str):
+    def graph(self, graph: SimGraph, *, stream: SimStream, capture_error_mode: str):
         self.calls.append(f"enter graph(stream={stream.name}, mode={capture_error_mode})")
         try:
             yield
@@ -338,7 +300,7 @@ class ScopedRegistry:
         return contextlib.nullcontext()
 
     @contextlib.contextmanager
-    def capture_scope(self, stream: FakeStream) -> Iterator[None]:
+    def capture_scope(self, stream: SimStream) -> Iterator[None]:
         self.calls.append(f"enter capture_scope({stream.name})")
         yield
         self.calls.append("exit capture_scope")
