@@ -286,6 +286,36 @@ def test_describe_compile_tells_first_compiles_from_recompiles() -> None:
     assert "compile (compile id ?" in describe_compile("?", "unknown")
 
 
+def test_dynamo_s_import_is_a_blind_spot_only_where_the_zygote_preloaded_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Imported early by the preload, dynamo's import in a window cannot be seen (its
+    compiles still can); imported by the rank itself, or not at all, nothing is blind."""
+    from harness.capture.detectors import DynamoDetector
+    from harness.core import preloaded
+    from harness.schema.capture import DetectorStatus
+
+    dynamo = "torch._dynamo"
+    detector = DynamoDetector()
+    monkeypatch.setitem(sys.modules, dynamo, SimpleNamespace())
+    monkeypatch.setattr(preloaded, "_early", {})
+    assert detector.blind_spots() == ()  # the rank's own import
+    monkeypatch.setattr(preloaded, "_early", {"real-trees": {dynamo}})
+    assert detector.blind_spots() == (
+        DetectorStatus(
+            name="dynamo-import",
+            active=False,
+            reason=(
+                "torch._dynamo was imported by the rank zygote's preload before this window, "
+                "where a cold rank had not imported it: its lazy import in the window could not "
+                "be seen (its compiles were watched)"
+            ),
+        ),
+    )
+    monkeypatch.delitem(sys.modules, dynamo)
+    assert detector.blind_spots() == ()  # not imported: its import is watched
+
+
 @pytest.mark.slow
 def test_dynamo_reports_compiles_and_recompiles_inside_the_window_only() -> None:
     """Dynamo caches compiles by code object for the life of the process: a second run of this
