@@ -351,6 +351,12 @@ def test_the_selection_limitation_names_every_narrowing_and_the_first_three_of_e
     assert rules.narrowing(Selection(partial_targets=["a", "b", "c", "d"])) == [
         "pytest targets other than the whole suites/ folder: a, b, c and 1 more"
     ]
+    assert rules.narrowing(Selection(targets=["suites"], unreached=["a", "b", "c", "d"])) == [
+        "files of the harness's suites/ that gave no test: a, b, c and 1 more"
+    ]
+    assert rules.narrowing(Selection(targets=["suites"], outside=["a", "b", "c", "d"])) == [
+        "tests collected from outside the harness's suites/: a, b, c and 1 more"
+    ]
 
 
 def test_the_engine_limitation_names_every_shortfall_in_order() -> None:
@@ -424,6 +430,11 @@ def test_a_rank_list_names_the_first_ten() -> None:
     lane = ENGINE.model_copy(update={"ranks": [0, 1]})
     [short] = rules.engine_shortfalls(TREES.model_copy(update={"engine": lane}), world_size=12)
     assert short.startswith("ranks 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 of the 12-rank")
+    lane = ENGINE.model_copy(update={"ranks": list(range(13))})
+    [short] = rules.engine_shortfalls(TREES.model_copy(update={"engine": lane}), world_size=2)
+    assert short == (
+        "engine records of ranks 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 and 1 more, not of this run's world"
+    )
 
 
 def test_the_engine_lanes_own_limitations_follow_its_shortfalls() -> None:

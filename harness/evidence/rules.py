@@ -28,7 +28,7 @@ check that a receipt's verdict, status and limitations follow from its own facts
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final, NamedTuple, Protocol
 
 from harness.core.choices import VLLM_WARM_IMPL
@@ -158,9 +158,8 @@ def failure_reasons(
         reasons.append(run.extra.interrupted.message())
     strays = run.extra.strays
     if strays:
-        shown = ", ".join(f"{s.path} ({s.kind})" for s in strays[:5])
-        more = f" and {len(strays) - 5} more" if len(strays) > 5 else ""
-        reasons.append(f"the run left {len(strays)} entries that are not evidence: {shown}{more}")
+        shown = _first([f"{s.path} ({s.kind})" for s in strays], 5)
+        reasons.append(f"the run left {len(strays)} entries that are not evidence: {shown}")
     removed = [] if run.extra.scrub is None else run.extra.scrub.removed
     if removed:
         reasons.append(unscrubbable_reason(removed))
@@ -226,9 +225,7 @@ def leftover_reason(run: Run) -> str | None:
     count = sum(len(pids) for pids in by_node.values())
     were = "process was" if count == 1 else "processes were"
     shown = "; ".join(
-        ", ".join(str(pid) for pid in pids[:10])
-        + (f" and {len(pids) - 10} more" if len(pids) > 10 else "")
-        + (f" on node {node}" if run.extra.nodes else "")
+        _first(pids, 10) + (f" on node {node}" if run.extra.nodes else "")
         for node, pids in sorted(by_node.items())
     )
     return (
@@ -270,7 +267,7 @@ def unscrubbable_reason(removed: list[str]) -> str:
     """Files removed because they could not be scrubbed of secrets (a full disk) fail the run,
     not merely limit it: a bundle is judged by what it holds, and what a removed file held (a
     record, a report, a log that named the failure) no one can check again, as with a stray."""
-    shown = ", ".join(removed[:5]) + (f" and {len(removed) - 5} more" if len(removed) > 5 else "")
+    shown = _first(removed, 5)
     files = "1 file that could not be scrubbed of secrets was"
     if len(removed) > 1:
         files = f"{len(removed)} files that could not be scrubbed of secrets were"
@@ -305,7 +302,7 @@ def narrowing(selection: Selection | None) -> list[str]:
     if selection.partial_targets:
         out.append(
             "pytest targets other than the whole suites/ folder: "
-            + _some(selection.partial_targets)
+            + _first(selection.partial_targets, 3)
         )
     if selection.deselected:
         out.append(f"{selection.deselected} collected tests deselected (-k, -m or --deselect)")
@@ -313,11 +310,11 @@ def narrowing(selection: Selection | None) -> list[str]:
         out.append(f"paths left out with --ignore: {', '.join(selection.ignored[:3])}")
     if selection.unreached:
         out.append(
-            f"files of the harness's suites/ that gave no test: {_some(selection.unreached)}"
+            f"files of the harness's suites/ that gave no test: {_first(selection.unreached, 3)}"
         )
     if selection.outside:
         out.append(
-            f"tests collected from outside the harness's suites/: {_some(selection.outside)}"
+            f"tests collected from outside the harness's suites/: {_first(selection.outside, 3)}"
         )
     if selection.removed:
         out.append(f"{selection.removed} collected tests taken away without being deselected")
@@ -326,10 +323,10 @@ def narrowing(selection: Selection | None) -> list[str]:
     return out
 
 
-def _some(items: list[str]) -> str:
-    """The first three, and how many more."""
-    more = f" and {len(items) - 3} more" if len(items) > 3 else ""
-    return ", ".join(items[:3]) + more
+def _first(items: Sequence[object], shown: int) -> str:
+    """The first `shown` of `items`, and how many more: a reason stays one readable line."""
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(str(item) for item in items[:shown]) + more
 
 
 def denying_limitations(required: Mapping[str, str]) -> list[str]:
@@ -492,11 +489,11 @@ def engine_shortfalls(models: Models, *, world_size: int) -> list[str]:
     out = []
     if missing := sorted(set(range(world_size)) - set(lane.ranks)):
         out.append(
-            f"ranks {_ranks(missing)} of the {world_size}-rank world left no engine record: "
+            f"ranks {_first(missing, 10)} of the {world_size}-rank world left no engine record: "
             "what their engines did was not judged"
         )
     if strangers := sorted(set(lane.ranks) - set(range(world_size))):
-        out.append(f"engine records of ranks {_ranks(strangers)}, not of this run's world")
+        out.append(f"engine records of ranks {_first(strangers, 10)}, not of this run's world")
     if not lane.engines:
         out.append("the engine lane names no engine configuration: its graphs are not known")
     if not lane.warm_ran:
@@ -515,12 +512,6 @@ def engine_shortfalls(models: Models, *, world_size: int) -> list[str]:
     if lane.other_calls:
         out.append(f"{lane.other_calls} DCP calls took another path than b12x (a fallback)")
     return out
-
-
-def _ranks(ranks: list[int]) -> str:
-    """The first ten, and how many more."""
-    more = f" and {len(ranks) - 10} more" if len(ranks) > 10 else ""
-    return ", ".join(str(r) for r in ranks[:10]) + more
 
 
 def _no_graphs(engine: Mapping[str, object]) -> bool:
