@@ -29,7 +29,12 @@ WORLD = 2
 def _rank_main(rank: int, world: int, folder: str, skip: list[str], options: dict) -> None:
     from _support.real_ranks import run_rank_checks
 
+    private_tmp = Path(folder, f"tmp-{rank}")  # only this rank's leftovers, never a stale run's
+    private_tmp.mkdir()
+    tempfile.tempdir = str(private_tmp)
     result = run_rank_checks(rank, world, Path(folder) / "store", frozenset(skip), **options)
+    result["tmp_left"] = sorted(p.name for p in private_tmp.glob("dcpqual-real-*"))
+    result["pid"] = os.getpid()
     Path(folder, f"rank-{rank}.json").write_text(json.dumps(result))
 
 
@@ -113,10 +118,12 @@ def test_dist_ident_shim_is_applied_only_where_missing(monkeypatch):
 
 
 def test_real_builds_leave_no_shared_memory_segments(ranks):
-    left = [p.name for p in Path("/dev/shm").glob("dcpqual-*")] if Path("/dev/shm").is_dir() else []
-    assert left == [], "vLLM's CPU SHM communicator ran: its segments outlive the ranks"
-    configs = list(Path(tempfile.gettempdir()).glob("dcpqual-real-*"))
-    assert configs == [], "the tiny config folders must go once the trees are built"
+    shm = sorted(p.name for p in Path("/dev/shm").iterdir()) if Path("/dev/shm").is_dir() else []
+    for r in ranks:  # the dist-ident shim names segments after the rank's pid
+        left = [name for name in shm if f"dcpqual-rank-{r['pid']}" in name]
+        assert left == [], "vLLM's CPU SHM communicator ran: its segments outlive the ranks"
+    for r in ranks:
+        assert r["tmp_left"] == [], "the tiny config folders must go once the trees are built"
 
 
 @pytest.mark.parametrize("recognizers, rows", [("vendored", 1), ("before-kimi", 0)])
