@@ -122,7 +122,6 @@ def test_real_builds_leave_no_shared_memory_segments(ranks):
     for r in ranks:  # the dist-ident shim names segments after the rank's pid
         left = [name for name in shm if f"dcpqual-rank-{r['pid']}" in name]
         assert left == [], "vLLM's CPU SHM communicator ran: its segments outlive the ranks"
-    for r in ranks:
         assert r["tmp_left"] == [], "the tiny config folders must go once the trees are built"
 
 
