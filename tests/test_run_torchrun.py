@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import threading
-from pathlib import Path
 
 import pytest
-from _support.runs import FAST_S, SUITES, assert_fault, processes_of_run, receipt, records, run
+from _support.runs import (
+    FAST_S,
+    assert_fault,
+    processes_of_run,
+    receipt,
+    records,
+    run,
+    two_nodes,
+)
 
 from harness.cli import main
 from harness.evidence.collect import in_progress
@@ -109,28 +114,6 @@ def test_ranks_that_collect_different_tests_all_abort_with_a_diff(tmp_path):
     assert [r.abort_primary for r in (recs[0], recs[1])] == [False, True]
     log = "".join(p.read_text() for p in (out / "torchrun").rglob("stderr.log"))
     assert "+tests/rank_suites/rank_collect.py::test_only_on_the_fault_rank" in log
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def two_nodes(out: Path, nproc: int, suite: str) -> tuple[int, int]:
-    endpoint = f"127.0.0.1:{free_port()}"
-    codes: dict[int, int] = {}
-
-    def node(k: int) -> None:
-        argv = ["run", "--nproc-per-node", str(nproc), "--nnodes", "2", "--node-rank", str(k)]
-        argv += ["--rdzv-endpoint", endpoint, "--tp", str(2 * nproc), "--out", str(out)]
-        codes[k] = main([*argv, "--", str(SUITES / suite)])
-
-    other = threading.Thread(target=node, args=(1,))
-    other.start()
-    node(0)
-    other.join(300)
-    return codes[0], codes[1]
 
 
 def test_two_agents_form_one_job_and_node0_writes_one_bundle(tmp_path):

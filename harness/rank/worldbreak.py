@@ -93,6 +93,8 @@ class AgentWatch:
         self.on_break = on_break
         self._armed = True
         self._inside = threading.local()
+        # Held here: the hook outlives the module's globals, which are None by interpreter exit.
+        self._events = _EVENTS
 
     def install(self) -> AgentWatch:
         sys.addaudithook(self._hook)
@@ -125,7 +127,7 @@ class AgentWatch:
         )
 
     def _hook(self, event: str, args: tuple[object, ...]) -> None:
-        if event not in _EVENTS or not self._armed or getattr(self._inside, "busy", False):
+        if event not in self._events or not self._armed or getattr(self._inside, "busy", False):
             return
         self._inside.busy = True
         try:  # never let the hook break the caller's os.kill

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,48 @@ def run(out: Path, world: int, suite: str, *extra: str, nnodes: int = 1) -> tupl
     started = time.monotonic()
     code = main(argv)
     return code, time.monotonic() - started
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# How long a two-agent job may take before both agents are stopped (SIGTERM: each still
+# finishes its bundle), far below torchrun's own rendezvous timeout.
+TWO_NODES_S = 420.0
+
+
+def two_nodes(out: Path, nproc: int, suite: str) -> tuple[int, int]:
+    """Two `dcpqual run` agents of `nproc` ranks each, as on two hosts: two processes sharing
+    one rendezvous and one `--out`. One that ends non-zero while the other still waits for
+    it stops the other (SIGTERM), so a dead agent fails the test in seconds, not at the
+    rendezvous timeout. Returns both exit codes; their consoles go to `out.parent`."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents: dict[int, subprocess.Popen[bytes]] = {}
+    for k in (0, 1):
+        argv = ["run", "--nproc-per-node", str(nproc), "--nnodes", "2", "--node-rank", str(k)]
+        argv += ["--rdzv-endpoint", endpoint, "--tp", str(2 * nproc), "--out", str(out)]
+        console = (out.parent / f"{out.name}-node-{k}.console").open("wb")
+        with console:
+            agents[k] = subprocess.Popen(
+                [sys.executable, "-m", "harness", *argv, "--", str(SUITES / suite)],
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                cwd=Path(__file__).resolve().parents[2],
+            )
+    deadline = time.monotonic() + TWO_NODES_S
+    stopped = False
+    while any(a.poll() is None for a in agents.values()):
+        failed = any(a.returncode not in (None, 0) for a in agents.values())
+        if not stopped and (failed or time.monotonic() > deadline):
+            for agent in agents.values():
+                if agent.poll() is None:
+                    agent.send_signal(signal.SIGTERM)
+            stopped = True
+        time.sleep(0.2)
+    return agents[0].returncode, agents[1].returncode
 
 
 def receipt(out: Path) -> dict[str, Any]:
