@@ -24,7 +24,7 @@ from harness.terminal import printable
 COMMAND_MODULES: tuple[str, ...] = (
     "harness.launch.cli",  # run
     "harness.launch.logs_cli",  # logs
-    "harness.warm.cli",  # signatures
+    "harness.models.cli",  # signatures
     "harness.evidence.cli",  # verify
     "harness.qualify.cli",  # compare, nightly
     "harness.image.cli",  # lock check, lock pin, image build

@@ -15,11 +15,11 @@ import pytest
 import torch.distributed as dist
 
 from harness.capture.check import ranks_failing_each
+from harness.core.geometry import ParallelGeometry
 from harness.models.builders import CONTRAST_DCP_SIZES, CONTRAST_TP
 from harness.rank.fixtures import World, plan_of
 from harness.schema.plan import RankPlan
 from harness.schema.rank_record import RankUse
-from harness.warm.geometry import ParallelGeometry
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
+from harness.core.signature import TransportSignature
 from harness.errors import GeometryError
 from harness.transport import b12x_backend as bb
 from harness.transport.errors import BackendUnavailableError, CapacityError, RegistryClosedError
-from harness.warm.signature import TransportSignature
 
 KIMI = TransportSignature("bf16", 96, 576, 512, 16, max_tokens=8, device_type="cuda")
 DSV4 = TransportSignature("fp16", 64, 512, 512, 8, max_tokens=4, device_type="cuda")

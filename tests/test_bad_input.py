@@ -361,12 +361,12 @@ REMOVED_CHECKS: list[tuple[str, str, object]] = [
     ("lock-placeholder-left-in", "harness.image.lock.PLACEHOLDER", NOTHING),
     (
         "sig-dcp-not-dividing-tp",
-        "harness.warm.geometry.ParallelGeometry.__post_init__",
+        "harness.core.geometry.ParallelGeometry.__post_init__",
         lambda self: None,
     ),
     (
         "sig-heads-not-divisible",
-        "harness.warm.geometry.ParallelGeometry.local_heads",
+        "harness.core.geometry.ParallelGeometry.local_heads",
         lambda self, num_heads, model="model": num_heads // self.tp,
     ),
     ("run-heads-not-divisible", "harness.launch.cli._check_suites_geometry", lambda options: None),

@@ -23,7 +23,7 @@ from harness.capture.decode import DecodeStep
 from harness.capture.events import LazySpecializationError
 from harness.capture.window import CaptureWindow
 from harness.errors import GeometryError
-from harness.models import build
+from harness.models.builders import build
 from harness.transport.registry import TransportRegistry
 from harness.warm.recognizers import WarmContext
 from harness.warm.warmup import warm

@@ -7,7 +7,7 @@ import pytest
 from harness.capture.decode import transport_layers
 from harness.core.capacity import B12X_DECODE_TOKEN_CAP, TOKEN_CAP_ENV, RuntimeCapacity
 from harness.errors import UsageError
-from harness.models import build
+from harness.models.builders import build
 
 
 def test_the_fork_constants() -> None:

@@ -19,7 +19,7 @@ from harness.capture.callsites import (
     watch_managers,
 )
 from harness.core.capacity import RuntimeCapacity
-from harness.warm.signature import TransportSignature
+from harness.core.signature import TransportSignature
 
 CALL = ManagerCall(
     num_heads=6,

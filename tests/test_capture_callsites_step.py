@@ -21,8 +21,8 @@ from harness.capture.callsites import (
     call_sites,
     warm_exactly,
 )
+from harness.core.signature import TransportSignature
 from harness.errors import UsageError
-from harness.warm.signature import TransportSignature
 
 BF16 = ManagerCall(
     num_heads=6,

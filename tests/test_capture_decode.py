@@ -19,12 +19,12 @@ from harness.capture.decode import (
 )
 from harness.capture.events import LazySpecializationError
 from harness.capture.window import CaptureWindow
+from harness.core.signature import TransportSignature
 from harness.errors import GeometryError
-from harness.models import build
+from harness.models.builders import build
 from harness.transport.combine import lse_combine
 from harness.transport.registry import TransportRegistry
 from harness.warm.recognizers import WarmContext
-from harness.warm.signature import TransportSignature
 from harness.warm.warmup import warm
 
 

@@ -15,8 +15,8 @@ from _support.detector_fakes import Recording, Strict
 
 from harness.capture.detector import Detector, short_stack
 from harness.capture.events import LazySpecializationError
+from harness.core.signature import TransportSignature
 from harness.transport.events import caller_stack
-from harness.warm.signature import TransportSignature
 
 SIG = TransportSignature("bf16", 8, 576, 512, 2, max_tokens=4)
 

@@ -31,6 +31,7 @@ from harness.capture.detectors import (
     describe_compile,
 )
 from harness.capture.events import LazySpecializationError
+from harness.core.signature import TransportSignature
 from harness.transport.events import (
     BufferAllocated,
     OperationFirstUse,
@@ -38,7 +39,6 @@ from harness.transport.events import (
     RegistryMiss,
     TransportCreated,
 )
-from harness.warm.signature import TransportSignature
 
 SIG = TransportSignature("bf16", 8, 576, 512, 2, max_tokens=4)
 

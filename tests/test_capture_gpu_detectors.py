@@ -29,8 +29,8 @@ from harness.capture.gpu_detectors import (
     memory_growth,
     read_memory,
 )
+from harness.core.signature import TransportSignature
 from harness.transport.b12x_backend import slab_bytes
-from harness.warm.signature import TransportSignature
 
 GRAPH_POOL = (1, 7)
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from harness.capture.events import LazyEvent, LazySpecializationError
-from harness.capture.records import CaptureRecord, DetectorStatus, SignatureUse
-from harness.warm.signature import TransportSignature
+from harness.core.signature import TransportSignature
+from harness.schema.capture import CaptureRecord, DetectorStatus, SignatureUse
 
 KIMI = TransportSignature("bf16", 96, 576, 512, 16, max_tokens=8)
 

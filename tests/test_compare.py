@@ -12,12 +12,12 @@ import pytest
 from _support.evidence_factory import failing_run, passing_run
 
 from harness.cli import main
+from harness.core.signature import TransportSignature
 from harness.errors import UsageError
-from harness.evidence.schema import Receipt
 from harness.evidence.writer import finalize_bundle
 from harness.qualify.compare import compare_receipts, describe_signature, load_bundle
 from harness.qualify.report import code, render_markdown, render_text
-from harness.warm.signature import TransportSignature
+from harness.schema.receipt import Receipt
 
 KIMI = TransportSignature(
     dtype="bf16", total_heads=96, query_head_dim=576, output_head_dim=512, dcp_world_size=2

@@ -6,8 +6,9 @@ import pytest
 from _support.layers import generic_layer, kimi_layer
 from torch import nn
 
-from harness.models import build
+from harness.core.signature import TransportSignature
 from harness.models.backends import B12XMLABackend, FlashMLABackend
+from harness.models.builders import build
 from harness.models.layers import MultiHeadLatentAttention
 from harness.warm.discovery import discover
 from harness.warm.recognizers import (
@@ -16,7 +17,6 @@ from harness.warm.recognizers import (
     backend_name,
     recognizer_set,
 )
-from harness.warm.signature import TransportSignature
 
 
 def signatures(model, tp, dcp, *, backend="b12x", recognizers="vendored", dtype="bf16", **kw):

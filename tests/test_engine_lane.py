@@ -18,11 +18,11 @@ from harness.engine.settings import (
 )
 from harness.errors import UsageError
 from harness.evidence.engine_lane import engine_lane, with_engine_controls
-from harness.evidence.schema import NegativeControl
 from harness.launch import launcher
 from harness.launch.plan import RunOptions, build_plan
 from harness.schema.plan import RankPlan
 from harness.schema.rank_record import EngineRecord, RankRecord
+from harness.schema.receipt import NegativeControl
 
 # --- settings --------------------------------------------------------------------------------
 

@@ -20,13 +20,15 @@ from _support.evidence_factory import (
 from harness.evidence import rules
 from harness.evidence.collect import find_root_cause, load_records
 from harness.evidence.run_context import TorchrunFailure
-from harness.evidence.schema import (
+from harness.schema.image import Image
+from harness.schema.launch import Launch, NodeState, ZygoteState
+from harness.schema.receipt import (
     Capture,
     Coverage,
+    EngineLane,
     Environment,
     Geometry,
     Gpu,
-    Image,
     Models,
     NegativeControl,
     Ranks,
@@ -37,8 +39,6 @@ from harness.evidence.schema import (
     Tally,
     Verdict,
 )
-from harness.schema.launch import Launch, NodeState, ZygoteState
-from harness.schema.receipt import EngineLane
 
 CPU = Environment(torch="2.13.0", cuda=None, nccl=None, device_names=["cpu"], python="3", host="h")
 GPU = CPU.model_copy(update={"gpus": [Gpu(index=0, name="RTX PRO 6000")]})

@@ -8,17 +8,17 @@ import pytest
 from _support.evidence_factory import passing_run
 from pydantic import ValidationError
 
-from harness.evidence.schema import (
+from harness.evidence.writer import finalize_bundle
+from harness.schema.image import Image
+from harness.schema.receipt import (
     Capture,
     CaptureEvent,
     Geometry,
-    Image,
     NegativeControl,
     Ranks,
     Receipt,
     Tally,
 )
-from harness.evidence.writer import finalize_bundle
 
 
 def test_geometry_checks_its_numbers() -> None:

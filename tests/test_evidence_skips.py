@@ -22,10 +22,10 @@ from _support.evidence_factory import (
 )
 from _support.forge import forge
 
-from harness.evidence.schema import Receipt
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
 from harness.schema.rank_record import ELSEWHERE_SKIP, TestOutcome
+from harness.schema.receipt import Receipt
 
 HELD_OUT = "suites/capture/test_held_out_geometry.py::test_kimi_capture_has_no_lazy_work"
 LANE_CASE = "suites/transport/test_combine.py::test_dcp2[case0]"

@@ -16,11 +16,10 @@ from _support.evidence_factory import passing_run
 from _support.forge import forge
 from _support.locked import hold_to_modes, lock, refuse_chmod
 
-from harness.evidence.schema import Receipt
 from harness.evidence.strays import set_aside
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
-from harness.schema.receipt import Stray
+from harness.schema.receipt import Receipt, Stray
 
 FORGED = json.dumps({"schema": "dcpqual-receipt/v1", "verdict": "pass"})
 

@@ -32,9 +32,9 @@ from harness.cli import main
 from harness.evidence import verify
 from harness.evidence.files import render_sums, sha256_bytes, sha256_file
 from harness.evidence.rederive import first_difference
-from harness.evidence.schema import Receipt
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
+from harness.schema.receipt import Receipt
 
 REPO = Path(__file__).resolve().parent.parent
 # Every file a 2-rank passing bundle holds; a test below keeps this list honest.

@@ -31,12 +31,10 @@ from _support.evidence_factory import (
 )
 
 from harness.capture.events import LazyEvent
-from harness.capture.records import DetectorStatus
 from harness.errors import UsageError
 from harness.evidence.environment import REDACTED
 from harness.evidence.files import parse_sums
 from harness.evidence.junit import read_merged
-from harness.evidence.schema import Image, Receipt, RunExtra
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import (
     default_out_dir,
@@ -44,7 +42,10 @@ from harness.evidence.writer import (
     prepare_out_dir,
     release_out_dir,
 )
+from harness.schema.capture import DetectorStatus
+from harness.schema.image import Image
 from harness.schema.launch import Launch
+from harness.schema.receipt import Receipt, RunExtra
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from harness.core.geometry import ParallelGeometry
 from harness.errors import GeometryError
-from harness.warm.geometry import ParallelGeometry
 
 
 @pytest.mark.parametrize("tp, dcp", [(16, 16), (16, 4), (8, 8), (16, 1), (1, 1)])

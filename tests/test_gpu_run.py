@@ -275,7 +275,7 @@ def test_image_for_run_is_none_outside_an_image_and_honest_inside(
 
 def test_identity_fits_the_receipt_image_schema(identity: ImageIdentity) -> None:
     """The contract with the evidence writer: its `Image` model reads our dict as is."""
-    from harness.evidence.schema import Image
+    from harness.schema.image import Image
 
     image = Image.model_validate(identity.to_json())
     assert image.digest == IMAGE_ID

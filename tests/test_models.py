@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from harness.errors import GeometryError, UsageError
-from harness.models import build
+from harness.models.builders import build
 from harness.models.layers import (
     DeepseekV4Attention,
     KimiDeltaAttention,

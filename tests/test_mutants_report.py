@@ -30,7 +30,7 @@ RESULTS = """\
     harness.warm.warmup.x_warm__mutmut_1: killed
     harness.capture.detectors.xǁDynamoDetectorǁ_collect__mutmut_3: killed
     harness.capture.detectors.xǁDynamoDetectorǁ_collect__mutmut_4: skipped
-    harness.warm.cli.x_register__mutmut_1: not checked
+    harness.models.cli.x_register__mutmut_1: not checked
 """
 
 
@@ -62,8 +62,8 @@ def test_scores_count_timeouts_as_kills_and_uncovered_as_survivors() -> None:
         "harness.transport.combine.x_reference_max__mutmut_2",
     }
     assert [f.path for f in report.below(90.0)] == ["harness/transport/combine.py"]
-    assert [f.path for f in report.not_run] == ["harness/warm/cli.py"]  # not a 0 %
-    assert by_path["harness/warm/cli.py"].not_checked == 1
+    assert [f.path for f in report.not_run] == ["harness/models/cli.py"]  # not a 0 %
+    assert by_path["harness/models/cli.py"].not_checked == 1
     partial = summarize(
         parse_results(RESULTS + "    harness.warm.warmup.x_warm__mutmut_2: not checked\n"), {}, {}
     )
@@ -173,7 +173,7 @@ timeout_constant = 30.0
 "harness/transport/combine.py" = ["tests/test_combine.py"]
 "harness/warm/warmup.py" = ["tests/test_warmup.py"]
 "harness/capture/detectors.py" = ["tests/test_capture_detectors.py"]
-"harness/warm/cli.py" = ["tests/test_signatures_cli.py"]
+"harness/models/cli.py" = ["tests/test_signatures_cli.py"]
 """
 
 
@@ -228,14 +228,14 @@ def test_the_cli_writes_the_report_and_exits_by_the_minimum(monkeypatch, tmp_pat
     assert report["below_min_score"] == ["harness/transport/combine.py"]
     assert report["survivors"][0]["diff"].startswith("--- diff of harness.transport.combine")
     assert "mutation score" in capsys.readouterr().out
-    assert report["not_run"] == ["harness/warm/cli.py"]
+    assert report["not_run"] == ["harness/models/cli.py"]
     # Each file's results and diffs come from that file's own scratch copy.
     assert Path("mutants-work/harness.transport.combine") in asked
     lower = tmp_path / "lower.json"
     assert mutants.main(["--out", str(lower), "--no-run", "--min-score", "50"]) == 1  # cli.py
     ran = RESULTS.replace("x_register__mutmut_1: not checked", "x_register__mutmut_1: killed")
     _fake_mutmut(monkeypatch, ran)
-    _copied(tmp_path, "harness/warm/cli.py")
+    _copied(tmp_path, "harness/models/cli.py")
     every = tmp_path / "every.json"
     assert mutants.main(["--out", str(every), "--no-run", "--min-score", "50"]) == 0
 
@@ -252,7 +252,7 @@ def test_a_listed_file_without_a_run_is_reported_not_run(monkeypatch, tmp_path):
     ]
     assert sorted(report["not_run"]) == [
         "harness/capture/detectors.py",
-        "harness/warm/cli.py",
+        "harness/models/cli.py",
         "harness/warm/warmup.py",
     ]
     one = tmp_path / "one.json"
@@ -334,7 +334,7 @@ def test_a_narrowed_pyproject_mutates_one_file_with_its_tests_and_keeps_the_rest
         "pytest_add_cli_args_test_selection": ["tests/test_warmup.py"],
     }
     assert data["project"] == {"name": "x"}
-    assert "harness/warm/cli.py" in data["tool"]["dcpqual-mutants"]["tests"]
+    assert "harness/models/cli.py" in data["tool"]["dcpqual-mutants"]["tests"]
 
 
 def test_a_run_starts_fresh_in_its_copy_with_one_openmp_thread(monkeypatch, tmp_path):

@@ -10,9 +10,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.capture.events import LazyEvent
-from harness.capture.records import CaptureRecord, DetectorStatus
 from harness.evidence.collect import in_progress
 from harness.rank.rankfiles import RecordKeeper
+from harness.schema.capture import CaptureRecord, DetectorStatus
 from harness.schema.rank_record import RankRecord, TestOutcome
 
 IDS = tuple(f"suites/x/test_y.py::test_{i}" for i in range(4))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from harness.evidence.collect import RankFiles
 from harness.evidence.ending import ending_lines, failed_tests, first_line
-from harness.evidence.schema import FailedTest, Receipt, RootCause, Run, Tally
 from harness.schema.rank_record import RankRecord, TestOutcome
+from harness.schema.receipt import FailedTest, Receipt, RootCause, Run, Tally
 
 A = "suites/x/test_a.py::test_one"
 B = "suites/x/test_b.py::test_two[kimi-k3]"

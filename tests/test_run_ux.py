@@ -16,10 +16,10 @@ import pytest
 
 from harness.cli import main
 from harness.evidence.rederive import rederive_problems
-from harness.evidence.schema import FailedTest, Receipt
 from harness.launch import launcher
 from harness.launch.plan import RunOptions
 from harness.schema.rank_record import RankRecord
+from harness.schema.receipt import FailedTest, Receipt
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
 

@@ -12,7 +12,13 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from harness.core.signature import COMM_BACKENDS, DEVICE_TYPES, OUTPUT_DTYPES, QUERY_DTYPES
+from harness.core.signature import (
+    COMM_BACKENDS,
+    DEVICE_TYPES,
+    OUTPUT_DTYPES,
+    QUERY_DTYPES,
+    TransportSignature,
+)
 from harness.errors import GeometryError, UsageError
 from harness.schema.signature import (
     CommBackend,
@@ -21,13 +27,7 @@ from harness.schema.signature import (
     QueryDtype,
     SignatureJson,
 )
-from harness.warm.signature import (
-    TransportSignature,
-    dtype_name,
-    output_torch_dtype,
-    query_torch_dtype,
-    wire_dtype,
-)
+from harness.transport.dtypes import dtype_name, output_torch_dtype, query_torch_dtype, wire_dtype
 
 KIMI = dict(
     dtype="bf16", total_heads=96, query_head_dim=576, output_head_dim=512, dcp_world_size=16

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from harness.cli import main
+from harness.models.cli import describe_row
 from harness.models.real.signatures import Request
 from harness.schema.signature import SignatureListRow
-from harness.warm.cli import describe_row
 
 KIMI = ("--model", "kimi-k3", "--tp", "16", "--dcp", "16")
 
@@ -501,7 +501,7 @@ def test_a_value_outside_a_flags_choices_is_refused_by_the_parser(capsys, flag):
 def test_rows_say_which_tree_they_came_from(capsys, monkeypatch):
     """The stand-in's rows name no source; the real tree's rows, built by the same function,
     say "real"."""
-    import harness.warm.cli as cli
+    import harness.models.cli as cli
 
     built = cli.signature_rows
     real: list[list[SignatureListRow]] = []

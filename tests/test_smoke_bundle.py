@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from _support.smoke import FAULTS, H200, passing_result
 
-from harness.evidence.schema import Receipt
 from harness.evidence.verify import verify_bundle
+from harness.schema.receipt import Receipt
 from harness.schema.smoke import REQUIRED_CONTROLS, SmokeResult
 from harness.smoke.bundle import CAPTURE_TEST, PINNED_TORCH, control_test, write_smoke_bundle
 

@@ -23,11 +23,11 @@ import torch.multiprocessing as mp
 from harness.capture.check import default_detectors
 from harness.capture.controls import NegativeControl, NewGroupControl
 from harness.capture.detector import Detector
+from harness.core.signature import TransportSignature
 from harness.schema.signature import SignatureJson
 from harness.smoke import run as smoke_run
 from harness.smoke.run import SmokeConfig, indexed, run_smoke
 from harness.smoke.step import SmokeLayer, SmokeStep
-from harness.warm.signature import TransportSignature
 
 pytestmark = pytest.mark.slow
 

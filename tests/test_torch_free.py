@@ -181,13 +181,13 @@ def test_run_refuses_a_tp_the_stand_ins_cannot_split_without_torch(
 def test_the_torch_free_choices_name_what_the_builders_build() -> None:
     from harness.core import choices
     from harness.core.signature import OUTPUT_DTYPES
-    from harness.models import backends, builders
-    from harness.warm import impls, recognizers
-    from harness.warm.signature import MODEL_DTYPES
+    from harness.models import backends, builders, warm_impls
+    from harness.transport.dtypes import MODEL_DTYPES
+    from harness.warm import recognizers
 
     assert (*builders.FAMILIES, "mixed") == choices.MODEL_CHOICES
     assert {k: f.num_heads for k, f in builders.FAMILIES.items()} == choices.FAMILY_HEADS
-    assert tuple(impls.BUILTIN_IMPLS) == choices.WARM_IMPL_NAMES
+    assert tuple(warm_impls.BUILTIN_IMPLS) == choices.WARM_IMPL_NAMES
     for name in choices.ATTENTION_BACKENDS:
         for family in builders.FAMILIES:
             assert backends.backend_for(family, name).get_name()

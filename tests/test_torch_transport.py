@@ -9,8 +9,10 @@ import pytest
 import torch
 from _support.threaded_dist import Member, patch_torch_backend, run_ranks
 
+from harness.core.signature import TransportSignature
 from harness.transport import combine, torch_backend
 from harness.transport.allocator import CountingAllocator
+from harness.transport.dtypes import output_torch_dtype
 from harness.transport.errors import TransportUsageError
 from harness.transport.testing import (
     PATTERNS,
@@ -21,7 +23,6 @@ from harness.transport.testing import (
     make_queries,
 )
 from harness.transport.torch_backend import TorchDCPTransport
-from harness.warm.signature import TransportSignature, output_torch_dtype
 
 IMPLS = {
     "ag_rs": ("ag_rs", "native"),

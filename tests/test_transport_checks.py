@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.core.signature import TransportSignature
 from harness.transport.checks import OperationGuard, check_batch, check_gather, check_reduce
 from harness.transport.errors import CapacityError, RegistryClosedError, TransportUsageError
-from harness.warm.signature import TransportSignature
 
 SIG = TransportSignature("bf16", 8, 576, 512, 2, max_tokens=4)  # 4 local heads of 8
 CPU = torch.device("cpu")

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from _support.gloo_spawn import gloo_group, spawn
 
+from harness.core.signature import TransportSignature
 from harness.errors import GeometryError, UsageError
 from harness.transport.combine import lse_combine
 from harness.transport.errors import (
@@ -36,7 +37,6 @@ from harness.transport.testing import (
     make_queries,
 )
 from harness.warm.protocols import DCPTransport, TransportRegistryLike
-from harness.warm.signature import TransportSignature
 
 SIG = TransportSignature("bf16", 8, 24, 16, 2, max_tokens=4)
 

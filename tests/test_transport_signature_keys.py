@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 from _support.gloo_spawn import gloo_group, spawn
 
+from harness.core.signature import FP8_E4M3, TransportSignature
 from harness.transport.combine import lse_combine
 from harness.transport.events import RegistryMiss, TransportCreated
 from harness.transport.registry import TransportRegistry
 from harness.transport.testing import assert_matches, bit_equal, expected_gather, make_partials
-from harness.warm.signature import FP8_E4M3, TransportSignature
 from harness.warm.warmup import exercise
 
 BF16 = TransportSignature("bf16", 8, 32, 16, 2, max_tokens=4)

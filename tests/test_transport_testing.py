@@ -12,10 +12,10 @@ import torch
 import torch.distributed as dist
 from _support.gloo_spawn import gloo_group, spawn
 
+from harness.core.signature import TransportSignature
 from harness.transport.reference import reference_combine_heads
 from harness.transport.registry import TransportRegistry
 from harness.transport.testing import SuiteTransports, Variants, bit_equal, make_partials
-from harness.warm.signature import TransportSignature
 
 SIG = TransportSignature("bf16", 8, 24, 16, 2, max_tokens=4)
 OTHER = TransportSignature("fp16", 8, 24, 16, 2, max_tokens=4)

@@ -24,12 +24,12 @@ from _support.evidence_factory import (
 from _support.forge import forge
 
 from harness.evidence import rederive, writer
-from harness.evidence.schema import Source
 from harness.evidence.verify import verify_bundle
 from harness.gitinfo import GitIdentity
 from harness.rank.rankfiles import rank_provenance
 from harness.schema.image import Image
 from harness.schema.rank_record import Provenance
+from harness.schema.receipt import Source
 
 WORLD = 4
 

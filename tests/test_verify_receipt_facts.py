@@ -40,13 +40,12 @@ from harness.evidence.environment import host_digest
 from harness.evidence.files import sha256_file
 from harness.evidence.launch_record import launch_record_bytes
 from harness.evidence.run_context import TorchrunFailure
-from harness.evidence.schema import Models, Source
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
 from harness.schema.base import Limitation
 from harness.schema.launch import Interruption, NodeState
 from harness.schema.rank_record import ErrorNote, RealTree, rank_record_path
-from harness.schema.receipt import Launch, RunExtra
+from harness.schema.receipt import Launch, Models, RunExtra, Source
 
 WORLD = 2
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from harness.errors import UsageError
-from harness.warm import vllm_adapter
-from harness.warm.impls import resolve_warm_impl
+from harness.models import vllm_adapter
+from harness.models.warm_impls import resolve_warm_impl
 from harness.warm.warmup import warm, warm_before_kimi
 
 FAKE = "dcpqual_fake_warm_impls"

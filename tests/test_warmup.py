@@ -9,11 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from harness.models import build
+from harness.core.signature import TransportSignature
+from harness.models.builders import build
+from harness.transport.dtypes import output_torch_dtype, query_torch_dtype
 from harness.warm import discovery, warmup
 from harness.warm.protocols import DCPTransport, TransportRegistryLike
 from harness.warm.recognizers import WarmContext, recognizer_set
-from harness.warm.signature import TransportSignature, output_torch_dtype, query_torch_dtype
 from harness.warm.warmup import warm, warm_before_kimi
 
 

@@ -37,6 +37,7 @@ from harness.schema.bench import (
     TransportCase,
     TransportResults,
 )
+from harness.transport.dtypes import output_torch_dtype, query_torch_dtype, wire_dtype
 from harness.transport.registry import TransportRegistry
 from harness.transport.torch_backend import (
     A2ALayout,
@@ -44,7 +45,6 @@ from harness.transport.torch_backend import (
     all_gather_flat,
     reduce_scatter_flat,
 )
-from harness.warm.signature import output_torch_dtype, query_torch_dtype, wire_dtype
 
 US = 1e6
 Op = Callable[[], object]

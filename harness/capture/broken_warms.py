@@ -42,7 +42,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harness.warm.impls import WarmFn
+from harness.core.signature import TransportSignature
+from harness.models.warm_impls import WarmFn
 from harness.warm.protocols import DCPTransport, TransportRegistryLike
 from harness.warm.recognizers import (
     B12X_DENSE_MLA_BACKENDS,
@@ -54,7 +55,6 @@ from harness.warm.recognizers import (
     backend_name,
     recognize_kimi_k3,
 )
-from harness.warm.signature import TransportSignature
 from harness.warm.warmup import WarmReport, warm
 
 

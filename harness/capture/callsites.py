@@ -27,10 +27,11 @@ import torch
 from torch import nn
 
 from harness.core.capacity import SEED_RUNTIME, RuntimeCapacity
+from harness.core.signature import TransportSignature
 from harness.errors import UsageError
+from harness.transport.dtypes import dtype_name
 from harness.transport.registry import TransportRegistry
 from harness.warm.protocols import DCPTransport
-from harness.warm.signature import TransportSignature, dtype_name
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ from harness.capture.gpu_detectors import (
     TritonJitDetector,
     driver_floor,
 )
-from harness.capture.records import CaptureRecord, DetectorStatus, SignatureUse
+from harness.core.signature import TransportSignature
 from harness.errors import UsageError
+from harness.schema.capture import CaptureRecord, DetectorStatus, SignatureUse
 from harness.transport.b12x_backend import slab_bytes
-from harness.warm.signature import TransportSignature
 
 DETECTOR_NAMES: tuple[str, ...] = (
     TransportRegistryDetector.name,

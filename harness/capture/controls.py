@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from harness.capture.detectors import c10d_groups
-from harness.warm.signature import TransportSignature
+from harness.core.signature import TransportSignature
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from harness.core.signature import TransportSignature
 from harness.errors import GeometryError, UsageError
-from harness.models import BuiltModel
+from harness.models.builders import BuiltModel
 from harness.models.dcp import DCPManager
 from harness.models.layers import DCPLayer
+from harness.transport.dtypes import dtype_name
 from harness.warm.protocols import DCPTransport, TransportRegistryLike
-from harness.warm.signature import TransportSignature, dtype_name
 
 
 def transport_manager(module: nn.Module) -> DCPManager | None:

@@ -22,9 +22,9 @@ from typing import ClassVar
 import torch
 
 from harness.capture.events import LazyEvent
-from harness.capture.records import DetectorStatus
+from harness.core.signature import TransportSignature
+from harness.schema.capture import DetectorStatus
 from harness.transport.events import caller_stack
-from harness.warm.signature import TransportSignature
 
 Sink = Callable[[LazyEvent], None]
 

@@ -21,8 +21,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import torch
 
 from harness.capture.detector import Detector, short_stack
-from harness.capture.records import DetectorStatus
 from harness.core import preloaded
+from harness.schema.capture import DetectorStatus
 from harness.transport.events import (
     BufferAllocated,
     OperationFirstUse,

@@ -24,10 +24,9 @@ from typing import Any
 from pydantic.dataclasses import dataclass
 
 from harness.capture.events import LazyEvent
-from harness.capture.records import DetectorStatus
 from harness.errors import QualificationError
 from harness.schema.base import JsonValue
-from harness.schema.capture import STRICT
+from harness.schema.capture import STRICT, DetectorStatus
 
 OFF_RANK: tuple[str, ...] = ("dynamo",)
 VARIANTS: tuple[str, ...] = ("detected", "detector-removed")

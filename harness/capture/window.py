@@ -41,8 +41,8 @@ import torch.distributed as dist
 
 from harness.capture.detector import Detector
 from harness.capture.events import LazyEvent, LazySpecializationError
-from harness.capture.records import DetectorStatus
 from harness.errors import QualificationError, UsageError
+from harness.schema.capture import DetectorStatus
 
 Mode = Literal["strict", "record"]
 MODES: tuple[str, ...] = ("strict", "record")

@@ -11,7 +11,8 @@ collectives run the reduction (all-gather + reduce-scatter, or all-to-all), so t
 differ only in it need two transports. `dcp_world_size` is kept explicit so that local heads can
 be derived and checked, and so that a signature names its own collective.
 
-Dtypes are names here (torch-free); `harness.warm.signature` maps them to torch dtypes.
+Dtypes are names here (torch-free), each with the name of its torch attribute
+(`TORCH_DTYPE_ATTRS`); `harness.transport.dtypes` maps them to torch dtypes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ from harness.errors import GeometryError, UsageError
 OUTPUT_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 FP8_E4M3 = "fp8_e4m3fn"
 QUERY_DTYPES: tuple[str, ...] = (*OUTPUT_DTYPES, FP8_E4M3)
+# Each dtype name's attribute of the `torch` module, so code that has torch needs no table.
+TORCH_DTYPE_ATTRS: dict[str, str] = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp32": "float32",
+    FP8_E4M3: "float8_e4m3fn",
+}
 
 # vLLM's `parallel_config.dcp_comm_backend` values; "ag_rs" is vLLM's default.
 COMM_BACKENDS: tuple[str, ...] = ("ag_rs", "a2a")

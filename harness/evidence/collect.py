@@ -34,10 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.capture.records import CaptureRecord
 from harness.evidence.engine_lane import engine_lane, with_engine_controls
 from harness.evidence.run_context import TorchrunFailure
-from harness.evidence.schema import (
+from harness.schema.capture import CaptureRecord
+from harness.schema.launch import HashSeedMode
+from harness.schema.rank_record import RankRecord, RealTree, rank_record_path
+from harness.schema.receipt import (
     Capture,
     CaptureEvent,
     Coverage,
@@ -48,8 +50,6 @@ from harness.evidence.schema import (
     Selection,
     SignatureRow,
 )
-from harness.schema.launch import HashSeedMode
-from harness.schema.rank_record import RankRecord, RealTree, rank_record_path
 
 # Priority of root-cause kinds found at the same test position (lower wins).
 _PRIORITY: dict[str, int] = {

@@ -13,8 +13,8 @@ import shlex
 from pathlib import Path
 
 from harness.evidence.collect import RankFiles
-from harness.evidence.schema import FailedTest, Receipt, RootCause
 from harness.schema.rank_record import TestOutcome
+from harness.schema.receipt import FailedTest, Receipt, RootCause
 
 WIDTH = 80
 _SECONDARY = "[secondary] "

@@ -30,7 +30,7 @@ from harness.evidence.redact import (
     secret_values,
     without_url_passwords,
 )
-from harness.evidence.schema import Environment, Gpu
+from harness.schema.receipt import Environment, Gpu
 
 __all__ = [
     "KEPT_PREFIXES",

@@ -22,7 +22,7 @@ from harness.evidence.collect import (
     transports,
 )
 from harness.evidence.junit import MergedJUnit, merge_junit, skip_reasons, tallies
-from harness.evidence.schema import (
+from harness.schema.receipt import (
     Capture,
     Coverage,
     Models,

@@ -42,8 +42,8 @@ from junitparser import (
 
 from harness.evidence.collect import RankFiles, in_progress
 from harness.evidence.environment import host_digest
-from harness.evidence.schema import Tally
 from harness.schema.rank_record import RankRecord, junit_path, suite_of
+from harness.schema.receipt import Tally
 
 PROP_RANK = "dcpqual.rank"
 PROP_SUITE = "dcpqual.suite"

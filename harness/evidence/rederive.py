@@ -42,10 +42,10 @@ from harness.evidence.collect import RankFiles, find_root_cause, hash_seed_of
 from harness.evidence.ending import failed_tests, ranks_rootdir
 from harness.evidence.facts import rank_facts
 from harness.evidence.junit import read_merged, tallies
-from harness.evidence.schema import Receipt
 from harness.evidence.sources import recorded_harness
 from harness.schema.launch import ZygoteState
 from harness.schema.rank_record import RankRecord, RankStart
+from harness.schema.receipt import Receipt
 
 RECEIPT_NAME = "receipt.json"
 MERGED_JUNIT = "junit/merged.xml"

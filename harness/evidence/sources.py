@@ -13,8 +13,8 @@ from importlib import metadata
 from pathlib import Path
 
 from harness import gitinfo
-from harness.evidence.schema import Source
 from harness.schema.rank_record import Provenance
+from harness.schema.receipt import Source
 
 HARNESS_ROOT = gitinfo.HARNESS_ROOT
 # Distribution names to try for each peer, first found wins.

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from harness.evidence import markdown as md
 from harness.evidence.ending import RERUN_PREFIX, ending_lines, first_line, not_run_count
-from harness.evidence.schema import Capture, Ranks, Receipt
 from harness.schema.base import Limitation
+from harness.schema.receipt import Capture, Ranks, Receipt
 
 RECEIPT_SHA_LINE = "receipt.json sha256: `{}`"
 _RECEIPT_SHA = re.compile(r"^receipt\.json sha256: `([0-9a-f]{64})`$", re.MULTILINE)

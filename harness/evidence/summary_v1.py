@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness.evidence import markdown as md
 from harness.evidence.ending import RERUN_PREFIX, first_line, rerun_command
-from harness.evidence.schema import Ranks, Receipt
+from harness.schema.receipt import Ranks, Receipt
 
 RECEIPT_SHA_LINE = "receipt.json sha256: `{}`"
 WIDTH = 80

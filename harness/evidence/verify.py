@@ -46,12 +46,12 @@ from harness.evidence.files import SUMS_NAME, UNREADABLE, parse_sums, sha256_fil
 from harness.evidence.junit import read_merged, skip_reasons, tallies
 from harness.evidence.launch_record import launch_record_problems
 from harness.evidence.rederive import first_difference, rederive_problems
-from harness.evidence.schema import SCHEMA, Coverage, Receipt, RootCause, Tally
 from harness.evidence.strays import strays_problems
 from harness.evidence.summary import receipt_sha256_in, summary_differences
 from harness.evidence.writer import MERGED_JUNIT, RECEIPT_NAME, SUMMARY_NAME, UNWITNESSED
 from harness.jsonfile import JsonSyntaxError, read_json
 from harness.schema.rank_record import error_file_note
+from harness.schema.receipt import SCHEMA, Coverage, Receipt, RootCause, Tally
 
 REQUIRED = (RECEIPT_NAME, SUMMARY_NAME, MERGED_JUNIT, SUMS_NAME)
 TORCHRUN_DIR = "torchrun"  # every node's torchrun --log-dir is under it

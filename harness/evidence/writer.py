@@ -46,12 +46,12 @@ from harness.evidence.redact import (
     scrub_folder,
 )
 from harness.evidence.run_context import RunContext
-from harness.evidence.schema import SCHEMA, Geometry, Image, Receipt, RootCause, Run, Source
 from harness.evidence.sources import capture_sources, recorded_harness
 from harness.evidence.summary import render_summary
 from harness.schema.base import limitation_lines
+from harness.schema.image import Image
 from harness.schema.rank_record import RankRecord
-from harness.schema.receipt import Scrub
+from harness.schema.receipt import SCHEMA, Geometry, Receipt, RootCause, Run, Scrub, Source
 
 RECEIPT_NAME = "receipt.json"
 SUMMARY_NAME = "summary.md"

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from harness.evidence.schema import Receipt
+from harness.schema.receipt import Receipt
 
 
 def in_github_actions(environ: Mapping[str, str] | None = None) -> bool:

@@ -81,7 +81,7 @@ def _check_warm_impl(name: str) -> None:
     if name in WARM_IMPL_NAMES:
         return
     try:
-        from harness.warm.impls import resolve_warm_impl
+        from harness.models.warm_impls import resolve_warm_impl
     except ImportError:  # warm package not present: the ranks get the name as it is
         return
     resolve_warm_impl(name)

@@ -170,7 +170,7 @@ class RunOptions:
                 f"--test-timeout {self.test_timeout_s:g} must be below --timeout "
                 f"{self.timeout_s:g}, or a hang is only caught by the whole run's timeout"
             )
-        from harness.warm.geometry import ParallelGeometry  # validates tp/dcp, GeometryError
+        from harness.core.geometry import ParallelGeometry
 
         if self.dcp is None and self.tp % self.resolved_dcp:
             raise UsageError(

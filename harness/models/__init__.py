@@ -1,6 +1,5 @@
-"""Stand-in vLLM model trees (Kimi-K3, DeepSeek-V4, generic MLA, mixed) with no real weights."""
+"""Stand-in vLLM model trees (Kimi-K3, DeepSeek-V4, generic MLA, mixed) with no real weights
+(builders.py), vLLM's own trees (real/), and what picks and runs a warm implementation on them.
 
-from harness.core.choices import MODEL_CHOICES
-from harness.models.builders import BuiltModel, ModelSpec, build, build_model
-
-__all__ = ["MODEL_CHOICES", "BuiltModel", "ModelSpec", "build", "build_model"]
+Nothing is imported here: `dcpqual signatures` lives in this package, and `--help` must not
+import torch."""

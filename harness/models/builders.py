@@ -41,7 +41,7 @@ from harness.models.layers import (
     MultiHeadLatentAttention,
     StandInModel,
 )
-from harness.warm.signature import torch_dtype
+from harness.transport.dtypes import torch_dtype
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ from pydantic import ValidationError
 
 from harness.errors import UsageError
 from harness.evidence.files import SUMS_NAME, sha256_file
-from harness.evidence.schema import Receipt, SignatureRow, Tally
 from harness.schema.compare import (
     Change,
     Comparison,
@@ -39,6 +38,7 @@ from harness.schema.compare import (
     SuiteCounts,
     SuiteDelta,
 )
+from harness.schema.receipt import Receipt, SignatureRow, Tally
 
 if TYPE_CHECKING:
     from harness.evidence.verify import VerifyResult

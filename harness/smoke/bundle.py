@@ -24,12 +24,11 @@ from pathlib import Path
 from junitparser import Failure, JUnitXml, TestCase, TestSuite
 
 from harness.atomic import atomic_write_bytes
-from harness.capture.records import CaptureRecord
 from harness.evidence.junit import mangle
 from harness.evidence.launch_record import SMOKE_RESULT_NAME
 from harness.evidence.run_context import RunContext
-from harness.evidence.schema import Receipt
 from harness.evidence.writer import finalize_bundle
+from harness.schema.capture import CaptureRecord
 from harness.schema.rank_record import (
     RankFacts,
     RankRecord,
@@ -37,7 +36,7 @@ from harness.schema.rank_record import (
     junit_path,
     rank_record_path,
 )
-from harness.schema.receipt import RunExtra
+from harness.schema.receipt import Receipt, RunExtra
 from harness.schema.smoke import CONTROL_WORK, REQUIRED_CONTROLS, Smoke, SmokeResult
 from harness.smoke.step import PRODUCTION_DCP, PRODUCTION_TP, SMOKE_MODEL
 

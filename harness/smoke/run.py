@@ -41,10 +41,12 @@ from harness.capture.controls import (
     TritonJitControl,
 )
 from harness.capture.detector import Detector
-from harness.capture.records import DetectorStatus
 from harness.capture.window import CPU_SIMULATED, CUDA_GRAPH, CaptureWindow
+from harness.core.signature import TransportSignature
 from harness.errors import UsageError
-from harness.models import build
+from harness.models.builders import build
+from harness.models.warm_impls import resolve_warm_impl
+from harness.schema.capture import DetectorStatus
 from harness.schema.smoke import CaptureOutcome, ControlOutcome, SmokeMachine, SmokeResult, SmokeUse
 from harness.smoke.step import (
     DTYPE,
@@ -58,9 +60,7 @@ from harness.smoke.step import (
     smoke_layers,
 )
 from harness.transport.registry import TransportRegistry, transports_used
-from harness.warm.impls import resolve_warm_impl
 from harness.warm.recognizers import WarmContext
-from harness.warm.signature import TransportSignature
 
 DetectorFactory = Callable[[TransportRegistry, torch.device], list[Detector]]
 ControlFactory = Callable[[ControlContext], NegativeControl]

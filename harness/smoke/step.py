@@ -37,10 +37,11 @@ from harness.capture.decode import (
     seeded_generator,
     transport_layers,
 )
+from harness.core.signature import TransportSignature
 from harness.errors import UsageError
-from harness.models import BuiltModel
+from harness.models.builders import BuiltModel
+from harness.transport.dtypes import DTYPES, dtype_name
 from harness.warm.protocols import DCPTransport, TransportRegistryLike
-from harness.warm.signature import DTYPES, TransportSignature, dtype_name
 
 SMOKE_MODEL = "kimi-k3"
 PRODUCTION_TP = 16

@@ -15,8 +15,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from harness.core.signature import TransportSignature
 from harness.transport.events import BufferAllocated, short_stack
-from harness.warm.signature import TransportSignature
 
 
 @runtime_checkable

@@ -39,16 +39,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.core.signature import FP8_E4M3, TransportSignature
 from harness.errors import GeometryError, UsageError
 from harness.transport.allocator import Allocator
 from harness.transport.checks import OperationGuard, UseHook
+from harness.transport.dtypes import output_torch_dtype, query_torch_dtype
 from harness.transport.errors import BackendUnavailableError
-from harness.warm.signature import (
-    FP8_E4M3,
-    TransportSignature,
-    output_torch_dtype,
-    query_torch_dtype,
-)
 
 # Mirrors b12x 1.5.1 `pcie_dcp_a2a.SUPPORTED_WORLD_SIZES` / `SUPPORTED_DTYPES` /
 # `SUPPORTED_GATHER_DTYPES` (a compat test compares them with the installed b12x).

@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 import torch
 
+from harness.core.signature import TransportSignature
+from harness.transport.dtypes import output_torch_dtype, query_torch_dtype
 from harness.transport.errors import CapacityError, RegistryClosedError, TransportUsageError
-from harness.warm.signature import TransportSignature, output_torch_dtype, query_torch_dtype
 
 # Called with (operation, dtype) before an operation runs: "gather" or "reduce".
 UseHook = Callable[[str, torch.dtype], None]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from harness.warm.signature import TransportSignature
+from harness.core.signature import TransportSignature
 
 _THIS_PACKAGE = str(Path(__file__).resolve().parent)
 

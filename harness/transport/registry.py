@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from harness.core.signature import TransportSignature
 from harness.errors import GeometryError, UsageError
 from harness.transport.allocator import CountingAllocator
 from harness.transport.errors import RegistryClosedError, SignatureMismatchError
@@ -55,7 +56,6 @@ from harness.transport.torch_backend import (
     TorchDCPTransport,
 )
 from harness.warm.protocols import DCPTransport
-from harness.warm.signature import TransportSignature
 
 # Which transport implementations this process created ("torch:ag_rs", "torch:a2a", "b12x"),
 # so the rank record can say which paths ran and the evidence which did not.

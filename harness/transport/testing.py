@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from harness.core.signature import TransportSignature
 from harness.transport.reference import reference_combine_heads, reference_gather
 from harness.transport.registry import TransportRegistry, created_on
 from harness.warm.protocols import DCPTransport
-from harness.warm.signature import TransportSignature
 
 PATTERNS: tuple[str, ...] = (
     "random",

@@ -48,18 +48,14 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
+from harness.core.signature import TransportSignature
 from harness.errors import GeometryError
 from harness.transport.allocator import Allocator
 from harness.transport.checks import OperationGuard, UseHook
 from harness.transport.combine import StagedAccumulation, same_width_int, scale_into
+from harness.transport.dtypes import output_torch_dtype, query_torch_dtype, wire_dtype
 from harness.transport.errors import TransportUsageError
 from harness.transport.weights import StagedWeights
-from harness.warm.signature import (
-    TransportSignature,
-    output_torch_dtype,
-    query_torch_dtype,
-    wire_dtype,
-)
 
 Strategy = Literal["ag_rs", "a2a"]
 ReduceScatterImpl = Literal["native", "all_to_all"]

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from harness.core.signature import TransportSignature
 from harness.warm.recognizers import Recognizer, WarmContext, qualified_names
-from harness.warm.signature import TransportSignature
 
 
 @dataclass(frozen=True)

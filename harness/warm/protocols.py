@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.distributed as dist
 
-from harness.warm.signature import TransportSignature
+from harness.core.signature import TransportSignature
 
 
 @runtime_checkable

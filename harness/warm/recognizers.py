@@ -19,8 +19,8 @@ from typing import Any
 
 from torch import nn
 
+from harness.core.signature import TransportSignature
 from harness.errors import UsageError
-from harness.warm.signature import TransportSignature
 
 
 @dataclass(frozen=True)

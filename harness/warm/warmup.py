@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from harness.core.signature import TORCH_DTYPE_ATTRS, TransportSignature
 from harness.warm.discovery import DiscoveredLayer, discover
 from harness.warm.protocols import DCPTransport, TransportRegistryLike
 from harness.warm.recognizers import Recognizer, WarmContext, recognizer_set
-from harness.warm.signature import TransportSignature, output_torch_dtype, query_torch_dtype
 
 logger = logging.getLogger("harness.warm")
 
@@ -57,15 +57,27 @@ def _device(context: WarmContext) -> torch.device:
     return torch.device("cpu")
 
 
+def _torch_dtype(name: str) -> torch.dtype:
+    """A signature's dtype name as torch's dtype (the warm code imports nothing of the harness
+    above `core`, so not the transport's own table)."""
+    dtype = getattr(torch, TORCH_DTYPE_ATTRS[name])
+    assert isinstance(dtype, torch.dtype)
+    return dtype
+
+
 def exercise(transport: DCPTransport, device: torch.device) -> None:
     """Run one dummy gather and one dummy reduction through a transport."""
     sig = transport.signature
     query = torch.zeros(
-        1, sig.local_heads, sig.query_head_dim, dtype=query_torch_dtype(sig), device=device
+        1,
+        sig.local_heads,
+        sig.query_head_dim,
+        dtype=_torch_dtype(str(sig.query_dtype)),
+        device=device,
     )
     transport.gather_queries(query)
     partial = torch.zeros(
-        1, sig.total_heads, sig.output_head_dim, dtype=output_torch_dtype(sig), device=device
+        1, sig.total_heads, sig.output_head_dim, dtype=_torch_dtype(sig.output_dtype), device=device
     )
     lse = torch.zeros(1, sig.total_heads, dtype=torch.float32, device=device)
     transport.reduce_outputs(partial, lse)

@@ -23,12 +23,11 @@ from harness.capture.decode import DecodeStep
 from harness.capture.detector import Detector
 from harness.capture.offrank import OFF_RANK, ControlOutcome, OffRankControls
 from harness.core.capacity import RuntimeCapacity
-from harness.models import BuiltModel, build
-from harness.models.builders import CONTRASTS, build_contrasts
+from harness.core.signature import TransportSignature
+from harness.models.builders import CONTRASTS, BuiltModel, build, build_contrasts
+from harness.models.warm_impls import resolve_warm_impl
 from harness.transport.registry import TransportRegistry, stand_in_registry
-from harness.warm.impls import resolve_warm_impl
 from harness.warm.recognizers import WarmContext
-from harness.warm.signature import TransportSignature
 from harness.warm.warmup import WarmReport
 
 # Few layers, every kind kept: Kimi-K3 has MLA on layers 3 and 7 (KDA elsewhere) plus the MTP

@@ -41,10 +41,10 @@ from harness.capture.events import LazySpecializationError
 from harness.capture.offrank import OFF_RANK, VARIANTS, ControlOutcome, run_control
 from harness.capture.window import CaptureWindow
 from harness.core.capacity import RuntimeCapacity
+from harness.core.signature import TransportSignature
 from harness.errors import GeometryError, QualificationError
 from harness.models.builders import CONTRASTS
 from harness.transport.registry import TransportRegistry
-from harness.warm.signature import TransportSignature
 
 SEED_DETECTORS = ("transport-registry", "transport-buffers")
 BROKEN = "harness.capture.broken_warms:"

@@ -29,8 +29,8 @@ from harness.capture.check import default_detectors
 from harness.capture.window import CaptureWindow
 from harness.core.capacity import RuntimeCapacity
 from harness.models.real import RealTree, build_real, planned_spec
+from harness.models.warm_impls import resolve_warm_impl
 from harness.transport.registry import TransportRegistry
-from harness.warm.impls import resolve_warm_impl
 from harness.warm.recognizers import WarmContext
 from harness.warm.warmup import WarmReport
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.core.signature import TransportSignature
+from harness.transport.dtypes import query_torch_dtype
 from harness.transport.testing import (
     DCP_SIZES,
     MODELS,
@@ -13,7 +15,6 @@ from harness.transport.testing import (
     expected_gather,
     make_queries,
 )
-from harness.warm.signature import TransportSignature, query_torch_dtype
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])

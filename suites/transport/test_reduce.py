@@ -15,6 +15,7 @@ import zlib
 import pytest
 import torch
 
+from harness.transport.dtypes import output_torch_dtype
 from harness.transport.errors import CapacityError
 from harness.transport.testing import (
     ADVERSARIAL,
@@ -28,7 +29,6 @@ from harness.transport.testing import (
     bit_equal,
     make_partials,
 )
-from harness.warm.signature import output_torch_dtype
 
 # LSE bases by the names the cases report: e (natural log) and 2 (log2 LSEs).
 BASES = {"base_e": True, "base_2": False}

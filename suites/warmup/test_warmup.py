@@ -11,10 +11,10 @@ import json
 import pytest
 
 from harness.capture.check import int_ranges, same_on_every_rank
-from harness.models import build
+from harness.models.builders import build
+from harness.models.warm_impls import resolve_warm_impl
 from harness.transport.registry import stand_in_registry
 from harness.warm.discovery import discover
-from harness.warm.impls import resolve_warm_impl
 from harness.warm.recognizers import WarmContext, recognizer_set
 
 MODELS = ("kimi-k3", "deepseek-v4", "generic-mla", "mixed")

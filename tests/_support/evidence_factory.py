@@ -15,14 +15,14 @@ from xml.sax.saxutils import quoteattr
 import pytest
 
 from harness.capture.events import LazyEvent
-from harness.capture.records import CaptureRecord, DetectorStatus, SignatureUse
+from harness.core.signature import TransportSignature
 from harness.evidence import writer
 from harness.evidence.junit import mangle
 from harness.evidence.run_context import RunContext, TorchrunFailure
+from harness.schema.capture import CaptureRecord, DetectorStatus, SignatureUse
 from harness.schema.image import Image
 from harness.schema.rank_record import Provenance, RankRecord, TestOutcome, rank_record_path
 from harness.schema.receipt import Environment, Gpu, Launch, Receipt, RunExtra, Source
-from harness.warm.signature import TransportSignature
 
 CAPTURE_TEST = "suites/capture/test_capture.py::test_no_lazy_work[kimi-k3]"
 CONTROL_TEST = "suites/capture/test_capture.py::test_negative_control"

@@ -23,11 +23,11 @@ from harness.evidence.files import (
     walk,
 )
 from harness.evidence.launch_record import LAUNCH_NAME, marker_path
-from harness.evidence.schema import Receipt, RootCause
 from harness.evidence.summary import render_summary
 from harness.evidence.verify import required_limitations_of
 from harness.schema.base import Limitation
 from harness.schema.launch import Launch, NodeState
+from harness.schema.receipt import Receipt, RootCause
 
 Edit = Callable[[dict[str, Any]], None]
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.warm.signature import TransportSignature
+from harness.core.signature import TransportSignature
 
 
 @dataclass

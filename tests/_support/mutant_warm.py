@@ -10,8 +10,8 @@ from typing import Any
 
 from torch import nn
 
+from harness.core.signature import TransportSignature
 from harness.warm.recognizers import KIMI_K3, RECOGNIZER_SETS, Recognizer, WarmContext
-from harness.warm.signature import TransportSignature
 from harness.warm.warmup import WarmReport, warm
 
 Change = Callable[[TransportSignature], dict[str, Any]]

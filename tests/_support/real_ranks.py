@@ -23,8 +23,8 @@ def _warm_and_capture(
     from harness.capture.callsites import CallSiteRouter, RealDecodeStep, call_sites
     from harness.capture.check import default_detectors
     from harness.capture.window import CaptureWindow
+    from harness.models.warm_impls import resolve_warm_impl
     from harness.transport.registry import TransportRegistry
-    from harness.warm.impls import resolve_warm_impl
     from harness.warm.recognizers import WarmContext
 
     sites = call_sites(tree.static_forward_context, calls)

@@ -11,7 +11,8 @@ import dataclasses
 from collections.abc import Callable
 
 from harness.capture.events import LazyEvent
-from harness.capture.records import DetectorStatus, SignatureUse
+from harness.core.signature import TransportSignature
+from harness.schema.capture import DetectorStatus, SignatureUse
 from harness.schema.smoke import (
     REQUIRED_CONTROLS,
     CaptureOutcome,
@@ -20,7 +21,6 @@ from harness.schema.smoke import (
     SmokeResult,
     SmokeUse,
 )
-from harness.warm.signature import TransportSignature
 
 H200 = SmokeMachine(
     torch="2.11.0+cu130",

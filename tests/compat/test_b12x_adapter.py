@@ -32,8 +32,9 @@ pcie = pytest.importorskip(
 import b12x.comm.pcie._dcp_preparation as dcp_preparation  # noqa: E402
 import b12x.preparation as preparation  # noqa: E402
 
+from harness.core.signature import TransportSignature  # noqa: E402
 from harness.transport import b12x_backend as bb  # noqa: E402
-from harness.warm.signature import TransportSignature, dtype_name  # noqa: E402
+from harness.transport.dtypes import dtype_name  # noqa: E402
 
 pytestmark = pytest.mark.compat
 

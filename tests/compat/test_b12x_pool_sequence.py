@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from harness.capture.window import CUDA_GRAPH, CaptureWindow
+from harness.core.signature import TransportSignature
 from harness.transport import b12x_backend as bb
 from harness.transport.registry import enter_capture_scopes
-from harness.warm.signature import TransportSignature
 from tests._support import b12x_sim as sim  # skips this module where b12x is absent
 
 pytestmark = pytest.mark.compat

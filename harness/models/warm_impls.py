@@ -1,7 +1,7 @@
 """Which warm implementation a run qualifies (`dcpqual run --warm-impl NAME`).
 
 `vendored` (default) and `before-kimi` are built in; `vllm` runs the B12X fork's own
-`kernel_warmup` on vLLM's real trees (`harness.warm.vllm_adapter`; refused where the fork is
+`kernel_warmup` on vLLM's real trees (`harness.models.vllm_adapter`; refused where the fork is
 absent); `package.module:function` names any callable with the signature of
 `harness.warm.warmup.warm` (keyword-only registry, context, group, static_forward_context), the
 seam through which a GPU node points the suites at the production implementation in its image.
@@ -59,7 +59,7 @@ def _load_dotted(spec: str) -> WarmFn:
 def resolve_warm_impl(name: str) -> WarmImpl:
     """Built-in name or dotted path -> the warm callable; bad names are a UsageError."""
     if name == VLLM_IMPL:
-        from harness.warm.vllm_adapter import resolve_fork, warm_vllm
+        from harness.models.vllm_adapter import resolve_fork, warm_vllm
 
         resolve_fork()  # fail closed, one line, where the fork is absent
         return WarmImpl(name=name, fn=warm_vllm)

@@ -1,8 +1,8 @@
-"""The transport signature, as the vendored warm code imports it, plus the torch dtype mapping.
+"""Signature dtype names as torch dtypes, and what a collective moves for each.
 
-The signature itself is torch-free and lives in `harness.core.signature`; this module re-exports
-it and maps its dtype names to torch dtypes (and, for gloo, which has no fp8, to the dtype a
-transport moves on the wire).
+The names and their torch attributes live in `harness.core.signature` (torch-free); this module
+is their torch side, for the transport and the code around it (for gloo, which has no fp8, also
+the dtype a transport moves on the wire).
 """
 
 from __future__ import annotations
@@ -10,42 +10,16 @@ from __future__ import annotations
 import torch
 
 from harness.core.signature import (
-    COMM_BACKENDS,
-    DEFAULT_COMM_BACKEND,
-    DEFAULT_MAX_TOKENS,
-    FP8_E4M3,
     OUTPUT_DTYPES,
     QUERY_DTYPES,
+    TORCH_DTYPE_ATTRS,
     TransportSignature,
     check_dtype_name,
 )
 from harness.errors import UsageError
 
-__all__ = [
-    "COMM_BACKENDS",
-    "DEFAULT_COMM_BACKEND",
-    "DEFAULT_MAX_TOKENS",
-    "DTYPES",
-    "DTYPE_NAMES",
-    "FP8_E4M3",
-    "MODEL_DTYPES",
-    "OUTPUT_DTYPES",
-    "QUERY_DTYPES",
-    "TransportSignature",
-    "dtype_name",
-    "output_torch_dtype",
-    "query_torch_dtype",
-    "torch_dtype",
-    "wire_dtype",
-]
-
 # Every dtype name a signature can carry, mapped to torch.
-DTYPES: dict[str, torch.dtype] = {
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "fp32": torch.float32,
-    FP8_E4M3: torch.float8_e4m3fn,
-}
+DTYPES: dict[str, torch.dtype] = {k: getattr(torch, v) for k, v in TORCH_DTYPE_ATTRS.items()}
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 # The model (output) dtypes a user can pick with --dtype.
 MODEL_DTYPES: dict[str, torch.dtype] = {k: DTYPES[k] for k in OUTPUT_DTYPES}

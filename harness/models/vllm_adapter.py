@@ -20,10 +20,10 @@ from typing import Any
 
 from torch import nn
 
+from harness.core.signature import TransportSignature
 from harness.errors import UsageError
 from harness.warm.protocols import TransportRegistryLike
 from harness.warm.recognizers import WarmContext
-from harness.warm.signature import TransportSignature
 from harness.warm.warmup import WarmReport
 
 WARMUP_MODULE = "vllm.model_executor.warmup.kernel_warmup"
