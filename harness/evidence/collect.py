@@ -38,6 +38,7 @@ from harness.evidence.engine_lane import engine_lane, with_engine_controls
 from harness.evidence.run_context import TorchrunFailure
 from harness.schema.capture import CaptureRecord
 from harness.schema.launch import HashSeedMode
+from harness.schema.layout import RECORDS_DIR
 from harness.schema.rank_record import RankRecord, RealTree, rank_record_path
 from harness.schema.receipt import (
     Capture,
@@ -99,7 +100,7 @@ def load_records(out_dir: Path, world_size: int) -> RankFiles:
     records: dict[int, RankRecord] = {}
     unreadable: dict[int, str] = {}
     for rank in range(world_size):
-        path = rank_record_path(out_dir / "records", rank)
+        path = rank_record_path(out_dir / RECORDS_DIR, rank)
         if not path.exists():
             continue
         try:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.schema.base import is_sha256
+from harness.schema.layout import SUMS_NAME
 
-SUMS_NAME = "SHA256SUMS"
 # The kind of an entry a walk could not look into: a folder that cannot be listed (mode 000 or
 # 0o300), or a name inside a folder that cannot be entered (0o400).
 UNREADABLE = "unreadable"

@@ -27,17 +27,19 @@ from pydantic import ValidationError
 from harness.jsonfile import read_json
 from harness.schema.base import first_error
 from harness.schema.launch import Launch, NodeState
+from harness.schema.layout import (
+    LAUNCH_NAME,
+    NODES_DIR,
+    RECEIPT_NAME,
+    SMOKE_RESULT_NAME,
+    node_dir_name,
+)
 from harness.schema.receipt import Receipt
 from harness.schema.smoke import Smoke, SmokeResult
 
-LAUNCH_NAME = "launch.json"
-NODES_DIR = "nodes"
-SMOKE_RESULT_NAME = "smoke/result.json"
-RECEIPT_NAME = "receipt.json"
-
 
 def marker_path(out_dir: Path, node_rank: int) -> Path:
-    return out_dir / NODES_DIR / f"node-{node_rank:02d}.json"
+    return out_dir / NODES_DIR / f"{node_dir_name(node_rank)}.json"
 
 
 def read_marker(out_dir: Path, node_rank: int) -> NodeState | None:

@@ -44,10 +44,10 @@ from harness.evidence.facts import rank_facts
 from harness.evidence.junit import read_merged, tallies
 from harness.evidence.sources import recorded_harness
 from harness.schema.launch import ZygoteState
+from harness.schema.layout import RECEIPT_NAME
 from harness.schema.rank_record import RankRecord, RankStart
 from harness.schema.receipt import Receipt
 
-RECEIPT_NAME = "receipt.json"
 MERGED_JUNIT = "junit/merged.xml"
 SOURCE = "the rank records and JUnit reports"
 

@@ -26,14 +26,14 @@ from typing import Any
 
 from harness.atomic import atomic_write_bytes
 from harness.errors import UsageError
-from harness.evidence.files import SUMS_NAME, sha256_file
+from harness.evidence.files import sha256_file
 from harness.jsonfile import JsonFileRefused, JsonSyntaxError, read_bounded, read_json
+from harness.schema.layout import RECEIPT_NAME, SUMS_NAME
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "urn:dcpqual:receipt:v1"
 MAX_KEY_BYTES = 64 << 10
-RECEIPT_NAME = "receipt.json"
 
 
 def default_signature_path(bundle: Path) -> Path:

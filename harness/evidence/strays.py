@@ -25,18 +25,24 @@ import re
 import tempfile
 from pathlib import Path
 
-from harness.evidence.files import SUMS_NAME, UNREADABLE, open_folders, unsafe_name, walk
-from harness.evidence.launch_record import LAUNCH_NAME
+from harness.evidence.files import UNREADABLE, open_folders, unsafe_name, walk
+from harness.schema.layout import (
+    LAUNCH_NAME,
+    LOGS_DIR,
+    MERGED_JUNIT,
+    RECEIPT_NAME,
+    STRAYS_DIR,
+    SUMMARY_NAME,
+    SUMS_NAME,
+)
 from harness.schema.receipt import Receipt, Stray
 
-STRAYS_DIR = "strays"
-RECEIPT_NAME = "receipt.json"
 # Names the writer creates; a file a test wrote under one of them is not the writer's.
-BUNDLE_NAMES = frozenset({RECEIPT_NAME, "summary.md", SUMS_NAME, "junit/merged.xml", LAUNCH_NAME})
+BUNDLE_NAMES = frozenset({RECEIPT_NAME, SUMMARY_NAME, SUMS_NAME, MERGED_JUNIT, LAUNCH_NAME})
 MOVED = "moved to "
 # Folders the launcher writes into once the ranks ran (their logs by global rank, in
 # harness.launch.ranklogs): a file the run left at such a name would stop it.
-WRITTEN_FOLDERS = frozenset({"logs"})
+WRITTEN_FOLDERS = frozenset({LOGS_DIR})
 
 
 def _kind(path: Path) -> str:

@@ -42,19 +42,19 @@ from pydantic import ValidationError
 from harness.errors import UsageError
 from harness.evidence import rules
 from harness.evidence.collect import coverage_of, load_records
-from harness.evidence.files import SUMS_NAME, UNREADABLE, parse_sums, sha256_file, walk
+from harness.evidence.files import UNREADABLE, parse_sums, sha256_file, walk
 from harness.evidence.junit import read_merged, skip_reasons, tallies
 from harness.evidence.launch_record import launch_record_problems
 from harness.evidence.rederive import first_difference, rederive_problems
 from harness.evidence.strays import strays_problems
 from harness.evidence.summary import receipt_sha256_in, summary_differences
-from harness.evidence.writer import MERGED_JUNIT, RECEIPT_NAME, SUMMARY_NAME, UNWITNESSED
+from harness.evidence.writer import UNWITNESSED
 from harness.jsonfile import JsonSyntaxError, read_json
+from harness.schema.layout import MERGED_JUNIT, RECEIPT_NAME, SUMMARY_NAME, SUMS_NAME, TORCHRUN_DIR
 from harness.schema.rank_record import error_file_note
 from harness.schema.receipt import SCHEMA, Coverage, Receipt, RootCause, Tally
 
 REQUIRED = (RECEIPT_NAME, SUMMARY_NAME, MERGED_JUNIT, SUMS_NAME)
-TORCHRUN_DIR = "torchrun"  # every node's torchrun --log-dir is under it
 ERROR_FILE_NAME = "error.json"  # torchrun's name for a rank's TORCHELASTIC_ERROR_FILE
 
 

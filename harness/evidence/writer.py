@@ -30,7 +30,6 @@ from harness.evidence.ending import failed_tests, ranks_rootdir
 from harness.evidence.environment import capture_environment
 from harness.evidence.facts import rank_facts
 from harness.evidence.files import (
-    SUMS_NAME,
     UNREADABLE,
     hash_files,
     render_sums,
@@ -38,7 +37,7 @@ from harness.evidence.files import (
     unsafe_name,
     walk,
 )
-from harness.evidence.launch_record import LAUNCH_NAME, launch_record_bytes
+from harness.evidence.launch_record import launch_record_bytes
 from harness.evidence.redact import (
     Scrubber,
     ScrubReport,
@@ -50,12 +49,19 @@ from harness.evidence.sources import capture_sources, recorded_harness
 from harness.evidence.summary import render_summary
 from harness.schema.base import limitation_lines
 from harness.schema.image import Image
+from harness.schema.layout import (
+    LAUNCH_NAME,
+    MERGED_JUNIT,
+    RECEIPT_NAME,
+    RECORDS_DIR,
+    STACKS_DIR,
+    SUMMARY_NAME,
+    SUMS_NAME,
+    rank_file_name,
+)
 from harness.schema.rank_record import RankRecord
 from harness.schema.receipt import SCHEMA, Geometry, Receipt, RootCause, Run, Scrub, Source
 
-RECEIPT_NAME = "receipt.json"
-SUMMARY_NAME = "summary.md"
-MERGED_JUNIT = "junit/merged.xml"
 # Files the receipt's `files` map cannot cover: itself, and what is written after it.
 UNWITNESSED = frozenset({RECEIPT_NAME, SUMMARY_NAME, SUMS_NAME})
 
@@ -384,10 +390,10 @@ def _validated(ctx: RunContext) -> tuple[Geometry, Image | None]:
 
 def _with_stack_dump(out_dir: Path, cause: RootCause | None) -> RootCause | None:
     """Point the root cause at the faulthandler dump of its rank, when the launcher left one."""
-    if cause is None or cause.rank is None or not (out_dir / "stacks").is_dir():
+    if cause is None or cause.rank is None or not (out_dir / STACKS_DIR).is_dir():
         return cause
     dumps = sorted(
-        e.relpath for e in walk(out_dir / "stacks") if f"rank-{cause.rank:02d}" in e.relpath
+        e.relpath for e in walk(out_dir / STACKS_DIR) if rank_file_name(cause.rank, "") in e.relpath
     )
     if not dumps:
         return cause
@@ -401,4 +407,7 @@ def _interruption(run: Run) -> str | None:
 
 
 def _unreadable_notes(unreadable: dict[int, str]) -> list[str]:
-    return [f"records/rank-{r:02d}.json is unreadable: {why}" for r, why in unreadable.items()]
+    return [
+        f"{RECORDS_DIR}/{rank_file_name(r, '.json')} is unreadable: {why}"
+        for r, why in unreadable.items()
+    ]

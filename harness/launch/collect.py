@@ -19,6 +19,7 @@ from harness.image.identity import image_for_run
 from harness.jsonfile import read_json
 from harness.launch.plan import RunOptions, RunPlan
 from harness.schema.launch import Launch, NodeState
+from harness.schema.layout import TORCHRUN_DIR
 from harness.schema.rank_record import ErrorNote
 from harness.schema.receipt import ChosenOptions, RequestedCount, RunExtra
 
@@ -66,7 +67,7 @@ def first_torchrun_error(out_dir: Path) -> TorchrunFailure | None:
     """The earliest error file under torchrun/ (every node's agent and worker files)."""
     found = [
         err
-        for path in sorted((out_dir / "torchrun").rglob("*.json"))
+        for path in sorted((out_dir / TORCHRUN_DIR).rglob("*.json"))
         if (err := parse_error_file(path, out_dir)) is not None
     ]
     if not found:

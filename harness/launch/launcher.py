@@ -40,6 +40,7 @@ from harness.launch.ranklogs import collect_rank_logs
 from harness.launch.rankview import RecordReader
 from harness.launch.zygote import ZygoteRun
 from harness.schema.launch import Interruption, Launch, NodeState
+from harness.schema.layout import MERGED_JUNIT, RECEIPT_NAME, RECORDS_DIR, SUMMARY_NAME
 from harness.schema.plan import PLAN_ENV
 from harness.schema.receipt import Receipt, Scrub, Stray
 from harness.terminal import printable
@@ -136,7 +137,7 @@ def launch(
     launch's own handler would, and the launch starts it holding once torchrun has exited."""
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     if reader is None:
-        reader = RecordReader(plan.out_dir / "records", plan.options.world_size)
+        reader = RecordReader(plan.out_dir / RECORDS_DIR, plan.options.world_size)
     timeout_s = plan.options.timeout_s
     started_at, t0 = _now(), time.monotonic()
     own_sigterm = hold is None and threading.current_thread() is threading.main_thread()
@@ -471,7 +472,7 @@ def _launch_and_end(
     )
     progress = make_progress(stream, plain=bool(options.tee)) if progress is None else progress
     progress = ScrubbedProgress(progress)
-    reader = RecordReader(out_dir / "records", options.world_size)
+    reader = RecordReader(out_dir / RECORDS_DIR, options.world_size)
     # Every ending, from torchrun's exit on: the bundle is finished even if ^C or SIGTERM comes
     # meanwhile, and such a signal is still the run's interruption.
     with ending.Hold() as held:
@@ -597,7 +598,7 @@ def _finish(
     report(stream, out_dir, receipt, problems)
     from harness.launch.ci import report_to_ci
 
-    report_to_ci(stream, receipt, out_dir / "summary.md")
+    report_to_ci(stream, receipt, out_dir / SUMMARY_NAME)
     if result.interrupted is not None:
         return result.interrupted.exit_code
     passed = receipt.verdict == "pass"
@@ -626,9 +627,9 @@ def _scrub_stopped(out_dir: Path, exc: Exception) -> str:
 def _unfinished(out_dir: Path, exc: Exception, removed: tuple[str, ...] = ()) -> str:
     """One line: the bundle could not be finished, why, which of its files exist, and which
     files the scrub removed because it could not scrub them (a full disk)."""
-    from harness.evidence.files import SUMS_NAME
+    from harness.schema.layout import SUMS_NAME
 
-    names = ("receipt.json", "junit/merged.xml", "summary.md", SUMS_NAME)
+    names = (RECEIPT_NAME, MERGED_JUNIT, SUMMARY_NAME, SUMS_NAME)
     written = [n for n in names if (out_dir / n).is_file()]
     missing = [n for n in names if n not in written]
     why = _why(exc)

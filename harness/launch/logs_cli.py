@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 from harness.errors import UsageError
-from harness.launch.ranklogs import LOGS_DIR, log_name
+from harness.launch.ranklogs import log_name
+from harness.schema.layout import LOGS_DIR, STACKS_DIR, rank_file_name
 
 _RANK_FILE = re.compile(r"^rank-(\d+)\.(stdout|stderr)$")
 _STACKS_FILE = re.compile(r"^rank-(\d+)\.txt$")
-STACKS_DIR = "stacks"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,7 +66,7 @@ def available(bundle: Path, stream: str) -> dict[int, Path]:
 def _file_name(rank: int | str, stream: str) -> str:
     if stream == "stacks":
         return (
-            f"{STACKS_DIR}/rank-{rank:02d}.txt"
+            f"{STACKS_DIR}/{rank_file_name(rank, '.txt')}"
             if isinstance(rank, int)
             else f"{STACKS_DIR}/rank-{rank}.txt"
         )

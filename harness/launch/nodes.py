@@ -29,9 +29,8 @@ from harness.evidence.launch_record import marker_path, read_marker
 from harness.jsonfile import read_json
 from harness.schema.base import first_error
 from harness.schema.launch import Launch, NodeState
+from harness.schema.layout import RECEIPT_NAME, SUMS_NAME
 from harness.schema.receipt import Receipt
-
-RECEIPT = "receipt.json"
 
 
 def started_marker(node_rank: int, nnodes: int, endpoint: str, started_at: str) -> NodeState:
@@ -73,7 +72,7 @@ def join_out_dir(out_dir: Path, *, nnodes: int, endpoint: str, wait_s: float) ->
     out_dir = out_dir.absolute()
     deadline = time.monotonic() + wait_s
     while True:
-        if (out_dir / RECEIPT).exists():
+        if (out_dir / RECEIPT_NAME).exists():
             raise UsageError(f"--out {out_dir} already holds a finished bundle")
         marker = read_marker(out_dir, 0)
         if marker is not None:
@@ -117,14 +116,14 @@ def wait_for_receipt(out_dir: Path, wait_s: float) -> Receipt | None:
     thing wrong. One not readable yet (a shared folder's lagging view) is waited for."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if (out_dir / "SHA256SUMS").exists():
+        if (out_dir / SUMS_NAME).exists():
             try:
-                return Receipt.model_validate(read_json(out_dir / RECEIPT))
+                return Receipt.model_validate(read_json(out_dir / RECEIPT_NAME))
             except OSError:
                 pass
             except ValidationError as exc:
-                raise InvalidReceipt(f"{RECEIPT}: {first_error(exc)}") from None
+                raise InvalidReceipt(f"{RECEIPT_NAME}: {first_error(exc)}") from None
             except ValueError as exc:
-                raise InvalidReceipt(f"{RECEIPT}: {exc}") from None
+                raise InvalidReceipt(f"{RECEIPT_NAME}: {exc}") from None
         time.sleep(0.2)
     return None

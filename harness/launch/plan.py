@@ -18,6 +18,7 @@ from harness.core.signature import COMM_BACKENDS  # vLLM's --dcp-comm-backend va
 from harness.errors import UsageError
 from harness.rank.forkwire import SOCKET_ENV
 from harness.rank.zygote import PRELOAD, preload_for
+from harness.schema.layout import TORCHRUN_DIR, node_dir_name
 from harness.schema.plan import RankPlan
 
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
@@ -241,7 +242,7 @@ class RunPlan:
     @property
     def log_dir(self) -> Path:
         """This node's torchrun --log-dir (one per node, so two agents never collide)."""
-        return self.out_dir / "torchrun" / f"node-{self.options.node_rank:02d}"
+        return self.out_dir / TORCHRUN_DIR / node_dir_name(self.options.node_rank)
 
     @property
     def agent_log(self) -> Path:

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.atomic import atomic_write_bytes, link_on_the_way
+from harness.schema.layout import LOGS_DIR, RECORDS_DIR, TORCHRUN_DIR, rank_file_name
 from harness.schema.rank_record import RankRecord, rank_record_path
 
-LOGS_DIR = "logs"
 STREAMS = ("stdout", "stderr")
 _NODE = re.compile(r"^node-(\d+)$")
 
 
 def log_name(rank: int, stream: str) -> str:
-    return f"rank-{rank:02d}.{stream}"
+    return rank_file_name(rank, f".{stream}")
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def torchrun_logs(out_dir: Path) -> list[LogFile]:
     """Every per-rank log torchrun left under torchrun/node-KK/ (newest attempt last); none
     reached through a link."""
     found = []
-    for node_dir in sorted((out_dir / "torchrun").glob("node-*")):
+    for node_dir in sorted((out_dir / TORCHRUN_DIR).glob("node-*")):
         match = _NODE.match(node_dir.name)
         if match is None or not node_dir.is_dir():
             continue
@@ -64,7 +64,7 @@ def rank_map(out_dir: Path, world_size: int) -> dict[tuple[int, int], int]:
     mapping: dict[tuple[int, int], int] = {}
     for rank in range(world_size):
         try:
-            record = RankRecord.read(rank_record_path(out_dir / "records", rank))
+            record = RankRecord.read(rank_record_path(out_dir / RECORDS_DIR, rank))
         except (OSError, ValueError, KeyError, TypeError):
             continue
         node = record.extra.node_index

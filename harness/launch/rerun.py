@@ -96,7 +96,7 @@ def absolute_nodeid(nodeid: str, rootdir: Path | None) -> str:
 def rerun_source(bundle: Path) -> RerunSource:
     """Read BUNDLE's failed node ids and geometry; UsageError (one line) when it cannot serve."""
     from harness.evidence.verify import verify_bundle
-    from harness.evidence.writer import RECEIPT_NAME
+    from harness.schema.layout import RECEIPT_NAME
     from harness.schema.receipt import Receipt
 
     result = verify_bundle(bundle)  # UsageError when it is not a folder

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from harness.errors import UsageError
-from harness.evidence.files import SUMS_NAME, sha256_file
+from harness.evidence.files import sha256_file
 from harness.schema.compare import (
     Change,
     Comparison,
@@ -38,6 +38,7 @@ from harness.schema.compare import (
     SuiteCounts,
     SuiteDelta,
 )
+from harness.schema.layout import RECEIPT_NAME, SUMS_NAME
 from harness.schema.receipt import Receipt, SignatureRow, Tally
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
 # How a bundle is verified before it is compared (`harness.evidence.verify.verify_bundle`).
 Verify = Callable[[Path], "VerifyResult"]
 
-RECEIPT_NAME = "receipt.json"
 STATUS_RANK = {"not-qualified": 0, "source-qualified": 1, "qualified": 2}
 NO_SIGNATURE = "(none)"
 

@@ -45,6 +45,7 @@ from harness.rank.subworld import BlockState, Lane, SubworldPlan, join, plan, si
 from harness.rank.watchdog import WatchConfig, Watchdog
 from harness.rank.worldbreak import AgentWatch, destroyed_group, group_alive
 from harness.schema.capture import CaptureRecord
+from harness.schema.layout import RECORDS_DIR
 from harness.schema.plan import RankPlan
 from harness.schema.rank_record import (
     ELSEWHERE_SKIP,
@@ -209,7 +210,7 @@ class RankPlugin:
     def start(self) -> None:
         env = self.env
         self.keeper = RecordKeeper.start(
-            self.out_dir / "records",
+            self.out_dir / RECORDS_DIR,
             rank=env.rank,
             world_size=env.world_size,
             local_rank=env.local_rank,

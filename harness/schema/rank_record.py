@@ -31,6 +31,7 @@ from harness.gitinfo import DIRTY_PATHS_SHOWN, GitIdentity
 from harness.jsonfile import read_json
 from harness.schema.base import JsonValue, Limitation, derived_field
 from harness.schema.capture import STRICT, CaptureRecord, derived
+from harness.schema.layout import JUNIT_DIR, STACKS_DIR, rank_file_name
 
 RANK_RECORD_SCHEMA: Final = "dcpqual-rank-record/v1"
 
@@ -503,7 +504,7 @@ class RankRecord(JsonValue):
 
 
 def rank_record_path(records_dir: Path, rank: int) -> Path:
-    return records_dir / f"rank-{rank:02d}.json"
+    return records_dir / rank_file_name(rank, ".json")
 
 
 # Where a rank's other files lie in the out folder: written by the rank, read by the launcher
@@ -511,8 +512,8 @@ def rank_record_path(records_dir: Path, rank: int) -> Path:
 
 
 def junit_path(out_dir: Path, rank: int) -> Path:
-    return out_dir / "junit" / f"rank-{rank:02d}.xml"
+    return out_dir / JUNIT_DIR / rank_file_name(rank, ".xml")
 
 
 def stacks_path(out_dir: Path, rank: int) -> Path:
-    return out_dir / "stacks" / f"rank-{rank:02d}.txt"
+    return out_dir / STACKS_DIR / rank_file_name(rank, ".txt")

@@ -25,10 +25,10 @@ from junitparser import Failure, JUnitXml, TestCase, TestSuite
 
 from harness.atomic import atomic_write_bytes
 from harness.evidence.junit import mangle
-from harness.evidence.launch_record import SMOKE_RESULT_NAME
 from harness.evidence.run_context import RunContext
 from harness.evidence.writer import finalize_bundle
 from harness.schema.capture import CaptureRecord
+from harness.schema.layout import RECORDS_DIR, SMOKE_RESULT_NAME
 from harness.schema.rank_record import (
     RankFacts,
     RankRecord,
@@ -181,7 +181,7 @@ def write_smoke_bundle(out_dir: Path, result: SmokeResult, *, command: Sequence[
     """Write the bundle into `out_dir` (which must exist and be empty); returns the receipt."""
     tests = smoke_tests(result)
     record = rank_record(result, tests)
-    record.write(rank_record_path(out_dir / "records", 0))
+    record.write(rank_record_path(out_dir / RECORDS_DIR, 0))
     atomic_write_bytes(junit_path(out_dir, 0), junit_report(tests))
     text = json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n"
     atomic_write_bytes(out_dir / RESULT_NAME, text.encode())

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.schema.layout import SUMMARY_NAME
 
 DESCRIPTION = (
     "One process (world 1, NCCL) on one CUDA device, against the torch installed here: warm a "
@@ -100,7 +101,7 @@ def report(result: Any, receipt: Any, out: Path) -> str:
             + ending
         )
     lines.append(f"verdict {receipt.verdict} ({receipt.status}); evidence: {out}")
-    summary = out / "summary.md"
+    summary = out / SUMMARY_NAME
     if summary.is_file():
         lines.extend(["", summary.read_text(encoding="utf-8")])
     return "\n".join(lines)

@@ -14,19 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.evidence import rules
-from harness.evidence.files import (
-    SUMS_NAME,
-    hash_files,
-    render_sums,
-    sha256_bytes,
-    sha256_file,
-    walk,
-)
-from harness.evidence.launch_record import LAUNCH_NAME, marker_path
+from harness.evidence.files import hash_files, render_sums, sha256_bytes, sha256_file, walk
+from harness.evidence.launch_record import marker_path
 from harness.evidence.summary import render_summary
 from harness.evidence.verify import required_limitations_of
 from harness.schema.base import Limitation
 from harness.schema.launch import Launch, NodeState
+from harness.schema.layout import LAUNCH_NAME, SUMS_NAME
 from harness.schema.receipt import Receipt, RootCause
 
 Edit = Callable[[dict[str, Any]], None]
