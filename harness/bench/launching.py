@@ -49,6 +49,7 @@ from harness.schema.bench import (
     SuiteRuns,
     Summary,
 )
+from harness.schema.layout import RECORDS_DIR, TORCHRUN_DIR, node_dir_name
 from harness.schema.rank_record import EngineRecord, RankRecord, RealTreeRecord
 
 MB, GIB, MIB = 1e6, float(1 << 30), float(1 << 20)
@@ -79,7 +80,7 @@ def _tail(path: Path, lines: int = 8) -> str:
 
 def why_failed(out_dir: Path, code: int, world: int) -> str:
     """One paragraph: which rank died first and how, and the end of its stderr."""
-    agent = out_dir / "torchrun" / "node-00" / "agent.log"
+    agent = out_dir / TORCHRUN_DIR / node_dir_name(0) / "agent.log"
     dead = dead_ranks(agent.read_text(errors="replace") if agent.is_file() else "")
     stderr = {log.local_rank: log.path for log in torchrun_logs(out_dir) if log.stream == "stderr"}
     if not dead:
@@ -199,7 +200,7 @@ def real_trees(bundle: Path) -> list[RealTreeRecord]:
     """Every real tree the run's ranks built (the bundle's records, in rank order)."""
     return [
         tree
-        for path in sorted((bundle / "records").glob("rank-*.json"))
+        for path in sorted((bundle / RECORDS_DIR).glob("rank-*.json"))
         for tree in RankRecord.read(path).extra.real_trees
     ]
 
@@ -208,7 +209,7 @@ def engine_records(bundle: Path) -> dict[int, EngineRecord]:
     """Each rank's engine record in the bundle (rank -> record); a rank that built no engine
     is absent."""
     found: dict[int, EngineRecord] = {}
-    for path in sorted((bundle / "records").glob("rank-*.json")):
+    for path in sorted((bundle / RECORDS_DIR).glob("rank-*.json")):
         record = RankRecord.read(path)
         if (engine := record.extra.engine) is not None:
             found[record.rank] = engine
@@ -264,7 +265,7 @@ def same_trees(run: Sequence[RealTreeRecord], bare: Sequence[RealTreeRecord], wo
 def zygote_preload_s(bundle: Path) -> float | None:
     """Seconds the run's zygote took to preload (vLLM's import, where a run on real trees has
     it preloaded); None where no zygote said it was ready (one rank, cold ranks)."""
-    log = bundle / "torchrun" / "node-00" / "zygote.log"
+    log = bundle / TORCHRUN_DIR / node_dir_name(0) / "zygote.log"
     events = read_events(log.read_bytes()) if log.is_file() else []
     return next((e.seconds for e in events if isinstance(e, Ready)), None)
 
