@@ -54,13 +54,13 @@ def run_verify(args: argparse.Namespace) -> int:
     if (args.signature is None) != (args.public_key is None):
         raise UsageError("--signature and --public-key go together")
     if args.signature is not None:
-        from harness.evidence.signature import check_signature_inputs
+        from harness.evidence.signing import check_signature_inputs
 
         check_signature_inputs(args.signature, args.public_key)  # bad input: exit 2 first
     result = verify_bundle(args.dir)  # UsageError (exit 2) when DIR is unusable
     problems = list(result.problems)
     if args.signature is not None and not problems:
-        from harness.evidence.signature import signature_problems
+        from harness.evidence.signing import signature_problems
 
         problems += signature_problems(args.dir, args.signature, args.public_key)
     if not problems:
@@ -74,7 +74,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_sign(args: argparse.Namespace) -> int:
-    from harness.evidence.signature import default_signature_path, sign_bundle
+    from harness.evidence.signing import default_signature_path, sign_bundle
 
     result = verify_bundle(args.dir)
     if not result.ok:

@@ -14,7 +14,7 @@ record (every launcher run has one; only the one-rank smoke's receipt has none, 
 to the smoke's own `smoke/result.json` whether or not it also states a launch, which it must
 not), edit it alone, or leave out a node whose marker says it failed. These files are the
 launcher's, not the ranks': a forger who rewrites one together with the receipt is caught
-only by a signature (harness.evidence.signature).
+only by a signature (harness.evidence.signing).
 """
 
 from __future__ import annotations
