@@ -168,8 +168,10 @@ class EnvironmentWitness:
         self.me = os.getpid()
 
     def find(self) -> set[Proc]:
+        """Newest pids first: a helper that re-forks every few milliseconds is the newest
+        process there, and is read before it has forked again and exited."""
         found: set[Proc] = set()
-        for entry in _proc_entries():
+        for entry in sorted(_proc_entries(), key=lambda e: int(e.name), reverse=True):
             if int(entry.name) == self.me:
                 continue
             try:
@@ -195,17 +197,24 @@ def sweep(
     *,
     keep: set[int] | frozenset[int] = frozenset(),
     quiet_scans: int = 3,
+    quiet_s: float = 0.5,
     limit_s: float = 10.0,
 ) -> set[Proc]:
     """SIGKILL whatever the tree, the cgroup and the witness still show, and look again,
-    until `quiet_scans` looks in a row find nothing (or `limit_s` passes): a helper that keeps
-    re-forking (each parent exiting at once) outruns a single scan and kill, never this loop,
-    since the launcher stays the subreaper its orphans re-parent to. The cgroup is killed at
-    the end whatever was seen. Returns what it ended (pids in `keep` are never signalled)."""
+    until `quiet_scans` looks in a row and at least `quiet_s` seconds find nothing (or
+    `limit_s` passes): a helper that keeps re-forking (each parent exiting at once) outruns a
+    single scan and kill, and on a loaded machine a few looks in a row can each read the /proc
+    snapshot after the incarnation in it exited, where dozens of looks over half a second
+    rarely all do.
+    The launcher stays the subreaper its orphans re-parent to. The cgroup is killed at the end
+    whatever was seen. Returns what it ended (pids in `keep` are never signalled)."""
     ended: set[Proc] = set()
     quiet = 0
     deadline = time.monotonic() + limit_s
-    while quiet < quiet_scans and time.monotonic() < deadline:
+    last_found = time.monotonic()
+    while (
+        quiet < quiet_scans or time.monotonic() - last_found < quiet_s
+    ) and time.monotonic() < deadline:
         tracker.scan()
         if cgroup is not None:
             tracker.seen |= {p for pid in cgroup.pids() if (p := identify(pid)) is not None}
@@ -217,6 +226,7 @@ def sweep(
             time.sleep(0.01)
             continue
         quiet = 0
+        last_found = time.monotonic()
         for found in live:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(found.pid, signal.SIGKILL)
