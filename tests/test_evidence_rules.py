@@ -38,7 +38,7 @@ from harness.evidence.schema import (
     Verdict,
 )
 from harness.schema.launch import Launch, NodeState, ZygoteState
-from harness.schema.receipt import EngineLane
+from harness.schema.receipt import EngineLane, NodeZeroGone
 
 CPU = Environment(torch="2.13.0", cuda=None, nccl=None, device_names=["cpu"], python="3", host="h")
 GPU = CPU.model_copy(update={"gpus": [Gpu(index=0, name="RTX PRO 6000")]})
@@ -164,6 +164,7 @@ DENIED = [
         {"coverage": Coverage(collected=4, no_body=1, first_no_body="t")},
         "test-bodies",
     ),
+    ({"node_zero_gone": NodeZeroGone(waited_s=3.0, by_node=1)}, "node-0"),
 ]
 
 

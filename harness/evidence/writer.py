@@ -268,6 +268,7 @@ def assemble_receipt(
             junit_failures=merged.failures(),
             reasons=reasons,
             interrupted=_interruption(run),
+            node_gone=_node_gone(run),
         )
         root_cause = _with_stack_dump(out_dir, root_cause)
     environment = capture_environment(hosts=facts.hosts)
@@ -289,6 +290,7 @@ def assemble_receipt(
         coverage=facts.coverage,
         smoke=ctx.extra.smoke is not None,
         suites=facts.suites,
+        node_zero_gone=ctx.extra.node_zero_gone,
     )
     limitation_items = rules.render_limitations(
         required,
@@ -398,6 +400,11 @@ def _with_stack_dump(out_dir: Path, cause: RootCause | None) -> RootCause | None
 def _interruption(run: Run) -> str | None:
     interrupted = run.extra.interrupted
     return None if interrupted is None else interrupted.message()
+
+
+def _node_gone(run: Run) -> str | None:
+    gone = run.extra.node_zero_gone
+    return None if gone is None else rules.node_zero_gone_reason(gone)
 
 
 def _unreadable_notes(unreadable: dict[int, str]) -> list[str]:
