@@ -31,6 +31,7 @@ from harness.schema.receipt import (
     Gpu,
     Models,
     NegativeControl,
+    NodeZeroGone,
     Ranks,
     Run,
     RunExtra,
@@ -164,6 +165,7 @@ DENIED = [
         {"coverage": Coverage(collected=4, no_body=1, first_no_body="t")},
         "test-bodies",
     ),
+    ({"node_zero_gone": NodeZeroGone(waited_s=3.0, by_node=1)}, "node-0"),
 ]
 
 

@@ -24,7 +24,7 @@ from harness.launch import launcher, nodes
 from harness.launch.plan import RunOptions
 from harness.launch.progress import PlainProgress
 from harness.schema.launch import Launch
-from harness.schema.receipt import Receipt
+from harness.schema.receipt import NodeZeroGone, Receipt
 
 
 def made_receipt(folder: Path, verdict: str) -> Receipt:
@@ -443,3 +443,72 @@ def test_a_marker_that_is_not_a_whole_valid_one_reads_as_none(tmp_path):
         assert nodes.read_marker(tmp_path, 0) is None, edited
     path.write_text(json.dumps(data)[:-5])
     assert nodes.read_marker(tmp_path, 0) is None
+
+
+def _node_1_alone(tmp_path: Path, monkeypatch, take: bool) -> tuple[int, str, FakeEvidence]:
+    """Node 1 of a 2-node run whose node 0 started (its marker) and then wrote nothing;
+    `take`: whether node 0's claim on the folder is free (its launcher gone)."""
+    monkeypatch.setattr(launcher, "JOIN_WAIT_S", 5.0)
+    monkeypatch.setenv(launcher.NODE_WAIT_ENV, "0.3")
+    out = tmp_path / "shared"
+    nodes.write_marker(out, nodes.started_marker(0, 2, "127.0.0.1:29999", "t0"))
+    monkeypatch.setattr(launcher, "launch", fake_launch(1)[0])
+    evidence = FakeEvidence(verdict="fail")
+    api = replace(evidence.api(), take_out_dir=lambda path: take)
+    options = RunOptions(
+        node_rank=1, nnodes=2, nproc_per_node=1, rdzv_endpoint="127.0.0.1:29999", out_dir=out
+    )
+    stream = io.StringIO()
+    code = launcher.run(options, evidence=api, stream=stream, progress=PlainProgress(stream))
+    return code, stream.getvalue(), evidence
+
+
+def test_node_1_writes_the_bundle_when_node_0_is_gone(tmp_path, monkeypatch):
+    code, said, evidence = _node_1_alone(tmp_path, monkeypatch, take=True)
+    assert code == 1
+    assert "so node 0 is gone: node 1 writes the bundle (a failing one)" in said
+    [ctx] = evidence.contexts  # node 1 wrote it, through the same writer node 0 uses
+    assert ctx.extra.node_zero_gone == NodeZeroGone(waited_s=0.3, by_node=1)
+    assert ctx.extra.nodes is not None and ctx.extra.nodes["0"].state == "started"
+    assert ctx.exit_code == 1  # node 0 never said how its torchrun ended
+
+
+def test_node_1_writes_nothing_while_node_0_holds_its_folder(tmp_path, monkeypatch):
+    """A node 0 alive (its claim held) writes the bundle itself, however late: node 1 only
+    waits for it, so one receipt results."""
+    code, said, evidence = _node_1_alone(tmp_path, monkeypatch, take=False)
+    assert code == 1
+    assert evidence.contexts == []
+    assert said.splitlines()[-1] == (
+        f"dcpqual run: node 0 wrote no bundle in {tmp_path / 'shared'} within 0.3s"
+    )
+
+
+def test_node_1_leaves_a_finished_node_0_to_write_its_bundle(tmp_path, monkeypatch):
+    out = tmp_path / "shared"
+    started = nodes.started_marker(0, 2, "127.0.0.1:29999", "t0")
+    monkeypatch.setenv(launcher.NODE_WAIT_ENV, "0.3")
+    nodes.write_marker(out, nodes.finished_marker(started, Launch(exit_code=0)))
+    stream = io.StringIO()
+    taken: list[Path] = []
+    api = replace(FakeEvidence().api(), take_out_dir=lambda path: taken.append(path) or True)
+    options = RunOptions(
+        node_rank=1, nnodes=2, nproc_per_node=1, rdzv_endpoint="127.0.0.1:29999", out_dir=out
+    )
+    assert not launcher._node_zero_gone(stream, options, api, out, 0.3)
+    assert taken == []
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "soon", "inf", "nan"])
+def test_a_bad_node_wait_is_one_line_before_anything_is_touched(tmp_path, monkeypatch, text):
+    monkeypatch.setenv(launcher.NODE_WAIT_ENV, text)
+    options = RunOptions(
+        node_rank=0,
+        nnodes=2,
+        nproc_per_node=1,
+        rdzv_endpoint="127.0.0.1:29999",
+        out_dir=tmp_path / "o",
+    )
+    with pytest.raises(UsageError, match=f"{launcher.NODE_WAIT_ENV} must be seconds above 0"):
+        run(options, FakeEvidence())
+    assert not (tmp_path / "o").exists()

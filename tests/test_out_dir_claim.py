@@ -10,7 +10,7 @@ import pytest
 
 from harness.cli import main
 from harness.errors import UsageError
-from harness.evidence.writer import prepare_out_dir, release_out_dir
+from harness.evidence.writer import prepare_out_dir, release_out_dir, take_out_dir
 
 
 def _race(folder: Path, runs: int) -> list[str]:
@@ -66,3 +66,36 @@ def test_dcpqual_run_on_a_folder_another_run_holds_is_one_line_and_exit_2(
         release_out_dir(folder)
     assert prepare_out_dir(folder) == folder  # once let go, the empty folder is usable
     release_out_dir(folder)
+
+
+def test_another_node_takes_the_folder_only_once_its_claimant_is_gone(tmp_path: Path) -> None:
+    """Node 0 holds its folder's claim for its whole run: node 1 cannot take it while node 0's
+    process lives, and can once that process is gone (SIGKILL closes its descriptor)."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "shared"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from harness.evidence.writer import prepare_out_dir; "
+            f"prepare_out_dir({str(folder)!r}); print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        assert not take_out_dir(folder)
+        holder.kill()
+        holder.wait()
+        assert take_out_dir(folder)
+        assert take_out_dir(folder)  # this process holds it already
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+        release_out_dir(folder)

@@ -545,17 +545,22 @@ def find_root_cause(
     junit_failures: Iterable[tuple[int, str, str]] = (),
     reasons: Iterable[str] = (),
     interrupted: str | None = None,
+    node_gone: str | None = None,
 ) -> RootCause | None:
     """The earliest failure, or None when nothing failed (see the module docstring).
 
     An interrupted run's root cause is the interruption (`interrupted`: how it is named): the
-    ranks' own endings are its consequences.
+    ranks' own endings are its consequences. So is a node 0 that died without writing the
+    bundle (`node_gone`: how it is named), for a run not interrupted first: its ranks' endings
+    are the wake of their node's death.
 
     Falls back, in order, to torchrun's error file, the first failing JUnit testcase of a rank
     without a record, and the first verdict reason (e.g. "torchrun exited with code 1").
     """
     if interrupted:
         return RootCause(rank=None, test=None, message=interrupted, kind="interrupted")
+    if node_gone:
+        return RootCause(rank=None, test=None, message=node_gone, kind="node-gone")
     torchrun_rank, torchrun_message = (
         (None, None) if torchrun_error is None else torchrun_error.cause()
     )

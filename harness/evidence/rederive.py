@@ -191,8 +191,11 @@ def _launch_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[str
             "run.extra.launch.zygote", zygote, g.world_size, rank_files.records
         )
         return
-    zygotes = rules.node_zygotes(zygote, receipt.run.extra.nodes)
+    writer = rules.launch_node(receipt.run)
+    zygotes = rules.node_zygotes(zygote, receipt.run.extra.nodes, writer)
     for node in sorted(set(zygotes) | {x.node_rank for x in rank_files.records.values()}):
+        if node == 0 and writer != 0:
+            continue  # node 0 died without saying how its ranks started: nothing to hold
         records = {r: x for r, x in rank_files.records.items() if x.node_rank == node}
         yield from _zygote_facts(
             f"node {node}'s zygote", zygotes.get(node), g.nproc_per_node, records
@@ -263,7 +266,8 @@ def _ending_facts(
     cause is the interruption, held by verify to the launcher's record of it; any other cause
     the records name is the receipt's, even one that calls itself an interruption."""
     cause = receipt.root_cause
-    if cause is not None and receipt.run.extra.interrupted is None:
+    launcher_cause = receipt.run.extra.interrupted or receipt.run.extra.node_zero_gone
+    if cause is not None and launcher_cause is None:
         derived_cause = find_root_cause(
             rank_files, timed_out=receipt.run.timed_out, torchrun_error=None
         )

@@ -8,8 +8,9 @@ check that a receipt's verdict, status and limitations follow from its own facts
   proved less than it selected), no failed or erroring test, at least one passed test, no lazy
   event outside negative controls, every negative-control
   window detected, no signature used in capture without being warmed on every rank, nothing
-  left in the out folder that is not evidence (strays) and no process left running after
-  torchrun exited (leftovers).
+  left in the out folder that is not evidence (strays), no process left running after
+  torchrun exited (leftovers), and, in a multi-node run, a node 0 that wrote the bundle itself
+  (one node 1 wrote because node 0 was gone, `run.extra.node_zero_gone`, always fails).
 - Status: `not-qualified` for a failing run; `qualified` only for a passing run on a host with
   GPUs that need not admit any limitation of `DENIES_QUALIFIED`: it ran on NCCL, every capture
   window was a real CUDA graph, inside an image identified by its digest whose build tree was
@@ -24,6 +25,7 @@ check that a receipt's verdict, status and limitations follow from its own facts
 - Limitations are `{key, text}` values, written as "<key>: <text>" lines too; the keys of
   `required_limitations` are the ones verify insists on: each follows from facts verify holds
   to the bundle's records (the real trees the ranks built, the warm code, the geometry, ...).
+  A few (`FACT_ONLY`) follow from one fact alone, and verify refuses them without it too.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from harness.schema.receipt import (
     Geometry,
     Models,
     NegativeControl,
+    NodeZeroGone,
     Ranks,
     Run,
     Selection,
@@ -76,8 +79,13 @@ DENIES_QUALIFIED: Final = frozenset(
         "smoke",
         "engine",
         "test-bodies",
+        "node-0",
     }
 )
+# Limitations only a fact of the run can give: a receipt that names one without that fact
+# claims an ending that did not happen (a run that did not need it is not limited so).
+NODE_ZERO_KEY: Final = "node-0"
+FACT_ONLY: Final = {NODE_ZERO_KEY: "run.extra.node_zero_gone"}
 
 
 class FailureFacts(Protocol):
@@ -154,6 +162,8 @@ def failure_reasons(
 ) -> list[str]:
     """Every reason the run fails; empty means pass. `coverage` None: not recorded."""
     reasons: list[str] = []
+    if run.extra.node_zero_gone is not None:
+        reasons.append(node_zero_gone_reason(run.extra.node_zero_gone))
     if run.extra.interrupted is not None:
         reasons.append(run.extra.interrupted.message())
     strays = run.extra.strays
@@ -210,15 +220,41 @@ def no_body_text(coverage: Coverage) -> str:
     )
 
 
+def node_zero_gone_reason(gone: NodeZeroGone) -> str:
+    """Node 0 never wrote the bundle: its launcher died (SIGKILL, a lost host) with its run.
+    Whatever its ranks' files say, the run fails: node 0's own ending never ran."""
+    return (
+        f"node 0 is gone: it wrote no receipt within {gone.waited_s:g}s of node "
+        f"{gone.by_node}'s torchrun exiting and never said its own torchrun finished"
+    )
+
+
+def node_zero_limitation(gone: NodeZeroGone) -> str:
+    """The `node-0` limitation's text: what a bundle node 0 did not write lacks."""
+    return (
+        f"node 0 ended without writing the bundle; node {gone.by_node} wrote it from what the "
+        "shared folder held: node 0's own record of its launch is lost, and its ranks' files "
+        "are only what they left"
+    )
+
+
+def launch_node(run: Run) -> int:
+    """The node whose launcher wrote the bundle, whose launch `run.extra.launch` records:
+    node 0, or the node that wrote it when node 0 was gone."""
+    gone = run.extra.node_zero_gone
+    return 0 if gone is None else gone.by_node
+
+
 def leftover_reason(run: Run) -> str | None:
     """Processes a launcher ended because they outlived its torchrun (a daemon a test started,
     a rank's orphan), on node 0 (its launch) or another node (its finished marker): whatever
     they did after their test passed, no test checked."""
     by_node: dict[int, list[int]] = {}
+    writer = launch_node(run)
     if run.extra.launch is not None and run.extra.launch.leftovers:
-        by_node[0] = run.extra.launch.leftovers
+        by_node[writer] = run.extra.launch.leftovers
     for marker in (run.extra.nodes or {}).values():
-        if marker is not None and marker.node_rank != 0 and marker.leftovers:
+        if marker is not None and marker.node_rank != writer and marker.leftovers:
             by_node[marker.node_rank] = marker.leftovers
     if not by_node:
         return None
@@ -375,14 +411,20 @@ def required_limitations(
     coverage: Coverage | None = None,
     smoke: bool = False,
     suites: Mapping[str, Tally] | None = None,
+    node_zero_gone: NodeZeroGone | None = None,
 ) -> dict[str, str]:
     """{key: text} for every path that did not run; verify checks that each key is listed.
     `models`: vLLM's real trees the ranks built; `warm_impl`: the warm code the ranks ran, which
     limits the run only where a suite that runs it ran (`suites`, per suite; None: assumed);
     `zygote`: how the launch says its ranks started (None: torchrun started each); `nodes`:
     every node's marker in a multi-node run, which says the same of that node; `coverage`:
-    what the records say ran (None: not recorded); `smoke`: the bundle is the one-GPU smoke's."""
-    out: dict[str, str] = hash_seed_limitation(zygote, nodes)
+    what the records say ran (None: not recorded); `smoke`: the bundle is the one-GPU smoke's;
+    `node_zero_gone`: node 0 died and another node wrote the bundle (then `zygote` is that
+    node's)."""
+    writer = 0 if node_zero_gone is None else node_zero_gone.by_node
+    out: dict[str, str] = hash_seed_limitation(zygote, nodes, writer)
+    if node_zero_gone is not None:
+        out[NODE_ZERO_KEY] = node_zero_limitation(node_zero_gone)
     if smoke:
         out["smoke"] = SMOKE_LIMITATION
     if narrowed := narrowing(selection):
@@ -588,26 +630,31 @@ def skip_limitation(coverage: Coverage | None) -> dict[str, str]:
 
 
 def node_zygotes(
-    zygote: ZygoteState | None, nodes: Mapping[str, NodeState | None] | None
+    zygote: ZygoteState | None,
+    nodes: Mapping[str, NodeState | None] | None,
+    writer: int = 0,
 ) -> dict[int, ZygoteState | None]:
-    """{node rank: its zygote's state} as far as the receipt knows: node 0's from its launch,
-    every other node's from its marker (None: no zygote, or a marker that does not say)."""
-    known: dict[int, ZygoteState | None] = {0: zygote}
+    """{node rank: its zygote's state} as far as the receipt knows: the writing node's (node 0,
+    or `writer` when node 0 was gone) from its launch, every other node's from its marker
+    (None: no zygote, or a marker that does not say; a node 0 that is gone said nothing)."""
+    known: dict[int, ZygoteState | None] = {writer: zygote}
     for key, marker in (nodes or {}).items():
-        if marker is not None and marker.node_rank != 0 and key.isdigit():
+        if marker is not None and marker.node_rank != writer and key.isdigit():
             known[marker.node_rank] = marker.zygote
     return known
 
 
 def hash_seed_limitation(
-    zygote: ZygoteState | None, nodes: Mapping[str, NodeState | None] | None = None
+    zygote: ZygoteState | None,
+    nodes: Mapping[str, NodeState | None] | None = None,
+    writer: int = 0,
 ) -> dict[str, str]:
     """{key: text} where ranks were forked from a zygote and share its random string-hash seed,
     where ranks torchrun starts itself would each draw their own: on any node whose state the
     receipt holds (node 0's launch, the other nodes' markers)."""
     shared = {
         k: z
-        for k, z in sorted(node_zygotes(zygote, nodes).items())
+        for k, z in sorted(node_zygotes(zygote, nodes, writer).items())
         if z is not None and z.used and z.hash_seed == "shared-random"
     }
     if not shared:
@@ -645,6 +692,12 @@ def render_limitations(*parts: dict[str, str]) -> list[Limitation]:
 def missing_limitations(keys: list[str], required: dict[str, str]) -> list[str]:
     """Required keys that no limitation has."""
     return [key for key in required if key not in keys]
+
+
+def unfounded_limitations(keys: list[str], required: Mapping[str, str]) -> list[str]:
+    """Limitation keys only a fact can give (`FACT_ONLY`, key -> the fact) that the receipt
+    names without that fact."""
+    return [key for key in keys if key in FACT_ONLY and key not in required]
 
 
 def misstated_limitations(stated: list[tuple[str, str]], required: dict[str, str]) -> list[str]:

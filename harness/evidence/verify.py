@@ -13,7 +13,10 @@ Four layers, each problem one line that starts with the file it is about:
    launch.json and, with several nodes, every node's marker (harness.evidence.launch_record);
    an exit code of 0 is refused while the bundle holds a rank's torchrun error file (the ranks
    write those themselves, on a failure that fails their exit status and so torchrun's); an
-   interrupted run's root cause is its interruption, and only an interrupted run's; verdict,
+   interrupted run's root cause is its interruption, and only an interrupted run's; a bundle
+   node 1 wrote because node 0 was gone (`run.extra.node_zero_gone`) fails, names node 0's
+   death as its root cause unless interrupted first, and keeps node 0's unfinished marker; the
+   `node-0` limitation is named exactly when that fact is there; verdict,
    status and root cause follow from the receipt's own facts, and the required limitations
    from those facts with the coverage the rank records give (harness.evidence.rules); every
    file under `strays/` is a stray the receipt names as moved there, and the reverse
@@ -267,6 +270,7 @@ def _check_consistency(bundle: Path, receipt: Receipt, coverage: Coverage) -> li
     problems += _check_launched(receipt)
     problems += _check_rank_error_files(bundle, receipt)
     problems += _check_interruption(receipt)
+    problems += _check_node_zero_gone(receipt)
     reasons = rules.failure_reasons_of(receipt)
     verdict = rules.verdict_of(reasons)
     if receipt.verdict != verdict:
@@ -301,6 +305,11 @@ def _check_consistency(bundle: Path, receipt: Receipt, coverage: Coverage) -> li
         )
     for key in rules.missing_limitations(receipt.limitation_keys(), required):
         problems.append(f"{RECEIPT_NAME}: limitations do not name '{key}': {required[key]}")
+    for key in rules.unfounded_limitations(receipt.limitation_keys(), required):
+        problems.append(
+            f"{RECEIPT_NAME}: limitation '{key}' is named, but {rules.FACT_ONLY[key]} that "
+            "alone gives it is absent"
+        )
     for key in rules.misstated_limitations(_limitation_pairs(receipt), required):
         problems.append(
             f"{RECEIPT_NAME}: limitation '{key}' does not say what the receipt's facts give: "
@@ -364,6 +373,8 @@ def _check_interruption(receipt: Receipt) -> list[str]:
     launch names it (held to launch.json); a root cause of kind "interrupted" without that
     record could blame any rank or test (the records' own cause is re-derived regardless)."""
     cause, interrupted = receipt.root_cause, receipt.run.extra.interrupted
+    if interrupted is None and receipt.run.extra.node_zero_gone is not None:
+        return []  # the cause is the node's death (_check_node_zero_gone)
     if interrupted is None:
         if cause is not None and cause.kind == "interrupted":
             return [
@@ -381,6 +392,45 @@ def _check_interruption(receipt: Receipt) -> list[str]:
         f"{RECEIPT_NAME}: {found.field} is {found.stated!r} but the launcher's record of the "
         f"launch (run.extra.launch.interrupted) says {found.derived!r}"
     ]
+
+
+def _check_node_zero_gone(receipt: Receipt) -> list[str]:
+    """A bundle another node wrote because node 0 died: only a multi-node run has one, the
+    writer is a node of it, node 0's marker in it never said finished (node 0 would have
+    written the bundle itself), and its root cause is node 0's death unless an interruption
+    came first; a cause of kind "node-gone" without that fact could blame anything."""
+    gone, cause = receipt.run.extra.node_zero_gone, receipt.root_cause
+    if gone is None:
+        if cause is not None and cause.kind == "node-gone":
+            return [
+                f"{RECEIPT_NAME}: root_cause.kind is 'node-gone' but run.extra.node_zero_gone "
+                "names no node 0 that was gone"
+            ]
+        return []
+    nnodes = receipt.geometry.nnodes
+    if gone.by_node >= nnodes:
+        return [
+            f"{RECEIPT_NAME}: run.extra.node_zero_gone.by_node is {gone.by_node}, not a node "
+            f"of this {nnodes}-node run"
+        ]
+    problems = []
+    zero = (receipt.run.extra.nodes or {}).get("0")
+    if zero is not None and zero.state == "finished":
+        problems.append(
+            f"{RECEIPT_NAME}: run.extra.node_zero_gone, but node 0's marker says its torchrun "
+            "finished (such a node 0 writes the bundle itself)"
+        )
+    if receipt.run.extra.interrupted is None and cause is not None:
+        expected = RootCause(
+            rank=None, test=None, message=rules.node_zero_gone_reason(gone), kind="node-gone"
+        )
+        found = first_difference("root_cause", cause.model_dump(), expected.model_dump())
+        if found is not None:
+            problems.append(
+                f"{RECEIPT_NAME}: {found.field} is {found.stated!r} but "
+                f"run.extra.node_zero_gone says {found.derived!r}"
+            )
+    return problems
 
 
 def required_limitations_of(receipt: Receipt, coverage: Coverage | None = None) -> dict[str, str]:
@@ -404,6 +454,7 @@ def required_limitations_of(receipt: Receipt, coverage: Coverage | None = None) 
         coverage=receipt.coverage if coverage is None else coverage,
         smoke=receipt.run.extra.smoke is not None,
         suites=receipt.suites,
+        node_zero_gone=receipt.run.extra.node_zero_gone,
     )
     if (
         receipt.skip_reasons is None

@@ -119,6 +119,28 @@ def prepare_out_dir(path: Path) -> Path:
     return path
 
 
+def take_out_dir(path: Path) -> bool:
+    """Claim an existing out folder with the lock `prepare_out_dir` takes, without waiting;
+    False while another process holds it. Node 0 of a multi-node run holds it for its whole
+    run, so another node that gets it knows node 0's launcher is gone, on a folder whose locks
+    every node shares (a local folder; a network file system may not carry them between
+    hosts). Held like a prepared folder's claim, until `release_out_dir`."""
+    path = Path(path).absolute()
+    if path in _CLAIMED:
+        return True
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    except BaseException:
+        os.close(fd)
+        raise
+    _CLAIMED[path] = fd
+    return True
+
+
 def release_out_dir(path: Path) -> None:
     """Let go of an out folder this process claimed (its run is over)."""
     fd = _CLAIMED.pop(Path(path).absolute(), None)
@@ -274,6 +296,7 @@ def assemble_receipt(
             junit_failures=merged.failures(),
             reasons=reasons,
             interrupted=_interruption(run),
+            node_gone=_node_gone(run),
         )
         root_cause = _with_stack_dump(out_dir, root_cause)
     environment = capture_environment(hosts=facts.hosts)
@@ -295,6 +318,7 @@ def assemble_receipt(
         coverage=facts.coverage,
         smoke=ctx.extra.smoke is not None,
         suites=facts.suites,
+        node_zero_gone=ctx.extra.node_zero_gone,
     )
     limitation_items = rules.render_limitations(
         required,
@@ -404,6 +428,11 @@ def _with_stack_dump(out_dir: Path, cause: RootCause | None) -> RootCause | None
 def _interruption(run: Run) -> str | None:
     interrupted = run.extra.interrupted
     return None if interrupted is None else interrupted.message()
+
+
+def _node_gone(run: Run) -> str | None:
+    gone = run.extra.node_zero_gone
+    return None if gone is None else rules.node_zero_gone_reason(gone)
 
 
 def _unreadable_notes(unreadable: dict[int, str]) -> list[str]:

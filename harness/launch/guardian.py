@@ -9,6 +9,8 @@ closes without it means the launcher died, and the guardian then waits for the r
 to end (found by the rank plan in their environment) and scrubs the out folder as an ending
 would have (the same secrets: the same environment, and the secrets typed on the launcher's
 command line, which it sends first). No bundle is written: the folder says what ran, scrubbed.
+It scrubs holding the folder's lock its launcher held, so on a multi-node run's shared folder
+its scrub and another node writing the bundle in the dead launcher's place never interleave.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ DONE = b"done\n"
 # Guardians left scrubbing by launchers that raised: kept, so none is collected while it runs.
 _ABANDONED: list[subprocess.Popen[bytes]] = []
 WAIT_FOR_RUN_S = 60.0
+# How long the guardian waits for the folder's lock (another node writing the bundle) before it
+# scrubs regardless: a secret left on disk is worse than a bundle whose hashes it breaks.
+WAIT_FOR_LOCK_S = 120.0
 
 
 class Guardian:
@@ -124,8 +129,19 @@ def main(argv: list[str]) -> int:
     if isinstance(typed, list):
         register_secrets([t for t in typed if isinstance(t, str)])
     with contextlib.suppress(Exception):
+        _take(out_dir, WAIT_FOR_LOCK_S)
+    with contextlib.suppress(Exception):
         scrub_folder(out_dir, environment_scrubber())
     return 0
+
+
+def _take(out_dir: Path, wait_s: float) -> None:
+    """The out folder's lock, held until this process exits, or nothing after `wait_s`."""
+    from harness.evidence.writer import take_out_dir
+
+    deadline = time.monotonic() + wait_s
+    while not take_out_dir(out_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, TextIO
 
-from harness.errors import DcpqualError
+from harness.errors import DcpqualError, UsageError
+from harness.evidence import rules
 from harness.evidence.redact import ScrubFailed, environment_scrubber, typed_secrets
 from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
@@ -42,15 +43,18 @@ from harness.launch.zygote import ZygoteRun
 from harness.schema.launch import Interruption, Launch, NodeState
 from harness.schema.layout import MERGED_JUNIT, RECEIPT_NAME, RECORDS_DIR, SUMMARY_NAME
 from harness.schema.plan import PLAN_ENV
-from harness.schema.receipt import Receipt, Scrub, Stray
+from harness.schema.receipt import NodeZeroGone, Receipt, Scrub, Stray
 from harness.terminal import printable
 
 if TYPE_CHECKING:
     from harness.evidence.redact import ScrubReport
 
 # How long node 0 waits for the other nodes' "finished" markers after its own torchrun exits,
-# and how long they wait for its receipt. Their torchruns end within seconds of each other.
+# and how long they wait for its receipt (node 1, after that, to take over node 0's claim on the
+# folder when node 0 is gone). Their torchruns end within seconds of each other. NODE_WAIT_ENV
+# sets it (seconds > 0), as DCPQUAL_RUN_TIMEOUT sets --timeout.
 NODE_WAIT_S = 120.0
+NODE_WAIT_ENV = "DCPQUAL_RUN_NODE_WAIT"
 # How long node K waits for node 0 to create the shared out folder.
 JOIN_WAIT_S = 120.0
 # How often the launcher looks at the run while torchrun runs: the progress line, the overall
@@ -84,6 +88,7 @@ class Evidence:
     verify_bundle: Callable[[Path], list[str]]
     scrub_out_dir: Callable[[Path], ScrubReport] = _nothing_scrubbed
     set_aside: Callable[[Path], list[Stray]] = lambda out_dir: []
+    take_out_dir: Callable[[Path], bool] = lambda out_dir: False
 
     @classmethod
     def load(cls) -> Evidence:
@@ -94,13 +99,20 @@ class Evidence:
             finalize_bundle,
             prepare_out_dir,
             scrub_out_dir,
+            take_out_dir,
         )
 
         def problems(path: Path) -> list[str]:
             return list(verify_bundle(path).problems)
 
         return cls(
-            prepare_out_dir, default_out_dir, finalize_bundle, problems, scrub_out_dir, set_aside
+            prepare_out_dir,
+            default_out_dir,
+            finalize_bundle,
+            problems,
+            scrub_out_dir,
+            set_aside,
+            take_out_dir,
         )
 
 
@@ -419,6 +431,8 @@ def run(
     """The whole `dcpqual run`; returns the process exit code (0 only on a verified pass)."""
     stream = sys.stdout if stream is None else stream
     evidence = Evidence.load() if evidence is None else evidence
+    if options.multi_node:
+        node_wait_s()  # a bad setting is one line before anything is touched
     out_dir = prepare(options, evidence)
     try:
         return _run(options, evidence, stream, progress, out_dir)
@@ -567,12 +581,40 @@ def _finish(
             f"dcpqual run: {result.zygote.sent_cold} rank(s) started cold, not forked: "
             f"{result.zygote.sent_cold_why}",
         )
+    gone = None
+    markers: dict[int, NodeState | None] | None = None
     if options.node_rank != 0:
-        code = _follow_node0(stream, out_dir, result)
-        return code or (1 if zygote_error else 0)
-    markers = (
-        nodes.wait_for_nodes(out_dir, options.nnodes, NODE_WAIT_S) if options.multi_node else None
+        wait_s = node_wait_s()
+        if not _node_zero_gone(stream, options, evidence, out_dir, wait_s):
+            # A node after node 1 waits out node 1's wait too: node 1 may write the bundle.
+            waits = 1 if options.node_rank == 1 else 2
+            code = _follow_node0(stream, out_dir, result, wait_s * waits)
+            return code or (1 if zygote_error else 0)
+        gone = NodeZeroGone(waited_s=wait_s, by_node=options.node_rank)
+        markers = nodes.wait_for_nodes(out_dir, options.nnodes, 0.0)  # as they are now
+    elif options.multi_node:
+        markers = nodes.wait_for_nodes(out_dir, options.nnodes, node_wait_s())
+    return _write_bundle(
+        options, evidence, stream, plan, result, seen, held, scrubbed, markers, gone
     )
+
+
+def _write_bundle(
+    options: RunOptions,
+    evidence: Evidence,
+    stream: TextIO,
+    plan: RunPlan,
+    result: Launch,
+    seen: Snapshot,
+    held: ending.Hold,
+    scrubbed: ScrubReport,
+    markers: dict[int, NodeState | None] | None,
+    gone: NodeZeroGone | None = None,
+) -> int:
+    """Node 0's ending (or node 1's, in place of a node 0 that is gone): set strays aside,
+    gather the rank logs, write the bundle and verify it, and tell the verdict."""
+    out_dir = plan.out_dir
+    zygote_error = result.zygote.error if result.zygote is not None else None
     scrub = Scrub(
         changed=list(scrubbed.changed),
         renamed=list(scrubbed.renamed),
@@ -584,7 +626,8 @@ def _finish(
         collect_rank_logs(out_dir, options.world_size, options.nproc_per_node)
         result = held.name_in(result, seen)  # a signal held since torchrun exited interrupted it
         ctx = run_context(plan, result, nodes=markers)
-        ctx = replace(ctx, extra=ctx.extra.model_copy(update={"scrub": scrub, "strays": strays}))
+        update = {"scrub": scrub, "strays": strays, "node_zero_gone": gone}
+        ctx = replace(ctx, extra=ctx.extra.model_copy(update=update))
         receipt = evidence.finalize_bundle(out_dir, ctx)
     except ScrubFailed as exc:
         _say(sys.stderr, _secrets_left(out_dir, exc))
@@ -658,19 +701,65 @@ def _secrets_left(out_dir: Path, exc: ScrubFailed) -> str:
     )
 
 
-def _follow_node0(stream: TextIO, out_dir: Path, result: Launch) -> int:
-    """Node K > 0: node 0's verdict and ending, told on this node too."""
+def node_wait_s() -> float:
+    """How long the nodes wait for each other's markers and node 0's receipt: NODE_WAIT_S, or
+    the seconds NODE_WAIT_ENV gives (a usage error unless a number above 0)."""
+    text = os.environ.get(NODE_WAIT_ENV, "").strip()
+    if not text:
+        return NODE_WAIT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise UsageError(f"{NODE_WAIT_ENV} must be seconds above 0, got {text!r}")
+    return value
+
+
+def _node_zero_gone(
+    stream: TextIO, options: RunOptions, evidence: Evidence, out_dir: Path, wait_s: float
+) -> bool:
+    """Node 1: True when it is to write the bundle itself, because node 0 wrote no receipt
+    within `wait_s`, its marker never said its torchrun finished, and this node took node 0's
+    claim on the folder (node 0's launcher holds it for its whole run, so it is gone)."""
+    if options.node_rank != 1:
+        return False
+    try:
+        if nodes.wait_for_receipt(out_dir, wait_s) is not None:
+            return False
+    except nodes.InvalidReceipt:
+        return False  # node 0 finished a bundle; following it says what is wrong with it
+    if nodes.finished(out_dir, 0):
+        return False
+    if not nodes.take_over(out_dir, wait_s, evidence.take_out_dir):
+        return False
+    _say(
+        stream,
+        f"dcpqual run: node 0 wrote no bundle in {out_dir} within {wait_s:g}s and never said "
+        "its torchrun finished; its claim on the folder is free, so node 0 is gone: node 1 "
+        "writes the bundle (a failing one)",
+    )
+    return True
+
+
+def _follow_node0(
+    stream: TextIO, out_dir: Path, result: Launch, wait_s: float | None = None
+) -> int:
+    """Node K > 0: node 0's verdict and ending (or node 1's bundle, where node 0 was gone),
+    told on this node too. `wait_s`: how long to wait for it (default: `node_wait_s()`)."""
     from harness.evidence.ending import ending_lines
 
+    wait_s = node_wait_s() if wait_s is None else wait_s
     try:
-        receipt = nodes.wait_for_receipt(out_dir, NODE_WAIT_S)
+        receipt = nodes.wait_for_receipt(out_dir, wait_s)
     except nodes.InvalidReceipt as exc:
         _say(stream, f"dcpqual run: node 0's bundle in {out_dir} has no valid receipt: {exc}")
         return 1
     if receipt is None:
-        _say(stream, f"dcpqual run: node 0 wrote no bundle in {out_dir} within {NODE_WAIT_S:g}s")
+        _say(stream, f"dcpqual run: node 0 wrote no bundle in {out_dir} within {wait_s:g}s")
         return 1
-    _say(stream, f"dcpqual run: node 0's bundle says {receipt.verdict.upper()}: {out_dir}")
+    writer = rules.launch_node(receipt.run)  # node 1, where node 0 was gone
+    _say(stream, f"dcpqual run: node {writer}'s bundle says {receipt.verdict.upper()}: {out_dir}")
     for line in ending_lines(receipt, out_dir):
         _say(stream, line)
     return 0 if receipt.verdict == "pass" and result.exit_code == 0 else 1

@@ -10,6 +10,13 @@ logs under `torchrun/node-KK/`. When its torchrun exits, each node rewrites its 
 writes the one bundle (all ranks) and verifies it; the other nodes wait for `receipt.json` and
 exit with its verdict, so every node's exit code tells the same story.
 
+When node 0 dies (SIGKILL, a lost host) it writes no bundle. Node 1 then writes it in node 0's
+place, once no receipt came within its wait, node 0's marker never said finished, and it could
+take the exclusive lock node 0's launcher holds on the folder for its whole run (`take_over`):
+the receipt fails the run and says why (`run.extra.node_zero_gone`, the `node-0` limitation).
+The lock is what keeps a late node 0 and node 1 from both writing one, so it holds where every
+node shares the folder's locks: one host, or a network file system that carries them.
+
 Without a shared folder node K never sees node 0's marker and stops with a clear error.
 """
 
@@ -19,6 +26,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -103,6 +111,32 @@ def wait_for_nodes(out_dir: Path, nnodes: int, wait_s: float) -> dict[int, NodeS
         if time.monotonic() >= deadline:
             return markers
         time.sleep(0.2)
+
+
+def finished(out_dir: Path, node_rank: int) -> bool:
+    """Node `node_rank`'s marker says its torchrun finished."""
+    marker = read_marker(out_dir, node_rank)
+    return marker is not None and marker.state == "finished"
+
+
+def _bundle_begun(out_dir: Path) -> bool:
+    return any((out_dir / name).exists() for name in (RECEIPT_NAME, SUMS_NAME))
+
+
+def take_over(out_dir: Path, wait_s: float, take: Callable[[Path], bool]) -> bool:
+    """Node 1, once node 0 wrote no receipt in time and never said it finished: True once this
+    process holds node 0's claim on the folder (`take`: the lock node 0's launcher holds for its
+    whole run, taken without waiting) and no bundle was begun; False when a bundle was begun
+    (node 0 was alive after all) or the claim stayed held until the deadline (node 0, or its
+    guardian scrubbing the folder, is still there)."""
+    deadline = time.monotonic() + wait_s
+    while not _bundle_begun(out_dir):
+        if take(out_dir):
+            return not _bundle_begun(out_dir)  # node 0 may have finished just before
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return False
 
 
 class InvalidReceipt(ValueError):

@@ -218,6 +218,7 @@ RootCauseKind = Literal[
     "junit",
     "run",
     "interrupted",
+    "node-gone",
 ]
 
 
@@ -361,6 +362,16 @@ class Stray(Model):
     action: str  # "removed" | "moved to strays/..."
 
 
+class NodeZeroGone(Model):
+    """extension: node 0 of a multi-node run ended without writing the bundle (no receipt
+    within `waited_s` seconds of node `by_node`'s torchrun exiting, and node 0's marker never
+    said finished); node `by_node` wrote it from what the shared folder held, and the run's
+    `launch` is that node's."""
+
+    waited_s: NonNegativeFloat
+    by_node: PositiveInt
+
+
 class RunExtra(Model):
     """What the launcher (or the smoke) adds about the run; each part only where it applies."""
 
@@ -370,6 +381,7 @@ class RunExtra(Model):
     scrub: Scrub | None = None
     strays: list[Stray] = Field(default_factory=list)
     smoke: Smoke | None = None
+    node_zero_gone: NodeZeroGone | None = None
 
     @property
     def interrupted(self) -> Interruption | None:

@@ -1,0 +1,84 @@
+"""Node 0 of a two-node run dies (its agent SIGKILLed, as when its host is lost) while the
+ranks run: node 1 writes the bundle in its place, a failing one that says node 0 is gone and
+that `dcpqual verify` accepts. Two real `dcpqual run` agents of one rank each, sharing one
+rendezvous and one `--out`, as `_support.runs.two_nodes` starts them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _support.runs import SUITES, free_port, processes_of_run, receipt, records
+
+from harness.cli import main
+from harness.launch.launcher import NODE_WAIT_ENV
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+REPO = Path(__file__).resolve().parents[1]
+TEST = "test_meets_its_peers_until_node_0_is_gone"
+
+
+def _wait_until(check, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _both_in_the_test(out: Path) -> bool:
+    try:
+        recs = records(out)
+    except (OSError, ValueError):
+        return False
+    running = [r.current_test or "" for r in recs.values()]
+    return len(running) == 2 and all(f"::{TEST}" in t for t in running)
+
+
+def _agent(out: Path, k: int, endpoint: str) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "harness", "run", "--nproc-per-node", "1", "--nnodes", "2"]
+    argv += ["--node-rank", str(k), "--rdzv-endpoint", endpoint, "--tp", "2", "--out", str(out)]
+    argv += ["--timeout", "240", "--", str(SUITES / "rank_node_gone.py")]
+    env = {**os.environ, NODE_WAIT_ENV: "3", "PYTHONPATH": str(REPO)}
+    with (out.parent / f"{out.name}-node-{k}.console").open("wb") as console:
+        return subprocess.Popen(argv, env=env, stdout=console, stderr=subprocess.STDOUT, cwd=REPO)
+
+
+def test_node_1_writes_a_failing_bundle_that_verifies_when_node_0_is_killed(tmp_path):
+    out = tmp_path / "shared"
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = {k: _agent(out, k, endpoint) for k in (0, 1)}
+    try:
+        assert _wait_until(lambda: _both_in_the_test(out), 240), "the ranks never met"
+        agents[0].send_signal(signal.SIGKILL)
+        assert agents[0].wait() == -signal.SIGKILL
+        code = agents[1].wait(timeout=300)
+    finally:
+        for agent in agents.values():
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+    console = (tmp_path / "shared-node-1.console").read_text(errors="replace")
+    assert code == 1, console
+    assert "node 1 writes the bundle" in console, console
+    assert (out / "receipt.json").is_file() and (out / "SHA256SUMS").is_file()
+    assert main(["verify", str(out)]) == 0  # an honest bundle: valid, and failing
+    data = receipt(out)
+    assert (data["verdict"], data["status"]) == ("fail", "not-qualified")
+    assert data["run"]["extra"]["node_zero_gone"] == {"waited_s": 3.0, "by_node": 1}
+    cause = data["root_cause"]
+    assert (cause["kind"], cause["rank"]) == ("node-gone", None), cause
+    assert cause["message"].startswith("node 0 is gone: it wrote no receipt within 3s")
+    assert any(line.startswith("node-0: node 0 ended without") for line in data["limitations"])
+    assert data["run"]["exit_code"] != 0
+    zero = json.loads((out / "nodes" / "node-00.json").read_text())
+    assert zero["state"] == "started"  # node 0 never said it finished
+    assert 0 in data["ranks"]["killed"]  # node 0's rank left no complete record
+    assert _wait_until(lambda: not processes_of_run(out), 90), processes_of_run(out)
