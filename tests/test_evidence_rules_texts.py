@@ -21,6 +21,7 @@ from harness.schema.receipt import (
     Geometry,
     Models,
     NegativeControl,
+    NodeZeroGone,
     Ranks,
     Run,
     RunExtra,
@@ -481,6 +482,37 @@ def test_the_hash_seed_limitation_counts_the_forked_ranks_where_they_share_a_see
     assert rules.node_zygotes(None, {"x": marker(1, shared)}) == {0: None}
 
 
+GONE = NodeZeroGone(waited_s=3.0, by_node=1)
+
+
+def test_a_bundle_node_1_wrote_for_a_gone_node_0_says_so_and_reads_node_1s_launch() -> None:
+    assert said("node-0", node_zero_gone=GONE) == (
+        "node 0 ended without writing the bundle; node 1 wrote it from what the shared folder "
+        "held: node 0's own record of its launch is lost, and its ranks' files are only what "
+        "they left"
+    )
+    assert "node-0" not in required()
+    assert rules.launch_node(Run()) == 0
+    assert rules.launch_node(Run(extra=RunExtra(node_zero_gone=GONE))) == 1
+    # The launch is node 1's: its zygote is node 1's, and node 1's marker says the same again.
+    shared = ZygoteState(used=True, forked=3, hash_seed="shared-random")
+    node1 = NodeState(node_rank=1, nnodes=2, rdzv_endpoint="n0:1", state="finished", zygote=shared)
+    markers = {"0": None, "1": node1}
+    assert said("hash-seed", zygote=shared, nodes=markers, node_zero_gone=GONE).startswith(
+        "3 rank(s) were forked from one preloaded interpreter (node(s) 1) and"
+    )
+    assert rules.hash_seed_limitation(shared, markers, writer=1)["hash-seed"].startswith(
+        "3 rank(s) were forked from one preloaded interpreter (node(s) 1) and"
+    )
+    assert rules.hash_seed_limitation(shared, markers)["hash-seed"].startswith("6 rank(s)")
+
+
+def test_only_its_fact_founds_the_node_0_limitation() -> None:
+    assert rules.unfounded_limitations(["hash-seed", "node-0"], {}) == ["node-0"]
+    assert rules.unfounded_limitations(["node-0"], {"node-0": "text"}) == []
+    assert rules.unfounded_limitations(["hash-seed", "smoke"], {}) == []
+
+
 def test_advisory_limitations_are_for_a_reviewer() -> None:
     assert rules.advisory_limitations(backend="nccl", nvml=False, notes=["a", "b"]) == {
         "gpu-facts": "nvidia-ml-py was not importable: GPU UUIDs and driver not from NVML",
@@ -533,6 +565,13 @@ def test_each_failure_is_told_in_its_own_words() -> None:
     missed = NegativeControl(expected=3, detected=1, lazy_events=1, missed=["a", "b"])
     assert reasons(negative_control=missed) == ["2 of 3 negative-control windows went undetected"]
     assert reasons(negative_control=NegativeControl(expected=3, detected=3, lazy_events=3)) == []
+
+
+def test_a_gone_node_0_fails_the_run_in_its_own_words() -> None:
+    assert reasons(run=Run(extra=RunExtra(node_zero_gone=GONE))) == [
+        "node 0 is gone: it wrote no receipt within 3s of node 1's torchrun exiting and never "
+        "said its own torchrun finished"
+    ]
 
 
 def test_failed_and_erroring_tests_name_their_suites() -> None:
