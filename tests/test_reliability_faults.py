@@ -14,8 +14,8 @@ torchrun SIGTERMs the rest, and a survivor that was between its test and the end
 is stopped there; that timing is the scheduler's (the receipt's `ranks.killed` lists them too,
 and `ranks.stopped` those whose record says they were stopped).
 
-The world-2 versions of the assertion, `os._exit`, plain hang and collection-mismatch faults live
-in tests/test_run_torchrun.py; its helpers are reused here.
+The assertion and `os._exit` faults are launched here only; the world-2 plain hang and
+collection-mismatch faults live in tests/test_run_torchrun.py.
 
 Shown to fail when the protection is removed (bottom of the file, in-process): the launcher's
 final kill of the process tree, and the rank watchdog's per-test timeout.

@@ -22,7 +22,6 @@ from _support.runs import (
 )
 
 from harness.cli import main
-from harness.evidence.collect import in_progress
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
 
@@ -65,29 +64,6 @@ def test_a_users_omp_num_threads_above_1_starts_the_ranks_cold_and_says_why(tmp_
     assert not any(line.startswith("hash-seed: ") for line in data["limitations"])
     assert main(["verify", str(out)]) == 0
     assert processes_of_run(out) == []
-
-
-def test_an_assertion_on_one_rank_fails_every_rank_with_it_as_root_cause(tmp_path):
-    out = tmp_path / "assert"
-    code, elapsed = run(out, 2, "rank_assert.py")
-    assert_fault(out, code, elapsed, rank=1, test="test_fault")
-    recs = records(out)
-    [fault0] = [t for t in recs[0].tests if t.nodeid.endswith("::test_fault")]
-    [fault1] = [t for t in recs[1].tests if t.nodeid.endswith("::test_fault")]
-    assert (fault1.outcome, fault1.primary) == ("failed", True)
-    assert fault0.outcome in ("failed", "error") and not fault0.primary
-    assert fault0.failing_ranks == (1,)
-    assert not any(t.nodeid.endswith("::test_after") for r in recs.values() for t in r.tests)
-
-
-def test_a_rank_that_dies_is_the_root_cause_and_recorded_as_killed(tmp_path):
-    out = tmp_path / "exit"
-    code, elapsed = run(out, 2, "rank_exit.py")
-    data = assert_fault(out, code, elapsed, rank=1, test="test_fault")
-    assert 1 in data["ranks"]["killed"]
-    recs = records(out)
-    assert not recs[1].complete and (in_progress(recs[1]) or "").endswith("::test_fault")
-    assert recs[0].abort_reason is not None  # told to stop, and said so
 
 
 def test_a_hang_is_ended_by_the_per_test_timeout_with_stack_dumps(tmp_path):
