@@ -35,6 +35,8 @@ def free_port() -> int:
 # How long a two-agent job may take before both agents are stopped (SIGTERM: each still
 # finishes its bundle), far below torchrun's own rendezvous timeout.
 TWO_NODES_S = 420.0
+# How long a stopped agent has to finish its bundle before it is SIGKILLed.
+STOP_GRACE_S = 120.0
 
 
 def two_nodes(out: Path, nproc: int, suite: str) -> tuple[int, int]:
@@ -56,14 +58,18 @@ def two_nodes(out: Path, nproc: int, suite: str) -> tuple[int, int]:
                 cwd=Path(__file__).resolve().parents[2],
             )
     deadline = time.monotonic() + TWO_NODES_S
-    stopped = False
+    stopped_at: float | None = None
     while any(a.poll() is None for a in agents.values()):
         failed = any(a.returncode not in (None, 0) for a in agents.values())
-        if not stopped and (failed or time.monotonic() > deadline):
+        if stopped_at is None and (failed or time.monotonic() > deadline):
             for agent in agents.values():
                 if agent.poll() is None:
                     agent.send_signal(signal.SIGTERM)
-            stopped = True
+            stopped_at = time.monotonic()
+        elif stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:
+            for agent in agents.values():
+                if agent.poll() is None:
+                    agent.kill()  # an agent that ignores SIGTERM must not hang the test
         time.sleep(0.2)
     return agents[0].returncode, agents[1].returncode
 
