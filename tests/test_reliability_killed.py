@@ -8,34 +8,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 from _support.leaks import leaks
-from _support.runs import SUITES, processes_of_run, records
+from _support.runs import SUITES, processes_of_run, ranks_inside, wait_until
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _wait_until(check, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def _both_waiting(out: Path) -> bool:
-    try:
-        recs = records(out)
-    except (OSError, ValueError):
-        return False
-    running = [r.current_test or "" for r in recs.values()]
-    return len(running) == 2 and all("::test_waits_for_the_interrupt" in t for t in running)
 
 
 def test_a_sigkilled_launcher_leaves_no_raw_secret_on_disk(tmp_path: Path) -> None:
@@ -48,11 +29,13 @@ def test_a_sigkilled_launcher_leaves_no_raw_secret_on_disk(tmp_path: Path) -> No
         argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path
     )
     try:
-        assert _wait_until(lambda: _both_waiting(out), 120), "the ranks never reached the test"
+        assert wait_until(lambda: ranks_inside(out, 2, "test_waits_for_the_interrupt"), 120), (
+            "the ranks never reached the test"
+        )
         assert leaks(out, token), "the check below could not fail: no secret was written"
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
-        assert _wait_until(lambda: not processes_of_run(out) and not leaks(out, token), 90), leaks(
+        assert wait_until(lambda: not processes_of_run(out) and not leaks(out, token), 90), leaks(
             out, token
         )
         assert not (out / "receipt.json").exists()  # no ending ran: no bundle is claimed

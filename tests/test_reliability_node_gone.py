@@ -10,11 +10,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from _support.runs import SUITES, free_port, processes_of_run, receipt, records
+from _support.runs import (
+    SUITES,
+    free_port,
+    processes_of_run,
+    ranks_inside,
+    receipt,
+    wait_until,
+)
 
 from harness.cli import main
 from harness.launch.launcher import NODE_WAIT_ENV
@@ -22,24 +28,6 @@ from harness.launch.launcher import NODE_WAIT_ENV
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
 REPO = Path(__file__).resolve().parents[1]
 TEST = "test_meets_its_peers_until_node_0_is_gone"
-
-
-def _wait_until(check, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def _both_in_the_test(out: Path) -> bool:
-    try:
-        recs = records(out)
-    except (OSError, ValueError):
-        return False
-    running = [r.current_test or "" for r in recs.values()]
-    return len(running) == 2 and all(f"::{TEST}" in t for t in running)
 
 
 def _agent(out: Path, k: int, endpoint: str) -> subprocess.Popen[bytes]:
@@ -56,7 +44,7 @@ def test_node_1_writes_a_failing_bundle_that_verifies_when_node_0_is_killed(tmp_
     endpoint = f"127.0.0.1:{free_port()}"
     agents = {k: _agent(out, k, endpoint) for k in (0, 1)}
     try:
-        assert _wait_until(lambda: _both_in_the_test(out), 240), "the ranks never met"
+        assert wait_until(lambda: ranks_inside(out, 2, TEST), 240), "the ranks never met"
         agents[0].send_signal(signal.SIGKILL)
         assert agents[0].wait() == -signal.SIGKILL
         code = agents[1].wait(timeout=300)
@@ -81,4 +69,4 @@ def test_node_1_writes_a_failing_bundle_that_verifies_when_node_0_is_killed(tmp_
     zero = json.loads((out / "nodes" / "node-00.json").read_text())
     assert zero["state"] == "started"  # node 0 never said it finished
     assert 0 in data["ranks"]["killed"]  # node 0's rank left no complete record
-    assert _wait_until(lambda: not processes_of_run(out), 90), processes_of_run(out)
+    assert wait_until(lambda: not processes_of_run(out), 90), processes_of_run(out)

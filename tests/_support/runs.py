@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,27 @@ def two_nodes(out: Path, nproc: int, suite: str) -> tuple[int, int]:
                     agent.kill()  # an agent that ignores SIGTERM must not hang the test
         time.sleep(0.2)
     return agents[0].returncode, agents[1].returncode
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll `check` until it holds (True) or `timeout_s` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def ranks_inside(out: Path, nranks: int, test: str) -> bool:
+    """Every one of `nranks` ranks' records says it is running `test` now (a name, matched as
+    `::test`); False while a record is missing or half written."""
+    try:
+        recs = records(out)
+    except (OSError, ValueError):
+        return False
+    running = [r.current_test or "" for r in recs.values()]
+    return len(running) == nranks and all(f"::{test}" in t for t in running)
 
 
 def receipt(out: Path) -> dict[str, Any]:
