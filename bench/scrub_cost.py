@@ -5,7 +5,9 @@ environment's secrets a run would have.
 (JSON), JUnit reports (XML) and torchrun logs (text), with a few secrets in every file in several
 print forms, or with `--clean` none (the ordinary bundle: what every run pays); each repeat scrubs
 a fresh copy. Prints the number of forms, the time to build the
-scrubber and the median (min-max) time to scrub the folder.
+scrubber and the median (min-max) time to scrub the folder; then what the ranks' output relays
+pay to scrub the same logs as they are written (`LiveScrub`, fed a line at a time, as a rank
+with unbuffered output writes them), in MiB per second of one core.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.evidence.redact import Scrubber, scrub_folder
+from harness.core.livescrub import LiveScrub
+from harness.core.secrets import Scrubber
+from harness.evidence.redact import scrub_folder
 
 ENV = {
     "HF_TOKEN": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345",
@@ -91,10 +95,25 @@ def main() -> None:
             report = scrub_folder(copy, scrubber)
             times.append(time.perf_counter() - start)
             shutil.rmtree(copy)
+        logs = [p.read_bytes() for p in sorted((source / "torchrun").rglob("*.log"))]
+    live = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        for log in logs:
+            scrub = LiveScrub(scrubber)
+            for line in log.splitlines(keepends=True):
+                scrub.feed(line)
+            scrub.end()
+        live.append(time.perf_counter() - start)
+    log_mib = sum(len(log) for log in logs) / (1 << 20)
     print(f"bundle {size / (1 << 20):.1f} MiB, {len(scrubber.forms)} forms, build {build:.3f} s")
     print(
         f"scrub_folder: median {statistics.median(times):.3f} s "
         f"(min {min(times):.3f}, max {max(times):.3f}), {len(report.changed)} files changed"
+    )
+    print(
+        f"relayed as written: {log_mib:.1f} MiB of logs, a line at a time, "
+        f"median {statistics.median(live):.3f} s ({log_mib / statistics.median(live):.1f} MiB/s)"
     )
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from harness import __version__
+from harness.core.secrets import environment_scrubber, register_command_line
 from harness.errors import DcpqualError
-from harness.evidence.redact import environment_scrubber, register_command_line
 from harness.terminal import printable
 
 # Modules that contribute sub-commands, in the order they appear in --help.

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.evidence.redact import SCRUBBED
+from harness.core.secrets import SCRUBBED
 
 TOKEN = "hf_cli0secret0123456789"
 

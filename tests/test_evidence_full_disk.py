@@ -25,8 +25,9 @@ from _support.evidence_factory import passing_run
 from _support.forge import reseal
 from _support.full_disk import fill_disk, full_disk
 
+from harness.core.secrets import SCRUBBED, Scrubber
 from harness.evidence import rules, writer
-from harness.evidence.redact import SCRUBBED, Scrubber, ScrubFailed, scrub_folder
+from harness.evidence.redact import ScrubFailed, scrub_folder
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
 from harness.launch import launcher

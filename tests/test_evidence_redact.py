@@ -25,17 +25,16 @@ from _support.locked import hold_to_modes, lock, refuse_chmod, unlock_all
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from harness.evidence.redact import (
+from harness.core.secrets import (
     DEFAULT_SECRET_PATTERNS,
     MIN_SCRUB_LENGTH,
     PATTERNS_ENV,
     SCRUBBED,
     Scrubber,
-    ScrubFailed,
     is_secret_name,
-    scrub_folder,
     secret_values,
 )
+from harness.evidence.redact import ScrubFailed, scrub_folder
 
 # ASCII (Python's literal parser and shlex treat it the same everywhere), with the characters
 # that escaping is about over-represented.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.evidence.redact import SCRUBBED
+from harness.core.secrets import SCRUBBED
 from harness.launch import launcher
 from harness.launch.plan import RunOptions
 from harness.launch.progress import PlainProgress

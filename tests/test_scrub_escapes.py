@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.evidence.redact import SCRUBBED, Scrubber, command_line_secrets
+from harness.core.secrets import SCRUBBED, Scrubber, command_line_secrets
 
 # A secret with both quotes, an ampersand, a backslash, a '<' and non-ASCII letters: every
 # escaping function below changes it.

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.core.secrets import SCRUBBED, Scrubber
 from harness.evidence import redact
-from harness.evidence.redact import SCRUBBED, Scrubber, scrub_folder, scrub_stream
+from harness.evidence.redact import scrub_folder, scrub_stream
 
 SECRET = "hf_StreamSecret0123456789abcdef"
 WRAPPED = base64.encodebytes(("x" * 100 + SECRET + "y" * 100).encode())  # lines of 76

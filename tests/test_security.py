@@ -24,7 +24,7 @@ from _support.runs import SUITES, run
 from harness.cli import main
 from harness.evidence import writer
 from harness.evidence.files import walk
-from harness.evidence.redact import Scrubber
+from harness.core.secrets import Scrubber
 from harness.evidence.verify import verify_bundle
 from harness.image import engine, gpu_run
 

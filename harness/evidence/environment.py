@@ -1,7 +1,7 @@
 """Where a run happened (torch, CUDA, NCCL, GPUs, host, filtered environment), and its secrets.
 
 Environment variables are kept only under the prefixes that change what NCCL, vLLM, b12x, torch
-and CUDA do. Any variable whose name looks like a secret (`harness.evidence.redact` says which)
+and CUDA do. Any variable whose name looks like a secret (`harness.core.secrets` says which)
 is redacted where it is kept, and so is the password of a URL in a kept value (whatever its
 length); the writer scrubs the *values* of every such variable, and URL passwords long enough to
 scrub, out of the bundle, and (whatever the environment holds) the userinfo of URLs and the values
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.evidence.redact import (
+from harness.core.secrets import (
     MIN_SCRUB_LENGTH,
     REDACTED,
     SCRUBBED,

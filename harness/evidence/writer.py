@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from harness import __version__
 from harness.atomic import atomic_write_bytes
+from harness.core.secrets import Scrubber, environment_scrubber
 from harness.errors import UsageError
 from harness.evidence import rules
 from harness.evidence.collect import find_root_cause
@@ -38,12 +39,7 @@ from harness.evidence.files import (
     walk,
 )
 from harness.evidence.launch_record import launch_record_bytes
-from harness.evidence.redact import (
-    Scrubber,
-    ScrubReport,
-    environment_scrubber,
-    scrub_folder,
-)
+from harness.evidence.redact import ScrubReport, scrub_folder
 from harness.evidence.run_context import RunContext
 from harness.evidence.sources import capture_sources, recorded_harness
 from harness.evidence.summary import render_summary

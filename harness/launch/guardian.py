@@ -116,7 +116,8 @@ def main(argv: list[str]) -> int:
         said = json.loads(header)
     except ValueError:
         said = {}
-    from harness.evidence.redact import environment_scrubber, register_secrets, scrub_folder
+    from harness.core.secrets import environment_scrubber, register_secrets
+    from harness.evidence.redact import scrub_folder
     from harness.launch.ending import EnvironmentWitness
 
     plan = said.get("plan")

@@ -26,9 +26,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, TextIO
 
+from harness.core.secrets import environment_scrubber, typed_secrets
 from harness.errors import DcpqualError, UsageError
 from harness.evidence import rules
-from harness.evidence.redact import ScrubFailed, environment_scrubber, typed_secrets
+from harness.evidence.redact import ScrubFailed
 from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
 from harness.launch.collect import run_context

@@ -1,0 +1,96 @@
+"""Scrubbing a stream as it is written: what of a growing text may be written out now, scrubbed,
+and what must wait for more bytes.
+
+Why: a rank's output reaches the disk while the run goes on. Scrubbed only at the end, a
+launcher killed by SIGKILL (or the OOM killer) leaves every secret a test printed in torchrun's
+log files. Scrubbed as written, the file never holds one, but a stream arrives in arbitrary
+pieces: a secret written in two `write`s, a `NAME=value` whose value is still to come, a base64
+encoding wrapped over several lines. So a piece is written out only up to a point where nothing
+scrubbed could straddle it: the end of the last whole line (a shape lies within a line), before
+any form of a secret that the written part would cut or that more bytes could complete, and not
+inside a run of wrapped base64 lines (the scrubber joins them to find an encoding). The rest
+waits; at the end of the stream it is scrubbed as it is.
+
+Bounded: a line longer than `LONGEST_LINE` is cut at its last blank (else `longest` bytes from
+its end), and a run of wrapped base64 longer than `LONGEST_HOLD` is cut at a line end, so memory
+stays bounded whatever a test prints. A secret's form cut by such a forced cut reaches the file in
+two pieces; the scrub of the whole file at the run's ending still finds it there.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from harness.core.secrets import Scrubber
+
+# A line of wrapped base64 (64 or 76 characters and its break): never a place to cut, so a
+# wrapped encoding of a secret is scrubbed in one piece.
+WRAPPED_LINE_END = re.compile(rb"[A-Za-z0-9+/_=-]{64,}\r?\n\Z")
+LONGEST_LINE = 64 << 10
+LONGEST_HOLD = 1 << 20
+
+
+def _after_last_whole_line(buffer: bytes) -> int:
+    """Where the last whole line ends that is not a line of wrapped base64 (0: none yet); past
+    `LONGEST_HOLD`, where the last line ends, whatever it is."""
+    at = buffer.rfind(b"\n")
+    last = at
+    while at != -1 and WRAPPED_LINE_END.search(buffer[max(0, at - 80) : at + 1]):
+        at = buffer.rfind(b"\n", 0, at)
+    if at == -1 and len(buffer) > LONGEST_HOLD:
+        at = last
+    return at + 1
+
+
+def _by_first(forms: list[bytes]) -> dict[int, tuple[bytes, ...]]:
+    """`forms` grouped by their first byte."""
+    grouped: defaultdict[int, list[bytes]] = defaultdict(list)
+    for form in forms:
+        grouped[form[0]].append(form)
+    return {first: tuple(group) for first, group in grouped.items()}
+
+
+class LiveScrub:
+    """One stream's scrub: `feed` each piece as it comes, write what it returns; `end` once the
+    stream closed, write that too. What it holds back is at most a line, a run of wrapped
+    base64 or a form's prefix (bounded, see the module's docstring)."""
+
+    def __init__(self, scrubber: Scrubber) -> None:
+        self.scrubber = scrubber
+        forms = [f.encode("utf-8") for f in scrubber.forms]
+        self.longest = max((len(f) for f in forms), default=0)
+        self.by_first = _by_first(forms)
+        # A cut right after a line break is straddled only by a form that holds one.
+        self.by_first_multiline = _by_first([f for f in forms if b"\n" in f])
+        self.held = b""
+
+    def safe_end(self, buffer: bytes) -> int:
+        """How much of `buffer` may be scrubbed and written now (see the module's docstring)."""
+        cut = _after_last_whole_line(buffer)
+        if cut == 0 and len(buffer) > LONGEST_LINE:
+            blank = max(buffer.rfind(b" "), buffer.rfind(b"\t"))
+            cut = blank + 1 if blank > 0 else max(len(buffer) - self.longest, 0)
+        candidates = self.by_first_multiline if buffer[cut - 1 : cut] == b"\n" else self.by_first
+        if not candidates:
+            return cut
+        for start in range(max(0, cut - self.longest), cut):
+            for form in candidates.get(buffer[start], ()):
+                piece = buffer[start : start + len(form)]
+                straddles = piece == form and start + len(form) > cut
+                may_complete = len(piece) < len(form) and form.startswith(piece)
+                if straddles or may_complete:
+                    return start
+        return cut
+
+    def feed(self, piece: bytes) -> bytes:
+        """The scrubbed bytes that `piece` (after what was held) lets through now."""
+        buffer = self.held + piece
+        cut = self.safe_end(buffer)
+        self.held = buffer[cut:]
+        return self.scrubber.data(buffer[:cut])[0] if cut else b""
+
+    def end(self) -> bytes:
+        """The stream closed: what was held, scrubbed as it is."""
+        rest, self.held = self.held, b""
+        return self.scrubber.data(rest)[0] if rest else b""
