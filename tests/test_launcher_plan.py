@@ -32,7 +32,15 @@ def test_single_node_plan_runs_pytest_with_the_rank_plugin_once():
     stub = argv[argv.index("-m", 3) :]
     assert stub[:3] == ("-m", "harness.rank.forkstub", "--"), "ranks are forked by the zygote"
     tail = stub[3:]
-    assert tail[:6] == ("-m", "pytest", "-p", "harness.rank.heap", "-p", "harness.rank.plugin")
+    plugins = (
+        "-p",
+        "harness.rank.outrelay",
+        "-p",
+        "harness.rank.heap",
+        "-p",
+        "harness.rank.plugin",
+    )
+    assert tail[:8] == ("-m", "pytest", *plugins)
     assert not any(a.startswith("--dcpqual") for a in tail), "settings travel in the plan"
     assert tail[-1] == str(REPO_ROOT / "suites")
     assert plan.targets == (str(REPO_ROOT / "suites"),)

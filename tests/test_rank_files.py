@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.capture.events import LazyEvent
+from harness.core.secrets import SCRUBBED
 from harness.evidence.collect import in_progress
 from harness.rank.rankfiles import RecordKeeper
 from harness.schema.capture import CaptureRecord, DetectorStatus
@@ -138,3 +139,33 @@ def test_nothing_is_written_after_the_record_is_final(tmp_path: Path) -> None:
     k.running(IDS[0])
     k.heartbeat()
     assert k.path.read_text() == final and RankRecord.read(k.path).complete
+
+
+SECRET_ID = "suites/x/test_y.py::test_login[hf_recordtoken0123456789abc]"
+
+
+def test_a_secret_in_what_the_rank_records_never_reaches_the_disk_raw(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_recordtoken0123456789abc")
+    k = keeper(tmp_path)
+    k.collected((SECRET_ID,))
+    k.running(SECRET_ID)
+    k.add_test(
+        TestOutcome(nodeid=SECRET_ID, outcome="failed", message="got hf_recordtoken0123456789abc")
+    )
+    k.heartbeat()
+    text = k.path.read_text()
+    assert "hf_recordtoken" not in text
+    assert text.count(SCRUBBED) == 3  # the collected id, the test's id and its message
+    assert k.record.tests[0].nodeid == SECRET_ID  # in memory the rank keeps what it ran
+
+
+def test_without_the_secret_in_its_environment_the_same_record_holds_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The control: the environment's secrets are what is scrubbed."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    k = keeper(tmp_path)
+    k.collected((SECRET_ID,))
+    assert "hf_recordtoken" in k.path.read_text()

@@ -71,7 +71,7 @@ def rank_session(
 def test_a_rank_loads_the_rank_plugin_and_no_installed_plugin(tmp_path, monkeypatch):
     probe = rank_session(tmp_path, monkeypatch)
     assert probe.modules - {"conftest"} == set(RANK_PLUGINS)
-    assert RANK_PLUGINS == ("harness.rank.heap", "harness.rank.plugin")
+    assert RANK_PLUGINS == ("harness.rank.outrelay", "harness.rank.heap", "harness.rank.plugin")
     assert probe.distributions == set()
 
 

@@ -12,9 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.launch.rankview import RankStatus, RecordReader, TestStatus, read_status
+from harness.launch.rankview import (
+    RankStatus,
+    RecordReader,
+    StartStatus,
+    TestStatus,
+    read_status,
+)
 from harness.rank.rankfiles import RecordKeeper
-from harness.schema.rank_record import RankRecord, TestOutcome, rank_record_path
+from harness.schema.rank_record import RankRecord, RankStart, TestOutcome, rank_record_path
 
 IDS = tuple(f"suites/x/test_y.py::test_{i}" for i in range(3))
 
@@ -37,23 +43,28 @@ def as_full_record_says(path: Path) -> dict[str, object]:
     record = RankRecord.read(path)
     fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(RankStatus)}
     fields["tests"] = tuple((t.nodeid, t.outcome) for t in record.tests)
+    fields["start"] = None if record.start is None else record.start.output_relay
     return fields
 
 
 def as_viewed(status: RankStatus) -> dict[str, object]:
     fields = {f.name: getattr(status, f.name) for f in dataclasses.fields(RankStatus)}
     fields["tests"] = tuple((t.nodeid, t.outcome) for t in status.tests)
+    fields["start"] = None if status.start is None else status.start.output_relay
     return fields
 
 
 def test_the_view_has_the_records_own_field_names_and_types() -> None:
     record = typing.get_type_hints(RankRecord)
     view = typing.get_type_hints(RankStatus)
-    assert {k: v for k, v in view.items() if k != "tests"} == {
-        k: record[k] for k in view if k != "tests"
+    nested = ("tests", "start")
+    assert {k: v for k, v in view.items() if k not in nested} == {
+        k: record[k] for k in view if k not in nested
     }
     outcome = typing.get_type_hints(TestOutcome)
     assert typing.get_type_hints(TestStatus) == {k: outcome[k] for k in ("nodeid", "outcome")}
+    start = typing.get_type_hints(RankStart)
+    assert typing.get_type_hints(StartStatus) == {"output_relay": start["output_relay"]}
 
 
 def test_every_write_of_a_rank_reads_as_the_full_record_says(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from harness.cli import main
 from harness.evidence import writer
 from harness.launch import ending
 from harness.launch.proctree import identify
+from harness.rank.outrelay import RELAY_NAME
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
 
@@ -373,15 +374,23 @@ def test_a_rank_exiting_0_mid_suite_is_noticed_within_seconds_and_blamed(
 
 
 @pytest.mark.parametrize(
-    ("nranks", "fault_rank"),
-    [(2, 1), pytest.param(16, 9, marks=pytest.mark.slow, id="16-9")],
-    ids=["2-1", "16-9"],
+    ("nranks", "fault_rank", "name"),
+    [
+        (2, 1, None),
+        (2, 1, RELAY_NAME),
+        pytest.param(16, 9, None, marks=pytest.mark.slow, id="16-9"),
+    ],
+    ids=["2-1", "2-1-posing-as-a-relay", "16-9"],
 )
 def test_a_double_forked_daemon_is_ended_and_fails_a_run_whose_tests_all_passed(
-    nranks: int, fault_rank: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    nranks: int, fault_rank: int, name: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What the daemon did after its test passed, no test checked: the run fails naming it."""
+    """What the daemon did after its test passed, no test checked: the run fails naming it
+    (and it alone: the rank's output relay it held open is no leftover of its own). A daemon
+    that takes the relay's name gets no relay's treatment: no rank's record names it."""
     pidfile = tmp_path / "daemon.pid"
+    if name is not None:
+        monkeypatch.setenv("DCPQUAL_DAEMON_NAME", name)
     monkeypatch.setenv("DCPQUAL_FAULT_RANK", str(fault_rank))
     monkeypatch.setenv("DCPQUAL_DAEMON_PIDFILE", str(pidfile))
     out = tmp_path / "bundle"
@@ -396,7 +405,9 @@ def test_a_double_forked_daemon_is_ended_and_fails_a_run_whose_tests_all_passed(
         assert sum(t["failed"] + t["errors"] for t in data["suites"].values()) == 0
         assert (code, data["verdict"]) == (1, "fail"), data["failures"]
         [reason] = data["failures"]
-        assert f"still running after torchrun exited (pids {daemon}" in reason, reason
+        assert f"1 process was still running after torchrun exited (pids {daemon})" in reason, (
+            reason
+        )
         assert main(["verify", str(out)]) == 0
     finally:
         if identify(daemon) is not None:

@@ -1,7 +1,7 @@
-"""Node 0 of a two-node run dies (its agent SIGKILLed, as when its host is lost) while the
+"""Node 0 of a multi-node run dies (its agent SIGKILLed, as when its host is lost) while the
 ranks run: node 1 writes the bundle in its place, a failing one that says node 0 is gone and
-that `dcpqual verify` accepts. Two real `dcpqual run` agents of one rank each, sharing one
-rendezvous and one `--out`, as `_support.runs.two_nodes` starts them."""
+that `dcpqual verify` accepts; a node after node 1 follows node 1's bundle. Two or three real
+`dcpqual run` agents of one rank each, sharing one rendezvous and one `--out`."""
 
 from __future__ import annotations
 
@@ -30,24 +30,27 @@ REPO = Path(__file__).resolve().parents[1]
 TEST = "test_meets_its_peers_until_node_0_is_gone"
 
 
-def _agent(out: Path, k: int, endpoint: str) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "harness", "run", "--nproc-per-node", "1", "--nnodes", "2"]
-    argv += ["--node-rank", str(k), "--rdzv-endpoint", endpoint, "--tp", "2", "--out", str(out)]
+def _agent(out: Path, k: int, nnodes: int, endpoint: str) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "harness", "run", "--nproc-per-node", "1"]
+    argv += ["--nnodes", str(nnodes), "--node-rank", str(k), "--rdzv-endpoint", endpoint]
+    argv += ["--tp", str(nnodes), "--out", str(out)]
     argv += ["--timeout", "240", "--", str(SUITES / "rank_node_gone.py")]
     env = {**os.environ, NODE_WAIT_ENV: "3", "PYTHONPATH": str(REPO)}
     with (out.parent / f"{out.name}-node-{k}.console").open("wb") as console:
         return subprocess.Popen(argv, env=env, stdout=console, stderr=subprocess.STDOUT, cwd=REPO)
 
 
-def test_node_1_writes_a_failing_bundle_that_verifies_when_node_0_is_killed(tmp_path):
+@pytest.mark.parametrize("nnodes", [2, 3])
+def test_node_1_writes_a_failing_bundle_that_verifies_when_node_0_is_killed(tmp_path, nnodes):
     out = tmp_path / "shared"
     endpoint = f"127.0.0.1:{free_port()}"
-    agents = {k: _agent(out, k, endpoint) for k in (0, 1)}
+    agents = {k: _agent(out, k, nnodes, endpoint) for k in range(nnodes)}
     try:
-        assert wait_until(lambda: ranks_inside(out, 2, TEST), 240), "the ranks never met"
+        assert wait_until(lambda: ranks_inside(out, nnodes, TEST), 240), "the ranks never met"
         agents[0].send_signal(signal.SIGKILL)
         assert agents[0].wait() == -signal.SIGKILL
         code = agents[1].wait(timeout=300)
+        later = [agents[k].wait(timeout=300) for k in range(2, nnodes)]
     finally:
         for agent in agents.values():
             if agent.poll() is None:
@@ -69,4 +72,8 @@ def test_node_1_writes_a_failing_bundle_that_verifies_when_node_0_is_killed(tmp_
     zero = json.loads((out / "nodes" / "node-00.json").read_text())
     assert zero["state"] == "started"  # node 0 never said it finished
     assert 0 in data["ranks"]["killed"]  # node 0's rank left no complete record
+    for k, later_code in enumerate(later, start=2):  # it follows node 1's bundle: failed
+        later_console = (tmp_path / f"shared-node-{k}.console").read_text(errors="replace")
+        assert later_code == 1 and "node 1's bundle says FAIL" in later_console, later_console
+        assert json.loads((out / "nodes" / f"node-{k:02d}.json").read_text())["state"] != "started"
     assert wait_until(lambda: not processes_of_run(out), 90), processes_of_run(out)

@@ -33,9 +33,10 @@ from typing import Any
 
 import psutil
 
-from harness.launch.proctree import Proc, Tracker, alive, identify
+from harness.launch.proctree import Proc, Tracker, alive, identify, named
 from harness.launch.progress import Snapshot
 from harness.launch.rankview import RankStatus, RecordReader
+from harness.rank.outrelay import RELAY_NAME
 from harness.schema.launch import Interruption, Launch
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -188,6 +189,31 @@ def _proc_entries() -> list[Path]:
         return [e for e in Path("/proc").iterdir() if e.name.isdigit()]
     except OSError:
         return []
+
+
+# How long a rank's output relay may take to write its rank's last lines after the rank ended
+# (`harness.rank.outrelay`): milliseconds, unless something the rank started holds its pipes.
+RELAY_FINISH_S = 2.0
+
+
+def output_relays(processes: Iterable[Proc], relay_pids: Iterable[int]) -> list[Proc]:
+    """The ranks' output relays among `processes`: a pid a rank's record names as its relay,
+    whose process still bears the relay's name (a name alone is no proof: any process can take
+    it, and no process a rank did not name gets a relay's treatment)."""
+    pids = set(relay_pids)
+    return [p for p in processes if p.pid in pids and named(p, RELAY_NAME)]
+
+
+def let_relays_finish(relays: Iterable[Proc], timeout_s: float = RELAY_FINISH_S) -> None:
+    """Wait (at most `timeout_s`) for `relays` to end by themselves: a relay writes its rank's
+    last lines after the rank ended, and is no process the run left behind. One still alive
+    then is held open by such a process (which inherited the rank's output), and ends once that
+    process is ended."""
+    relays = list(relays)
+    deadline = time.monotonic() + timeout_s
+    while relays and time.monotonic() < deadline:
+        time.sleep(0.01)
+        relays = [p for p in relays if alive(p)]
 
 
 def sweep(

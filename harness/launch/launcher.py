@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
 import signal
@@ -41,6 +42,7 @@ from harness.launch.progress import Progress, Snapshot, make_progress, poller, s
 from harness.launch.ranklogs import collect_rank_logs
 from harness.launch.rankview import RecordReader
 from harness.launch.zygote import ZygoteRun
+from harness.rank.outrelay import OUTPUT_SECRETS_ENV
 from harness.schema.launch import Interruption, Launch, NodeState
 from harness.schema.layout import MERGED_JUNIT, RECEIPT_NAME, RECORDS_DIR, SUMMARY_NAME
 from harness.schema.plan import PLAN_ENV
@@ -170,7 +172,7 @@ def launch(
     proc: subprocess.Popen[bytes] | None = None
     zygote: ZygoteRun | None = None
     try:
-        env = plan.child_env()
+        env = {**plan.child_env(), OUTPUT_SECRETS_ENV: json.dumps(typed_secrets())}
         if plan.zygote is not None:
             zygote = ZygoteRun.start(
                 plan.zygote,
@@ -228,8 +230,10 @@ def launch(
         witness = None if marked is None else ending.EnvironmentWitness(marked)
         if witness is not None:
             tracker.seen |= witness.find()
-        leftovers = [p for p in tracker.survivors() if p.pid != proc.pid]
-        if leftovers:
+        relays = ending.output_relays(tracker.survivors(), _relay_pids(reader))
+        ending.let_relays_finish(relays)
+        leftovers = [p for p in tracker.survivors() if p.pid != proc.pid and p not in relays]
+        if leftovers:  # relays they held open end with them (or are SIGKILLed with them)
             tracker.end_all(grace_s=3.0)
         # Until the tree is empty: a helper that re-forks outruns any single scan and kill.
         swept = ending.sweep(tracker, cgroup, witness, keep={proc.pid})
@@ -461,6 +465,15 @@ def _run(
         raise
     guardian.done()
     return code
+
+
+def _relay_pids(reader: RecordReader) -> set[int]:
+    """The output relays the ranks' records name."""
+    return {
+        status.start.output_relay
+        for status in reader.statuses().values()
+        if status.start is not None and status.start.output_relay is not None
+    }
 
 
 def _plan_entry(plan: RunPlan) -> str | None:

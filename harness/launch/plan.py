@@ -290,13 +290,18 @@ def torchrun_args(options: RunOptions, log_dir: Path) -> list[str]:
     return args
 
 
-# The plugins a rank loads besides pytest's own: exactly these, in this order (the heap's
-# collector is off before the rank plugin imports torch). Entry-point autoload is off on the
-# ranks (RANK_PYTEST_ENV): the suites use no third-party plugin, and each one installed (anyio,
-# xdist, hypothesis, ...) costs every rank its import and the assertion rewriting of its whole
-# distribution, uncached where bytecode is not written. A user's own plugin is named with
-# `-p NAME` in PYTEST_ARGS (its entry-point name works), or in PYTEST_PLUGINS.
-RANK_PLUGINS: tuple[str, ...] = ("harness.rank.heap", "harness.rank.plugin")
+# The plugins a rank loads besides pytest's own: exactly these, in this order (the output relay
+# before anything writes a line; the heap's collector off before the rank plugin imports
+# torch). Entry-point autoload is off on the ranks (RANK_PYTEST_ENV): the suites use no
+# third-party plugin, and each one installed (anyio, xdist, hypothesis, ...) costs every rank its
+# import and the assertion rewriting of its whole distribution, uncached where bytecode is not
+# written. A user's own plugin is named with `-p NAME` in PYTEST_ARGS (its entry-point name
+# works), or in PYTEST_PLUGINS.
+RANK_PLUGINS: tuple[str, ...] = (
+    "harness.rank.outrelay",
+    "harness.rank.heap",
+    "harness.rank.plugin",
+)
 RANK_PYTEST_ENV: Mapping[str, str] = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 

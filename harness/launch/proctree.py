@@ -92,6 +92,15 @@ def alive(proc: Proc) -> bool:
     return identify(proc.pid) == proc
 
 
+def named(proc: Proc, name: str) -> bool:
+    """`proc` is alive and its process name (/proc comm) is `name`."""
+    try:
+        process = psutil.Process(proc.pid)
+        return process.create_time() == proc.create_time and process.name() == name
+    except psutil.Error:
+        return False
+
+
 def descendants(root: int) -> set[Proc]:
     """Every live process below `root` now."""
     try:

@@ -48,6 +48,13 @@ class TestStatus:
 
 
 @dataclass(frozen=True, config=_VIEW)
+class StartStatus:
+    """Of a rank's start, what the launcher acts on: its output relay's pid."""
+
+    output_relay: NonNegativeInt | None = None
+
+
+@dataclass(frozen=True, config=_VIEW)
 class RankStatus:
     """The fields of a `RankRecord` that the launcher acts on while the run lasts (same names
     and types as there)."""
@@ -61,6 +68,7 @@ class RankStatus:
     waiting_since: float | None = None
     collected: tuple[str, ...] = ()
     tests: tuple[TestStatus, ...] = ()
+    start: StartStatus | None = None
 
     @property
     def finished(self) -> bool:

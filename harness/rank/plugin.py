@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 
 from harness.core.suites import suites_dir
+from harness.rank import outrelay
 from harness.rank.agreement import Agreement, LocalResult, agree, compare_collections
 from harness.rank.bootstrap import BootstrapError, RankEnv, exit_now, init_process_group, teardown
 from harness.rank.fixtures import PLUGIN_NAME, rank_plan, record_capture, world
@@ -74,7 +75,7 @@ COLLECTION_INI: Mapping[str, tuple[str, ...]] = {
     "python_classes": ("Test",),
     "python_functions": ("test",),
 }
-OWN_PLUGINS = frozenset({"harness.rank.heap", "harness.rank.plugin"})
+OWN_PLUGINS = frozenset({"harness.rank.outrelay", "harness.rank.heap", "harness.rank.plugin"})
 
 # What signal.signal returns and accepts: a Python handler, SIG_DFL/SIG_IGN, or a raw int.
 SignalHandler = Callable[[int, FrameType | None], Any] | int
@@ -218,6 +219,7 @@ class RankPlugin:
             backend=self.backend,
             device="cuda" if self.backend == "nccl" else "cpu",
             warm_impl=self.plan.warm_impl,
+            output_relay=outrelay.relay_pid(),
         )
         test_timeout = self.watch_config.test_timeout_s
         pg_timeout = timedelta(seconds=(test_timeout if test_timeout > 0 else 1800.0) + 60.0)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.atomic import atomic_write_text
+from harness.core.secrets import Scrubber, environment_scrubber
 from harness.gitinfo import checkout_identity
 from harness.rank.parentage import parentage
 from harness.schema.capture import CaptureRecord
@@ -60,12 +61,20 @@ def _compact(value: Any) -> str:
 class RecordText:
     """A rank record's compact JSON (`RankRecord.to_json`), serializing each collected id, test
     and capture once: those sequences only grow, item by item, so a record that extends the
-    last one reuses the text of every item it shares with it (by identity)."""
+    last one reuses the text of every item it shares with it (by identity).
+
+    Scrubbed as it is serialized, as the ending's scrub would scrub the file (as JSON values,
+    with this process's secrets): a test id or a failure message that holds a secret never
+    reaches the disk raw, even where the launcher is killed before its ending."""
 
     GROWING = ("collected", "tests", "captures")
 
-    def __init__(self) -> None:
+    def __init__(self, scrubber: Scrubber | None = None) -> None:
         self._cache: dict[str, tuple[Sequence[Any], list[str]]] = {}
+        self._scrubber = environment_scrubber() if scrubber is None else scrubber
+
+    def _dump(self, value: Any) -> str:
+        return _compact(self._scrubber.value(value)[0])
 
     def _items(self, key: str, items: Sequence[Any], dump: Callable[[Any], str]) -> str:
         seen, texts = self._cache.get(key, ((), []))
@@ -83,12 +92,15 @@ class RecordText:
         for key in self.GROWING:
             del head[key]
         parts = (
-            ("collected", self._items("collected", record.collected, _compact)),
-            ("tests", self._items("tests", record.tests, lambda t: _compact(t.to_json()))),
-            ("captures", self._items("captures", record.captures, lambda c: _compact(c.to_json()))),
+            ("collected", self._items("collected", record.collected, self._dump)),
+            ("tests", self._items("tests", record.tests, lambda t: self._dump(t.to_json()))),
+            (
+                "captures",
+                self._items("captures", record.captures, lambda c: self._dump(c.to_json())),
+            ),
         )
         tail = "".join(f',"{key}":{text}' for key, text in parts)
-        return _compact(head)[:-1] + tail + "}\n"
+        return self._dump(head)[:-1] + tail + "}\n"
 
 
 def rank_provenance(rank: int) -> Provenance:
@@ -105,13 +117,15 @@ def rank_provenance(rank: int) -> Provenance:
     return Provenance.of(digest, checkout_identity() if rank == 0 else None)
 
 
-def rank_start() -> RankStart:
-    """What this rank knows of its own start: forked or not, and its string-hash seed."""
+def rank_start(output_relay: int | None = None) -> RankStart:
+    """What this rank knows of its own start: forked or not, its string-hash seed, and the
+    relay that writes its output (its pid, where one was started)."""
     seed = os.environ.get("PYTHONHASHSEED", "")
     return RankStart(
         forked=parentage().forked,
         hash_probe=hash(HASH_PROBE),
         hash_seed_fixed=seed.isdigit(),
+        output_relay=output_relay,
     )
 
 
@@ -140,6 +154,7 @@ class RecordKeeper:
         backend: str,
         device: str,
         warm_impl: str,
+        output_relay: int | None = None,
     ) -> RecordKeeper:
         record = RankRecord(
             rank=rank,
@@ -152,7 +167,7 @@ class RecordKeeper:
             device=device,
             warm_impl=warm_impl,
             started_at=utc_now(),
-            start=rank_start(),
+            start=rank_start(output_relay),
             provenance=rank_provenance(rank),
         )
         return cls(rank_record_path(records_dir, rank), record)
@@ -277,7 +292,8 @@ def write_error_file(rank: int, test: str | None, message: str, callstack: str =
     """Write torchrun's per-worker error file (TORCHELASTIC_ERROR_FILE), as `@record` would.
 
     torchrun copies the earliest one into its own error file and prints it as the root cause,
-    so a failure is attributed even by someone reading only torchrun's output.
+    so a failure is attributed even by someone reading only torchrun's output. Scrubbed as it
+    is written, as the record is.
     """
     target = os.environ.get("TORCHELASTIC_ERROR_FILE")
     # The first failure's note is kept; a file a child of this rank left (it inherited the
@@ -297,6 +313,6 @@ def write_error_file(rank: int, test: str | None, message: str, callstack: str =
     }
     try:
         Path(target).parent.mkdir(parents=True, exist_ok=True)
-        Path(target).write_text(json.dumps(data))
+        Path(target).write_text(json.dumps(environment_scrubber().value(data)[0]))
     except OSError:
         pass

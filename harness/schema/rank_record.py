@@ -393,11 +393,15 @@ class RankStart:
     zygote (`harness.rank.parentage`) or started by torchrun; `hash_probe`, its `hash()` of
     `HASH_PROBE`, equal in ranks that share one string-hash seed; `hash_seed_fixed`,
     PYTHONHASHSEED set to a number (every rank has that seed under either launch). Ranks that
-    share a random seed did not exercise a divergence through set iteration order."""
+    share a random seed did not exercise a divergence through set iteration order.
+    `output_relay`: the pid of the relay that writes this rank's output scrubbed
+    (`harness.rank.outrelay`; None: none started), which the launcher lets finish its rank's last
+    lines instead of counting it as a process the run left behind."""
 
     forked: bool
     hash_probe: int
     hash_seed_fixed: bool
+    output_relay: int | None = None
 
 
 @dataclass(frozen=True, config=STRICT)

@@ -1,5 +1,6 @@
 """The fault rank double-forks a daemon into its own session, between two of the launcher's
-process scans, and every test passes. The daemon writes its pid to $DCPQUAL_DAEMON_PIDFILE."""
+process scans, and every test passes. The daemon writes its pid to $DCPQUAL_DAEMON_PIDFILE and,
+where $DCPQUAL_DAEMON_NAME is set, takes that process name (posing as another process)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ def test_starts_a_daemon_and_passes():
         if os.fork() == 0:
             os.setsid()
             if os.fork() == 0:
+                if name := os.environ.get("DCPQUAL_DAEMON_NAME"):
+                    with open("/proc/self/comm", "w") as comm:
+                        comm.write(name)
                 path = os.environ["DCPQUAL_DAEMON_PIDFILE"]
                 with open(path + ".tmp", "w") as fh:
                     fh.write(str(os.getpid()))
