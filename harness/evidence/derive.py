@@ -82,7 +82,7 @@ class Derived:
     negative_control: NegativeControl
     signatures: list[SignatureRow]
     ranks: Ranks
-    coverage: Coverage | None
+    coverage: Coverage
     transports: list[str]
     selection: Selection | None
     models: Models  # vLLM's real trees the ranks built

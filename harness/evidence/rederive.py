@@ -95,18 +95,12 @@ def first_difference(path: str, mine: Any, theirs: Any) -> Disagreement | None:
     return Disagreement(path, mine, theirs)
 
 
-def derived_facts(
-    bundle: Path, receipt: Receipt, rank_files: RankFiles | None = None
-) -> Iterator[tuple[str, str, Any, Any]]:
-    """(file, field, its value, re-derived value) as JSON, in the order they are reported
-    (`rank_files`: the bundle's records, where the caller has read them already).
-
-    The receipt's own launcher facts go in (its `run`, its harness version), as the launcher's
-    went into the writer's derivation. Tallies are checked on junit/merged.xml, which verify
-    already holds the receipt's tallies to: each fact is checked once, where it is first stated.
-    """
+def derive_stated(bundle: Path, receipt: Receipt, rank_files: RankFiles | None = None) -> Derived:
+    """The bundle's facts, derived as the writer derived the receipt's, with the launcher's
+    facts the receipt states (its `run`, its harness version; no torchrun error file) in place
+    of the launcher's own (`rank_files`: the bundle's records, where already read)."""
     harness = receipt.sources.get("dcpqual")
-    derived = derive(
+    return derive(
         bundle,
         receipt.geometry.world_size,
         receipt.run,
@@ -115,6 +109,16 @@ def derived_facts(
         harness_version=None if harness is None else harness.version,
     )
 
+
+def derived_facts(
+    bundle: Path, receipt: Receipt, derived: Derived
+) -> Iterator[tuple[str, str, Any, Any]]:
+    """(file, field, its value, re-derived value) as JSON, in the order they are reported
+    (`derived`: `derive_stated` of this bundle and receipt).
+
+    Tallies are checked on junit/merged.xml, which verify already holds the receipt's tallies
+    to: each fact is checked once, where it is first stated.
+    """
     r = RECEIPT_NAME
     yield from _geometry_facts(receipt, derived.rank_files)
     yield r, "verdict", receipt.verdict, derived.verdict
@@ -275,12 +279,13 @@ def _ending_facts(receipt: Receipt, derived: Derived) -> Iterator[tuple[str, str
     yield RECEIPT_NAME, "run.rootdir", receipt.run.rootdir, derived.rootdir
 
 
-def rederive_problems(
-    bundle: Path, receipt: Receipt, rank_files: RankFiles | None = None
-) -> list[str]:
-    """One line per receipt field that the bundle's own records contradict."""
+def rederive_problems(bundle: Path, receipt: Receipt, derived: Derived | None = None) -> list[str]:
+    """One line per receipt field that the bundle's own records contradict (`derived`:
+    `derive_stated` of this bundle and receipt, where the caller has it already)."""
+    if derived is None:
+        derived = derive_stated(bundle, receipt)
     problems = []
-    for holder, field, mine, theirs in derived_facts(bundle, receipt, rank_files):
+    for holder, field, mine, theirs in derived_facts(bundle, receipt, derived):
         found = first_difference(field, mine, theirs)
         if found is not None:
             problems.append(found.describe(holder))

@@ -45,11 +45,10 @@ from pydantic import ValidationError
 
 from harness.errors import UsageError
 from harness.evidence import rules
-from harness.evidence.collect import coverage_of, load_records
 from harness.evidence.files import UNREADABLE, parse_sums, sha256_file, walk
 from harness.evidence.junit import read_merged, skip_reasons, tallies
 from harness.evidence.launch_record import launch_record_problems
-from harness.evidence.rederive import first_difference, rederive_problems
+from harness.evidence.rederive import derive_stated, first_difference, rederive_problems
 from harness.evidence.strays import strays_problems
 from harness.evidence.summary import receipt_sha256_in, summary_differences
 from harness.evidence.writer import UNWITNESSED
@@ -85,10 +84,10 @@ def verify_bundle(bundle: Path) -> VerifyResult:
         receipt = _validate(receipt_data, problems)
         problems += _check_files(bundle, receipt, receipt_data)
         if receipt is not None:
-            rank_files = load_records(bundle, receipt.geometry.world_size)  # read once
-            problems += _check_consistency(bundle, receipt, coverage_of(rank_files))
+            derived = derive_stated(bundle, receipt)  # the records, read once
+            problems += _check_consistency(bundle, receipt, derived.coverage)
             problems += strays_problems(bundle, receipt)
-            problems += rederive_problems(bundle, receipt, rank_files)
+            problems += rederive_problems(bundle, receipt, derived)
             problems += _check_summary(bundle, receipt)
     except OSError as exc:  # a file or folder its mode keeps from us: the checks stop there
         problems.append(
