@@ -175,12 +175,13 @@ def derive(
 
 
 def _with_stack_dump(out_dir: Path, cause: RootCause | None) -> RootCause | None:
-    """Point the root cause at the faulthandler dump of its rank, when the launcher left one."""
-    if cause is None or cause.rank is None or not (out_dir / STACKS_DIR).is_dir():
+    """Point the root cause at the faulthandler dump of its rank, when the launcher left one. A
+    `stacks` that is a link is not followed: verify derives from bundles it cannot trust, and
+    reports the link itself."""
+    stacks = out_dir / STACKS_DIR
+    if cause is None or cause.rank is None or stacks.is_symlink() or not stacks.is_dir():
         return cause
-    dumps = sorted(
-        e.relpath for e in walk(out_dir / STACKS_DIR) if rank_file_name(cause.rank, "") in e.relpath
-    )
+    dumps = sorted(e.relpath for e in walk(stacks) if rank_file_name(cause.rank, "") in e.relpath)
     if not dumps:
         return cause
     where = ", ".join(f"stacks/{d}" for d in dumps)
