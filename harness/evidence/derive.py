@@ -90,7 +90,9 @@ class Derived:
     rootdir: str | None  # the pytest rootdir the ranks report (`run.rootdir`)
     harness: Source | None  # `sources.dcpqual` as rank 0 recorded it; None: its record does not
     run: Run
-    root_cause: RootCause | None = None  # None for a pass
+    # The earliest failure the records and the launcher's facts show, whatever the verdict:
+    # the receipt's root cause when the run fails (`root_cause`).
+    earliest: RootCause | None = None
 
     @cached_property
     def failures(self) -> list[str]:
@@ -101,10 +103,21 @@ class Derived:
         return rules.verdict_of(self.failures)
 
     @property
+    def root_cause(self) -> RootCause | None:
+        """The receipt's root cause: None for a pass."""
+        return None if self.verdict == "pass" else self.earliest
+
+    @property
     def records_cause(self) -> RootCause | None:
-        """The root cause where the rank records name it (not the launcher or a fallback)."""
-        cause = self.root_cause
+        """The earliest failure where the rank records name it (not the launcher's record of an
+        interruption or of node 0's death, nor a fallback), whatever the verdict."""
+        cause = self.earliest
         return None if cause is None or cause.kind in NOT_FROM_RECORDS else cause
+
+    @property
+    def failed_tests(self) -> list[FailedTest]:
+        """The receipt's failed-test list, its root cause's test first."""
+        return self.failed_tests_for(self.root_cause)
 
     def failed_tests_for(self, root_cause: RootCause | None) -> list[FailedTest]:
         """The failed-test list (what `--rerun-failed` reruns) with `root_cause` first."""
@@ -156,8 +169,6 @@ def derive(
         harness=None if provenance is None else recorded_harness(provenance, harness_version),
         run=run,
     )
-    if derived.verdict == "pass":
-        return derived
     cause = find_root_cause(
         rank_files,
         timed_out=run.timed_out,
@@ -171,7 +182,7 @@ def derive(
             else rules.node_zero_gone_reason(run.extra.node_zero_gone)
         ),
     )
-    return replace(derived, root_cause=_with_stack_dump(out_dir, cause))
+    return replace(derived, earliest=_with_stack_dump(out_dir, cause))
 
 
 def _with_stack_dump(out_dir: Path, cause: RootCause | None) -> RootCause | None:

@@ -286,18 +286,14 @@ def assemble_receipt(
         torchrun_error=ctx.torchrun_error,
         harness_version=None if harness is None else harness.version,
     )
-    rank_files, merged = facts.rank_files, facts.merged
-    capture, negative = facts.capture, facts.negative_control
-    verdict = facts.verdict
     environment = capture_environment(hosts=facts.hosts)
     sources = captured if facts.harness is None else {**captured, "dcpqual": facts.harness}
-    used_transports = facts.transports
     required = rules.required_limitations(
         geometry=geometry,
         image=image,
-        capture=capture,
-        negative_control=negative,
-        transports=used_transports,
+        capture=facts.capture,
+        negative_control=facts.negative_control,
+        transports=facts.transports,
         ranks=facts.ranks,
         sources=sources,
         selection=facts.selection,
@@ -315,14 +311,14 @@ def assemble_receipt(
         rules.advisory_limitations(
             backend=geometry.backend,
             nvml=environment.nvml,
-            notes=[*merged.notes, *_unreadable_notes(rank_files.unreadable)],
+            notes=[*facts.merged.notes, *_unreadable_notes(facts.rank_files.unreadable)],
         ),
         dict(ctx.limitations),
     )
     receipt = Receipt(
         schema=SCHEMA,
-        verdict=verdict,
-        status=rules.status_of(verdict, environment, required),
+        verdict=facts.verdict,
+        status=rules.status_of(facts.verdict, environment, required),
         geometry=geometry,
         environment=environment,
         image=image,
@@ -330,16 +326,16 @@ def assemble_receipt(
         suites=facts.suites,
         skip_reasons=facts.skip_reasons,
         signatures=facts.signatures,
-        capture=capture,
-        negative_control=negative,
+        capture=facts.capture,
+        negative_control=facts.negative_control,
         root_cause=facts.root_cause,
         limitations=limitation_lines(limitation_items),
         limitation_items=limitation_items,
         failures=facts.failures,
-        failed_tests=facts.failed_tests_for(facts.root_cause),
+        failed_tests=facts.failed_tests,
         selection=facts.selection,
         warm_impl=ctx.warm_impl,
-        transports=used_transports,
+        transports=facts.transports,
         models=facts.models,
         ranks=facts.ranks,
         coverage=facts.coverage,
@@ -347,7 +343,7 @@ def assemble_receipt(
         generated_by=f"dcpqual {__version__}",
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
-    return receipt, merged.xml
+    return receipt, facts.merged.xml
 
 
 def _launched(ctx: RunContext) -> Run:
