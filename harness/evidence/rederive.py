@@ -4,15 +4,19 @@ A receipt is a summary of files that are themselves in the bundle and covered by
 `records/rank-NN.json` and `junit/rank-NN.xml`. `dcpqual verify` derives the receipt's facts
 from them again with the derivation the writer used (harness.evidence.derive) and rejects a
 receipt that says anything else, field by field, naming the first difference. So an edited
-receipt cannot claim fewer lazy events, a flipped verdict, fewer killed ranks, other tallies,
-other signatures, other real trees (`models`, which the real-tree limitations follow from),
-hosts, failed tests, rootdir, root cause or harness checkout (`sources.dcpqual`), even with every
-hash regenerated: it would have to edit the records consistently too (only a signature protects
+receipt cannot claim fewer lazy events, a flipped verdict, fewer killed ranks, other tallies or
+skip reasons (even with junit/merged.xml edited to match), other signatures, other real trees
+(`models`, which the real-tree limitations follow from), a selection other than the ranks'
+pytest was told to make (so a narrowed run cannot drop its `selection` limitation), hosts,
+failed tests, rootdir, root cause or harness checkout (`sources.dcpqual`), even with every hash
+regenerated: it would have to edit the records consistently too (only a signature protects
 against that; see the README).
 
 Coverage, the failed-test list and the rootdir are held to the records whatever the receipt
 states: a receipt without them (from before they were recorded, or with them dropped) fails,
-so dropping one cannot switch its check off.
+so dropping one cannot switch its check off. Skip reasons are held where the receipt states
+them: a receipt without them counts the runner's own cases as tests, the layout from before
+they were stated.
 
 The launcher's facts the writer takes as given rather than from the records are held to the
 records that exist here too: every record names its world size, backend, warm code, node and
@@ -131,6 +135,8 @@ def derived_facts(
         pass  # an unreadable merged.xml is reported by verify's consistency check
     else:
         yield MERGED_JUNIT, "suites", _dump(stated), _dump(derived.suites)
+    if receipt.skip_reasons is not None:  # receipts written before it do not state it
+        yield r, "skip_reasons", receipt.skip_reasons, derived.skip_reasons
     yield r, "coverage", _dump(receipt.coverage), _dump(derived.coverage)
     yield r, "capture", _dump(receipt.capture), _dump(derived.capture)
     yield r, "negative_control", _dump(receipt.negative_control), _dump(derived.negative_control)

@@ -25,12 +25,13 @@ Four layers, each problem one line that starts with the file it is about:
    entry, a removed stray (links, special files: no file was ever kept) dropped from the
    receipt, or a dropped `run.extra.scrub.removed` entry leaves nothing to hold the receipt
    to: only a signature catches those.
-4. Re-derivation: the receipt's verdict, failures, ranks, tallies, coverage, capture, negative
-   control, signatures, transports, real trees, hosts, harness checkout, failed tests, rootdir
-   and root cause equal what the writer's own derivation (harness.evidence.derive) gives from
-   the hash-covered rank records and JUnit reports, and its geometry, image digest and zygotes
-   agree with those records (harness.evidence.rederive), naming the first field that differs;
-   and summary.md is exactly what the receipt renders (harness.evidence.summary).
+4. Re-derivation: the receipt's verdict, failures, ranks, tallies, skip reasons, coverage,
+   capture, negative control, signatures, transports, selection, real trees, hosts, harness
+   checkout, failed tests, rootdir and root cause equal what the writer's own derivation
+   (harness.evidence.derive) gives from the hash-covered rank records and JUnit reports, and its
+   geometry, image digest and zygotes agree with those records (harness.evidence.rederive),
+   naming the first field that differs; and summary.md is exactly what the receipt renders
+   (harness.evidence.summary).
 
 JSON is read bounded and strict (harness.jsonfile): a receipt that is a FIFO, a device, huge or
 nested too deep stops verify with one line and exit 2.
