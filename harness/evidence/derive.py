@@ -128,18 +128,16 @@ def derive(
     out_dir: Path,
     world_size: int,
     run: Run,
-    rank_files: RankFiles | None = None,
     *,
     runner_cases: bool = False,
     torchrun_error: TorchrunFailure | None = None,
     harness_version: str | None = None,
 ) -> Derived:
     """Read `records/rank-NN.json` and `junit/rank-NN.xml` of ranks 0..world_size-1 and derive
-    the receipt's facts (`rank_files`: the records, where the caller has read them already;
-    `runner_cases`: count the runner's own cases of ranks that left nothing in the tallies, as
-    receipts written before `skip_reasons` did; `run`, `torchrun_error`, `harness_version`:
-    the launcher's facts, see the module docstring)."""
-    rank_files = load_records(out_dir, world_size) if rank_files is None else rank_files
+    the receipt's facts (`runner_cases`: count the runner's own cases of ranks that left nothing
+    in the tallies, as receipts written before `skip_reasons` did; `run`, `torchrun_error`,
+    `harness_version`: the launcher's facts, see the module docstring)."""
+    rank_files = load_records(out_dir, world_size)
     merged = merge_junit(out_dir, rank_files)
     capture, negative = summarize_capture(rank_files)
     zero = rank_files.records.get(0)

@@ -99,16 +99,15 @@ def first_difference(path: str, mine: Any, theirs: Any) -> Disagreement | None:
     return Disagreement(path, mine, theirs)
 
 
-def derive_stated(bundle: Path, receipt: Receipt, rank_files: RankFiles | None = None) -> Derived:
+def derive_stated(bundle: Path, receipt: Receipt) -> Derived:
     """The bundle's facts, derived as the writer derived the receipt's, with the launcher's
     facts the receipt states (its `run`, its harness version; no torchrun error file) in place
-    of the launcher's own (`rank_files`: the bundle's records, where already read)."""
+    of the launcher's own."""
     harness = receipt.sources.get("dcpqual")
     return derive(
         bundle,
         receipt.geometry.world_size,
         receipt.run,
-        rank_files,
         runner_cases=receipt.skip_reasons is None,  # written before: counted them as tests
         harness_version=None if harness is None else harness.version,
     )
