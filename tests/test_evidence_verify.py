@@ -22,6 +22,7 @@ from _support.evidence_factory import (
     killed_run,
     passed,
     passing_run,
+    timed_out_run,
     write_rank,
 )
 from _support.forge import forge, restate_limitations
@@ -29,7 +30,7 @@ from _support.forge import reseal as forge_reseal
 from _support.locked import hold_to_modes, lock
 
 from harness.cli import main
-from harness.evidence import verify
+from harness.evidence import derive, verify
 from harness.evidence.files import render_sums, sha256_bytes, sha256_file
 from harness.evidence.rederive import first_difference
 from harness.evidence.verify import verify_bundle
@@ -182,6 +183,22 @@ def test_link_in_bundle_is_a_problem(bundle: Path) -> None:
     (bundle / "torchrun" / "link.log").symlink_to(bundle / "summary.md")
     problems = verify_bundle(bundle).problems
     assert "torchrun/link.log: is a symlink, not a file" in problems
+
+
+def test_a_linked_stacks_folder_is_named_and_not_walked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Verify derives the root cause, stack dump and all, from a bundle it cannot trust."""
+    out = tmp_path / "bundle"
+    finalize_bundle(out, timed_out_run(out))
+    elsewhere = tmp_path / "elsewhere"
+    (out / "stacks").rename(elsewhere)
+    (out / "stacks").symlink_to(elsewhere, target_is_directory=True)
+    walked: list[Path] = []
+    monkeypatch.setattr(derive, "walk", lambda root: walked.append(root) or iter(()))
+    problems = verify_bundle(out).problems
+    assert "stacks: is a symlink, not a file" in problems
+    assert walked == []
 
 
 def test_schema_violation_is_reported_per_field(bundle: Path) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from _support.evidence_factory import (
     COMBINE_TEST,
+    NODES,
     SIGNATURE_TEST,
     context,
     failing_run,
@@ -44,7 +45,7 @@ from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
 from harness.schema.base import Limitation
 from harness.schema.launch import Interruption, NodeState
-from harness.schema.rank_record import ErrorNote, RealTree, rank_record_path
+from harness.schema.rank_record import ErrorNote, RealTree, TestOutcome, rank_record_path
 from harness.schema.receipt import Launch, Models, RunExtra, Source
 
 WORLD = 2
@@ -148,6 +149,35 @@ def test_the_hosts_are_every_record_s_hostname_once(tmp_path: Path) -> None:
     # as digests: the receipt names no machine (tests/test_no_host_names.py)
     assert written.environment.hosts == sorted([host_digest("node0"), host_digest("node1")])
     assert verify_bundle(out).ok
+
+
+def test_skip_reasons_rewritten_with_merged_xml_are_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forger rewrites the skip reason in junit/merged.xml and in the receipt alike, and
+    its hash in the receipt's `files`: the ranks' own JUnit reports still give the real one."""
+    out = tmp_path / "bundle"
+    out.mkdir()
+    tests = [passed(n) for n in NODES]
+    tests[0] = TestOutcome(nodeid=NODES[0], outcome="skipped", message="needs 16 ranks")
+    for rank in range(WORLD):
+        write_rank(out, rank, WORLD, tests=tests)
+    assert finalize_bundle(out, context(WORLD)).skip_reasons == {"needs 16 ranks": 1}
+    merged = out / "junit" / "merged.xml"
+    merged.write_text(merged.read_text().replace("needs 16 ranks", "needs a CUDA GPU"))
+
+    def rewrite(data: dict[str, Any]) -> None:
+        data["skip_reasons"] = {"needs a CUDA GPU": 1}
+        data["files"]["junit/merged.xml"] = sha256_file(merged)
+
+    forge(out, rewrite)
+    with monkeypatch.context() as patch:
+        patch.setattr(verify, "rederive_problems", lambda *_: [])
+        assert verify_bundle(out).ok  # every other layer is fooled
+    assert verify_bundle(out).problems == (
+        "receipt.json: skip_reasons.needs 16 ranks is absent but the rank records and JUnit "
+        "reports say 1",
+    )
 
 
 # -- the launcher's record of the launch -------------------------------------------------------

@@ -1,24 +1,29 @@
-"""Re-derive a receipt's facts from the rank records and JUnit reports the bundle holds.
+"""Hold a receipt to the facts its bundle's rank records and JUnit reports give.
 
 A receipt is a summary of files that are themselves in the bundle and covered by its hashes:
-`records/rank-NN.json` and `junit/rank-NN.xml`. `dcpqual verify` reads them again with the
-same readers the writer used and rejects a receipt that says anything else about them, so an
-edited receipt cannot claim fewer lazy events, a flipped verdict, fewer killed ranks, other
-tallies or other signatures, even with every hash regenerated: it would have to edit the
-records consistently too (only a signature protects against that; see the README).
-
-The geometry is held to the records too: every record names its world size, backend, warm
-code, node and local rank, and (since records name them) the tp and dcp its suites qualified,
-so a receipt cannot claim NCCL, more nodes, another TP/DCP or another layout than the ranks ran
-with (and so drop the limitations those would require). What the ranks' pytest was told to
-select is held to the records too, so a narrowed run cannot drop its `selection` limitation,
-and so are the real vLLM trees the ranks built (`models`, which the real-tree limitations follow
-from), the hosts they ran on (`environment.hosts`), the image digest their environment named
-and the harness checkout rank 0 ran (`image.digest`, `sources.dcpqual`).
+`records/rank-NN.json` and `junit/rank-NN.xml`. `dcpqual verify` derives the receipt's facts
+from them again with the derivation the writer used (harness.evidence.derive) and rejects a
+receipt that says anything else, field by field, naming the first difference. So an edited
+receipt cannot claim fewer lazy events, a flipped verdict, fewer killed ranks, other tallies or
+skip reasons (even with junit/merged.xml edited to match), other signatures, other real trees
+(`models`, which the real-tree limitations follow from), a selection other than the ranks'
+pytest was told to make (so a narrowed run cannot drop its `selection` limitation), hosts,
+failed tests, rootdir, root cause or harness checkout (`sources.dcpqual`), even with every hash
+regenerated: it would have to edit the records consistently too (only a signature protects
+against that; see the README).
 
 Coverage, the failed-test list and the rootdir are held to the records whatever the receipt
 states: a receipt without them (from before they were recorded, or with them dropped) fails,
-so dropping one cannot switch its check off.
+so dropping one cannot switch its check off. Skip reasons are held where the receipt states
+them: a receipt without them counts the runner's own cases as tests, the layout from before
+they were stated.
+
+The launcher's facts the writer takes as given rather than from the records are held to the
+records that exist here too: every record names its world size, backend, warm code, node and
+local rank, and (since records name them) the tp and dcp its suites qualified, so a receipt
+cannot claim NCCL, more nodes, another TP/DCP or another layout than the ranks ran with (and so
+drop the limitations those would require); the image digest the ranks' environment named
+(`image.digest`); and each node's zygote, held to how that node's ranks say they started.
 
 Not re-derived, because no rank file records it: the run's exit code and timeout (the
 launcher's view; verify holds them to the launcher's record of the launch, and that record to
@@ -32,23 +37,20 @@ nor for the fallbacks to torchrun's error file, JUnit or the verdict's reasons).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.evidence import rules
-from harness.evidence.collect import RankFiles, find_root_cause, hash_seed_of
-from harness.evidence.ending import failed_tests, ranks_rootdir
-from harness.evidence.facts import rank_facts
+from harness.evidence.collect import RankFiles, hash_seed_of
+from harness.evidence.derive import Derived, derive
 from harness.evidence.junit import read_merged, tallies
-from harness.evidence.sources import recorded_harness
 from harness.schema.launch import ZygoteState
-from harness.schema.layout import RECEIPT_NAME
+from harness.schema.layout import MERGED_JUNIT, RECEIPT_NAME
 from harness.schema.rank_record import RankRecord, RankStart
 from harness.schema.receipt import Receipt
 
-MERGED_JUNIT = "junit/merged.xml"
 SOURCE = "the rank records and JUnit reports"
 
 
@@ -97,38 +99,33 @@ def first_difference(path: str, mine: Any, theirs: Any) -> Disagreement | None:
     return Disagreement(path, mine, theirs)
 
 
+def derive_stated(bundle: Path, receipt: Receipt) -> Derived:
+    """The bundle's facts, derived as the writer derived the receipt's, with the launcher's
+    facts the receipt states (its `run`, its harness version; no torchrun error file) in place
+    of the launcher's own."""
+    harness = receipt.sources.get("dcpqual")
+    return derive(
+        bundle,
+        receipt.geometry.world_size,
+        receipt.run,
+        runner_cases=receipt.skip_reasons is None,  # written before: counted them as tests
+        harness_version=None if harness is None else harness.version,
+    )
+
+
 def derived_facts(
-    bundle: Path, receipt: Receipt, rank_files: RankFiles | None = None
+    bundle: Path, receipt: Receipt, derived: Derived
 ) -> Iterator[tuple[str, str, Any, Any]]:
     """(file, field, its value, re-derived value) as JSON, in the order they are reported
-    (`rank_files`: the bundle's records, where the caller has read them already).
+    (`derived`: `derive_stated` of this bundle and receipt).
 
     Tallies are checked on junit/merged.xml, which verify already holds the receipt's tallies
     to: each fact is checked once, where it is first stated.
     """
-    facts = rank_facts(
-        bundle,
-        receipt.geometry.world_size,
-        receipt.run,
-        rank_files,
-        runner_cases=receipt.skip_reasons is None,  # written before: counted them as tests
-    )
-    rank_files = facts.rank_files
-    reasons = rules.failure_reasons_of(facts)
-
-    def dump(value: Any) -> Any:
-        if isinstance(value, list):
-            return [dump(v) for v in value]
-        if isinstance(value, dict):
-            return {str(k): dump(v) for k, v in value.items()}
-        if hasattr(value, "model_dump"):
-            return value.model_dump(mode="json")
-        return value
-
     r = RECEIPT_NAME
-    yield from _geometry_facts(receipt, rank_files)
-    yield r, "verdict", receipt.verdict, rules.verdict_of(reasons)
-    yield r, "ranks", dump(receipt.ranks), dump(facts.ranks)
+    yield from _geometry_facts(receipt, derived.rank_files)
+    yield r, "verdict", receipt.verdict, derived.verdict
+    yield r, "ranks", _dump(receipt.ranks), _dump(derived.ranks)
     try:
         stated = tallies(
             read_merged(bundle / MERGED_JUNIT), runner_cases=receipt.skip_reasons is None
@@ -136,19 +133,32 @@ def derived_facts(
     except (OSError, ValueError):
         pass  # an unreadable merged.xml is reported by verify's consistency check
     else:
-        yield MERGED_JUNIT, "suites", dump(stated), dump(facts.suites)
-    yield r, "coverage", dump(receipt.coverage), dump(facts.coverage)
-    yield r, "capture", dump(receipt.capture), dump(facts.capture)
-    yield r, "negative_control", dump(receipt.negative_control), dump(facts.negative_control)
-    yield r, "signatures", dump(receipt.signatures), dump(facts.signatures)
-    yield r, "transports", receipt.transports, facts.transports
-    yield r, "selection", dump(receipt.selection), dump(facts.selection)
-    yield r, "models", dump(receipt.models), dump(facts.models)
-    yield r, "environment.hosts", receipt.environment.hosts, facts.hosts
-    yield from _launch_facts(receipt, rank_files)
-    yield from _provenance_facts(receipt, rank_files, dump)
-    yield from _ending_facts(receipt, rank_files, dump)
-    yield r, "failures", receipt.failures, reasons  # last: it sums up the facts above
+        yield MERGED_JUNIT, "suites", _dump(stated), _dump(derived.suites)
+    if receipt.skip_reasons is not None:  # receipts written before it do not state it
+        yield r, "skip_reasons", receipt.skip_reasons, derived.skip_reasons
+    yield r, "coverage", _dump(receipt.coverage), _dump(derived.coverage)
+    yield r, "capture", _dump(receipt.capture), _dump(derived.capture)
+    yield r, "negative_control", _dump(receipt.negative_control), _dump(derived.negative_control)
+    yield r, "signatures", _dump(receipt.signatures), _dump(derived.signatures)
+    yield r, "transports", receipt.transports, derived.transports
+    yield r, "selection", _dump(receipt.selection), _dump(derived.selection)
+    yield r, "models", _dump(receipt.models), _dump(derived.models)
+    yield r, "environment.hosts", receipt.environment.hosts, derived.hosts
+    yield from _launch_facts(receipt, derived.rank_files)
+    yield from _provenance_facts(receipt, derived)
+    yield from _ending_facts(receipt, derived)
+    yield r, "failures", receipt.failures, derived.failures  # last: it sums up the facts above
+
+
+def _dump(value: Any) -> Any:
+    """A receipt value as JSON, to compare leaf by leaf."""
+    if isinstance(value, list):
+        return [_dump(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _dump(v) for k, v in value.items()}
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    return value
 
 
 def _one(values: Iterator[Any]) -> Any:
@@ -202,25 +212,22 @@ def _launch_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[str
         )
 
 
-def _provenance_facts(
-    receipt: Receipt, rank_files: RankFiles, dump: Callable[[Any], Any]
-) -> Iterator[tuple[str, str, Any, Any]]:
+def _provenance_facts(receipt: Receipt, derived: Derived) -> Iterator[tuple[str, str, Any, Any]]:
     """The image the run was in and the harness checkout it ran, held to what the ranks saw at
     their start (records that predate it say nothing): a receipt cannot claim a locked image
     its ranks did not run in, or a clean checkout rank 0 saw dirty, to gain `qualified`."""
-    seen = {r: x.provenance for r, x in rank_files.records.items() if x.provenance is not None}
+    records = derived.rank_files.records
+    seen = {r: x.provenance for r, x in records.items() if x.provenance is not None}
     if not seen:
         return
     stated = None if receipt.image is None else receipt.image.digest
     yield RECEIPT_NAME, "image.digest", stated, _one(p.image_digest for p in seen.values())
-    zero = seen.get(0)
-    if zero is None and 0 in rank_files.records:  # the one record that names the checkout
+    if 0 in records and 0 not in seen:  # the one record that names the checkout
         others = sorted(seen)
         yield RECEIPT_NAME, "rank 0's provenance", None, f"recorded, as ranks {others} record it"
-    if zero is not None:
-        harness = receipt.sources.get("dcpqual")
-        derived = recorded_harness(zero, None if harness is None else harness.version)
-        yield RECEIPT_NAME, "sources.dcpqual", dump(harness), dump(derived)
+    if derived.harness is not None:
+        stated_harness = receipt.sources.get("dcpqual")
+        yield RECEIPT_NAME, "sources.dcpqual", _dump(stated_harness), _dump(derived.harness)
 
 
 def _zygote_facts(
@@ -257,39 +264,33 @@ def _zygote_counts(
         yield RECEIPT_NAME, f"{where}.forked (records: forked)", zygote.forked, forked
 
 
-def _ending_facts(
-    receipt: Receipt, rank_files: RankFiles, dump: Callable[[Any], Any]
-) -> Iterator[tuple[str, str, Any, Any]]:
+def _ending_facts(receipt: Receipt, derived: Derived) -> Iterator[tuple[str, str, Any, Any]]:
     """The root cause, the failed-test list (what `--rerun-failed` reruns) and the rootdir its
     node ids are relative to. The list is held to the records with the stated root cause (whose
     text is not re-derived), so an emptied list cannot hide the failures. An interrupted run's
     cause is the interruption, held by verify to the launcher's record of it; any other cause
     the records name is the receipt's, even one that calls itself an interruption."""
-    cause = receipt.root_cause
-    launcher_cause = receipt.run.extra.interrupted or receipt.run.extra.node_zero_gone
-    if cause is not None and launcher_cause is None:
-        derived_cause = find_root_cause(
-            rank_files, timed_out=receipt.run.timed_out, torchrun_error=None
+    cause, derived_cause = receipt.root_cause, derived.records_cause
+    if cause is not None and derived_cause is not None:
+        keys = ("rank", "test", "kind")
+        yield (
+            RECEIPT_NAME,
+            "root_cause",
+            {k: getattr(cause, k) for k in keys},
+            {k: getattr(derived_cause, k) for k in keys},
         )
-        if derived_cause is not None:
-            keys = ("rank", "test", "kind")
-            yield (
-                RECEIPT_NAME,
-                "root_cause",
-                {k: getattr(cause, k) for k in keys},
-                {k: getattr(derived_cause, k) for k in keys},
-            )
-    derived = failed_tests(rank_files, receipt.root_cause)
-    yield RECEIPT_NAME, "failed_tests", dump(receipt.failed_tests), dump(derived)
-    yield RECEIPT_NAME, "run.rootdir", receipt.run.rootdir, ranks_rootdir(rank_files)
+    stated = _dump(receipt.failed_tests)
+    yield RECEIPT_NAME, "failed_tests", stated, _dump(derived.failed_tests_for(cause))
+    yield RECEIPT_NAME, "run.rootdir", receipt.run.rootdir, derived.rootdir
 
 
-def rederive_problems(
-    bundle: Path, receipt: Receipt, rank_files: RankFiles | None = None
-) -> list[str]:
-    """One line per receipt field that the bundle's own records contradict."""
+def rederive_problems(bundle: Path, receipt: Receipt, derived: Derived | None = None) -> list[str]:
+    """One line per receipt field that the bundle's own records contradict (`derived`:
+    `derive_stated` of this bundle and receipt, where the caller has it already)."""
+    if derived is None:
+        derived = derive_stated(bundle, receipt)
     problems = []
-    for holder, field, mine, theirs in derived_facts(bundle, receipt, rank_files):
+    for holder, field, mine, theirs in derived_facts(bundle, receipt, derived):
         found = first_difference(field, mine, theirs)
         if found is not None:
             problems.append(found.describe(holder))

@@ -25,11 +25,13 @@ Four layers, each problem one line that starts with the file it is about:
    entry, a removed stray (links, special files: no file was ever kept) dropped from the
    receipt, or a dropped `run.extra.scrub.removed` entry leaves nothing to hold the receipt
    to: only a signature catches those.
-4. Re-derivation: the receipt's verdict, failures, ranks, tallies, coverage, capture, negative
-   control, signatures, transports, real trees, hosts, image digest, harness checkout, failed
-   tests and root cause equal what the hash-covered rank records and JUnit reports say
-   (harness.evidence.rederive), naming the first field that differs; and summary.md is exactly
-   what the receipt renders (harness.evidence.summary).
+4. Re-derivation: the receipt's verdict, failures, ranks, tallies, skip reasons, coverage,
+   capture, negative control, signatures, transports, selection, real trees, hosts, harness
+   checkout, failed tests, rootdir and root cause equal what the writer's own derivation
+   (harness.evidence.derive) gives from the hash-covered rank records and JUnit reports, and its
+   geometry, image digest and zygotes agree with those records (harness.evidence.rederive),
+   naming the first field that differs; and summary.md is exactly what the receipt renders
+   (harness.evidence.summary).
 
 JSON is read bounded and strict (harness.jsonfile): a receipt that is a FIFO, a device, huge or
 nested too deep stops verify with one line and exit 2.
@@ -44,11 +46,10 @@ from pydantic import ValidationError
 
 from harness.errors import UsageError
 from harness.evidence import rules
-from harness.evidence.collect import coverage_of, load_records
 from harness.evidence.files import UNREADABLE, parse_sums, sha256_file, walk
 from harness.evidence.junit import read_merged, skip_reasons, tallies
 from harness.evidence.launch_record import launch_record_problems
-from harness.evidence.rederive import first_difference, rederive_problems
+from harness.evidence.rederive import derive_stated, first_difference, rederive_problems
 from harness.evidence.strays import strays_problems
 from harness.evidence.summary import receipt_sha256_in, summary_differences
 from harness.evidence.writer import UNWITNESSED
@@ -84,10 +85,10 @@ def verify_bundle(bundle: Path) -> VerifyResult:
         receipt = _validate(receipt_data, problems)
         problems += _check_files(bundle, receipt, receipt_data)
         if receipt is not None:
-            rank_files = load_records(bundle, receipt.geometry.world_size)  # read once
-            problems += _check_consistency(bundle, receipt, coverage_of(rank_files))
+            derived = derive_stated(bundle, receipt)  # the records, read once
+            problems += _check_consistency(bundle, receipt, derived.coverage)
             problems += strays_problems(bundle, receipt)
-            problems += rederive_problems(bundle, receipt, rank_files)
+            problems += rederive_problems(bundle, receipt, derived)
             problems += _check_summary(bundle, receipt)
     except OSError as exc:  # a file or folder its mode keeps from us: the checks stop there
         problems.append(

@@ -1,11 +1,12 @@
 """Turn a finished run's out folder into an evidence bundle, and prepare that folder.
 
 `finalize_bundle` is a pipeline of small steps: refuse to overwrite -> scrub secrets from what
-the ranks and torchrun left -> read records and JUnit reports -> derive verdict, status, root
-cause and limitations -> write junit/merged.xml, launch.json (the launcher's record of the
-launch), receipt.json, summary.md -> write SHA256SUMS over every other file. Every write is
-atomic. A bundle is never overwritten: a folder that already holds receipt.json or SHA256SUMS
-is refused before anything is touched.
+the ranks and torchrun left -> derive the receipt's facts from the records and JUnit reports
+(harness.evidence.derive, which verify runs again on the bundle) -> status and limitations ->
+write junit/merged.xml, launch.json (the launcher's record of the launch), receipt.json,
+summary.md -> write SHA256SUMS over every other file. Every write is atomic. A bundle is never
+overwritten: a folder that already holds receipt.json or SHA256SUMS is refused before anything
+is touched.
 """
 
 from __future__ import annotations
@@ -26,10 +27,8 @@ from harness.atomic import atomic_write_bytes
 from harness.core.secrets import Scrubber, environment_scrubber
 from harness.errors import UsageError
 from harness.evidence import rules
-from harness.evidence.collect import find_root_cause
-from harness.evidence.ending import failed_tests, ranks_rootdir
+from harness.evidence.derive import derive
 from harness.evidence.environment import capture_environment
-from harness.evidence.facts import rank_facts
 from harness.evidence.files import (
     UNREADABLE,
     hash_files,
@@ -41,7 +40,7 @@ from harness.evidence.files import (
 from harness.evidence.launch_record import launch_record_bytes
 from harness.evidence.redact import ScrubReport, scrub_folder
 from harness.evidence.run_context import RunContext
-from harness.evidence.sources import capture_sources, recorded_harness
+from harness.evidence.sources import capture_sources
 from harness.evidence.summary import render_summary
 from harness.schema.base import limitation_lines
 from harness.schema.image import Image
@@ -50,13 +49,11 @@ from harness.schema.layout import (
     MERGED_JUNIT,
     RECEIPT_NAME,
     RECORDS_DIR,
-    STACKS_DIR,
     SUMMARY_NAME,
     SUMS_NAME,
     rank_file_name,
 )
-from harness.schema.rank_record import RankRecord
-from harness.schema.receipt import SCHEMA, Geometry, Receipt, RootCause, Run, Scrub, Source
+from harness.schema.receipt import SCHEMA, Geometry, Receipt, Run, Scrub
 
 # Files the receipt's `files` map cannot cover: itself, and what is written after it.
 UNWITNESSED = frozenset({RECEIPT_NAME, SUMMARY_NAME, SUMS_NAME})
@@ -276,34 +273,23 @@ def assemble_receipt(
     out_dir: Path, ctx: RunContext, geometry: Geometry, image: Image | None
 ) -> tuple[Receipt, bytes]:
     """The receipt (without its `files` witness) and merged JUnit bytes; writes nothing."""
-    facts = rank_facts(out_dir, ctx.world_size, _launched(ctx))
-    rank_files, merged = facts.rank_files, facts.merged
-    capture, negative = facts.capture, facts.negative_control
-    # the rootdir is the records' fact; the failure rules do not read it
-    run = facts.run.model_copy(update={"rootdir": ranks_rootdir(rank_files)})
-    reasons = rules.failure_reasons_of(facts)
-    verdict = rules.verdict_of(reasons)
-    root_cause = None
-    if verdict == "fail":
-        root_cause = find_root_cause(
-            rank_files,
-            timed_out=run.timed_out,
-            torchrun_error=ctx.torchrun_error,
-            junit_failures=merged.failures(),
-            reasons=reasons,
-            interrupted=_interruption(run),
-            node_gone=_node_gone(run),
-        )
-        root_cause = _with_stack_dump(out_dir, root_cause)
+    captured = capture_sources()
+    harness = captured.get("dcpqual")
+    facts = derive(
+        out_dir,
+        ctx.world_size,
+        _launched(ctx),
+        torchrun_error=ctx.torchrun_error,
+        harness_version=None if harness is None else harness.version,
+    )
     environment = capture_environment(hosts=facts.hosts)
-    sources = _with_recorded_harness(capture_sources(), facts.rank_files.records.get(0))
-    used_transports = facts.transports
+    sources = captured if facts.harness is None else {**captured, "dcpqual": facts.harness}
     required = rules.required_limitations(
         geometry=geometry,
         image=image,
-        capture=capture,
-        negative_control=negative,
-        transports=used_transports,
+        capture=facts.capture,
+        negative_control=facts.negative_control,
+        transports=facts.transports,
         ranks=facts.ranks,
         sources=sources,
         selection=facts.selection,
@@ -321,14 +307,14 @@ def assemble_receipt(
         rules.advisory_limitations(
             backend=geometry.backend,
             nvml=environment.nvml,
-            notes=[*merged.notes, *_unreadable_notes(rank_files.unreadable)],
+            notes=[*facts.merged.notes, *_unreadable_notes(facts.rank_files.unreadable)],
         ),
         dict(ctx.limitations),
     )
     receipt = Receipt(
         schema=SCHEMA,
-        verdict=verdict,
-        status=rules.status_of(verdict, environment, required),
+        verdict=facts.verdict,
+        status=rules.status_of(facts.verdict, environment, required),
         geometry=geometry,
         environment=environment,
         image=image,
@@ -336,36 +322,24 @@ def assemble_receipt(
         suites=facts.suites,
         skip_reasons=facts.skip_reasons,
         signatures=facts.signatures,
-        capture=capture,
-        negative_control=negative,
-        root_cause=root_cause,
+        capture=facts.capture,
+        negative_control=facts.negative_control,
+        root_cause=facts.root_cause,
         limitations=limitation_lines(limitation_items),
         limitation_items=limitation_items,
-        failures=reasons,
-        failed_tests=failed_tests(rank_files, root_cause),
+        failures=facts.failures,
+        failed_tests=facts.failed_tests,
         selection=facts.selection,
         warm_impl=ctx.warm_impl,
-        transports=used_transports,
+        transports=facts.transports,
         models=facts.models,
         ranks=facts.ranks,
         coverage=facts.coverage,
-        run=run,
+        run=facts.run.model_copy(update={"rootdir": facts.rootdir}),
         generated_by=f"dcpqual {__version__}",
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
-    return receipt, merged.xml
-
-
-def _with_recorded_harness(
-    sources: dict[str, Source], zero: RankRecord | None
-) -> dict[str, Source]:
-    """The harness checkout as rank 0 saw it when it started, where its record says, so the
-    receipt states the code that ran (not the checkout as it is now) and verify can hold it to
-    the record."""
-    if zero is None or zero.provenance is None:
-        return sources
-    version = sources["dcpqual"].version if "dcpqual" in sources else None
-    return {**sources, "dcpqual": recorded_harness(zero.provenance, version)}
+    return receipt, facts.merged.xml
 
 
 def _launched(ctx: RunContext) -> Run:
@@ -406,29 +380,6 @@ def _validated(ctx: RunContext) -> tuple[Geometry, Image | None]:
         )
         raise UsageError(f"cannot write a receipt for this run: {problems}") from None
     return geometry, image
-
-
-def _with_stack_dump(out_dir: Path, cause: RootCause | None) -> RootCause | None:
-    """Point the root cause at the faulthandler dump of its rank, when the launcher left one."""
-    if cause is None or cause.rank is None or not (out_dir / STACKS_DIR).is_dir():
-        return cause
-    dumps = sorted(
-        e.relpath for e in walk(out_dir / STACKS_DIR) if rank_file_name(cause.rank, "") in e.relpath
-    )
-    if not dumps:
-        return cause
-    where = ", ".join(f"stacks/{d}" for d in dumps)
-    return cause.model_copy(update={"message": f"{cause.message} (stack dump: {where})"})
-
-
-def _interruption(run: Run) -> str | None:
-    interrupted = run.extra.interrupted
-    return None if interrupted is None else interrupted.message()
-
-
-def _node_gone(run: Run) -> str | None:
-    gone = run.extra.node_zero_gone
-    return None if gone is None else rules.node_zero_gone_reason(gone)
 
 
 def _unreadable_notes(unreadable: dict[int, str]) -> list[str]:

@@ -1,0 +1,197 @@
+"""Derive a receipt's facts from what a run's out folder holds, once, for the writer and verify.
+
+`derive` reads `records/rank-NN.json` and `junit/rank-NN.xml` and returns every receipt fact
+they determine: tallies, skip reasons, capture, negative control, signatures, ranks, coverage,
+transports, selection, real trees, hosts, the pytest rootdir, the failure reasons and the
+verdict they give, the root cause, the failed-test list and the harness checkout rank 0 ran.
+The writer fills the receipt from this value; `dcpqual verify` calls it again on the bundle
+(whose files the hashes cover) and holds the receipt to it field by field
+(harness.evidence.rederive). One derivation, so the two cannot drift apart by computing a fact
+differently.
+
+Some of the receipt no rank file records; the caller passes it in: the launcher's `run` (its
+command, exit code, timeout and the record of its launch, which the failure rules read),
+torchrun's error file (the root cause falls back to it, and quotes it) and the installed
+harness version. The writer passes what the launcher saw; verify passes what the receipt states
+(its `run`, its harness version, no error file), so for verify the root cause is the records'
+only where the records name one (`records_cause`), and the failed-test list is derived with
+the receipt's own root cause (`failed_tests_for`), whose text is not re-derived.
+
+The run's geometry, image and zygotes are the launcher's too, and are not taken from the
+records: the records cannot say how many ranks left none. Verify holds them to what the records
+that exist state (harness.evidence.rederive).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+from pathlib import Path
+
+from harness.evidence import rules
+from harness.evidence.collect import (
+    RankFiles,
+    coverage_of,
+    find_root_cause,
+    load_records,
+    merge_signatures,
+    model_sources,
+    rank_hosts,
+    selection_of,
+    summarize_capture,
+    transports,
+)
+from harness.evidence.ending import failed_tests, ranks_rootdir
+from harness.evidence.files import walk
+from harness.evidence.junit import MergedJUnit, merge_junit, skip_reasons, tallies
+from harness.evidence.run_context import TorchrunFailure
+from harness.evidence.sources import recorded_harness
+from harness.schema.layout import STACKS_DIR, rank_file_name
+from harness.schema.receipt import (
+    Capture,
+    Coverage,
+    FailedTest,
+    Models,
+    NegativeControl,
+    Ranks,
+    RootCause,
+    Run,
+    Selection,
+    SignatureRow,
+    Source,
+    Tally,
+    Verdict,
+)
+
+# Root-cause kinds that do not come from the rank records: the launcher's record of an
+# interruption or of node 0's death, and the fallbacks when no record names a cause.
+NOT_FROM_RECORDS = frozenset({"interrupted", "node-gone", "torchrun", "junit", "run"})
+
+
+@dataclass(frozen=True)
+class Derived:
+    """The receipt's facts as the out folder's records and reports give them, plus the
+    launcher's `run` (no file in the folder records it), so the failure rules
+    (`rules.failure_reasons_of`) take this value as they take a receipt."""
+
+    rank_files: RankFiles
+    merged: MergedJUnit
+    suites: dict[str, Tally]
+    skip_reasons: dict[str, int]
+    capture: Capture
+    negative_control: NegativeControl
+    signatures: list[SignatureRow]
+    ranks: Ranks
+    coverage: Coverage
+    transports: list[str]
+    selection: Selection | None
+    models: Models  # vLLM's real trees the ranks built
+    hosts: list[str]  # the hostnames the ranks ran on
+    rootdir: str | None  # the pytest rootdir the ranks report (`run.rootdir`)
+    harness: Source | None  # `sources.dcpqual` as rank 0 recorded it; None: its record does not
+    run: Run
+    # The earliest failure the records and the launcher's facts show, whatever the verdict:
+    # the receipt's root cause when the run fails (`root_cause`).
+    earliest: RootCause | None = None
+
+    @cached_property
+    def failures(self) -> list[str]:
+        return rules.failure_reasons_of(self)
+
+    @property
+    def verdict(self) -> Verdict:
+        return rules.verdict_of(self.failures)
+
+    @property
+    def root_cause(self) -> RootCause | None:
+        """The receipt's root cause: None for a pass."""
+        return None if self.verdict == "pass" else self.earliest
+
+    @property
+    def records_cause(self) -> RootCause | None:
+        """The earliest failure where the rank records name it (not the launcher's record of an
+        interruption or of node 0's death, nor a fallback), whatever the verdict."""
+        cause = self.earliest
+        return None if cause is None or cause.kind in NOT_FROM_RECORDS else cause
+
+    @property
+    def failed_tests(self) -> list[FailedTest]:
+        """The receipt's failed-test list, its root cause's test first."""
+        return self.failed_tests_for(self.root_cause)
+
+    def failed_tests_for(self, root_cause: RootCause | None) -> list[FailedTest]:
+        """The failed-test list (what `--rerun-failed` reruns) with `root_cause` first."""
+        return failed_tests(self.rank_files, root_cause)
+
+
+def derive(
+    out_dir: Path,
+    world_size: int,
+    run: Run,
+    *,
+    runner_cases: bool = False,
+    torchrun_error: TorchrunFailure | None = None,
+    harness_version: str | None = None,
+) -> Derived:
+    """Read `records/rank-NN.json` and `junit/rank-NN.xml` of ranks 0..world_size-1 and derive
+    the receipt's facts (`runner_cases`: count the runner's own cases of ranks that left nothing
+    in the tallies, as receipts written before `skip_reasons` did; `run`, `torchrun_error`,
+    `harness_version`: the launcher's facts, see the module docstring)."""
+    rank_files = load_records(out_dir, world_size)
+    merged = merge_junit(out_dir, rank_files)
+    capture, negative = summarize_capture(rank_files)
+    zero = rank_files.records.get(0)
+    provenance = None if zero is None else zero.provenance
+    derived = Derived(
+        rank_files=rank_files,
+        merged=merged,
+        suites=tallies(merged.cases, runner_cases=runner_cases),
+        skip_reasons=skip_reasons(merged.cases),
+        capture=capture,
+        negative_control=negative,
+        signatures=merge_signatures(rank_files.captures()),
+        ranks=Ranks(
+            expected=world_size,
+            reported=len(rank_files.records),
+            complete=rank_files.complete,
+            killed=rank_files.killed,
+            stopped=rank_files.stopped,
+            missing_junit=list(merged.missing),
+        ),
+        coverage=coverage_of(rank_files),
+        transports=transports(rank_files),
+        selection=selection_of(rank_files),
+        models=model_sources(rank_files),
+        hosts=rank_hosts(rank_files),
+        rootdir=ranks_rootdir(rank_files),
+        harness=None if provenance is None else recorded_harness(provenance, harness_version),
+        run=run,
+    )
+    cause = find_root_cause(
+        rank_files,
+        timed_out=run.timed_out,
+        torchrun_error=torchrun_error,
+        junit_failures=merged.failures(),
+        reasons=derived.failures,
+        interrupted=None if run.extra.interrupted is None else run.extra.interrupted.message(),
+        node_gone=(
+            None
+            if run.extra.node_zero_gone is None
+            else rules.node_zero_gone_reason(run.extra.node_zero_gone)
+        ),
+    )
+    return replace(derived, earliest=_with_stack_dump(out_dir, cause))
+
+
+def _with_stack_dump(out_dir: Path, cause: RootCause | None) -> RootCause | None:
+    """Point the root cause at the faulthandler dump of its rank, when the launcher left one. A
+    `stacks` that is a link is not followed: verify derives from bundles it cannot trust, and
+    reports the link itself."""
+    stacks = out_dir / STACKS_DIR
+    if cause is None or cause.rank is None or stacks.is_symlink() or not stacks.is_dir():
+        return cause
+    dumps = sorted(e.relpath for e in walk(stacks) if rank_file_name(cause.rank, "") in e.relpath)
+    if not dumps:
+        return cause
+    where = ", ".join(f"stacks/{d}" for d in dumps)
+    return cause.model_copy(update={"message": f"{cause.message} (stack dump: {where})"})
