@@ -47,7 +47,7 @@ from harness.rank.watchdog import WatchConfig, Watchdog
 from harness.rank.worldbreak import AgentWatch, destroyed_group, group_alive
 from harness.schema.capture import CaptureRecord
 from harness.schema.layout import RECORDS_DIR
-from harness.schema.plan import RankPlan
+from harness.schema.plan import RUN_TIMEOUT_S, RankPlan
 from harness.schema.rank_record import (
     ELSEWHERE_SKIP,
     NO_BODY_SKIP,
@@ -495,7 +495,8 @@ class RankPlugin:
         """After a block of sub-world cases: every rank learns every lane's failures and the
         whole world stops here, or goes on, together."""
         assert self.channel is not None and self.keeper is not None
-        timeout = self.watch_config.test_timeout_s if self.watch_config.test_timeout_s > 0 else 3600
+        test_timeout = self.watch_config.test_timeout_s
+        timeout = test_timeout if test_timeout > 0 else RUN_TIMEOUT_S  # none: the run's default
         wait_s = (timeout + 15.0) * self.subworld.block_size(block)
         self.keeper.waiting()
         joined = join(self.channel, block, self._block, self.env.world_size, wait_s=wait_s)

@@ -41,6 +41,7 @@ from harness.rank.bootstrap import collective_sequence_numbers
 from harness.rank.parentage import parentage
 from harness.rank.rankfiles import RecordKeeper, dump_stacks, write_error_file
 from harness.rank.sidechannel import SideChannel
+from harness.schema.plan import ABORT_GRACE_S, RUN_TIMEOUT_S, TEST_TIMEOUT_S
 
 Phase = Literal["idle", "body", "agree", "finishing", "claimed"]
 EXIT_FAILED = 1
@@ -50,10 +51,12 @@ _DIST_DIR = f"{os.sep}torch{os.sep}distributed{os.sep}"
 
 @dataclass(frozen=True)
 class WatchConfig:
-    """Timing of the watchdog. `test_timeout_s <= 0` disables the per-test timeout."""
+    """Timing of the watchdog. `test_timeout_s <= 0` disables the per-test timeout; the two
+    the rank plan carries default to its defaults."""
 
-    test_timeout_s: float = 300.0
-    abort_grace_s: float = 3.0  # a peer failed: how long this rank may still finish the test
+    test_timeout_s: float = TEST_TIMEOUT_S
+    # A peer failed: how long this rank may still finish the test.
+    abort_grace_s: float = ABORT_GRACE_S
     exchange_grace_s: float = 5.0  # after a timeout: how long to wait for peers' reports
     heartbeat_s: float = 1.0  # the record's mtime, and what its keeper noted, at this pace
     tick_s: float = 0.5  # while a test runs: how often to look for a peer's failure
@@ -170,8 +173,9 @@ class Watchdog:
                     os.close(fd)
 
     def test_deadline(self) -> float:
-        """Monotonic time by which every live peer has finished or timed out this test."""
-        timeout = self.config.test_timeout_s if self.config.test_timeout_s > 0 else 3600.0
+        """Monotonic time by which every live peer has finished or timed out this test (with no
+        per-test timeout, within the whole run's default time limit)."""
+        timeout = self.config.test_timeout_s if self.config.test_timeout_s > 0 else RUN_TIMEOUT_S
         return self._test_started + timeout + self.config.exchange_grace_s + 10.0
 
     def park(self) -> None:

@@ -20,6 +20,25 @@ from harness.schema.base import Model, first_error
 PLAN_SCHEMA: Final = "dcpqual-rank-plan/v1"
 PLAN_ENV = "DCPQUAL_PLAN"
 
+# The defaults both sides of a run share, defined here because the rank side may import this
+# module and the launcher's flag table reads them from here: a rank started by hand (no plan)
+# runs with the same values as `dcpqual run` without flags.
+# The target's parallel sizes: TP16, and DCP up to 16 (the world size where it is smaller).
+TARGET_TP: Final = 16
+TARGET_DCP: Final = 16
+# The whole run's default time limit (`--timeout`). A rank given no per-test timeout (a plan
+# written by hand: `dcpqual run` always sets one) bounds its waits for peers by it.
+RUN_TIMEOUT_S: Final = 3600.0
+# The per-test (and collection) time limit, at most; `dcpqual run` takes half of a shorter run.
+TEST_TIMEOUT_S: Final = 300.0
+# How long a rank may still finish a test a peer has failed before it is stopped.
+ABORT_GRACE_S: Final = 3.0
+
+
+def default_dcp(world_size: int) -> int:
+    """DCP when `--dcp` is not given: the world size, at most the target's."""
+    return min(world_size, TARGET_DCP)
+
 
 class RankPlan(Model):
     """What every rank of one node runs with (schema "dcpqual-rank-plan/v1").
@@ -32,7 +51,7 @@ class RankPlan(Model):
     node_index: NonNegativeInt = 0  # whose torchrun/node-KK folder holds this node's logs
     backend: Literal["gloo", "nccl"] = "gloo"
     warm_impl: str = "vendored"
-    tp: PositiveInt = 16
+    tp: PositiveInt = TARGET_TP
     dcp: PositiveInt | None = None
     models: Literal["stand-in", "real", "both", "engine", "stand-in,engine"] = "stand-in"
     kv_cache_dtype: str = "auto"
@@ -45,14 +64,14 @@ class RankPlan(Model):
     engine_config: dict[str, Any] = Field(default_factory=dict)
     engine_args: tuple[str, ...] = ()
     engine_env: tuple[str, ...] = ()
-    test_timeout_s: NonNegativeFloat = 300.0
-    collect_timeout_s: NonNegativeFloat = 300.0
-    abort_grace_s: NonNegativeFloat = 3.0
+    test_timeout_s: NonNegativeFloat = TEST_TIMEOUT_S
+    collect_timeout_s: NonNegativeFloat = TEST_TIMEOUT_S
+    abort_grace_s: NonNegativeFloat = ABORT_GRACE_S
     maxfail: NonNegativeInt = 1
     fast_exit: bool = False  # end the rank with os._exit once pytest is done
 
     def resolved_dcp(self, world_size: int) -> int:
-        return self.dcp if self.dcp is not None else min(world_size, 16)
+        return self.dcp if self.dcp is not None else default_dcp(world_size)
 
     def to_environ(self) -> dict[str, str]:
         return {PLAN_ENV: self.model_dump_json(by_alias=True)}
@@ -68,3 +87,7 @@ class RankPlan(Model):
         except ValidationError as exc:
             message = f"${PLAN_ENV} is not a {PLAN_SCHEMA}: {first_error(exc, 'plan')}"
             raise UsageError(message) from None
+
+
+# A plan with every default: what the launcher's options and the run context default to.
+PLAN_DEFAULTS: Final = RankPlan()
