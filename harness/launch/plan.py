@@ -11,15 +11,16 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from harness.core.signature import COMM_BACKENDS  # vLLM's --dcp-comm-backend values
 from harness.errors import UsageError
+from harness.launch.options import option_default
 from harness.rank.forkwire import SOCKET_ENV
 from harness.rank.zygote import PRELOAD, preload_for
 from harness.schema.layout import TORCHRUN_DIR, node_dir_name
-from harness.schema.plan import RankPlan
+from harness.schema.plan import TEST_TIMEOUT_S, RankPlan, default_dcp
 
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 RDZV_ID = "dcpqual"
@@ -70,28 +71,31 @@ REAL_MODEL_HEADS: dict[str, int] = {"kimi-k3": 96, "deepseek-v3": 128}
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What the user asked `dcpqual run` for. Invalid combinations never get past here."""
+    """What the user asked `dcpqual run` for. Invalid combinations never get past here.
+
+    A field that is a flag defaults to the flag table's default (`option_default`), so a
+    program that builds these options runs what `dcpqual run` without that flag runs."""
 
     nproc_per_node: int
-    nnodes: int = 1
-    node_rank: int = 0
+    nnodes: int = option_default("nnodes")
+    node_rank: int = option_default("node_rank")
     rdzv_endpoint: str | None = None
-    backend: str = "gloo"
+    backend: str = option_default("backend")
     out_dir: Path | None = None
-    timeout_s: float = 3600.0
-    test_timeout_s: float | None = None  # default: min(300 s, half of --timeout)
-    warm_impl: str = "vendored"
-    tp: int = 16
-    dcp: int | None = None  # default: min(world size, 16), as the suites' fixture assumes
+    timeout_s: float = option_default("timeout_s")
+    test_timeout_s: float | None = None  # default: `resolved_test_timeout`
+    warm_impl: str = option_default("warm_impl")
+    tp: int = option_default("tp")
+    dcp: int | None = None  # default: `default_dcp(world size)`, as the suites' fixture assumes
     pytest_args: tuple[str, ...] = ()
-    maxfail: int = 1  # agreed failed tests before every rank stops; 0: never stop early
+    maxfail: int = option_default("maxfail")  # agreed failed tests that stop every rank; 0: never
     tee: tuple[int, ...] = ()  # local ranks whose output torchrun also streams to the terminal
     nproc_requested: str | None = None  # what the user typed (auto|cpu|gpu|N), for the receipt
     rerun_of: Path | None = None  # the bundle whose failed tests these are
-    models: str = "stand-in"  # stand-in, real (vLLM's own trees) or both
-    kv_cache_dtype: str = "auto"  # of the real trees
-    dcp_comm_backend: str = "ag_rs"  # of the real trees
-    real_model: str = "kimi-k3"  # which real tree the real-tree suite builds
+    models: str = option_default("models")  # stand-in, real (vLLM's own trees) or both
+    kv_cache_dtype: str = option_default("kv_cache_dtype")  # of the real trees
+    dcp_comm_backend: str = option_default("dcp_comm_backend")  # of the real trees
+    real_model: str = option_default("real_model")  # which real tree the real-tree suite builds
     draft_kv_cache_dtype: str = ""  # the real draft's own KV cache dtype; "": the target's
     # Whether pytest_args name targets (paths, node ids) of their own, as pytest's parser says
     # (harness.launch.pytestargs): they replace the default targets; options alone narrow them.
@@ -192,13 +196,14 @@ class RunOptions:
 
     @property
     def resolved_test_timeout(self) -> float:
+        """`--test-timeout`, else the rank plan's default, at most half of `--timeout`."""
         if self.test_timeout_s is not None:
             return self.test_timeout_s
-        return min(300.0, self.timeout_s / 2)
+        return min(TEST_TIMEOUT_S, self.timeout_s / 2)
 
     @property
     def resolved_dcp(self) -> int:
-        return self.dcp if self.dcp is not None else min(self.world_size, 16)
+        return self.dcp if self.dcp is not None else default_dcp(self.world_size)
 
     @property
     def multi_node(self) -> bool:
@@ -318,25 +323,27 @@ def pytest_args(targets: tuple[str, ...]) -> list[str]:
     ]
 
 
+# The rank plan's fields that are not an option of the same name and meaning: the launcher
+# fills them (`rank_plan`), or the rank keeps the plan's default (schema, abort_grace_s).
+RANK_PLAN_OWN_FIELDS: frozenset[str] = frozenset(
+    {"schema_", "out_dir", "node_index", "collect_timeout_s", "abort_grace_s", "fast_exit"}
+)
+
+
 def rank_plan(options: RunOptions, out_dir: Path) -> RankPlan:
-    """What every rank of this node runs with, serialized once into its environment."""
+    """What every rank of this node runs with, serialized once into its environment: each
+    option the plan also has, under the same name, then what the launcher resolves."""
+    same = {f.name for f in fields(RunOptions)} - RANK_PLAN_OWN_FIELDS
     return RankPlan.model_validate(
         {
+            **{name: getattr(options, name) for name in RankPlan.model_fields if name in same},
+            # Options the launcher resolves replace their values as given.
+            "dcp": options.resolved_dcp,
+            "test_timeout_s": options.resolved_test_timeout,
+            **engine_plan(options),
             "out_dir": str(out_dir),
             "node_index": options.node_rank,  # which torchrun/node-KK holds its logs
-            "backend": options.backend,
-            "warm_impl": options.warm_impl,
-            "tp": options.tp,
-            "dcp": options.resolved_dcp,
-            "models": options.models,
-            "kv_cache_dtype": options.kv_cache_dtype,
-            "dcp_comm_backend": options.dcp_comm_backend,
-            "real_model": options.real_model,
-            "draft_kv_cache_dtype": options.draft_kv_cache_dtype,
-            **engine_plan(options),
-            "test_timeout_s": options.resolved_test_timeout,
             "collect_timeout_s": options.resolved_test_timeout,  # collection is a test too
-            "maxfail": options.maxfail,
             "fast_exit": True,  # records and junit are final: skip 16 interpreter teardowns
         }
     )
