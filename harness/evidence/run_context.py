@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from harness.schema.image import Image
+from harness.schema.plan import PLAN_DEFAULTS, TARGET_DCP
 from harness.schema.receipt import RunExtra
 
 
@@ -33,16 +34,20 @@ class TorchrunFailure:
 
 @dataclass(frozen=True)
 class RunContext:
+    """The run as launched. A field named like one of `dcpqual run`'s options holds that
+    option's value (`dcp` resolved); its default is the rank plan's, which a run without the
+    flag also gets."""
+
     world_size: int
     nproc_per_node: int
     nnodes: int = 1
     node_rank: int = 0
-    backend: str = "gloo"  # gloo | nccl
-    tp: int = 16
-    dcp: int = 16
-    warm_impl: str = "vendored"
+    backend: str = PLAN_DEFAULTS.backend  # gloo | nccl
+    tp: int = PLAN_DEFAULTS.tp
+    dcp: int = TARGET_DCP
+    warm_impl: str = PLAN_DEFAULTS.warm_impl
     command: tuple[str, ...] = ()  # the torchrun argv, as launched
-    pytest_args: tuple[str, ...] = ()
+    pytest_args: tuple[str, ...] = ()  # the targets the ranks' pytest was given
     exit_code: int = 0  # torchrun's exit status
     timed_out: bool = False  # the whole run hit --timeout and was killed
     started_at: str = ""

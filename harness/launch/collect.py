@@ -9,6 +9,7 @@ its own). Everything becomes one `RunContext`.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -92,6 +93,11 @@ def chosen_options(options: RunOptions) -> ChosenOptions:
     )
 
 
+# RunContext's fields named like an option that do not hold the option as given: the resolved
+# DCP, and the targets the ranks' pytest was given (not the user's pytest arguments).
+RUN_CONTEXT_RESOLVED: frozenset[str] = frozenset({"dcp", "pytest_args"})
+
+
 def run_context(
     plan: RunPlan,
     result: Launch,
@@ -109,15 +115,11 @@ def run_context(
     )
     exit_code, timed_out = rules.launched_outcome(result, extra.nodes)
     error = first_torchrun_error(plan.out_dir)
+    same = {f.name for f in fields(RunOptions)} - RUN_CONTEXT_RESOLVED
     return RunContext(
+        **{f.name: getattr(options, f.name) for f in fields(RunContext) if f.name in same},
         world_size=options.world_size,
-        nproc_per_node=options.nproc_per_node,
-        nnodes=options.nnodes,
-        node_rank=options.node_rank,
-        backend=options.backend,
-        tp=options.tp,
         dcp=options.resolved_dcp,
-        warm_impl=options.warm_impl,
         command=plan.argv,
         pytest_args=plan.targets,
         exit_code=exit_code,
