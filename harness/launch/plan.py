@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import get_args
 
 from harness.core.signature import COMM_BACKENDS  # vLLM's --dcp-comm-backend values
 from harness.errors import UsageError
@@ -20,9 +21,16 @@ from harness.launch.options import option_default
 from harness.rank.forkwire import SOCKET_ENV
 from harness.rank.zygote import PRELOAD, preload_for
 from harness.schema.layout import TORCHRUN_DIR, node_dir_name
-from harness.schema.plan import TEST_TIMEOUT_S, RankPlan, default_dcp
+from harness.schema.plan import (
+    TEST_TIMEOUT_S,
+    Backend,
+    ModelSource,
+    RankPlan,
+    RealModel,
+    default_dcp,
+)
 
-BACKENDS: tuple[str, ...] = ("gloo", "nccl")
+BACKENDS: tuple[str, ...] = get_args(Backend)
 RDZV_ID = "dcpqual"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _ENDPOINT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
@@ -60,10 +68,10 @@ def default_targets() -> tuple[str, ...]:
     return (str(suites),)
 
 
-MODEL_SOURCES: tuple[str, ...] = ("stand-in", "real", "both", "engine", "stand-in,engine")
+MODEL_SOURCES: tuple[str, ...] = get_args(ModelSource)
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")  # vLLM's --kv-cache-dtype spellings
-# The real trees `--real-model` builds (harness.models.real.configs; kept here torch-free).
-REAL_MODELS: tuple[str, ...] = ("kimi-k3", "deepseek-v3")
+# The real trees `--real-model` builds (harness.models.real.configs; kept torch-free).
+REAL_MODELS: tuple[str, ...] = get_args(RealModel)
 # Their attention heads (the tiny configs'): vLLM 0.32 builds a real tree at tp = world size and
 # asserts that tp divides them (only the fork pads the tail).
 REAL_MODEL_HEADS: dict[str, int] = {"kimi-k3": 96, "deepseek-v3": 128}

@@ -16,9 +16,16 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, Valid
 
 from harness.errors import UsageError
 from harness.schema.base import Model, first_error
+from harness.schema.signature import CommBackend
 
 PLAN_SCHEMA: Final = "dcpqual-rank-plan/v1"
 PLAN_ENV = "DCPQUAL_PLAN"
+
+# The values the launcher accepts for the options of these names (`typing.get_args` gives them
+# in this order): a rank refuses a plan that names another.
+Backend = Literal["gloo", "nccl"]
+ModelSource = Literal["stand-in", "real", "both", "engine", "stand-in,engine"]
+RealModel = Literal["kimi-k3", "deepseek-v3"]  # the real trees suites/real builds
 
 # The defaults both sides of a run share, defined here because the rank side may import this
 # module and the launcher's flag table reads them from here: a rank started by hand (no plan)
@@ -49,14 +56,14 @@ class RankPlan(Model):
     schema_: Literal["dcpqual-rank-plan/v1"] = Field(default=PLAN_SCHEMA, alias="schema")
     out_dir: str | None = None  # the run's out folder (records/, junit/ go under it)
     node_index: NonNegativeInt = 0  # whose torchrun/node-KK folder holds this node's logs
-    backend: Literal["gloo", "nccl"] = "gloo"
+    backend: Backend = "gloo"
     warm_impl: str = "vendored"
     tp: PositiveInt = TARGET_TP
     dcp: PositiveInt | None = None
-    models: Literal["stand-in", "real", "both", "engine", "stand-in,engine"] = "stand-in"
+    models: ModelSource = "stand-in"
     kv_cache_dtype: str = "auto"
-    dcp_comm_backend: Literal["ag_rs", "a2a"] = "ag_rs"
-    real_model: Literal["kimi-k3", "deepseek-v3"] = "kimi-k3"  # which real tree suites/real builds
+    dcp_comm_backend: CommBackend = "ag_rs"
+    real_model: RealModel = "kimi-k3"  # which real tree suites/real builds
     draft_kv_cache_dtype: str = ""  # the real draft's own KV cache dtype; "": the target's
     # The engine lane (`--models engine`): its model (None: the platform's default), the
     # `vllm serve --config` file's arguments, then `--engine-arg`/`--engine-env` KEY=VALUE.
