@@ -1,14 +1,21 @@
 """The launcher's last sweep: it keeps looking for the run's processes for a while after its
 looks come back empty, so a process that a few looks in a row missed (a re-forking helper on a
-loaded machine) is still found and ended."""
+loaded machine) is still found and ended; and it ends what it finds with its process group, so
+an incarnation no look saw dies with the one a look found."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from _support.runs import wait_until
 
 from harness.launch import ending
 from harness.launch.proctree import Proc, alive, identify
@@ -73,3 +80,54 @@ def test_the_witness_reads_the_newest_processes_first(monkeypatch: pytest.Monkey
     monkeypatch.setattr(ending, "_proc_entries", lambda: [Entry(p) for p in (7, 300, 42)])
     assert ending.EnvironmentWitness("DCPQUAL_PLAN=x").find() == set()
     assert read == [300, 42, 7]
+
+
+class FixedTracker(LateTracker):
+    """A tracker whose every look sees the helper and nothing else."""
+
+    def __init__(self, helper: Proc) -> None:
+        super().__init__(helper, shows_at=1)
+
+
+PARENT_AND_CHILD = (
+    "import os, sys, time\n"
+    "pid = os.fork()\n"
+    "if pid:\n"
+    "    open(sys.argv[1] + '.tmp', 'w').write(str(pid))\n"
+    "    os.rename(sys.argv[1] + '.tmp', sys.argv[1])\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.fixture
+def parent_and_child(tmp_path: Path) -> Iterator[tuple[Proc, Proc]]:
+    """A helper in a process group of its own and its child, which no look will see."""
+    noted = tmp_path / "child.pid"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PARENT_AND_CHILD, str(noted)], start_new_session=True
+    )
+    deadline = time.monotonic() + 30
+    while not noted.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    parent, child = identify(proc.pid), identify(int(noted.read_text()))
+    assert parent is not None and child is not None
+    yield parent, child
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_what_the_sweep_finds_dies_with_its_whole_process_group(parent_and_child) -> None:
+    parent, child = parent_and_child
+    assert ending.sweep(FixedTracker(parent), None, quiet_s=0.1) == {parent}  # type: ignore[arg-type]
+    assert wait_until(lambda: not alive(child), 5), "the unseen child outlived the sweep"
+
+
+def test_a_kill_of_the_found_pid_alone_would_leave_the_unseen_child(
+    parent_and_child, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The negative control: without the group kill, the child no look saw lives on."""
+    parent, child = parent_and_child
+    monkeypatch.setattr(ending.os, "killpg", lambda group, sig: None)
+    ending.sweep(FixedTracker(parent), None, quiet_s=0.1)  # type: ignore[arg-type]
+    assert not wait_until(lambda: not alive(child), 1)

@@ -98,6 +98,29 @@ def test_a_run_of_wrapped_base64_is_cut_once_it_passes_its_bound() -> None:
     assert len(scrub.held) <= livescrub.LONGEST_HOLD
 
 
+def test_an_over_long_line_is_never_cut_between_a_name_and_its_value() -> None:
+    value = "s3cr3tValueOfAnOverLongLine"
+    pieces = [b"x" * (70 << 10) + b" DB_PASSWORD: ", value.encode(), b" tail\n"]
+    _, out = through(pieces, Scrubber.of([]))
+    assert value.encode() not in out
+    assert out.endswith(f" DB_PASSWORD: {SCRUBBED} tail\n".encode())
+
+
+def test_an_encoding_in_a_long_run_of_wrapped_base64_is_scrubbed_where_it_crosses_64_kib() -> None:
+    """A run of wrapped base64 lines is held whole up to its bound (1 MiB), not cut at the
+    bound of one line (64 KiB): an encoding of the secret around the 64 KiB mark (at offsets a
+    cut there would split it) is found whole."""
+    secret = "hf_SECRETVALUE12345abcdefghijklmnopqrstuvwxyz0123456789ABCD"
+    scrubber = Scrubber.of([secret])
+    filler = bytes(range(256)) * 400
+    for before in range(48_380, 48_480, 3):  # the encoding ends up about 64 KiB into the run
+        blob = base64.encodebytes(filler[:before] + secret.encode() + filler)
+        _, out = through(blob.splitlines(keepends=True), scrubber)
+        unwrapped = out.replace(b"\n", b"").decode()
+        assert not [form for form in scrubber.forms if form in unwrapped], before
+        assert out == scrubber.data(blob)[0] != blob
+
+
 _TEXT = st.text(alphabet="abc XYZ=:_\n'\"\\", max_size=60)
 
 

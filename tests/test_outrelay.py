@@ -34,9 +34,19 @@ RANK = textwrap.dedent(
     from harness.rank import outrelay
 
     side = Path(sys.argv[1])
+    if sys.argv[4] == "many-fds":  # the relay's pipes get descriptors above 1024
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+        held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
     outrelay.pytest_addhooks(None)  # what registering the plugin does on a rank
     relay = [child.pid for child in psutil.Process().children()]
-    comm = Path(f"/proc/{relay[0]}/comm").read_text().strip() if relay else ""
+    comm = ""
+    for _ in range(500 if relay else 0):  # it names itself as it starts
+        comm = Path(f"/proc/{relay[0]}/comm").read_text().strip()
+        if comm == outrelay.RELAY_NAME:
+            break
+        time.sleep(0.01)
     side.write_text(f"{relay[0] if relay else 0} {comm}")
     token = os.environ["HF_TOKEN"]
     half = len(token) // 2
@@ -55,7 +65,9 @@ RANK = textwrap.dedent(
 )
 
 
-def run_rank(tmp_path: Path, *, relay: bool, ending_by: str = "exit") -> tuple[str, str, str]:
+def run_rank(
+    tmp_path: Path, *, relay: bool, ending_by: str = "exit", fds: str = "few"
+) -> tuple[str, str, str]:
     """Run RANK with its stdout and stderr in files, as torchrun gives a rank its log files;
     returns (stdout file, stderr file, what it noted about its relay) once the relay ended."""
     env = {**os.environ, "HF_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}
@@ -66,7 +78,7 @@ def run_rank(tmp_path: Path, *, relay: bool, ending_by: str = "exit") -> tuple[s
     out, err = tmp_path / "stdout.log", tmp_path / "stderr.log"
     with out.open("wb") as stdout, err.open("wb") as stderr:
         proc = subprocess.run(
-            [sys.executable, "-c", RANK, str(side), TYPED, ending_by],
+            [sys.executable, "-c", RANK, str(side), TYPED, ending_by, fds],
             env=env,
             stdout=stdout,
             stderr=stderr,
@@ -80,8 +92,9 @@ def run_rank(tmp_path: Path, *, relay: bool, ending_by: str = "exit") -> tuple[s
     return out.read_text(), err.read_text(), side.read_text()
 
 
-def test_what_a_rank_writes_reaches_its_files_scrubbed(tmp_path: Path) -> None:
-    stdout, stderr, noted = run_rank(tmp_path, relay=True)
+@pytest.mark.parametrize("fds", ["few", "many-fds"])
+def test_what_a_rank_writes_reaches_its_files_scrubbed(tmp_path: Path, fds: str) -> None:
+    stdout, stderr, noted = run_rank(tmp_path, relay=True, fds=fds)
     assert noted.split()[1] == RELAY_NAME
     assert TOKEN not in stdout + stderr and TYPED not in stdout
     assert f"split {SCRUBBED} end\n" in stdout

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from _support.leaks import leaks, main_thread_only, signal_when_running
-from _support.runs import processes_of_run, receipt, run
+from _support.runs import SUITES, processes_of_run, receipt, run
 
 from harness.cli import main
 from harness.evidence import writer
@@ -371,6 +371,21 @@ def test_a_rank_exiting_0_mid_suite_is_noticed_within_seconds_and_blamed(
     # Ended by the dead-rank watch (ended_for above), not by the 300 s per-test timeout its
     # peers would otherwise wait out: well under half of it, however loaded the machine is.
     assert elapsed < 150, f"noticed after {elapsed:.0f}s"
+
+
+def test_a_child_that_ends_while_the_output_relays_finish_is_still_a_leftover(
+    tmp_path: Path,
+) -> None:
+    """Uncaptured (`-s`), a test's child holds its rank's output relay open, and ends by itself
+    1.5 s after torchrun, while the launcher lets the relays finish: it outlived torchrun all the
+    same, one per rank."""
+    out = tmp_path / "bundle"
+    argv = ["run", "--nproc-per-node", "2", "--tp", "2", "--out", str(out)]
+    code = main([*argv, "--", "-s", str(SUITES / "rank_short_child.py")])
+    data = receipt(out)
+    assert (code, data["verdict"]) == (1, "fail"), data["failures"]
+    assert len(data["run"]["extra"]["launch"]["leftovers"]) == 2, data["run"]["extra"]["launch"]
+    assert main(["verify", str(out)]) == 0
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,13 @@ any form of a secret that the written part would cut or that more bytes could co
 inside a run of wrapped base64 lines (the scrubber joins them to find an encoding). The rest
 waits; at the end of the stream it is scrubbed as it is.
 
-Bounded: a line longer than `LONGEST_LINE` is cut at its last blank (else `longest` bytes from
-its end), and a run of wrapped base64 longer than `LONGEST_HOLD` is cut at a line end, so memory
-stays bounded whatever a test prints. A secret's form cut by such a forced cut reaches the file in
-two pieces; the scrub of the whole file at the run's ending still finds it there.
+Bounded: an unfinished line longer than `LONGEST_LINE` is cut at its last blank (else `longest`
+bytes from its end), moved back before any `NAME=` or `NAME:` in the last `ASSIGNMENT_REACH`
+bytes (so a name and its value never land on two sides of a cut); a run of wrapped base64 longer
+than `LONGEST_HOLD` is cut at a line end. So memory stays bounded whatever a test prints. A
+secret's form cut by such a forced cut (an encoding that straddles the cut of a run of over 1 MiB,
+a value of over `ASSIGNMENT_REACH` bytes with blanks in it) reaches the file in two pieces; the
+scrub of the whole file at the run's ending still finds it there.
 """
 
 from __future__ import annotations
@@ -29,18 +32,9 @@ from harness.core.secrets import Scrubber
 WRAPPED_LINE_END = re.compile(rb"[A-Za-z0-9+/_=-]{64,}\r?\n\Z")
 LONGEST_LINE = 64 << 10
 LONGEST_HOLD = 1 << 20
-
-
-def _after_last_whole_line(buffer: bytes) -> int:
-    """Where the last whole line ends that is not a line of wrapped base64 (0: none yet); past
-    `LONGEST_HOLD`, where the last line ends, whatever it is."""
-    at = buffer.rfind(b"\n")
-    last = at
-    while at != -1 and WRAPPED_LINE_END.search(buffer[max(0, at - 80) : at + 1]):
-        at = buffer.rfind(b"\n", 0, at)
-    if at == -1 and len(buffer) > LONGEST_HOLD:
-        at = last
-    return at + 1
+ASSIGNMENT_REACH = 1024
+# A name being assigned (`NAME=`, `NAME: `, `"NAME": `, any case): a forced cut is moved before it.
+_ASSIGNMENT = re.compile(rb"(?<![A-Za-z0-9_.-])[A-Za-z_][A-Za-z0-9_.-]*[\"']?[ \t]*[=:]")
 
 
 def _by_first(forms: list[bytes]) -> dict[int, tuple[bytes, ...]]:
@@ -63,14 +57,15 @@ class LiveScrub:
         self.by_first = _by_first(forms)
         # A cut right after a line break is straddled only by a form that holds one.
         self.by_first_multiline = _by_first([f for f in forms if b"\n" in f])
-        self.held = b""
+        self.held = bytearray()
+        self.wrapped = 0  # how many bytes at the start of `held` are whole wrapped-base64 lines
 
-    def safe_end(self, buffer: bytes) -> int:
+    def safe_end(self, buffer: bytes | bytearray) -> int:
         """How much of `buffer` may be scrubbed and written now (see the module's docstring)."""
-        cut = _after_last_whole_line(buffer)
-        if cut == 0 and len(buffer) > LONGEST_LINE:
-            blank = max(buffer.rfind(b" "), buffer.rfind(b"\t"))
-            cut = blank + 1 if blank > 0 else max(len(buffer) - self.longest, 0)
+        last = buffer.rfind(b"\n")
+        cut = self._after_last_whole_line(buffer, last)
+        if len(buffer) - (last + 1) > LONGEST_LINE:  # the unfinished line alone is too long
+            cut = self._forced_cut(buffer, last + 1)
         candidates = self.by_first_multiline if buffer[cut - 1 : cut] == b"\n" else self.by_first
         if not candidates:
             return cut
@@ -83,14 +78,50 @@ class LiveScrub:
                     return start
         return cut
 
+    def _after_last_whole_line(self, buffer: bytes | bytearray, last: int) -> int:
+        """Where the last whole line ends that is not a line of wrapped base64 (0: none yet); past
+        `LONGEST_HOLD`, where the last line ends, whatever it is. The first `self.wrapped` bytes
+        are known to be such lines already: only the lines after them are looked at."""
+        at = last
+        while at >= self.wrapped and WRAPPED_LINE_END.search(buffer[max(0, at - 80) : at + 1]):
+            at = buffer.rfind(b"\n", 0, at)
+        if at < self.wrapped:
+            at = -1
+        if at == -1 and len(buffer) > LONGEST_HOLD:
+            at = last
+        return at + 1
+
+    def _forced_cut(self, buffer: bytes | bytearray, line_start: int) -> int:
+        """A cut inside the unfinished line that starts at `line_start`: after its last blank,
+        before any assignment shortly before that blank (else `longest` bytes from the end)."""
+        blank = max(buffer.rfind(b" ", line_start), buffer.rfind(b"\t", line_start))
+        cut = blank + 1 if blank > line_start else max(len(buffer) - self.longest, line_start)
+        reach = buffer[max(line_start, cut - ASSIGNMENT_REACH) : cut]
+        names = list(_ASSIGNMENT.finditer(reach))
+        if names:
+            before = cut - len(reach) + names[-1].start()
+            if before > line_start:
+                cut = before
+        return cut
+
     def feed(self, piece: bytes) -> bytes:
         """The scrubbed bytes that `piece` (after what was held) lets through now."""
-        buffer = self.held + piece
+        self.held += piece  # in place: a long held run is not copied at every piece
+        buffer = self.held
         cut = self.safe_end(buffer)
-        self.held = buffer[cut:]
-        return self.scrubber.data(buffer[:cut])[0] if cut else b""
+        at_line_end = cut == 0 or buffer[cut - 1 : cut] == b"\n"
+        out = bytes(buffer[:cut])
+        del self.held[:cut]
+        last = self.held.rfind(b"\n")
+        # What is held now up to its last line break is a run of wrapped base64 lines where the
+        # cut was the usual one (after the last other line); otherwise look at it all again.
+        whole = last + 1
+        self.wrapped = whole if at_line_end else 0
+        if self.wrapped and not WRAPPED_LINE_END.search(self.held[max(0, last - 80) : whole]):
+            self.wrapped = 0
+        return self.scrubber.data(out)[0] if out else b""
 
     def end(self) -> bytes:
         """The stream closed: what was held, scrubbed as it is."""
-        rest, self.held = self.held, b""
+        rest, self.held, self.wrapped = bytes(self.held), bytearray(), 0
         return self.scrubber.data(rest)[0] if rest else b""

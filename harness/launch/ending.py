@@ -216,6 +216,22 @@ def let_relays_finish(relays: Iterable[Proc], timeout_s: float = RELAY_FINISH_S)
         relays = [p for p in relays if alive(p)]
 
 
+def kill_with_group(pid: int, spare: set[int] | frozenset[int] = frozenset()) -> None:
+    """SIGKILL `pid` and every member of its process group (unless the group is in `spare`):
+    the kernel signals a group's members at once and restarts a fork that races the signal, so
+    a helper that re-forks between a look and its kill leaves no child behind in its group,
+    where a kill of one pid loses that race."""
+    try:
+        group = os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        group = None
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+    if group is not None and group > 1 and group not in spare:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+
+
 def sweep(
     tracker: Tracker,
     cgroup: Cgroup | None,
@@ -232,8 +248,10 @@ def sweep(
     single scan and kill, and on a loaded machine a few looks in a row can each read the /proc
     snapshot after the incarnation in it exited, where dozens of looks over half a second
     rarely all do.
-    The launcher stays the subreaper its orphans re-parent to. The cgroup is killed at the end
-    whatever was seen. Returns what it ended (pids in `keep` are never signalled)."""
+    What is found is killed with its process group (`kill_with_group`), so the incarnation a
+    look missed dies with the one it found. The launcher stays the subreaper its orphans
+    re-parent to. The cgroup is killed at the end whatever was seen. Returns what it ended (pids
+    in `keep`, and their groups and the launcher's own, are never signalled)."""
     ended: set[Proc] = set()
     quiet = 0
     deadline = time.monotonic() + limit_s
@@ -254,8 +272,7 @@ def sweep(
         quiet = 0
         last_found = time.monotonic()
         for found in live:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(found.pid, signal.SIGKILL)
+            kill_with_group(found.pid, spare={os.getpgrp(), *keep})
         ended.update(live)
         reap(live)
     if cgroup is not None:

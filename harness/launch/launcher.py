@@ -230,10 +230,15 @@ def launch(
         witness = None if marked is None else ending.EnvironmentWitness(marked)
         if witness is not None:
             tracker.seen |= witness.find()
-        relays = ending.output_relays(tracker.survivors(), _relay_pids(reader))
-        ending.let_relays_finish(relays)
-        leftovers = [p for p in tracker.survivors() if p.pid != proc.pid and p not in relays]
-        if leftovers:  # relays they held open end with them (or are SIGKILLed with them)
+        survivors = tracker.survivors()
+        relays = ending.output_relays(survivors, _relay_pids(reader))
+        # What outlived torchrun is a leftover whether or not it ends while relays finish.
+        leftovers = [p for p in survivors if p.pid != proc.pid and p not in relays]
+        if not leftovers:  # else they may hold the relays open: ending them ends the relays
+            ending.let_relays_finish(relays)
+        later = [p for p in tracker.survivors() if p.pid != proc.pid and p not in relays]
+        leftovers = sorted({*leftovers, *later}, key=lambda p: p.pid)
+        if leftovers:
             tracker.end_all(grace_s=3.0)
         # Until the tree is empty: a helper that re-forks outruns any single scan and kill.
         swept = ending.sweep(tracker, cgroup, witness, keep={proc.pid})

@@ -56,6 +56,7 @@ _IGNORED = (
     signal.SIGUSR2,
 )
 _READ = 1 << 16
+_DROPPED = "scrubbing this stream failed; its output is dropped from here on"
 _started: list[int] = []  # the relay this process started
 
 
@@ -78,18 +79,27 @@ def rank_scrubber(environ: dict[str, str] | os._Environ[str] | None = None) -> S
 
 def relay(sources: dict[int, int], scrubber: Scrubber) -> None:
     """Copy each pipe of `sources` (pipe -> the descriptor it is written to) to its target,
-    scrubbed, until every pipe reached its end."""
+    scrubbed, until every pipe reached its end. A scrub that fails (a bug) says so in one line
+    and drops that stream's output from then on: never a raw byte, and the rank never blocks."""
     live = {fd: LiveScrub(scrubber) for fd in sources}
+    broken: set[int] = set()
+    poller = select.poll()  # not select(): a rank may hold more than 1024 descriptors
+    for fd in live:
+        poller.register(fd, select.POLLIN)
     while live:
-        ready, _, _ = select.select(list(live), [], [])
-        for fd in ready:
+        for fd, _ in poller.poll():
             try:
                 piece = os.read(fd, _READ)
             except OSError:
                 piece = b""
-            scrub = live[fd]
-            _write_all(sources[fd], scrub.feed(piece) if piece else scrub.end())
+            if fd not in broken:
+                try:
+                    _write_all(sources[fd], live[fd].feed(piece) if piece else live[fd].end())
+                except Exception as exc:  # a failing scrub must not leak nor stop the rank
+                    broken.add(fd)
+                    _write_all(sources[fd], f"\n[{RELAY_NAME}: {_DROPPED}: {exc!r}]\n".encode())
             if not piece:
+                poller.unregister(fd)
                 os.close(fd)
                 del live[fd]
 
