@@ -14,7 +14,8 @@ The relay is a forked copy of the rank at its start (no interpreter to start, th
 already built): it keeps only the pipes and the log files open, ignores the signals torchrun and a
 terminal send to the rank's process group, and writes until every writer of the pipes is gone;
 then it exits. So a rank's last lines (a traceback, an `os._exit`) are written after it died,
-within milliseconds; the launcher lets relays finish before it counts what outlived a run
+within milliseconds; where nothing else outlived torchrun, the launcher lets the relays its
+ranks' records name (`RankStart.output_relay`) finish before it looks again for what did
 (`harness.launch.ending`). Its process name says what it is (`RELAY_NAME`). A SIGKILL of the
 whole group loses what the relay held (at most an unfinished line), never leaks it.
 
