@@ -1,34 +1,85 @@
 """`dcpqual run`'s options, the rank plan and the run context as projections of one set of
-options: each default defined once, each shared field carried over by name.
+options: each flag defined once, on the RunOptions field it sets; each shared field carried
+over by name.
 
-A field added to the rank plan or the run context under an option's name is carried without a
-further edit; one that is not an option must be named as the launcher's own, or these fail.
+The parser is built from the fields alone: a flag added anywhere else, or a field added without
+saying where its value comes from, fails here. A field added to the rank plan or the run context
+under an option's name is carried without a further edit; one that is not an option must be
+named as the launcher's own, or these fail.
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import MISSING, fields
 from pathlib import Path
 
+from harness.cli import build_parser
 from harness.evidence.run_context import RunContext
+from harness.launch.cli import options_from_args
 from harness.launch.collect import RUN_CONTEXT_RESOLVED, run_context
-from harness.launch.options import RUN_OPTIONS, option_default
+from harness.launch.options import FLAG_KEY, RUN_OPTIONS
 from harness.launch.plan import RANK_PLAN_OWN_FIELDS, RunOptions, build_plan, rank_plan
 from harness.schema.launch import Launch
 from harness.schema.plan import PLAN_DEFAULTS, RankPlan, default_dcp
 
 RUN_OPTION_FIELDS = {f.name: f for f in fields(RunOptions)}
+# The fields no flag sets: the command line's pytest arguments (after --), what pytest's parser
+# says of them, and --nproc-per-node as typed.
+NOT_FLAGS = {"pytest_args", "pytest_names_targets", "nproc_requested"}
 # Options the launcher resolves before a rank sees them (the rank plan holds the result).
 RESOLVED = {"dcp", "test_timeout_s", "engine_model", "engine_config"}
 SHARED = set(RankPlan.model_fields) - RANK_PLAN_OWN_FIELDS
 RESULT = Launch(exit_code=0, started_at="s", finished_at="f", elapsed_s=1.0)
+SUITE = "tests/rank_suites/rank_pass.py"
 
 
-def test_every_flag_default_is_the_run_options_default():
+def run_parser() -> argparse.ArgumentParser:
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return subparsers.choices["run"]
+
+
+def test_the_parsers_arguments_are_the_run_options_flags_and_nothing_else():
+    actions = [a for a in run_parser()._actions if not isinstance(a, argparse._HelpAction)]
+    flagged = [a for a in actions if a.option_strings]
+    # In the fields' order (the help's), each spelled as its field says, setting that field.
+    assert [(a.dest, tuple(a.option_strings)) for a in flagged] == [
+        (f.name, f.metadata[FLAG_KEY].flags) for f in fields(RunOptions) if FLAG_KEY in f.metadata
+    ]
+    assert [a.dest for a in actions if not a.option_strings] == ["pytest_args"]
+    assert {o.dest for o in RUN_OPTIONS} == set(RUN_OPTION_FIELDS) - NOT_FLAGS
+
+
+def test_a_flags_default_is_the_fields_default_and_the_help_says_it():
     with_default = [opt for opt in RUN_OPTIONS if opt.default is not None]
     assert with_default
     for opt in with_default:
-        assert RUN_OPTION_FIELDS[opt.dest].default == option_default(opt.dest), opt.dest
+        assert RUN_OPTION_FIELDS[opt.dest].default == opt.parse(opt.flag, opt.default), opt.dest
+        assert f"default: {opt.default})" in opt.help_text(), opt.dest
+    # A flag without a default text leaves its field's own "unset" value.
+    assert RUN_OPTION_FIELDS["draft_kv_cache_dtype"].default == ""
+    assert RUN_OPTION_FIELDS["nproc_per_node"].default is MISSING  # required
+
+
+def test_a_repeatable_flag_reaches_its_field_with_every_value_in_order():
+    args = run_parser().parse_args(
+        [
+            "--nproc-per-node=2",
+            "--tp=2",
+            "--engine-arg=seed=1",
+            "--engine-arg=max-num-seqs=4",
+            "--engine-env=X=1",
+            "--",
+            SUITE,
+        ]
+    )
+    options = options_from_args(args, environ={})
+    assert options.engine_args == ("seed=1", "max-num-seqs=4")
+    assert options.engine_env == ("X=1",)
+    assert options_from_args(run_parser().parse_args(["--nproc-per-node=2", "--tp=2"]), {}) == (
+        RunOptions(nproc_per_node=2, tp=2, nproc_requested="2")
+    )
 
 
 def test_every_rank_plan_field_is_an_option_or_the_launchers_own():

@@ -1,4 +1,4 @@
-"""`dcpqual run`'s option table: the spellings users bring, precedence, help, refusals.
+"""`dcpqual run`'s options: the spellings users bring, precedence, help, refusals.
 
 Nothing here starts torchrun: `launcher.run` is replaced by a recorder, so each test sees the
 exact RunOptions the CLI would launch with.

@@ -36,23 +36,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_arguments(p)
     p.add_argument(
-        "--engine-arg",
-        dest="engine_args",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="engine lane: one of vLLM's engine arguments (value as YAML: 4, true, {...}); "
-        "repeatable, after --engine-config and the lane's defaults",
-    )
-    p.add_argument(
-        "--engine-env",
-        dest="engine_env",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="engine lane: an environment variable for vLLM's engine (repeatable)",
-    )
-    p.add_argument(
         "pytest_args",
         nargs=argparse.REMAINDER,
         help="-- PYTEST_ARGS...: pytest arguments for every rank, as pytest takes them: options "
@@ -144,7 +127,7 @@ def options_from_args(
     chosen = choose(args, environ)
     values = dict(chosen.values)
     pytest_args = _pytest_args(args.pytest_args)
-    rerun_of: Path | None = values.pop("rerun_failed")
+    rerun_of: Path | None = values.pop("rerun_of")
     names_targets = True
     if pytest_args and rerun_of is None:
         from harness.launch.plan import default_targets
@@ -171,8 +154,6 @@ def options_from_args(
         raise UsageError("--nproc-per-node N|auto|cpu|gpu is required (or --rerun-failed BUNDLE)")
     return RunOptions(
         nproc_per_node=resolve_nproc(str(spec)),
-        engine_args=tuple(getattr(args, "engine_args", None) or ()),
-        engine_env=tuple(getattr(args, "engine_env", None) or ()),
         nproc_requested=str(spec),
         pytest_args=pytest_args,
         pytest_names_targets=names_targets,

@@ -17,7 +17,7 @@ from typing import get_args
 
 from harness.core.signature import COMM_BACKENDS  # vLLM's --dcp-comm-backend values
 from harness.errors import UsageError
-from harness.launch.options import option_default
+from harness.launch.options import RunOptionFields
 from harness.rank.forkwire import SOCKET_ENV
 from harness.rank.zygote import PRELOAD, preload_for
 from harness.schema.layout import TORCHRUN_DIR, node_dir_name
@@ -78,42 +78,11 @@ REAL_MODEL_HEADS: dict[str, int] = {"kimi-k3": 96, "deepseek-v3": 128}
 
 
 @dataclass(frozen=True)
-class RunOptions:
+class RunOptions(RunOptionFields):
     """What the user asked `dcpqual run` for. Invalid combinations never get past here.
 
-    A field that is a flag defaults to the flag table's default (`option_default`), so a
-    program that builds these options runs what `dcpqual run` without that flag runs."""
-
-    nproc_per_node: int
-    nnodes: int = option_default("nnodes")
-    node_rank: int = option_default("node_rank")
-    rdzv_endpoint: str | None = None
-    backend: str = option_default("backend")
-    out_dir: Path | None = None
-    timeout_s: float = option_default("timeout_s")
-    test_timeout_s: float | None = None  # default: `resolved_test_timeout`
-    warm_impl: str = option_default("warm_impl")
-    tp: int = option_default("tp")
-    dcp: int | None = None  # default: `default_dcp(world size)`, as the suites' fixture assumes
-    pytest_args: tuple[str, ...] = ()
-    maxfail: int = option_default("maxfail")  # agreed failed tests that stop every rank; 0: never
-    tee: tuple[int, ...] = ()  # local ranks whose output torchrun also streams to the terminal
-    nproc_requested: str | None = None  # what the user typed (auto|cpu|gpu|N), for the receipt
-    rerun_of: Path | None = None  # the bundle whose failed tests these are
-    models: str = option_default("models")  # stand-in, real (vLLM's own trees) or both
-    kv_cache_dtype: str = option_default("kv_cache_dtype")  # of the real trees
-    dcp_comm_backend: str = option_default("dcp_comm_backend")  # of the real trees
-    real_model: str = option_default("real_model")  # which real tree the real-tree suite builds
-    draft_kv_cache_dtype: str = ""  # the real draft's own KV cache dtype; "": the target's
-    # Whether pytest_args name targets (paths, node ids) of their own, as pytest's parser says
-    # (harness.launch.pytestargs): they replace the default targets; options alone narrow them.
-    pytest_names_targets: bool = True
-    # The engine lane's model ("": the platform's default), `vllm serve --config` file and
-    # KEY=VALUE arguments/environment (validated here, resolved on the ranks).
-    engine_model: str = ""
-    engine_config: Path | None = None
-    engine_args: tuple[str, ...] = ()
-    engine_env: tuple[str, ...] = ()
+    The fields, their flags and defaults are `RunOptionFields`' (`harness.launch.options`), so
+    a program that builds these options runs what `dcpqual run` without those flags runs."""
 
     def __post_init__(self) -> None:
         for flag, value, allowed in (

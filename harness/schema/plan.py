@@ -28,8 +28,8 @@ ModelSource = Literal["stand-in", "real", "both", "engine", "stand-in,engine"]
 RealModel = Literal["kimi-k3", "deepseek-v3"]  # the real trees suites/real builds
 
 # The defaults both sides of a run share, defined here because the rank side may import this
-# module and the launcher's flag table reads them from here: a rank started by hand (no plan)
-# runs with the same values as `dcpqual run` without flags.
+# module and the launcher's run options take their defaults from here: a rank started by hand
+# (no plan) runs with the same values as `dcpqual run` without flags.
 # The target's parallel sizes: TP16, and DCP up to 16 (the world size where it is smaller).
 TARGET_TP: Final = 16
 TARGET_DCP: Final = 16
