@@ -158,8 +158,9 @@ class Derived:
         own rank ran and in which image, not how many ranks left none. So a receipt cannot
         claim NCCL, more nodes, another TP/DCP, warm code or place than the ranks ran with (and
         drop the limitations those would require), a locked image they did not run in, or a
-        root cause at another rank, test or kind than the records name. Records that predate a
-        fact (tp, dcp, provenance) say nothing of it.
+        root cause at another rank, test or kind than the records name, even one that calls
+        itself an interruption (verify holds a real one to the launcher's record of it). Records
+        that predate a fact (tp, dcp, provenance) say nothing of it.
         """
         records = self.rank_files.records
         if not records:
