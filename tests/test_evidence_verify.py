@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -404,6 +405,26 @@ def test_a_self_consistent_forgery_is_caught_by_the_records(
         patch.setattr(verify, "rederive_problems", lambda *_: [])
         assert verify_bundle(out).ok  # every other layer is fooled
     assert verify_bundle(out).problems[0] == first
+
+
+def test_launcher_facts_the_records_contradict_are_named_by_the_one_derivation(
+    tmp_path: Path,
+) -> None:
+    """The writer carries the launcher's geometry through the derivation, whose own check holds
+    it to the records that exist; verify applies that check to the receipt and reports it."""
+    out = tmp_path / "bundle"
+    receipt = finalize_bundle(out, replace(passing_run(out, world=2), backend="nccl"))
+    assert receipt.geometry.backend == "nccl"  # the launcher's word, carried through
+    facts = derive.derive(
+        out, receipt.geometry, receipt.run, warm_impl=receipt.warm_impl, image=receipt.image
+    )
+    assert [
+        (c.field, c.stated, c.recorded)
+        for c in facts.corroborations(receipt.root_cause)
+        if c.stated != c.recorded
+    ] == [("geometry.backend", "nccl", "gloo")]
+    said = "receipt.json: geometry.backend is 'nccl' but the rank records and JUnit reports"
+    assert verify_bundle(out).problems[0] == f"{said} say 'gloo'"
 
 
 def test_first_difference_names_the_deepest_first_leaf() -> None:

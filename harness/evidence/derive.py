@@ -10,23 +10,27 @@ The writer fills the receipt from this value; `dcpqual verify` calls it again on
 differently.
 
 Some of the receipt no rank file records; the caller passes it in: the launcher's `run` (its
-command, exit code, timeout and the record of its launch, which the failure rules read),
-torchrun's error file (the root cause falls back to it, and quotes it) and the installed
-harness version. The writer passes what the launcher saw; verify passes what the receipt states
-(its `run`, its harness version, no error file), so for verify the root cause is the records'
+command, exit code, timeout and the record of its launch, which the failure rules read), the
+geometry, warm code and image, torchrun's error file (the root cause falls back to it, and
+quotes it) and the installed harness version. The writer passes what the launcher saw; verify
+passes what the receipt states (no error file), so for verify the root cause is the records'
 only where the records name one (`records_cause`), and the failed-test list is derived with
 the receipt's own root cause (`failed_tests_for`), whose text is not re-derived.
 
-The run's geometry, image and zygotes are the launcher's too, and are not taken from the
-records: the records cannot say how many ranks left none. Verify holds them to what the records
-that exist state (harness.evidence.rederive).
+The geometry, warm code and image are carried through unchanged, not taken from the records:
+the records cannot say how many ranks left none, nor which image a killed rank was in. The
+records that exist corroborate them instead, and the root cause's rank, test and kind where
+they name a cause (`Derived.corroborations`). Verify reports each fact they contradict
+(harness.evidence.rederive); each node's zygote is held to its ranks there too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from harness.evidence import rules
 from harness.evidence.collect import (
@@ -46,11 +50,14 @@ from harness.evidence.files import walk
 from harness.evidence.junit import MergedJUnit, merge_junit, skip_reasons, tallies
 from harness.evidence.run_context import TorchrunFailure
 from harness.evidence.sources import recorded_harness
+from harness.schema.image import Image
 from harness.schema.layout import STACKS_DIR, rank_file_name
+from harness.schema.rank_record import RankRecord
 from harness.schema.receipt import (
     Capture,
     Coverage,
     FailedTest,
+    Geometry,
     Models,
     NegativeControl,
     Ranks,
@@ -66,6 +73,16 @@ from harness.schema.receipt import (
 # Root-cause kinds that do not come from the rank records: the launcher's record of an
 # interruption or of node 0's death, and the fallbacks when no record names a cause.
 NOT_FROM_RECORDS = frozenset({"interrupted", "node-gone", "torchrun", "junit", "run"})
+
+
+@dataclass(frozen=True)
+class Corroboration:
+    """One of the launcher's facts (`stated`) and what the rank records that exist say of it
+    (`recorded`), as JSON values; they agree when equal."""
+
+    field: str
+    stated: Any
+    recorded: Any
 
 
 @dataclass(frozen=True)
@@ -90,6 +107,11 @@ class Derived:
     rootdir: str | None  # the pytest rootdir the ranks report (`run.rootdir`)
     harness: Source | None  # `sources.dcpqual` as rank 0 recorded it; None: its record does not
     run: Run
+    # The launcher's, carried through (see the module docstring): `corroborations` holds them
+    # to the records.
+    geometry: Geometry
+    warm_impl: str
+    image: Image | None
     # The earliest failure the records and the launcher's facts show, whatever the verdict:
     # the receipt's root cause when the run fails (`root_cause`).
     earliest: RootCause | None = None
@@ -123,20 +145,82 @@ class Derived:
         """The failed-test list (what `--rerun-failed` reruns) with `root_cause` first."""
         return failed_tests(self.rank_files, root_cause)
 
+    @property
+    def receipt_run(self) -> Run:
+        """The receipt's `run`: the launcher's, with the rootdir the ranks report."""
+        return self.run.model_copy(update={"rootdir": self.rootdir})
+
+    def corroborations(self, root_cause: RootCause | None) -> Iterator[Corroboration]:
+        """The launcher's facts held to what the records that exist say of them, in the order
+        they are reported (`root_cause`: the one stated with them; the writer's is its own).
+
+        The launcher knew these and the records can only confirm them: a record says where its
+        own rank ran and in which image, not how many ranks left none. So a receipt cannot
+        claim NCCL, more nodes, another TP/DCP, warm code or place than the ranks ran with (and
+        drop the limitations those would require), a locked image they did not run in, or a
+        root cause at another rank, test or kind than the records name, even one that calls
+        itself an interruption (verify holds a real one to the launcher's record of it). Records
+        that predate a fact (tp, dcp, provenance) say nothing of it.
+        """
+        records = self.rank_files.records
+        if not records:
+            return  # nothing to hold them to: the ranks check already reports them killed
+        g = self.geometry
+        yield Corroboration("geometry.world_size", g.world_size, _one(records, "world_size"))
+        yield Corroboration("geometry.backend", g.backend, _one(records, "backend"))
+        yield Corroboration("warm_impl", self.warm_impl, _one(records, "warm_impl"))
+        for name in ("tp", "dcp"):
+            if any(getattr(x, name) is not None for x in records.values()):
+                yield Corroboration(f"geometry.{name}", getattr(g, name), _one(records, name))
+        for rank, record in sorted(records.items()):  # torchrun: node x nproc_per_node + local
+            stated = f"node {rank // g.nproc_per_node}, local rank {rank % g.nproc_per_node}"
+            placed = f"node {record.node_rank}, local rank {record.local_rank}"
+            yield Corroboration(f"geometry: place of rank {rank}", stated, placed)
+        seen = {r: x.provenance for r, x in records.items() if x.provenance is not None}
+        if seen:
+            digest = None if self.image is None else self.image.digest
+            recorded = _distinct(p.image_digest for p in seen.values())
+            yield Corroboration("image.digest", digest, recorded)
+            if 0 in records and 0 not in seen:  # the one record that names the checkout
+                recorded_by = f"recorded, as ranks {sorted(seen)} record it"
+                yield Corroboration("rank 0's provenance", None, recorded_by)
+        cause = self.records_cause
+        if root_cause is not None and cause is not None:
+            keys = ("rank", "test", "kind")
+            yield Corroboration(
+                "root_cause",
+                {k: getattr(root_cause, k) for k in keys},
+                {k: getattr(cause, k) for k in keys},
+            )
+
+
+def _one(records: dict[int, RankRecord], name: str) -> Any:
+    """The single value of `name` every record states, or all the different ones, sorted."""
+    return _distinct(getattr(x, name) for x in records.values())
+
+
+def _distinct(values: Iterable[Any]) -> Any:
+    distinct = sorted(set(values), key=repr)
+    return distinct[0] if len(distinct) == 1 else distinct
+
 
 def derive(
     out_dir: Path,
-    world_size: int,
+    geometry: Geometry,
     run: Run,
     *,
+    warm_impl: str,
+    image: Image | None,
     runner_cases: bool = False,
     torchrun_error: TorchrunFailure | None = None,
     harness_version: str | None = None,
 ) -> Derived:
-    """Read `records/rank-NN.json` and `junit/rank-NN.xml` of ranks 0..world_size-1 and derive
+    """Read `records/rank-NN.json` and `junit/rank-NN.xml` of the geometry's ranks and derive
     the receipt's facts (`runner_cases`: count the runner's own cases of ranks that left nothing
-    in the tallies, as receipts written before `skip_reasons` did; `run`, `torchrun_error`,
-    `harness_version`: the launcher's facts, see the module docstring)."""
+    in the tallies, as receipts written before `skip_reasons` did; `geometry`, `run`,
+    `warm_impl`, `image`, `torchrun_error`, `harness_version`: the launcher's facts, see the
+    module docstring)."""
+    world_size = geometry.world_size
     rank_files = load_records(out_dir, world_size)
     merged = merge_junit(out_dir, rank_files)
     capture, negative = summarize_capture(rank_files)
@@ -166,6 +250,9 @@ def derive(
         rootdir=ranks_rootdir(rank_files),
         harness=None if provenance is None else recorded_harness(provenance, harness_version),
         run=run,
+        geometry=geometry,
+        warm_impl=warm_impl,
+        image=image,
     )
     cause = find_root_cause(
         rank_files,

@@ -18,12 +18,10 @@ so dropping one cannot switch its check off. Skip reasons are held where the rec
 them: a receipt without them counts the runner's own cases as tests, the layout from before
 they were stated.
 
-The launcher's facts the writer takes as given rather than from the records are held to the
-records that exist here too: every record names its world size, backend, warm code, node and
-local rank, and (since records name them) the tp and dcp its suites qualified, so a receipt
-cannot claim NCCL, more nodes, another TP/DCP or another layout than the ranks ran with (and so
-drop the limitations those would require); the image digest the ranks' environment named
-(`image.digest`); and each node's zygote, held to how that node's ranks say they started.
+The launcher's facts the writer takes as given rather than from the records (geometry, warm
+code, image digest, the root cause's rank, test and kind) are held to the records that exist by
+the derivation's own check (`Derived.corroborations`), with the receipt's statement of them as
+the launcher's; and each node's zygote, held to how that node's ranks say they started.
 
 Not re-derived, because no rank file records it: the run's exit code and timeout (the
 launcher's view; verify holds them to the launcher's record of the launch, and that record to
@@ -106,8 +104,10 @@ def derive_stated(bundle: Path, receipt: Receipt) -> Derived:
     harness = receipt.sources.get("dcpqual")
     return derive(
         bundle,
-        receipt.geometry.world_size,
+        receipt.geometry,
         receipt.run,
+        warm_impl=receipt.warm_impl,
+        image=receipt.image,
         runner_cases=receipt.skip_reasons is None,  # written before: counted them as tests
         harness_version=None if harness is None else harness.version,
     )
@@ -122,8 +122,9 @@ def derived_facts(
     Tallies are checked on junit/merged.xml, which verify already holds the receipt's tallies
     to: each fact is checked once, where it is first stated.
     """
-    r = RECEIPT_NAME
-    yield from _geometry_facts(receipt, derived.rank_files)
+    r, cause = RECEIPT_NAME, receipt.root_cause
+    for fact in derived.corroborations(cause):
+        yield r, fact.field, fact.stated, fact.recorded
     yield r, "verdict", receipt.verdict, derived.verdict
     yield r, "ranks", _dump(receipt.ranks), _dump(derived.ranks)
     try:
@@ -145,8 +146,11 @@ def derived_facts(
     yield r, "models", _dump(receipt.models), _dump(derived.models)
     yield r, "environment.hosts", receipt.environment.hosts, derived.hosts
     yield from _launch_facts(receipt, derived.rank_files)
-    yield from _provenance_facts(receipt, derived)
-    yield from _ending_facts(receipt, derived)
+    if derived.harness is not None:  # rank 0's record names the checkout
+        yield r, "sources.dcpqual", _dump(receipt.sources.get("dcpqual")), _dump(derived.harness)
+    # held to the records with the stated root cause, so an emptied list cannot hide failures
+    yield r, "failed_tests", _dump(receipt.failed_tests), _dump(derived.failed_tests_for(cause))
+    yield r, "run.rootdir", receipt.run.rootdir, derived.rootdir
     yield r, "failures", receipt.failures, derived.failures  # last: it sums up the facts above
 
 
@@ -159,32 +163,6 @@ def _dump(value: Any) -> Any:
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json")
     return value
-
-
-def _one(values: Iterator[Any]) -> Any:
-    """The single value every record states, or all the different ones, sorted."""
-    distinct = sorted(set(values), key=repr)
-    return distinct[0] if len(distinct) == 1 else distinct
-
-
-def _geometry_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[str, str, Any, Any]]:
-    """World size, backend, warm code and each rank's place (torchrun numbers the ranks of
-    node n as n x nproc_per_node + local rank) as the records that exist state them."""
-    records = rank_files.records
-    if not records:
-        return  # nothing to hold the receipt to: the ranks check already reports them killed
-    g, r = receipt.geometry, RECEIPT_NAME
-    yield r, "geometry.world_size", g.world_size, _one(x.world_size for x in records.values())
-    yield r, "geometry.backend", g.backend, _one(x.backend for x in records.values())
-    yield r, "warm_impl", receipt.warm_impl, _one(x.warm_impl for x in records.values())
-    for name in ("tp", "dcp"):  # records written before they named their degrees do not
-        if any(getattr(x, name) is not None for x in records.values()):
-            derived = _one(getattr(x, name) for x in records.values())
-            yield r, f"geometry.{name}", getattr(g, name), derived
-    for rank, record in sorted(records.items()):
-        stated = f"node {rank // g.nproc_per_node}, local rank {rank % g.nproc_per_node}"
-        placed = f"node {record.node_rank}, local rank {record.local_rank}"
-        yield r, f"geometry: place of rank {rank}", stated, placed
 
 
 def _launch_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[str, str, Any, Any]]:
@@ -210,24 +188,6 @@ def _launch_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[str
         yield from _zygote_facts(
             f"node {node}'s zygote", zygotes.get(node), g.nproc_per_node, records
         )
-
-
-def _provenance_facts(receipt: Receipt, derived: Derived) -> Iterator[tuple[str, str, Any, Any]]:
-    """The image the run was in and the harness checkout it ran, held to what the ranks saw at
-    their start (records that predate it say nothing): a receipt cannot claim a locked image
-    its ranks did not run in, or a clean checkout rank 0 saw dirty, to gain `qualified`."""
-    records = derived.rank_files.records
-    seen = {r: x.provenance for r, x in records.items() if x.provenance is not None}
-    if not seen:
-        return
-    stated = None if receipt.image is None else receipt.image.digest
-    yield RECEIPT_NAME, "image.digest", stated, _one(p.image_digest for p in seen.values())
-    if 0 in records and 0 not in seen:  # the one record that names the checkout
-        others = sorted(seen)
-        yield RECEIPT_NAME, "rank 0's provenance", None, f"recorded, as ranks {others} record it"
-    if derived.harness is not None:
-        stated_harness = receipt.sources.get("dcpqual")
-        yield RECEIPT_NAME, "sources.dcpqual", _dump(stated_harness), _dump(derived.harness)
 
 
 def _zygote_facts(
@@ -262,26 +222,6 @@ def _zygote_counts(
     if len(starts) == ranks and all(s is not None for s in starts):
         forked = sum(s is not None and s.forked for s in starts)
         yield RECEIPT_NAME, f"{where}.forked (records: forked)", zygote.forked, forked
-
-
-def _ending_facts(receipt: Receipt, derived: Derived) -> Iterator[tuple[str, str, Any, Any]]:
-    """The root cause, the failed-test list (what `--rerun-failed` reruns) and the rootdir its
-    node ids are relative to. The list is held to the records with the stated root cause (whose
-    text is not re-derived), so an emptied list cannot hide the failures. An interrupted run's
-    cause is the interruption, held by verify to the launcher's record of it; any other cause
-    the records name is the receipt's, even one that calls itself an interruption."""
-    cause, derived_cause = receipt.root_cause, derived.records_cause
-    if cause is not None and derived_cause is not None:
-        keys = ("rank", "test", "kind")
-        yield (
-            RECEIPT_NAME,
-            "root_cause",
-            {k: getattr(cause, k) for k in keys},
-            {k: getattr(derived_cause, k) for k in keys},
-        )
-    stated = _dump(receipt.failed_tests)
-    yield RECEIPT_NAME, "failed_tests", stated, _dump(derived.failed_tests_for(cause))
-    yield RECEIPT_NAME, "run.rootdir", receipt.run.rootdir, derived.rootdir
 
 
 def rederive_problems(bundle: Path, receipt: Receipt, derived: Derived | None = None) -> list[str]:

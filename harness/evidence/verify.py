@@ -28,9 +28,10 @@ Four layers, each problem one line that starts with the file it is about:
 4. Re-derivation: the receipt's verdict, failures, ranks, tallies, skip reasons, coverage,
    capture, negative control, signatures, transports, selection, real trees, hosts, harness
    checkout, failed tests, rootdir and root cause equal what the writer's own derivation
-   (harness.evidence.derive) gives from the hash-covered rank records and JUnit reports, and its
-   geometry, image digest and zygotes agree with those records (harness.evidence.rederive),
-   naming the first field that differs; and summary.md is exactly what the receipt renders
+   (harness.evidence.derive) gives from the hash-covered rank records and JUnit reports, its
+   geometry, warm code and image digest agree with those records by that derivation's own
+   check, and its zygotes agree with them too (harness.evidence.rederive), naming the first
+   field that differs; and summary.md is exactly what the receipt renders
    (harness.evidence.summary).
 
 JSON is read bounded and strict (harness.jsonfile): a receipt that is a FIFO, a device, huge or

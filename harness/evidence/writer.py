@@ -277,16 +277,18 @@ def assemble_receipt(
     harness = captured.get("dcpqual")
     facts = derive(
         out_dir,
-        ctx.world_size,
+        geometry,
         _launched(ctx),
+        warm_impl=ctx.warm_impl,
+        image=image,
         torchrun_error=ctx.torchrun_error,
         harness_version=None if harness is None else harness.version,
     )
     environment = capture_environment(hosts=facts.hosts)
     sources = captured if facts.harness is None else {**captured, "dcpqual": facts.harness}
     required = rules.required_limitations(
-        geometry=geometry,
-        image=image,
+        geometry=facts.geometry,
+        image=facts.image,
         capture=facts.capture,
         negative_control=facts.negative_control,
         transports=facts.transports,
@@ -294,7 +296,7 @@ def assemble_receipt(
         sources=sources,
         selection=facts.selection,
         models=facts.models,
-        warm_impl=ctx.warm_impl,
+        warm_impl=facts.warm_impl,
         zygote=None if ctx.extra.launch is None else ctx.extra.launch.zygote,
         nodes=ctx.extra.nodes,
         coverage=facts.coverage,
@@ -305,7 +307,7 @@ def assemble_receipt(
     limitation_items = rules.render_limitations(
         required,
         rules.advisory_limitations(
-            backend=geometry.backend,
+            backend=facts.geometry.backend,
             nvml=environment.nvml,
             notes=[*facts.merged.notes, *_unreadable_notes(facts.rank_files.unreadable)],
         ),
@@ -315,9 +317,9 @@ def assemble_receipt(
         schema=SCHEMA,
         verdict=facts.verdict,
         status=rules.status_of(facts.verdict, environment, required),
-        geometry=geometry,
+        geometry=facts.geometry,
         environment=environment,
-        image=image,
+        image=facts.image,
         sources=sources,
         suites=facts.suites,
         skip_reasons=facts.skip_reasons,
@@ -330,12 +332,12 @@ def assemble_receipt(
         failures=facts.failures,
         failed_tests=facts.failed_tests,
         selection=facts.selection,
-        warm_impl=ctx.warm_impl,
+        warm_impl=facts.warm_impl,
         transports=facts.transports,
         models=facts.models,
         ranks=facts.ranks,
         coverage=facts.coverage,
-        run=facts.run.model_copy(update={"rootdir": facts.rootdir}),
+        run=facts.receipt_run,
         generated_by=f"dcpqual {__version__}",
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
