@@ -19,7 +19,7 @@ import importlib.util, json, sys
 from pathlib import Path
 import harness.rank.plugin
 controller = sorted(m for m in sys.modules if m.startswith("harness.evidence")
-             or m in ("harness.launch.launcher", "harness.launch.plan", "harness.launch.collect",
+             or m in ("harness.launch.launcher", "harness.launch.plan", "harness.launch.context",
                       "harness.launch.progress", "harness.launch.nodes", "harness.launch.cli"))
 for i, conftest in enumerate(sorted(Path("suites").rglob("conftest.py"))):
     spec = importlib.util.spec_from_file_location(f"suite_conftest_{i}", conftest)

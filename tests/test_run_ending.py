@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.evidence.collect import RankFiles
-from harness.evidence.ending import ending_lines, failed_tests, first_line
+from harness.evidence.short_summary import ending_lines, failed_tests, first_line
 from harness.schema.rank_record import RankRecord, TestOutcome
 from harness.schema.receipt import FailedTest, Receipt, RootCause, Run, Tally
 

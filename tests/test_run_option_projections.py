@@ -17,7 +17,7 @@ from pathlib import Path
 from harness.cli import build_parser
 from harness.evidence.run_context import RunContext
 from harness.launch.cli import options_from_args
-from harness.launch.collect import RUN_CONTEXT_RESOLVED, run_context
+from harness.launch.context import RUN_CONTEXT_RESOLVED, run_context
 from harness.launch.options import FLAG_KEY, RUN_OPTIONS
 from harness.launch.plan import RANK_PLAN_OWN_FIELDS, RunOptions, build_plan, rank_plan
 from harness.schema.launch import Launch

@@ -16,7 +16,7 @@ import torch.distributed
 from harness.cli import build_parser, main
 from harness.errors import UsageError
 from harness.launch import launcher
-from harness.launch.collect import chosen_options
+from harness.launch.context import chosen_options
 from harness.launch.options import RUN_OPTIONS, check_backend_available, resolve_nproc
 from harness.launch.plan import RunOptions, build_plan
 from harness.launch.rerun import absolute_nodeid, plugin_args

@@ -45,10 +45,10 @@ from harness.evidence.collect import (
     summarize_capture,
     transports,
 )
-from harness.evidence.ending import failed_tests, ranks_rootdir
 from harness.evidence.files import walk
 from harness.evidence.junit import MergedJUnit, merge_junit, skip_reasons, tallies
 from harness.evidence.run_context import TorchrunFailure
+from harness.evidence.short_summary import failed_tests, ranks_rootdir
 from harness.evidence.sources import recorded_harness
 from harness.schema.image import Image
 from harness.schema.layout import STACKS_DIR, rank_file_name

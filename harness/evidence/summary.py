@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.evidence import markdown as md
-from harness.evidence.ending import RERUN_PREFIX, ending_lines, first_line, not_run_count
+from harness.evidence.short_summary import RERUN_PREFIX, ending_lines, first_line, not_run_count
 from harness.schema.base import Limitation
 from harness.schema.receipt import Capture, Ranks, Receipt
 

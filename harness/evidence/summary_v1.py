@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.evidence import markdown as md
-from harness.evidence.ending import RERUN_PREFIX, first_line, rerun_command
+from harness.evidence.short_summary import RERUN_PREFIX, first_line, rerun_command
 from harness.schema.receipt import Ranks, Receipt
 
 RECEIPT_SHA_LINE = "receipt.json sha256: `{}`"

@@ -33,7 +33,7 @@ from harness.evidence import rules
 from harness.evidence.redact import ScrubFailed
 from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
-from harness.launch.collect import run_context
+from harness.launch.context import run_context
 from harness.launch.ending import Terminated
 from harness.launch.guardian import Guardian
 from harness.launch.plan import SHUTDOWN_TIMEOUT_S, RunOptions, RunPlan, build_plan
@@ -413,7 +413,7 @@ def _say(stream: TextIO, text: str) -> None:
 def report(stream: TextIO, out_dir: Path, receipt: Receipt, problems: list[str]) -> None:
     """A few lines for the person at the terminal, ending as pytest does; the bundle has the
     rest."""
-    from harness.evidence.ending import ending_lines, first_line
+    from harness.evidence.short_summary import ending_lines, first_line
 
     _say(stream, f"dcpqual run: verdict {receipt.verdict.upper()} (status {receipt.status})")
     cause = receipt.root_cause
@@ -766,7 +766,7 @@ def _follow_node0(
 ) -> int:
     """Node K > 0: node 0's verdict and ending (or node 1's bundle, where node 0 was gone),
     told on this node too. `wait_s`: how long to wait for it (default: `node_wait_s()`)."""
-    from harness.evidence.ending import ending_lines
+    from harness.evidence.short_summary import ending_lines
 
     wait_s = node_wait_s() if wait_s is None else wait_s
     try:
