@@ -4,6 +4,7 @@ run's interruption. The real runs are in tests/test_reliability_endings.py."""
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 import threading
@@ -111,3 +112,33 @@ def test_a_signal_while_the_launch_cleans_up_after_torchrun_is_held_not_raised(
         result = launch(plan, tick_s=0.1, hold=hold)
     assert result.exit_code == 0 and result.interrupted is None
     assert [h.signal for h in hold.caught] == [signal.SIGINT] and len(told) == 1
+
+
+def test_a_signal_whose_exception_python_dropped_still_ends_the_launch_as_interrupted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler runs inside a gc callback, whose exceptions Python reports and drops: the
+    launch's loop raises the interruption again, so the run ends now instead of running on
+    with every later signal only held."""
+    plan = build_plan(RunOptions(nproc_per_node=2, timeout_s=60), tmp_path / "out")
+    plan = replace(plan, argv=(sys.executable, "-c", "import time; time.sleep(20)"))
+    dropped: list[BaseException | None] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: dropped.append(info.exc_value))
+
+    def signal_inside_gc(phase: str, info: object) -> None:
+        if phase == "start" and not dropped:
+            signal.raise_signal(signal.SIGTERM)
+
+    def tick(elapsed: float) -> None:
+        gc.callbacks.append(signal_inside_gc)
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(signal_inside_gc)
+
+    hold, _ = told_hold()
+    with hold:
+        result = launch(plan, tick=tick, tick_s=0.1, hold=hold)
+    assert [type(e) for e in dropped] == [ending.Terminated]  # Python dropped it, as in a run
+    assert result.interrupted is not None and result.interrupted.signal == "SIGTERM"
+    assert result.elapsed_s < 15, result.elapsed_s

@@ -359,7 +359,12 @@ class Hold(_Handlers):
     From torchrun's exit (`start`) until the bundle is written and verified they are held:
     remembered and told on the console, never raised, so a late signal can neither abort the
     scrub nor leave a bundle without receipt or SHA256SUMS, and the first one is still the
-    run's interruption (`named`), or its exit code when it came too late for the receipt."""
+    run's interruption (`named`), or its exit code when it came too late for the receipt.
+
+    A handler's exception can be lost: Python runs a signal handler between any two bytecodes,
+    also inside a gc callback, a `__del__` or a weakref callback, and drops what those raise
+    ("Exception ignored in ..."). The launch's loop therefore asks `lost()` on every turn and
+    raises a raised signal again itself."""
 
     def __init__(self, tell: Callable[[str], None] = _tell_stderr) -> None:
         """`tell`: how a held signal is told on the console (from the signal handler)."""
@@ -369,6 +374,7 @@ class Hold(_Handlers):
         self.holding = False
         self.named = False  # the first caught signal is the interruption the receipt names
         self.raised = False  # one signal was raised: the launch is preparing its ending
+        self._raised_as: KeyboardInterrupt | None = None  # what was raised, until `lost` says
         self.hurry = threading.Event()  # a later signal meanwhile: end the tree at once
         self._t0 = time.monotonic()
 
@@ -385,7 +391,8 @@ class Hold(_Handlers):
         sig = signal.Signals(signum)
         if not self.holding and not self.raised:
             self.raised = True  # only once: every later signal is held, never raised
-            raise Terminated() if sig == signal.SIGTERM else KeyboardInterrupt()
+            self._raised_as = Terminated() if sig == signal.SIGTERM else KeyboardInterrupt()
+            raise self._raised_as
         if not self.holding:
             # Back to back with the raised one, before the ending's shield is up: raising
             # again would abort the ending itself (no bundle, raw logs). It hurries the ending.
@@ -399,6 +406,12 @@ class Hold(_Handlers):
             f"dcpqual run: {sig.name}{again}: the bundle is being finished first "
             "(scrubbed, written, verified); the run counts as interrupted"
         )
+
+    def lost(self) -> KeyboardInterrupt | None:
+        """The interruption raised where it could not reach the launch (called from the launch's
+        loop, which a raised one would have left): to be raised again there, once."""
+        raised, self._raised_as = self._raised_as, None
+        return raised
 
     def interruption(self, seen: Snapshot | None = None) -> Interruption | None:
         """The first signal held, as an interruption (None: none was); `seen`: how far the

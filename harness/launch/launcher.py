@@ -213,8 +213,9 @@ def launch(
         )
         exited = None if hold is None else hold.start
         hurry = None if hold is None else hold.hurry
+        lost = None if hold is None else hold.lost
         outcome = _supervise(
-            proc, tracker, reader, t0, timeout_s, tick, tick_s, zygote, exited, hurry
+            proc, tracker, reader, t0, timeout_s, tick, tick_s, zygote, exited, hurry, lost
         )
         if relay is not None:
             relay.join(timeout=5.0)
@@ -298,18 +299,24 @@ def _supervise(
     zygote: ZygoteRun | None = None,
     exited: Callable[[], None] | None = None,
     hurry: threading.Event | None = None,
+    lost: Callable[[], KeyboardInterrupt | None] | None = None,
 ) -> _Outcome:
     """Wait for torchrun; end the tree on a timeout, a rank gone mid-suite, the zygote's death,
     ^C or SIGTERM. `exited` is called as soon as torchrun is known to have exited, on every
     path (on ^C still inside the ending's shield): a signal before it is this launch's
     interruption, one after it is the caller's to hold. `hurry`: set by a signal the caller's
-    hold took while this ending was being prepared (the shield then ends the tree at once)."""
+    hold took while this ending was being prepared (the shield then ends the tree at once).
+    `lost`: a signal's exception that its handler raised where Python drops it (a gc callback,
+    a `__del__`): raised again here, so the signal still ends the run."""
     exited = (lambda: None) if exited is None else exited
+    lost = (lambda: None) if lost is None else lost
     watch = ending.DeadRankWatch(reader, tracker, None if zygote is None else zygote.reaped)
     exit_wait = ExitWait(proc)
     next_scan = 0.0
     try:
         while True:
+            if (dropped := lost()) is not None:
+                raise dropped
             if exit_wait.wait(tick_s):
                 exited()
                 return _Outcome()
