@@ -163,8 +163,13 @@ class Derived:
         that predate a fact (tp, dcp, provenance) say nothing of it.
         """
         records = self.rank_files.records
-        if not records:
-            return  # nothing to hold them to: the ranks check already reports them killed
+        if records:  # none: nothing to hold these to; the ranks check reports them killed
+            yield from self._launcher_facts(records)
+        # held even where no rank left a record: that they left none names the cause
+        yield from self._root_cause_facts(root_cause)
+
+    def _launcher_facts(self, records: dict[int, RankRecord]) -> Iterator[Corroboration]:
+        """The geometry, warm code and image held to the `records` that exist."""
         g = self.geometry
         yield Corroboration("geometry.world_size", g.world_size, _one(records, "world_size"))
         yield Corroboration("geometry.backend", g.backend, _one(records, "backend"))
@@ -184,14 +189,16 @@ class Derived:
             if 0 in records and 0 not in seen:  # the one record that names the checkout
                 recorded_by = f"recorded, as ranks {sorted(seen)} record it"
                 yield Corroboration("rank 0's provenance", None, recorded_by)
+
+    def _root_cause_facts(self, root_cause: RootCause | None) -> Iterator[Corroboration]:
+        """The stated root cause's rank, test and kind held to the cause the records name."""
+        if root_cause is None:
+            return
+        keys = ("rank", "test", "kind")
+        stated = {k: getattr(root_cause, k) for k in keys}
         cause = self.records_cause
-        if root_cause is not None and cause is not None:
-            keys = ("rank", "test", "kind")
-            yield Corroboration(
-                "root_cause",
-                {k: getattr(root_cause, k) for k in keys},
-                {k: getattr(cause, k) for k in keys},
-            )
+        if cause is not None:
+            yield Corroboration("root_cause", stated, {k: getattr(cause, k) for k in keys})
 
 
 def _one(records: dict[int, RankRecord], name: str) -> Any:
