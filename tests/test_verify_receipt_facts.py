@@ -461,6 +461,64 @@ def test_a_root_cause_called_an_interruption_without_one_is_caught(tmp_path: Pat
     )
 
 
+@pytest.mark.parametrize("kind", ["killed", "test", "broke-world"])
+def test_a_root_cause_the_records_do_not_name_cannot_blame_a_rank_s_test(
+    tmp_path: Path, kind: str
+) -> None:
+    """Every rank finished and passed, torchrun exited 1: the records name no cause, so the
+    receipt's cannot be a rank's test (a kind only the records give), even with the failed-test
+    list written to match it."""
+    out = tmp_path / "exit-1"
+    passing_run(out, world=WORLD)
+    finalize_bundle(out, context(WORLD, exit_code=1))
+    assert verify_bundle(out).ok, verify_bundle(out).problems
+    planted = "rank 1 died in the capture test"
+
+    def blame_rank_1(data: dict[str, Any]) -> None:
+        data["root_cause"] = {"rank": 1, "test": SIGNATURE_TEST, "kind": kind, "message": planted}
+        failed = {"nodeid": SIGNATURE_TEST, "outcome": "error", "ranks": [1], "message": planted}
+        data["failed_tests"] = [failed]
+
+    forge(out, blame_rank_1)
+    assert verify_bundle(out).problems == (
+        f"receipt.json: root_cause is {{'rank': 1, 'test': {SIGNATURE_TEST!r}, 'kind': {kind!r}}} "
+        "but the rank records and JUnit reports say 'no cause: no rank record names a failure'",
+    )
+
+
+@pytest.mark.parametrize(
+    ("cause", "first"),
+    [
+        (
+            {"rank": 1, "kind": "killed", "message": "rank 1 died: it left no record"},
+            "receipt.json: root_cause.rank is 1 but the rank records and JUnit reports say 0",
+        ),
+        (
+            {"rank": None, "kind": "run", "message": "torchrun exited with code 1"},
+            "receipt.json: root_cause.kind is 'run' but the rank records and JUnit reports say "
+            "'killed'",
+        ),
+    ],
+    ids=["another-rank", "no-rank"],
+)
+def test_the_root_cause_is_held_to_the_records_when_no_rank_left_one(
+    tmp_path: Path, cause: dict[str, Any], first: str
+) -> None:
+    """Every rank died before writing its record: that they left none names the cause (rank 0,
+    killed), which the receipt cannot move to another rank or off the ranks."""
+    out = tmp_path / "no-records"
+    out.mkdir()
+    for rank in range(WORLD):
+        write_rank(out, rank, WORLD, record=False, junit=False)
+    torchrun_logs(out, WORLD)
+    written = finalize_bundle(out, context(WORLD, exit_code=1))
+    assert written.root_cause is not None
+    assert (written.root_cause.rank, written.root_cause.kind) == (0, "killed")
+    assert verify_bundle(out).ok, verify_bundle(out).problems
+    forge(out, lambda d: d["root_cause"].update(cause))
+    assert verify_bundle(out).problems == (first,)
+
+
 STOP = Interruption(
     signal="SIGINT",
     at="2026-11-29T18:00:30Z",

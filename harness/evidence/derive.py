@@ -73,6 +73,8 @@ from harness.schema.receipt import (
 # Root-cause kinds that do not come from the rank records: the launcher's record of an
 # interruption or of node 0's death, and the fallbacks when no record names a cause.
 NOT_FROM_RECORDS = frozenset({"interrupted", "node-gone", "torchrun", "junit", "run"})
+# What the records say of a root cause where none of them names one.
+NO_RECORDED_CAUSE = "no cause: no rank record names a failure"
 
 
 @dataclass(frozen=True)
@@ -159,12 +161,18 @@ class Derived:
         claim NCCL, more nodes, another TP/DCP, warm code or place than the ranks ran with (and
         drop the limitations those would require), a locked image they did not run in, or a
         root cause at another rank, test or kind than the records name, even one that calls
-        itself an interruption (verify holds a real one to the launcher's record of it). Records
+        itself an interruption (verify holds a real one to the launcher's record of it), nor a
+        rank's test or death (a kind only the records give) where they name no cause. Records
         that predate a fact (tp, dcp, provenance) say nothing of it.
         """
         records = self.rank_files.records
-        if not records:
-            return  # nothing to hold them to: the ranks check already reports them killed
+        if records:  # none: nothing to hold these to; the ranks check reports them killed
+            yield from self._launcher_facts(records)
+        # held even where no rank left a record: that they left none names the cause
+        yield from self._root_cause_facts(root_cause)
+
+    def _launcher_facts(self, records: dict[int, RankRecord]) -> Iterator[Corroboration]:
+        """The geometry, warm code and image held to the `records` that exist."""
         g = self.geometry
         yield Corroboration("geometry.world_size", g.world_size, _one(records, "world_size"))
         yield Corroboration("geometry.backend", g.backend, _one(records, "backend"))
@@ -184,14 +192,25 @@ class Derived:
             if 0 in records and 0 not in seen:  # the one record that names the checkout
                 recorded_by = f"recorded, as ranks {sorted(seen)} record it"
                 yield Corroboration("rank 0's provenance", None, recorded_by)
+
+    def _root_cause_facts(self, root_cause: RootCause | None) -> Iterator[Corroboration]:
+        """The stated root cause's rank, test and kind held to the cause the records name."""
+        if root_cause is None:
+            return
+        keys = ("rank", "test", "kind")
+        stated = {k: getattr(root_cause, k) for k in keys}
         cause = self.records_cause
-        if root_cause is not None and cause is not None:
-            keys = ("rank", "test", "kind")
-            yield Corroboration(
-                "root_cause",
-                {k: getattr(root_cause, k) for k in keys},
-                {k: getattr(cause, k) for k in keys},
-            )
+        if cause is not None:
+            yield Corroboration("root_cause", stated, {k: getattr(cause, k) for k in keys})
+        elif root_cause.kind not in NOT_FROM_RECORDS and not self._launcher_cause:
+            # a kind only the records give (a rank's test, its death) where they give none
+            yield Corroboration("root_cause", stated, NO_RECORDED_CAUSE)
+
+    @property
+    def _launcher_cause(self) -> bool:
+        """Whether the earliest failure is the launcher's record of an interruption or of node
+        0's death: verify holds the stated cause to that record instead."""
+        return self.earliest is not None and self.earliest.kind in ("interrupted", "node-gone")
 
 
 def _one(records: dict[int, RankRecord], name: str) -> Any:

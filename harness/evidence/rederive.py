@@ -30,7 +30,8 @@ of the environment (GPUs, driver, NCCL), the image's runtime check and the peers
 the root cause's text (it may quote torchrun's error file). The root cause's rank, test and
 kind are re-derived whenever the records name a cause, whatever kind the receipt gives it (not
 for an interrupted run, whose cause verify holds to the launcher's record of the interruption,
-nor for the fallbacks to torchrun's error file, JUnit or the verdict's reasons).
+nor for the fallbacks to torchrun's error file, JUnit or the verdict's reasons), and a cause of a
+kind only the records give is refused where they name none.
 """
 
 from __future__ import annotations
