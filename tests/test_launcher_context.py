@@ -6,7 +6,8 @@ import io
 import json
 from pathlib import Path
 
-from harness.launch.context import first_torchrun_error, parse_error_file, run_context
+from harness.evidence.torchrun_errors import first_torchrun_error, parse_error_file
+from harness.launch.context import run_context
 from harness.launch.plan import RunOptions, build_plan
 from harness.launch.progress import PlainProgress, RichProgress, Snapshot, snapshot, wants_plain
 from harness.launch.rankview import RecordReader

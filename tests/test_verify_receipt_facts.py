@@ -660,3 +660,30 @@ def test_the_engine_lanes_controls_are_the_runs_negative_controls(
     forge(bundle, hide)
     problems = verify_bundle(bundle).problems
     assert any("negative_control" in p for p in problems), problems
+
+
+def test_a_cause_torchrun_reported_is_held_to_the_bundle_s_own_error_files(tmp_path: Path) -> None:
+    """A cause of kind `torchrun` names the rank torchrun's error file names: moved to another
+    rank, or claimed for a bundle that holds no such file, it does not verify."""
+    bundle = crashed_on_the_way_out(tmp_path, note=True)
+
+    def blame_rank_0(data: dict[str, Any]) -> None:
+        data["root_cause"]["rank"] = 0
+
+    forge(bundle, blame_rank_0)
+    assert verify_bundle(bundle).problems == (
+        "receipt.json: root_cause.rank is 0 but the rank records and JUnit reports say 1",
+    )
+    out = tmp_path / "exit-1"
+    passing_run(out, world=WORLD)
+    finalize_bundle(out, context(WORLD, exit_code=1))
+    assert receipt(out)["root_cause"]["kind"] == "run"
+
+    def claim_torchrun(data: dict[str, Any]) -> None:
+        data["root_cause"] = {"rank": 1, "test": None, "kind": "torchrun", "message": "SIGSEGV"}
+
+    forge(out, claim_torchrun)
+    assert verify_bundle(out).problems == (
+        "receipt.json: root_cause is {'rank': 1, 'test': None, 'kind': 'torchrun'} but the rank "
+        "records and JUnit reports say 'no cause: no torchrun error file in the bundle'",
+    )

@@ -75,6 +75,8 @@ from harness.schema.receipt import (
 NOT_FROM_RECORDS = frozenset({"interrupted", "node-gone", "torchrun", "junit", "run"})
 # What the records say of a root cause where none of them names one.
 NO_RECORDED_CAUSE = "no cause: no rank record names a failure"
+# What the bundle says of a cause torchrun reported where it holds no torchrun error file.
+NO_TORCHRUN_CAUSE = "no cause: no torchrun error file in the bundle"
 
 
 @dataclass(frozen=True)
@@ -162,8 +164,9 @@ class Derived:
         drop the limitations those would require), a locked image they did not run in, or a
         root cause at another rank, test or kind than the records name, even one that calls
         itself an interruption (verify holds a real one to the launcher's record of it), nor a
-        rank's test or death (a kind only the records give) where they name no cause. Records
-        that predate a fact (tp, dcp, provenance) say nothing of it.
+        rank's test or death (a kind only the records give) where they name no cause, nor a
+        cause torchrun reported at another rank than its error file names, or without one.
+        Records that predate a fact (tp, dcp, provenance) say nothing of it.
         """
         records = self.rank_files.records
         if records:  # none: nothing to hold these to; the ranks check reports them killed
@@ -205,6 +208,11 @@ class Derived:
         elif root_cause.kind not in NOT_FROM_RECORDS and not self._launcher_cause:
             # a kind only the records give (a rank's test, its death) where they give none
             yield Corroboration("root_cause", stated, NO_RECORDED_CAUSE)
+        elif root_cause.kind == "torchrun":  # held to the error file it says torchrun wrote
+            earliest = self.earliest
+            found = earliest is not None and earliest.kind == "torchrun"
+            said = {k: getattr(earliest, k) for k in keys} if found else NO_TORCHRUN_CAUSE
+            yield Corroboration("root_cause", stated, said)
 
     @property
     def _launcher_cause(self) -> bool:

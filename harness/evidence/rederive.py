@@ -30,8 +30,10 @@ of the environment (GPUs, driver, NCCL), the image's runtime check and the peers
 the root cause's text (it may quote torchrun's error file). The root cause's rank, test and
 kind are re-derived whenever the records name a cause, whatever kind the receipt gives it (not
 for an interrupted run, whose cause verify holds to the launcher's record of the interruption,
-nor for the fallbacks to torchrun's error file, JUnit or the verdict's reasons), and a cause of a
-kind only the records give is refused where they name none.
+nor for the fallbacks to JUnit or the verdict's reasons), and a cause of a kind only the
+records give is refused where they name none. A cause the receipt says torchrun reported is held
+to the bundle's own copy of torchrun's error files (`harness.evidence.torchrun_errors`, read as
+the launcher read them).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from harness.evidence import rules
 from harness.evidence.collect import RankFiles, hash_seed_of
 from harness.evidence.derive import Derived, derive
 from harness.evidence.junit import read_merged, tallies
+from harness.evidence.torchrun_errors import first_torchrun_error
 from harness.schema.launch import ZygoteState
 from harness.schema.layout import MERGED_JUNIT, RECEIPT_NAME
 from harness.schema.rank_record import RankRecord, RankStart
@@ -100,8 +103,8 @@ def first_difference(path: str, mine: Any, theirs: Any) -> Disagreement | None:
 
 def derive_stated(bundle: Path, receipt: Receipt) -> Derived:
     """The bundle's facts, derived as the writer derived the receipt's, with the launcher's
-    facts the receipt states (its `run`, its harness version; no torchrun error file) in place
-    of the launcher's own."""
+    facts the receipt states (its `run`, its harness version) in place of the launcher's own,
+    and the bundle's copy of torchrun's error files."""
     harness = receipt.sources.get("dcpqual")
     return derive(
         bundle,
@@ -111,6 +114,7 @@ def derive_stated(bundle: Path, receipt: Receipt) -> Derived:
         image=receipt.image,
         runner_cases=receipt.skip_reasons is None,  # written before: counted them as tests
         harness_version=None if harness is None else harness.version,
+        torchrun_error=first_torchrun_error(bundle),
     )
 
 
