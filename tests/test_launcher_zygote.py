@@ -83,7 +83,14 @@ def kill(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def test_the_timeout_ends_the_forked_ranks_and_the_zygote(tmp_path):
+@pytest.fixture
+def short_shutdown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks here ignore SIGTERM, so the launch waits out its whole SIGTERM grace before
+    it SIGKILLs them: a short one proves the same containment sooner."""
+    monkeypatch.setattr("harness.launch.launcher.SHUTDOWN_TIMEOUT_S", 1)
+
+
+def test_the_timeout_ends_the_forked_ranks_and_the_zygote(tmp_path, short_shutdown):
     plan, pids = plan_for(tmp_path, "hang", timeout_s=8.0)
     result = launch(plan, tick_s=0.2)
     ranks = ranks_of(pids)
@@ -110,7 +117,9 @@ def test_forked_ranks_left_after_torchrun_exits_are_ended_and_reported(tmp_path)
         kill(ranks)
 
 
-def test_without_tracking_the_zygote_forked_ranks_escape_the_timeout(tmp_path, monkeypatch):
+def test_without_tracking_the_zygote_forked_ranks_escape_the_timeout(
+    tmp_path, monkeypatch, short_shutdown
+):
     """The negative control: a tracker that does not follow the zygote's children (and a zygote
     that leaves a rank whose stub is gone alone) ends torchrun and the stubs, but the ranks live
     on."""
