@@ -353,6 +353,11 @@ class Held:
     after_s: float
 
 
+def _raised_for(sig: signal.Signals) -> KeyboardInterrupt:
+    """What a raised signal is in the launch: SIGTERM `Terminated`, ^C KeyboardInterrupt."""
+    return Terminated() if sig == signal.SIGTERM else KeyboardInterrupt()
+
+
 class Hold(_Handlers):
     """^C and SIGTERM for a whole `dcpqual run`. While torchrun runs they raise
     (KeyboardInterrupt, `Terminated`), so the launch ends the tree and names the interruption.
@@ -374,7 +379,9 @@ class Hold(_Handlers):
         self.holding = False
         self.named = False  # the first caught signal is the interruption the receipt names
         self.raised = False  # one signal was raised: the launch is preparing its ending
-        self._raised_as: KeyboardInterrupt | None = None  # what was raised, until `lost` says
+        # The signal raised, until `lost` says (the signal, not its exception: that would keep
+        # the frames of wherever it was raised alive until the hold ends).
+        self._raised_by: signal.Signals | None = None
         self.hurry = threading.Event()  # a later signal meanwhile: end the tree at once
         self._t0 = time.monotonic()
 
@@ -391,8 +398,8 @@ class Hold(_Handlers):
         sig = signal.Signals(signum)
         if not self.holding and not self.raised:
             self.raised = True  # only once: every later signal is held, never raised
-            self._raised_as = Terminated() if sig == signal.SIGTERM else KeyboardInterrupt()
-            raise self._raised_as
+            self._raised_by = sig
+            raise _raised_for(sig)
         if not self.holding:
             # Back to back with the raised one, before the ending's shield is up: raising
             # again would abort the ending itself (no bundle, raw logs). It hurries the ending.
@@ -410,8 +417,8 @@ class Hold(_Handlers):
     def lost(self) -> KeyboardInterrupt | None:
         """The interruption raised where it could not reach the launch (called from the launch's
         loop, which a raised one would have left): to be raised again there, once."""
-        raised, self._raised_as = self._raised_as, None
-        return raised
+        raised, self._raised_by = self._raised_by, None
+        return None if raised is None else _raised_for(raised)
 
     def interruption(self, seen: Snapshot | None = None) -> Interruption | None:
         """The first signal held, as an interruption (None: none was); `seen`: how far the
