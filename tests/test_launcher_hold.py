@@ -114,12 +114,14 @@ def test_a_signal_while_the_launch_cleans_up_after_torchrun_is_held_not_raised(
     assert [h.signal for h in hold.caught] == [signal.SIGINT] and len(told) == 1
 
 
+@pytest.mark.parametrize("held", [True, False], ids=["run-hold", "launch-own-handlers"])
 def test_a_signal_whose_exception_python_dropped_still_ends_the_launch_as_interrupted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: bool
 ) -> None:
     """The handler runs inside a gc callback, whose exceptions Python reports and drops: the
     launch's loop raises the interruption again, so the run ends now instead of running on
-    with every later signal only held."""
+    with every later signal only held. A launch called without a hold (the bench's) has the
+    same handlers of its own."""
     plan = build_plan(RunOptions(nproc_per_node=2, timeout_s=60), tmp_path / "out")
     plan = replace(plan, argv=(sys.executable, "-c", "import time; time.sleep(20)"))
     dropped: list[BaseException | None] = []
@@ -136,9 +138,12 @@ def test_a_signal_whose_exception_python_dropped_still_ends_the_launch_as_interr
         finally:
             gc.callbacks.remove(signal_inside_gc)
 
-    hold, _ = told_hold()
-    with hold:
-        result = launch(plan, tick=tick, tick_s=0.1, hold=hold)
+    if held:
+        hold, _ = told_hold()
+        with hold:
+            result = launch(plan, tick=tick, tick_s=0.1, hold=hold)
+    else:
+        result = launch(plan, tick=tick, tick_s=0.1)
     assert [type(e) for e in dropped] == [ending.Terminated]  # Python dropped it, as in a run
     assert result.interrupted is not None and result.interrupted.signal == "SIGTERM"
     assert result.elapsed_s < 15, result.elapsed_s

@@ -128,10 +128,6 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _on_sigterm(signum: int, frame: object) -> None:
-    raise Terminated()
-
-
 def launch(
     plan: RunPlan,
     *,
@@ -155,10 +151,13 @@ def launch(
         reader = RecordReader(plan.out_dir / RECORDS_DIR, plan.options.world_size)
     timeout_s = plan.options.timeout_s
     started_at, t0 = _now(), time.monotonic()
-    own_sigterm = hold is None and threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) or signal.SIG_DFL
-    if own_sigterm:
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    # Without the run's hold (the bench's launches), a hold of its own that never starts
+    # holding: ^C and SIGTERM raise as they would, and one Python dropped is raised again.
+    own = None
+    if hold is None and threading.current_thread() is threading.main_thread():
+        own = ending.Hold()
+        own.__enter__()
+    raising = hold if hold is not None else own
     tee = plan.options.tee and console is not None
     linux = sys.platform == "linux"
     adopting = linux and ending.set_subreaper(True)
@@ -212,8 +211,8 @@ def launch(
             forker=None if zygote is None else zygote.pid,
         )
         exited = None if hold is None else hold.start
-        hurry = None if hold is None else hold.hurry
-        lost = None if hold is None else hold.lost
+        hurry = None if raising is None else raising.hurry
+        lost = None if raising is None else raising.lost
         outcome = _supervise(
             proc, tracker, reader, t0, timeout_s, tick, tick_s, zygote, exited, hurry, lost
         )
@@ -254,8 +253,8 @@ def launch(
             cgroup.remove()
         if adopting:
             ending.set_subreaper(False)
-        if own_sigterm:
-            signal.signal(signal.SIGTERM, previous)
+        if own is not None:
+            own.__exit__(None, None, None)
     return Launch(
         exit_code=int(proc.returncode),
         timed_out=outcome.timed_out,
