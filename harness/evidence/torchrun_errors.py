@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from harness.evidence.run_context import TorchrunFailure
 from harness.jsonfile import read_json
 from harness.schema.layout import TORCHRUN_DIR
-from harness.schema.rank_record import ErrorNote
+from harness.schema.rank_record import note_in
 
 
 def parse_error_file(path: Path, root: Path) -> TorchrunFailure | None:
@@ -25,7 +23,7 @@ def parse_error_file(path: Path, root: Path) -> TorchrunFailure | None:
     if isinstance(message, str):
         return TorchrunFailure(None, message, float(data.get("timestamp", 0)), _rel(path, root))
     extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
-    note = _note(extra.get("dcpqual")) if isinstance(extra, dict) else None
+    note = note_in(data)
     try:
         return TorchrunFailure(
             rank=None if note is None else note.rank,
@@ -34,16 +32,6 @@ def parse_error_file(path: Path, root: Path) -> TorchrunFailure | None:
             file=_rel(path, root),
         )
     except (AttributeError, TypeError, ValueError):
-        return None
-
-
-def _note(data: object) -> ErrorNote | None:
-    """The rank's own note in the file; None when absent or not one (then no rank is named)."""
-    if not isinstance(data, dict):
-        return None
-    try:
-        return ErrorNote.from_json(data)
-    except ValidationError:
         return None
 
 

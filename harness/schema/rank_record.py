@@ -147,8 +147,17 @@ def error_file_note(path: Path) -> ErrorNote | None:
     (`message.extraInfo.dcpqual`); None when there is no such file or it is not the rank's own
     (a child the rank started inherits TORCHELASTIC_ERROR_FILE and may write torch's format)."""
     try:
-        return ErrorNote.from_json(read_json(path)["message"]["extraInfo"]["dcpqual"])
-    except (OSError, ValueError, KeyError, TypeError):  # ValidationError is a ValueError
+        return note_in(read_json(path))
+    except (OSError, ValueError):
+        return None
+
+
+def note_in(error_file: object) -> ErrorNote | None:
+    """The rank's own note in torchrun's error file, already parsed (`error_file`); None where
+    it has none or something else wrote the file."""
+    try:
+        return ErrorNote.from_json(error_file["message"]["extraInfo"]["dcpqual"])  # type: ignore[index]
+    except (ValueError, KeyError, TypeError):  # ValidationError is a ValueError
         return None
 
 
