@@ -35,3 +35,16 @@ def sigterm_pipe() -> Iterator[SigtermPipe]:
     pipe = SigtermPipe()
     yield pipe
     pipe.close()
+
+
+@pytest.fixture(scope="session")
+def before_kimi_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The seed change's "before": one real run of the Kimi-K3 capture check with the warm code
+    that does not know Kimi-K3 (it fails, the signature created lazily in capture). Shared by
+    every test that reads it; a test that edits a bundle edits its own copy."""
+    from _support.runs import kimi_capture_run
+
+    out = tmp_path_factory.mktemp("before-kimi") / "bundle"
+    done = kimi_capture_run(out, "before-kimi")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    return out

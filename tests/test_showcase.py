@@ -18,34 +18,16 @@ from typing import Any
 
 import pytest
 from _support.recording_warm import MARKS_ENV
+from _support.runs import KIMI_WORLD as WORLD
+from _support.runs import kimi_capture_run
 
 from harness.qualify.compare import compare_bundles, load_bundle
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun"), pytest.mark.slow]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-WORLD = 2
 KIMI = "96 heads x 576 -> 512"
-# The capture check of the Kimi-K3 stand-in only: the two runs then differ in nothing else.
-TARGET = ("suites/capture/test_capture.py", "-k", "kimi")
 DOTTED = "_support.recording_warm:recording_warm"
-
-
-def dcpqual_run(
-    out: Path, warm_impl: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "harness", "run", "--nproc-per-node", str(WORLD)]
-    argv += ["--tp", str(WORLD), "--dcp", str(WORLD), "--warm-impl", warm_impl]
-    argv += ["--out", str(out), "--timeout", "300", "--", *TARGET]
-    return subprocess.run(
-        argv,
-        cwd=REPO_ROOT,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=420,
-        check=False,
-    )
 
 
 def dcpqual_compare(base: Path, head: Path, *form: str) -> subprocess.CompletedProcess[str]:
@@ -58,15 +40,11 @@ def receipt(bundle: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("showcase")
-    out: dict[str, Path] = {}
-    for impl in ("before-kimi", "vendored"):
-        out[impl] = root / impl
-        done = dcpqual_run(out[impl], impl)
-        expected = 1 if impl == "before-kimi" else 0
-        assert done.returncode == expected, done.stdout[-3000:] + done.stderr[-3000:]
-    return out
+def runs(tmp_path_factory: pytest.TempPathFactory, before_kimi_bundle: Path) -> dict[str, Path]:
+    after = tmp_path_factory.mktemp("showcase") / "vendored"
+    done = kimi_capture_run(after, "vendored")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {"before-kimi": before_kimi_bundle, "vendored": after}
 
 
 def test_before_kimi_fails_with_the_kimi_signature_created_lazily(runs: dict[str, Path]) -> None:
@@ -124,7 +102,7 @@ def test_warm_impl_by_dotted_path_runs_on_every_rank(tmp_path: Path) -> None:
         p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p
     )
     env = {"PYTHONPATH": path, MARKS_ENV: str(marks)}
-    done = dcpqual_run(tmp_path / "bundle", DOTTED, env)
+    done = kimi_capture_run(tmp_path / "bundle", DOTTED, env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(p.name for p in marks.iterdir()) == [f"rank-{r}" for r in range(WORLD)]
     r = receipt(tmp_path / "bundle")

@@ -144,3 +144,27 @@ def assert_fault(out: Path, code: int, elapsed: float, rank: int, test: str) -> 
     assert cause["rank"] == rank, cause
     assert cause["test"].endswith(f"::{test}"), cause
     return data
+
+
+# The capture check of the Kimi-K3 stand-in only, at 2 ranks (tp = dcp = 2, where Kimi still
+# has 96 heads): the seed change's before and after differ in nothing else.
+KIMI_CAPTURE = ("suites/capture/test_capture.py", "-k", "kimi")
+KIMI_WORLD = 2
+
+
+def kimi_capture_run(
+    out: Path, warm_impl: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`dcpqual run --warm-impl WARM_IMPL` of the Kimi-K3 capture check, as a user types it."""
+    argv = [sys.executable, "-m", "harness", "run", "--nproc-per-node", str(KIMI_WORLD)]
+    argv += ["--tp", str(KIMI_WORLD), "--dcp", str(KIMI_WORLD), "--warm-impl", warm_impl]
+    argv += ["--out", str(out), "--timeout", "300", "--", *KIMI_CAPTURE]
+    return subprocess.run(
+        argv,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=420,
+        check=False,
+    )
