@@ -115,6 +115,7 @@ def test_the_rank_plan_carries_every_option_it_shares():
         engine_env=("X=1",),
         test_timeout_s=7.5,
         maxfail=3,
+        hash_seed=1234,
     )
     plan = rank_plan(options, Path("/tmp/out"))
     for name in SHARED - {"engine_config"}:  # the config file's contents; none given here

@@ -44,9 +44,10 @@ def test_all_ranks_pass_and_the_bundle_verifies(tmp_path):
     assert processes_of_run(out) == []
     zygote = data["run"]["extra"]["launch"]["zygote"]  # the ranks were forked, and it says so
     assert (zygote["used"], zygote["forked"], zygote["not_used"]) == (True, 4, None), zygote
-    if "PYTHONHASHSEED" not in os.environ:
-        assert zygote["hash_seed"] == "shared-random"
-        assert any(line.startswith("hash-seed: ") for line in data["limitations"])
+    (seeds,) = data["hash_seeds"]  # one seed for the node's ranks, which they record
+    assert (seeds["node"], seeds["ranks"]) == (0, [0, 1, 2, 3]), seeds
+    drawn = any(line.startswith("hash-seed: ") for line in data["limitations"])
+    assert drawn == seeds["drawn"] == ("PYTHONHASHSEED" not in os.environ), data["limitations"]
 
 
 def test_a_users_omp_num_threads_above_1_starts_the_ranks_cold_and_says_why(tmp_path, monkeypatch):
@@ -60,8 +61,7 @@ def test_a_users_omp_num_threads_above_1_starts_the_ranks_cold_and_says_why(tmp_
     zygote = data["run"]["extra"]["launch"]["zygote"]
     assert (zygote["used"], zygote["forked"], zygote["error"]) == (False, 0, None), zygote
     assert "threads alive" in zygote["not_used"], zygote
-    assert zygote["hash_seed"] in ("per-rank-random", "fixed")
-    assert not any(line.startswith("hash-seed: ") for line in data["limitations"])
+    assert [s["ranks"] for s in data["hash_seeds"]] == [[0, 1]]  # cold, with the same seed
     assert main(["verify", str(out)]) == 0
     assert processes_of_run(out) == []
 

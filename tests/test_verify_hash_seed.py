@@ -1,16 +1,22 @@
-"""Forked ranks share one string-hash seed, and the receipt must say so: each rank records how it
-started (forked or not, its hash of a fixed probe string, a fixed PYTHONHASHSEED), so verify
-holds the zygote's claim and the `hash-seed` limitation to the records. A forger who drops the
-limitation, calls the seeds per-rank, or leaves the zygote out is caught; a cold start, whose
-ranks each drew their own seed, needs no such limitation; records that predate the fact
-require nothing new."""
+"""One string-hash seed per node, fixed by the launcher, stated by the receipt and held to the
+records. Ranks forked from the zygote can only share its seed, so the launcher gives every rank
+of its node one (cold ones too: a forked and a cold rank hash alike), each rank records the seed
+it started with and its hash of a fixed probe string, and the receipt states the seeds
+(`hash_seeds`) with the `hash-seed` limitation where the launcher drew the seed. A forger who
+drops or changes the seeds, calls a drawn seed given, or drops the limitation is caught, and
+so are records whose ranks of one seed hashed the probe differently.
+
+Bundles written before the launcher fixed a seed state the seeds through each node's zygote
+(`shared-random`, `per-rank-random`, `fixed`), held to the records' probes: those checks still
+hold for such bundles (`legacy`, which rewrites a new bundle as that writer wrote it)."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +28,7 @@ from harness.evidence.files import sha256_file
 from harness.evidence.rules import hash_seed_limitation
 from harness.evidence.verify import verify_bundle
 from harness.schema.launch import NodeState, ZygoteState
+from harness.schema.rank_record import HASH_PROBE
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
 
@@ -30,8 +37,213 @@ Edit = Callable[[dict[str, Any]], None]
 
 def forge(bundle: Path, edit: Edit) -> None:
     """These forgers write the launch record again with the receipt (`_support.forge`), so only
-    the zygote checks can tell."""
+    the seed and zygote checks can tell."""
     forger.forge(bundle, edit, launch_record=True)
+
+
+def probe_under(seed: int) -> int:
+    """What an interpreter started with PYTHONHASHSEED=`seed` hashes the probe to (the oracle:
+    a fresh interpreter, not the harness)."""
+    code = "import sys; print(hash(sys.argv[1]))"
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code, HASH_PROBE],
+        env={"PYTHONHASHSEED": str(seed)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def unset_hash_seed() -> Iterator[None]:
+    """The launcher draws the seed only where none is given."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("PYTHONHASHSEED", raising=False)
+        yield
+
+
+@pytest.fixture(scope="module")
+def forked_bundle(tmp_path_factory: pytest.TempPathFactory, unset_hash_seed: None) -> Path:
+    out = tmp_path_factory.mktemp("hash-seed") / "forked"
+    code, _ = run(out, 2, "rank_pass.py")
+    assert code == 0
+    return out
+
+
+def _copy(bundle: Path, tmp_path: Path, name: str = "bundle") -> Path:
+    copy = tmp_path / name
+    shutil.copytree(bundle, copy, symlinks=True)
+    return copy
+
+
+def _only_seed(bundle: Path) -> int:
+    (seed,) = {r.start.hash_seed for r in records(bundle).values() if r.start is not None}
+    assert seed is not None
+    return seed
+
+
+def test_every_rank_starts_with_the_launchers_seed_and_the_receipt_states_it(
+    forked_bundle: Path,
+) -> None:
+    recs = records(forked_bundle)
+    starts = [r.start for r in recs.values() if r.start is not None]
+    assert len(starts) == 2 and all(s.forked and s.hash_seed_drawn for s in starts), starts
+    seed = _only_seed(forked_bundle)
+    assert {s.hash_probe for s in starts} == {probe_under(seed)}, "the ranks hashed otherwise"
+    r = receipt(forked_bundle)
+    assert r["hash_seeds"] == [{"node": 0, "seed": seed, "drawn": True, "ranks": [0, 1]}]
+    (line,) = [x for x in r["limitations"] if x.startswith("hash-seed: ")]
+    assert f"one string-hash seed ({seed}), drawn by the launcher" in line
+    result = verify_bundle(forked_bundle)
+    assert result.ok, result.problems
+
+
+def test_a_cold_start_shares_the_seed_a_forked_one_would_have(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OMP_NUM_THREADS=2 makes the zygote refuse: torchrun's ranks start cold, with the
+    launcher's seed, and the bundle says so as it does for forked ranks."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    out = tmp_path / "cold"
+    code, _ = run(out, 2, "rank_pass.py")
+    assert code == 0
+    starts = [r.start for r in records(out).values() if r.start is not None]
+    assert len(starts) == 2 and not any(s.forked for s in starts), starts
+    assert {s.hash_probe for s in starts} == {probe_under(_only_seed(out))}
+    assert any(line.startswith("hash-seed: ") for line in receipt(out)["limitations"])
+    result = verify_bundle(out)
+    assert result.ok, result.problems
+
+
+def test_a_seed_the_user_gives_is_every_ranks_and_needs_no_limitation(tmp_path: Path) -> None:
+    out = tmp_path / "given"
+    code, _ = run(out, 2, "rank_pass.py", "--hash-seed", "4242")
+    assert code == 0
+    starts = [r.start for r in records(out).values() if r.start is not None]
+    assert [(s.hash_seed, s.hash_seed_drawn) for s in starts] == [(4242, False)] * 2
+    assert {s.hash_probe for s in starts} == {probe_under(4242)}
+    r = receipt(out)
+    assert r["hash_seeds"] == [{"node": 0, "seed": 4242, "drawn": False, "ranks": [0, 1]}]
+    assert not any(line.startswith("hash-seed: ") for line in r["limitations"])
+    result = verify_bundle(out)
+    assert result.ok, result.problems
+
+
+def _seeds(**changes: Any) -> Edit:
+    return lambda data: data["hash_seeds"][0].update(changes)
+
+
+def _no_seeds(data: dict[str, Any]) -> None:
+    data["hash_seeds"] = None
+
+
+def _given(data: dict[str, Any]) -> None:
+    data["hash_seeds"][0]["drawn"] = False
+    _drop_limitation(data)
+
+
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        (_no_seeds, "hash_seeds is None but"),
+        (_seeds(seed=7), "hash_seeds[0].seed is 7 but"),
+        (_given, "hash_seeds[0].drawn is False but"),
+        (lambda data: _drop_limitation(data), "limitations do not name 'hash-seed'"),
+    ],
+    ids=["dropped-seeds", "other-seed", "called-given", "dropped-limitation"],
+)
+def test_a_receipt_that_misstates_the_seed_does_not_verify(
+    forked_bundle: Path, tmp_path: Path, edit: Edit, named: str
+) -> None:
+    _refused_naming(_copy(forked_bundle, tmp_path), edit, named)
+
+
+def _edit_records(bundle: Path, change: Callable[[int, dict[str, Any]], None]) -> None:
+    """Rank records edited by `change(rank, start)` and the bundle resealed around them."""
+    for path in sorted((bundle / "records").glob("rank-*.json")):
+        data = json.loads(path.read_text())
+        change(data["rank"], data["start"])
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+    def rehash(data: dict[str, Any]) -> None:
+        for path in (bundle / "records").glob("rank-*.json"):
+            data["files"][f"records/{path.name}"] = sha256_file(path)
+
+    forge(bundle, rehash)
+
+
+def test_ranks_of_one_seed_that_hashed_differently_do_not_verify(
+    forked_bundle: Path, tmp_path: Path
+) -> None:
+    """A rank whose environment said the seed but whose interpreter had another (a fork of an
+    interpreter started without it) hashes the probe otherwise."""
+    bundle = _copy(forked_bundle, tmp_path)
+    _edit_records(bundle, lambda rank, start: start.update(hash_probe=12345) if rank else None)
+    problems = verify_bundle(bundle).problems
+    assert any("ranks with seed" in p and "hashed the probe to" in p for p in problems), problems
+
+
+def test_a_node_whose_ranks_started_with_two_seeds_does_not_verify(
+    forked_bundle: Path, tmp_path: Path
+) -> None:
+    bundle = _copy(forked_bundle, tmp_path)
+    _edit_records(bundle, lambda rank, start: start.update(hash_seed=start["hash_seed"] + rank))
+    forge(bundle, _restated_seeds(bundle))
+    problems = verify_bundle(bundle).problems
+    assert any("node 0's ranks started with" in p for p in problems), problems
+
+
+def _restated_seeds(bundle: Path) -> Edit:
+    """A careful forger's receipt edit: `hash_seeds` as the (edited) records give them."""
+    from harness.evidence.collect import hash_seeds_of
+
+    def edit(data: dict[str, Any]) -> None:
+        seeds = hash_seeds_of(records(bundle))
+        data["hash_seeds"] = None if seeds is None else [s.model_dump() for s in seeds]
+        forger.restate_limitations(data, "hash-seed")
+
+    return edit
+
+
+# -- bundles written before the launcher fixed the seed ----------------------------------------
+
+
+def legacy(bundle: Path) -> None:
+    """`bundle` as the writer before `hash_seeds` wrote it: records without the seed (their
+    PYTHONHASHSEED unset), no `hash_seeds`, each zygote's `hash_seed` mode, and the `hash-seed`
+    limitation those give."""
+
+    def unfixed(rank: int, start: dict[str, Any]) -> None:
+        start.update(hash_seed_fixed=False)
+        start.pop("hash_seed")
+        start.pop("hash_seed_drawn")
+
+    _edit_records(bundle, unfixed)
+
+    def edit(data: dict[str, Any]) -> None:
+        data.pop("hash_seeds")
+        zygote = data["run"]["extra"]["launch"]["zygote"]
+        zygote["hash_seed"] = "shared-random"
+        text = hash_seed_limitation(ZygoteState.model_validate(zygote))["hash-seed"]
+        lines = [x for x in data["limitations"] if not x.startswith("hash-seed: ")]
+        data["limitations"] = [f"hash-seed: {text}", *lines]
+
+    forge(bundle, edit)
+
+
+@pytest.fixture(scope="module")
+def legacy_bundle(forked_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    bundle = _copy(forked_bundle, tmp_path_factory.mktemp("hash-seed"), "legacy")
+    legacy(bundle)
+    return bundle
+
+
+def test_a_legacy_bundle_verifies(legacy_bundle: Path) -> None:
+    assert receipt(legacy_bundle).get("hash_seeds") is None
+    result = verify_bundle(legacy_bundle)
+    assert result.ok, result.problems
 
 
 def _drop_limitation(data: dict[str, Any]) -> None:
@@ -55,32 +267,6 @@ def _not_used(data: dict[str, Any]) -> None:
     )
 
 
-@pytest.fixture(scope="module")
-def forked_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if "PYTHONHASHSEED" in os.environ:
-        pytest.skip("a fixed PYTHONHASHSEED gives every rank the same seed under either launch")
-    out = tmp_path_factory.mktemp("hash-seed") / "forked"
-    code, _ = run(out, 2, "rank_pass.py")
-    assert code == 0
-    return out
-
-
-def _copy(bundle: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "bundle"
-    shutil.copytree(bundle, copy, symlinks=True)
-    return copy
-
-
-def test_forked_ranks_record_it_and_their_bundle_verifies(forked_bundle: Path) -> None:
-    recs = records(forked_bundle)
-    starts = [r.start for r in recs.values()]
-    assert all(s is not None and s.forked and not s.hash_seed_fixed for s in starts), starts
-    assert len({s.hash_probe for s in starts if s is not None}) == 1, starts
-    assert any(line.startswith("hash-seed: ") for line in receipt(forked_bundle)["limitations"])
-    result = verify_bundle(forked_bundle)
-    assert result.ok, result.problems
-
-
 @pytest.mark.parametrize(
     "edit, named",
     [
@@ -92,16 +278,16 @@ def test_forked_ranks_record_it_and_their_bundle_verifies(forked_bundle: Path) -
     ids=["dropped", "per-rank", "no-zygote", "not-used"],
 )
 def test_a_receipt_that_hides_the_shared_seed_does_not_verify(
-    forked_bundle: Path, tmp_path: Path, edit: Edit, named: str
+    legacy_bundle: Path, tmp_path: Path, edit: Edit, named: str
 ) -> None:
-    _refused_naming(_copy(forked_bundle, tmp_path), edit, named)
+    _refused_naming(_copy(legacy_bundle, tmp_path), edit, named)
 
 
 def test_records_that_predate_the_start_fact_verify_as_before(
-    forked_bundle: Path, tmp_path: Path
+    legacy_bundle: Path, tmp_path: Path
 ) -> None:
     """Without the records' word the zygote's own claim still requires the limitation."""
-    bundle = _copy(forked_bundle, tmp_path)
+    bundle = _copy(legacy_bundle, tmp_path)
     for path in (bundle / "records").glob("rank-*.json"):
         data = json.loads(path.read_text())
         del data["start"]
@@ -121,21 +307,6 @@ def test_records_that_predate_the_start_fact_verify_as_before(
         lambda data: data["run"]["extra"]["launch"]["zygote"].update(hash_seed="shared-random"),
     )
     assert "limitations do not name 'hash-seed'" in " ".join(verify_bundle(bundle).problems)
-
-
-def test_a_cold_start_does_not_require_the_limitation(tmp_path, monkeypatch) -> None:
-    """OMP_NUM_THREADS=2 makes the zygote refuse: each rank drew its own seed."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    out = tmp_path / "cold"
-    code, _ = run(out, 2, "rank_pass.py")
-    assert code == 0
-    starts = [r.start for r in records(out).values()]
-    assert all(s is not None and not s.forked for s in starts), starts
-    if "PYTHONHASHSEED" not in os.environ:
-        assert len({s.hash_probe for s in starts if s is not None}) == 2, starts
-    assert not any(line.startswith("hash-seed: ") for line in receipt(out)["limitations"])
-    result = verify_bundle(out)
-    assert result.ok, result.problems
 
 
 def _refused_naming(bundle: Path, edit: Edit, named: str) -> None:
@@ -176,17 +347,17 @@ def _two_nodes(bundle: Path, node1_zygote: dict[str, Any] | None) -> None:
 
 
 def test_another_nodes_forked_ranks_need_that_nodes_zygote_in_the_receipt(
-    forked_bundle: Path, tmp_path: Path
+    legacy_bundle: Path, tmp_path: Path
 ) -> None:
     """Node 0's launch speaks for node 0: a second node's forked ranks are held to the zygote
     its marker names, and the limitation counts the ranks of every node's zygote."""
     said = "node 1's zygote is None but the rank records and JUnit reports say 'ranks forked"
-    bundle = _copy(forked_bundle, tmp_path)
+    bundle = _copy(legacy_bundle, tmp_path)
     _two_nodes(bundle, None)
     assert said in " ".join(verify_bundle(bundle).problems)
     node1 = receipt(bundle)["run"]["extra"]["launch"]["zygote"]
     again = tmp_path / "again"
-    shutil.copytree(forked_bundle, again, symlinks=True)
+    shutil.copytree(legacy_bundle, again, symlinks=True)
     _two_nodes(again, node1)
     problems = " ".join(verify_bundle(again).problems)
     assert "node 1's zygote" not in problems and "'hash-seed'" not in problems, problems
@@ -221,18 +392,18 @@ def _reworded(key: str) -> Edit:
     ids=["none-forked", "fewer-forked", "not-used", "cold-too", "seed-text", "other-text"],
 )
 def test_zygote_counts_and_limitation_texts_are_held_to_the_bundle(
-    forked_bundle: Path, tmp_path: Path, edit: Edit, named: str
+    legacy_bundle: Path, tmp_path: Path, edit: Edit, named: str
 ) -> None:
     """The zygote's counts agree with each other, with the world and with the records; each
     required limitation says what the rules give for the receipt's facts, not only its key."""
-    _refused_naming(_copy(forked_bundle, tmp_path), edit, named)
+    _refused_naming(_copy(legacy_bundle, tmp_path), edit, named)
 
 
 def test_another_nodes_zygote_counts_are_held_to_that_nodes_ranks(
-    forked_bundle: Path, tmp_path: Path
+    legacy_bundle: Path, tmp_path: Path
 ) -> None:
-    node1 = receipt(forked_bundle)["run"]["extra"]["launch"]["zygote"]
-    bundle = _copy(forked_bundle, tmp_path)
+    node1 = receipt(legacy_bundle)["run"]["extra"]["launch"]["zygote"]
+    bundle = _copy(legacy_bundle, tmp_path)
     _two_nodes(bundle, {**node1, "forked": 2})  # node 1 has one rank
     problems = " ".join(verify_bundle(bundle).problems)
     assert "node 1's zygote: forked + sent_cold <= its 1 rank(s) is False" in problems, problems
@@ -240,13 +411,13 @@ def test_another_nodes_zygote_counts_are_held_to_that_nodes_ranks(
 
 
 @pytest.fixture(scope="module")
-def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Four forked ranks, to be relabelled as two nodes of two: a node's probes can agree."""
-    if "PYTHONHASHSEED" in os.environ:
-        pytest.skip("a fixed PYTHONHASHSEED gives every rank the same seed under either launch")
+def four_ranks(tmp_path_factory: pytest.TempPathFactory, unset_hash_seed: None) -> Path:
+    """Four forked ranks in the legacy layout, to be relabelled as two nodes of two: a node's
+    probes can agree."""
     out = tmp_path_factory.mktemp("hash-seed") / "four"
     code, _ = run(out, 4, "rank_pass.py")
     assert code == 0
+    legacy(out)
     return out
 
 

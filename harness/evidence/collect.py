@@ -44,6 +44,7 @@ from harness.schema.receipt import (
     Capture,
     CaptureEvent,
     Coverage,
+    HashSeed,
     Models,
     NegativeControl,
     RootCause,
@@ -227,6 +228,24 @@ def hash_seed_of(records: Mapping[int, RankRecord]) -> HashSeedMode | None:
     if any(s.forked for s in said) or max(probes.values()) > 1:
         return "shared-random"
     return "per-rank-random"
+
+
+def hash_seeds_of(records: Mapping[int, RankRecord]) -> list[HashSeed] | None:
+    """The string-hash seeds the ranks say they started with, by node and seed, each with the
+    ranks that did (None: no record says, as records written before the launcher fixed one)."""
+    groups: dict[tuple[int, int, bool], list[int]] = {}
+    for rank, record in sorted(records.items()):
+        start = record.start
+        if start is None or start.hash_seed is None:
+            continue
+        key = (record.node_rank, start.hash_seed, bool(start.hash_seed_drawn))
+        groups.setdefault(key, []).append(rank)
+    if not groups:
+        return None
+    return [
+        HashSeed(node=node, seed=seed, drawn=drawn, ranks=ranks)
+        for (node, seed, drawn), ranks in sorted(groups.items())
+    ]
 
 
 def _in_order(items: Iterable[str]) -> list[str]:

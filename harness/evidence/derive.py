@@ -37,6 +37,7 @@ from harness.evidence.collect import (
     RankFiles,
     coverage_of,
     find_root_cause,
+    hash_seeds_of,
     load_records,
     merge_signatures,
     model_sources,
@@ -58,6 +59,7 @@ from harness.schema.receipt import (
     Coverage,
     FailedTest,
     Geometry,
+    HashSeed,
     Models,
     NegativeControl,
     Ranks,
@@ -107,6 +109,7 @@ class Derived:
     transports: list[str]
     selection: Selection | None
     models: Models  # vLLM's real trees the ranks built
+    hash_seeds: list[HashSeed] | None  # the string-hash seeds the ranks started with
     hosts: list[str]  # the hostnames the ranks ran on
     rootdir: str | None  # the pytest rootdir the ranks report (`run.rootdir`)
     harness: Source | None  # `sources.dcpqual` as rank 0 recorded it; None: its record does not
@@ -273,6 +276,7 @@ def derive(
         transports=transports(rank_files),
         selection=selection_of(rank_files),
         models=model_sources(rank_files),
+        hash_seeds=hash_seeds_of(rank_files.records),
         hosts=rank_hosts(rank_files),
         rootdir=ranks_rootdir(rank_files),
         harness=None if provenance is None else recorded_harness(provenance, harness_version),

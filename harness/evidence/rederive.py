@@ -51,9 +51,12 @@ from harness.evidence.torchrun_errors import first_torchrun_error
 from harness.schema.launch import ZygoteState
 from harness.schema.layout import MERGED_JUNIT, RECEIPT_NAME
 from harness.schema.rank_record import RankRecord, RankStart
-from harness.schema.receipt import Receipt
+from harness.schema.receipt import HashSeed, Receipt
 
 SOURCE = "the rank records and JUnit reports"
+# What the launcher's seed makes of one node's ranks: one seed, and one hash of the probe for it.
+ONE_SEED = "one seed per node"
+ONE_PROBE = "one value for one seed"
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,8 @@ def derived_facts(
     yield r, "models", _dump(receipt.models), _dump(derived.models)
     yield r, "environment.hosts", receipt.environment.hosts, derived.hosts
     yield from _launch_facts(receipt, derived.rank_files)
+    yield r, "hash_seeds", _dump(receipt.hash_seeds), _dump(derived.hash_seeds)
+    yield from _hash_seed_facts(derived.hash_seeds or [], derived.rank_files.records)
     if derived.harness is not None:  # rank 0's record names the checkout
         yield r, "sources.dcpqual", _dump(receipt.sources.get("dcpqual")), _dump(derived.harness)
     # held to the records with the stated root cause, so an emptied list cannot hide failures
@@ -168,6 +173,29 @@ def _dump(value: Any) -> Any:
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json")
     return value
+
+
+def _hash_seed_facts(
+    seeds: list[HashSeed], records: Mapping[int, RankRecord]
+) -> Iterator[tuple[str, str, Any, Any]]:
+    """The seeds the records state, held to what the ranks hashed: the launcher gives each node
+    one seed, and ranks that started with one seed hash the probe alike (a rank forked from an
+    interpreter started without it would not, whatever its environment says)."""
+    by_node: dict[int, list[HashSeed]] = {}
+    for seed in seeds:
+        by_node.setdefault(seed.node, []).append(seed)
+    for node, found in sorted(by_node.items()):
+        if len(found) > 1:
+            said = ", ".join(f"{s.seed} ({'drawn' if s.drawn else 'given'})" for s in found)
+            yield RECEIPT_NAME, f"hash_seeds: node {node}'s ranks started with", said, ONE_SEED
+    for seed in seeds:
+        starts = [s for r in seed.ranks if (s := records[r].start) is not None]
+        probes = sorted({s.hash_probe for s in starts})
+        if len(probes) > 1:
+            where = (
+                f"hash_seeds: node {seed.node}'s ranks with seed {seed.seed} hashed the probe to"
+            )
+            yield RECEIPT_NAME, where, ", ".join(map(str, probes)), ONE_PROBE
 
 
 def _launch_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[str, str, Any, Any]]:

@@ -42,6 +42,7 @@ from harness.schema.receipt import (
     Coverage,
     Environment,
     Geometry,
+    HashSeed,
     Models,
     NegativeControl,
     NodeZeroGone,
@@ -408,6 +409,7 @@ def required_limitations(
     warm_impl: str,
     zygote: ZygoteState | None = None,
     nodes: Mapping[str, NodeState | None] | None = None,
+    hash_seeds: Sequence[HashSeed] | None = None,
     coverage: Coverage | None = None,
     smoke: bool = False,
     suites: Mapping[str, Tally] | None = None,
@@ -417,12 +419,17 @@ def required_limitations(
     `models`: vLLM's real trees the ranks built; `warm_impl`: the warm code the ranks ran, which
     limits the run only where a suite that runs it ran (`suites`, per suite; None: assumed);
     `zygote`: how the launch says its ranks started (None: torchrun started each); `nodes`:
-    every node's marker in a multi-node run, which says the same of that node; `coverage`:
+    every node's marker in a multi-node run, which says the same of that node; `hash_seeds`:
+    the string-hash seeds the ranks started with (None: the records do not say, and the seeds
+    follow from `zygote` and `nodes`, as before the launcher fixed one); `coverage`:
     what the records say ran (None: not recorded); `smoke`: the bundle is the one-GPU smoke's;
     `node_zero_gone`: node 0 died and another node wrote the bundle (then `zygote` is that
     node's)."""
     writer = 0 if node_zero_gone is None else node_zero_gone.by_node
-    out: dict[str, str] = hash_seed_limitation(zygote, nodes, writer)
+    if hash_seeds is None:
+        out: dict[str, str] = hash_seed_limitation(zygote, nodes, writer)
+    else:
+        out = drawn_seed_limitation(hash_seeds)
     if node_zero_gone is not None:
         out[NODE_ZERO_KEY] = node_zero_limitation(node_zero_gone)
     if smoke:
@@ -671,6 +678,30 @@ def hash_seed_limitation(
             "random string-hash seed, where ranks torchrun starts itself each draw their own "
             "(PYTHONHASHSEED unset): a divergence between ranks through the iteration order of "
             "sets of strings was not exercised"
+        )
+    }
+
+
+def drawn_seed_limitation(hash_seeds: Sequence[HashSeed]) -> dict[str, str]:
+    """{key: text} where ranks of one node share a string-hash seed the launcher drew, where
+    ranks torchrun starts itself would each draw their own (a seed the user gave is theirs to
+    share: torchrun's ranks would share it too)."""
+    shared = [s for s in hash_seeds if s.drawn and len(s.ranks) > 1]
+    if not shared:
+        return {}
+    if len(shared) == 1:
+        (one,) = shared
+        who = f"the {len(one.ranks)} ranks of node {one.node} started with one string-hash seed"
+        seeds = f"{one.seed}"
+    else:
+        who = "the ranks of each node started with their node's one string-hash seed"
+        seeds = ", ".join(f"node {s.node}: {s.seed}" for s in shared)
+    return {
+        "hash-seed": (
+            f"{who} ({seeds}), drawn by the launcher, where ranks torchrun starts itself each "
+            "draw their own: a divergence between ranks through the iteration order of sets "
+            "of strings was not exercised (`dcpqual run --hash-seed SEED` starts ranks with "
+            "that seed again)"
         )
     }
 

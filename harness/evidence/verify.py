@@ -453,6 +453,7 @@ def required_limitations_of(receipt: Receipt, coverage: Coverage | None = None) 
         warm_impl=receipt.warm_impl,
         zygote=None if launch is None else launch.zygote,
         nodes=receipt.run.extra.nodes,
+        hash_seeds=receipt.hash_seeds,
         coverage=receipt.coverage if coverage is None else coverage,
         smoke=receipt.run.extra.smoke is not None,
         suites=receipt.suites,

@@ -147,6 +147,8 @@ def options_from_args(
         for dest, value in dataclasses.asdict(source.settings).items():
             if dest not in chosen.explicit:
                 values[dest] = value
+        if "hash_seed" not in chosen.explicit:
+            values["hash_seed"] = source.hash_seeds.get(values["node_rank"])
         pytest_args = (*plugin_args(pytest_args), *source.targets)
     _warm_impl_vllm_is_the_engine_lane(values, chosen.explicit)
     spec = values.pop("nproc_per_node")

@@ -102,6 +102,20 @@ def _as_text(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+# PYTHONHASHSEED's range: 0 turns string-hash randomization off, 1..4294967295 seed it.
+HASH_SEED_MAX = 4294967295
+
+
+def _hash_seed(flag: str, text: str) -> int | None:
+    """A string-hash seed, or None for "random" (as PYTHONHASHSEED reads it): drawn by the
+    launcher."""
+    if text in ("", "random"):
+        return None
+    if not text.isdigit() or int(text) > HASH_SEED_MAX:
+        raise UsageError(f"{flag} must be random or an integer 0..{HASH_SEED_MAX}, got {text!r}")
+    return int(text)
+
+
 def _ranks(flag: str, text: str) -> tuple[int, ...]:
     try:
         ranks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
@@ -300,6 +314,16 @@ class RunOptionFields:
         parse=_ranks,
         default_help="none",
         unset=(),
+    )
+    hash_seed: int | None = flag(
+        "--hash-seed",
+        metavar="N",
+        help="string-hash seed (PYTHONHASHSEED) of every rank: ranks started from one preloaded "
+        "interpreter share its seed, so the run gives all its ranks one, and states it; this "
+        "seed reproduces a run's",
+        parse=_hash_seed,
+        env="PYTHONHASHSEED",
+        default_help="drawn at random, or the bundle's with --rerun-failed",
     )
     rerun_of: Path | None = flag(
         "--rerun-failed",

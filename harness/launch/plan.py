@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -17,7 +18,7 @@ from typing import get_args
 
 from harness.core.signature import COMM_BACKENDS  # vLLM's --dcp-comm-backend values
 from harness.errors import UsageError
-from harness.launch.options import RunOptionFields
+from harness.launch.options import HASH_SEED_MAX, RunOptionFields
 from harness.rank.forkwire import SOCKET_ENV
 from harness.rank.zygote import PRELOAD, preload_for
 from harness.schema.layout import TORCHRUN_DIR, node_dir_name
@@ -363,6 +364,7 @@ def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
     pythonpath = os.environ.get("PYTHONPATH", "")
     env = {
         **rank_plan(options, out_dir).to_environ(),  # also: the root conftest collects suites/
+        "PYTHONHASHSEED": str(resolved_hash_seed(options)),
         "TORCHELASTIC_ERROR_FILE": str(probe.agent_error_file),
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), pythonpath) if p),
         "PYTHONUNBUFFERED": "1",
@@ -375,6 +377,15 @@ def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
     return RunPlan(
         options=options, out_dir=out_dir, argv=argv, env=env, targets=targets, zygote=zygote
     )
+
+
+def resolved_hash_seed(options: RunOptions) -> int:
+    """The string-hash seed every rank of this node starts with: the one asked for, else one
+    drawn here. Ranks forked from the zygote can only share its seed, so a cold rank gets the
+    same one, and the evidence states it (a rerun with it reproduces what hashing did)."""
+    if options.hash_seed is not None:
+        return options.hash_seed
+    return secrets.randbelow(HASH_SEED_MAX) + 1  # 0 would turn randomization off
 
 
 def forked(rank_argv: Sequence[str]) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ after `--`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import UsageError
@@ -38,11 +38,13 @@ class RerunSettings:
 
 @dataclass(frozen=True)
 class RerunSource:
-    """What a rerun takes from the bundle: its run options and the failed tests as targets."""
+    """What a rerun takes from the bundle: its run options, the failed tests as targets, and
+    each node's string-hash seed (its ranks hash as the run's did unless a seed is given)."""
 
     bundle: Path
     settings: RerunSettings
     targets: tuple[str, ...]
+    hash_seeds: dict[int, int] = field(default_factory=dict)
 
 
 def plugin_args(pytest_args: Sequence[str]) -> tuple[str, ...]:
@@ -130,4 +132,5 @@ def rerun_source(bundle: Path) -> RerunSource:
         bundle=Path(bundle),
         settings=settings,
         targets=tuple(dict.fromkeys(contained_nodeid(n, root) for n in nodeids)),
+        hash_seeds={s.node: s.seed for s in receipt.hash_seeds or ()},
     )

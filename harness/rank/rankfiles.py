@@ -32,10 +32,12 @@ from typing import Any
 
 from harness.atomic import atomic_write_text
 from harness.core.secrets import Scrubber, environment_scrubber
+from harness.errors import UsageError
 from harness.gitinfo import checkout_identity
 from harness.rank.parentage import parentage
 from harness.schema.capture import CaptureRecord
 from harness.schema.image import IDENTITY_ENV
+from harness.schema.plan import RankPlan
 from harness.schema.rank_record import (
     HASH_PROBE,
     ErrorNote,
@@ -121,11 +123,17 @@ def rank_start(output_relay: int | None = None) -> RankStart:
     """What this rank knows of its own start: forked or not, its string-hash seed, and the
     relay that writes its output (its pid, where one was started)."""
     seed = os.environ.get("PYTHONHASHSEED", "")
+    try:
+        plan = RankPlan.from_environ(os.environ)
+    except UsageError:
+        plan = None  # the plugin refuses a malformed plan itself
     return RankStart(
         forked=parentage().forked,
         hash_probe=hash(HASH_PROBE),
         hash_seed_fixed=seed.isdigit(),
         output_relay=output_relay,
+        hash_seed=int(seed) if seed.isdigit() else None,
+        hash_seed_drawn=None if plan is None else plan.hash_seed is None,
     )
 
 

@@ -19,7 +19,9 @@ NodeStateName = Literal["started", "finished"]
 # The ranks' string-hash seeds (PYTHONHASHSEED): "shared-random", forked ranks share the one
 # random seed the zygote drew, where ranks torchrun starts itself would each draw their own;
 # "per-rank-random", each rank drew its own (it was not forked); "fixed", PYTHONHASHSEED set, the
-# same in every rank under either launch.
+# same in every rank under either launch. The launcher now fixes one for every rank of its node
+# (the ranks record it, the receipt's `hash_seeds` states it): the other two modes are in bundles
+# written before it did.
 HashSeedMode = Literal["shared-random", "per-rank-random", "fixed"]
 
 

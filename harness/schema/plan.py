@@ -76,6 +76,9 @@ class RankPlan(Model):
     abort_grace_s: NonNegativeFloat = ABORT_GRACE_S
     maxfail: NonNegativeInt = 1
     fast_exit: bool = False  # end the rank with os._exit once pytest is done
+    # The string-hash seed the run was asked for (`--hash-seed`, PYTHONHASHSEED, or a rerun's
+    # bundle); None: the launcher drew the one every rank's PYTHONHASHSEED holds.
+    hash_seed: NonNegativeInt | None = None
 
     def resolved_dcp(self, world_size: int) -> int:
         return self.dcp if self.dcp is not None else default_dcp(world_size)

@@ -401,8 +401,10 @@ class RankStart:
     """How this rank's interpreter began, as the rank itself can tell: `forked` from the rank
     zygote (`harness.rank.parentage`) or started by torchrun; `hash_probe`, its `hash()` of
     `HASH_PROBE`, equal in ranks that share one string-hash seed; `hash_seed_fixed`,
-    PYTHONHASHSEED set to a number (every rank has that seed under either launch). Ranks that
-    share a random seed did not exercise a divergence through set iteration order.
+    PYTHONHASHSEED set to a number (every rank has that seed under either launch); `hash_seed`,
+    that number, and `hash_seed_drawn`, whether the launcher drew it (it gives every rank of a
+    node one). Ranks that share a seed did not exercise a divergence through set iteration
+    order.
     `output_relay`: the pid of the relay that writes this rank's output scrubbed
     (`harness.rank.outrelay`; None: none started), which the launcher lets finish its rank's last
     lines instead of counting it as a process the run left behind."""
@@ -411,6 +413,10 @@ class RankStart:
     hash_probe: int
     hash_seed_fixed: bool
     output_relay: int | None = None
+    # The string-hash seed this rank started with (its PYTHONHASHSEED; None: not recorded, or
+    # unset) and whether its launcher drew it (None: not recorded, or no rank plan).
+    hash_seed: NonNegativeInt | None = None
+    hash_seed_drawn: bool | None = None
 
 
 @dataclass(frozen=True, config=STRICT)

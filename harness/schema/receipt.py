@@ -268,6 +268,19 @@ class Ranks(Model):
         return self
 
 
+class HashSeed(Model):
+    """extension: a string-hash seed (PYTHONHASHSEED) and the ranks of one node that started
+    with it, from their records. The launcher gives every rank of its node one seed (ranks
+    forked from one preloaded interpreter can only share its seed, so cold ones get it too);
+    `drawn`: it drew the seed, where ranks torchrun starts itself would each draw their own.
+    `dcpqual run --hash-seed SEED` starts ranks with it again."""
+
+    node: NonNegativeInt
+    seed: NonNegativeInt
+    drawn: bool
+    ranks: list[NonNegativeInt]
+
+
 class Coverage(Model):
     """extension: what the ranks selected against what they ran, from their records.
 
@@ -486,6 +499,9 @@ class Receipt(Model):
     # The limitations as {key, text} objects, rendering to exactly `limitations`; None in
     # receipts written before them (their keys are then read from the lines).
     limitation_items: list[Limitation] | None = None
+    # The ranks' string-hash seeds, one per node and seed; None in receipts whose records do
+    # not say (written before the launcher fixed one).
+    hash_seeds: list[HashSeed] | None = None
 
     @model_validator(mode="after")
     def _files(self) -> Receipt:
