@@ -187,20 +187,14 @@ def test_a_second_interrupt_hurries_the_ending_and_still_ends_everything(tmp_pat
 
 @main_thread_only
 @pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning")  # the orphan
-def test_without_the_shield_a_second_interrupt_orphans_the_helper(tmp_path, monkeypatch):
-    class NoShield:
-        hurry = threading.Event()
+def test_handlers_that_raise_at_every_interrupt_orphan_the_helper(tmp_path, monkeypatch):
+    """The negative control: raising again at the second ^C (as Python's own handler would)
+    aborts the ending before it killed the helper that ignores SIGTERM."""
 
-        def __init__(self, hurry: threading.Event | None = None) -> None:
-            pass
+    def raise_every_time(self: ending.Hold, signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
 
-        def __enter__(self) -> NoShield:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            return None
-
-    monkeypatch.setattr(ending, "Shield", NoShield)
+    monkeypatch.setattr(ending.Hold, "_on_signal", raise_every_time)
     # The run's cgroup is a second line that would still end the helper; this is about the first.
     monkeypatch.setattr(ending.Cgroup, "create", classmethod(lambda cls: None))
     plan, pidfile = plan_for(tmp_path, STUBBORN)

@@ -317,22 +317,6 @@ class _Handlers:
         self._previous.clear()
 
 
-class Shield(_Handlers):
-    """While the tree is being ended: ^C and SIGTERM set `hurry` instead of raising.
-    `hurry`: an event a signal may have set already (one held before the shield was up)."""
-
-    def __init__(self, hurry: threading.Event | None = None) -> None:
-        super().__init__()
-        self.hurry = threading.Event() if hurry is None else hurry
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        self.hurry.set()
-
-    def __enter__(self) -> Shield:
-        self._install()
-        return self
-
-
 class Terminated(KeyboardInterrupt):
     """The launcher itself got SIGTERM (a cancelled CI job): end the tree like on ^C."""
 
@@ -401,8 +385,8 @@ class Hold(_Handlers):
             self._raised_by = sig
             raise _raised_for(sig)
         if not self.holding:
-            # Back to back with the raised one, before the ending's shield is up: raising
-            # again would abort the ending itself (no bundle, raw logs). It hurries the ending.
+            # Back to back with the raised one, while the launch ends its tree: raising again
+            # would abort that ending (a helper left running, no bundle). It hurries it.
             self.hurry.set()
             self.tell(f"dcpqual run: {sig.name} again: ending the run's processes at once")
             return

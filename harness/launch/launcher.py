@@ -302,9 +302,9 @@ def _supervise(
 ) -> _Outcome:
     """Wait for torchrun; end the tree on a timeout, a rank gone mid-suite, the zygote's death,
     ^C or SIGTERM. `exited` is called as soon as torchrun is known to have exited, on every
-    path (on ^C still inside the ending's shield): a signal before it is this launch's
-    interruption, one after it is the caller's to hold. `hurry`: set by a signal the caller's
-    hold took while this ending was being prepared (the shield then ends the tree at once).
+    path: a signal before it is this launch's interruption, one after it is the caller's to
+    hold. `hurry`: set by a signal the hold took after the one it raised (the ending then ends
+    the tree at once).
     `lost`: a signal's exception that its handler raised where Python drops it (a gc callback,
     a `__del__`): raised again here, so the signal still ends the run."""
     exited = (lambda: None) if exited is None else exited
@@ -346,10 +346,10 @@ def _supervise(
         # What had run when the signal came, before ending the tree marks the rest stopped.
         seen = snapshot(reader, 0.0, fresh=True)
         interrupted = ending.interruption(sig, time.monotonic() - t0, seen)
-        with ending.Shield(hurry) as shield:  # a second ^C hurries the ending, never aborts it
-            tracker.end_all(grace_s=5.0, hurry=shield.hurry)
-            proc.wait()
-            exited()
+        # The hold takes a second ^C meanwhile: it hurries this ending, never aborts it.
+        tracker.end_all(grace_s=5.0, hurry=hurry)
+        proc.wait()
+        exited()
         return _Outcome(interrupted=interrupted)
     except BaseException:
         tracker.end_all(grace_s=5.0)
