@@ -19,6 +19,7 @@ from harness.schema.receipt import (
     Coverage,
     EngineLane,
     Geometry,
+    HashSeed,
     Models,
     NegativeControl,
     NodeZeroGone,
@@ -448,6 +449,27 @@ def test_the_engine_lanes_own_limitations_follow_its_shortfalls() -> None:
         "engine-dcp": "DCP1",
     }
     assert rules.engine_limitations(TREES, world_size=WORLD) == {}
+
+
+def test_the_hash_seed_limitation_names_each_nodes_drawn_seed_and_not_a_given_one() -> None:
+    def seed(node: int, value: int, ranks: list[int], drawn: bool = True) -> HashSeed:
+        return HashSeed(node=node, seed=value, drawn=drawn, ranks=ranks)
+
+    assert said("hash-seed", hash_seeds=[seed(0, 17, [0, 1, 2])]) == (
+        "the 3 ranks of node 0 started with one string-hash seed (17), drawn by the launcher, "
+        "where ranks torchrun starts itself each draw their own: a divergence between ranks "
+        "through the iteration order of sets of strings was not exercised (`dcpqual run "
+        "--hash-seed SEED` starts ranks with that seed again)"
+    )
+    two = said("hash-seed", hash_seeds=[seed(0, 17, [0, 1]), seed(1, 99, [2, 3])])
+    assert two.startswith(
+        "the ranks of each node started with their node's one string-hash seed (node 0: 17, "
+        "node 1: 99), drawn by the launcher"
+    )
+    assert "hash-seed" not in required(hash_seeds=[seed(0, 17, [0, 1], drawn=False)])
+    assert "hash-seed" not in required(hash_seeds=[seed(0, 17, [0]), seed(1, 99, [1])])
+    shared = ZygoteState(used=True, forked=2, hash_seed="shared-random")
+    assert "hash-seed" not in required(zygote=shared, hash_seeds=[])  # the records' word wins
 
 
 def test_the_hash_seed_limitation_counts_the_forked_ranks_where_they_share_a_seed() -> None:
