@@ -4,7 +4,8 @@ outside among them), a full disk, an unusable `--out`, an absurd world size, a r
 mid-suite with exit code 0, a daemon a rank double-forked (which fails the run), and secrets
 printed the ways tools print them.
 
-World 2 (4 where a peer's blame matters), with the process faults again at 16 ranks (slow). Each
+World 2 (4 where a peer's blame matters), with a rank gone mid-suite and ^C again at 16 ranks
+(slow): the root cause at a rank above 9, and the ending of a 16-rank tree. Each
 protection is shown to fail when removed in tests/test_launcher_endings.py (subreaper, shield,
 dead-rank watch) and tests/test_evidence_redact.py (print forms).
 """
@@ -388,28 +389,25 @@ def test_a_child_that_ends_while_the_output_relays_finish_is_still_a_leftover(
     assert main(["verify", str(out)]) == 0
 
 
-@pytest.mark.parametrize(
-    ("nranks", "fault_rank", "name"),
-    [
-        (2, 1, None),
-        (2, 1, RELAY_NAME),
-        pytest.param(16, 9, None, marks=pytest.mark.slow, id="16-9"),
-    ],
-    ids=["2-1", "2-1-posing-as-a-relay", "16-9"],
-)
+@pytest.mark.parametrize("name", [None, RELAY_NAME], ids=["daemon", "daemon-posing-as-a-relay"])
 def test_a_double_forked_daemon_is_ended_and_fails_a_run_whose_tests_all_passed(
-    nranks: int, fault_rank: int, name: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    name: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What the daemon did after its test passed, no test checked: the run fails naming it
     (and it alone: the rank's output relay it held open is no leftover of its own). A daemon
-    that takes the relay's name gets no relay's treatment: no rank's record names it."""
+    that takes the relay's name gets no relay's treatment: no rank's record names it.
+
+    Not at 16 ranks: the daemon is found by the process tree, not by its rank, and no
+    assertion here names a rank (the 16-rank faults whose root cause is a rank above 9 are
+    `test_a_rank_exiting_0_mid_suite...` here and the SIGKILL in
+    tests/test_reliability_faults.py)."""
     pidfile = tmp_path / "daemon.pid"
     if name is not None:
         monkeypatch.setenv("DCPQUAL_DAEMON_NAME", name)
-    monkeypatch.setenv("DCPQUAL_FAULT_RANK", str(fault_rank))
+    monkeypatch.setenv("DCPQUAL_FAULT_RANK", "1")
     monkeypatch.setenv("DCPQUAL_DAEMON_PIDFILE", str(pidfile))
     out = tmp_path / "bundle"
-    code, _ = run(out, nranks, "rank_daemon.py")
+    code, _ = run(out, 2, "rank_daemon.py")
     daemon = int(pidfile.read_text())
     try:
         data = receipt(out)
