@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from _support.runs import Launched
     from _support.watchdog import SigtermPipe, World
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +36,37 @@ def sigterm_pipe() -> Iterator[SigtermPipe]:
     pipe = SigtermPipe()
     yield pipe
     pipe.close()
+
+
+# -- real `dcpqual run` launches that several test modules read ------------------------------
+# Each is launched once per session (per xdist worker: the `torchrun` group keeps every
+# reader on one), for the tests that read different facts of the same run.
+
+
+@pytest.fixture(scope="session")
+def rank_assert_run(tmp_path_factory: pytest.TempPathFactory) -> Launched:
+    """tests/rank_suites/rank_assert.py on 2 ranks, its flags spelled as torchrun and vLLM spell
+    them (`--nproc_per_node`, `--tensor-parallel-size`): rank 1 fails `test_fault`, after
+    `test_before` passed. Read by tests/test_run_ux.py (the ending it prints, and its rerun)
+    and tests/test_reliability_bodies.py (a failing run whose test bodies ran)."""
+    from _support.runs import SUITES, launch_printing
+
+    out = tmp_path_factory.mktemp("rank-assert") / "first"
+    argv = ["run", "--nproc_per_node", "2", "--tensor-parallel-size", "2", "--out", str(out)]
+    return launch_printing(out, [*argv, "--", str(SUITES / "rank_assert.py")])
+
+
+@pytest.fixture(scope="session")
+def two_node_run(tmp_path_factory: pytest.TempPathFactory) -> Launched:
+    """Two `dcpqual run` agents of 2 ranks each, as on two hosts (one rendezvous, one `--out`),
+    running rank_pass.py (collectives across both nodes) and, uncaptured, rank_whoami.py (each
+    rank prints its global and local rank). Read by tests/test_run_torchrun.py (one job, one
+    bundle) and tests/test_run_ux.py (its logs, read by global rank)."""
+    from _support.runs import Launched, two_nodes
+
+    out = tmp_path_factory.mktemp("two-nodes") / "2x2"
+    codes = two_nodes(out, 2, "rank_pass.py", "rank_whoami.py", uncaptured=True)
+    return Launched(codes, out)
 
 
 @pytest.fixture(scope="session")

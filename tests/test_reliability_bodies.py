@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support.runs import SUITES, receipt, records
+from _support.runs import SUITES, Launched, receipt, records
 
 from harness.cli import main
 
@@ -42,15 +42,18 @@ def hooked_suite(base: Path, name: str, option: str, body: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, Path]]:
-    """One launch each: the failing suite as is, and suites whose conftest turns on pytest's
-    setup-only or collect-only mode."""
+def runs(
+    tmp_path_factory: pytest.TempPathFactory, rank_assert_run: Launched
+) -> dict[str, tuple[int, Path]]:
+    """One launch each: the failing suite rank_assert.py as is (the session's, which
+    tests/test_run_ux.py reads too), and suites whose conftest turns on pytest's setup-only or
+    collect-only mode."""
     base = tmp_path_factory.mktemp("bodies")
     failing = "def test_body():\n    assert False\n"
     three = "".join(f"def test_{n}():\n    assert False\n" for n in range(3))
-    out = {}
+    [code] = rank_assert_run.codes
+    out = {"plain": (code, rank_assert_run.out)}
     for name, args in {
-        "plain": (str(SUITES / "rank_assert.py"),),
         "hooked": (hooked_suite(base, "hooked", "setuponly", failing),),
         "collect-only": (hooked_suite(base, "collect-only", "collectonly", three),),
     }.items():

@@ -13,6 +13,7 @@ import os
 import pytest
 from _support.runs import (
     FAST_S,
+    Launched,
     assert_fault,
     processes_of_run,
     receipt,
@@ -68,7 +69,7 @@ def test_a_users_omp_num_threads_above_1_starts_the_ranks_cold_and_says_why(tmp_
 
 def test_a_hang_is_ended_by_the_per_test_timeout_with_stack_dumps(tmp_path):
     out = tmp_path / "hang"
-    code, elapsed = run(out, 2, "rank_hang.py", "--test-timeout", "6")
+    code, elapsed = run(out, 2, "rank_hang.py", "--test-timeout", "4")
     assert_fault(out, code, elapsed, rank=1, test="test_fault")
     stacks = (out / "stacks" / "rank-01.txt").read_text()
     assert "rank_hang.py" in stacks and "test_fault" in stacks
@@ -92,9 +93,9 @@ def test_ranks_that_collect_different_tests_all_abort_with_a_diff(tmp_path):
     assert "+tests/rank_suites/rank_collect.py::test_only_on_the_fault_rank" in log
 
 
-def test_two_agents_form_one_job_and_node0_writes_one_bundle(tmp_path):
-    out = tmp_path / "2x2"
-    assert two_nodes(out, 2, "rank_pass.py") == (0, 0)
+def test_two_agents_form_one_job_and_node0_writes_one_bundle(two_node_run: Launched):
+    out = two_node_run.out
+    assert two_node_run.codes == (0, 0)
     data = receipt(out)
     assert data["verdict"] == "pass"
     assert data["geometry"]["world_size"] == 4 and data["geometry"]["nnodes"] == 2

@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import socket
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _support.runs import Launched
 
 from harness.cli import main
 from harness.evidence.rederive import rederive_problems
@@ -46,12 +45,11 @@ def ran(out: Path) -> dict[int, list[tuple[str, str]]]:
 
 
 def test_a_failed_run_ends_like_pytest_and_its_printed_rerun_reruns_only_that_test(
-    tmp_path: Path, capsys, monkeypatch
+    rank_assert_run: Launched, tmp_path: Path, monkeypatch
 ):
-    out = tmp_path / "first"
-    argv = ["run", "--nproc_per_node", "2", "--tensor-parallel-size", "2", "--out", str(out)]
-    assert main([*argv, "--", str(SUITES / "rank_assert.py")]) == 1
-    lines = capsys.readouterr().out.splitlines()
+    out = rank_assert_run.out
+    assert rank_assert_run.codes == (1,)
+    lines = rank_assert_run.printed.splitlines()
     failed = f"FAILED {FAULT} - rank 1: AssertionError: injected assertion on rank 1"
     assert failed in lines
     assert any(
@@ -135,27 +133,9 @@ def test_progress_names_the_rank_the_others_wait_for_and_an_eta(tmp_path: Path, 
     assert any(re.search(r"tests 1/3 .*ETA \d+s", ln) for ln in progress)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_logs_of_a_two_node_job_are_read_by_global_rank(tmp_path: Path, capsys):
-    out = tmp_path / "2x2"
-    endpoint = f"127.0.0.1:{free_port()}"
-    codes: dict[int, int] = {}
-
-    def node(k: int) -> None:
-        argv = ["run", "--nproc-per-node", "2", "--nnodes", "2", "--node_rank", str(k)]
-        argv += ["--rdzv_endpoint", endpoint, "--tp", "4", "--out", str(out)]
-        codes[k] = main([*argv, "--", "-s", str(SUITES / "rank_whoami.py")])
-
-    other = threading.Thread(target=node, args=(1,))
-    other.start()
-    node(0)
-    other.join(300)
-    assert codes == {0: 0, 1: 0}
+def test_logs_of_a_two_node_job_are_read_by_global_rank(two_node_run: Launched, capsys):
+    out = two_node_run.out
+    assert two_node_run.codes == (0, 0)
     assert sorted(p.name for p in (out / "logs").iterdir()) == [
         f"rank-{r:02d}.{s}" for r in range(4) for s in ("stderr", "stdout")
     ]

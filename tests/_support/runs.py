@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -10,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,25 @@ def run(out: Path, world: int, suite: str, *extra: str, nnodes: int = 1) -> tupl
     return code, time.monotonic() - started
 
 
+@dataclass(frozen=True)
+class Launched:
+    """A real `dcpqual run` that several tests read, launched once: its exit code (or codes,
+    one per agent), its out folder, and what it printed on stdout."""
+
+    codes: tuple[int, ...]
+    out: Path
+    printed: str = ""
+
+
+def launch_printing(out: Path, argv: list[str]) -> Launched:
+    """`dcpqual run` in-process, as `main(argv)`, keeping what it prints on stdout (where a
+    test's own `capsys` cannot reach: a fixture that outlives the test)."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(argv)
+    return Launched((code,), out, printed.getvalue())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -40,12 +62,15 @@ TWO_NODES_S = 420.0
 STOP_GRACE_S = 120.0
 
 
-def two_nodes(out: Path, nproc: int, suite: str) -> tuple[int, int]:
+def two_nodes(out: Path, nproc: int, *suites: str, uncaptured: bool = False) -> tuple[int, int]:
     """Two `dcpqual run` agents of `nproc` ranks each, as on two hosts: two processes sharing
-    one rendezvous and one `--out`. One that ends non-zero while the other still waits for
-    it stops the other (SIGTERM), so a dead agent fails the test in seconds, not at the
-    rendezvous timeout. Returns both exit codes; their consoles go to `out.parent`."""
+    one rendezvous and one `--out`, running `suites` (with pytest's `-s` where `uncaptured`).
+    One that ends non-zero while the other still waits for it stops the other (SIGTERM), so a
+    dead agent fails the test in seconds, not at the rendezvous timeout. Returns both exit
+    codes; their consoles go to `out.parent`."""
     endpoint = f"127.0.0.1:{free_port()}"
+    pytest_args = ["-s"] if uncaptured else []
+    pytest_args += [str(SUITES / suite) for suite in suites]
     agents: dict[int, subprocess.Popen[bytes]] = {}
     for k in (0, 1):
         argv = ["run", "--nproc-per-node", str(nproc), "--nnodes", "2", "--node-rank", str(k)]
@@ -53,7 +78,7 @@ def two_nodes(out: Path, nproc: int, suite: str) -> tuple[int, int]:
         console = (out.parent / f"{out.name}-node-{k}.console").open("wb")
         with console:
             agents[k] = subprocess.Popen(
-                [sys.executable, "-m", "harness", *argv, "--", str(SUITES / suite)],
+                [sys.executable, "-m", "harness", *argv, "--", *pytest_args],
                 stdout=console,
                 stderr=subprocess.STDOUT,
                 cwd=Path(__file__).resolve().parents[2],
