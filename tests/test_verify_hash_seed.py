@@ -195,6 +195,56 @@ def test_a_node_whose_ranks_started_with_two_seeds_does_not_verify(
     assert any("node 0's ranks started with" in p for p in problems), problems
 
 
+def _unseeded(rank: int, start: dict[str, Any]) -> None:
+    """Rank 1 as if it started without the launcher's seed (its PYTHONHASHSEED unset)."""
+    if rank == 1:
+        start.update(hash_seed_fixed=False, hash_probe=12345)
+        start.pop("hash_seed")
+        start.pop("hash_seed_drawn")
+
+
+def _startless(bundle: Path) -> None:
+    """Rank 1's record without its start, as records written before the start fact."""
+    path = bundle / "records" / "rank-01.json"
+    data = json.loads(path.read_text())
+    del data["start"]
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    digest = sha256_file(path)
+    forge(bundle, lambda receipt: receipt["files"].update({"records/rank-01.json": digest}))
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (lambda b: _edit_records(b, _unseeded), "hash_seeds: rank 1's start.hash_seed is None"),
+        (_startless, "hash_seeds: rank 1's start is None"),
+    ],
+    ids=["unseeded", "startless"],
+)
+def test_a_rank_whose_record_states_no_seed_beside_ranks_that_do_does_not_verify(
+    forked_bundle: Path, tmp_path: Path, change: Callable[[Path], None], named: str
+) -> None:
+    """The launcher gives every rank a seed: a record without one beside records with one is a
+    rank that started otherwise (or a forger's), and would leave the other ranks' shared
+    drawn seed looking like one rank's."""
+    bundle = _copy(forked_bundle, tmp_path)
+    change(bundle)
+    forge(bundle, _restated_seeds(bundle))
+    forge(bundle, _drop_limitation)
+    problems = verify_bundle(bundle).problems
+    assert any(named in p for p in problems), problems
+
+
+def test_a_seed_the_records_do_not_call_given_is_drawn(forked_bundle: Path, tmp_path: Path) -> None:
+    """A rank that could not tell whether its seed was given (no rank plan) is not taken for
+    one the user gave: the shared seed still needs the limitation."""
+    bundle = _copy(forked_bundle, tmp_path)
+    _edit_records(bundle, lambda rank, start: start.update(hash_seed_drawn=None))
+    forge(bundle, _restated_seeds(bundle))
+    assert receipt(bundle)["hash_seeds"][0]["drawn"] is True
+    _refused_naming(bundle, _drop_limitation, "limitations do not name 'hash-seed'")
+
+
 def _restated_seeds(bundle: Path) -> Edit:
     """A careful forger's receipt edit: `hash_seeds` as the (edited) records give them."""
     from harness.evidence.collect import hash_seeds_of

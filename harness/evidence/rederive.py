@@ -180,7 +180,16 @@ def _hash_seed_facts(
 ) -> Iterator[tuple[str, str, Any, Any]]:
     """The seeds the records state, held to what the ranks hashed: the launcher gives each node
     one seed, and ranks that started with one seed hash the probe alike (a rank forked from an
-    interpreter started without it would not, whatever its environment says)."""
+    interpreter started without it would not, whatever its environment says). Where any record
+    states a seed every record does: a rank without one started otherwise, and would leave its
+    node's shared seed looking like fewer ranks'."""
+    if seeds:
+        for rank, record in sorted(records.items()):
+            start = record.start
+            if start is None or start.hash_seed is None:
+                field = "start" if start is None else "start.hash_seed"
+                said = "a seed, as the other ranks' records state theirs"
+                yield RECEIPT_NAME, f"hash_seeds: rank {rank}'s {field}", None, said
     by_node: dict[int, list[HashSeed]] = {}
     for seed in seeds:
         by_node.setdefault(seed.node, []).append(seed)
