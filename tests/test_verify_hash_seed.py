@@ -25,6 +25,7 @@ from _support import forge as forger
 from _support.runs import receipt, records, run
 
 from harness.evidence.files import sha256_file
+from harness.evidence.hashprobe import probe_hash
 from harness.evidence.rules import hash_seed_limitation
 from harness.evidence.verify import verify_bundle
 from harness.schema.launch import NodeState, ZygoteState
@@ -183,6 +184,26 @@ def test_ranks_of_one_seed_that_hashed_differently_do_not_verify(
     _edit_records(bundle, lambda rank, start: start.update(hash_probe=12345) if rank else None)
     problems = verify_bundle(bundle).problems
     assert any("ranks with seed" in p and "hashed the probe to" in p for p in problems), problems
+
+
+def test_ranks_that_all_hashed_otherwise_than_their_seed_does_not_verify(
+    forked_bundle: Path, tmp_path: Path
+) -> None:
+    """Ranks all forked from a zygote started with another seed than their environment says
+    hash the probe alike, but not as the seed they record does."""
+    bundle = _copy(forked_bundle, tmp_path)
+    other = probe_under(_only_seed(bundle) + 1)
+    _edit_records(bundle, lambda rank, start: start.update(hash_probe=other))
+    problems = verify_bundle(bundle).problems
+    said = f"hashed the probe to is {other!r} but"
+    assert any("ranks with seed" in p and said in p for p in problems), problems
+
+
+def test_the_probe_each_seed_gives_is_pythons(tmp_path: Path) -> None:
+    """What verify computes a seed to hash the probe to is what an interpreter started with it
+    hashes it to (0: randomization off; the largest seed)."""
+    for seed in (0, 1, 4242, 2294986917, 4294967295):
+        assert probe_hash(seed) == probe_under(seed), seed
 
 
 def test_a_node_whose_ranks_started_with_two_seeds_does_not_verify(
