@@ -54,9 +54,11 @@ def test_the_flag_beats_the_environment_and_random_asks_for_a_drawn_seed(
         (["--hash-seed", "x"], None, "--hash-seed"),
         (["--hash-seed", "-1"], None, "--hash-seed"),
         (["--hash-seed", str(HASH_SEED_MAX + 1)], None, "--hash-seed"),
+        (["--hash-seed", "\u00b2"], None, "--hash-seed"),
+        (["--hash-seed", "\u0663"], None, "--hash-seed"),
         ([], "12a", "$PYTHONHASHSEED"),
     ],
-    ids=["word", "negative", "too-large", "environment"],
+    ids=["word", "negative", "too-large", "superscript", "arabic-indic", "environment"],
 )
 def test_a_bad_seed_is_one_line_naming_where_it_came_from(
     launched: list[RunOptions],

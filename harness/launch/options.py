@@ -111,7 +111,7 @@ def _hash_seed(flag: str, text: str) -> int | None:
     launcher."""
     if text in ("", "random"):
         return None
-    if not text.isdigit() or int(text) > HASH_SEED_MAX:
+    if not (text.isascii() and text.isdigit()) or int(text) > HASH_SEED_MAX:
         raise UsageError(f"{flag} must be random or an integer 0..{HASH_SEED_MAX}, got {text!r}")
     return int(text)
 
