@@ -352,6 +352,8 @@ class RunOptionFields:
     # (harness.launch.pytestargs): they replace the default targets; options alone narrow them.
     pytest_names_targets: bool = True
     nproc_requested: str | None = None  # --nproc-per-node as typed, for the receipt
+    # `hash_seed` is one a launcher drew: the seed --rerun-failed took from a run that drew it
+    hash_seed_drawn: bool = False
 
 
 # The flags, in the order of their fields (the help's order), each knowing the field it sets.
