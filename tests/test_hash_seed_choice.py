@@ -17,7 +17,7 @@ from harness.evidence.writer import finalize_bundle
 from harness.launch import launcher
 from harness.launch.options import HASH_SEED_MAX
 from harness.launch.plan import RunOptions, build_plan
-from harness.schema.plan import RankPlan
+from harness.schema.plan import PLAN_ENV, RankPlan
 
 SUITE = "tests/rank_suites/rank_pass.py"
 
@@ -54,9 +54,11 @@ def test_the_flag_beats_the_environment_and_random_asks_for_a_drawn_seed(
         (["--hash-seed", "x"], None, "--hash-seed"),
         (["--hash-seed", "-1"], None, "--hash-seed"),
         (["--hash-seed", str(HASH_SEED_MAX + 1)], None, "--hash-seed"),
+        (["--hash-seed", "\u00b2"], None, "--hash-seed"),
+        (["--hash-seed", "\u0663"], None, "--hash-seed"),
         ([], "12a", "$PYTHONHASHSEED"),
     ],
-    ids=["word", "negative", "too-large", "environment"],
+    ids=["word", "negative", "too-large", "superscript", "arabic-indic", "environment"],
 )
 def test_a_bad_seed_is_one_line_naming_where_it_came_from(
     launched: list[RunOptions],
@@ -101,9 +103,28 @@ def test_a_rerun_starts_its_ranks_with_the_bundles_seed_unless_told_otherwise(
     monkeypatch.setattr(verify, "verify_bundle", lambda path: verify.VerifyResult(path, ()))
     rerun = ["run", "--rerun-failed", str(out)]
     assert main(rerun) == 0
-    assert launched.pop().hash_seed == 31337
+    options = launched.pop()
+    assert (options.hash_seed, options.hash_seed_drawn) == (31337, True)
     assert main([*rerun, "--hash-seed", "5"]) == 0
     assert launched.pop().hash_seed == 5
     monkeypatch.setenv("PYTHONHASHSEED", "random")
     assert main(rerun) == 0
     assert launched.pop().hash_seed is None
+
+
+def test_a_rerun_of_a_drawn_seed_still_records_it_as_drawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seed a rerun takes from its bundle was drawn by that run's launcher, not given by the
+    user: its ranks record it as drawn, so the rerun's bundle keeps the hash-seed limitation
+    (a seed the bundle says was given stays given)."""
+    from harness.rank.rankfiles import rank_start
+
+    for drawn in (True, False):
+        options = RunOptions(nproc_per_node=2, hash_seed=31337, hash_seed_drawn=drawn)
+        plan = build_plan(options, tmp_path / f"rerun-{drawn}")
+        assert plan.env["PYTHONHASHSEED"] == "31337"
+        for name in ("PYTHONHASHSEED", PLAN_ENV):
+            monkeypatch.setenv(name, plan.env[name])
+        start = rank_start()
+        assert (start.hash_seed, start.hash_seed_drawn) == (31337, drawn)

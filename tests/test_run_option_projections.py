@@ -25,8 +25,8 @@ from harness.schema.plan import PLAN_DEFAULTS, RankPlan, default_dcp
 
 RUN_OPTION_FIELDS = {f.name: f for f in fields(RunOptions)}
 # The fields no flag sets: the command line's pytest arguments (after --), what pytest's parser
-# says of them, and --nproc-per-node as typed.
-NOT_FLAGS = {"pytest_args", "pytest_names_targets", "nproc_requested"}
+# says of them, --nproc-per-node as typed, and whether a rerun's seed was drawn.
+NOT_FLAGS = {"pytest_args", "pytest_names_targets", "nproc_requested", "hash_seed_drawn"}
 # Options the launcher resolves before a rank sees them (the rank plan holds the result).
 RESOLVED = {"dcp", "test_timeout_s", "engine_model", "engine_config"}
 SHARED = set(RankPlan.model_fields) - RANK_PLAN_OWN_FIELDS
@@ -116,6 +116,7 @@ def test_the_rank_plan_carries_every_option_it_shares():
         test_timeout_s=7.5,
         maxfail=3,
         hash_seed=1234,
+        hash_seed_drawn=True,
     )
     plan = rank_plan(options, Path("/tmp/out"))
     for name in SHARED - {"engine_config"}:  # the config file's contents; none given here

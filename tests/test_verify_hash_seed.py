@@ -25,6 +25,7 @@ from _support import forge as forger
 from _support.runs import receipt, records, run
 
 from harness.evidence.files import sha256_file
+from harness.evidence.hashprobe import probe_hash
 from harness.evidence.rules import hash_seed_limitation
 from harness.evidence.verify import verify_bundle
 from harness.schema.launch import NodeState, ZygoteState
@@ -185,6 +186,26 @@ def test_ranks_of_one_seed_that_hashed_differently_do_not_verify(
     assert any("ranks with seed" in p and "hashed the probe to" in p for p in problems), problems
 
 
+def test_ranks_that_all_hashed_otherwise_than_their_seed_does_not_verify(
+    forked_bundle: Path, tmp_path: Path
+) -> None:
+    """Ranks all forked from a zygote started with another seed than their environment says
+    hash the probe alike, but not as the seed they record does."""
+    bundle = _copy(forked_bundle, tmp_path)
+    other = probe_under(_only_seed(bundle) + 1)
+    _edit_records(bundle, lambda rank, start: start.update(hash_probe=other))
+    problems = verify_bundle(bundle).problems
+    said = f"hashed the probe to is {other!r} but"
+    assert any("ranks with seed" in p and said in p for p in problems), problems
+
+
+def test_the_probe_each_seed_gives_is_pythons(tmp_path: Path) -> None:
+    """What verify computes a seed to hash the probe to is what an interpreter started with it
+    hashes it to (0: randomization off; the largest seed)."""
+    for seed in (0, 1, 4242, 2294986917, 4294967295):
+        assert probe_hash(seed) == probe_under(seed), seed
+
+
 def test_a_node_whose_ranks_started_with_two_seeds_does_not_verify(
     forked_bundle: Path, tmp_path: Path
 ) -> None:
@@ -193,6 +214,56 @@ def test_a_node_whose_ranks_started_with_two_seeds_does_not_verify(
     forge(bundle, _restated_seeds(bundle))
     problems = verify_bundle(bundle).problems
     assert any("node 0's ranks started with" in p for p in problems), problems
+
+
+def _unseeded(rank: int, start: dict[str, Any]) -> None:
+    """Rank 1 as if it started without the launcher's seed (its PYTHONHASHSEED unset)."""
+    if rank == 1:
+        start.update(hash_seed_fixed=False, hash_probe=12345)
+        start.pop("hash_seed")
+        start.pop("hash_seed_drawn")
+
+
+def _startless(bundle: Path) -> None:
+    """Rank 1's record without its start, as records written before the start fact."""
+    path = bundle / "records" / "rank-01.json"
+    data = json.loads(path.read_text())
+    del data["start"]
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    digest = sha256_file(path)
+    forge(bundle, lambda receipt: receipt["files"].update({"records/rank-01.json": digest}))
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (lambda b: _edit_records(b, _unseeded), "hash_seeds: rank 1's start.hash_seed is None"),
+        (_startless, "hash_seeds: rank 1's start is None"),
+    ],
+    ids=["unseeded", "startless"],
+)
+def test_a_rank_whose_record_states_no_seed_beside_ranks_that_do_does_not_verify(
+    forked_bundle: Path, tmp_path: Path, change: Callable[[Path], None], named: str
+) -> None:
+    """The launcher gives every rank a seed: a record without one beside records with one is a
+    rank that started otherwise (or a forger's), and would leave the other ranks' shared
+    drawn seed looking like one rank's."""
+    bundle = _copy(forked_bundle, tmp_path)
+    change(bundle)
+    forge(bundle, _restated_seeds(bundle))
+    forge(bundle, _drop_limitation)
+    problems = verify_bundle(bundle).problems
+    assert any(named in p for p in problems), problems
+
+
+def test_a_seed_the_records_do_not_call_given_is_drawn(forked_bundle: Path, tmp_path: Path) -> None:
+    """A rank that could not tell whether its seed was given (no rank plan) is not taken for
+    one the user gave: the shared seed still needs the limitation."""
+    bundle = _copy(forked_bundle, tmp_path)
+    _edit_records(bundle, lambda rank, start: start.update(hash_seed_drawn=None))
+    forge(bundle, _restated_seeds(bundle))
+    assert receipt(bundle)["hash_seeds"][0]["drawn"] is True
+    _refused_naming(bundle, _drop_limitation, "limitations do not name 'hash-seed'")
 
 
 def _restated_seeds(bundle: Path) -> Edit:

@@ -232,13 +232,15 @@ def hash_seed_of(records: Mapping[int, RankRecord]) -> HashSeedMode | None:
 
 def hash_seeds_of(records: Mapping[int, RankRecord]) -> list[HashSeed] | None:
     """The string-hash seeds the ranks say they started with, by node and seed, each with the
-    ranks that did (None: no record says, as records written before the launcher fixed one)."""
+    ranks that did (None: no record says, as records written before the launcher fixed one); a
+    seed is given only where its records say so (`hash_seed_drawn` False)."""
     groups: dict[tuple[int, int, bool], list[int]] = {}
     for rank, record in sorted(records.items()):
         start = record.start
         if start is None or start.hash_seed is None:
             continue
-        key = (record.node_rank, start.hash_seed, bool(start.hash_seed_drawn))
+        # a seed no record calls given is taken for drawn: the limitation errs on its side
+        key = (record.node_rank, start.hash_seed, start.hash_seed_drawn is not False)
         groups.setdefault(key, []).append(rank)
     if not groups:
         return None

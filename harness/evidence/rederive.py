@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.evidence import rules
+from harness.evidence import hashprobe, rules
 from harness.evidence.collect import RankFiles, hash_seed_of
 from harness.evidence.derive import Derived, derive
 from harness.evidence.junit import read_merged, tallies
@@ -155,7 +155,9 @@ def derived_facts(
     yield r, "environment.hosts", receipt.environment.hosts, derived.hosts
     yield from _launch_facts(receipt, derived.rank_files)
     yield r, "hash_seeds", _dump(receipt.hash_seeds), _dump(derived.hash_seeds)
-    yield from _hash_seed_facts(derived.hash_seeds or [], derived.rank_files.records)
+    env = receipt.environment
+    computed = hashprobe.computable(env.python, env.platform)
+    yield from _hash_seed_facts(derived.hash_seeds or [], derived.rank_files.records, computed)
     if derived.harness is not None:  # rank 0's record names the checkout
         yield r, "sources.dcpqual", _dump(receipt.sources.get("dcpqual")), _dump(derived.harness)
     # held to the records with the stated root cause, so an emptied list cannot hide failures
@@ -176,11 +178,22 @@ def _dump(value: Any) -> Any:
 
 
 def _hash_seed_facts(
-    seeds: list[HashSeed], records: Mapping[int, RankRecord]
+    seeds: list[HashSeed], records: Mapping[int, RankRecord], computed: bool = False
 ) -> Iterator[tuple[str, str, Any, Any]]:
     """The seeds the records state, held to what the ranks hashed: the launcher gives each node
     one seed, and ranks that started with one seed hash the probe alike (a rank forked from an
-    interpreter started without it would not, whatever its environment says)."""
+    interpreter started without it would not, whatever its environment says); where `computed`
+    (the ranks' Python hashes as `hashprobe` computes), they hash it as their seed does, which
+    ranks all forked from an interpreter with another seed do not. Where any record
+    states a seed every record does: a rank without one started otherwise, and would leave its
+    node's shared seed looking like fewer ranks'."""
+    if seeds:
+        for rank, record in sorted(records.items()):
+            start = record.start
+            if start is None or start.hash_seed is None:
+                field = "start" if start is None else "start.hash_seed"
+                said = "a seed, as the other ranks' records state theirs"
+                yield RECEIPT_NAME, f"hash_seeds: rank {rank}'s {field}", None, said
     by_node: dict[int, list[HashSeed]] = {}
     for seed in seeds:
         by_node.setdefault(seed.node, []).append(seed)
@@ -191,11 +204,11 @@ def _hash_seed_facts(
     for seed in seeds:
         starts = [s for r in seed.ranks if (s := records[r].start) is not None]
         probes = sorted({s.hash_probe for s in starts})
+        where = f"hash_seeds: node {seed.node}'s ranks with seed {seed.seed} hashed the probe to"
         if len(probes) > 1:
-            where = (
-                f"hash_seeds: node {seed.node}'s ranks with seed {seed.seed} hashed the probe to"
-            )
             yield RECEIPT_NAME, where, ", ".join(map(str, probes)), ONE_PROBE
+        elif computed:
+            yield RECEIPT_NAME, where, probes[0], hashprobe.probe_hash(seed.seed)
 
 
 def _launch_facts(receipt: Receipt, rank_files: RankFiles) -> Iterator[tuple[str, str, Any, Any]]:

@@ -147,8 +147,10 @@ def options_from_args(
         for dest, value in dataclasses.asdict(source.settings).items():
             if dest not in chosen.explicit:
                 values[dest] = value
-        if "hash_seed" not in chosen.explicit:
-            values["hash_seed"] = source.hash_seeds.get(values["node_rank"])
+        seed = source.hash_seeds.get(values["node_rank"])
+        if "hash_seed" not in chosen.explicit and seed is not None:
+            # the run's seed, drawn still where its launcher drew it: the user gave none
+            values.update(hash_seed=seed.seed, hash_seed_drawn=seed.drawn)
         pytest_args = (*plugin_args(pytest_args), *source.targets)
     _warm_impl_vllm_is_the_engine_lane(values, chosen.explicit)
     spec = values.pop("nproc_per_node")

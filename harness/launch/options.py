@@ -111,7 +111,7 @@ def _hash_seed(flag: str, text: str) -> int | None:
     launcher."""
     if text in ("", "random"):
         return None
-    if not text.isdigit() or int(text) > HASH_SEED_MAX:
+    if not (text.isascii() and text.isdigit()) or int(text) > HASH_SEED_MAX:
         raise UsageError(f"{flag} must be random or an integer 0..{HASH_SEED_MAX}, got {text!r}")
     return int(text)
 
@@ -352,6 +352,8 @@ class RunOptionFields:
     # (harness.launch.pytestargs): they replace the default targets; options alone narrow them.
     pytest_names_targets: bool = True
     nproc_requested: str | None = None  # --nproc-per-node as typed, for the receipt
+    # `hash_seed` is one a launcher drew: the seed --rerun-failed took from a run that drew it
+    hash_seed_drawn: bool = False
 
 
 # The flags, in the order of their fields (the help's order), each knowing the field it sets.

@@ -19,8 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.errors import UsageError
+
+if TYPE_CHECKING:
+    from harness.schema.receipt import HashSeed
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ class RerunSource:
     bundle: Path
     settings: RerunSettings
     targets: tuple[str, ...]
-    hash_seeds: dict[int, int] = field(default_factory=dict)
+    hash_seeds: dict[int, HashSeed] = field(default_factory=dict)
 
 
 def plugin_args(pytest_args: Sequence[str]) -> tuple[str, ...]:
@@ -132,5 +136,5 @@ def rerun_source(bundle: Path) -> RerunSource:
         bundle=Path(bundle),
         settings=settings,
         targets=tuple(dict.fromkeys(contained_nodeid(n, root) for n in nodeids)),
-        hash_seeds={s.node: s.seed for s in receipt.hash_seeds or ()},
+        hash_seeds={s.node: s for s in receipt.hash_seeds or ()},
     )

@@ -133,7 +133,7 @@ def rank_start(output_relay: int | None = None) -> RankStart:
         hash_seed_fixed=seed.isdigit(),
         output_relay=output_relay,
         hash_seed=int(seed) if seed.isdigit() else None,
-        hash_seed_drawn=None if plan is None else plan.hash_seed is None,
+        hash_seed_drawn=None if plan is None else plan.hash_seed is None or plan.hash_seed_drawn,
     )
 
 

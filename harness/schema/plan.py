@@ -79,6 +79,8 @@ class RankPlan(Model):
     # The string-hash seed the run was asked for (`--hash-seed`, PYTHONHASHSEED, or a rerun's
     # bundle); None: the launcher drew the one every rank's PYTHONHASHSEED holds.
     hash_seed: NonNegativeInt | None = None
+    # `hash_seed` was drawn all the same: a rerun's bundle's seed that its launcher drew.
+    hash_seed_drawn: bool = False
 
     def resolved_dcp(self, world_size: int) -> int:
         return self.dcp if self.dcp is not None else default_dcp(world_size)
