@@ -177,6 +177,9 @@ def test_skip_reasons_rewritten_with_merged_xml_are_caught(
     assert verify_bundle(out).problems == (
         "receipt.json: skip_reasons.needs 16 ranks is absent but the rank records and JUnit "
         "reports say 1",
+        "junit/merged.xml: cases.rank 00 warm: suites.warm.test_signatures::test_kimi_signatures"
+        ".message is 'needs a CUDA GPU' but the rank records and JUnit reports say "
+        "'needs 16 ranks'",
     )
 
 

@@ -310,6 +310,61 @@ def _rank_cases(case: TestCase, suite_name: str | None) -> list[Case]:
     return [Case(rank, suite, classname, name, outcome, message, props.get(PROP_SOURCE, "junit"))]
 
 
+def reader_problems(path: Path) -> list[str]:
+    """Where merged.xml tells a test reporter something else than the per-rank outcomes verify
+    counts (`read_merged`): a reporter reads each testcase's own result element and each
+    suite's counts, so a failure element dropped (or a count zeroed) while the per-rank
+    properties still say failed would show a failing run green. One line per problem; raises
+    ValueError when the file is not such a report, as `read_merged` does."""
+    try:
+        xml = JUnitXml.fromfile(str(path))
+    except (ET.ParseError, JUnitXmlError) as exc:
+        raise ValueError(f"not valid JUnit XML: {exc}") from exc
+    problems: list[str] = []
+    total: dict[str, int] = defaultdict(int)
+    for suite in xml:
+        counts: dict[str, int] = defaultdict(int)
+        for case in suite:
+            shown, _ = _outcome(case)
+            counts["tests"] += 1
+            counts[_COUNTED.get(shown, "")] += 1
+            said = {v for k, v in _props(case).items() if _per_rank_kind(k) == "rank"}
+            worst = next((o for o in OUTCOME_ORDER if o in said), shown)
+            if shown != worst:
+                problems.append(
+                    f"testcase {case.classname}::{case.name} shows {shown} where its ranks' "
+                    f"outcomes make it {worst}"
+                )
+        for key in ("tests", "failures", "errors", "skipped"):
+            total[key] += counts[key]
+            if _count(suite, key) != counts[key]:
+                problems.append(
+                    f"testsuite {suite.name} says {key}={_count(suite, key)} where its "
+                    f"testcases count {counts[key]}"
+                )
+    for key in ("tests", "failures", "errors", "skipped"):
+        if _count(xml, key) != total[key]:
+            problems.append(
+                f"testsuites says {key}={_count(xml, key)} where its testcases count {total[key]}"
+            )
+    return problems
+
+
+_COUNTED = {"failed": "failures", "error": "errors", "skipped": "skipped"}
+
+
+def _per_rank_kind(key: str) -> str | None:
+    """The kind of a per-rank property by its name ("rank", "source", "message"), else None."""
+    match = _PER_RANK.match(key)
+    return None if match is None else match[1]
+
+
+def _count(element: JUnitXml | TestSuite, key: str) -> int | None:
+    """A suite's (or the report's) stated count; None where it is absent or not a number."""
+    value = element._elem.get(key)
+    return int(value) if value is not None and value.isdigit() else None
+
+
 def skip_reason(message: str) -> str:
     """A skip's reason as a reader groups it: pytest's `Skipped: ` prefix and the
     `path:line: ` location it puts before a skip's text dropped, one line."""

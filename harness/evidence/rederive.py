@@ -38,7 +38,7 @@ the launcher read them).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from typing import Any
 from harness.evidence import rules
 from harness.evidence.collect import RankFiles, hash_seed_of
 from harness.evidence.derive import Derived, derive
-from harness.evidence.junit import read_merged, tallies
+from harness.evidence.junit import Case, read_merged, tallies
 from harness.evidence.torchrun_errors import first_torchrun_error
 from harness.schema.launch import ZygoteState
 from harness.schema.layout import MERGED_JUNIT, RECEIPT_NAME
@@ -132,16 +132,18 @@ def derived_facts(
         yield r, fact.field, fact.stated, fact.recorded
     yield r, "verdict", receipt.verdict, derived.verdict
     yield r, "ranks", _dump(receipt.ranks), _dump(derived.ranks)
+    cases: tuple[Case, ...] | None = None
     try:
-        stated = tallies(
-            read_merged(bundle / MERGED_JUNIT), runner_cases=receipt.skip_reasons is None
-        )
+        cases = read_merged(bundle / MERGED_JUNIT)
     except (OSError, ValueError):
         pass  # an unreadable merged.xml is reported by verify's consistency check
     else:
+        stated = tallies(cases, runner_cases=receipt.skip_reasons is None)
         yield MERGED_JUNIT, "suites", _dump(stated), _dump(derived.suites)
     if receipt.skip_reasons is not None:  # receipts written before it do not state it
         yield r, "skip_reasons", receipt.skip_reasons, derived.skip_reasons
+    if cases is not None:  # each rank's case, not only their counts: which test failed, and why
+        yield MERGED_JUNIT, "cases", _by_case(cases), _by_case(derived.merged.cases)
     yield r, "coverage", _dump(receipt.coverage), _dump(derived.coverage)
     yield r, "capture", _dump(receipt.capture), _dump(derived.capture)
     yield r, "negative_control", _dump(receipt.negative_control), _dump(derived.negative_control)
@@ -157,6 +159,19 @@ def derived_facts(
     yield r, "failed_tests", _dump(receipt.failed_tests), _dump(derived.failed_tests_for(cause))
     yield r, "run.rootdir", receipt.run.rootdir, derived.rootdir
     yield r, "failures", receipt.failures, derived.failures  # last: it sums up the facts above
+
+
+def _by_case(cases: Iterable[Case]) -> dict[str, dict[str, str]]:
+    """merged.xml's cases as JSON, keyed by rank and test (each once, as `merge_junit` gives
+    them), so a difference names the case."""
+    return {
+        f"rank {c.rank:02d} {c.suite}: {c.classname}::{c.name}": {
+            "outcome": c.outcome,
+            "message": c.message,
+            "source": c.source,
+        }
+        for c in cases
+    }
 
 
 def _dump(value: Any) -> Any:

@@ -1,0 +1,84 @@
+"""junit/merged.xml is what a CI test reporter reads of a run: each testcase's own result element
+and each suite's counts. verify holds those to the per-rank outcomes it counts, and every rank's
+case (outcome, message, source) to what the ranks' own reports merge to, so a forger who reseals
+every hash (`_support.forge`) cannot show a failing run green there, nor blame another test or
+reason, while the receipt keeps its FAIL."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _support.evidence_factory import failing_run
+from _support.forge import forge
+
+from harness.evidence import verify
+from harness.evidence.files import sha256_file
+from harness.evidence.verify import verify_bundle
+from harness.evidence.writer import finalize_bundle
+
+WORLD = 2
+
+
+@pytest.fixture
+def failed(tmp_path: Path) -> Path:
+    """Rank 1 fails the combine test; rank 0 fails it as a follow-on."""
+    out = tmp_path / "bundle"
+    assert finalize_bundle(out, failing_run(out, world=WORLD, bad_rank=1)).verdict == "fail"
+    assert verify_bundle(out).ok, verify_bundle(out).problems
+    return out
+
+
+def rewrite_merged(bundle: Path, edit: Any) -> None:
+    """Edit merged.xml's text, then name its new hash in the receipt and reseal."""
+    merged = bundle / "junit" / "merged.xml"
+    merged.write_text(edit(merged.read_text()))
+
+    def rehash(data: dict[str, Any]) -> None:
+        data["files"]["junit/merged.xml"] = sha256_file(merged)
+
+    assert forge(bundle, rehash).verdict == "fail"  # the receipt still says FAIL
+
+
+def test_a_failing_run_cannot_show_green_to_a_test_reporter(
+    failed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failure elements dropped and the counts zeroed: a reporter would count 0 failures;
+    the per-rank properties, which the tallies count, still say failed."""
+
+    def green(text: str) -> str:
+        text = re.sub(r"<failure[^>]*?(/>|>.*?</failure>)", "", text, flags=re.S)
+        return re.sub(r'(failures|errors)="\d+"', r'\1="0"', text)
+
+    rewrite_merged(failed, green)
+    with monkeypatch.context() as patch:
+        patch.setattr(verify, "reader_problems", lambda *_: [])
+        assert verify_bundle(failed).ok  # every other layer is fooled
+    assert verify_bundle(failed).problems == (
+        "junit/merged.xml: testcase suites.transport.test_combine.TestCombine::"
+        "test_matches_reference shows passed where its ranks' outcomes make it failed",
+    )
+
+
+def test_a_suite_count_zeroed_in_merged_xml_is_caught(failed: Path) -> None:
+    rewrite_merged(failed, lambda text: text.replace('failures="1"', 'failures="0"'))
+    problems = verify_bundle(failed).problems
+    assert problems and all(p.startswith("junit/merged.xml: testsuite") for p in problems[:-1])
+    assert problems[-1] == (
+        "junit/merged.xml: testsuites says failures=0 where its testcases count 1"
+    )
+
+
+def test_merged_xml_cannot_name_another_reason_for_a_failure(failed: Path) -> None:
+    """The message a reviewer reads in the CI report is the ranks' own, not one the forger chose
+    (the counts are unchanged, so the tallies alone cannot tell)."""
+    real = "AssertionError: combine mismatch at head 3"
+    rewrite_merged(failed, lambda text: text.replace(real, "flaky network: connection reset"))
+    (problem,) = verify_bundle(failed).problems
+    assert problem.startswith("junit/merged.xml: cases.rank 01 ")
+    assert problem.endswith(
+        ".message is 'flaky network: connection reset' but the rank records and JUnit reports "
+        f"say {real!r}"
+    )
