@@ -2,7 +2,8 @@
 and each suite's counts. verify holds those to the per-rank outcomes it counts, and every rank's
 case (outcome, message, source) to what the ranks' own reports merge to, so a forger who reseals
 every hash (`_support.forge`) cannot show a failing run green there, nor blame another test or
-reason, while the receipt keeps its FAIL."""
+reason, while the receipt keeps its FAIL. And each rank's own JUnit report, which the tallies
+and so the verdict come from, cannot count a test better than that rank's record does."""
 
 from __future__ import annotations
 
@@ -11,13 +12,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support.evidence_factory import failing_run
+from _support.evidence_factory import (
+    NODES,
+    context,
+    failing_run,
+    junit_xml,
+    passed,
+    torchrun_logs,
+    write_rank,
+)
 from _support.forge import forge
 
+from harness.evidence import rederive as verify_rederive
 from harness.evidence import verify
 from harness.evidence.files import sha256_file
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
+from harness.schema.rank_record import TestOutcome
 
 WORLD = 2
 
@@ -81,4 +92,29 @@ def test_merged_xml_cannot_name_another_reason_for_a_failure(failed: Path) -> No
     assert problem.endswith(
         ".message is 'flaky network: connection reset' but the rank records and JUnit reports "
         f"say {real!r}"
+    )
+
+
+def test_the_ranks_reports_cannot_pass_tests_their_records_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every test skipped on every rank proves nothing and fails ("no test passed"); with the
+    ranks' JUnit reports alone rewritten to say passed, the writer's own derivation gives a
+    PASS: verify holds each report to its rank's record."""
+    out = tmp_path / "bundle"
+    skipped = [TestOutcome(nodeid=n, outcome="skipped", message="needs a GPU") for n in NODES]
+    for rank in range(WORLD):
+        write_rank(out, rank, WORLD, tests=skipped, junit=False)
+        report = out / "junit" / f"rank-{rank:02d}.xml"
+        report.parent.mkdir(exist_ok=True)
+        report.write_text(junit_xml(map(passed, NODES)))
+    torchrun_logs(out, WORLD)
+    assert finalize_bundle(out, context(WORLD)).verdict == "pass"
+    with monkeypatch.context() as patch:
+        patch.setattr(verify_rederive, "junit_record_problems", lambda *_: [])
+        assert verify_bundle(out).ok  # every other layer is fooled
+    assert verify_bundle(out).problems == tuple(
+        f"junit/rank-{rank:02d}.xml: {NODES[0]} is passed where records/rank-{rank:02d}.json "
+        "says skipped"
+        for rank in range(WORLD)
     )

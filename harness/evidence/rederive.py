@@ -46,11 +46,11 @@ from typing import Any
 from harness.evidence import rules
 from harness.evidence.collect import RankFiles, hash_seed_of
 from harness.evidence.derive import Derived, derive
-from harness.evidence.junit import Case, read_merged, tallies
+from harness.evidence.junit import Case, mangle, read_merged, tallies
 from harness.evidence.torchrun_errors import first_torchrun_error
 from harness.schema.launch import ZygoteState
-from harness.schema.layout import MERGED_JUNIT, RECEIPT_NAME
-from harness.schema.rank_record import RankRecord, RankStart
+from harness.schema.layout import MERGED_JUNIT, RECEIPT_NAME, RECORDS_DIR
+from harness.schema.rank_record import RankRecord, RankStart, junit_path, rank_record_path
 from harness.schema.receipt import Receipt
 
 SOURCE = "the rank records and JUnit reports"
@@ -244,12 +244,52 @@ def _zygote_counts(
         yield RECEIPT_NAME, f"{where}.forked (records: forked)", zygote.forked, forked
 
 
+# (the rank record's outcome, its JUnit report's) where the report counts the test better: a
+# failure hidden, or a skip counted as a pass (the tallies, and so the verdict, come from the
+# reports; the rank plugin writes both from one outcome).
+_BETTER_IN_JUNIT = frozenset(
+    {
+        ("failed", "passed"),
+        ("failed", "skipped"),
+        ("error", "passed"),
+        ("error", "skipped"),
+        ("skipped", "passed"),
+    }
+)
+
+
+def junit_record_problems(derived: Derived) -> list[str]:
+    """One line per rank whose own JUnit report counts a test better than its rank record does
+    (the first such test): a report edited alone cannot turn the records' skips into passes,
+    which the tallies count, nor their failures into anything else."""
+    problems = []
+    by_rank: dict[int, list[Case]] = {}
+    for case in derived.merged.cases:
+        if case.source == "junit":
+            by_rank.setdefault(case.rank, []).append(case)
+    for rank, cases in sorted(by_rank.items()):
+        record = derived.rank_files.records.get(rank)
+        if record is None:
+            continue
+        recorded = {mangle(t.nodeid): t for t in record.tests}
+        for case in cases:
+            test = recorded.get((case.classname, case.name))
+            if test is not None and (test.outcome, case.outcome) in _BETTER_IN_JUNIT:
+                problems.append(
+                    f"{junit_path(Path(), rank).as_posix()}: {test.nodeid} is {case.outcome} "
+                    f"where {rank_record_path(Path(RECORDS_DIR), rank).as_posix()} says "
+                    f"{test.outcome}"
+                )
+                break
+    return problems
+
+
 def rederive_problems(bundle: Path, receipt: Receipt, derived: Derived | None = None) -> list[str]:
     """One line per receipt field that the bundle's own records contradict (`derived`:
     `derive_stated` of this bundle and receipt, where the caller has it already)."""
     if derived is None:
         derived = derive_stated(bundle, receipt)
-    problems = []
+    problems = junit_record_problems(derived)
     for holder, field, mine, theirs in derived_facts(bundle, receipt, derived):
         found = first_difference(field, mine, theirs)
         if found is not None:

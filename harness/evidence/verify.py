@@ -28,14 +28,15 @@ Four layers, each problem one line that starts with the file it is about:
    entry, a removed stray (links, special files: no file was ever kept) dropped from the
    receipt, or a dropped `run.extra.scrub.removed` entry leaves nothing to hold the receipt
    to: only a signature catches those.
-4. Re-derivation: merged.xml's every rank case (outcome, message, source) is what the rank
-   reports merge to; the receipt's verdict, failures, ranks, tallies, skip reasons, coverage,
-   capture, negative control, signatures, transports, selection, real trees, hosts, harness
-   checkout, failed tests, rootdir and root cause equal what the writer's own derivation
-   (harness.evidence.derive) gives from the hash-covered rank records and JUnit reports, its
-   geometry, warm code and image digest agree with those records by that derivation's own
-   check, and its zygotes agree with them too (harness.evidence.rederive), naming the first
-   field that differs; and summary.md is exactly what the receipt renders
+4. Re-derivation: no rank's own JUnit report counts a test better than its rank record does (a
+   skip as a pass, a failure as anything else); merged.xml's every rank case (outcome, message,
+   source) is what the rank reports merge to; the receipt's verdict, failures, ranks, tallies,
+   skip reasons, coverage, capture, negative control, signatures, transports, selection, real
+   trees, hosts, harness checkout, failed tests, rootdir and root cause equal what the writer's
+   own derivation (harness.evidence.derive) gives from the hash-covered rank records and JUnit
+   reports, its geometry, warm code and image digest agree with those records by that
+   derivation's own check, and its zygotes agree with them too (harness.evidence.rederive),
+   naming the first field that differs; and summary.md is exactly what the receipt renders
    (harness.evidence.summary).
 
 JSON is read bounded and strict (harness.jsonfile): a receipt that is a FIFO, a device, huge or
