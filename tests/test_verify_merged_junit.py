@@ -118,3 +118,28 @@ def test_the_ranks_reports_cannot_pass_tests_their_records_skipped(
         "says skipped"
         for rank in range(WORLD)
     )
+
+
+def test_the_ranks_reports_cannot_pass_a_test_their_records_never_collected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same skips, reported as skips, and one made-up test each report says passed: a PASS
+    by the tallies, of a test no rank collected."""
+    out = tmp_path / "bundle"
+    skipped = [TestOutcome(nodeid=n, outcome="skipped", message="needs a GPU") for n in NODES]
+    made_up = "suites/warm/test_made_up.py::test_it_ran"
+    for rank in range(WORLD):
+        write_rank(out, rank, WORLD, tests=skipped, junit=False)
+        report = out / "junit" / f"rank-{rank:02d}.xml"
+        report.parent.mkdir(exist_ok=True)
+        report.write_text(junit_xml([*skipped, passed(made_up)]))
+    torchrun_logs(out, WORLD)
+    assert finalize_bundle(out, context(WORLD)).verdict == "pass"
+    with monkeypatch.context() as patch:
+        patch.setattr(verify_rederive, "junit_record_problems", lambda *_: [])
+        assert verify_bundle(out).ok  # every other layer is fooled
+    assert verify_bundle(out).problems == tuple(
+        f"junit/rank-{rank:02d}.xml: suites.warm.test_made_up::test_it_ran is passed, but "
+        f"records/rank-{rank:02d}.json names no such test"
+        for rank in range(WORLD)
+    )

@@ -261,7 +261,8 @@ _BETTER_IN_JUNIT = frozenset(
 def junit_record_problems(derived: Derived) -> list[str]:
     """One line per rank whose own JUnit report counts a test better than its rank record does
     (the first such test): a report edited alone cannot turn the records' skips into passes,
-    which the tallies count, nor their failures into anything else."""
+    which the tallies count, nor their failures into anything else, nor pass a test the rank
+    never collected."""
     problems = []
     by_rank: dict[int, list[Case]] = {}
     for case in derived.merged.cases:
@@ -272,13 +273,21 @@ def junit_record_problems(derived: Derived) -> list[str]:
         if record is None:
             continue
         recorded = {mangle(t.nodeid): t for t in record.tests}
+        collected = {mangle(n) for n in record.collected} | set(recorded)
+        report = junit_path(Path(), rank).as_posix()
+        record_file = rank_record_path(Path(RECORDS_DIR), rank).as_posix()
         for case in cases:
             test = recorded.get((case.classname, case.name))
             if test is not None and (test.outcome, case.outcome) in _BETTER_IN_JUNIT:
                 problems.append(
-                    f"{junit_path(Path(), rank).as_posix()}: {test.nodeid} is {case.outcome} "
-                    f"where {rank_record_path(Path(RECORDS_DIR), rank).as_posix()} says "
+                    f"{report}: {test.nodeid} is {case.outcome} where {record_file} says "
                     f"{test.outcome}"
+                )
+                break
+            if case.outcome == "passed" and (case.classname, case.name) not in collected:
+                problems.append(
+                    f"{report}: {case.classname}::{case.name} is passed, but {record_file} "
+                    "names no such test"
                 )
                 break
     return problems
