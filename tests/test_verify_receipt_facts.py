@@ -690,3 +690,23 @@ def test_a_cause_torchrun_reported_is_held_to_the_bundle_s_own_error_files(tmp_p
         "receipt.json: root_cause is {'rank': 1, 'test': None, 'kind': 'torchrun'} but the rank "
         "records and JUnit reports say 'no cause: no torchrun error file in the bundle'",
     )
+
+
+@pytest.mark.parametrize("cause", ["records", "torchrun"])
+def test_a_root_cause_reworded_as_a_flake_is_caught(tmp_path: Path, cause: str) -> None:
+    """The summary's verdict line quotes the root cause's text: a failure the records (or
+    torchrun's error file) name cannot be reworded as an infrastructure flake, its rank, test
+    and kind kept."""
+    bundle = (
+        failed_combine(tmp_path)
+        if cause == "records"
+        else crashed_on_the_way_out(tmp_path, note=True)
+    )
+    real = receipt(bundle)["root_cause"]["message"]
+    flake = "infrastructure flake: the store connection was reset (not a test failure)"
+    forge(bundle, lambda d: d["root_cause"].update(message=flake))
+    assert flake in (bundle / "summary.md").read_text()
+    assert verify_bundle(bundle).problems == (
+        f"receipt.json: root_cause.message is {flake!r} but the rank records and JUnit reports "
+        f"say {real!r}",
+    )

@@ -26,14 +26,14 @@ the launcher's; and each node's zygote, held to how that node's ranks say they s
 Not re-derived, because no rank file records it: the run's exit code and timeout (the
 launcher's view; verify holds them to the launcher's record of the launch, and that record to
 the bundle's launch.json and node markers), tp and dcp of records that predate them, the rest
-of the environment (GPUs, driver, NCCL), the image's runtime check and the peers' versions, and
-the root cause's text (it may quote torchrun's error file). The root cause's rank, test and
-kind are re-derived whenever the records name a cause, whatever kind the receipt gives it (not
-for an interrupted run, whose cause verify holds to the launcher's record of the interruption,
-nor for the fallbacks to JUnit or the verdict's reasons), and a cause of a kind only the
-records give is refused where they name none. A cause the receipt says torchrun reported is held
-to the bundle's own copy of torchrun's error files (`harness.evidence.torchrun_errors`, read as
-the launcher read them).
+of the environment (GPUs, driver, NCCL), the image's runtime check and the peers' versions. The
+root cause's rank, test and kind, and where they agree its text (which quotes torchrun's error
+file where that names the same rank), are re-derived whenever the records name a cause,
+whatever kind the receipt gives it (not for an interrupted run, whose cause verify holds to the
+launcher's record of the interruption, nor for the fallbacks to JUnit or the verdict's
+reasons), and a cause of a kind only the records give is refused where they name none. A cause
+the receipt says torchrun reported is held to the bundle's own copy of torchrun's error files
+(`harness.evidence.torchrun_errors`, read as the launcher read them), its text too.
 """
 
 from __future__ import annotations
