@@ -710,3 +710,26 @@ def test_a_root_cause_reworded_as_a_flake_is_caught(tmp_path: Path, cause: str) 
         f"receipt.json: root_cause.message is {flake!r} but the rank records and JUnit reports "
         f"say {real!r}",
     )
+
+
+def test_a_fallback_root_cause_is_the_one_the_bundle_gives(tmp_path: Path) -> None:
+    """A cause torchrun's error file names cannot be passed off as a bare exit code (kind `run`,
+    a fallback verify held to nothing), and the verdict's first reason, where it is the cause,
+    cannot be reworded."""
+    bundle = crashed_on_the_way_out(tmp_path, note=True)
+    flake = {"rank": None, "test": None, "kind": "run", "message": "infra flake: retry"}
+    forge(bundle, lambda d: d.update(root_cause=flake))
+    assert verify_bundle(bundle).problems == (
+        "receipt.json: root_cause.kind is 'run' but the rank records and JUnit reports say "
+        "'torchrun'",
+    )
+    out = tmp_path / "exit-1"
+    passing_run(out, world=WORLD)
+    finalize_bundle(out, context(WORLD, exit_code=1))
+    real = receipt(out)["root_cause"]
+    assert real["kind"] == "run"
+    forge(out, lambda d: d["root_cause"].update(message="infra flake: retry"))
+    assert verify_bundle(out).problems == (
+        "receipt.json: root_cause.message is 'infra flake: retry' but the rank records and JUnit "
+        f"reports say {real['message']!r}",
+    )

@@ -215,6 +215,10 @@ class Derived:
                 yield from _same_cause(root_cause, earliest)
             else:
                 yield Corroboration("root_cause", stated, NO_TORCHRUN_CAUSE)
+        elif self.earliest is not None and not self._launcher_cause:
+            # a fallback (JUnit, the verdict's first reason) is the one the bundle gives: not
+            # torchrun's error file called a mere exit code, nor a reason reworded
+            yield from _same_cause(root_cause, self.earliest)
 
     @property
     def _launcher_cause(self) -> bool:
