@@ -26,6 +26,7 @@ from _support.forge import forge
 from harness.evidence import rederive as verify_rederive
 from harness.evidence import verify
 from harness.evidence.files import sha256_file
+from harness.evidence.junit import mangle
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
 from harness.schema.rank_record import TestOutcome
@@ -143,3 +144,36 @@ def test_the_ranks_reports_cannot_pass_a_test_their_records_never_collected(
         f"records/rank-{rank:02d}.json names no such test"
         for rank in range(WORLD)
     )
+
+
+def test_a_test_that_also_errored_in_teardown_verifies_as_pytest_reports_it(
+    tmp_path: Path,
+) -> None:
+    """pytest writes a test that failed and then errored in teardown as two testcases, and one
+    that skipped and then errored as one testcase with both elements: an honest bundle of
+    either verifies (each rank's entries read back in order; a suite's counts as a reporter
+    counts them, each result element)."""
+    out = tmp_path / "bundle"
+    twice, both = NODES[1], NODES[2]
+    tests = [passed(NODES[0]), TestOutcome(nodeid=twice, outcome="failed", message="call")]
+    tests += [TestOutcome(nodeid=both, outcome="error", message="teardown"), passed(NODES[3])]
+    teardown = '<error message="teardown">broke</error>'
+    for rank in range(WORLD):
+        write_rank(out, rank, WORLD, tests=tests, junit=False)
+        xml = junit_xml([passed(NODES[0]), passed(twice), passed(both), passed(NODES[3])])
+        for nodeid, inner in (
+            (twice, '<failure message="call">x</failure></testcase>{case}' + teardown),
+            (both, '<skipped message="not here">s</skipped>' + teardown),
+        ):
+            classname, name = mangle(nodeid)
+            case = f'<testcase classname="{classname}" name="{name}" time="0.25"'
+            xml = xml.replace(
+                case + " />", case + ">" + inner.format(case=case + ">") + "</testcase>"
+            )
+        report = out / "junit" / f"rank-{rank:02d}.xml"
+        report.parent.mkdir(exist_ok=True)
+        report.write_text(xml)
+    torchrun_logs(out, WORLD)
+    written = finalize_bundle(out, context(WORLD, exit_code=1))
+    assert (written.verdict, sum(t.failed for t in written.suites.values())) == ("fail", 1)
+    assert verify_bundle(out).ok, verify_bundle(out).problems

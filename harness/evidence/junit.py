@@ -271,17 +271,31 @@ def read_merged(path: Path) -> tuple[Case, ...]:
     return _in_rank_order(cases)
 
 
+def _per_rank(case: TestCase) -> dict[int, list[dict[str, str]]]:
+    """Each rank's entries of a merged testcase, in order: a rank's report can hold one test
+    twice (pytest writes a test that failed and then errored in teardown as two testcases),
+    and `merge_junit` then writes that rank's outcome, source and message twice; each
+    `dcpqual.rank.NN` starts an entry."""
+    found = case._elem.find("properties")
+    per_rank: dict[int, list[dict[str, str]]] = defaultdict(list)
+    for prop in [] if found is None else Properties.fromelem(found):
+        match = _PER_RANK.match(prop.name or "")
+        if match is None:
+            continue
+        rank, kind = int(match[2]), match[1]
+        if kind == "rank" or not per_rank[rank]:
+            per_rank[rank].append({})
+        per_rank[rank][-1][kind] = prop.value or ""
+    return per_rank
+
+
 def _rank_cases(case: TestCase, suite_name: str | None) -> list[Case]:
     props = _props(case)
     classname, name = case.classname or "", case.name or ""
-    per_rank: dict[int, dict[str, str]] = defaultdict(dict)
-    for key, value in props.items():
-        match = _PER_RANK.match(key)
-        if match:
-            per_rank[int(match[2])][match[1]] = value
+    per_rank = _per_rank(case)
     if PROP_SUITE in props and per_rank:
         out = []
-        for rank, said in sorted(per_rank.items()):
+        for rank, said in ((r, e) for r, entries in sorted(per_rank.items()) for e in entries):
             if said.get("rank") not in OUTCOME_ORDER:
                 raise ValueError(
                     f"testcase {classname}::{name} has rank {rank} without a known outcome"
@@ -327,8 +341,9 @@ def reader_problems(path: Path) -> list[str]:
         for case in suite:
             shown, _ = _outcome(case)
             counts["tests"] += 1
-            counts[_COUNTED.get(shown, "")] += 1
-            said = {v for k, v in _props(case).items() if _per_rank_kind(k) == "rank"}
+            for result in case.result:  # as a reporter counts: each result element
+                counts[_COUNTED.get(_outcome(_only(case, result))[0], "")] += 1
+            said = {e.get("rank") for entries in _per_rank(case).values() for e in entries}
             worst = next((o for o in OUTCOME_ORDER if o in said), shown)
             if shown != worst:
                 problems.append(
@@ -353,10 +368,11 @@ def reader_problems(path: Path) -> list[str]:
 _COUNTED = {"failed": "failures", "error": "errors", "skipped": "skipped"}
 
 
-def _per_rank_kind(key: str) -> str | None:
-    """The kind of a per-rank property by its name ("rank", "source", "message"), else None."""
-    match = _PER_RANK.match(key)
-    return None if match is None else match[1]
+def _only(case: TestCase, result: object) -> TestCase:
+    """`case` with `result` as its only result element (to read that element's outcome)."""
+    alone = TestCase(name=case.name, classname=case.classname)
+    alone.result = [result]  # type: ignore[list-item]
+    return alone
 
 
 def _count(element: JUnitXml | TestSuite, key: str) -> int | None:
