@@ -266,6 +266,7 @@ CASES = [
             ("setup-only", ["--setup-only"], "--setup-only runs no test body"),
             ("setup-plan", ["--setup-plan"], "--setup-plan runs no test body"),
             ("collect-only", ["--collect-only"], "--collect-only runs no test body"),
+            ("junit-prefix", ["--junit-prefix=x"], "--junit-prefix renames every test"),
         )
     ),
     # -- `dcpqual verify DIR` --

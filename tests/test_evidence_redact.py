@@ -736,3 +736,20 @@ def test_a_locked_folder_that_can_be_neither_opened_nor_removed_stops_the_scrub(
     with pytest.raises(ScrubFailed, match=r"^locked/ still holds a secret") as failed:
         scrub_folder(out, Scrubber.of([LOCKED]))
     assert failed.value.left == ("locked/",)
+
+
+def test_a_gzip_file_holding_the_secret_keeps_no_copy(tmp_path: Path) -> None:
+    """A compressed log (and a JSON dump, two gzip members) a test left in the out folder: the
+    secret is not in the bytes as written, so it is looked for in what they hold."""
+    import gzip
+
+    secret = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123"
+    (tmp_path / "log.gz").write_bytes(gzip.compress(f"using token {secret}\n".encode()))
+    dump = json.dumps({"config": {"auth": secret}}).encode()
+    (tmp_path / "dump.json.gz").write_bytes(gzip.compress(dump[:10]) + gzip.compress(dump[10:]))
+    report = scrub_folder(tmp_path, Scrubber.of([secret]))
+    assert report.changed == ("dump.json.gz", "log.gz")
+    log = gzip.decompress((tmp_path / "log.gz").read_bytes()).decode()
+    assert log == f"using token {SCRUBBED}\n"
+    held = json.loads(gzip.decompress((tmp_path / "dump.json.gz").read_bytes()))
+    assert held == {"config": {"auth": SCRUBBED}}

@@ -242,6 +242,7 @@ def test_a_stray_neither_removed_nor_moved_under_strays_does_not_verify(
 ) -> None:
     def edit(data: dict[str, Any]) -> None:
         data["run"]["extra"]["strays"].append({"path": "x", "kind": "file", "action": action})
+        data["root_cause"] = None  # the forger's: the verdict's first reason, which names x
 
     forge(with_strays, edit)
     assert verify_bundle(with_strays).problems == (

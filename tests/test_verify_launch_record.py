@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,17 @@ from _support.forge import forge
 from _support.smoke import H200, passing_result
 
 from harness.evidence import launch_record, rules, verify
+from harness.evidence.collect import load_records
 from harness.evidence.files import sha256_file
+from harness.evidence.junit import merge_junit
 from harness.evidence.launch_record import launch_record_problems
+from harness.evidence.rederive import derive_stated
 from harness.evidence.strays import set_aside
 from harness.evidence.verify import verify_bundle
 from harness.evidence.writer import finalize_bundle
 from harness.launch import nodes
 from harness.schema.launch import Launch, NodeState
+from harness.schema.rank_record import junit_path, rank_record_path
 from harness.schema.receipt import Receipt, RunExtra
 from harness.schema.smoke import Smoke
 from harness.smoke.bundle import write_smoke_bundle
@@ -200,6 +205,78 @@ def test_a_torchrun_run_cannot_call_itself_a_smoke_to_drop_its_launch(
     assert verify_bundle(bundle).problems == (
         "receipt.json: run.extra.smoke on a run of 2 rank(s) on 1 node(s): the smoke is one "
         "rank, and every other run records its launch",
+    )
+
+
+def test_a_one_rank_torchrun_run_cannot_call_itself_a_smoke_with_a_smoke_s_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rank on one node, as the smoke is, and a passing smoke result added beside its
+    records: its torchrun's exit 1 (leftovers) would be gone with its launch. The smoke's record
+    holds the smoke's checks; this one holds the run's own tests."""
+    out = tmp_path / "bundle"
+    ctx = passing_run(out, world=1)
+    extra = RunExtra(launch=Launch(exit_code=1, elapsed_s=3.5, leftovers=[4242]))
+    finalize_bundle(out, dataclasses.replace(ctx, nproc_per_node=1, exit_code=1, extra=extra))
+    assert receipt_of(out).verdict == "fail"
+    (out / "launch.json").unlink()
+    result = out / "smoke" / "result.json"
+    result.parent.mkdir()
+    result.write_text(json.dumps(passing_result().to_json(), indent=2, sort_keys=True) + "\n")
+
+    def disguise(data: dict[str, Any]) -> None:
+        as_smoke(data)
+        data["files"]["smoke/result.json"] = sha256_file(result)
+
+    assert forge(out, disguise).verdict == "pass"
+    with monkeypatch.context() as patch:
+        patch.setattr(launch_record, "_smoke_record_problems", lambda *_: [])
+        assert verify_bundle(out).ok  # every other layer is fooled
+    assert verify_bundle(out).problems == (
+        "records/rank-00.json: not the smoke's checks that smoke/result.json gives: test 0 is "
+        "suites/warm/test_signatures.py::test_kimi_signatures passed where it gives "
+        "smoke/gpu_smoke.py::test_capture[kimi-k3] passed",
+    )
+
+
+def test_a_smoke_s_record_cannot_pass_a_check_its_result_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The smoke's result is a witness of its own: a capture it failed (a replay missing)
+    passed in the rank record and JUnit report, merged.xml merged again and the receipt forged
+    to match, is caught, though the receipt's smoke failures still name it."""
+    out = tmp_path / "smoke"
+    out.mkdir()
+    failing = dataclasses.replace(
+        passing_result(), capture=dataclasses.replace(passing_result().capture, replays=1)
+    )
+    assert write_smoke_bundle(out, failing, command=["dcpqual", "gpu-smoke"]).verdict == "fail"
+    record = rank_record_path(out / "records", 0)
+    data = json.loads(record.read_text())
+    data["tests"][0].update(outcome="passed", message=None)
+    record.write_text(json.dumps(data))
+    report = junit_path(out, 0)
+    report.write_text(re.sub(r"<failure[^>]*?(/>|>.*?</failure>)", "", report.read_text(), count=1))
+    merged = out / "junit" / "merged.xml"
+    merged.write_bytes(merge_junit(out, load_records(out, 1)).xml)
+
+    def rehash(data: dict[str, Any]) -> None:
+        for path in (record, report, merged):
+            data["files"][path.relative_to(out).as_posix()] = sha256_file(path)
+        facts = derive_stated(out, Receipt.model_validate(data))
+        data["suites"] = {k: v.model_dump() for k, v in facts.suites.items()}
+        data["failed_tests"] = []
+
+    forged = forge(out, rehash)
+    assert forged.verdict == "pass" and forged.run.extra.smoke is not None, forged.failures
+    assert forged.run.extra.smoke.failures  # the smoke's own verdict is still FAIL
+    with monkeypatch.context() as patch:
+        patch.setattr(launch_record, "_smoke_record_problems", lambda *_: [])
+        assert verify_bundle(out).ok  # every other layer is fooled
+    assert verify_bundle(out).problems == (
+        "records/rank-00.json: not the smoke's checks that smoke/result.json gives: test 0 is "
+        "smoke/gpu_smoke.py::test_capture[kimi-k3] passed where it gives "
+        "smoke/gpu_smoke.py::test_capture[kimi-k3] failed",
     )
 
 

@@ -177,6 +177,9 @@ def test_skip_reasons_rewritten_with_merged_xml_are_caught(
     assert verify_bundle(out).problems == (
         "receipt.json: skip_reasons.needs 16 ranks is absent but the rank records and JUnit "
         "reports say 1",
+        "junit/merged.xml: cases.rank 00 warm: suites.warm.test_signatures::test_kimi_signatures"
+        ".message is 'needs a CUDA GPU' but the rank records and JUnit reports say "
+        "'needs 16 ranks'",
     )
 
 
@@ -686,4 +689,47 @@ def test_a_cause_torchrun_reported_is_held_to_the_bundle_s_own_error_files(tmp_p
     assert verify_bundle(out).problems == (
         "receipt.json: root_cause is {'rank': 1, 'test': None, 'kind': 'torchrun'} but the rank "
         "records and JUnit reports say 'no cause: no torchrun error file in the bundle'",
+    )
+
+
+@pytest.mark.parametrize("cause", ["records", "torchrun"])
+def test_a_root_cause_reworded_as_a_flake_is_caught(tmp_path: Path, cause: str) -> None:
+    """The summary's verdict line quotes the root cause's text: a failure the records (or
+    torchrun's error file) name cannot be reworded as an infrastructure flake, its rank, test
+    and kind kept."""
+    bundle = (
+        failed_combine(tmp_path)
+        if cause == "records"
+        else crashed_on_the_way_out(tmp_path, note=True)
+    )
+    real = receipt(bundle)["root_cause"]["message"]
+    flake = "infrastructure flake: the store connection was reset (not a test failure)"
+    forge(bundle, lambda d: d["root_cause"].update(message=flake))
+    assert flake in (bundle / "summary.md").read_text()
+    assert verify_bundle(bundle).problems == (
+        f"receipt.json: root_cause.message is {flake!r} but the rank records and JUnit reports "
+        f"say {real!r}",
+    )
+
+
+def test_a_fallback_root_cause_is_the_one_the_bundle_gives(tmp_path: Path) -> None:
+    """A cause torchrun's error file names cannot be passed off as a bare exit code (kind `run`,
+    a fallback verify held to nothing), and the verdict's first reason, where it is the cause,
+    cannot be reworded."""
+    bundle = crashed_on_the_way_out(tmp_path, note=True)
+    flake = {"rank": None, "test": None, "kind": "run", "message": "infra flake: retry"}
+    forge(bundle, lambda d: d.update(root_cause=flake))
+    assert verify_bundle(bundle).problems == (
+        "receipt.json: root_cause.kind is 'run' but the rank records and JUnit reports say "
+        "'torchrun'",
+    )
+    out = tmp_path / "exit-1"
+    passing_run(out, world=WORLD)
+    finalize_bundle(out, context(WORLD, exit_code=1))
+    real = receipt(out)["root_cause"]
+    assert real["kind"] == "run"
+    forge(out, lambda d: d["root_cause"].update(message="infra flake: retry"))
+    assert verify_bundle(out).problems == (
+        "receipt.json: root_cause.message is 'infra flake: retry' but the rank records and JUnit "
+        f"reports say {real['message']!r}",
     )

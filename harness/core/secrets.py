@@ -9,7 +9,9 @@ cookie; either alphabet, padded or not, and at any offset inside a longer encode
 percent-encoding (a URL's query) and hex (a byte dump); each encoded form is escaped once more.
 Every such form of every secret value is scrubbed, from file contents and from file names.
 A base64 encoding wrapped into lines (MIME, the `base64` tool, `base64.encodebytes`: lines of 64
-or 76 characters, `\n` or `\r\n`) is looked at with its line breaks removed.
+or 76 characters, `\n` or `\r\n`) is looked at with its line breaks removed. A gzip file (a
+compressed log or dump a test left) is scrubbed inside, up to GZIP_LIMIT bytes, and compressed
+again.
 
 Why shapes too: some text is a credential whatever its value, and whether or not this process's
 environment holds it (a rank's own variables, a token given on a command line, a value too short
@@ -43,12 +45,14 @@ from __future__ import annotations
 import base64
 import fnmatch
 import functools
+import gzip
 import html
 import json
 import os
 import re
 import shlex
 import xml.etree.ElementTree as ET
+import zlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -553,6 +557,11 @@ class Scrubber:
         return document.serialize(root), count
 
     def file_bytes(self, name: str, data: bytes) -> tuple[bytes, int]:
+        if data[:2] == GZIP_MAGIC and (inner := gunzipped(data)) is not None:
+            # a compressed log or dump: its secrets are not in its bytes as written
+            clean, hits = self.file_bytes(name.removesuffix(".gz"), inner)
+            if hits:
+                return gzip.compress(clean, mtime=0), hits
         if name.endswith(".json"):
             return self.json_bytes(data)
         if name.endswith(".xml"):
@@ -563,6 +572,26 @@ class Scrubber:
         """A relative path with every secret form removed from its components."""
         parts = [self.text(part)[0] for part in relpath.split("/")]
         return "/".join(p if p not in ("", ".", "..") else SCRUBBED for p in parts)
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+GZIP_LIMIT = 256 << 20  # what a gzip file may hold, decompressed, to be scrubbed inside
+
+
+def gunzipped(data: bytes) -> bytes | None:
+    """What gzip `data` holds (every member), or None where it is not whole gzip or holds more
+    than GZIP_LIMIT bytes."""
+    out = bytearray()
+    try:
+        while data:
+            member = zlib.decompressobj(wbits=31)
+            out += member.decompress(data, GZIP_LIMIT + 1 - len(out))
+            if len(out) > GZIP_LIMIT or member.unconsumed_tail or not member.eof:
+                return None
+            data = member.unused_data
+    except zlib.error:
+        return None
+    return bytes(out)
 
 
 @dataclass

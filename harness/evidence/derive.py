@@ -13,9 +13,9 @@ Some of the receipt no rank file records; the caller passes it in: the launcher'
 command, exit code, timeout and the record of its launch, which the failure rules read), the
 geometry, warm code and image, torchrun's error file (the root cause falls back to it, and
 quotes it) and the installed harness version. The writer passes what the launcher saw; verify
-passes what the receipt states (no error file), so for verify the root cause is the records'
-only where the records name one (`records_cause`), and the failed-test list is derived with
-the receipt's own root cause (`failed_tests_for`), whose text is not re-derived.
+passes what the receipt states and the bundle's copy of torchrun's error files, so for verify
+the root cause is the records' only where the records name one (`records_cause`), and the
+failed-test list is derived with the receipt's own root cause (`failed_tests_for`).
 
 The geometry, warm code and image are carried through unchanged, not taken from the records:
 the records cannot say how many ranks left none, nor which image a killed rank was in. The
@@ -200,28 +200,46 @@ class Derived:
                 yield Corroboration("rank 0's provenance", None, recorded_by)
 
     def _root_cause_facts(self, root_cause: RootCause | None) -> Iterator[Corroboration]:
-        """The stated root cause's rank, test and kind held to the cause the records name."""
+        """The stated root cause's rank, test, kind and message held to the cause the records
+        name (or torchrun's error file, for a cause the receipt says torchrun reported)."""
         if root_cause is None:
             return
         keys = ("rank", "test", "kind")
         stated = {k: getattr(root_cause, k) for k in keys}
         cause = self.records_cause
         if cause is not None:
-            yield Corroboration("root_cause", stated, {k: getattr(cause, k) for k in keys})
+            yield from _same_cause(root_cause, cause)
         elif root_cause.kind not in NOT_FROM_RECORDS and not self._launcher_cause:
             # a kind only the records give (a rank's test, its death) where they give none
             yield Corroboration("root_cause", stated, NO_RECORDED_CAUSE)
         elif root_cause.kind == "torchrun":  # held to the error file it says torchrun wrote
             earliest = self.earliest
-            found = earliest is not None and earliest.kind == "torchrun"
-            said = {k: getattr(earliest, k) for k in keys} if found else NO_TORCHRUN_CAUSE
-            yield Corroboration("root_cause", stated, said)
+            if earliest is not None and earliest.kind == "torchrun":
+                yield from _same_cause(root_cause, earliest)
+            else:
+                yield Corroboration("root_cause", stated, NO_TORCHRUN_CAUSE)
+        elif self.earliest is not None and not self._launcher_cause:
+            # a fallback (JUnit, the verdict's first reason) is the one the bundle gives: not
+            # torchrun's error file called a mere exit code, nor a reason reworded
+            yield from _same_cause(root_cause, self.earliest)
 
     @property
     def _launcher_cause(self) -> bool:
         """Whether the earliest failure is the launcher's record of an interruption or of node
         0's death: verify holds the stated cause to that record instead."""
         return self.earliest is not None and self.earliest.kind in ("interrupted", "node-gone")
+
+
+def _same_cause(stated: RootCause, derived: RootCause) -> Iterator[Corroboration]:
+    """The stated cause's rank, test and kind, then, where those agree, its message (what the
+    summary's verdict line quotes): the derived cause's, so a failure cannot be reworded as,
+    say, an infrastructure flake."""
+    keys = ("rank", "test", "kind")
+    mine = {k: getattr(stated, k) for k in keys}
+    theirs = {k: getattr(derived, k) for k in keys}
+    yield Corroboration("root_cause", mine, theirs)
+    if mine == theirs:
+        yield Corroboration("root_cause.message", stated.message, derived.message)
 
 
 def _one(records: dict[int, RankRecord], name: str) -> Any:

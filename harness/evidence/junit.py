@@ -271,17 +271,31 @@ def read_merged(path: Path) -> tuple[Case, ...]:
     return _in_rank_order(cases)
 
 
+def _per_rank(case: TestCase) -> dict[int, list[dict[str, str]]]:
+    """Each rank's entries of a merged testcase, in order: a rank's report can hold one test
+    twice (pytest writes a test that failed and then errored in teardown as two testcases),
+    and `merge_junit` then writes that rank's outcome, source and message twice; each
+    `dcpqual.rank.NN` starts an entry."""
+    found = case._elem.find("properties")
+    per_rank: dict[int, list[dict[str, str]]] = defaultdict(list)
+    for prop in [] if found is None else Properties.fromelem(found):
+        match = _PER_RANK.match(prop.name or "")
+        if match is None:
+            continue
+        rank, kind = int(match[2]), match[1]
+        if kind == "rank" or not per_rank[rank]:
+            per_rank[rank].append({})
+        per_rank[rank][-1][kind] = prop.value or ""
+    return per_rank
+
+
 def _rank_cases(case: TestCase, suite_name: str | None) -> list[Case]:
     props = _props(case)
     classname, name = case.classname or "", case.name or ""
-    per_rank: dict[int, dict[str, str]] = defaultdict(dict)
-    for key, value in props.items():
-        match = _PER_RANK.match(key)
-        if match:
-            per_rank[int(match[2])][match[1]] = value
+    per_rank = _per_rank(case)
     if PROP_SUITE in props and per_rank:
         out = []
-        for rank, said in sorted(per_rank.items()):
+        for rank, said in ((r, e) for r, entries in sorted(per_rank.items()) for e in entries):
             if said.get("rank") not in OUTCOME_ORDER:
                 raise ValueError(
                     f"testcase {classname}::{name} has rank {rank} without a known outcome"
@@ -308,6 +322,63 @@ def _rank_cases(case: TestCase, suite_name: str | None) -> list[Case]:
         ) from None
     outcome, message = _outcome(case)
     return [Case(rank, suite, classname, name, outcome, message, props.get(PROP_SOURCE, "junit"))]
+
+
+def reader_problems(path: Path) -> list[str]:
+    """Where merged.xml tells a test reporter something else than the per-rank outcomes verify
+    counts (`read_merged`): a reporter reads each testcase's own result element and each
+    suite's counts, so a failure element dropped (or a count zeroed) while the per-rank
+    properties still say failed would show a failing run green. One line per problem; raises
+    ValueError when the file is not such a report, as `read_merged` does."""
+    try:
+        xml = JUnitXml.fromfile(str(path))
+    except (ET.ParseError, JUnitXmlError) as exc:
+        raise ValueError(f"not valid JUnit XML: {exc}") from exc
+    problems: list[str] = []
+    total: dict[str, int] = defaultdict(int)
+    for suite in xml:
+        counts: dict[str, int] = defaultdict(int)
+        for case in suite:
+            shown, _ = _outcome(case)
+            counts["tests"] += 1
+            for result in case.result:  # as a reporter counts: each result element
+                counts[_COUNTED.get(_outcome(_only(case, result))[0], "")] += 1
+            said = {e.get("rank") for entries in _per_rank(case).values() for e in entries}
+            worst = next((o for o in OUTCOME_ORDER if o in said), shown)
+            if shown != worst:
+                problems.append(
+                    f"testcase {case.classname}::{case.name} shows {shown} where its ranks' "
+                    f"outcomes make it {worst}"
+                )
+        for key in ("tests", "failures", "errors", "skipped"):
+            total[key] += counts[key]
+            if _count(suite, key) != counts[key]:
+                problems.append(
+                    f"testsuite {suite.name} says {key}={_count(suite, key)} where its "
+                    f"testcases count {counts[key]}"
+                )
+    for key in ("tests", "failures", "errors", "skipped"):
+        if _count(xml, key) != total[key]:
+            problems.append(
+                f"testsuites says {key}={_count(xml, key)} where its testcases count {total[key]}"
+            )
+    return problems
+
+
+_COUNTED = {"failed": "failures", "error": "errors", "skipped": "skipped"}
+
+
+def _only(case: TestCase, result: object) -> TestCase:
+    """`case` with `result` as its only result element (to read that element's outcome)."""
+    alone = TestCase(name=case.name, classname=case.classname)
+    alone.result = [result]  # type: ignore[list-item]
+    return alone
+
+
+def _count(element: JUnitXml | TestSuite, key: str) -> int | None:
+    """A suite's (or the report's) stated count; None where it is absent or not a number."""
+    value = element._elem.get(key)
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def skip_reason(message: str) -> str:

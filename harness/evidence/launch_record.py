@@ -11,10 +11,10 @@ receipt's `run.exit_code` and `run.timed_out` therefore follow from the launcher
 
 `launch_record_problems` holds the receipt to those files, so a receipt cannot drop its launch
 record (every launcher run has one; only the one-rank smoke's receipt has none, and it is held
-to the smoke's own `smoke/result.json` whether or not it also states a launch, which it must
-not), edit it alone, or leave out a node whose marker says it failed. These files are the
-launcher's, not the ranks': a forger who rewrites one together with the receipt is caught
-only by a signature (harness.evidence.signing).
+to the smoke's own `smoke/result.json`, and its rank record to the checks that result gives,
+whether or not it also states a launch, which it must not), edit it alone, or leave out a node
+whose marker says it failed. These files are the launcher's, not the ranks': a forger who
+rewrites one together with the receipt is caught only by a signature (harness.evidence.signing).
 """
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ from harness.schema.layout import (
     LAUNCH_NAME,
     NODES_DIR,
     RECEIPT_NAME,
+    RECORDS_DIR,
     SMOKE_RESULT_NAME,
     node_dir_name,
 )
+from harness.schema.rank_record import RankRecord, rank_record_path
 from harness.schema.receipt import Receipt
-from harness.schema.smoke import Smoke, SmokeResult
+from harness.schema.smoke import Smoke, SmokeResult, smoke_tests
 
 
 def marker_path(out_dir: Path, node_rank: int) -> Path:
@@ -117,7 +119,36 @@ def _smoke_problems(bundle: Path, receipt: Receipt, smoke: Smoke) -> list[str]:
         return [f"{SMOKE_RESULT_NAME}: not a smoke result: {shown}"]
     if (result.machine, result.failures) != (smoke.machine, smoke.failures):
         return [f"{RECEIPT_NAME}: run.extra.smoke is not what {SMOKE_RESULT_NAME} records"]
-    return []
+    return _smoke_record_problems(bundle, result)
+
+
+def _smoke_record_problems(bundle: Path, result: SmokeResult) -> list[str]:
+    """The smoke's rank record holds its checks, one test each, with the outcomes its result
+    gives (`smoke_tests`): the verdict is derived from that record, so a one-rank torchrun run
+    that calls itself the smoke (to drop its launch record and the exit code it gives) is
+    held to a smoke result its own tests are not."""
+    path = rank_record_path(bundle / RECORDS_DIR, 0)
+    if not path.exists() and not path.is_symlink():
+        return []  # the ranks check reports the rank killed
+    try:
+        record = RankRecord.read(path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []  # reported by the ranks check
+    stated = [(t.nodeid, t.outcome) for t in record.tests]
+    expected = [(t.nodeid, t.outcome) for t in smoke_tests(result)]
+    if stated == expected and list(record.collected) == [n for n, _ in expected]:
+        return []
+    where = path.relative_to(bundle).as_posix()
+    found = next(
+        (
+            f"test {i} is {a[0]} {a[1]} where it gives {b[0]} {b[1]}"
+            for i, (a, b) in enumerate(zip(stated, expected, strict=False))
+            if a != b
+        ),
+        f"{len(stated)} tests (of {len(record.collected)} collected) where it gives "
+        f"{len(expected)}",
+    )
+    return [f"{where}: not the smoke's checks that {SMOKE_RESULT_NAME} gives: {found}"]
 
 
 def _node_problems(bundle: Path, receipt: Receipt) -> list[str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from harness.atomic import atomic_write_bytes
 from harness.core.livescrub import WRAPPED_LINE_END
-from harness.core.secrets import SCRUBBED, Scrubber
+from harness.core.secrets import GZIP_MAGIC, SCRUBBED, Scrubber
 from harness.evidence.files import open_folders, walk_folders
 
 
@@ -111,6 +111,9 @@ def _rewrite(path: Path, clean: bytes, data: bytes, scrubber: Scrubber) -> bool:
         return False
     except OSError:
         pass
+    if len(clean) > len(data) and data[:2] == GZIP_MAGIC:
+        # masking the compressed bytes would leave what they hold: the caller removes it
+        raise OSError(errno.ENOSPC, f"no room to scrub the gzip file {path.name}")
     _overwrite(path, clean if len(clean) <= len(data) else _masked(scrubber, data))
     return True
 

@@ -26,19 +26,19 @@ the launcher's; and each node's zygote, held to how that node's ranks say they s
 Not re-derived, because no rank file records it: the run's exit code and timeout (the
 launcher's view; verify holds them to the launcher's record of the launch, and that record to
 the bundle's launch.json and node markers), tp and dcp of records that predate them, the rest
-of the environment (GPUs, driver, NCCL), the image's runtime check and the peers' versions, and
-the root cause's text (it may quote torchrun's error file). The root cause's rank, test and
-kind are re-derived whenever the records name a cause, whatever kind the receipt gives it (not
-for an interrupted run, whose cause verify holds to the launcher's record of the interruption,
-nor for the fallbacks to JUnit or the verdict's reasons), and a cause of a kind only the
-records give is refused where they name none. A cause the receipt says torchrun reported is held
-to the bundle's own copy of torchrun's error files (`harness.evidence.torchrun_errors`, read as
-the launcher read them).
+of the environment (GPUs, driver, NCCL), the image's runtime check and the peers' versions. The
+root cause's rank, test and kind, and where they agree its text (which quotes torchrun's error
+file where that names the same rank), are re-derived whenever the records name a cause,
+whatever kind the receipt gives it (not for an interrupted run, whose cause verify holds to the
+launcher's record of the interruption, nor for the fallbacks to JUnit or the verdict's
+reasons), and a cause of a kind only the records give is refused where they name none. A cause
+the receipt says torchrun reported is held to the bundle's own copy of torchrun's error files
+(`harness.evidence.torchrun_errors`, read as the launcher read them), its text too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,11 +46,11 @@ from typing import Any
 from harness.evidence import hashprobe, rules
 from harness.evidence.collect import RankFiles, hash_seed_of
 from harness.evidence.derive import Derived, derive
-from harness.evidence.junit import read_merged, tallies
+from harness.evidence.junit import Case, mangle, read_merged, tallies
 from harness.evidence.torchrun_errors import first_torchrun_error
 from harness.schema.launch import ZygoteState
-from harness.schema.layout import MERGED_JUNIT, RECEIPT_NAME
-from harness.schema.rank_record import RankRecord, RankStart
+from harness.schema.layout import MERGED_JUNIT, RECEIPT_NAME, RECORDS_DIR
+from harness.schema.rank_record import RankRecord, RankStart, junit_path, rank_record_path
 from harness.schema.receipt import HashSeed, Receipt
 
 SOURCE = "the rank records and JUnit reports"
@@ -135,16 +135,18 @@ def derived_facts(
         yield r, fact.field, fact.stated, fact.recorded
     yield r, "verdict", receipt.verdict, derived.verdict
     yield r, "ranks", _dump(receipt.ranks), _dump(derived.ranks)
+    cases: tuple[Case, ...] | None = None
     try:
-        stated = tallies(
-            read_merged(bundle / MERGED_JUNIT), runner_cases=receipt.skip_reasons is None
-        )
+        cases = read_merged(bundle / MERGED_JUNIT)
     except (OSError, ValueError):
         pass  # an unreadable merged.xml is reported by verify's consistency check
     else:
+        stated = tallies(cases, runner_cases=receipt.skip_reasons is None)
         yield MERGED_JUNIT, "suites", _dump(stated), _dump(derived.suites)
     if receipt.skip_reasons is not None:  # receipts written before it do not state it
         yield r, "skip_reasons", receipt.skip_reasons, derived.skip_reasons
+    if cases is not None:  # each rank's case, not only their counts: which test failed, and why
+        yield MERGED_JUNIT, "cases", _by_case(cases), _by_case(derived.merged.cases)
     yield r, "coverage", _dump(receipt.coverage), _dump(derived.coverage)
     yield r, "capture", _dump(receipt.capture), _dump(derived.capture)
     yield r, "negative_control", _dump(receipt.negative_control), _dump(derived.negative_control)
@@ -164,6 +166,19 @@ def derived_facts(
     yield r, "failed_tests", _dump(receipt.failed_tests), _dump(derived.failed_tests_for(cause))
     yield r, "run.rootdir", receipt.run.rootdir, derived.rootdir
     yield r, "failures", receipt.failures, derived.failures  # last: it sums up the facts above
+
+
+def _by_case(cases: Iterable[Case]) -> dict[str, dict[str, str]]:
+    """merged.xml's cases as JSON, keyed by rank and test (each once, as `merge_junit` gives
+    them), so a difference names the case."""
+    return {
+        f"rank {c.rank:02d} {c.suite}: {c.classname}::{c.name}": {
+            "outcome": c.outcome,
+            "message": c.message,
+            "source": c.source,
+        }
+        for c in cases
+    }
 
 
 def _dump(value: Any) -> Any:
@@ -270,12 +285,61 @@ def _zygote_counts(
         yield RECEIPT_NAME, f"{where}.forked (records: forked)", zygote.forked, forked
 
 
+# (the rank record's outcome, its JUnit report's) where the report counts the test better: a
+# failure hidden, or a skip counted as a pass (the tallies, and so the verdict, come from the
+# reports; the rank plugin writes both from one outcome).
+_BETTER_IN_JUNIT = frozenset(
+    {
+        ("failed", "passed"),
+        ("failed", "skipped"),
+        ("error", "passed"),
+        ("error", "skipped"),
+        ("skipped", "passed"),
+    }
+)
+
+
+def junit_record_problems(derived: Derived) -> list[str]:
+    """One line per rank whose own JUnit report counts a test better than its rank record does
+    (the first such test): a report edited alone cannot turn the records' skips into passes,
+    which the tallies count, nor their failures into anything else, nor pass a test the rank
+    never collected."""
+    problems = []
+    by_rank: dict[int, list[Case]] = {}
+    for case in derived.merged.cases:
+        if case.source == "junit":
+            by_rank.setdefault(case.rank, []).append(case)
+    for rank, cases in sorted(by_rank.items()):
+        record = derived.rank_files.records.get(rank)
+        if record is None:
+            continue
+        recorded = {mangle(t.nodeid): t for t in record.tests}
+        collected = {mangle(n) for n in record.collected} | set(recorded)
+        report = junit_path(Path(), rank).as_posix()
+        record_file = rank_record_path(Path(RECORDS_DIR), rank).as_posix()
+        for case in cases:
+            test = recorded.get((case.classname, case.name))
+            if test is not None and (test.outcome, case.outcome) in _BETTER_IN_JUNIT:
+                problems.append(
+                    f"{report}: {test.nodeid} is {case.outcome} where {record_file} says "
+                    f"{test.outcome}"
+                )
+                break
+            if case.outcome == "passed" and (case.classname, case.name) not in collected:
+                problems.append(
+                    f"{report}: {case.classname}::{case.name} is passed, but {record_file} "
+                    "names no such test"
+                )
+                break
+    return problems
+
+
 def rederive_problems(bundle: Path, receipt: Receipt, derived: Derived | None = None) -> list[str]:
     """One line per receipt field that the bundle's own records contradict (`derived`:
     `derive_stated` of this bundle and receipt, where the caller has it already)."""
     if derived is None:
         derived = derive_stated(bundle, receipt)
-    problems = []
+    problems = junit_record_problems(derived)
     for holder, field, mine, theirs in derived_facts(bundle, receipt, derived):
         found = first_difference(field, mine, theirs)
         if found is not None:

@@ -8,9 +8,12 @@ Four layers, each problem one line that starts with the file it is about:
    is in the receipt's `files` map and the reverse (but for the three files that map cannot
    cover), so a file added to both the folder and SHA256SUMS is caught.
 2. Schema: receipt.json validates as "dcpqual-receipt/v1".
-3. Consistency: tallies equal junit/merged.xml; the run's exit code and timeout follow from the
-   launcher's record of the launch, which every launcher run has and which equals the bundle's
-   launch.json and, with several nodes, every node's marker (harness.evidence.launch_record);
+3. Consistency: tallies equal junit/merged.xml, and what a test reporter reads there (each
+   testcase's own result element, each suite's counts) equals the per-rank outcomes the
+   tallies count (harness.evidence.junit.reader_problems); the run's exit code and timeout
+   follow from the launcher's record of the launch, which every launcher run has and which
+   equals the bundle's launch.json and, with several nodes, every node's marker
+   (harness.evidence.launch_record);
    an exit code of 0 is refused while the bundle holds a rank's torchrun error file (the ranks
    write those themselves, on a failure that fails their exit status and so torchrun's); an
    interrupted run's root cause is its interruption, and only an interrupted run's; a bundle
@@ -25,13 +28,15 @@ Four layers, each problem one line that starts with the file it is about:
    entry, a removed stray (links, special files: no file was ever kept) dropped from the
    receipt, or a dropped `run.extra.scrub.removed` entry leaves nothing to hold the receipt
    to: only a signature catches those.
-4. Re-derivation: the receipt's verdict, failures, ranks, tallies, skip reasons, coverage,
-   capture, negative control, signatures, transports, selection, real trees, hosts, harness
-   checkout, failed tests, rootdir and root cause equal what the writer's own derivation
-   (harness.evidence.derive) gives from the hash-covered rank records and JUnit reports, its
-   geometry, warm code and image digest agree with those records by that derivation's own
-   check, and its zygotes agree with them too (harness.evidence.rederive), naming the first
-   field that differs; and summary.md is exactly what the receipt renders
+4. Re-derivation: no rank's own JUnit report counts a test better than its rank record does (a
+   skip as a pass, a failure as anything else); merged.xml's every rank case (outcome, message,
+   source) is what the rank reports merge to; the receipt's verdict, failures, ranks, tallies,
+   skip reasons, coverage, capture, negative control, signatures, transports, selection, real
+   trees, hosts, harness checkout, failed tests, rootdir and root cause equal what the writer's
+   own derivation (harness.evidence.derive) gives from the hash-covered rank records and JUnit
+   reports, its geometry, warm code and image digest agree with those records by that
+   derivation's own check, and its zygotes agree with them too (harness.evidence.rederive),
+   naming the first field that differs; and summary.md is exactly what the receipt renders
    (harness.evidence.summary).
 
 JSON is read bounded and strict (harness.jsonfile): a receipt that is a FIFO, a device, huge or
@@ -48,7 +53,7 @@ from pydantic import ValidationError
 from harness.errors import UsageError
 from harness.evidence import rules
 from harness.evidence.files import UNREADABLE, parse_sums, sha256_file, walk
-from harness.evidence.junit import read_merged, skip_reasons, tallies
+from harness.evidence.junit import read_merged, reader_problems, skip_reasons, tallies
 from harness.evidence.launch_record import launch_record_problems
 from harness.evidence.rederive import derive_stated, first_difference, rederive_problems
 from harness.evidence.strays import strays_problems
@@ -267,6 +272,7 @@ def _check_consistency(bundle: Path, receipt: Receipt, coverage: Coverage) -> li
             bad_ranks = sorted({c.rank for c in cases if c.rank >= receipt.geometry.world_size})
             if bad_ranks:
                 problems.append(f"{MERGED_JUNIT}: cases of ranks {bad_ranks} beyond world size")
+            problems += [f"{MERGED_JUNIT}: {p}" for p in reader_problems(merged_path)]
 
     problems += launch_record_problems(bundle, receipt)
     problems += _check_launched(receipt)

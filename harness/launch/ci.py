@@ -6,10 +6,11 @@ instead of downloading the bundle."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from harness.evidence import markdown as md
 from harness.schema.receipt import Receipt
 
 
@@ -48,18 +49,37 @@ def error_annotations(receipt: Receipt) -> list[str]:
 
 
 def report_to_ci(
-    stream: TextIO, receipt: Receipt, summary: Path, environ: Mapping[str, str] | None = None
+    stream: TextIO,
+    receipt: Receipt,
+    summary: Path,
+    environ: Mapping[str, str] | None = None,
+    *,
+    problems: Sequence[str] = (),
 ) -> None:
     """In GitHub Actions: append summary.md to the step summary and print the annotations;
-    elsewhere nothing."""
+    elsewhere nothing. `problems`: why the bundle does not verify, said above the summary
+    (whose headline is the receipt's verdict) and as an annotation of its own."""
     env = os.environ if environ is None else environ
     if not in_github_actions(env):
         return
     target = env.get("GITHUB_STEP_SUMMARY")
     if target and summary.is_file():
         with open(target, "a", encoding="utf-8") as out:
+            if problems:
+                out.write(f"> **{md.text(unverified(problems))}**\n\n")
             out.write(summary.read_text(encoding="utf-8"))
             out.write("\n")
-    for line in error_annotations(receipt):
+    lines = error_annotations(receipt)
+    if problems:
+        lines.insert(0, f"::error title=dcpqual verify::{_escape_data(unverified(problems))}")
+    for line in lines:
         stream.write(line + "\n")
     stream.flush()
+
+
+def unverified(problems: Sequence[str]) -> str:
+    """One line: the bundle does not verify, so the summary below is not evidence."""
+    return (
+        f"INVALID: this bundle does not verify ({len(problems)} problem(s), the first: "
+        f"{problems[0]}); the verdict below stands for nothing"
+    )

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -435,6 +435,17 @@ def report(stream: TextIO, out_dir: Path, receipt: Receipt, problems: list[str])
     _say(stream, f"  evidence: {out_dir}  (summary.md, receipt.json, logs/)")
     for line in ending_lines(receipt, out_dir):
         _say(stream, line)
+    if problems:  # the ending says the receipt's verdict: it is not the run's last word
+        _say(stream, unverified_line(receipt, problems))
+
+
+def unverified_line(receipt: Receipt, problems: Sequence[str]) -> str:
+    """The last line of a run whose bundle does not verify: its receipt's verdict stands for
+    nothing, whatever the ending above it says."""
+    return (
+        f"dcpqual run: INVALID: the bundle does not verify ({len(problems)} problem(s), the "
+        f"first: {problems[0]}), so its verdict {receipt.verdict.upper()} stands for nothing"
+    )
 
 
 def run(
@@ -666,7 +677,7 @@ def _write_bundle(
     report(stream, out_dir, receipt, problems)
     from harness.launch.ci import report_to_ci
 
-    report_to_ci(stream, receipt, out_dir / SUMMARY_NAME)
+    report_to_ci(stream, receipt, out_dir / SUMMARY_NAME, problems=problems)
     if result.interrupted is not None:
         return result.interrupted.exit_code
     passed = receipt.verdict == "pass"

@@ -158,6 +158,12 @@ def check_pytest_args(
     for dest, (flag, hint) in _CACHE.items():
         if options.get(dest):
             raise _refuse(flag, f"needs pytest's cache; {hint}")
+    if options.get("junitprefix"):
+        raise _refuse(
+            "--junit-prefix",
+            "renames every test in the ranks' JUnit reports, which verify holds to the rank "
+            "records by node id",
+        )
     if given:
         _check_targets(targets, Path(cwd), pyargs=bool(options.get("pyargs")))
     return PytestArgs(args=args, names_targets=given)

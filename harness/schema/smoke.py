@@ -21,6 +21,7 @@ from pydantic.dataclasses import dataclass
 
 from harness.schema.base import JsonValue, Model, checked_derived, derived_field
 from harness.schema.capture import STRICT, DetectorStatus, LazyEvent, SignatureUse, derived
+from harness.schema.rank_record import TestOutcome
 from harness.schema.signature import SignatureField
 
 SMOKE_RESULT_SCHEMA: Final = "dcpqual-smoke-result/v1"
@@ -38,6 +39,17 @@ CONTROL_WORK: dict[str, str] = {
     "process-groups": "a new process group created inside the window",
     "transport-registry": "an unwarmed transport looked up (and about to be created) in capture",
 }
+
+
+# The smoke's checks as the tests of its one rank record (`smoke_tests`): the stand-in model it
+# captures, and the suite file its checks are named under.
+SMOKE_MODEL: Final = "kimi-k3"
+SUITE_FILE: Final = "smoke/gpu_smoke.py"
+CAPTURE_TEST: Final = f"{SUITE_FILE}::test_capture[{SMOKE_MODEL}]"
+
+
+def control_test(detector: str) -> str:
+    return f"{SUITE_FILE}::test_control[{detector}]"
 
 
 def sm_of(capability: tuple[int, int] | None) -> str:
@@ -232,3 +244,21 @@ class SmokeResult(JsonValue):
     def _claimed_failures(cls, data: Any, handler: Any) -> Any:
         """A written result carries `failures`; they must be what its values give."""
         return checked_derived(data, handler, "failures", "smoke result")
+
+
+def smoke_tests(result: SmokeResult) -> tuple[TestOutcome, ...]:
+    """One outcome per check, in run order; failed ones carry every reason. The smoke's rank
+    record holds exactly these (verify holds it to them)."""
+    tests = [_outcome(CAPTURE_TEST, result.capture_problems(), result.capture.duration_s)]
+    for detector in REQUIRED_CONTROLS:
+        problem = result.control_problem(detector)
+        control = result.control(detector)
+        duration = 0.0 if control is None else control.duration_s
+        tests.append(_outcome(control_test(detector), [problem] if problem else [], duration))
+    return tuple(tests)
+
+
+def _outcome(nodeid: str, problems: list[str], duration: float = 0.0) -> TestOutcome:
+    if problems:
+        return TestOutcome(nodeid, "failed", duration, message="; ".join(problems))
+    return TestOutcome(nodeid, "passed", duration)

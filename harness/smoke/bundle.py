@@ -37,36 +37,24 @@ from harness.schema.rank_record import (
     rank_record_path,
 )
 from harness.schema.receipt import Receipt, RunExtra
-from harness.schema.smoke import CONTROL_WORK, REQUIRED_CONTROLS, Smoke, SmokeResult
-from harness.smoke.step import PRODUCTION_DCP, PRODUCTION_TP, SMOKE_MODEL
+from harness.schema.smoke import (
+    CAPTURE_TEST,
+    CONTROL_WORK,
+    REQUIRED_CONTROLS,
+    SMOKE_MODEL,
+    Smoke,
+    SmokeResult,
+    control_test,
+    smoke_tests,
+)
+from harness.smoke.step import PRODUCTION_DCP, PRODUCTION_TP
 
-SUITE_FILE = "smoke/gpu_smoke.py"
-CAPTURE_TEST = f"{SUITE_FILE}::test_capture[{SMOKE_MODEL}]"
+__all__ = ["CAPTURE_TEST", "control_test", "smoke_tests", "write_smoke_bundle"]
+
 RESULT_NAME = SMOKE_RESULT_NAME  # verify holds a smoke's receipt to it
 # The torch the nox sessions and CI pin (noxfile.TORCH_PIN; pyproject allows a range); the
 # smoke runs on whatever is installed.
 PINNED_TORCH = "2.13.0"
-
-
-def control_test(detector: str) -> str:
-    return f"{SUITE_FILE}::test_control[{detector}]"
-
-
-def smoke_tests(result: SmokeResult) -> tuple[TestOutcome, ...]:
-    """One outcome per check, in run order; failed ones carry every reason."""
-    tests = [_outcome(CAPTURE_TEST, result.capture_problems(), result.capture.duration_s)]
-    for detector in REQUIRED_CONTROLS:
-        problem = result.control_problem(detector)
-        control = result.control(detector)
-        duration = 0.0 if control is None else control.duration_s
-        tests.append(_outcome(control_test(detector), [problem] if problem else [], duration))
-    return tuple(tests)
-
-
-def _outcome(nodeid: str, problems: list[str], duration: float = 0.0) -> TestOutcome:
-    if problems:
-        return TestOutcome(nodeid, "failed", duration, message="; ".join(problems))
-    return TestOutcome(nodeid, "passed", duration)
 
 
 def smoke_captures(result: SmokeResult) -> tuple[CaptureRecord, ...]:

@@ -47,14 +47,20 @@ from harness.errors import UsageError
 from harness.models.builders import build
 from harness.models.warm_impls import resolve_warm_impl
 from harness.schema.capture import DetectorStatus
-from harness.schema.smoke import CaptureOutcome, ControlOutcome, SmokeMachine, SmokeResult, SmokeUse
+from harness.schema.smoke import (
+    SMOKE_MODEL,
+    CaptureOutcome,
+    ControlOutcome,
+    SmokeMachine,
+    SmokeResult,
+    SmokeUse,
+)
 from harness.smoke.step import (
     DTYPE,
     MAX_TOKENS,
     NUM_LAYERS,
     PRODUCTION_DCP,
     PRODUCTION_TP,
-    SMOKE_MODEL,
     SmokeStep,
     World1Registry,
     smoke_layers,

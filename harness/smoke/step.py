@@ -43,7 +43,6 @@ from harness.models.builders import BuiltModel
 from harness.transport.dtypes import DTYPES, dtype_name
 from harness.warm.protocols import DCPTransport, TransportRegistryLike
 
-SMOKE_MODEL = "kimi-k3"
 PRODUCTION_TP = 16
 PRODUCTION_DCP = 16
 # Kimi-K3 puts MLA on every fourth layer: 8 layers give two MLA layers and the MTP re-reference.

@@ -293,9 +293,17 @@ def killed_run(out: Path, world: int = 4, dead_rank: int = 1) -> RunContext:
         time=1764439200.0,
         file=f"torchrun/run-1/attempt_0/{dead_rank}/error.json",
     )
-    (out / error.file).write_text(json.dumps({"message": error.message}))
+    (out / error.file).write_text(json.dumps(torchrun_error_file(error)))
     launch = Launch(exit_code=1, timed_out=False, leftovers=[4242])
     return context(world, exit_code=1, torchrun_error=error, extra=RunExtra(launch=launch))
+
+
+def torchrun_error_file(error: TorchrunFailure) -> dict[str, object]:
+    """torchrun's error file as the launcher reads `error` from it (and verify from the
+    bundle): torch's format, with the rank's own note naming it."""
+    note = {"rank": error.rank, "test": None, "message": error.message, "time": error.time}
+    extra = {"timestamp": str(int(error.time)), "dcpqual": note}
+    return {"message": {"message": error.message, "extraInfo": extra}}
 
 
 def timed_out_run(out: Path, world: int = 4) -> RunContext:
