@@ -96,21 +96,29 @@ def test_merged_xml_cannot_name_another_reason_for_a_failure(failed: Path) -> No
     )
 
 
+SKIPPED = [TestOutcome(nodeid=n, outcome="skipped", message="needs a GPU") for n in NODES]
+
+
+def skipped_everywhere(out: Path, reported: list[TestOutcome]) -> Path:
+    """A bundle whose ranks all recorded every test skipped, while each rank's own JUnit report
+    says `reported`: the writer, which tallies the reports, calls it a pass."""
+    for rank in range(WORLD):
+        write_rank(out, rank, WORLD, tests=SKIPPED, junit=False)
+        report = out / "junit" / f"rank-{rank:02d}.xml"
+        report.parent.mkdir(exist_ok=True)
+        report.write_text(junit_xml(reported))
+    torchrun_logs(out, WORLD)
+    assert finalize_bundle(out, context(WORLD)).verdict == "pass"
+    return out
+
+
 def test_the_ranks_reports_cannot_pass_tests_their_records_skipped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every test skipped on every rank proves nothing and fails ("no test passed"); with the
     ranks' JUnit reports alone rewritten to say passed, the writer's own derivation gives a
     PASS: verify holds each report to its rank's record."""
-    out = tmp_path / "bundle"
-    skipped = [TestOutcome(nodeid=n, outcome="skipped", message="needs a GPU") for n in NODES]
-    for rank in range(WORLD):
-        write_rank(out, rank, WORLD, tests=skipped, junit=False)
-        report = out / "junit" / f"rank-{rank:02d}.xml"
-        report.parent.mkdir(exist_ok=True)
-        report.write_text(junit_xml(map(passed, NODES)))
-    torchrun_logs(out, WORLD)
-    assert finalize_bundle(out, context(WORLD)).verdict == "pass"
+    out = skipped_everywhere(tmp_path / "bundle", [passed(n) for n in NODES])
     with monkeypatch.context() as patch:
         patch.setattr(verify_rederive, "junit_record_problems", lambda *_: [])
         assert verify_bundle(out).ok  # every other layer is fooled
@@ -126,16 +134,8 @@ def test_the_ranks_reports_cannot_pass_a_test_their_records_never_collected(
 ) -> None:
     """The same skips, reported as skips, and one made-up test each report says passed: a PASS
     by the tallies, of a test no rank collected."""
-    out = tmp_path / "bundle"
-    skipped = [TestOutcome(nodeid=n, outcome="skipped", message="needs a GPU") for n in NODES]
     made_up = "suites/warm/test_made_up.py::test_it_ran"
-    for rank in range(WORLD):
-        write_rank(out, rank, WORLD, tests=skipped, junit=False)
-        report = out / "junit" / f"rank-{rank:02d}.xml"
-        report.parent.mkdir(exist_ok=True)
-        report.write_text(junit_xml([*skipped, passed(made_up)]))
-    torchrun_logs(out, WORLD)
-    assert finalize_bundle(out, context(WORLD)).verdict == "pass"
+    out = skipped_everywhere(tmp_path / "bundle", [*SKIPPED, passed(made_up)])
     with monkeypatch.context() as patch:
         patch.setattr(verify_rederive, "junit_record_problems", lambda *_: [])
         assert verify_bundle(out).ok  # every other layer is fooled
