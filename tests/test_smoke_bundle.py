@@ -12,8 +12,8 @@ from _support.smoke import FAULTS, H200, passing_result
 
 from harness.evidence.verify import verify_bundle
 from harness.schema.receipt import Receipt
-from harness.schema.smoke import REQUIRED_CONTROLS, SmokeResult
-from harness.smoke.bundle import CAPTURE_TEST, PINNED_TORCH, control_test, write_smoke_bundle
+from harness.schema.smoke import CAPTURE_TEST, REQUIRED_CONTROLS, SmokeResult, control_test
+from harness.smoke.bundle import PINNED_TORCH, write_smoke_bundle
 
 REPO = Path(__file__).resolve().parent.parent
 

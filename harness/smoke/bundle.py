@@ -49,8 +49,6 @@ from harness.schema.smoke import (
 )
 from harness.smoke.step import PRODUCTION_DCP, PRODUCTION_TP
 
-__all__ = ["CAPTURE_TEST", "control_test", "smoke_tests", "write_smoke_bundle"]
-
 RESULT_NAME = SMOKE_RESULT_NAME  # verify holds a smoke's receipt to it
 # The torch the nox sessions and CI pin (noxfile.TORCH_PIN; pyproject allows a range); the
 # smoke runs on whatever is installed.

@@ -83,7 +83,7 @@ def run_gpu_smoke(args: argparse.Namespace) -> int:
 
 def report(result: Any, receipt: Any, out: Path) -> str:
     """What the command prints: one line per check, the verdict, then summary.md."""
-    from harness.smoke.bundle import smoke_tests
+    from harness.schema.smoke import smoke_tests
 
     machine = result.machine
     lines = [
