@@ -31,14 +31,15 @@ def install_harness(session: nox.Session, *extras: str) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the harness's own tests (single process per test, pytest-xdist)."""
+    """Run the harness's own tests (pytest-xdist; each test file on one worker, so a module's
+    shared launch runs once)."""
     install_harness(session, "dev")
     session.run(
         "pytest",
         "-n",
         "auto",
         "--dist",
-        "loadgroup",
+        "loadfile",
         "-p",
         "no:cacheprovider",
         *session.posargs,

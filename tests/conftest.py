@@ -39,8 +39,8 @@ def sigterm_pipe() -> Iterator[SigtermPipe]:
 
 
 # -- real `dcpqual run` launches that several test modules read ------------------------------
-# Each is launched once per session (per xdist worker: the `torchrun` group keeps every
-# reader on one), for the tests that read different facts of the same run.
+# Each is launched once per session, for the tests that read different facts of the same run:
+# once per xdist worker that runs one of its readers (`--dist loadfile` keeps a file's on one).
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import pytest
 
 from harness.schema.bench import BenchReport
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 
 SMALL = (
     "--quick", "--skip", "launch,real,engine", "--batches", "1", "--iters", "2",

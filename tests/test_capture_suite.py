@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun"), pytest.mark.slow]
+pytestmark = [pytest.mark.torchrun, pytest.mark.slow]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORLD = 2

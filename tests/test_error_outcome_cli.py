@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from _support.runs import receipt, records, run
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 
 SUITE = "rank_fixture_error.py"
 NODE = f"tests/rank_suites/{SUITE}::"

@@ -36,7 +36,7 @@ from _support.forge import forge, reseal, restate_limitations
 from harness.cli import main
 from harness.evidence import verify
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun"), pytest.mark.slow]
+pytestmark = [pytest.mark.torchrun, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
 WORLD = 2

@@ -18,7 +18,7 @@ from _support.runs import SUITES, Launched, receipt, records
 
 from harness.cli import main
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 
 WORLD = 2
 

@@ -17,7 +17,7 @@ from harness.cli import main
 from harness.launch import ending
 from harness.launch.proctree import identify
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 
 
 def _alive_incarnations(pidfile: Path) -> list[int]:

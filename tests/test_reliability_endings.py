@@ -33,7 +33,7 @@ from harness.launch import ending
 from harness.launch.proctree import identify
 from harness.rank.outrelay import RELAY_NAME
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 
 
 def assert_interrupted_bundle(out: Path, code: int, sig: signal.Signals, token: str) -> None:

@@ -81,7 +81,6 @@ def fault_of(rec: RankRecord) -> TestOutcome:
 
 
 @pytest.mark.torchrun
-@pytest.mark.xdist_group("torchrun")
 def test_a_rank_raising_fails_every_rank_with_it_as_root_cause(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -96,7 +95,6 @@ def test_a_rank_raising_fails_every_rank_with_it_as_root_cause(
 
 
 @pytest.mark.torchrun
-@pytest.mark.xdist_group("torchrun")
 def test_a_rank_calling_os_exit_is_recorded_killed_and_the_root_cause(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -120,7 +118,6 @@ def test_a_rank_calling_os_exit_is_recorded_killed_and_the_root_cause(
     ids=["4-0", "16-13"],
 )
 @pytest.mark.torchrun
-@pytest.mark.xdist_group("torchrun")
 def test_a_sigkilled_rank_is_recorded_killed_and_leaves_nothing_running(
     nranks: int, fault_rank: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -147,7 +144,6 @@ def test_a_sigkilled_rank_is_recorded_killed_and_leaves_nothing_running(
 
 
 @pytest.mark.torchrun
-@pytest.mark.xdist_group("torchrun")
 def test_a_rank_hung_in_a_collective_is_ended_by_the_per_test_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -173,7 +169,6 @@ def test_a_rank_hung_in_a_collective_is_ended_by_the_per_test_timeout(
 
 
 @pytest.mark.torchrun
-@pytest.mark.xdist_group("torchrun")
 def test_ranks_disagreeing_on_a_transport_signature_all_fail_clearly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

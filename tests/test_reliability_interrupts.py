@@ -15,7 +15,7 @@ from _support.runs import processes_of_run, receipt, run
 
 from harness.cli import main
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 
 
 @main_thread_only

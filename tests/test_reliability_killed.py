@@ -20,7 +20,7 @@ from _support.runs import SUITES, processes_of_run, ranks_inside, wait_until
 
 from harness.core.secrets import SCRUBBED
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 REPO = Path(__file__).resolve().parents[1]
 
 

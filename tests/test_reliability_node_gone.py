@@ -27,7 +27,7 @@ from _support.runs import (
 from harness.cli import main
 from harness.launch.launcher import NODE_WAIT_ENV
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 REPO = Path(__file__).resolve().parents[1]
 TEST = "test_meets_its_peers_until_node_0_is_gone"
 NNODES = 3  # node 0 is killed, node 1 writes the bundle, node 2 follows it

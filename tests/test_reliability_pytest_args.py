@@ -10,7 +10,7 @@ from _support.runs import SUITES, receipt
 
 from harness.cli import main
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 
 
 def test_without_junitxml_the_ranks_finish_and_the_bundle_says_what_is_missing(

@@ -12,7 +12,7 @@ from _support.runs import SUITES, receipt
 
 from harness.cli import main
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 
 
 def test_a_token_typed_on_the_command_line_is_scrubbed_from_the_bundle(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from _support.runs import SUITES, receipt
 from harness.cli import main
 from harness.rank.plugin import HARNESS_SUITES
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 
 WORLD = 2
 FOREIGN_CONFTEST = """\

@@ -23,7 +23,7 @@ from _support.runs import processes_of_run, receipt, records, run
 from harness.cli import main
 from harness.evidence import verify
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 
 FAULT_RANK = 1
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun"), pytest.mark.slow]
+pytestmark = [pytest.mark.torchrun, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
 SUITE = "tests/rank_suites/rank_report.py"

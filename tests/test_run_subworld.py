@@ -12,7 +12,7 @@ import pytest
 from harness.cli import main
 from harness.schema.rank_record import RankRecord
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 
 SUITE = Path(__file__).resolve().parent / "rank_suites" / "rank_subworld.py"
 

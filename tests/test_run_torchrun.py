@@ -24,7 +24,7 @@ from _support.runs import (
 
 from harness.cli import main
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 
 
 def test_all_ranks_pass_and_the_bundle_verifies(tmp_path):

@@ -20,7 +20,7 @@ from harness.launch.plan import RunOptions
 from harness.schema.rank_record import RankRecord
 from harness.schema.receipt import FailedTest, Receipt
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 
 SUITES = Path(__file__).resolve().parent / "rank_suites"
 FAULT = "tests/rank_suites/rank_assert.py::test_fault"

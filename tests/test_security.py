@@ -42,7 +42,6 @@ def leaks(root: Path, secret: str) -> list[str]:
 
 
 @pytest.mark.torchrun
-@pytest.mark.xdist_group("torchrun")
 def test_a_planted_token_never_reaches_the_evidence_or_the_console_of_a_real_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -184,7 +183,6 @@ def test_a_privileged_container_would_be_caught(
 
 
 @pytest.mark.torchrun
-@pytest.mark.xdist_group("torchrun")
 def test_an_honest_run_whose_text_looks_like_credentials_passes_and_keeps_its_ids(
     tmp_path: Path,
 ) -> None:

@@ -23,7 +23,7 @@ from _support.runs import kimi_capture_run
 
 from harness.qualify.compare import compare_bundles, load_bundle
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun"), pytest.mark.slow]
+pytestmark = [pytest.mark.torchrun, pytest.mark.slow]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KIMI = "96 heads x 576 -> 512"

@@ -86,7 +86,6 @@ def test_a_table_cell_stays_one_cell(value: str) -> None:
 
 
 @pytest.mark.torchrun
-@pytest.mark.xdist_group("torchrun")
 @pytest.mark.slow
 def test_a_hostile_test_id_cannot_break_out_of_summary_md(tmp_path: Path) -> None:
     out = tmp_path / "bundle"

@@ -31,7 +31,7 @@ from harness.evidence.verify import verify_bundle
 from harness.schema.launch import NodeState, ZygoteState
 from harness.schema.rank_record import HASH_PROBE
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.xdist_group("torchrun")]
+pytestmark = [pytest.mark.torchrun]
 
 Edit = Callable[[dict[str, Any]], None]
 
