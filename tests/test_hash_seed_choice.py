@@ -17,7 +17,7 @@ from harness.evidence.writer import finalize_bundle
 from harness.launch import launcher
 from harness.launch.options import HASH_SEED_MAX
 from harness.launch.plan import RunOptions, build_plan
-from harness.schema.plan import PLAN_ENV, RankPlan
+from harness.schema.plan import RankPlan
 
 SUITE = "tests/rank_suites/rank_pass.py"
 
@@ -124,7 +124,6 @@ def test_a_rerun_of_a_drawn_seed_still_records_it_as_drawn(
         options = RunOptions(nproc_per_node=2, hash_seed=31337, hash_seed_drawn=drawn)
         plan = build_plan(options, tmp_path / f"rerun-{drawn}")
         assert plan.env["PYTHONHASHSEED"] == "31337"
-        for name in ("PYTHONHASHSEED", PLAN_ENV):
-            monkeypatch.setenv(name, plan.env[name])
-        start = rank_start()
+        monkeypatch.setenv("PYTHONHASHSEED", plan.env["PYTHONHASHSEED"])
+        start = rank_start(plan=RankPlan.from_environ(plan.env))
         assert (start.hash_seed, start.hash_seed_drawn) == (31337, drawn)

@@ -170,7 +170,8 @@ class RankPlugin:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.env = RankEnv.from_env()
-        self.plan = RankPlan.from_environ(os.environ) or RankPlan()
+        self.given_plan = RankPlan.from_environ(os.environ)  # None: started by hand
+        self.plan = self.given_plan or RankPlan()
         out = self.plan.out_dir
         self.out_dir = Path(out) if out else Path(tempfile.gettempdir()) / "dcpqual-rank-out"
         self.backend: str = self.plan.backend
@@ -220,6 +221,7 @@ class RankPlugin:
             device="cuda" if self.backend == "nccl" else "cpu",
             warm_impl=self.plan.warm_impl,
             output_relay=outrelay.relay_pid(),
+            plan=self.given_plan,
         )
         test_timeout = self.watch_config.test_timeout_s
         pg_timeout = timedelta(seconds=(test_timeout if test_timeout > 0 else 1800.0) + 60.0)

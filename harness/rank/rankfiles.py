@@ -32,7 +32,6 @@ from typing import Any
 
 from harness.atomic import atomic_write_text
 from harness.core.secrets import Scrubber, environment_scrubber
-from harness.errors import UsageError
 from harness.gitinfo import checkout_identity
 from harness.rank.parentage import parentage
 from harness.schema.capture import CaptureRecord
@@ -119,21 +118,18 @@ def rank_provenance(rank: int) -> Provenance:
     return Provenance.of(digest, checkout_identity() if rank == 0 else None)
 
 
-def rank_start(output_relay: int | None = None) -> RankStart:
-    """What this rank knows of its own start: forked or not, its string-hash seed, and the
-    relay that writes its output (its pid, where one was started)."""
+def rank_start(output_relay: int | None = None, plan: RankPlan | None = None) -> RankStart:
+    """What this rank knows of its own start: forked or not, its string-hash seed (drawn or not,
+    as its `plan` says; None: started without one), and the relay that writes its output (its
+    pid, where one was started)."""
     seed = os.environ.get("PYTHONHASHSEED", "")
-    try:
-        plan = RankPlan.from_environ(os.environ)
-    except UsageError:
-        plan = None  # the plugin refuses a malformed plan itself
     return RankStart(
         forked=parentage().forked,
         hash_probe=hash(HASH_PROBE),
         hash_seed_fixed=seed.isdigit(),
         output_relay=output_relay,
         hash_seed=int(seed) if seed.isdigit() else None,
-        hash_seed_drawn=None if plan is None else plan.hash_seed is None or plan.hash_seed_drawn,
+        hash_seed_drawn=None if plan is None else plan.hash_seed_was_drawn,
     )
 
 
@@ -163,6 +159,7 @@ class RecordKeeper:
         device: str,
         warm_impl: str,
         output_relay: int | None = None,
+        plan: RankPlan | None = None,
     ) -> RecordKeeper:
         record = RankRecord(
             rank=rank,
@@ -175,7 +172,7 @@ class RecordKeeper:
             device=device,
             warm_impl=warm_impl,
             started_at=utc_now(),
-            start=rank_start(output_relay),
+            start=rank_start(output_relay, plan),
             provenance=rank_provenance(rank),
         )
         return cls(rank_record_path(records_dir, rank), record)

@@ -82,6 +82,12 @@ class RankPlan(Model):
     # `hash_seed` was drawn all the same: a rerun's bundle's seed that its launcher drew.
     hash_seed_drawn: bool = False
 
+    @property
+    def hash_seed_was_drawn(self) -> bool:
+        """Whether the launcher drew the seed in this rank's PYTHONHASHSEED (the user gave none,
+        here or in the run a rerun reruns)."""
+        return self.hash_seed is None or self.hash_seed_drawn
+
     def resolved_dcp(self, world_size: int) -> int:
         return self.dcp if self.dcp is not None else default_dcp(world_size)
 
