@@ -22,7 +22,7 @@ import torch
 
 from harness.capture.detector import Detector, short_stack
 from harness.core import preloaded
-from harness.schema.capture import DetectorStatus
+from harness.schema.capture import IMPORT_BLIND, DetectorStatus
 from harness.transport.events import (
     BufferAllocated,
     OperationFirstUse,
@@ -284,10 +284,6 @@ class _ImportWatch(importlib.abc.MetaPathFinder):
         if name == DYNAMO and self.seen is None:
             self.seen = (short_stack(), self.detector._phase)
         return None
-
-
-# The dynamo detector's status where it cannot see dynamo's import (see `blind_spots`).
-IMPORT_BLIND = "dynamo-import"
 
 
 class DynamoDetector(Detector):

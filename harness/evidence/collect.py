@@ -36,7 +36,7 @@ from typing import Any
 
 from harness.evidence.engine_lane import engine_lane, with_engine_controls
 from harness.evidence.run_context import TorchrunFailure
-from harness.schema.capture import CaptureRecord
+from harness.schema.capture import BLIND_SPOTS, CaptureRecord
 from harness.schema.launch import HashSeedMode
 from harness.schema.layout import RECORDS_DIR
 from harness.schema.rank_record import RankRecord, RealTree, rank_record_path
@@ -348,6 +348,39 @@ def merge_signatures(captures: Iterable[CaptureRecord]) -> list[SignatureRow]:
     return rows
 
 
+def unwatched(windows: Iterable[CaptureRecord], every: Iterable[CaptureRecord]) -> dict[str, str]:
+    """Each detector that did not watch every window of `windows`, with why (sorted by name).
+
+    A detector watched a window only where the window lists it as active. Which detectors a
+    window should list comes from the run's own capture records (`every`, negative controls
+    included): the capture code gives every window, whatever its path, the same detector set
+    (`harness.capture.check.default_detectors`, those that cannot run there listed inactive
+    with the reason), so a detector any record lists, active or not, is expected in each window,
+    and a window whose list lacks it was not watched by it. Controls count because a window's
+    list can be trimmed alone but the controls' lists name the same detectors. The set is not
+    pinned to the capture code's names: that would hold hand-built records (a test's) to
+    detectors they never had, and trimming a detector from every record is no harder than
+    dropping every list. Blind spots (`BLIND_SPOTS`) are listed only where they apply: they
+    count where listed, and are not expected elsewhere.
+
+    Records written before windows recorded their detectors list none anywhere, and nothing is
+    expected of them. Where any record lists detectors, a window that lists none was watched by
+    none of them.
+    """
+    windows = list(windows)
+    inactive: dict[str, str] = {}
+    for window in windows:
+        for status in window.detectors:
+            if not status.active:
+                inactive.setdefault(status.name, status.reason or "not active")
+    expected = {s.name for c in every for s in c.detectors} - BLIND_SPOTS
+    for name in sorted(expected - set(inactive)):
+        absent = sum(1 for w in windows if name not in {s.name for s in w.detectors})
+        if absent:
+            inactive[name] = f"absent from {absent} of {len(windows)} windows"
+    return dict(sorted(inactive.items()))
+
+
 def summarize_capture(ranks: RankFiles) -> tuple[Capture, NegativeControl]:
     """Lazy events of the real capture windows, and the negative-control windows apart (with
     the engine lane's lazy-phase controls, which are such windows inside vLLM's own engine).
@@ -369,11 +402,7 @@ def summarize_capture(ranks: RankFiles) -> tuple[Capture, NegativeControl]:
         for c in windows
         for e in c.events
     ]
-    inactive: dict[str, str] = {}
-    for window in windows:
-        for status in window.detectors:
-            if not status.active:
-                inactive.setdefault(status.name, status.reason or "not active")
+    inactive = unwatched(windows, ranks.captures())
     per_rank = dict.fromkeys(sorted(ranks.records), 0)
     for event in events:
         per_rank[event.rank] = per_rank.get(event.rank, 0) + 1
@@ -385,7 +414,7 @@ def summarize_capture(ranks: RankFiles) -> tuple[Capture, NegativeControl]:
         paths=dict(sorted(Counter(c.path for c in windows).items())),
         events=events,
         replays=sum(c.replays for c in windows),
-        inactive_detectors=dict(sorted(inactive.items())),
+        inactive_detectors=inactive,
     )
     control_events = [e for c in controls for e in c.events]
     negative = NegativeControl(

@@ -56,6 +56,13 @@ class LazyEvent(JsonValue):
     phase: Phase = "capture"
 
 
+# The dynamo detector's status where it cannot see dynamo's import (`DynamoDetector.blind_spots`).
+IMPORT_BLIND = "dynamo-import"
+# Statuses a window adds only where a running detector is blind to part of its work: listed
+# inactive where they apply and absent elsewhere, so their absence is no missing detector.
+BLIND_SPOTS: frozenset[str] = frozenset({IMPORT_BLIND})
+
+
 @dataclass(frozen=True, config=STRICT)
 class DetectorStatus(JsonValue):
     """Whether one detector watched a window on this machine, and if not, why.
