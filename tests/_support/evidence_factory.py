@@ -7,13 +7,14 @@ Records are written with the real `RankRecord.write`, JUnit reports in the shape
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
 import pytest
 
+from harness.capture.check import DETECTOR_NAMES
 from harness.capture.events import LazyEvent
 from harness.core.signature import TransportSignature
 from harness.evidence import writer
@@ -72,7 +73,9 @@ def capture(
     )
 
 
-def control(rank: int, *, detected: bool = True) -> CaptureRecord:
+def control(
+    rank: int, *, detected: bool = True, detectors: Iterable[DetectorStatus] = ()
+) -> CaptureRecord:
     events = ()
     if detected:
         events = (LazyEvent("transport-registry", rank, "created transport", UNWARMED),)
@@ -86,6 +89,7 @@ def control(rank: int, *, detected: bool = True) -> CaptureRecord:
         events=events,
         negative_control=True,
         expected_detectors=("transport-registry",),
+        detectors=tuple(detectors),
     )
 
 
@@ -358,17 +362,23 @@ def gpu_run(
     harness: Source = CLEAN_CHECKOUT,
     junit: bool = True,
     tests: Sequence[TestOutcome] | None = None,
+    window_detectors: Mapping[int, Sequence[DetectorStatus]] | None = None,
+    control_detectors: Sequence[DetectorStatus] = (),
 ) -> Receipt:
     """The bundle of a passing 4-rank NCCL run on GPUs whose every capture window was a CUDA
     graph; by default it is all `qualified` asks for, each keyword takes one thing away
-    (`junit` False: rank 3 left no JUnit report; `tests`: every rank's outcomes, e.g. a skip)."""
+    (`junit` False: rank 3 left no JUnit report; `tests`: every rank's outcomes, e.g. a skip).
+    `detectors`: what every capture window lists (none: records from before windows listed
+    theirs), `window_detectors` the lists of some ranks' windows instead, `control_detectors`
+    what the negative controls list."""
     monkeypatch.setattr(writer, "capture_environment", gpu_environment)
     monkeypatch.setattr(writer, "capture_sources", lambda: {"dcpqual": harness})
     out.mkdir()
     for rank in range(4):
-        caps = [capture(rank, path="cuda-graph", detectors=detectors)]
+        listed = (window_detectors or {}).get(rank, detectors)
+        caps = [capture(rank, path="cuda-graph", detectors=listed)]
         if controls:
-            caps.append(control(rank))
+            caps.append(control(rank, detectors=control_detectors))
         write_rank(
             out,
             rank,
@@ -381,6 +391,15 @@ def gpu_run(
         )
     identity = None if image is None else Image.model_validate(image)
     return writer.finalize_bundle(out, context(4, backend="nccl", image=identity))
+
+
+# Every detector of a window, each watching it (a GPU run's list, with all of them active).
+WATCHED = tuple(DetectorStatus(name, active=True) for name in DETECTOR_NAMES)
+
+
+def watched_but(*names: str) -> tuple[DetectorStatus, ...]:
+    """`WATCHED` without the detectors `names`: a list trimmed of them."""
+    return tuple(s for s in WATCHED if s.name not in names)
 
 
 # gpu_run keywords that each take one thing `qualified` needs away, and the limitation the

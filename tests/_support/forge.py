@@ -69,6 +69,22 @@ def forge(bundle: Path, edit: Edit, *, launch_record: bool = False) -> Receipt:
     return receipt
 
 
+def edit_records(bundle: Path, change: Edit) -> Receipt:
+    """Every rank record's JSON changed by `change`, and the receipt's `files` following them
+    (a forger who rewrites records leaves the receipt's hashes agreeing)."""
+    paths = sorted((bundle / "records").glob("rank-*.json"))
+    for path in paths:
+        data = json.loads(path.read_text())
+        change(data)
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+    def rehash(data: dict[str, Any]) -> None:
+        for path in paths:
+            data["files"][f"records/{path.name}"] = sha256_file(path)
+
+    return forge(bundle, rehash)
+
+
 def restate_limitations(data: dict[str, Any], *keys: str) -> None:
     """A careful forger's last step: the `keys` limitations say what the rules give for the
     edited receipt's facts (verify compares their text too, not only their keys)."""
