@@ -165,8 +165,9 @@ class Capture(Model):
     paths: dict[str, NonNegativeInt] = Field(default_factory=dict)  # cuda-graph | cpu-simulated
     events: list[CaptureEvent] = Field(default_factory=list)
     replays: NonNegativeInt = 0  # replays with fresh inputs that matched eager results
-    # Detectors that could not watch at least one window here, with the reason: their silence
-    # proves nothing, so each is named in `limitations`.
+    # Detectors that did not watch at least one window here, with the reason (inactive there, or
+    # missing from its list while the run's records list them: `collect.unwatched`): their
+    # silence proves nothing, so each is named in `limitations`.
     inactive_detectors: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
