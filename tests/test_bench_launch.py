@@ -18,7 +18,7 @@ from harness.bench.launching import dead_ranks, profile_of, read_probes, why_fai
 from harness.errors import QualificationError
 from harness.launch.plan import RunOptions, rank_plan
 from harness.models.real import RealSpec, planned_spec
-from harness.rank.zygote import PRELOAD, preload_for
+from harness.rank.preload import PRELOAD, preload_for
 from harness.rank.zygotelog import Ready, format_event
 from harness.schema.bench import BenchOptions, ProbePhases, ProbeRecord
 from harness.schema.plan import RankPlan
@@ -261,11 +261,12 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
         out: Path,
         module: Any,
         timeout: float,
-        zygote: bool = False,
+        start: str = "cold",
         preload: tuple[str, ...] = PRELOAD,
         extra_env: dict[str, str] | None = None,
     ) -> float:
-        calls.append(("bare-zygote" if zygote else "bare", nproc, module[0]))
+        zygote = start == "zygote"
+        calls.append(("bare" if start == "cold" else f"bare-{start}", nproc, module[0]))
         if module[0] == "harness.bench.bare_real_rank":  # its ranks write their trees
             plans.append(RankPlan.from_environ(extra_env or {}))
             preloads.append(preload if zygote else None)
@@ -274,7 +275,7 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
                 path = bare_real_rank.record_path(Path(module[3]), rank)
                 path.write_bytes(TypeAdapter(RealTreeRecord).dump_json(record))
             return 12.0 if zygote else 25.0
-        return 5.0 if zygote else 10.0
+        return {"cold": 10.0, "zygote": 5.0, "forkserver": 4.0}[start]
 
     def full(options: BenchOptions, nproc: int, models: str, work: Path) -> Any:
         calls.append(("full", nproc, models))
@@ -288,6 +289,7 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
     bare_pair = [
         ("bare", 2, "harness.bench.bare_rank"),
         ("bare-zygote", 2, "harness.bench.bare_rank"),
+        ("bare-forkserver", 2, "harness.bench.bare_rank"),
     ]
     assert calls == [*bare_pair, ("full", 2, "stand-in")] * 2 + bare_pair
     assert runs.ratio is not None and runs.ratio.value == pytest.approx(3.0)  # the target's
@@ -295,6 +297,9 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
     assert runs.bare_zygote_launch_s is not None and runs.bare_zygote_launch_s.median == 5.0
     assert runs.ratio_to_zygote_launch is not None
     assert runs.ratio_to_zygote_launch.value == pytest.approx(6.0)
+    # And the same again, started by torchelastic's agent from multiprocessing's forkserver.
+    assert runs.bare_forkserver_launch_s is not None
+    assert runs.bare_forkserver_launch_s.median == 4.0
     # Each rank's peak over both runs, in MB of 1e6 bytes.
     assert runs.peak_rss_mb_per_rank == {"0": 350_000 * 1024 / 1e6, "1": 400_000 * 1024 / 1e6}
     assert runs.peak_rss_mb == pytest.approx(409.6)
@@ -331,6 +336,7 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
     assert real.bare_zygote_launch_s is not None and real.bare_zygote_launch_s.median == 12.0
     assert real.ratio_to_zygote_launch is not None
     assert real.ratio_to_zygote_launch.value == pytest.approx(30.0 / 12.0)
+    assert real.bare_forkserver_launch_s is None  # the real trees' launch has no such row
     assert real.real_import_s is not None and real.real_build_s is not None
     assert (real.real_import_s.median, real.real_import_s.max) == (0.015, 0.03)
     assert (real.real_build_s.median, real.real_build_s.max) == (3.0, 6.0)

@@ -266,6 +266,19 @@ def test_targets_one_per_issue_item_with_outcomes() -> None:
     assert "ag_rs B=8 1.33, a2a B=8 1.00" in targets["transport_overhead"].detail
     assert targets["suite_vs_bare_launch"].outcome == "miss"  # 30 / 11
     assert targets["suite_vs_bare_launch"].measured == pytest.approx(30 / 11)
+    # Beside it, the same bare launch through each way of starting ranks from a preload.
+    started = launch_result({0: 1.0}).model_copy(
+        update={
+            "bare_zygote_launch_s": summarize([3.0]),
+            "ratio_to_zygote_launch": ratio_of_medians(summarize([30.0]), summarize([3.0])),
+            "bare_forkserver_launch_s": summarize([3.5]),
+        }
+    )
+    launch = {t.key: t for t in full_report(launch=started).targets}["suite_vs_bare_launch"]
+    assert launch.detail.endswith(
+        "; bare through the zygote 3.0 [3.0-3.0] s (10.00x of it)"
+        "; bare through torchelastic's forkserver 3.5 [3.5-3.5] s"
+    )
     assert targets["discovery_us_per_module"].outcome == "pass"
     assert targets["capture_overhead_outside_window"].outcome == "miss"  # +5%
     mem = targets["peak_rss_per_rank"]

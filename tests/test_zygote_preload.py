@@ -10,7 +10,7 @@ import pytest
 
 from harness.launch.plan import RunOptions, build_plan
 from harness.rank import zygote
-from harness.rank.zygote import PRELOAD, REAL_TREE_PRELOAD, preload_for
+from harness.rank.preload import PRELOAD, REAL_TREE_PRELOAD, preload_for
 
 
 @pytest.fixture

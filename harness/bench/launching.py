@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from harness.bench.bare_real_rank import read_records
 from harness.bench.probe import ENV_DIR, ENV_PROFILE
 from harness.bench.report import ratio_of_medians, summarize
 from harness.errors import QualificationError
+from harness.launch.agent import AGENT_MODULE
 from harness.launch.launcher import launch
 from harness.launch.plan import (
     REPO_ROOT,
@@ -38,7 +40,7 @@ from harness.launch.plan import (
     zygote_plan,
 )
 from harness.launch.ranklogs import torchrun_logs
-from harness.rank.zygote import PRELOAD, preload_for
+from harness.rank.preload import PRELOAD, preload_for
 from harness.rank.zygotelog import Ready, read_events
 from harness.schema.bench import (
     BenchOptions,
@@ -102,14 +104,15 @@ def run_ranks(
     module_args: Sequence[str],
     timeout_s: float,
     *,
-    zygote: bool = False,
+    start: RankStart = "cold",
     preload: tuple[str, ...] = PRELOAD,
     extra_env: Mapping[str, str] | None = None,
 ) -> float:
     """Launch `python -m MODULE ARGS` once with `dcpqual run`'s own torchrun flags and
-    environment (with `zygote`, each rank forked from `dcpqual run`'s zygote, with `preload`;
-    `extra_env` for the ranks besides); seconds it took. A failed launch raises with the dead
-    rank named."""
+    environment, its ranks started by `start` (cold by torchrun; forked from `dcpqual run`'s
+    zygote, or by torchelastic's agent from multiprocessing's forkserver, either with
+    `preload`); `extra_env` for the ranks besides. Seconds it took; a failed launch raises with
+    the dead rank named."""
     options = RunOptions(
         nproc_per_node=nproc, backend=backend, tp=nproc, dcp=nproc, timeout_s=timeout_s
     )
@@ -117,12 +120,15 @@ def run_ranks(
     rank_argv = ("-m", *module_args)
     path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**(extra_env or {}), "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
-    if not zygote:
-        plan = RunPlan(options, out_dir, (*torchrun_args(options, log_dir), *rank_argv), env=env)
-    else:
-        argv = (*torchrun_args(options, log_dir), *forked(rank_argv))
+    torchrun = torchrun_args(options, log_dir)
+    if start == "cold":
+        plan = RunPlan(options, out_dir, (*torchrun, *rank_argv), env=env)
+    elif start == "zygote":
+        argv = (*torchrun, *forked(rank_argv))
         zygote_run = zygote_plan(log_dir, env, preload)
         plan = RunPlan(options, out_dir, argv, env=env, zygote=zygote_run)
+    else:
+        plan = RunPlan(options, out_dir, agent_argv(torchrun, rank_argv, preload), env=env)
     result = launch(plan)
     if result.timed_out:
         raise QualificationError(f"{module_args[0]} ranks ran past {timeout_s:g}s; see {out_dir}")
@@ -131,6 +137,19 @@ def run_ranks(
     if result.exit_code != 0:
         raise QualificationError(why_failed(out_dir, result.exit_code, nproc))
     return result.elapsed_s
+
+
+RankStart = Literal["cold", "zygote", "forkserver"]
+
+
+def agent_argv(
+    torchrun: Sequence[str], rank_argv: Sequence[str], preload: Sequence[str]
+) -> tuple[str, ...]:
+    """The command of torchelastic's agent (`harness.launch.agent`) in place of torchrun's: the
+    same flags after its own `--preload`, the same rank command."""
+    python, dash_m, module, *flags = torchrun
+    assert (dash_m, module) == ("-m", "torch.distributed.run"), torchrun
+    return (python, "-m", AGENT_MODULE, "--preload", ",".join(preload), "--", *flags, *rank_argv)
 
 
 def read_probes(folder: Path) -> list[ProbeRecord]:
@@ -302,7 +321,7 @@ def bare_real_launch(
         work,
         module,
         options.timeout_s,
-        zygote=zygote,
+        start="zygote" if zygote else "cold",
         preload=preload_for("real"),
         extra_env=plan,
     )
@@ -321,6 +340,7 @@ def measure_runs(
     bare_rank = ("harness.bench.bare_rank", backend, f"{options.timeout_s:g}")
     bare: list[float] = []
     forked_bare: list[float] = []  # the same bare launch, its ranks forked from the zygote
+    forkserved_bare: list[float] = []  # and started by torchelastic's agent, from a forkserver
     bare_trees: list[RealTreeRecord] = []
     runs: list[FullRun] = []
     if real:
@@ -342,10 +362,19 @@ def measure_runs(
             if nproc > 1:  # `dcpqual run` forks its ranks only where there is more than one
                 where = work / f"bare-zygote-{i}"
                 seconds = run_ranks(
-                    nproc, backend, where, bare_rank, options.timeout_s, zygote=True
+                    nproc, backend, where, bare_rank, options.timeout_s, start="zygote"
                 )
                 forked_bare.append(seconds)
                 say(f"  bare launch through the zygote {i + 1}/{bare_repeats}: {seconds:.1f}s")
+                where = work / f"bare-forkserver-{i}"
+                seconds = run_ranks(
+                    nproc, backend, where, bare_rank, options.timeout_s, start="forkserver"
+                )
+                forkserved_bare.append(seconds)
+                say(
+                    f"  bare launch through torchelastic's forkserver {i + 1}/{bare_repeats}: "
+                    f"{seconds:.1f}s"
+                )
         if i < suite_repeats:
             runs.append(run := full_run(options, nproc, models, work / f"suite-{i}"))
             took = f"{run.seconds:.1f}s (exit {run.exit_code})"
@@ -375,6 +404,7 @@ def measure_runs(
         ratio=None if bare_s is None else ratio_of_medians(suite_s, bare_s),
         bare_zygote_launch_s=zygote_s,
         ratio_to_zygote_launch=None if zygote_s is None else ratio_of_medians(suite_s, zygote_s),
+        bare_forkserver_launch_s=summarize(forkserved_bare) if forkserved_bare else None,
         suite_exit_codes=tuple(run.exit_code for run in runs),
         peak_rss_mb_per_rank={str(r): rss[r] for r in sorted(rss)},
         peak_rss_mb=peak,

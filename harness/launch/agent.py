@@ -1,0 +1,117 @@
+"""torchelastic's own agent, in torchrun's place, its ranks started as a function in children of
+multiprocessing's forkserver:
+
+    python -m harness.launch.agent --preload MODULE,MODULE -- TORCHRUN_FLAGS -m MODULE ARGS
+
+The flags after `--` are torchrun's, parsed by torchrun's own parser into torchrun's own launch
+config (`torch.distributed.run.config_from_args`, `--standalone` resolved as `torchrun` resolves
+it), so the rendezvous, the ranks' environment, the log folder layout, the error files and the
+agent's own failure report are torchelastic's. Only the start differs: `start_method` is
+`forkserver`, whose server imports the preload list once, before the first rank is asked for,
+and each rank is `harness.rank.forkserved.run`, which makes the forked child the interpreter
+`python -u -m MODULE ARGS` would have been.
+
+The forkserver is started before this process imports torch, so its imports and this
+process's overlap, as torchrun's and a preloading server's would. Its server and
+multiprocessing's resource tracker are this process's children; they are stopped before it
+exits, whatever the ending, so nothing it started outlives the launch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import uuid
+from collections.abc import Sequence
+from multiprocessing import forkserver, resource_tracker, util
+
+from harness.errors import UsageError
+
+AGENT_MODULE = "harness.launch.agent"
+RANK_ENTRY_MODULE = "harness.rank.forkserved"
+_NPROC = re.compile(r"^--nproc[-_]per[-_]node(?:=(?P<value>.*))?$")
+
+
+def split_argv(argv: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(modules to preload, torchrun's argv) from `--preload A,B -- TORCHRUN_ARGV`."""
+    args = list(argv)
+    preload: tuple[str, ...] = ()
+    if args[:1] == ["--preload"]:
+        if len(args) < 2:
+            raise UsageError("--preload needs a comma-separated list of modules")
+        preload = tuple(m for m in args[1].split(",") if m)
+        args = args[2:]
+    if args[:1] != ["--"]:
+        raise UsageError("usage: python -m harness.launch.agent [--preload M,M] -- TORCHRUN_ARGS")
+    return preload, tuple(args[1:])
+
+
+def local_ranks(torchrun_argv: Sequence[str]) -> int | None:
+    """`--nproc-per-node` as a number where it is given as one (torchrun also takes words)."""
+    for i, arg in enumerate(torchrun_argv):
+        match = _NPROC.match(arg)
+        if match is None:
+            continue
+        value = match["value"]
+        if value is None and i + 1 < len(torchrun_argv):
+            value = torchrun_argv[i + 1]
+        return int(value) if value is not None and value.isdigit() else None
+    return None
+
+
+def start_forkserver(preload: Sequence[str], torchrun_argv: Sequence[str]) -> None:
+    """Start the forkserver with the preload list, in the environment the ranks will see as far
+    as their imports can read it: torchrun sets OMP_NUM_THREADS=1 for more than one local rank,
+    and torch reads it when the server imports it."""
+    ranks = local_ranks(torchrun_argv)
+    if "OMP_NUM_THREADS" not in os.environ and (ranks is None or ranks > 1):
+        os.environ["OMP_NUM_THREADS"] = "1"
+    forkserver.set_forkserver_preload([RANK_ENTRY_MODULE, *preload])
+    forkserver.ensure_running()
+
+
+def stop_helpers() -> None:
+    """Stop multiprocessing's forkserver and resource tracker (CPython's own stop functions):
+    they are this process's children and would otherwise outlive the launch. Between the two,
+    the finalizers run as at exit (the semaphores unlinked, the forkserver's folder removed), so
+    the tracker stops with nothing left to clean up and warn about."""
+    forkserver._forkserver._stop()  # type: ignore[attr-defined]
+    util._run_finalizers()  # type: ignore[attr-defined]
+    resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
+
+
+def launch_ranks(torchrun_argv: Sequence[str]) -> None:
+    """torchrun's launch of `torchrun_argv`, each rank `forkserved.run` in a forkserver child."""
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args
+
+    from harness.rank import forkserved
+
+    args = parse_args(list(torchrun_argv))  # type: ignore[no-untyped-call]
+    if args.standalone:  # as torchrun's own `run` resolves it
+        args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
+        args.rdzv_id = str(uuid.uuid4())
+    config, _, rank_argv = config_from_args(args)
+    config.start_method = "forkserver"
+    elastic_launch(config, forkserved.run)(*rank_argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    preload, torchrun_argv = split_argv(sys.argv[1:] if argv is None else argv)
+    start_forkserver(preload, torchrun_argv)
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        record(launch_ranks)(torchrun_argv)  # the agent's error file, as torchrun's `main`
+    finally:
+        stop_helpers()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UsageError as exc:
+        print(f"dcpqual agent: error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,88 @@
+"""A rank started by torchelastic's agent as a function, in a child of multiprocessing's
+forkserver (`harness.launch.agent`): it becomes the process `python -u -m MODULE ARGS` would be,
+then runs the module.
+
+Why: the forkserver imported torch, pytest and the harness once, so sixteen ranks start in the
+time of one import instead of sixteen imports at once on a few cores. What a forkserver child
+is not yet, and a cold interpreter is, is set here: its own session (torchrun starts each rank
+in one), `sys.argv`, `sys.orig_argv` and `sys.path[0]` as `-m` sets them, a fresh `__main__`,
+the default signal dispositions, the main process of its own multiprocessing world (its own
+authkey, no parent), torch's thread count from its own environment (torch read the variable
+when the forkserver imported it), and its own draws of Python's, NumPy's and torch's generators.
+What it cannot get is its own string-hash seed: the forkserver's, which the plan fixes for every
+rank of the node, is the one it has.
+
+The module's exit is the rank's: 0 returns to the agent (which reads the return as success), any
+other code exits with it, and an uncaught KeyboardInterrupt ends the rank by SIGINT as it ends an
+interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import types
+from collections.abc import Sequence
+
+from harness.rank import interpreter
+
+# The flags `python` itself takes before `-m` that a rank's command may carry (torchrun's `-u`).
+INTERPRETER_FLAGS: frozenset[str] = frozenset({"-u"})
+
+
+class CommandError(ValueError):
+    """A rank command this function cannot run (only `[-u] -m MODULE ARGS`)."""
+
+
+def module_command(argv: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+    """(module, its arguments) of `[-u] -m MODULE ARGS`, as torchrun hands a `-m` rank."""
+    rest = list(argv)
+    while rest and rest[0] in INTERPRETER_FLAGS:
+        rest.pop(0)
+    if len(rest) < 2 or rest[0] != "-m":
+        raise CommandError(f"a forkserver rank runs `[-u] -m MODULE ARGS`, got {list(argv)!r}")
+    return rest[1], tuple(rest[2:])
+
+
+def become_cold(argv: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+    """Make this forkserver child the interpreter `python ARGV` would have started; returns the
+    module to run and its arguments."""
+    module, args = module_command(argv)
+    os.setsid()  # as torchrun starts each rank: its own session
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    sys.orig_argv = [sys.executable, *argv]
+    sys.argv = [module, *args]  # runpy puts the module's file in argv[0]
+    sys.path[0] = os.getcwd()  # `python -m` puts the working directory first
+    fresh = types.ModuleType("__main__")  # the interpreter's own, not the forkserver's
+    fresh.__dict__["__builtins__"] = sys.modules["builtins"]
+    sys.modules["__main__"] = fresh
+    _own_multiprocessing_world()
+    interpreter.draw_own_seeds(os.environ)
+    return module, args
+
+
+def _own_multiprocessing_world() -> None:
+    """A cold interpreter is multiprocessing's main process: named so, no identity, no parent
+    (its authkey is drawn with the other seeds). The forkserver made this one its child."""
+    import itertools
+    from multiprocessing import process
+
+    me = process.current_process()
+    me._name, me._identity = "MainProcess", ()  # type: ignore[attr-defined]
+    me._parent_pid = me._parent_name = None  # type: ignore[attr-defined]
+    process._parent_process = None  # type: ignore[attr-defined]
+    process._process_counter = itertools.count(1)  # type: ignore[attr-defined]
+
+
+def run(*argv: str) -> None:
+    """torchelastic's entrypoint for each rank: `python ARGV` in this process. Returns where the
+    interpreter would exit 0 (the agent reads the return as the rank's success); otherwise
+    exits with the interpreter's code, or dies of SIGINT."""
+    module, args = become_cold(argv)
+    code = interpreter.run_module(("-m", module, *args), "dcpqual forkserver rank")
+    interpreter.wind_down()
+    if code != 0:
+        interpreter.leave(code)

@@ -1,0 +1,172 @@
+"""torchelastic's own agent in torchrun's place (`harness.launch.agent`): its ranks, forked by
+multiprocessing's forkserver, are what torchrun's cold ranks are to a suite; it ends as torchrun
+ends (its failure report, the rank's exit code or signal); nothing it started outlives it.
+
+Each launch goes through the launcher, which fails a launch that leaves a process behind."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.bench.launching import agent_argv, dead_ranks
+from harness.errors import UsageError
+from harness.launch.agent import local_ranks, split_argv
+from harness.launch.launcher import launch
+from harness.launch.plan import REPO_ROOT, RunOptions, RunPlan, torchrun_args
+from harness.launch.ranklogs import torchrun_logs
+from harness.schema.launch import Launch
+
+pytestmark = pytest.mark.torchrun
+
+# What a suite could observe of how its interpreter started, and the draws every interpreter
+# makes for itself; written per rank, then the ranks may end as `sys.argv[1]` says.
+PROBE = """
+import json, multiprocessing, os, random, signal, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, me = dist.get_rank(), multiprocessing.current_process()
+facts = {
+    "argv": sys.argv[1:],
+    "argv0": os.path.basename(sys.argv[0]),
+    "main": [__name__, sys.modules["__main__"].__dict__.get("__file__") == __file__],
+    "orig_argv": sys.orig_argv[1:],
+    "path0": sys.path[0],
+    "process": [me.name, list(me._identity), multiprocessing.parent_process() is None],
+    "session_leader": os.getsid(0) == os.getpid(),
+    "signals": [signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+                signal.getsignal(signal.SIGTERM) == signal.SIG_DFL],
+    "threads": torch.get_num_threads(),
+    "hash": hash("dcpqual"),
+    "drawn": [me.authkey.hex(), random.random(), torch.initial_seed()],
+}
+with open(os.path.join(os.environ["PROBE_FACTS"], f"rank-{rank}.json"), "w") as f:
+    json.dump(facts, f)
+dist.barrier()
+dist.destroy_process_group()
+if rank == 1 and sys.argv[1] == "exit-3":
+    sys.exit(3)
+if rank == 1 and sys.argv[1] == "interrupt":
+    raise KeyboardInterrupt
+"""
+SAME_IN_BOTH = (
+    "argv",
+    "argv0",
+    "main",
+    "orig_argv",
+    "path0",
+    "process",
+    "session_leader",
+    "signals",
+    "threads",
+    "hash",
+)
+
+
+def _launch(tmp_path: Path, name: str, *, forkserver: bool, ending: str = "pass") -> Launch:
+    """Two ranks running the probe, cold under torchrun or through the agent."""
+    (tmp_path / "agentprobe.py").write_text(PROBE)
+    facts = tmp_path / f"{name}-facts"
+    facts.mkdir()
+    options = RunOptions(nproc_per_node=2, tp=2, dcp=2, timeout_s=120)
+    out = tmp_path / name
+    torchrun = torchrun_args(options, RunPlan(options, out, ()).log_dir)
+    rank = ("-m", "agentprobe", ending)
+    argv = agent_argv(torchrun, rank, ("torch", "torch.distributed")) if forkserver else ()
+    path = f"{tmp_path}:{REPO_ROOT}"
+    env = {"PYTHONPATH": path, "PYTHONHASHSEED": "7", "PYTHONUNBUFFERED": "1"}
+    env["PROBE_FACTS"] = str(facts)
+    plan = RunPlan(options, out, argv or (*torchrun, *rank), env=env)
+    return launch(plan, tick_s=0.2)
+
+
+def _facts(tmp_path: Path, name: str) -> list[dict[str, object]]:
+    folder = tmp_path / f"{name}-facts"
+    return [json.loads((folder / f"rank-{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def both_starts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("starts")
+    for name, forkserver in (("cold", False), ("forkserver", True)):
+        result = _launch(folder, name, forkserver=forkserver)
+        assert result.exit_code == 0 and not result.leftovers, result
+    return folder
+
+
+def test_a_forkserver_rank_looks_to_a_suite_as_a_cold_rank_does(both_starts: Path) -> None:
+    cold, forked = _facts(both_starts, "cold"), _facts(both_starts, "forkserver")
+    for rank in (0, 1):
+        for key in SAME_IN_BOTH:
+            assert forked[rank][key] == cold[rank][key], (rank, key)
+    assert cold[0]["process"] == ["MainProcess", [], True]
+    assert cold[0]["main"] == ["__main__", True] and cold[0]["session_leader"] is True
+
+
+def test_each_forkserver_rank_draws_its_own_seeds_and_authkey(both_starts: Path) -> None:
+    drawn = [r["drawn"] for r in _facts(both_starts, "forkserver")]
+    for position in range(3):  # authkey, random, torch's seed
+        assert drawn[0][position] != drawn[1][position], position
+
+
+def test_the_agent_leaves_its_logs_where_torchrun_does(both_starts: Path) -> None:
+    for name in ("cold", "forkserver"):
+        logs = {(log.local_rank, log.stream) for log in torchrun_logs(both_starts / name)}
+        assert logs == {(r, s) for r in (0, 1) for s in ("stdout", "stderr")}, name
+
+
+def test_a_forkserver_child_left_as_it_is_is_no_cold_interpreter() -> None:
+    """The control: what the parity test would see without the rank becoming cold."""
+    context = multiprocessing.get_context("forkserver")
+    with context.Pool(1) as pool:
+        name = pool.apply(_process_name)
+    assert name != "MainProcess"
+
+
+def _process_name() -> str:
+    return multiprocessing.current_process().name
+
+
+@pytest.mark.parametrize(
+    ("ending", "code"), [("exit-3", 3), ("interrupt", -2)], ids=["exit-3", "sigint"]
+)
+def test_a_failing_rank_fails_the_agent_as_it_fails_torchrun(
+    tmp_path: Path, ending: str, code: int
+) -> None:
+    result = _launch(tmp_path, "fail", forkserver=True, ending=ending)
+    assert result.exit_code == 1 and not result.leftovers, result
+    agent_log = RunPlan(RunOptions(nproc_per_node=2, tp=2, dcp=2), tmp_path / "fail", ()).agent_log
+    assert dead_ranks(agent_log.read_text()) == [(1, 1, code)]
+
+
+def test_the_agents_own_arguments_are_read_before_torchruns() -> None:
+    assert split_argv(["--preload", "torch,pytest", "--", "--standalone", "-m", "x"]) == (
+        ("torch", "pytest"),
+        ("--standalone", "-m", "x"),
+    )
+    assert split_argv(["--", "-m", "x"]) == ((), ("-m", "x"))
+    for bad in (["--preload"], ["--standalone", "-m", "x"]):
+        with pytest.raises(UsageError):
+            split_argv(bad)
+    assert local_ranks(["--nproc-per-node=16"]) == local_ranks(["--nproc_per_node", "16"]) == 16
+    assert local_ranks(["--nproc-per-node", "gpu"]) is None and local_ranks(["-m", "x"]) is None
+
+
+def test_a_bad_agent_command_is_one_line_and_exit_2() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.launch.agent", "-m", "x"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "dcpqual agent: error: usage: python -m harness.launch.agent [--preload M,M] -- "
+        "TORCHRUN_ARGS"
+    ]
