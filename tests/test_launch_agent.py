@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from harness.bench.launching import agent_argv, dead_ranks
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.torchrun
 # What a suite could observe of how its interpreter started, and the draws every interpreter
 # makes for itself; written per rank, then the ranks may end as `sys.argv[1]` says.
 PROBE = """
-import json, multiprocessing, os, random, signal, sys
+import json, multiprocessing, os, random, signal, sys, time
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 rank, me = dist.get_rank(), multiprocessing.current_process()
@@ -47,6 +48,17 @@ facts = {
 }
 with open(os.path.join(os.environ["PROBE_FACTS"], f"rank-{rank}.json"), "w") as f:
     json.dump(facts, f)
+if sys.argv[1] == "helper-left":  # rank 0 sleeps; rank 1 fails once rank 0's helper runs
+    helper_pid = os.path.join(os.environ["PROBE_FACTS"], "helper.pid")
+    if rank == 0:
+        import subprocess
+        with open(helper_pid + ".tmp", "w") as f:
+            f.write(str(subprocess.Popen(["sleep", "600"]).pid))
+        os.rename(helper_pid + ".tmp", helper_pid)
+        time.sleep(600)
+    while not os.path.exists(helper_pid):
+        time.sleep(0.05)
+    os._exit(3)
 dist.barrier()
 dist.destroy_process_group()
 if rank == 1 and sys.argv[1] == "exit-3":
@@ -142,6 +154,15 @@ def test_a_failing_rank_fails_the_agent_as_it_fails_torchrun(
     assert result.exit_code == 1 and not result.leftovers, result
     agent_log = RunPlan(RunOptions(nproc_per_node=2, tp=2, dcp=2), tmp_path / "fail", ()).agent_log
     assert dead_ranks(agent_log.read_text()) == [(1, 1, code)]
+
+
+def test_the_agent_ends_a_ranks_helpers_with_it_as_torchrun_does(tmp_path: Path) -> None:
+    """torchrun signals a rank's whole session; so does the agent, so a helper the rank
+    started is ended with it, not left for the launcher to find."""
+    result = _launch(tmp_path, "helper", forkserver=True, ending="helper-left")
+    helper = int((tmp_path / "helper-facts" / "helper.pid").read_text())
+    assert result.exit_code == 1 and result.leftovers == [], result
+    assert not psutil.pid_exists(helper) or psutil.Process(helper).status() == "zombie"
 
 
 def test_the_agents_own_arguments_are_read_before_torchruns() -> None:

@@ -19,9 +19,12 @@ exits, whatever the ending, so nothing it started outlives the launch.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import sys
+import time
 import uuid
 from collections.abc import Sequence
 from multiprocessing import forkserver, resource_tracker, util
@@ -81,6 +84,54 @@ def stop_helpers() -> None:
     resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
 
 
+def signal_session(pid: int, sig: signal.Signals) -> None:
+    """`sig` to the rank's session, as torchrun's subprocess handler signals a cold rank's
+    (`os.killpg`), so the helper processes it started get it too; to the rank alone where it
+    has no session of its own yet (still in the forkserver's group)."""
+    with contextlib.suppress(ProcessLookupError):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            os.kill(pid, sig)
+
+
+def signal_rank_sessions() -> None:
+    """Make the agent end each rank's session, not only its pid, wherever it signals a rank:
+    torch's process context terminates the survivors of a failed rank
+    (`Process.terminate`, through the forkserver's `Popen`), and torchelastic's worker context
+    closes the rest (on a signal to the agent, at the end of the launch). Their logic stays
+    torch's own; each `os.kill` of a rank becomes a `signal_session`."""
+    from multiprocessing import popen_forkserver
+
+    from torch.distributed.elastic import multiprocessing as elastic_mp
+    from torch.distributed.elastic.multiprocessing import api
+
+    class SessionPopen(popen_forkserver.Popen):
+        def _send_signal(self, sig: int) -> None:
+            if self.returncode is None:
+                signal_session(self.pid, signal.Signals(sig))
+
+    popen_forkserver.Popen = SessionPopen  # type: ignore[misc]  # what forkserver starts make
+
+    class RankSessions(api.MultiprocessContext):
+        def _close(self, death_sig: signal.Signals, timeout: int = 30) -> None:
+            if self._pc is None:
+                return
+            kill = api._get_kill_signal()
+            for proc in self._pc.processes:
+                if proc.is_alive():
+                    signal_session(proc.pid, death_sig)
+            end = time.monotonic() + timeout
+            for proc in self._pc.processes:
+                proc.join(max(0.0, end - time.monotonic()))
+            for proc in self._pc.processes:
+                if proc.is_alive():
+                    signal_session(proc.pid, kill)
+                    proc.join(timeout)
+
+    elastic_mp.MultiprocessContext = RankSessions  # type: ignore[misc]  # start_processes builds it
+
+
 def launch_ranks(torchrun_argv: Sequence[str]) -> None:
     """torchrun's launch of `torchrun_argv`, each rank `forkserved.run` in a forkserver child."""
     from torch.distributed.launcher.api import elastic_launch
@@ -94,6 +145,7 @@ def launch_ranks(torchrun_argv: Sequence[str]) -> None:
         args.rdzv_id = str(uuid.uuid4())
     config, _, rank_argv = config_from_args(args)
     config.start_method = "forkserver"
+    signal_rank_sessions()
     elastic_launch(config, forkserved.run)(*rank_argv)
 
 
