@@ -21,6 +21,7 @@ from harness.launch.agent import local_ranks, split_argv
 from harness.launch.launcher import launch
 from harness.launch.plan import REPO_ROOT, RunOptions, RunPlan, torchrun_args
 from harness.launch.ranklogs import torchrun_logs
+from harness.rank import parentage
 from harness.schema.launch import Launch
 
 pytestmark = pytest.mark.torchrun
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.torchrun
 PROBE = """
 import json, multiprocessing, os, random, signal, sys, time
 import torch, torch.distributed as dist
+from harness.rank import parentage
 dist.init_process_group("gloo")
 rank, me = dist.get_rank(), multiprocessing.current_process()
 facts = {
@@ -43,6 +45,7 @@ facts = {
     "signals": [signal.getsignal(signal.SIGINT) is signal.default_int_handler,
                 signal.getsignal(signal.SIGTERM) == signal.SIG_DFL],
     "threads": torch.get_num_threads(),
+    "agent": open(f"/proc/{parentage.agent_pid()}/cmdline").read().split(chr(0))[1:3],
     "hash": hash("dcpqual"),
     "drawn": [me.authkey.hex(), random.random(), torch.initial_seed()],
 }
@@ -117,6 +120,9 @@ def test_a_forkserver_rank_looks_to_a_suite_as_a_cold_rank_does(both_starts: Pat
         for key in SAME_IN_BOTH:
             assert forked[rank][key] == cold[rank][key], (rank, key)
     assert cold[0]["process"] == ["MainProcess", [], True]
+    # Each knows the agent that started it (`harness.rank.parentage`), its parent or not.
+    assert [r["agent"] for r in cold] == [["-m", "torch.distributed.run"]] * 2
+    assert [r["agent"] for r in forked] == [["-m", "harness.launch.agent"]] * 2
     assert cold[0]["main"] == ["__main__", True] and cold[0]["session_leader"] is True
 
 
@@ -163,6 +169,15 @@ def test_the_agent_ends_a_ranks_helpers_with_it_as_torchrun_does(tmp_path: Path)
     helper = int((tmp_path / "helper-facts" / "helper.pid").read_text())
     assert result.exit_code == 1 and result.leftovers == [], result
     assert not psutil.pid_exists(helper) or psutil.Process(helper).status() == "zombie"
+
+
+def test_a_forkserver_ranks_agent_is_not_its_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the rank's watchdog and world-break watch read: the agent, and the forkserver
+    between it and the rank; such a rank is no zygote's (the evidence counts those)."""
+    monkeypatch.setattr(parentage, "_forked", None)
+    parentage.set_forked(parentage.Parentage(agent=33, forkserver=44))
+    assert parentage.agent_pid() == 33 and not parentage.parentage().forked
+    assert parentage.parentage().between() == {44: "the forkserver that forked it (its agent's)"}
 
 
 def test_the_agents_own_arguments_are_read_before_torchruns() -> None:

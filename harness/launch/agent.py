@@ -146,7 +146,7 @@ def launch_ranks(torchrun_argv: Sequence[str]) -> None:
     config, _, rank_argv = config_from_args(args)
     config.start_method = "forkserver"
     signal_rank_sessions()
-    elastic_launch(config, forkserved.run)(*rank_argv)
+    elastic_launch(config, forkserved.run)(str(os.getpid()), *rank_argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

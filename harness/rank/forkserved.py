@@ -25,7 +25,7 @@ import sys
 import types
 from collections.abc import Sequence
 
-from harness.rank import interpreter
+from harness.rank import interpreter, parentage
 
 # The flags `python` itself takes before `-m` that a rank's command may carry (torchrun's `-u`).
 INTERPRETER_FLAGS: frozenset[str] = frozenset({"-u"})
@@ -77,10 +77,11 @@ def _own_multiprocessing_world() -> None:
     process._process_counter = itertools.count(1)  # type: ignore[attr-defined]
 
 
-def run(*argv: str) -> None:
-    """torchelastic's entrypoint for each rank: `python ARGV` in this process. Returns where the
-    interpreter would exit 0 (the agent reads the return as the rank's success); otherwise
-    exits with the interpreter's code, or dies of SIGINT."""
+def run(agent: str, *argv: str) -> None:
+    """torchelastic's entrypoint for each rank of the agent `agent` (its pid): `python ARGV` in
+    this process. Returns where the interpreter would exit 0 (the agent reads the return as the
+    rank's success); otherwise exits with the interpreter's code, or dies of SIGINT."""
+    parentage.set_forked(parentage.Parentage(agent=int(agent), forkserver=os.getppid()))
     module, args = become_cold(argv)
     code = interpreter.run_module(("-m", module, *args), "dcpqual forkserver rank")
     interpreter.wind_down()

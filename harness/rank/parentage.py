@@ -1,10 +1,11 @@
-"""The processes above this rank, under either launch: its torchrun agent and, where the rank was
+"""The processes above this rank, under any launch: its torchrun agent and, where the rank was
 forked from the zygote (`harness.rank.zygote`), the fork stub torchrun started for it and the
-zygote itself.
+zygote itself, or, where torchelastic's agent started it as a function
+(`harness.launch.agent`), the forkserver that forked it.
 
 Whatever on the rank side means "my torchrun agent" asks `agent_pid()`: `os.getppid()` is the
 agent only where torchrun started the rank's interpreter itself; a forked rank's parent is the
-zygote. The zygote sets a forked rank's `Parentage` in the child right after the fork, as a value
+zygote or the forkserver. Whoever forked the rank sets its `Parentage` in the child, as a value
 in this process, not in the environment its own subprocesses inherit.
 
 Standard library only: the zygote imports it before torch.
@@ -19,15 +20,18 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Parentage:
     """`agent`: the torchrun agent that started this rank. `stub` and `zygote`: where the rank
-    was forked, the stub that stands for it towards torchrun and the zygote that forked it
-    (its parent); None where torchrun started the rank itself."""
+    was forked from the zygote, the stub that stands for it towards torchrun and the zygote
+    (its parent). `forkserver`: where the agent started it as a function, the forkserver that
+    forked it (its parent). None where torchrun started the rank's interpreter itself."""
 
     agent: int
     stub: int | None = None
     zygote: int | None = None
+    forkserver: int | None = None
 
     @property
     def forked(self) -> bool:
+        """Forked from the zygote (what the evidence counts as a zygote's rank)."""
         return self.zygote is not None
 
     def between(self) -> dict[int, str]:
@@ -38,6 +42,8 @@ class Parentage:
             named[self.stub] = "its fork stub (the process torchrun started for it)"
         if self.zygote is not None:
             named[self.zygote] = "the rank zygote that forked it"
+        if self.forkserver is not None:
+            named[self.forkserver] = "the forkserver that forked it (its agent's)"
         return named
 
 
@@ -45,7 +51,7 @@ _forked: Parentage | None = None
 
 
 def set_forked(parentage: Parentage) -> None:
-    """In a rank the zygote just forked: who its agent and stub are."""
+    """In a rank the zygote or a forkserver just forked: who its agent is, and what is between."""
     global _forked
     _forked = parentage
 

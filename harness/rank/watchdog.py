@@ -110,8 +110,9 @@ class Watchdog:
         self._peer_left = False  # a peer left the job (the abort key is set; it stays set)
         self._stopping = threading.Event()
         self._finished = threading.Event()
-        self._ppid = os.getppid()  # the agent, or the zygote that forked this rank
+        self._ppid = os.getppid()  # the agent, or the zygote or forkserver that forked this rank
         self._forked = parentage().forked
+        self._forkserved = parentage().forkserver is not None
         self._parent_fd = pidfd_open(parentage().agent if agent_pid is None else agent_pid)
         self._kick_r, self._kick_w = os.pipe()  # `stop` wakes the thread at once
         os.set_blocking(self._kick_r, False)
@@ -239,6 +240,8 @@ class Watchdog:
     def _orphaned_by(self, agent_gone: bool) -> str:
         if self._forked and not agent_gone:
             return "orphaned: the rank zygote that forked this rank is gone"
+        if self._forkserved and not agent_gone:
+            return "orphaned: the forkserver that forked this rank is gone"
         return "orphaned: the torchrun agent that started this rank is gone"
 
     def _sleep(self, timeout: float) -> Literal["sigterm", "orphaned"] | None:
