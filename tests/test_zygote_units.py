@@ -23,7 +23,8 @@ from harness.rank.forkwire import (
     peer_of,
     send_request,
 )
-from harness.rank.zygote import PreloadEnv, Zygote, cuda_refusal, loaded_libraries
+from harness.rank.preload import PreloadEnv
+from harness.rank.zygote import Zygote, cuda_refusal, loaded_libraries
 from harness.rank.zygotelog import (
     Forked,
     NotPreloaded,

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib
 import os
 import select
 import signal
@@ -48,12 +47,11 @@ import threading
 import time
 import types
 import warnings
-from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
 from harness.core import preloaded as handover
-from harness.rank import interpreter, openfiles, parentage
+from harness.rank import interpreter, parentage
 from harness.rank.forkwire import (
     Request,
     Startup,
@@ -66,7 +64,7 @@ from harness.rank.forkwire import (
     signal_rank,
     write_refusal,
 )
-from harness.rank.preload import PRELOAD, REAL_TREE_PRELOAD
+from harness.rank.preload import HEAP_PLUGIN, PRELOAD, Preloaded, PreloadEnv, preload
 from harness.rank.zygotelog import (
     Forked,
     NotPreloaded,
@@ -87,80 +85,6 @@ CUDA_DRIVER_LIBRARIES = ("libcuda.so",)
 
 class ForkRefused(RuntimeError):
     """The zygote is not in a state a child may be forked from (a thread, CUDA)."""
-
-
-@dataclass(frozen=True)
-class Failed:
-    """A preloaded module whose import raised: not preloaded, each rank imports it itself."""
-
-    module: str
-    error: str
-
-
-@dataclass
-class Preloaded:
-    """What the preload did: the modules it imported, those whose import raised, what it warned
-    (by where a cold rank imports the module, see `harness.core.preloaded`) and what it
-    wrote into os.environ."""
-
-    loaded: list[str] = field(default_factory=list)
-    failed: list[Failed] = field(default_factory=list)
-    warned: dict[str, list[warnings.WarningMessage]] = field(default_factory=dict)
-    modules: dict[str, frozenset[str]] = field(default_factory=dict)  # what each group loaded
-    env: PreloadEnv = field(default_factory=lambda: PreloadEnv({}, (), frozenset()))
-
-
-@dataclass(frozen=True)
-class PreloadEnv:
-    """The preload's writes to os.environ (vLLM's import sets variables it relies on), which a
-    cold rank's own import would have made in its environment: `set` (added or changed),
-    `removed`, and `before` (the keys the zygote had before the preload)."""
-
-    set: dict[str, str]
-    removed: tuple[str, ...]
-    before: frozenset[str]
-
-    @classmethod
-    def between(cls, before: dict[str, str], after: dict[str, str]) -> PreloadEnv:
-        changed = {k: v for k, v in after.items() if before.get(k) != v}
-        return cls(changed, tuple(k for k in before if k not in after), frozenset(before))
-
-    def apply(self, env: MutableMapping[str, str], rank_env: Mapping[str, str]) -> None:
-        """Make the preload's writes in a rank's `env`; a key the rank has that the zygote lacked
-        before the preload keeps the rank's value (the rank set it, an import's setdefault would
-        have kept it)."""
-        for key, value in self.set.items():
-            if key in rank_env and key not in self.before:
-                continue
-            env[key] = value
-        for key in self.removed:
-            env.pop(key, None)
-
-
-def preload(modules: tuple[str, ...] = PRELOAD) -> Preloaded:
-    """Import `modules`, each on its own: one whose import raises is logged and left for each
-    rank to import (and fail) itself, as a cold rank would."""
-    done = Preloaded()
-    before = dict(os.environ)
-    for name in modules:
-        group = handover.REAL_TREES if name in REAL_TREE_PRELOAD else handover.STARTUP
-        known = set(sys.modules)
-        with handover.recording() as log:
-            try:
-                importlib.import_module(name)
-            except Exception as exc:
-                done.failed.append(Failed(name, f"{type(exc).__name__}: {exc}"))
-            else:
-                done.loaded.append(name)
-        done.warned.setdefault(group, []).extend(log)
-        new = frozenset(sys.modules.keys() - known)
-        done.modules[group] = done.modules.get(group, frozenset()) | new
-    done.env = PreloadEnv.between(before, dict(os.environ))
-    # What the preload left in a file's buffer is the zygote's to write, once: each rank's copy
-    # of that buffer would reach the file again as the rank ends.
-    openfiles.flush_open_files()
-    openfiles.freeze()  # the preloaded heap: shared copy-on-write, never walked by a child's gc
-    return done
 
 
 def _show_in_log(warned: dict[str, list[warnings.WarningMessage]]) -> None:
@@ -260,10 +184,6 @@ def _adopt(request: Request, fds: list[int], preload_env: PreloadEnv | None = No
     fresh.__dict__["__builtins__"] = sys.modules["builtins"]
     sys.modules["__main__"] = fresh
     interpreter.draw_own_seeds(request.env)
-
-
-# The plugin a pytest rank loads first, under pytest's filters: it re-issues the startup warnings.
-HEAP_PLUGIN = "harness.rank.heap"
 
 
 def child_main(

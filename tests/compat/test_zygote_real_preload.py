@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.compat, pytest.mark.slow]
 PRELOAD_AND_CHECK = """
 import sys
 from harness.rank import zygote
-from harness.rank.preload import preload_for
-done = zygote.preload(preload_for("real"))
+from harness.rank.preload import preload, preload_for
+done = preload(preload_for("real"))
 zygote.fork_check()  # raises ForkRefused: a thread alive, or CUDA initialized
 print("fork-safe", len(done.loaded), len(done.failed), "torch._dynamo" in sys.modules)
 for failed in done.failed:
