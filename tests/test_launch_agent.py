@@ -31,6 +31,7 @@ pytestmark = pytest.mark.torchrun
 PROBE = """
 import json, multiprocessing, os, random, signal, sys, time
 import torch, torch.distributed as dist
+import warnmod
 from harness.rank import parentage
 dist.init_process_group("gloo")
 rank, me = dist.get_rank(), multiprocessing.current_process()
@@ -69,6 +70,11 @@ if rank == 1 and sys.argv[1] == "exit-3":
 if rank == 1 and sys.argv[1] == "interrupt":
     raise KeyboardInterrupt
 """
+# Preloaded with torch by the agent's forkserver: one that warns as it is imported, one whose
+# import fails (a module built against another torch).
+WARNMOD = 'import warnings\nwarnings.warn("warnmod was imported", UserWarning)\n'
+BROKENMOD = 'raise ImportError("brokenmod was built against another torch")\n'
+PRELOAD = ("torch", "torch.distributed", "warnmod", "brokenmod")
 SAME_IN_BOTH = (
     "argv",
     "argv0",
@@ -85,14 +91,15 @@ SAME_IN_BOTH = (
 
 def _launch(tmp_path: Path, name: str, *, forkserver: bool, ending: str = "pass") -> Launch:
     """Two ranks running the probe, cold under torchrun or through the agent."""
-    (tmp_path / "agentprobe.py").write_text(PROBE)
+    for module, text in (("agentprobe", PROBE), ("warnmod", WARNMOD), ("brokenmod", BROKENMOD)):
+        (tmp_path / f"{module}.py").write_text(text)
     facts = tmp_path / f"{name}-facts"
     facts.mkdir()
     options = RunOptions(nproc_per_node=2, tp=2, dcp=2, timeout_s=120)
     out = tmp_path / name
     torchrun = torchrun_args(options, RunPlan(options, out, ()).log_dir)
     rank = ("-m", "agentprobe", ending)
-    argv = agent_argv(torchrun, rank, ("torch", "torch.distributed")) if forkserver else ()
+    argv = agent_argv(torchrun, rank, PRELOAD) if forkserver else ()
     path = f"{tmp_path}:{REPO_ROOT}"
     env = {"PYTHONPATH": path, "PYTHONHASHSEED": "7", "PYTHONUNBUFFERED": "1"}
     env["PROBE_FACTS"] = str(facts)
@@ -124,6 +131,35 @@ def test_a_forkserver_rank_looks_to_a_suite_as_a_cold_rank_does(both_starts: Pat
     assert [r["agent"] for r in cold] == [["-m", "torch.distributed.run"]] * 2
     assert [r["agent"] for r in forked] == [["-m", "harness.launch.agent"]] * 2
     assert cold[0]["main"] == ["__main__", True] and cold[0]["session_leader"] is True
+
+
+def test_what_the_preload_warned_is_on_each_ranks_stderr_as_on_a_cold_ones(
+    both_starts: Path,
+) -> None:
+    def warned(name: str) -> dict[int, list[str]]:
+        return {
+            log.local_rank: [
+                line for line in log.path.read_text().splitlines() if "warnmod" in line
+            ]
+            for log in torchrun_logs(both_starts / name)
+            if log.stream == "stderr"
+        }
+
+    cold = warned("cold")
+    assert cold == warned("forkserver")
+    assert all(
+        len(lines) == 2 and "UserWarning: warnmod was imported" in lines[0]
+        for lines in cold.values()
+    )
+
+
+def test_a_module_whose_preload_failed_is_named_on_the_agents_log(both_starts: Path) -> None:
+    """Left out of the preload (each rank imports it, and fails, as a cold one would)."""
+    log = RunPlan(RunOptions(nproc_per_node=2, tp=2, dcp=2), both_starts / "forkserver", ())
+    assert (
+        "dcpqual forkserver: not preloaded: brokenmod: ImportError: brokenmod was built against "
+        "another torch"
+    ) in log.agent_log.read_text().splitlines()
 
 
 def test_each_forkserver_rank_draws_its_own_seeds_and_authkey(both_starts: Path) -> None:

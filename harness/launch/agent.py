@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from multiprocessing import forkserver, resource_tracker, util
 
 from harness.errors import UsageError
+from harness.rank.preload import FORKSERVER_PRELOAD_MODULE, PRELOAD_LIST_ENV
 
 AGENT_MODULE = "harness.launch.agent"
 RANK_ENTRY_MODULE = "harness.rank.forkserved"
@@ -70,8 +71,12 @@ def start_forkserver(preload: Sequence[str], torchrun_argv: Sequence[str]) -> No
     ranks = local_ranks(torchrun_argv)
     if "OMP_NUM_THREADS" not in os.environ and (ranks is None or ranks > 1):
         os.environ["OMP_NUM_THREADS"] = "1"
-    forkserver.set_forkserver_preload([RANK_ENTRY_MODULE, *preload])
-    forkserver.ensure_running()
+    os.environ[PRELOAD_LIST_ENV] = ",".join(preload)
+    try:
+        forkserver.set_forkserver_preload([FORKSERVER_PRELOAD_MODULE, RANK_ENTRY_MODULE])
+        forkserver.ensure_running()
+    finally:
+        del os.environ[PRELOAD_LIST_ENV]
 
 
 def stop_helpers() -> None:

@@ -25,7 +25,9 @@ import sys
 import types
 from collections.abc import Sequence
 
+from harness.core import preloaded as handover
 from harness.rank import interpreter, parentage
+from harness.rank.preload import FORKSERVER_PRELOAD_MODULE, HEAP_PLUGIN
 
 # The flags `python` itself takes before `-m` that a rank's command may carry (torchrun's `-u`).
 INTERPRETER_FLAGS: frozenset[str] = frozenset({"-u"})
@@ -83,6 +85,12 @@ def run(agent: str, *argv: str) -> None:
     rank's success); otherwise exits with the interpreter's code, or dies of SIGINT."""
     parentage.set_forked(parentage.Parentage(agent=int(agent), forkserver=os.getppid()))
     module, args = become_cold(argv)
+    server = sys.modules.get(FORKSERVER_PRELOAD_MODULE)
+    preloaded = getattr(server, "PRELOADED", None)
+    if preloaded is not None:
+        handover.hand_over(preloaded.warned, preloaded.modules)
+    if HEAP_PLUGIN not in argv:  # nothing else re-issues them: before the module runs
+        handover.reissue(handover.STARTUP)
     code = interpreter.run_module(("-m", module, *args), "dcpqual forkserver rank")
     interpreter.wind_down()
     if code != 0:

@@ -87,6 +87,9 @@ def preload_for(models: str) -> tuple[str, ...]:
 
 # The plugin a pytest rank loads first, under pytest's filters: it re-issues the startup warnings.
 HEAP_PLUGIN = "harness.rank.heap"
+# The forkserver's one preload module, and where the agent puts the list it imports.
+FORKSERVER_PRELOAD_MODULE = "harness.rank.forkserver_preload"
+PRELOAD_LIST_ENV = "DCPQUAL_FORKSERVER_PRELOAD"
 
 
 @dataclass(frozen=True)
