@@ -21,6 +21,9 @@ from _support.evidence_factory import (
     torchrun_logs,
     write_rank,
 )
+from _support.evidence_factory import (
+    failed as failed_outcome,
+)
 from _support.forge import forge
 
 from harness.evidence import rederive as verify_rederive
@@ -142,6 +145,36 @@ def test_the_ranks_reports_cannot_pass_a_test_their_records_never_collected(
     assert verify_bundle(out).problems == tuple(
         f"junit/rank-{rank:02d}.xml: suites.warm.test_made_up::test_it_ran is passed, but "
         f"records/rank-{rank:02d}.json names no such test"
+        for rank in range(WORLD)
+    )
+
+
+@pytest.mark.parametrize("kept", ["the-other-tests", "no-test"])
+def test_the_ranks_reports_cannot_leave_out_a_test_their_records_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kept: str
+) -> None:
+    """Every rank recorded the combine test failed; each rank's own JUnit report leaves its
+    case out: the tallies and merged.xml, which come from the reports, show no failure, and the
+    writer's own derivation gives a PASS with the launch's exit code 0 (with no case at all, a
+    FAIL for want of a pass). verify holds each report to every test its rank's record has an
+    outcome for, naming a failure first."""
+    out = tmp_path / "bundle"
+    tests = [passed(n) for n in NODES if n != NODES[1]] + [failed_outcome(NODES[1], "mismatch")]
+    reported = [t for t in tests if t.outcome == "passed"] if kept == "the-other-tests" else []
+    for rank in range(WORLD):
+        write_rank(out, rank, WORLD, tests=tests, junit=False)
+        report = out / "junit" / f"rank-{rank:02d}.xml"
+        report.parent.mkdir(exist_ok=True)
+        report.write_text(junit_xml(reported))
+    torchrun_logs(out, WORLD)
+    verdict = "pass" if reported else "fail"
+    assert finalize_bundle(out, context(WORLD)).verdict == verdict
+    with monkeypatch.context() as patch:
+        patch.setattr(verify_rederive, "junit_record_problems", lambda *_: [])
+        assert verify_bundle(out).ok  # every other layer is fooled
+    assert verify_bundle(out).problems == tuple(
+        f"junit/rank-{rank:02d}.xml: has no case of {NODES[1]}, which "
+        f"records/rank-{rank:02d}.json says failed"
         for rank in range(WORLD)
     )
 

@@ -299,39 +299,56 @@ _BETTER_IN_JUNIT = frozenset(
 )
 
 
+_FAILING = frozenset({"failed", "error"})
+# The node id a rank records for a collection error of the session itself, which pytest's
+# JUnit report names otherwise (it fails the run anyway: no test passes).
+SESSION_COLLECTION = "<collection>"
+
+
 def junit_record_problems(derived: Derived) -> list[str]:
     """One line per rank whose own JUnit report counts a test better than its rank record does
     (the first such test): a report edited alone cannot turn the records' skips into passes,
     which the tallies count, nor their failures into anything else, nor pass a test the rank
-    never collected."""
+    never collected, nor leave out a test the record has an outcome for (a failure dropped
+    from the report is one the tallies, and so the verdict, never see)."""
     problems = []
     by_rank: dict[int, list[Case]] = {}
     for case in derived.merged.cases:
         if case.source == "junit":
             by_rank.setdefault(case.rank, []).append(case)
-    for rank, cases in sorted(by_rank.items()):
-        record = derived.rank_files.records.get(rank)
-        if record is None:
-            continue
-        recorded = {mangle(t.nodeid): t for t in record.tests}
-        collected = {mangle(n) for n in record.collected} | set(recorded)
-        report = junit_path(Path(), rank).as_posix()
-        record_file = rank_record_path(Path(RECORDS_DIR), rank).as_posix()
-        for case in cases:
-            test = recorded.get((case.classname, case.name))
-            if test is not None and (test.outcome, case.outcome) in _BETTER_IN_JUNIT:
-                problems.append(
-                    f"{report}: {test.nodeid} is {case.outcome} where {record_file} says "
-                    f"{test.outcome}"
-                )
-                break
-            if case.outcome == "passed" and (case.classname, case.name) not in collected:
-                problems.append(
-                    f"{report}: {case.classname}::{case.name} is passed, but {record_file} "
-                    "names no such test"
-                )
-                break
+    for rank, record in sorted(derived.rank_files.records.items()):
+        if rank in derived.merged.missing:
+            continue  # no report was read: its cases were rebuilt from this record
+        problem = _report_problem(rank, record, by_rank.get(rank, []))
+        if problem is not None:
+            problems.append(problem)
     return problems
+
+
+def _report_problem(rank: int, record: RankRecord, cases: list[Case]) -> str | None:
+    """The first way rank `rank`'s JUnit report (`cases`) counts a test better than `record`."""
+    recorded = {mangle(t.nodeid): t for t in record.tests}
+    collected = {mangle(n) for n in record.collected} | set(recorded)
+    report = junit_path(Path(), rank).as_posix()
+    record_file = rank_record_path(Path(RECORDS_DIR), rank).as_posix()
+    for case in cases:
+        test = recorded.get((case.classname, case.name))
+        if test is not None and (test.outcome, case.outcome) in _BETTER_IN_JUNIT:
+            return (
+                f"{report}: {test.nodeid} is {case.outcome} where {record_file} says {test.outcome}"
+            )
+        if case.outcome == "passed" and (case.classname, case.name) not in collected:
+            return (
+                f"{report}: {case.classname}::{case.name} is passed, but {record_file} "
+                "names no such test"
+            )
+    reported = {(case.classname, case.name) for case in cases}
+    for test in sorted(record.tests, key=lambda t: t.outcome not in _FAILING):  # worst first
+        if test.nodeid != SESSION_COLLECTION and mangle(test.nodeid) not in reported:
+            return (
+                f"{report}: has no case of {test.nodeid}, which {record_file} says {test.outcome}"
+            )
+    return None
 
 
 def rederive_problems(bundle: Path, receipt: Receipt, derived: Derived | None = None) -> list[str]:
