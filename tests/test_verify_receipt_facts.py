@@ -27,6 +27,7 @@ from _support.evidence_factory import (
     NODES,
     SIGNATURE_TEST,
     context,
+    drawn_seed_start,
     failing_run,
     passed,
     passing_run,
@@ -180,6 +181,32 @@ def test_skip_reasons_rewritten_with_merged_xml_are_caught(
         "junit/merged.xml: cases.rank 00 warm: suites.warm.test_signatures::test_kimi_signatures"
         ".message is 'needs a CUDA GPU' but the rank records and JUnit reports say "
         "'needs 16 ranks'",
+    )
+
+
+def test_a_receipt_cannot_claim_the_layout_of_before_skip_reasons(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receipt without `skip_reasons` is read in the layout of then: it owes no `engine`
+    limitation, and its summary is the one of then. The forger drops both from a new bundle;
+    its records state the launcher's string-hash seed, which that layout's writers never gave."""
+    out = tmp_path / "bundle"
+    for rank in range(WORLD):
+        write_rank(out, rank, WORLD, start=drawn_seed_start())
+    torchrun_logs(out, WORLD)
+    written = finalize_bundle(out, context(WORLD))
+    assert written.skip_reasons == {} and "engine" in written.limitation_keys()
+
+    def legacy(data: dict[str, Any]) -> None:
+        del data["skip_reasons"]
+        without("engine")(data)
+
+    assert forge(out, legacy).status == "source-qualified"
+    with monkeypatch.context() as patch:
+        patch.setattr(verify, "rederive_problems", lambda *_: [])
+        assert verify_bundle(out).ok  # every other layer is fooled
+    assert verify_bundle(out).problems == (
+        "receipt.json: skip_reasons is None but the rank records and JUnit reports say {}",
     )
 
 

@@ -16,7 +16,8 @@ Coverage, the failed-test list and the rootdir are held to the records whatever 
 states: a receipt without them (from before they were recorded, or with them dropped) fails,
 so dropping one cannot switch its check off. Skip reasons are held where the receipt states
 them: a receipt without them counts the runner's own cases as tests, the layout from before
-they were stated.
+they were stated, which records that state the launcher's string-hash seed (written later)
+cannot claim.
 
 The launcher's facts the writer takes as given rather than from the records (geometry, warm
 code, image digest, the root cause's rank, test and kind) are held to the records that exist by
@@ -143,7 +144,10 @@ def derived_facts(
     else:
         stated = tallies(cases, runner_cases=receipt.skip_reasons is None)
         yield MERGED_JUNIT, "suites", _dump(stated), _dump(derived.suites)
-    if receipt.skip_reasons is not None:  # receipts written before it do not state it
+    if receipt.skip_reasons is not None or derived.hash_seeds is not None:
+        # Receipts written before skip reasons do not state them, and are read in the layout of
+        # then (no `engine` limitation owed, the summary of then); records that state the
+        # launcher's string-hash seed came later, so their receipt cannot claim that layout.
         yield r, "skip_reasons", receipt.skip_reasons, derived.skip_reasons
     if cases is not None:  # each rank's case, not only their counts: which test failed, and why
         yield MERGED_JUNIT, "cases", _by_case(cases), _by_case(derived.merged.cases)
