@@ -179,6 +179,33 @@ def test_the_ranks_reports_cannot_leave_out_a_test_their_records_failed(
     )
 
 
+def test_the_ranks_reports_cannot_pass_tests_their_records_never_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session ended after the combine test failed: the last two collected tests have no
+    outcome on any rank. Each rank's report calls them passed: the run still fails, but the
+    tallies, merged.xml and the summary would count them as ran and passed."""
+    out = tmp_path / "bundle"
+    tests = [passed(NODES[0]), failed_outcome(NODES[1], "mismatch")]
+    for rank in range(WORLD):
+        write_rank(out, rank, WORLD, tests=tests, junit=False)
+        report = out / "junit" / f"rank-{rank:02d}.xml"
+        report.parent.mkdir(exist_ok=True)
+        report.write_text(junit_xml([*tests, passed(NODES[2]), passed(NODES[3])]))
+    torchrun_logs(out, WORLD)
+    written = finalize_bundle(out, context(WORLD, exit_code=1))
+    assert sum(t.passed for t in written.suites.values()) == 3
+    with monkeypatch.context() as patch:
+        patch.setattr(verify_rederive, "junit_record_problems", lambda *_: [])
+        assert verify_bundle(out).ok  # every other layer is fooled
+    classname, name = mangle(NODES[2])
+    assert verify_bundle(out).problems == tuple(
+        f"junit/rank-{rank:02d}.xml: {classname}::{name} is passed, but "
+        f"records/rank-{rank:02d}.json has no outcome for it"
+        for rank in range(WORLD)
+    )
+
+
 def test_a_test_that_also_errored_in_teardown_verifies_as_pytest_reports_it(
     tmp_path: Path,
 ) -> None:

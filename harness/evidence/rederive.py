@@ -313,8 +313,9 @@ def junit_record_problems(derived: Derived) -> list[str]:
     """One line per rank whose own JUnit report counts a test better than its rank record does
     (the first such test): a report edited alone cannot turn the records' skips into passes,
     which the tallies count, nor their failures into anything else, nor pass a test the rank
-    never collected, nor leave out a test the record has an outcome for (a failure dropped
-    from the report is one the tallies, and so the verdict, never see)."""
+    never collected or never reported an outcome for (the session ended first), nor leave out
+    a test the record has an outcome for (a failure dropped from the report is one the
+    tallies, and so the verdict, never see)."""
     problems = []
     by_rank: dict[int, list[Case]] = {}
     for case in derived.merged.cases:
@@ -332,7 +333,7 @@ def junit_record_problems(derived: Derived) -> list[str]:
 def _report_problem(rank: int, record: RankRecord, cases: list[Case]) -> str | None:
     """The first way rank `rank`'s JUnit report (`cases`) counts a test better than `record`."""
     recorded = {mangle(t.nodeid): t for t in record.tests}
-    collected = {mangle(n) for n in record.collected} | set(recorded)
+    collected = {mangle(n) for n in record.collected}
     report = junit_path(Path(), rank).as_posix()
     record_file = rank_record_path(Path(RECORDS_DIR), rank).as_posix()
     for case in cases:
@@ -341,11 +342,10 @@ def _report_problem(rank: int, record: RankRecord, cases: list[Case]) -> str | N
             return (
                 f"{report}: {test.nodeid} is {case.outcome} where {record_file} says {test.outcome}"
             )
-        if case.outcome == "passed" and (case.classname, case.name) not in collected:
-            return (
-                f"{report}: {case.classname}::{case.name} is passed, but {record_file} "
-                "names no such test"
-            )
+        if case.outcome == "passed" and test is None:  # a test the rank never ran here
+            key = (case.classname, case.name)
+            said = "has no outcome for it" if key in collected else "names no such test"
+            return f"{report}: {case.classname}::{case.name} is passed, but {record_file} {said}"
     reported = {(case.classname, case.name) for case in cases}
     for test in sorted(record.tests, key=lambda t: t.outcome not in _FAILING):  # worst first
         if test.nodeid != SESSION_COLLECTION and mangle(test.nodeid) not in reported:
