@@ -215,6 +215,33 @@ def test_schema_violation_is_reported_per_field(bundle: Path) -> None:
     assert any(p.startswith("receipt.json: schema: surprise:") for p in problems), problems
 
 
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        ("run.exit_code", False, "a JSON boolean where the receipt holds a number"),
+        ("run.exit_code", "0", "a JSON string where the receipt holds a number"),
+        ("ranks.expected", "2", "a JSON string where the receipt holds a number"),
+        ("run.timed_out", 0, "a JSON number where the receipt holds a boolean"),
+    ],
+    ids=["false-for-0", "string-for-0", "string-for-2", "0-for-false"],
+)
+def test_a_value_of_another_json_type_is_refused(
+    bundle: Path, where: str, value: object, message: str
+) -> None:
+    """pydantic reads each as the writer's value (`false` as 0, "0" as 0, "2" as 2, 0 as
+    false), so every other check is satisfied; a reader of the JSON is not (jq's `.failed > 0`
+    is false for a count of `true`)."""
+    *parents, name = where.split(".")
+
+    def change(data: dict) -> None:
+        for key in parents:
+            data = data[key]
+        data[name] = value
+
+    edit_receipt(bundle, change)
+    assert verify_bundle(bundle).problems == (f"receipt.json: schema: {where}: {message}",)
+
+
 def test_wrong_schema_version_is_reported(bundle: Path) -> None:
     edit_receipt(bundle, lambda d: d.update(schema="dcpqual-receipt/v0"))
     assert verify_bundle(bundle).problems == (

@@ -7,7 +7,8 @@ Four layers, each problem one line that starts with the file it is about:
    apart. summary.md has only SHA256SUMS: an edit there names both. Every file SHA256SUMS lists
    is in the receipt's `files` map and the reverse (but for the three files that map cannot
    cover), so a file added to both the folder and SHA256SUMS is caught.
-2. Schema: receipt.json validates as "dcpqual-receipt/v1".
+2. Schema: receipt.json validates as "dcpqual-receipt/v1", each value of its own JSON type (a
+   count is a number, not `true` or "1").
 3. Consistency: tallies equal junit/merged.xml, and what a test reporter reads there (each
    testcase's own result element, each suite's counts) equals the per-rank outcomes the
    tallies count (harness.evidence.junit.reader_problems); the run's exit code and timeout
@@ -133,12 +134,52 @@ def _validate(data: object | None, problems: list[str]) -> Receipt | None:
         problems.append(f"{RECEIPT_NAME}: schema is {found!r}, expected {SCHEMA!r}")
         return None
     try:
-        return Receipt.model_validate(data)
+        receipt = Receipt.model_validate(data)
     except ValidationError as exc:
         for error in exc.errors():
             where = ".".join(str(p) for p in error["loc"]) or "(top)"
             problems.append(f"{RECEIPT_NAME}: schema: {where}: {error['msg']}")
         return None
+    retyped = _retyped(data, receipt.to_json(), "")
+    if retyped is not None:
+        where, stated, read = retyped
+        problems.append(
+            f"{RECEIPT_NAME}: schema: {where}: a JSON {stated} where the receipt holds a {read}"
+        )
+        return None
+    return receipt
+
+
+def _json_kind(value: object) -> str:
+    """What a reader of the JSON takes a value for (a number written 2 or 2.0 alike)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _retyped(stated: object, read: object, where: str) -> tuple[str, str, str] | None:
+    """The first value of the receipt's JSON (`stated`) of another JSON type than the one
+    pydantic read it as (`read`, the validated receipt's JSON), as (where, stated kind, read
+    kind): pydantic reads `true` or "1" as a count of 1, which a reader of the JSON (jq's
+    `.failed > 0`) does not. Keys the JSON leaves out (defaults of older receipts) are skipped."""
+    if isinstance(stated, dict) and isinstance(read, dict):
+        for key, value in stated.items():
+            if key in read and (found := _retyped(value, read[key], f"{where}.{key}")):
+                return found
+        return None
+    if isinstance(stated, list) and isinstance(read, list):
+        for index, (a, b) in enumerate(zip(stated, read, strict=False)):
+            if found := _retyped(a, b, f"{where}[{index}]"):
+                return found
+        return None
+    kinds = _json_kind(stated), _json_kind(read)
+    return None if kinds[0] == kinds[1] else (where.lstrip(".") or "(top)", *kinds)
 
 
 def _witnesses(bundle: Path, receipt: Receipt | None, data: object | None) -> dict[str, str]:
