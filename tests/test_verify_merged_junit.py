@@ -206,6 +206,22 @@ def test_the_ranks_reports_cannot_pass_tests_their_records_never_ran(
     )
 
 
+def test_a_report_made_up_for_a_rank_that_wrote_none_is_not_believed(tmp_path: Path) -> None:
+    """Ranks run without pytest's junitxml (`-p no:junitxml`) leave no report, and the `ranks`
+    limitation, which denies `qualified`, says their cases were rebuilt from their records. A
+    forger writes each a report from its record and lets the writer's own derivation make the
+    bundle: the records say junitxml wrote them none, so those reports are not theirs."""
+    out = tmp_path / "bundle"
+    for rank in range(WORLD):
+        write_rank(out, rank, WORLD, writes_junit=False)  # and a report made up from the record
+    torchrun_logs(out, WORLD)
+    written = finalize_bundle(out, context(WORLD))
+    assert written.ranks.missing_junit == [0, 1]
+    assert "ranks" in written.limitation_keys()
+    assert any("junit/rank-01.xml is not rank 1's" in line for line in written.limitations)
+    assert verify_bundle(out).ok, verify_bundle(out).problems
+
+
 def test_a_test_that_also_errored_in_teardown_verifies_as_pytest_reports_it(
     tmp_path: Path,
 ) -> None:

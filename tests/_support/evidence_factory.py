@@ -163,11 +163,13 @@ def write_rank(
     provenance: Provenance | None = None,
     engine: dict[str, object] | None = None,
     start: RankStart | None = None,
+    writes_junit: bool | None = None,
 ) -> None:
     """One rank's files: records/rank-NN.json and junit/rank-NN.xml (either may be left out);
     `real_trees`: vLLM's own trees the rank says it built (`real_tree`); `provenance`: the
     image and harness checkout it says it ran (None: a record that does not say); `start`: how
-    it says it started (`drawn_seed_start`; None: a record that does not say)."""
+    it says it started (`drawn_seed_start`; None: a record that does not say); `writes_junit`:
+    whether it says pytest's junitxml wrote its report (None: a record that does not say)."""
     tests = [passed(n) for n in NODES] if tests is None else list(tests)
     captures = [capture(rank), control(rank)] if captures is None else list(captures)
     if record:
@@ -191,6 +193,7 @@ def write_rank(
                 "engine": engine
                 if engine is not None or backend != "nccl" or transport != "b12x"
                 else engine_record(),
+                **({} if writes_junit is None else {"junit": writes_junit}),
             },
             provenance=provenance,
             start=start,
