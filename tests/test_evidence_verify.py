@@ -242,6 +242,29 @@ def test_a_value_of_another_json_type_is_refused(
     assert verify_bundle(bundle).problems == (f"receipt.json: schema: {where}: {message}",)
 
 
+def test_a_rank_file_of_no_rank_of_the_world_is_refused(bundle: Path) -> None:
+    """The derivation reads only the world's `records/rank-NN.json` and `junit/rank-NN.xml`: a
+    third rank's record and report in a 2-rank bundle (all passed, say), or a report named
+    otherwise than the ranks name theirs, would be evidence nothing holds, and a test reporter
+    that reads junit/rank-*.xml would count it."""
+    copies = {
+        "records/rank-02.json": "records/rank-01.json",
+        "junit/rank-02.xml": "junit/rank-01.xml",
+        "junit/rank-1.xml": "junit/rank-01.xml",
+    }
+    for name, source in copies.items():
+        shutil.copyfile(bundle / source, bundle / name)
+    edit_receipt(bundle, lambda d: d["files"].update({n: sha256_file(bundle / n) for n in copies}))
+    assert verify_bundle(bundle).problems == (
+        "records/rank-02.json: not the file of a rank of this 2-rank run (its ranks' are "
+        "rank-00.json to rank-01.json)",
+        "junit/rank-02.xml: not the file of a rank of this 2-rank run (its ranks' are "
+        "rank-00.xml to rank-01.xml)",
+        "junit/rank-1.xml: not the file of a rank of this 2-rank run (its ranks' are "
+        "rank-00.xml to rank-01.xml)",
+    )
+
+
 def test_wrong_schema_version_is_reported(bundle: Path) -> None:
     edit_receipt(bundle, lambda d: d.update(schema="dcpqual-receipt/v0"))
     assert verify_bundle(bundle).problems == (

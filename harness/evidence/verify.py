@@ -9,7 +9,8 @@ Four layers, each problem one line that starts with the file it is about:
    cover), so a file added to both the folder and SHA256SUMS is caught.
 2. Schema: receipt.json validates as "dcpqual-receipt/v1", each value of its own JSON type (a
    count is a number, not `true` or "1").
-3. Consistency: tallies equal junit/merged.xml, and what a test reporter reads there (each
+3. Consistency: records/ and junit/ hold rank files only of the world's ranks; tallies equal
+   junit/merged.xml, and what a test reporter reads there (each
    testcase's own result element, each suite's counts) equals the per-rank outcomes the
    tallies count (harness.evidence.junit.reader_problems); the run's exit code and timeout
    follow from the launcher's record of the launch, which every launcher run has and which
@@ -46,6 +47,7 @@ nested too deep stops verify with one line and exit 2.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +63,16 @@ from harness.evidence.strays import strays_problems
 from harness.evidence.summary import receipt_sha256_in, summary_differences
 from harness.evidence.writer import UNWITNESSED
 from harness.jsonfile import JsonSyntaxError, read_json
-from harness.schema.layout import MERGED_JUNIT, RECEIPT_NAME, SUMMARY_NAME, SUMS_NAME, TORCHRUN_DIR
+from harness.schema.layout import (
+    JUNIT_DIR,
+    MERGED_JUNIT,
+    RECEIPT_NAME,
+    RECORDS_DIR,
+    SUMMARY_NAME,
+    SUMS_NAME,
+    TORCHRUN_DIR,
+    rank_file_name,
+)
 from harness.schema.rank_record import error_file_note
 from harness.schema.receipt import SCHEMA, Coverage, Receipt, RootCause, Tally
 
@@ -315,6 +326,7 @@ def _check_consistency(bundle: Path, receipt: Receipt, coverage: Coverage) -> li
                 problems.append(f"{MERGED_JUNIT}: cases of ranks {bad_ranks} beyond world size")
             problems += [f"{MERGED_JUNIT}: {p}" for p in reader_problems(merged_path)]
 
+    problems += _check_rank_files(bundle, receipt)
     problems += launch_record_problems(bundle, receipt)
     problems += _check_launched(receipt)
     problems += _check_rank_error_files(bundle, receipt)
@@ -364,6 +376,34 @@ def _check_consistency(bundle: Path, receipt: Receipt, coverage: Coverage) -> li
             f"{RECEIPT_NAME}: limitation '{key}' does not say what the receipt's facts give: "
             f"{required[key]}"
         )
+    return problems
+
+
+_RANK_FILE = re.compile(r"rank-(\d+)(\.json|\.xml)")
+
+
+def _check_rank_files(bundle: Path, receipt: Receipt) -> list[str]:
+    """A record or JUnit report (`records/rank-NN.json`, `junit/rank-NN.xml`) is of a rank of
+    the world, named as the ranks name it: the derivation reads only those, so another (a rank
+    2 of a 2-rank run, all passed) would be evidence nothing holds, which a test reporter that
+    reads `junit/rank-*.xml` counts."""
+    world = receipt.geometry.world_size
+    problems = []
+    for folder, suffix in ((RECORDS_DIR, ".json"), (JUNIT_DIR, ".xml")):
+        root = bundle / folder
+        if root.is_symlink() or not root.is_dir():
+            continue  # a link is named by the file check; none is followed
+        for entry in walk(root):
+            found = _RANK_FILE.fullmatch(entry.relpath)
+            if found is None or found[2] != suffix:
+                continue
+            rank = int(found[1])
+            if rank >= world or entry.relpath != rank_file_name(rank, suffix):
+                problems.append(
+                    f"{folder}/{entry.relpath}: not the file of a rank of this {world}-rank run "
+                    f"(its ranks' are {rank_file_name(0, suffix)} to "
+                    f"{rank_file_name(world - 1, suffix)})"
+                )
     return problems
 
 
