@@ -397,6 +397,25 @@ def test_a_dropped_limitation_is_caught(
     assert problems[0].startswith(f"receipt.json: limitations do not name '{named}': ")
 
 
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_limitation_named_twice_is_caught(stand_ins: Path, tmp_path: Path, where: str) -> None:
+    """The rules' text kept, and a second under the same key beside it: a reader that maps
+    keys to texts (`{i["key"]: i["text"] for i in limitation_items}`) keeps the last."""
+    bundle = copy(stand_ins, tmp_path)
+    forged = "nccl: not applicable: the NCCL lane runs nightly"
+
+    def twice(data: dict[str, Any]) -> None:
+        lines = data["limitations"]
+        at = next(i for i, line in enumerate(lines) if key(line) == "nccl")
+        lines.insert(at + (where == "after"), forged)
+
+    forge(bundle, twice)
+    assert forged in receipt(bundle)["limitations"]
+    assert verify_bundle(bundle).problems == (
+        "receipt.json: limitations name 'nccl' more than once",
+    )
+
+
 def test_the_real_tree_limitation_says_why_no_real_tree_ran() -> None:
     none = Models()
     absent = rules.real_tree_limitations(models=none, sources={})

@@ -371,6 +371,8 @@ def _check_consistency(bundle: Path, receipt: Receipt, coverage: Coverage) -> li
             f"{RECEIPT_NAME}: limitation '{key}' is named, but {rules.FACT_ONLY[key]} that "
             "alone gives it is absent"
         )
+    for key in rules.repeated_limitations(receipt.limitation_keys()):
+        problems.append(f"{RECEIPT_NAME}: limitations name '{key}' more than once")
     for key in rules.misstated_limitations(_limitation_pairs(receipt), required):
         problems.append(
             f"{RECEIPT_NAME}: limitation '{key}' does not say what the receipt's facts give: "
