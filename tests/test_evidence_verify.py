@@ -215,6 +215,56 @@ def test_schema_violation_is_reported_per_field(bundle: Path) -> None:
     assert any(p.startswith("receipt.json: schema: surprise:") for p in problems), problems
 
 
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        ("run.exit_code", False, "a JSON boolean where the receipt holds a number"),
+        ("run.exit_code", "0", "a JSON string where the receipt holds a number"),
+        ("ranks.expected", "2", "a JSON string where the receipt holds a number"),
+        ("run.timed_out", 0, "a JSON number where the receipt holds a boolean"),
+    ],
+    ids=["false-for-0", "string-for-0", "string-for-2", "0-for-false"],
+)
+def test_a_value_of_another_json_type_is_refused(
+    bundle: Path, where: str, value: object, message: str
+) -> None:
+    """pydantic reads each as the writer's value (`false` as 0, "0" as 0, "2" as 2, 0 as
+    false), so every other check is satisfied; a reader of the JSON is not (jq's `.failed > 0`
+    is false for a count of `true`)."""
+    *parents, name = where.split(".")
+
+    def change(data: dict) -> None:
+        for key in parents:
+            data = data[key]
+        data[name] = value
+
+    edit_receipt(bundle, change)
+    assert verify_bundle(bundle).problems == (f"receipt.json: schema: {where}: {message}",)
+
+
+def test_a_rank_file_of_no_rank_of_the_world_is_refused(bundle: Path) -> None:
+    """The derivation reads only the world's `records/rank-NN.json` and `junit/rank-NN.xml`: a
+    third rank's record and report in a 2-rank bundle (all passed, say), or a report named
+    otherwise than the ranks name theirs, would be evidence nothing holds, and a test reporter
+    that reads junit/rank-*.xml would count it."""
+    copies = {
+        "records/rank-02.json": "records/rank-01.json",
+        "junit/rank-02.xml": "junit/rank-01.xml",
+        "junit/rank-1.xml": "junit/rank-01.xml",
+    }
+    for name, source in copies.items():
+        shutil.copyfile(bundle / source, bundle / name)
+    edit_receipt(bundle, lambda d: d["files"].update({n: sha256_file(bundle / n) for n in copies}))
+    assert verify_bundle(bundle).problems == (
+        "records/rank-02.json: not the file of a rank of this 2-rank run (its ranks' are "
+        "rank-00.json to rank-01.json)",
+        "junit/rank-02.xml: not the file of a rank of this 2-rank run (its ranks' are "
+        "rank-00.xml to rank-01.xml)",
+        "junit/rank-1.xml: not the file of a rank of this 2-rank run (its ranks' are "
+        "rank-00.xml to rank-01.xml)",
+    )
+
+
 def test_wrong_schema_version_is_reported(bundle: Path) -> None:
     edit_receipt(bundle, lambda d: d.update(schema="dcpqual-receipt/v0"))
     assert verify_bundle(bundle).problems == (

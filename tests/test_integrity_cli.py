@@ -254,7 +254,9 @@ def test_a_file_added_to_sha256sums_but_not_the_receipt_is_invalid(
     reseal(bundle)
     assert main(["verify", str(bundle)]) == 1
     assert capsys.readouterr().out.splitlines() == [
-        "SHA256SUMS: lists records/rank-02.json, which receipt.json files does not name"
+        "SHA256SUMS: lists records/rank-02.json, which receipt.json files does not name",
+        "records/rank-02.json: not the file of a rank of this 2-rank run (its ranks' are "
+        "rank-00.json to rank-01.json)",
     ]
 
 

@@ -9,6 +9,7 @@ import pytest
 from _support.runs import SUITES, receipt
 
 from harness.cli import main
+from harness.schema.rank_record import RankRecord, rank_record_path
 
 pytestmark = [pytest.mark.torchrun]
 
@@ -26,4 +27,7 @@ def test_without_junitxml_the_ranks_finish_and_the_bundle_says_what_is_missing(
     assert data["status"] == "source-qualified"
     ranks = {i["key"]: i["text"] for i in data["limitation_items"]}["ranks"]
     assert "left no readable JUnit report" in ranks
+    # each rank says so itself, so a report made up later is not taken for its own
+    said = [RankRecord.read(rank_record_path(out / "records", r)).extra.junit for r in (0, 1)]
+    assert said == [False, False]
     assert main(["verify", str(out)]) == 0

@@ -21,6 +21,9 @@ from _support.evidence_factory import (
     torchrun_logs,
     write_rank,
 )
+from _support.evidence_factory import (
+    failed as failed_outcome,
+)
 from _support.forge import forge
 
 from harness.evidence import rederive as verify_rederive
@@ -144,6 +147,79 @@ def test_the_ranks_reports_cannot_pass_a_test_their_records_never_collected(
         f"records/rank-{rank:02d}.json names no such test"
         for rank in range(WORLD)
     )
+
+
+@pytest.mark.parametrize("kept", ["the-other-tests", "no-test"])
+def test_the_ranks_reports_cannot_leave_out_a_test_their_records_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kept: str
+) -> None:
+    """Every rank recorded the combine test failed; each rank's own JUnit report leaves its
+    case out: the tallies and merged.xml, which come from the reports, show no failure, and the
+    writer's own derivation gives a PASS with the launch's exit code 0 (with no case at all, a
+    FAIL for want of a pass). verify holds each report to every test its rank's record has an
+    outcome for, naming a failure first."""
+    out = tmp_path / "bundle"
+    tests = [passed(n) for n in NODES if n != NODES[1]] + [failed_outcome(NODES[1], "mismatch")]
+    reported = [t for t in tests if t.outcome == "passed"] if kept == "the-other-tests" else []
+    for rank in range(WORLD):
+        write_rank(out, rank, WORLD, tests=tests, junit=False)
+        report = out / "junit" / f"rank-{rank:02d}.xml"
+        report.parent.mkdir(exist_ok=True)
+        report.write_text(junit_xml(reported))
+    torchrun_logs(out, WORLD)
+    verdict = "pass" if reported else "fail"
+    assert finalize_bundle(out, context(WORLD)).verdict == verdict
+    with monkeypatch.context() as patch:
+        patch.setattr(verify_rederive, "junit_record_problems", lambda *_: [])
+        assert verify_bundle(out).ok  # every other layer is fooled
+    assert verify_bundle(out).problems == tuple(
+        f"junit/rank-{rank:02d}.xml: has no case of {NODES[1]}, which "
+        f"records/rank-{rank:02d}.json says failed"
+        for rank in range(WORLD)
+    )
+
+
+def test_the_ranks_reports_cannot_pass_tests_their_records_never_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session ended after the combine test failed: the last two collected tests have no
+    outcome on any rank. Each rank's report calls them passed: the run still fails, but the
+    tallies, merged.xml and the summary would count them as ran and passed."""
+    out = tmp_path / "bundle"
+    tests = [passed(NODES[0]), failed_outcome(NODES[1], "mismatch")]
+    for rank in range(WORLD):
+        write_rank(out, rank, WORLD, tests=tests, junit=False)
+        report = out / "junit" / f"rank-{rank:02d}.xml"
+        report.parent.mkdir(exist_ok=True)
+        report.write_text(junit_xml([*tests, passed(NODES[2]), passed(NODES[3])]))
+    torchrun_logs(out, WORLD)
+    written = finalize_bundle(out, context(WORLD, exit_code=1))
+    assert sum(t.passed for t in written.suites.values()) == 3
+    with monkeypatch.context() as patch:
+        patch.setattr(verify_rederive, "junit_record_problems", lambda *_: [])
+        assert verify_bundle(out).ok  # every other layer is fooled
+    classname, name = mangle(NODES[2])
+    assert verify_bundle(out).problems == tuple(
+        f"junit/rank-{rank:02d}.xml: {classname}::{name} is passed, but "
+        f"records/rank-{rank:02d}.json has no outcome for it"
+        for rank in range(WORLD)
+    )
+
+
+def test_a_report_made_up_for_a_rank_that_wrote_none_is_not_believed(tmp_path: Path) -> None:
+    """Ranks run without pytest's junitxml (`-p no:junitxml`) leave no report, and the `ranks`
+    limitation, which denies `qualified`, says their cases were rebuilt from their records. A
+    forger writes each a report from its record and lets the writer's own derivation make the
+    bundle: the records say junitxml wrote them none, so those reports are not theirs."""
+    out = tmp_path / "bundle"
+    for rank in range(WORLD):
+        write_rank(out, rank, WORLD, writes_junit=False)  # and a report made up from the record
+    torchrun_logs(out, WORLD)
+    written = finalize_bundle(out, context(WORLD))
+    assert written.ranks.missing_junit == [0, 1]
+    assert "ranks" in written.limitation_keys()
+    assert any("junit/rank-01.xml is not rank 1's" in line for line in written.limitations)
+    assert verify_bundle(out).ok, verify_bundle(out).problems
 
 
 def test_a_test_that_also_errored_in_teardown_verifies_as_pytest_reports_it(

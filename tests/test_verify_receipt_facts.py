@@ -27,6 +27,7 @@ from _support.evidence_factory import (
     NODES,
     SIGNATURE_TEST,
     context,
+    drawn_seed_start,
     failing_run,
     passed,
     passing_run,
@@ -180,6 +181,32 @@ def test_skip_reasons_rewritten_with_merged_xml_are_caught(
         "junit/merged.xml: cases.rank 00 warm: suites.warm.test_signatures::test_kimi_signatures"
         ".message is 'needs a CUDA GPU' but the rank records and JUnit reports say "
         "'needs 16 ranks'",
+    )
+
+
+def test_a_receipt_cannot_claim_the_layout_of_before_skip_reasons(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receipt without `skip_reasons` is read in the layout of then: it owes no `engine`
+    limitation, and its summary is the one of then. The forger drops both from a new bundle;
+    its records state the launcher's string-hash seed, which that layout's writers never gave."""
+    out = tmp_path / "bundle"
+    for rank in range(WORLD):
+        write_rank(out, rank, WORLD, start=drawn_seed_start())
+    torchrun_logs(out, WORLD)
+    written = finalize_bundle(out, context(WORLD))
+    assert written.skip_reasons == {} and "engine" in written.limitation_keys()
+
+    def legacy(data: dict[str, Any]) -> None:
+        del data["skip_reasons"]
+        without("engine")(data)
+
+    assert forge(out, legacy).status == "source-qualified"
+    with monkeypatch.context() as patch:
+        patch.setattr(verify, "rederive_problems", lambda *_: [])
+        assert verify_bundle(out).ok  # every other layer is fooled
+    assert verify_bundle(out).problems == (
+        "receipt.json: skip_reasons is None but the rank records and JUnit reports say {}",
     )
 
 
@@ -368,6 +395,25 @@ def test_a_dropped_limitation_is_caught(
     problems = verify_bundle(bundle).problems
     assert len(problems) == 1, problems
     assert problems[0].startswith(f"receipt.json: limitations do not name '{named}': ")
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_limitation_named_twice_is_caught(stand_ins: Path, tmp_path: Path, where: str) -> None:
+    """The rules' text kept, and a second under the same key beside it: a reader that maps
+    keys to texts (`{i["key"]: i["text"] for i in limitation_items}`) keeps the last."""
+    bundle = copy(stand_ins, tmp_path)
+    forged = "nccl: not applicable: the NCCL lane runs nightly"
+
+    def twice(data: dict[str, Any]) -> None:
+        lines = data["limitations"]
+        at = next(i for i, line in enumerate(lines) if key(line) == "nccl")
+        lines.insert(at + (where == "after"), forged)
+
+    forge(bundle, twice)
+    assert forged in receipt(bundle)["limitations"]
+    assert verify_bundle(bundle).problems == (
+        "receipt.json: limitations name 'nccl' more than once",
+    )
 
 
 def test_the_real_tree_limitation_says_why_no_real_tree_ran() -> None:

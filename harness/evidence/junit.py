@@ -171,7 +171,8 @@ def _read_report(path: Path, record: RankRecord | None) -> list[tuple[TestCase, 
 
 
 def merge_junit(out_dir: Path, ranks: RankFiles) -> MergedJUnit:
-    """Build merged.xml from junit/rank-NN.xml, filling in ranks that left no report."""
+    """Build merged.xml from junit/rank-NN.xml, filling in ranks that left no report (or whose
+    record says they wrote none)."""
     per_test: dict[tuple[str, str, str], list[tuple[int, TestCase, Case]]] = {}
     hosts: dict[int, str] = {}  # rank -> the digest of its host (never the name)
     missing: list[int] = []
@@ -179,15 +180,26 @@ def merge_junit(out_dir: Path, ranks: RankFiles) -> MergedJUnit:
     for rank in range(ranks.world_size):
         record = ranks.records.get(rank)
         path = junit_path(out_dir, rank)
-        try:
-            cases = _read_report(path, record)
-        except FileNotFoundError:
+        if record is not None and record.extra.junit is False:
+            # pytest's junitxml wrote this rank no report: whatever lies at its path was written
+            # by something else (one made up from the record would drop the `ranks` limitation)
             missing.append(rank)
+            if path.exists() or path.is_symlink():
+                notes.append(
+                    f"{path.relative_to(out_dir).as_posix()} is not rank {rank}'s: its record "
+                    "says pytest's junitxml wrote it no report"
+                )
             cases = _from_record(rank, record)
-        except (ET.ParseError, JUnitXmlError, OSError, ValueError) as exc:
-            missing.append(rank)
-            notes.append(f"{path.relative_to(out_dir).as_posix()} is unreadable: {exc}")
-            cases = _from_record(rank, record)
+        else:
+            try:
+                cases = _read_report(path, record)
+            except FileNotFoundError:
+                missing.append(rank)
+                cases = _from_record(rank, record)
+            except (ET.ParseError, JUnitXmlError, OSError, ValueError) as exc:
+                missing.append(rank)
+                notes.append(f"{path.relative_to(out_dir).as_posix()} is unreadable: {exc}")
+                cases = _from_record(rank, record)
         if record is not None and record.hostname:
             hosts[rank] = host_digest(record.hostname)
         for case, name, source in cases:

@@ -16,7 +16,8 @@ Coverage, the failed-test list and the rootdir are held to the records whatever 
 states: a receipt without them (from before they were recorded, or with them dropped) fails,
 so dropping one cannot switch its check off. Skip reasons are held where the receipt states
 them: a receipt without them counts the runner's own cases as tests, the layout from before
-they were stated.
+they were stated, which records that state the launcher's string-hash seed (written later)
+cannot claim.
 
 The launcher's facts the writer takes as given rather than from the records (geometry, warm
 code, image digest, the root cause's rank, test and kind) are held to the records that exist by
@@ -143,7 +144,10 @@ def derived_facts(
     else:
         stated = tallies(cases, runner_cases=receipt.skip_reasons is None)
         yield MERGED_JUNIT, "suites", _dump(stated), _dump(derived.suites)
-    if receipt.skip_reasons is not None:  # receipts written before it do not state it
+    if receipt.skip_reasons is not None or derived.hash_seeds is not None:
+        # Receipts written before skip reasons do not state them, and are read in the layout of
+        # then (no `engine` limitation owed, the summary of then); records that state the
+        # launcher's string-hash seed came later, so their receipt cannot claim that layout.
         yield r, "skip_reasons", receipt.skip_reasons, derived.skip_reasons
     if cases is not None:  # each rank's case, not only their counts: which test failed, and why
         yield MERGED_JUNIT, "cases", _by_case(cases), _by_case(derived.merged.cases)
@@ -299,39 +303,56 @@ _BETTER_IN_JUNIT = frozenset(
 )
 
 
+_FAILING = frozenset({"failed", "error"})
+# The node id a rank records for a collection error of the session itself, which pytest's
+# JUnit report names otherwise (it fails the run anyway: no test passes).
+SESSION_COLLECTION = "<collection>"
+
+
 def junit_record_problems(derived: Derived) -> list[str]:
     """One line per rank whose own JUnit report counts a test better than its rank record does
     (the first such test): a report edited alone cannot turn the records' skips into passes,
     which the tallies count, nor their failures into anything else, nor pass a test the rank
-    never collected."""
+    never collected or never reported an outcome for (the session ended first), nor leave out
+    a test the record has an outcome for (a failure dropped from the report is one the
+    tallies, and so the verdict, never see)."""
     problems = []
     by_rank: dict[int, list[Case]] = {}
     for case in derived.merged.cases:
         if case.source == "junit":
             by_rank.setdefault(case.rank, []).append(case)
-    for rank, cases in sorted(by_rank.items()):
-        record = derived.rank_files.records.get(rank)
-        if record is None:
-            continue
-        recorded = {mangle(t.nodeid): t for t in record.tests}
-        collected = {mangle(n) for n in record.collected} | set(recorded)
-        report = junit_path(Path(), rank).as_posix()
-        record_file = rank_record_path(Path(RECORDS_DIR), rank).as_posix()
-        for case in cases:
-            test = recorded.get((case.classname, case.name))
-            if test is not None and (test.outcome, case.outcome) in _BETTER_IN_JUNIT:
-                problems.append(
-                    f"{report}: {test.nodeid} is {case.outcome} where {record_file} says "
-                    f"{test.outcome}"
-                )
-                break
-            if case.outcome == "passed" and (case.classname, case.name) not in collected:
-                problems.append(
-                    f"{report}: {case.classname}::{case.name} is passed, but {record_file} "
-                    "names no such test"
-                )
-                break
+    for rank, record in sorted(derived.rank_files.records.items()):
+        if rank in derived.merged.missing:
+            continue  # no report was read: its cases were rebuilt from this record
+        problem = _report_problem(rank, record, by_rank.get(rank, []))
+        if problem is not None:
+            problems.append(problem)
     return problems
+
+
+def _report_problem(rank: int, record: RankRecord, cases: list[Case]) -> str | None:
+    """The first way rank `rank`'s JUnit report (`cases`) counts a test better than `record`."""
+    recorded = {mangle(t.nodeid): t for t in record.tests}
+    collected = {mangle(n) for n in record.collected}
+    report = junit_path(Path(), rank).as_posix()
+    record_file = rank_record_path(Path(RECORDS_DIR), rank).as_posix()
+    for case in cases:
+        test = recorded.get((case.classname, case.name))
+        if test is not None and (test.outcome, case.outcome) in _BETTER_IN_JUNIT:
+            return (
+                f"{report}: {test.nodeid} is {case.outcome} where {record_file} says {test.outcome}"
+            )
+        if case.outcome == "passed" and test is None:  # a test the rank never ran here
+            key = (case.classname, case.name)
+            said = "has no outcome for it" if key in collected else "names no such test"
+            return f"{report}: {case.classname}::{case.name} is passed, but {record_file} {said}"
+    reported = {(case.classname, case.name) for case in cases}
+    for test in sorted(record.tests, key=lambda t: t.outcome not in _FAILING):  # worst first
+        if test.nodeid != SESSION_COLLECTION and mangle(test.nodeid) not in reported:
+            return (
+                f"{report}: has no case of {test.nodeid}, which {record_file} says {test.outcome}"
+            )
+    return None
 
 
 def rederive_problems(bundle: Path, receipt: Receipt, derived: Derived | None = None) -> list[str]:

@@ -731,6 +731,13 @@ def unfounded_limitations(keys: list[str], required: Mapping[str, str]) -> list[
     return [key for key in keys if key in FACT_ONLY and key not in required]
 
 
+def repeated_limitations(keys: list[str]) -> list[str]:
+    """Keys that more than one limitation has, in order: the writer names each once, and a
+    second text under a key the rules give (a reader that maps keys to texts keeps one of
+    them) could say what the rules do not."""
+    return sorted({key for key in keys if keys.count(key) > 1}, key=keys.index)
+
+
 def misstated_limitations(stated: list[tuple[str, str]], required: dict[str, str]) -> list[str]:
     """Required keys that limitations name, none of them with the text the rules give (a pure
     function of the receipt): a limitation kept by its key but emptied of what it says."""

@@ -7,8 +7,10 @@ Four layers, each problem one line that starts with the file it is about:
    apart. summary.md has only SHA256SUMS: an edit there names both. Every file SHA256SUMS lists
    is in the receipt's `files` map and the reverse (but for the three files that map cannot
    cover), so a file added to both the folder and SHA256SUMS is caught.
-2. Schema: receipt.json validates as "dcpqual-receipt/v1".
-3. Consistency: tallies equal junit/merged.xml, and what a test reporter reads there (each
+2. Schema: receipt.json validates as "dcpqual-receipt/v1", each value of its own JSON type (a
+   count is a number, not `true` or "1").
+3. Consistency: records/ and junit/ hold rank files only of the world's ranks; tallies equal
+   junit/merged.xml, and what a test reporter reads there (each
    testcase's own result element, each suite's counts) equals the per-rank outcomes the
    tallies count (harness.evidence.junit.reader_problems); the run's exit code and timeout
    follow from the launcher's record of the launch, which every launcher run has and which
@@ -45,6 +47,7 @@ nested too deep stops verify with one line and exit 2.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +63,16 @@ from harness.evidence.strays import strays_problems
 from harness.evidence.summary import receipt_sha256_in, summary_differences
 from harness.evidence.writer import UNWITNESSED
 from harness.jsonfile import JsonSyntaxError, read_json
-from harness.schema.layout import MERGED_JUNIT, RECEIPT_NAME, SUMMARY_NAME, SUMS_NAME, TORCHRUN_DIR
+from harness.schema.layout import (
+    JUNIT_DIR,
+    MERGED_JUNIT,
+    RECEIPT_NAME,
+    RECORDS_DIR,
+    SUMMARY_NAME,
+    SUMS_NAME,
+    TORCHRUN_DIR,
+    rank_file_name,
+)
 from harness.schema.rank_record import error_file_note
 from harness.schema.receipt import SCHEMA, Coverage, Receipt, RootCause, Tally
 
@@ -133,12 +145,52 @@ def _validate(data: object | None, problems: list[str]) -> Receipt | None:
         problems.append(f"{RECEIPT_NAME}: schema is {found!r}, expected {SCHEMA!r}")
         return None
     try:
-        return Receipt.model_validate(data)
+        receipt = Receipt.model_validate(data)
     except ValidationError as exc:
         for error in exc.errors():
             where = ".".join(str(p) for p in error["loc"]) or "(top)"
             problems.append(f"{RECEIPT_NAME}: schema: {where}: {error['msg']}")
         return None
+    retyped = _retyped(data, receipt.to_json(), "")
+    if retyped is not None:
+        where, stated, read = retyped
+        problems.append(
+            f"{RECEIPT_NAME}: schema: {where}: a JSON {stated} where the receipt holds a {read}"
+        )
+        return None
+    return receipt
+
+
+def _json_kind(value: object) -> str:
+    """What a reader of the JSON takes a value for (a number written 2 or 2.0 alike)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _retyped(stated: object, read: object, where: str) -> tuple[str, str, str] | None:
+    """The first value of the receipt's JSON (`stated`) of another JSON type than the one
+    pydantic read it as (`read`, the validated receipt's JSON), as (where, stated kind, read
+    kind): pydantic reads `true` or "1" as a count of 1, which a reader of the JSON (jq's
+    `.failed > 0`) does not. Keys the JSON leaves out (defaults of older receipts) are skipped."""
+    if isinstance(stated, dict) and isinstance(read, dict):
+        for key, value in stated.items():
+            if key in read and (found := _retyped(value, read[key], f"{where}.{key}")):
+                return found
+        return None
+    if isinstance(stated, list) and isinstance(read, list):
+        for index, (a, b) in enumerate(zip(stated, read, strict=False)):
+            if found := _retyped(a, b, f"{where}[{index}]"):
+                return found
+        return None
+    kinds = _json_kind(stated), _json_kind(read)
+    return None if kinds[0] == kinds[1] else (where.lstrip(".") or "(top)", *kinds)
 
 
 def _witnesses(bundle: Path, receipt: Receipt | None, data: object | None) -> dict[str, str]:
@@ -274,6 +326,7 @@ def _check_consistency(bundle: Path, receipt: Receipt, coverage: Coverage) -> li
                 problems.append(f"{MERGED_JUNIT}: cases of ranks {bad_ranks} beyond world size")
             problems += [f"{MERGED_JUNIT}: {p}" for p in reader_problems(merged_path)]
 
+    problems += _check_rank_files(bundle, receipt)
     problems += launch_record_problems(bundle, receipt)
     problems += _check_launched(receipt)
     problems += _check_rank_error_files(bundle, receipt)
@@ -318,11 +371,41 @@ def _check_consistency(bundle: Path, receipt: Receipt, coverage: Coverage) -> li
             f"{RECEIPT_NAME}: limitation '{key}' is named, but {rules.FACT_ONLY[key]} that "
             "alone gives it is absent"
         )
+    for key in rules.repeated_limitations(receipt.limitation_keys()):
+        problems.append(f"{RECEIPT_NAME}: limitations name '{key}' more than once")
     for key in rules.misstated_limitations(_limitation_pairs(receipt), required):
         problems.append(
             f"{RECEIPT_NAME}: limitation '{key}' does not say what the receipt's facts give: "
             f"{required[key]}"
         )
+    return problems
+
+
+_RANK_FILE = re.compile(r"rank-(\d+)(\.json|\.xml)")
+
+
+def _check_rank_files(bundle: Path, receipt: Receipt) -> list[str]:
+    """A record or JUnit report (`records/rank-NN.json`, `junit/rank-NN.xml`) is of a rank of
+    the world, named as the ranks name it: the derivation reads only those, so another (a rank
+    2 of a 2-rank run, all passed) would be evidence nothing holds, which a test reporter that
+    reads `junit/rank-*.xml` counts."""
+    world = receipt.geometry.world_size
+    problems = []
+    for folder, suffix in ((RECORDS_DIR, ".json"), (JUNIT_DIR, ".xml")):
+        root = bundle / folder
+        if root.is_symlink() or not root.is_dir():
+            continue  # a link is named by the file check; none is followed
+        for entry in walk(root):
+            found = _RANK_FILE.fullmatch(entry.relpath)
+            if found is None or found[2] != suffix:
+                continue
+            rank = int(found[1])
+            if rank >= world or entry.relpath != rank_file_name(rank, suffix):
+                problems.append(
+                    f"{folder}/{entry.relpath}: not the file of a rank of this {world}-rank run "
+                    f"(its ranks' are {rank_file_name(0, suffix)} to "
+                    f"{rank_file_name(world - 1, suffix)})"
+                )
     return problems
 
 

@@ -204,7 +204,8 @@ class RankPlugin:
         junitxml = getattr(config.option, "xmlpath", None) is None and hasattr(
             config.option, "xmlpath"
         )
-        if junitxml and not hasattr(config, "workerinput"):
+        self.writes_junit = junitxml and not hasattr(config, "workerinput")
+        if self.writes_junit:
             config.option.xmlpath = str(junit_path(self.out_dir, self.env.rank))
 
     # -- life cycle -------------------------------------------------------------------------
@@ -342,10 +343,15 @@ class RankPlugin:
 
     def _where(self) -> RankFacts:
         """Where this rank's files and tests live: the pytest rootdir its node ids are relative
-        to (a rerun makes them absolute), and the launcher's node index, whose torchrun/node-KK
-        folder holds its logs."""
+        to (a rerun makes them absolute), the launcher's node index, whose torchrun/node-KK
+        folder holds its logs, and whether pytest's junitxml writes its report."""
         facts = self.keeper.record.extra if self.keeper else RankFacts()
-        return replace(facts, rootdir=str(self.config.rootpath), node_index=self.plan.node_index)
+        return replace(
+            facts,
+            rootdir=str(self.config.rootpath),
+            node_index=self.plan.node_index,
+            junit=self.writes_junit,
+        )
 
     def _install_sigterm(self) -> int | None:
         """Route SIGTERM to the watchdog through a wakeup pipe (works while main is in C++)."""

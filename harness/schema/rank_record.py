@@ -368,7 +368,9 @@ class RankFacts:
     created ("torch:ag_rs", "b12x"; `transport` is the one-backend form of older records);
     `real_trees`: vLLM's own trees it built; `missing_collection`: the ranks that never
     finished collection within the timeout (this rank's collection abort blames them);
-    `subworld`: the blocks of sub-world cases and their lanes."""
+    `subworld`: the blocks of sub-world cases and their lanes; `junit`: whether pytest's
+    junitxml writes this rank's own report (junit/rank-NN.xml; False: `-p no:junitxml` or a
+    `--junitxml` of the user's, so a report there is not the rank's; None: not recorded)."""
 
     rootdir: str | None = None
     node_index: NonNegativeInt | None = None
@@ -378,6 +380,7 @@ class RankFacts:
     engine: EngineRecord | None = None  # vLLM's own engine (the engine lane)
     missing_collection: tuple[NonNegativeInt, ...] = ()
     subworld: tuple[SubworldBlock, ...] = ()  # the lanes this rank's collection was placed on
+    junit: bool | None = None
 
     def used_transports(self) -> tuple[str, ...]:
         return (*((self.transport,) if self.transport else ()), *self.transports)

@@ -18,11 +18,18 @@ from harness.capture.check import DETECTOR_NAMES
 from harness.capture.events import LazyEvent
 from harness.core.signature import TransportSignature
 from harness.evidence import writer
+from harness.evidence.hashprobe import probe_hash
 from harness.evidence.junit import mangle
 from harness.evidence.run_context import RunContext, TorchrunFailure
 from harness.schema.capture import CaptureRecord, DetectorStatus, SignatureUse
 from harness.schema.image import Image
-from harness.schema.rank_record import Provenance, RankRecord, TestOutcome, rank_record_path
+from harness.schema.rank_record import (
+    Provenance,
+    RankRecord,
+    RankStart,
+    TestOutcome,
+    rank_record_path,
+)
 from harness.schema.receipt import Environment, Gpu, Launch, Receipt, RunExtra, Source
 
 CAPTURE_TEST = "suites/capture/test_capture.py::test_no_lazy_work[kimi-k3]"
@@ -155,10 +162,14 @@ def write_rank(
     real_trees: Sequence[dict[str, object]] = (),
     provenance: Provenance | None = None,
     engine: dict[str, object] | None = None,
+    start: RankStart | None = None,
+    writes_junit: bool | None = None,
 ) -> None:
     """One rank's files: records/rank-NN.json and junit/rank-NN.xml (either may be left out);
     `real_trees`: vLLM's own trees the rank says it built (`real_tree`); `provenance`: the
-    image and harness checkout it says it ran (None: a record that does not say)."""
+    image and harness checkout it says it ran (None: a record that does not say); `start`: how
+    it says it started (`drawn_seed_start`; None: a record that does not say); `writes_junit`:
+    whether it says pytest's junitxml wrote its report (None: a record that does not say)."""
     tests = [passed(n) for n in NODES] if tests is None else list(tests)
     captures = [capture(rank), control(rank)] if captures is None else list(captures)
     if record:
@@ -182,13 +193,27 @@ def write_rank(
                 "engine": engine
                 if engine is not None or backend != "nccl" or transport != "b12x"
                 else engine_record(),
+                **({} if writes_junit is None else {"junit": writes_junit}),
             },
             provenance=provenance,
+            start=start,
         ).write(rank_record_path(out / "records", rank))
     if junit:
         path = out / "junit" / f"rank-{rank:02d}.xml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(junit_xml(tests))
+
+
+def drawn_seed_start(seed: int = 1234) -> RankStart:
+    """How a rank the launcher started with its drawn string-hash seed `seed` records its start
+    (records of bundles written before the launcher fixed a seed state none)."""
+    return RankStart(
+        forked=False,
+        hash_probe=probe_hash(seed),
+        hash_seed_fixed=True,
+        hash_seed=seed,
+        hash_seed_drawn=True,
+    )
 
 
 def engine_record(**changes: object) -> dict[str, object]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.evidence import rules
+from harness.evidence import rules, summary_v1
 from harness.evidence.files import hash_files, render_sums, sha256_bytes, sha256_file, walk
 from harness.evidence.launch_record import marker_path
 from harness.evidence.summary import render_summary
@@ -42,10 +42,15 @@ def self_consistent(receipt: Receipt) -> Receipt:
 
 
 def reseal(bundle: Path) -> None:
-    """summary.md and SHA256SUMS rewritten for whatever receipt.json now says."""
+    """summary.md (in the layout verify renders for it) and SHA256SUMS rewritten for whatever
+    receipt.json now says."""
     receipt_bytes = (bundle / "receipt.json").read_bytes()
     receipt = Receipt.model_validate_json(receipt_bytes)
-    summary = render_summary(receipt, sha256_bytes(receipt_bytes), bundle=bundle.absolute())
+    digest = sha256_bytes(receipt_bytes)
+    if receipt.skip_reasons is None:  # the layout of receipts written before skip reasons
+        summary = summary_v1.render_summary(receipt, digest, bundle.absolute(), with_host=False)
+    else:
+        summary = render_summary(receipt, digest, bundle=bundle.absolute())
     (bundle / "summary.md").write_text(summary)
     listed = [e.relpath for e in walk(bundle) if e.relpath != SUMS_NAME]
     (bundle / SUMS_NAME).write_text(render_sums(hash_files(bundle, listed)))
