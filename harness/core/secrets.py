@@ -13,6 +13,12 @@ or 76 characters, `\n` or `\r\n`) is looked at with its line breaks removed. A g
 compressed log or dump a test left) is scrubbed inside, up to GZIP_LIMIT bytes, and compressed
 again.
 
+Why pieces: a printer that cuts a long value short leaves a piece of a secret that no whole form
+matches. pytest's introspection shortens each side of a failed comparison around an ellipsis
+(`'https://api....H5jC0e&page=1'`) and its diff of two long strings skips their identical
+leading or trailing characters (`- jC0e&page=2`). A piece of a form of FRAGMENT_MIN characters or
+more is replaced where such a cut shows it: beside an ellipsis, at the edge of a diff's lines.
+
 Why shapes too: some text is a credential whatever its value, and whether or not this process's
 environment holds it (a rank's own variables, a token given on a command line, a value too short
 to scrub wherever it appears). The password of a URL's userinfo (`scheme://user:pass@`), a bare
@@ -253,6 +259,20 @@ _ASSIGNED = re.compile(r"(?P<name>[A-Z](?<![A-Za-z0-9_][A-Z])[A-Z0-9_]*)" + _ASS
 _ASSIGNED_ANY_CASE = re.compile(
     r"(?<![A-Za-z0-9_])(?P<name>[A-Za-z_][A-Za-z0-9_]*)" + _ASSIGN + _VALUE
 )
+# Where a printer cut a long text short: an ellipsis (pytest's and reprlib's `saferepr`, rich's
+# `…`), and the lines of a pytest diff that skipped its strings' identical leading or trailing
+# characters. What it left beside the cut may be a piece of a secret's form, no longer whole;
+# a piece of at least FRAGMENT_MIN characters is replaced (shorter ones reveal little and would
+# match ordinary words).
+FRAGMENT_MIN = 4
+_ELLIPSIS = re.compile(r"\.{3,}|\u2026")
+_DIFF_SKIP = re.compile(r"Skipping \d+ identical (?P<side>leading|trailing) characters in diff")
+# A line of a diff after such a note: `- text` or `+ text`, behind torchrun's `[default0]:`,
+# pytest's `E` and indentation; and a line that is empty behind them (where the diff ends).
+_DIFF_LINE_START = r"(?:\[[^\]\r\n]{0,40}\]:)?[ \t]*(?:E(?![^ \t\r\n]))?[ \t]*"
+_DIFF_LINE = re.compile(_DIFF_LINE_START + r"[-+] (?P<body>[^\r\n]*)")
+_EMPTY_LINE = re.compile(_DIFF_LINE_START + r"\r?")
+DIFF_LINES = 200  # lines looked at after a skip note: a diff of more is cut there
 _CREDENTIAL_WORD = re.compile(r"pass(?:word|wd)?(?![a-z])|pwd|secret", re.IGNORECASE)
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 
@@ -347,8 +367,10 @@ class Scrubber:
     byte_anchors: tuple[bytes, ...] = field(init=False, repr=False, compare=False)
     secret_names: re.Pattern[str] = field(init=False, repr=False, compare=False)
     seen_names: dict[str, bool] = field(init=False, repr=False, compare=False)
+    pieces: _Pieces = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "pieces", _Pieces.of(self.forms))
         anchors = _anchors(self.forms)
         object.__setattr__(self, "anchors", anchors)
         object.__setattr__(self, "byte_anchors", tuple(a.encode("utf-8") for a in anchors))
@@ -408,6 +430,8 @@ class Scrubber:
         if self.forms and "\n" in text and _WRAP_BREAK.search(text):
             for block in _WRAPPED.finditer(text):
                 spans += [(block.start() + a, block.start() + b) for a, b in self._cut(block[0])]
+        if self.forms and _may_be_cut(text):
+            spans += self.pieces.spans(text)
         if self.shapes:
             spans += self._shape_spans(text)
         return (_replaced(text, spans, fill), len(spans)) if spans else (text, 0)
@@ -415,14 +439,15 @@ class Scrubber:
     def _may_hold_more(self, text: str) -> bool:
         """False for a text `_beyond_forms` would leave as it is, after a few searches (most
         strings of a bundle: a test's id, a tag's text)."""
-        return (bool(self.forms) and "\n" in text) or (
+        return (bool(self.forms) and ("\n" in text or _may_be_cut(text))) or (
             self.shapes
             and ("=" in text or "://" in text or "':" in text or '":' in text or ": " in text)
         )
 
     def _beyond_forms_data(self, data: bytes, fill: Callable[[int], str]) -> tuple[bytes, int]:
         """`_beyond_forms` on bytes, decoded so that every byte comes back as it was."""
-        if not (self.shapes or (self.forms and b"\n" in data)):
+        may_be_cut = b"\n" in data or b"..." in data or b"\xe2\x80\xa6" in data
+        if not (self.shapes or (self.forms and may_be_cut)):
             return data, 0
         text, hits = self._beyond_forms(data.decode("utf-8", "surrogateescape"), fill)
         return (text.encode("utf-8", "surrogateescape"), hits) if hits else (data, 0)
@@ -572,6 +597,116 @@ class Scrubber:
         """A relative path with every secret form removed from its components."""
         parts = [self.text(part)[0] for part in relpath.split("/")]
         return "/".join(p if p not in ("", ".", "..") else SCRUBBED for p in parts)
+
+
+def _may_be_cut(text: str) -> bool:
+    """Whether `text` may show a cut (see `_ELLIPSIS`, `_DIFF_SKIP`), after a few searches."""
+    return "..." in text or "\u2026" in text or "identical" in text
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """The pieces of secret forms that a cut leaves: each form's prefixes (what is left before an
+    ellipsis) and suffixes (what is left after one, or at the start of a pytest diff line that
+    skipped identical leading characters), of FRAGMENT_MIN characters up to the whole form.
+
+    Each piece is filed under its last (a prefix) or first (a suffix) FRAGMENT_MIN characters
+    with its length, so a cut is checked only for the lengths a piece that ends (or starts)
+    there can have: a text's ordinary ellipses cost a lookup each."""
+
+    prefixes: frozenset[str]
+    suffixes: frozenset[str]
+    prefix_sizes: Mapping[str, tuple[int, ...]]
+    suffix_sizes: Mapping[str, tuple[int, ...]]
+
+    @classmethod
+    def of(cls, forms: Iterable[str]) -> _Pieces:
+        prefixes: set[str] = set()
+        suffixes: set[str] = set()
+        prefix_sizes: dict[str, set[int]] = {}
+        suffix_sizes: dict[str, set[int]] = {}
+        for form in forms:
+            for size in range(FRAGMENT_MIN, len(form)):
+                head, tail = form[:size], form[-size:]
+                prefixes.add(head)
+                suffixes.add(tail)
+                prefix_sizes.setdefault(head[-FRAGMENT_MIN:], set()).add(size)
+                suffix_sizes.setdefault(tail[:FRAGMENT_MIN], set()).add(size)
+        return cls(
+            frozenset(prefixes),
+            frozenset(suffixes),
+            {gram: tuple(sorted(sizes)) for gram, sizes in prefix_sizes.items()},
+            {gram: tuple(sorted(sizes)) for gram, sizes in suffix_sizes.items()},
+        )
+
+    def ending_at(self, text: str, end: int) -> tuple[int, int] | None:
+        """The longest prefix of a form that `text` holds just before `end`, as a span."""
+        sizes = self.prefix_sizes.get(text[max(0, end - FRAGMENT_MIN) : end], ())
+        for size in reversed(sizes):
+            if size <= end and text[end - size : end] in self.prefixes:
+                return (end - size, end)
+        return None
+
+    def starting_at(self, text: str, start: int) -> tuple[int, int] | None:
+        """The longest suffix of a form that `text` holds just from `start`, as a span."""
+        sizes = self.suffix_sizes.get(text[start : start + FRAGMENT_MIN], ())
+        for size in reversed(sizes):
+            if start + size <= len(text) and text[start : start + size] in self.suffixes:
+                return (start, start + size)
+        return None
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Spans of the pieces of forms that `text` shows beside a cut."""
+        if not self.prefixes:
+            return []
+        found: list[tuple[int, int] | None] = []
+        for m in _ELLIPSIS.finditer(text):
+            # `api....x`: the cut's three dots may follow a dot of the text, or precede one
+            found += [self.ending_at(text, m.start()), self.ending_at(text, m.end() - 3)]
+            found += [self.starting_at(text, m.end()), self.starting_at(text, m.start() + 3)]
+        for m in _DIFF_SKIP.finditer(text):
+            leading = m["side"] == "leading"
+            for line in _diff_lines(text, m.end()):
+                found.append(
+                    self.starting_at(text, line.start("body"))
+                    if leading
+                    else self.ending_at(text, line.end("body"))
+                )
+        return sorted({span for span in found if span is not None})
+
+
+def diff_open(text: str) -> bool:
+    """Whether `text`, whose first line is a diff's skip note, may not hold the whole diff yet:
+    no empty line ends it and it has fewer than DIFF_LINES lines after the note."""
+    note = _DIFF_SKIP.match(text, text.find("Skipping") if "Skipping" in text else len(text))
+    if note is None:
+        return False
+    lines = text[note.end() :].split("\n")[1:]
+    if lines and lines[-1] == "":
+        lines.pop()  # the text ends with a line break: no line begun after it
+    return len(lines) < DIFF_LINES and not any(_EMPTY_LINE.fullmatch(line) for line in lines)
+
+
+# A line break, or one escaped in a JSON string or a `repr` a log line holds.
+_LINE_BREAK = re.compile(r"\r?\n|(?:\\r)?\\n")
+
+
+def _diff_lines(text: str, after: int) -> Iterator[re.Match[str]]:
+    """The `- `/`+ ` lines of the diff that follows a skip note ending at `after`: of the next
+    DIFF_LINES lines, those before the first empty one."""
+    breaks = _LINE_BREAK.finditer(text, after)
+    previous = next(breaks, None)
+    for _ in range(DIFF_LINES):
+        if previous is None:
+            return
+        following = next(breaks, None)
+        start, end = previous.end(), len(text) if following is None else following.start()
+        if _EMPTY_LINE.fullmatch(text, start, end):
+            return
+        match = _DIFF_LINE.match(text, start, end)
+        if match is not None:
+            yield match
+        previous = following
 
 
 GZIP_MAGIC = b"\x1f\x8b"
