@@ -225,10 +225,23 @@ def test_the_names_the_harness_records_are_not_secret_names() -> None:
         assert not is_secret_name(name), name
 
 
+def test_passphrases_are_secret_names_and_shapes() -> None:
+    """A signing key's passphrase (GPG_PASSPHRASE, MAVEN_GPG_PASSPHRASE in CI) is a password: a
+    test that prints the environment it hands a subprocess must not print it."""
+    env = {"GPG_PASSPHRASE": "correct horse battery", "MAVEN_GPG_PASSPHRASE": "Tr0ub4dor&3xyz"}
+    assert all(is_secret_name(name) for name in env)
+    scrub = Scrubber.from_environ(env)
+    clean, hits = scrub.text(f"env for the subprocess: {env}")
+    assert hits == 2 and "battery" not in clean and "Tr0ub4dor" not in clean
+    # by its shape too, where the environment does not hold it
+    clean, _ = Scrubber.of([]).text("gpg --batch passphrase=hunter2xyz; Passphrase: s3cr3t-words")
+    assert "hunter2xyz" not in clean and "s3cr3t-words" not in clean
+
+
 def test_more_secret_names_can_be_configured_never_fewer() -> None:
-    env = {"ACME_PASSPHRASE": "acme-value-123", "HF_TOKEN": "hf-value-1234", PATTERNS_ENV: ""}
+    env = {"ACME_SIGIL": "acme-value-123", "HF_TOKEN": "hf-value-1234", PATTERNS_ENV: ""}
     assert secret_values(env) == ("hf-value-1234",)
-    env[PATTERNS_ENV] = "acme_*, *PASSPHRASE"
+    env[PATTERNS_ENV] = "acme_*, *SIGIL"
     assert set(secret_values(env)) == {"acme-value-123", "hf-value-1234"}
 
 

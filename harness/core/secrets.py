@@ -71,6 +71,7 @@ DEFAULT_SECRET_PATTERNS: tuple[str, ...] = (
     "*SECRET*",
     "*PASSWORD*",
     "*PASSWD*",
+    "*PASSPHRASE*",
     "*KEY*",
     "*CREDENTIAL*",
     "*_PAT",
@@ -273,7 +274,7 @@ _DIFF_LINE_START = r"(?:\[[^\]\r\n]{0,40}\]:)?[ \t]*(?:E(?![^ \t\r\n]))?[ \t]*"
 _DIFF_LINE = re.compile(_DIFF_LINE_START + r"[-+] (?P<body>[^\r\n]*)")
 _EMPTY_LINE = re.compile(_DIFF_LINE_START + r"\r?")
 DIFF_LINES = 200  # lines looked at after a skip note: a diff of more is cut there
-_CREDENTIAL_WORD = re.compile(r"pass(?:word|wd)?(?![a-z])|pwd|secret", re.IGNORECASE)
+_CREDENTIAL_WORD = re.compile(r"pass(?:word|wd|phrase)?(?![a-z])|pwd|secret", re.IGNORECASE)
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 
 
