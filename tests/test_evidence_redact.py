@@ -147,6 +147,19 @@ def test_a_secret_equal_to_a_word_of_the_structure_leaves_it_intact(word: str) -
     assert tree[0].get("name") == SCRUBBED and tree[0].text == SCRUBBED
 
 
+def test_a_key_that_is_the_secret_itself_is_replaced_unless_it_is_a_word() -> None:
+    """A cache a test writes keyed by the credential it fetched with (`{token: {...}}`) holds the
+    token as a key: replaced like a value. A key made only of letters and underscores is kept
+    (the bundle's own keys are such words, `MY_TOKEN=complete` must not break a record)."""
+    token = "hf_Zq8PbX2mK7vN4rT9wY3sL6dF1gH5jC0e"
+    scrub = Scrubber.of([token, "negative_control"])
+    doc = {token: {"user": "alice"}, "negative_control": 1, "errorCode": 2}
+    clean, hits = scrub.json_bytes(json.dumps(doc).encode())
+    parsed = json.loads(clean)
+    assert hits == 1 and token not in clean.decode()
+    assert parsed == {SCRUBBED: {"user": "alice"}, "negative_control": 1, "errorCode": 2}
+
+
 def test_default_secret_names_cover_the_common_forms() -> None:
     for name in [
         "GITHUB_PAT",

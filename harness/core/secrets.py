@@ -35,10 +35,12 @@ placeholders (`[REDACTED]`, `<redacted>`, `****`) are left, so scrubbing twice c
 Why values, not text: a secret may equal a word the files themselves are made of
 (`MY_TOKEN=complete`, a JSON key of the rank record). JSON and XML files are therefore parsed and
 only their string values (and the text inside keys, tags' text and attributes) are scrubbed; a
-key or a word the schema fixes is never replaced, so the structure survives. XML comments and
-processing instructions are kept and scrubbed like text (a PI's target is a name, like a tag);
-a document with a DOCTYPE, whose declarations ElementTree does not keep, is scrubbed as bytes.
-Other files are scrubbed as bytes.
+key or a word the schema fixes is never replaced, so the structure survives. A key that is a
+secret's form whole is such a word only where it is made of letters and underscores, as the
+bundle's keys are: a file a test writes keyed by a credential (an HTTP cache) loses it. XML
+comments and processing instructions are kept and scrubbed like text (a PI's target is a name,
+like a tag); a document with a DOCTYPE, whose declarations ElementTree does not keep, is
+scrubbed as bytes. Other files are scrubbed as bytes.
 
 Secret names are shell-style patterns matched case-insensitively; `DCPQUAL_SECRET_PATTERNS`
 (comma-separated) adds to the defaults, it never removes one. Whatever its name, a variable's
@@ -276,6 +278,8 @@ _EMPTY_LINE = re.compile(_DIFF_LINE_START + r"\r?")
 DIFF_LINES = 200  # lines looked at after a skip note: a diff of more is cut there
 _CREDENTIAL_WORD = re.compile(r"pass(?:word|wd|phrase)?(?![a-z])|pwd|secret", re.IGNORECASE)
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+# What a key of the bundle's own JSON is made of (`negative_control`, torchrun's `errorCode`).
+_STRUCTURE_WORD = re.compile(r"[A-Za-z_]+")
 
 
 def _placeholder(value: str) -> bool:
@@ -506,8 +510,9 @@ class Scrubber:
 
     def value(self, value: Any) -> tuple[Any, int]:
         """A JSON value with its strings scrubbed. A key is scrubbed inside, but a key that is
-        exactly a secret form is a word of the structure and is left as it is. A string under a
-        secret-named key (`{"HF_TOKEN": ...}`) is replaced whole."""
+        exactly a secret form and a word (letters and underscores) is a word of the structure and
+        is left as it is. A string under a secret-named key (`{"HF_TOKEN": ...}`) is replaced
+        whole."""
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, list):
@@ -517,7 +522,8 @@ class Scrubber:
             out: dict[str, Any] = {}
             count = 0
             for key, item in value.items():
-                new_key, hits = (key, 0) if key in self.forms else self.text(key)
+                word = key in self.forms and _STRUCTURE_WORD.fullmatch(key)
+                new_key, hits = (key, 0) if word else self.text(key)
                 new_item, more = self.value(item)
                 if self._secret_key(key, new_item):
                     new_item, more = SCRUBBED, more + 1
