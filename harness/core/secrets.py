@@ -11,7 +11,7 @@ Every such form of every secret value is scrubbed, from file contents and from f
 A base64 encoding wrapped into lines (MIME, the `base64` tool, `base64.encodebytes`: lines of 64
 or 76 characters, `\n` or `\r\n`) is looked at with its line breaks removed. A gzip file (a
 compressed log or dump a test left) is scrubbed inside, up to GZIP_LIMIT bytes, and compressed
-again.
+again; a larger one is scrubbed inside a block at a time (`redact.scrub_gzip_stream`).
 
 Why pieces: a printer that cuts a long value short leaves a piece of a secret that no whole form
 matches. pytest's introspection shortens each side of a failed comparison around an ellipsis

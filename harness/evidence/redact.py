@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gzip
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from harness.atomic import atomic_write_bytes
 from harness.core.livescrub import WRAPPED_LINE_END
-from harness.core.secrets import GZIP_MAGIC, SCRUBBED, Scrubber
+from harness.core.secrets import GZIP_LIMIT, GZIP_MAGIC, SCRUBBED, Scrubber
 from harness.evidence.files import open_folders, walk_folders
 
 
@@ -197,36 +200,42 @@ def _cut(buffer: bytes, longest: int, forms: tuple[bytes, ...] = ()) -> int:
     return cut  # 0: no safe cut yet, read more
 
 
-def scrub_stream(path: Path, scrubber: Scrubber, block: int | None = None) -> int:
-    """Scrub a large text file a block at a time into a new file beside it, then put it in
-    place; memory stays about two blocks whatever the file's size. Blocks are cut where no
-    form or shape can straddle the cut (`_cut`), and a form cut by a forced cut is found by
-    keeping the last `longest` bytes for the next block. Returns the replacements; OSError
-    (a full disk) is the caller's, which removes the file."""
-    block = STREAM_BLOCK if block is None else block
+def _scrub_blocks(
+    read: Callable[[int], bytes], write: Callable[[bytes], object], scrubber: Scrubber, block: int
+) -> int:
+    """Scrub what `read` gives, a block at a time, into `write`; the replacements. Blocks are cut
+    where no form or shape can straddle the cut (`_cut`), and a form cut by a forced cut is
+    found by keeping the last `longest` bytes for the next block."""
     forms = tuple(f.encode("utf-8") for f in scrubber.forms)
     longest = max((len(f) for f in forms), default=0) + 1
     hits = 0
+    carry = b""
+    while True:
+        chunk = read(block)
+        buffer = carry + chunk
+        if not chunk:
+            clean, more = scrubber.data(buffer)
+            write(clean)
+            return hits + more
+        at = _cut(buffer, longest, forms)
+        if at == 0:
+            carry = buffer
+            continue
+        clean, more = scrubber.data(buffer[:at])
+        write(clean)
+        hits += more
+        carry = buffer[at:]
+
+
+def scrub_stream(path: Path, scrubber: Scrubber, block: int | None = None) -> int:
+    """Scrub a large text file a block at a time into a new file beside it, then put it in
+    place; memory stays about two blocks whatever the file's size (`_scrub_blocks`). Returns
+    the replacements; OSError (a full disk) is the caller's, which removes the file."""
+    block = STREAM_BLOCK if block is None else block
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", dir=path.parent)
     try:
         with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
-            carry = b""
-            while True:
-                chunk = src.read(block)
-                buffer = carry + chunk
-                if not chunk:
-                    clean, more = scrubber.data(buffer)
-                    dst.write(clean)
-                    hits += more
-                    break
-                at = _cut(buffer, longest, forms)
-                if at == 0:
-                    carry = buffer
-                    continue
-                clean, more = scrubber.data(buffer[:at])
-                dst.write(clean)
-                hits += more
-                carry = buffer[at:]
+            hits = _scrub_blocks(src.read, dst.write, scrubber, block)
             dst.flush()
             os.fsync(dst.fileno())
         if hits:
@@ -235,6 +244,93 @@ def scrub_stream(path: Path, scrubber: Scrubber, block: int | None = None) -> in
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
     return hits
+
+
+class _Gunzip:
+    """What a gzip file holds (every member), read a block at a time: `read(n)` gives up to `n`
+    bytes, b"" at the end. Where the compressed bytes end early or go wrong (a test killed while
+    it wrote, bytes after the last member), it ends there and says so (`broken`)."""
+
+    def __init__(self, src: BinaryIO) -> None:
+        self.src = src
+        self.member = zlib.decompressobj(wbits=31)
+        self.pending = b""
+        self.done = False
+        self.broken = False
+        self.given = 0
+
+    def read(self, size: int) -> bytes:
+        out = bytearray()
+        while len(out) < size and not self.done:
+            if not self.pending:
+                self.pending = self.src.read(STREAM_BLOCK)
+                if not self.pending:  # the file ended inside a member
+                    self.broken = self.done = True
+                    break
+            try:
+                out += self.member.decompress(self.pending, size - len(out))
+            except zlib.error:
+                self.broken = self.done = True
+                break
+            self.pending = self.member.unconsumed_tail
+            if self.member.eof:
+                self.pending = self.member.unused_data + self.pending
+                self.member = zlib.decompressobj(wbits=31)
+                if not self.pending:
+                    self.pending = self.src.read(STREAM_BLOCK)
+                    if not self.pending:
+                        self.done = True
+        self.given += len(out)
+        return bytes(out)
+
+
+def scrub_gzip_stream(path: Path, scrubber: Scrubber, block: int | None = None) -> int | None:
+    """Scrub what a gzip file holds a block at a time (`_scrub_blocks`) and compress it again,
+    into a new file beside it, then put it in place: a gzip file too large to scrub in memory
+    (`GZIP_LIMIT` decompressed, `STREAM_BYTES` compressed). A gzip file that breaks off (a test
+    killed while it wrote, bytes after the last member) is scrubbed as far as it can be read;
+    where that holds a secret, what follows the break is dropped (no reader could decompress
+    it), else None: the file's bytes are the caller's to scrub, as those of a file that is no
+    gzip at all. OSError (a full disk) is the caller's, which removes the file."""
+    block = STREAM_BLOCK if block is None else block
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", dir=path.parent)
+    try:
+        with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
+            source = _Gunzip(src)
+            with gzip.GzipFile(fileobj=dst, mode="wb", mtime=0) as packed:
+                hits = _scrub_blocks(source.read, packed.write, scrubber, block)
+            dst.flush()
+            os.fsync(dst.fileno())
+        if source.broken and not hits:
+            return None  # what follows the break may be plain bytes: the caller's to scrub
+        if hits:
+            os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return hits
+
+
+def _gzip_too_large(path: Path) -> bool:
+    """A gzip file that `Scrubber.file_bytes` cannot scrub inside: too large to read whole, or
+    holding more than `GZIP_LIMIT` bytes."""
+    with open(path, "rb") as src:
+        if src.read(2) != GZIP_MAGIC:
+            return False
+    return path.stat().st_size > STREAM_BYTES or _inflates_past_limit(path)
+
+
+def _inflates_past_limit(path: Path) -> bool:
+    """Whether the gzip file holds more than GZIP_LIMIT bytes (read, never held, a block at a
+    time)."""
+    with open(path, "rb") as src:
+        source = _Gunzip(src)
+        held = 0
+        while chunk := source.read(STREAM_BLOCK):
+            held += len(chunk)
+            if held > GZIP_LIMIT:
+                return True
+        return source.broken
 
 
 def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
@@ -284,7 +380,10 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
     for path in _regular_files(root, unlisted):
         relpath = path.relative_to(root).as_posix()
         try:
-            if _streamed(path):
+            streamed = scrub_gzip_stream(path, scrubber) if _gzip_too_large(path) else None
+            if streamed is not None:
+                hits = streamed
+            elif _streamed(path):
                 hits = scrub_stream(path, scrubber)
             else:
                 data = path.read_bytes()
