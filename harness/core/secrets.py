@@ -161,6 +161,10 @@ def secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
     )
 
 
+_GO_JSON = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+_TOJSON = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "'": "\\u0027"})
+
+
 def _escapes(text: str) -> set[str]:
     """The one-level escaped forms of `text` that tools write."""
     forms = {
@@ -171,6 +175,9 @@ def _escapes(text: str) -> set[str]:
         text.replace("\\", "\\\\").replace('"', '\\"'),
         json.dumps(text)[1:-1],
         json.dumps(text, ensure_ascii=False)[1:-1],
+        # HTML-safe JSON: Go's encoding/json, Jinja's `tojson` (the apostrophe too)
+        json.dumps(text, ensure_ascii=False)[1:-1].translate(_GO_JSON),
+        json.dumps(text)[1:-1].translate(_TOJSON),
         escape(text),
         quoteattr(text)[1:-1],
         escape(text, {'"': "&quot;", "'": "&apos;"}),
