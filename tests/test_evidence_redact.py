@@ -160,6 +160,22 @@ def test_a_key_that_is_the_secret_itself_is_replaced_unless_it_is_a_word() -> No
     assert parsed == {SCRUBBED: {"user": "alice"}, "negative_control": 1, "errorCode": 2}
 
 
+def test_the_path_of_a_secret_url_is_a_secret_where_a_client_logs_it_alone() -> None:
+    """A webhook's URL keeps its secret in the path, and an HTTP client logs the path apart from
+    the host (urllib3: `https://hooks.slack.com:443 "POST /services/... HTTP/1.1" 404`)."""
+    hook = "https://hooks.slack.com/services/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"
+    env = {"SLACK_WEBHOOK_URL": hook + "?thread=1", "HOME": "/home/someone/with/a/long/path"}
+    values = secret_values(env)
+    assert "/services/T04ABCD1234/B05EFGH5678/q9Wv3XyZ7tLmN2pR8sK4dF6h" in values
+    assert "/home/someone/with/a/long/path" not in values  # only secret-named variables
+    path = "/services/T04ABCD1234/B05EFGH5678/q9Wv3XyZ7tLmN2pR8sK4dF6h?thread=1"
+    line = f'https://hooks.slack.com:443 "POST {path} HTTP/1.1" 404 9'
+    clean, hits = Scrubber.from_environ(env).text(line)
+    assert hits == 1 and "q9Wv3XyZ7" not in clean and "hooks.slack.com:443" in clean
+    short = "http://localhost:9000/api"  # a path too short to scrub wherever it appears
+    assert secret_values({"AWS_ENDPOINT_URL": short}) == (short,)
+
+
 def test_default_secret_names_cover_the_common_forms() -> None:
     for name in [
         "GITHUB_PAT",

@@ -45,7 +45,9 @@ scrubbed as bytes. Other files are scrubbed as bytes.
 Secret names are shell-style patterns matched case-insensitively; `DCPQUAL_SECRET_PATTERNS`
 (comma-separated) adds to the defaults, it never removes one. Whatever its name, a variable's
 value that holds a URL with a password (`scheme://user:password@host`: a DATABASE_URL, a proxy,
-a package index) makes that password a secret value.
+a package index) makes that password a secret value. A URL a secret-named variable holds makes
+its path a secret value too (with and without its query): a webhook keeps its secret there, and
+an HTTP client logs the path apart from the host.
 """
 
 from __future__ import annotations
@@ -143,15 +145,31 @@ def without_url_passwords(value: str) -> str:
     return _URL_PASSWORD.sub(lambda m: m[0][: m.start(1) - m.start()] + REDACTED + "@", value)
 
 
+# A URL's path and what follows it (query, fragment), after its scheme and host.
+_URL_REST = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#]+(?P<rest>[/?#][^\s]*)")
+
+
+def url_paths(value: str) -> list[str]:
+    """The path of each URL in `value`, with and without its query: where a webhook's URL keeps
+    its secret, and what an HTTP client logs apart from the host (urllib3's
+    `https://host:443 "POST /services/... HTTP/1.1"`)."""
+    found = []
+    for match in _URL_REST.finditer(value):
+        rest = match["rest"]
+        found += [rest, re.split(r"[?#]", rest, maxsplit=1)[0]]
+    return found
+
+
 def secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """Values of every secret-named variable and passwords of URLs in any variable, long enough
-    to scrub safely, longest first."""
+    """Values of every secret-named variable and the paths of the URLs they hold, and passwords
+    of URLs in any variable, long enough to scrub safely, longest first."""
     patterns = secret_patterns(environ)
     values = {
         value
         for name, value in environ.items()
         if name != PATTERNS_ENV and is_secret_name(name, patterns)
     }
+    values.update(p for value in list(values) for p in url_paths(value))
     values.update(p for value in environ.values() for p in url_passwords(value))
     return tuple(
         sorted(
