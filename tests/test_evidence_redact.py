@@ -293,6 +293,27 @@ def test_a_secret_in_a_file_or_folder_name_is_renamed_and_links_are_not_read(
     assert len(report.renamed) == 2
 
 
+def test_a_secret_with_a_slash_made_a_path_is_scrubbed_from_every_name_it_spans(
+    tmp_path: Path,
+) -> None:
+    """An AWS secret key holds '/': a cache a test names by it is several folders, each holding a
+    piece of the key; every piece is renamed, and no report names one."""
+    key = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    made = [tmp_path / "cache" / f"{key}.json", tmp_path / "auth" / f"by-{key}-v2" / "x"]
+    for path in made:
+        path.parent.mkdir(parents=True)
+        path.write_text("{}\n")
+    (tmp_path / "cache" / "plain").mkdir()
+    report = scrub_folder(tmp_path, Scrubber.of([key]))
+    names = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    pieces = key.split("/")
+    assert not [n for n in names if any(piece in n for piece in pieces)], names
+    assert f"cache/{SCRUBBED}/{SCRUBBED}/{SCRUBBED}.json" in names and "cache/plain" in names
+    assert f"auth/by-{SCRUBBED}/{SCRUBBED}/{SCRUBBED}-v2/x" in names
+    shown = " ".join(old + " " + new for old, new in report.renamed)
+    assert not [piece for piece in pieces if piece in shown], report.renamed
+
+
 def test_without_the_print_forms_a_repr_with_a_quote_leaks() -> None:
     """Negative control: scrubbing only the raw value misses what assertion introspection
     prints, so the print forms above are what the property tests rely on."""

@@ -83,13 +83,18 @@ def _overwrite(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+def _named(relpath: str, scrubber: Scrubber) -> str:
+    """A path as a report names it: no form whole, within a name or across names."""
+    return scrubber.name(scrubber.text(relpath)[0])
+
+
 def _remove(
     path: Path, root: Path, scrubber: Scrubber, removed: list[str], left: list[str]
 ) -> None:
     """Remove a file (or a folder and what it holds) that cannot be scrubbed, naming each file;
     what cannot even be removed is left for `ScrubFailed`."""
     files = [path] if not path.is_dir() or path.is_symlink() else _regular_files(path) or [path]
-    names = [scrubber.name(f.relative_to(root).as_posix()) for f in files]
+    names = [_named(f.relative_to(root).as_posix(), scrubber) for f in files]
     try:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
@@ -130,7 +135,7 @@ def _remove_unlistable(
     if folder == root:
         left.append("./")
         return
-    name = scrubber.name(folder.relative_to(root).as_posix()) + "/"
+    name = _named(folder.relative_to(root).as_posix(), scrubber) + "/"
     try:
         os.rmdir(folder)
     except FileNotFoundError:
@@ -333,13 +338,53 @@ def _inflates_past_limit(path: Path) -> bool:
         return source.broken
 
 
+def _across_names(relpaths: Iterable[str], scrubber: Scrubber) -> dict[str, list[tuple[int, int]]]:
+    """Where a secret's form spans several names of a path (a value with a '/' in it, an AWS
+    secret key or its base64, made a path: `cache/wJalr.../K7MDENG/bPxRfi....json`): for each
+    path that ends in such a name, the spans of its last name that the form covers. Each name
+    alone holds only a piece of the form, which the scrub of names one by one never finds."""
+    forms = [form for form in scrubber.forms if "/" in form.strip("/")]
+    covered: dict[str, list[tuple[int, int]]] = {}
+    for relpath in relpaths:
+        for form in forms:
+            start = relpath.find(form)
+            while start != -1:
+                end, at = start + len(form), 0
+                for name in relpath.split("/"):
+                    low, high = max(at, start), min(at + len(name), end)
+                    if low < high:
+                        key = relpath[: at + len(name)]
+                        covered.setdefault(key, []).append((low - at, high - at))
+                    at += len(name) + 1
+                start = relpath.find(form, start + 1)
+    return covered
+
+
+def _clean_name(name: str, spans: list[tuple[int, int]], scrubber: Scrubber) -> str:
+    """A name with the pieces of forms across names (`spans`) and every form in it replaced."""
+    for start, end in sorted(set(spans), reverse=True):
+        name = name[:start] + SCRUBBED + name[end:]
+    return scrubber.name(name)
+
+
+def _clean_path(relpath: str, across: dict[str, list[tuple[int, int]]], scrubber: Scrubber) -> str:
+    """A path as a report names it: each name cleaned as `_clean_name` (the folders above a
+    renamed one are renamed later, deepest first), so no piece of a form across names shows."""
+    parts = relpath.split("/")
+    return "/".join(
+        _clean_name(name, across.get("/".join(parts[: i + 1]), []), scrubber)
+        for i, name in enumerate(parts)
+    )
+
+
 def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
     """Scrub every name under `root`, then every regular file's contents, in place.
 
-    Contents are rewritten atomically; a name holding a secret is renamed (never onto an existing
-    name). Links and special files are not followed or read. A folder its owner cannot list or
-    enter (a rank may leave one at mode 000) is given back to the owner first, and one that
-    still cannot be listed is removed. A full disk leaves no secret: a file that cannot be
+    Contents are rewritten atomically; a name holding a secret, or a piece of one that spans
+    several names (`_across_names`), is renamed (never onto an existing name). Links and special
+    files are not followed or read. A folder its owner cannot list or enter (a rank may leave one
+    at mode 000) is given back to the owner first, and one that still cannot be listed is
+    removed. A full disk leaves no secret: a file that cannot be
     rewritten atomically is rewritten in place, and a file that cannot be read, renamed or
     rewritten at all is removed; the report names both. `ScrubFailed` where a file holding a
     secret, or a folder that cannot be listed, cannot even be removed.
@@ -359,8 +404,10 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
         (Path(d) / n for d, ds, fs in walk_folders(root, unlisted) for n in [*ds, *fs]),
         key=lambda p: (-len(p.parts), str(p)),
     )
+    across = _across_names((p.relative_to(root).as_posix() for p in entries), scrubber)
     for path in entries:
-        clean = scrubber.name(path.name)
+        spans = across.get(path.relative_to(root).as_posix(), [])
+        clean = _clean_name(path.name, spans, scrubber)
         if clean == path.name:
             continue
         target = path.with_name(clean)
@@ -373,8 +420,8 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
             continue
         renamed.append(
             (
-                scrubber.name(path.relative_to(root).as_posix()),
-                scrubber.name(target.relative_to(root).as_posix()),
+                _clean_path(path.relative_to(root).as_posix(), across, scrubber),
+                _clean_path(target.relative_to(root).as_posix(), across, scrubber),
             )
         )
     for path in _regular_files(root, unlisted):
