@@ -7,6 +7,7 @@ as a stream is written line by line; ordinary ellipses and diffs stay as they ar
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -22,14 +23,22 @@ TOKEN = "hf_QwRtYuPkMnBvCxZsDfGhJkLwErTyUpAs"
 SCRUBBER = Scrubber.of([TOKEN])
 
 
-URL = f"https://api.example.com/v1/models?access_token={TOKEN}"
-# Failed comparisons whose diff skips identical characters before or after the token.
+# Failed comparisons whose diff skips identical characters before or after the token, written
+# as the suite would: computed from the token (in T), so the source line pytest shows holds none.
 PAIRS = {
-    "leading": (URL + "&page=1", URL + "&page=2"),
-    "at_the_end": (URL + "1", URL + "2"),
-    "trailing": ("a=1" + TOKEN + "y" * 20, "a=2" + TOKEN + "y" * 20),
-    "both": ("p" * 40 + TOKEN + "1" + TOKEN + "q" * 40, "p" * 40 + TOKEN + "2" + TOKEN + "q" * 40),
+    "leading": ("URL + '&page=1'", "URL + '&page=2'"),
+    "at_the_end": ("URL + '1'", "URL + '2'"),
+    "trailing": ("'a=1' + T + 'y' * 20", "'a=2' + T + 'y' * 20"),
+    "both": ("'p' * 40 + T + '1' + T + 'q' * 40", "'p' * 40 + T + '2' + T + 'q' * 40"),
+    # the strings differ inside the token (an altered copy): what is left of it on either side
+    # of the difference, a piece from inside the token, is scrubbed; the copy is no secret
+    "inside": ("'p' * 50 + T + 'q' * 50", "'p' * 50 + T[:17] + 'xx' + T[19:] + 'q' * 50"),
 }
+PREAMBLE = """import os
+
+T = os.environ["PIECES_TOKEN"]
+URL = "https://api.example.com/v1/models?access_token=" + T
+"""
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +47,14 @@ def introspection(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     verbosity: its report of the test, from `def` to the next one."""
     folder = tmp_path_factory.mktemp("introspection")
     cases = [
-        f"def test_{name}():\n    assert {left!r} == {right!r}\n"
+        f"def test_{name}():\n    left, right = {left}, {right}\n    assert left == right\n"
         for name, (left, right) in PAIRS.items()
     ]
-    (folder / "test_cut.py").write_text("\n\n".join(cases))
+    (folder / "test_cut.py").write_text(PREAMBLE + "\n\n" + "\n\n".join(cases))
     printed = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_cut.py"],
         cwd=folder,
+        env={**os.environ, "PIECES_TOKEN": TOKEN},
         capture_output=True,
         text=True,
         check=False,
@@ -70,7 +80,7 @@ def test_a_diff_that_skips_identical_characters_leaves_no_piece_of_the_token(
 ) -> None:
     shown = introspection[case]
     assert "identical" in shown, shown
-    if case == "both":
+    if case in ("both", "inside"):
         assert "identical leading" in shown and "identical trailing" in shown, shown
     assert pieces_in(shown, TOKEN, FRAGMENT_MIN), f"no piece to scrub: {shown}"
     clean, hits = SCRUBBER.text(shown)

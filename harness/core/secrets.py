@@ -17,7 +17,9 @@ Why pieces: a printer that cuts a long value short leaves a piece of a secret th
 matches. pytest's introspection shortens each side of a failed comparison around an ellipsis
 (`'https://api....H5jC0e&page=1'`) and its diff of two long strings skips their identical
 leading or trailing characters (`- jC0e&page=2`). A piece of a form of FRAGMENT_MIN characters or
-more is replaced where such a cut shows it: beside an ellipsis, at the edge of a diff's lines.
+more is replaced where such a cut shows it: beside an ellipsis, at the edge of a diff's lines. A
+value the test derived from a secret (an altered or truncated copy) is no secret: what of it
+differs from the secret, and what a cut does not border, is left.
 
 Why shapes too: some text is a credential whatever its value, and whether or not this process's
 environment holds it (a rank's own variables, a token given on a command line, a value too short
@@ -639,8 +641,9 @@ def _may_be_cut(text: str) -> bool:
 @dataclass(frozen=True)
 class _Pieces:
     """The pieces of secret forms that a cut leaves: each form's prefixes (what is left before an
-    ellipsis) and suffixes (what is left after one, or at the start of a pytest diff line that
-    skipped identical leading characters), of FRAGMENT_MIN characters up to the whole form.
+    ellipsis) and suffixes (what is left after one), of FRAGMENT_MIN characters up to the whole
+    form; and at the edge of a pytest diff's line that skipped identical characters, any piece of
+    a form (`holding`: where the strings differ inside the secret, the piece is from its middle).
 
     Each piece is filed under its last (a prefix) or first (a suffix) FRAGMENT_MIN characters
     with its length, so a cut is checked only for the lengths a piece that ends (or starts)
@@ -650,6 +653,7 @@ class _Pieces:
     suffixes: frozenset[str]
     prefix_sizes: Mapping[str, tuple[int, ...]]
     suffix_sizes: Mapping[str, tuple[int, ...]]
+    holding: Mapping[str, tuple[str, ...]]  # each FRAGMENT_MIN characters: the forms holding them
 
     @classmethod
     def of(cls, forms: Iterable[str]) -> _Pieces:
@@ -657,7 +661,10 @@ class _Pieces:
         suffixes: set[str] = set()
         prefix_sizes: dict[str, set[int]] = {}
         suffix_sizes: dict[str, set[int]] = {}
+        holding: dict[str, set[str]] = {}
         for form in forms:
+            for at in range(len(form) - FRAGMENT_MIN + 1):
+                holding.setdefault(form[at : at + FRAGMENT_MIN], set()).add(form)
             for size in range(FRAGMENT_MIN, len(form)):
                 head, tail = form[:size], form[-size:]
                 prefixes.add(head)
@@ -669,6 +676,7 @@ class _Pieces:
             frozenset(suffixes),
             {gram: tuple(sorted(sizes)) for gram, sizes in prefix_sizes.items()},
             {gram: tuple(sorted(sizes)) for gram, sizes in suffix_sizes.items()},
+            {gram: tuple(held) for gram, held in holding.items()},
         )
 
     def ending_at(self, text: str, end: int) -> tuple[int, int] | None:
@@ -687,6 +695,24 @@ class _Pieces:
                 return (start, start + size)
         return None
 
+    def held_from(self, text: str, start: int, end: int) -> tuple[int, int] | None:
+        """The longest start of `text[start:end]` that some form holds anywhere, as a span: the
+        start of a diff line after skipped leading characters is a piece from inside the form
+        where the strings differ inside the secret (a truncated or altered copy of it)."""
+        forms = self.holding.get(text[start : start + FRAGMENT_MIN], ())
+        size = FRAGMENT_MIN if forms else 0
+        while start + size < end and any(text[start : start + size + 1] in f for f in forms):
+            size += 1  # a longer piece holds the shorter: the first miss ends the search
+        return (start, start + size) if size else None
+
+    def held_to(self, text: str, start: int, end: int) -> tuple[int, int] | None:
+        """The longest end of `text[start:end]` that some form holds anywhere, as a span."""
+        forms = self.holding.get(text[max(start, end - FRAGMENT_MIN) : end], ())
+        size = FRAGMENT_MIN if forms and end - start >= FRAGMENT_MIN else 0
+        while end - size > start and any(text[end - size - 1 : end] in f for f in forms):
+            size += 1
+        return (end - size, end) if size else None
+
     def spans(self, text: str) -> list[tuple[int, int]]:
         """Spans of the pieces of forms that `text` shows beside a cut."""
         if not self.prefixes:
@@ -699,10 +725,9 @@ class _Pieces:
         for m in _DIFF_SKIP.finditer(text):
             leading = m["side"] == "leading"
             for line in _diff_lines(text, m.end()):
+                start, end = line.span("body")
                 found.append(
-                    self.starting_at(text, line.start("body"))
-                    if leading
-                    else self.ending_at(text, line.end("body"))
+                    self.held_from(text, start, end) if leading else self.held_to(text, start, end)
                 )
         return sorted({span for span in found if span is not None})
 
