@@ -147,6 +147,35 @@ def test_a_secret_equal_to_a_word_of_the_structure_leaves_it_intact(word: str) -
     assert tree[0].get("name") == SCRUBBED and tree[0].text == SCRUBBED
 
 
+def test_a_key_that_is_the_secret_itself_is_replaced_unless_it_is_a_word() -> None:
+    """A cache a test writes keyed by the credential it fetched with (`{token: {...}}`) holds the
+    token as a key: replaced like a value. A key made only of letters and underscores is kept
+    (the bundle's own keys are such words, `MY_TOKEN=complete` must not break a record)."""
+    token = "hf_Zq8PbX2mK7vN4rT9wY3sL6dF1gH5jC0e"
+    scrub = Scrubber.of([token, "negative_control"])
+    doc = {token: {"user": "alice"}, "negative_control": 1, "errorCode": 2}
+    clean, hits = scrub.json_bytes(json.dumps(doc).encode())
+    parsed = json.loads(clean)
+    assert hits == 1 and token not in clean.decode()
+    assert parsed == {SCRUBBED: {"user": "alice"}, "negative_control": 1, "errorCode": 2}
+
+
+def test_the_path_of_a_secret_url_is_a_secret_where_a_client_logs_it_alone() -> None:
+    """A webhook's URL keeps its secret in the path, and an HTTP client logs the path apart from
+    the host (urllib3: `https://hooks.slack.com:443 "POST /services/... HTTP/1.1" 404`)."""
+    hook = "https://hooks.slack.com/services/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"
+    env = {"SLACK_WEBHOOK_URL": hook + "?thread=1", "HOME": "/home/someone/with/a/long/path"}
+    values = secret_values(env)
+    assert "/services/T04ABCD1234/B05EFGH5678/q9Wv3XyZ7tLmN2pR8sK4dF6h" in values
+    assert "/home/someone/with/a/long/path" not in values  # only secret-named variables
+    path = "/services/T04ABCD1234/B05EFGH5678/q9Wv3XyZ7tLmN2pR8sK4dF6h?thread=1"
+    line = f'https://hooks.slack.com:443 "POST {path} HTTP/1.1" 404 9'
+    clean, hits = Scrubber.from_environ(env).text(line)
+    assert hits == 1 and "q9Wv3XyZ7" not in clean and "hooks.slack.com:443" in clean
+    short = "http://localhost:9000/api"  # a path too short to scrub wherever it appears
+    assert secret_values({"AWS_ENDPOINT_URL": short}) == (short,)
+
+
 def test_default_secret_names_cover_the_common_forms() -> None:
     for name in [
         "GITHUB_PAT",
@@ -225,10 +254,23 @@ def test_the_names_the_harness_records_are_not_secret_names() -> None:
         assert not is_secret_name(name), name
 
 
+def test_passphrases_are_secret_names_and_shapes() -> None:
+    """A signing key's passphrase (GPG_PASSPHRASE, MAVEN_GPG_PASSPHRASE in CI) is a password: a
+    test that prints the environment it hands a subprocess must not print it."""
+    env = {"GPG_PASSPHRASE": "correct horse battery", "MAVEN_GPG_PASSPHRASE": "Tr0ub4dor&3xyz"}
+    assert all(is_secret_name(name) for name in env)
+    scrub = Scrubber.from_environ(env)
+    clean, hits = scrub.text(f"env for the subprocess: {env}")
+    assert hits == 2 and "battery" not in clean and "Tr0ub4dor" not in clean
+    # by its shape too, where the environment does not hold it
+    clean, _ = Scrubber.of([]).text("gpg --batch passphrase=hunter2xyz; Passphrase: s3cr3t-words")
+    assert "hunter2xyz" not in clean and "s3cr3t-words" not in clean
+
+
 def test_more_secret_names_can_be_configured_never_fewer() -> None:
-    env = {"ACME_PASSPHRASE": "acme-value-123", "HF_TOKEN": "hf-value-1234", PATTERNS_ENV: ""}
+    env = {"ACME_SIGIL": "acme-value-123", "HF_TOKEN": "hf-value-1234", PATTERNS_ENV: ""}
     assert secret_values(env) == ("hf-value-1234",)
-    env[PATTERNS_ENV] = "acme_*, *PASSPHRASE"
+    env[PATTERNS_ENV] = "acme_*, *SIGIL"
     assert set(secret_values(env)) == {"acme-value-123", "hf-value-1234"}
 
 
@@ -249,6 +291,27 @@ def test_a_secret_in_a_file_or_folder_name_is_renamed_and_links_are_not_read(
     assert report.changed == (f"dir-{SCRUBBED}/{SCRUBBED}.txt",)
     assert not any(secret in old or secret in new for old, new in report.renamed)
     assert len(report.renamed) == 2
+
+
+def test_a_secret_with_a_slash_made_a_path_is_scrubbed_from_every_name_it_spans(
+    tmp_path: Path,
+) -> None:
+    """An AWS secret key holds '/': a cache a test names by it is several folders, each holding a
+    piece of the key; every piece is renamed, and no report names one."""
+    key = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    made = [tmp_path / "cache" / f"{key}.json", tmp_path / "auth" / f"by-{key}-v2" / "x"]
+    for path in made:
+        path.parent.mkdir(parents=True)
+        path.write_text("{}\n")
+    (tmp_path / "cache" / "plain").mkdir()
+    report = scrub_folder(tmp_path, Scrubber.of([key]))
+    names = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    pieces = key.split("/")
+    assert not [n for n in names if any(piece in n for piece in pieces)], names
+    assert f"cache/{SCRUBBED}/{SCRUBBED}/{SCRUBBED}.json" in names and "cache/plain" in names
+    assert f"auth/by-{SCRUBBED}/{SCRUBBED}/{SCRUBBED}-v2/x" in names
+    shown = " ".join(old + " " + new for old, new in report.renamed)
+    assert not [piece for piece in pieces if piece in shown], report.renamed
 
 
 def test_without_the_print_forms_a_repr_with_a_quote_leaks() -> None:

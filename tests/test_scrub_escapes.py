@@ -39,7 +39,15 @@ PRINTERS: dict[str, Callable[[str], str]] = {
     "json-no-ascii": lambda s: json.dumps(s, ensure_ascii=False),
     "quote": lambda s: quote(s, safe=""),
     "quote_plus": quote_plus,
+    # HTML-safe JSON: Go's encoding/json (raw non-ASCII) and Jinja's `tojson` (also the apostrophe)
+    "json-go": lambda s: _html_safe(json.dumps(s, ensure_ascii=False), "<>&"),
+    "json-tojson": lambda s: _html_safe(json.dumps(s), "<>&'"),
 }
+
+
+def _html_safe(text: str, chars: str) -> str:
+    """`text` with each of `chars` written as a JSON `\\u00XX` escape."""
+    return "".join(f"\\u{ord(c):04x}" if c in chars else c for c in text)
 
 
 @pytest.mark.parametrize("printer", PRINTERS, ids=list(PRINTERS))

@@ -1,16 +1,19 @@
 """A large log is scrubbed a block at a time: the same result as scrubbing it whole, no form of
-a secret left at any block boundary, and memory bounded by the block, not the file."""
+a secret left at any block boundary, and memory bounded by the block, not the file. So is what a
+gzip file too large to scrub whole holds."""
 
 from __future__ import annotations
 
 import base64
+import gzip
 import random
 import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from harness.core.secrets import SCRUBBED, Scrubber
+from harness.core import secrets
+from harness.core.secrets import GZIP_MAGIC, SCRUBBED, Scrubber
 from harness.evidence import redact
 from harness.evidence.redact import scrub_folder, scrub_stream
 
@@ -90,3 +93,55 @@ def test_the_folder_scrub_streams_large_logs_and_names_them(
     assert set(report.changed) == {"torchrun/stdout.log", "note.txt"}
     assert SECRET not in big.read_text() and SECRET not in small.read_text()
     assert [p.name for p in (tmp_path / "torchrun").iterdir()] == ["stdout.log"]  # no temp left
+
+
+def _gzip_members(*parts: bytes) -> bytes:
+    return b"".join(gzip.compress(part, compresslevel=1, mtime=0) for part in parts)
+
+
+@pytest.fixture
+def small_gzip_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gzip file past 64 KiB decompressed or 8 KiB compressed is too large to scrub whole."""
+    monkeypatch.setattr(secrets, "GZIP_LIMIT", 64 << 10)
+    monkeypatch.setattr(redact, "GZIP_LIMIT", 64 << 10)
+    monkeypatch.setattr(redact, "STREAM_BYTES", 8 << 10)
+
+
+@pytest.mark.usefixtures("small_gzip_limits")
+def test_a_gzip_file_too_large_to_scrub_whole_is_scrubbed_inside(tmp_path: Path) -> None:
+    """A compressed log past the limits (256 MiB decompressed, 32 MiB compressed) is scrubbed a
+    block at a time and compressed again: what it holds is what it held, less the secret."""
+    held = f"auth {SECRET}\n".encode() + b"\0" * (300 << 10) + f"again {SECRET}\n".encode()
+    noise = random.Random(3).randbytes(20 << 10).hex().encode() + f" {SECRET}\n".encode()
+    (tmp_path / "big.log.gz").write_bytes(_gzip_members(held[:1000], held[1000:]))
+    (tmp_path / "noisy.log.gz").write_bytes(_gzip_members(noise))
+    assert len((tmp_path / "noisy.log.gz").read_bytes()) > redact.STREAM_BYTES
+    report = scrub_folder(tmp_path, Scrubber.of([SECRET]))
+    assert sorted(report.changed) == ["big.log.gz", "noisy.log.gz"]
+    big = gzip.decompress((tmp_path / "big.log.gz").read_bytes())
+    assert big == held.replace(SECRET.encode(), SCRUBBED.encode())
+    noisy = gzip.decompress((tmp_path / "noisy.log.gz").read_bytes())
+    assert noisy == noise.replace(SECRET.encode(), SCRUBBED.encode())
+
+
+@pytest.mark.usefixtures("small_gzip_limits")
+def test_a_gzip_file_that_breaks_off_keeps_no_secret(tmp_path: Path) -> None:
+    """Cut short (a test killed as it wrote), or followed by plain bytes: what can be read is
+    scrubbed and the break dropped; plain bytes after a clean member are scrubbed as bytes."""
+    held = f"auth {SECRET}\n".encode() + b"\0" * (300 << 10)
+    (tmp_path / "cut.log.gz").write_bytes(_gzip_members(held)[:-64])
+    (tmp_path / "appended.gz").write_bytes(_gzip_members(b"\0" * (100 << 10)) + SECRET.encode())
+    scrub_folder(tmp_path, Scrubber.of([SECRET]))
+    cut = gzip.decompress((tmp_path / "cut.log.gz").read_bytes())
+    assert cut.startswith(f"auth {SCRUBBED}\n".encode()) and SECRET.encode() not in cut
+    assert SECRET.encode() not in (tmp_path / "appended.gz").read_bytes()
+
+
+def test_a_large_file_that_only_starts_like_gzip_is_scrubbed_as_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redact, "STREAM_BYTES", 1 << 10)
+    data = GZIP_MAGIC + b"not gzip " * 400 + SECRET.encode() + b"\n"
+    (tmp_path / "blob.bin").write_bytes(data)
+    scrub_folder(tmp_path, Scrubber.of([SECRET]))
+    assert (tmp_path / "blob.bin").read_bytes() == data.replace(SECRET.encode(), SCRUBBED.encode())

@@ -9,6 +9,7 @@ fields in tests/test_gpu_run.py. Here: the whole path, `dcpqual run` and `dcpqua
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import uuid
 from dataclasses import replace
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 from _support.identities import RTX, make_identity, write_identity
+from _support.leaks import pieces_in, pieces_left
 from _support.locks import pinned_lock_data, write_lock
 from _support.runs import SUITES, run
 
@@ -101,6 +103,29 @@ def test_a_planted_token_never_reaches_the_evidence_or_the_console_of_a_real_run
     # The receipt and summary.md take their text from the records, scrubbed as written; the
     # merged JUnit report comes from pytest's own reports, which only the ending scrubs.
     assert "junit/merged.xml" in unredacted, unredacted
+
+
+@pytest.mark.torchrun
+def test_a_token_that_pytest_printed_cut_short_leaves_no_piece_in_the_evidence_or_the_console(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """rank_secret_cut.py fails an assertion on two URLs that differ just after the token, with
+    both ranks tee'd and `-l`: pytest shows pieces of the token (beside an ellipsis, at the edge
+    of a diff's lines), which no whole form matches. No piece of 6 characters reaches the bundle
+    or the console (the token's letters are no hex digits, so hashes and ids cannot match)."""
+    letters = "ghijkmnopqrstuvwxyzGHJKLMNPQRSTUVWXYZ"
+    token = "hf_" + "".join(secrets.choice(letters) for _ in range(32))
+    monkeypatch.setenv("HF_TOKEN", token)
+    out = tmp_path / "bundle"
+    argv = ["run", "--nproc-per-node", "2", "--tp", "2", "--tee", "0,1", "--out", str(out)]
+    code = main([*argv, "--", "-l", str(SUITES / "rank_secret_cut.py")])
+
+    assert code == 1  # rank 1 failed, as planned
+    printed = capsys.readouterr()
+    assert "identical leading characters in diff" in printed.out  # the diff was printed
+    assert pieces_in(printed.out + printed.err, token, 6) == []
+    assert pieces_left(out, token, 6) == []
+    assert main(["verify", str(out)]) == 0
 
 
 # -- the gpu16 container, as it reaches the engine ---------------------------------------------

@@ -8,13 +8,16 @@ pieces: a secret written in two `write`s, a `NAME=value` whose value is still to
 encoding wrapped over several lines. So a piece is written out only up to a point where nothing
 scrubbed could straddle it: the end of the last whole line (a shape lies within a line), before
 any form of a secret that the written part would cut or that more bytes could complete, and not
-inside a run of wrapped base64 lines (the scrubber joins them to find an encoding). The rest
-waits; at the end of the stream it is scrubbed as it is.
+inside a run of wrapped base64 lines (the scrubber joins them to find an encoding), and not
+between a pytest diff's note that it skipped identical characters and the diff's lines (the
+scrubber reads the note to find a piece of a secret at a line's edge). The rest waits; at the
+end of the stream it is scrubbed as it is.
 
 Bounded: an unfinished line longer than `LONGEST_LINE` is cut at its last blank (else `longest`
 bytes from its end), moved back before any `NAME=` or `NAME:` in the last `ASSIGNMENT_REACH`
 bytes (so a name and its value never land on two sides of a cut); a run of wrapped base64 longer
-than `LONGEST_HOLD` is cut at a line end. So memory stays bounded whatever a test prints. A
+than `LONGEST_HOLD` is cut at a line end; a diff is held for at most `DIFF_LINES` lines and
+`LONGEST_HOLD` bytes. So memory stays bounded whatever a test prints. A
 secret's form cut by such a forced cut (an encoding that straddles the cut of a run of over 1 MiB,
 a value of over `ASSIGNMENT_REACH` bytes with blanks in it) reaches the file in two pieces; the
 scrub of the whole file at the run's ending still finds it there.
@@ -25,7 +28,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from harness.core.secrets import Scrubber
+from harness.core.secrets import Scrubber, diff_open
 
 # A line of wrapped base64 (64 or 76 characters and its break): never a place to cut, so a
 # wrapped encoding of a secret is scrubbed in one piece.
@@ -45,6 +48,29 @@ def _by_first(forms: list[bytes]) -> dict[int, tuple[bytes, ...]]:
     return {first: tuple(group) for first, group in grouped.items()}
 
 
+# pytest's note before a diff whose lines start or end at a cut (`secrets._DIFF_SKIP`).
+_DIFF_NOTE = b" identical "
+
+
+def _before_open_diff(buffer: bytes | bytearray, cut: int) -> int:
+    """`cut`, or the start of the line of a diff note in `buffer[:cut]` whose diff may go on
+    past `cut` (no empty line after it yet, nor DIFF_LINES lines); of the first such note where
+    two come one after the other (leading and trailing characters skipped)."""
+    note = buffer.rfind(_DIFF_NOTE, 0, cut)
+    if note == -1:
+        return cut
+    start = buffer.rfind(b"\n", 0, note) + 1
+    text = bytes(buffer[start:cut]).decode("utf-8", "surrogateescape")
+    if not diff_open(text):
+        return cut
+    while start:
+        before = buffer.rfind(b"\n", 0, start - 1) + 1
+        if not diff_open(bytes(buffer[before:start]).decode("utf-8", "surrogateescape")):
+            break
+        start = before
+    return start
+
+
 class LiveScrub:
     """One stream's scrub: `feed` each piece as it comes, write what it returns; `end` once the
     stream closed, write that too. What it holds back is at most a line, a run of wrapped
@@ -59,6 +85,7 @@ class LiveScrub:
         self.by_first_multiline = _by_first([f for f in forms if b"\n" in f])
         self.held = bytearray()
         self.wrapped = 0  # how many bytes at the start of `held` are whole wrapped-base64 lines
+        self.diff_held = False  # the last cut was moved before a diff that may go on
 
     def safe_end(self, buffer: bytes | bytearray) -> int:
         """How much of `buffer` may be scrubbed and written now (see the module's docstring)."""
@@ -66,6 +93,10 @@ class LiveScrub:
         cut = self._after_last_whole_line(buffer, last)
         if len(buffer) - (last + 1) > LONGEST_LINE:  # the unfinished line alone is too long
             cut = self._forced_cut(buffer, last + 1)
+        self.diff_held = False
+        if self.longest and len(buffer) <= LONGEST_HOLD:
+            before = _before_open_diff(buffer, cut)
+            self.diff_held, cut = before < cut, min(cut, before)
         candidates = self.by_first_multiline if buffer[cut - 1 : cut] == b"\n" else self.by_first
         if not candidates:
             return cut
@@ -116,7 +147,7 @@ class LiveScrub:
         # What is held now up to its last line break is a run of wrapped base64 lines where the
         # cut was the usual one (after the last other line); otherwise look at it all again.
         whole = last + 1
-        self.wrapped = whole if at_line_end else 0
+        self.wrapped = whole if at_line_end and not self.diff_held else 0
         if self.wrapped and not WRAPPED_LINE_END.search(self.held[max(0, last - 80) : whole]):
             self.wrapped = 0
         return self.scrubber.data(out)[0] if out else b""

@@ -11,7 +11,15 @@ Every such form of every secret value is scrubbed, from file contents and from f
 A base64 encoding wrapped into lines (MIME, the `base64` tool, `base64.encodebytes`: lines of 64
 or 76 characters, `\n` or `\r\n`) is looked at with its line breaks removed. A gzip file (a
 compressed log or dump a test left) is scrubbed inside, up to GZIP_LIMIT bytes, and compressed
-again.
+again; a larger one is scrubbed inside a block at a time (`redact.scrub_gzip_stream`).
+
+Why pieces: a printer that cuts a long value short leaves a piece of a secret that no whole form
+matches. pytest's introspection shortens each side of a failed comparison around an ellipsis
+(`'https://api....H5jC0e&page=1'`) and its diff of two long strings skips their identical
+leading or trailing characters (`- jC0e&page=2`). A piece of a form of FRAGMENT_MIN characters or
+more is replaced where such a cut shows it: beside an ellipsis, at the edge of a diff's lines. A
+value the test derived from a secret (an altered or truncated copy) is no secret: what of it
+differs from the secret, and what a cut does not border, is left.
 
 Why shapes too: some text is a credential whatever its value, and whether or not this process's
 environment holds it (a rank's own variables, a token given on a command line, a value too short
@@ -29,15 +37,19 @@ placeholders (`[REDACTED]`, `<redacted>`, `****`) are left, so scrubbing twice c
 Why values, not text: a secret may equal a word the files themselves are made of
 (`MY_TOKEN=complete`, a JSON key of the rank record). JSON and XML files are therefore parsed and
 only their string values (and the text inside keys, tags' text and attributes) are scrubbed; a
-key or a word the schema fixes is never replaced, so the structure survives. XML comments and
-processing instructions are kept and scrubbed like text (a PI's target is a name, like a tag);
-a document with a DOCTYPE, whose declarations ElementTree does not keep, is scrubbed as bytes.
-Other files are scrubbed as bytes.
+key or a word the schema fixes is never replaced, so the structure survives. A key that is a
+secret's form whole is such a word only where it is made of letters and underscores, as the
+bundle's keys are: a file a test writes keyed by a credential (an HTTP cache) loses it. XML
+comments and processing instructions are kept and scrubbed like text (a PI's target is a name,
+like a tag); a document with a DOCTYPE, whose declarations ElementTree does not keep, is
+scrubbed as bytes. Other files are scrubbed as bytes.
 
 Secret names are shell-style patterns matched case-insensitively; `DCPQUAL_SECRET_PATTERNS`
 (comma-separated) adds to the defaults, it never removes one. Whatever its name, a variable's
 value that holds a URL with a password (`scheme://user:password@host`: a DATABASE_URL, a proxy,
-a package index) makes that password a secret value.
+a package index) makes that password a secret value. A URL a secret-named variable holds makes
+its path a secret value too (with and without its query): a webhook keeps its secret there, and
+an HTTP client logs the path apart from the host.
 """
 
 from __future__ import annotations
@@ -65,6 +77,7 @@ DEFAULT_SECRET_PATTERNS: tuple[str, ...] = (
     "*SECRET*",
     "*PASSWORD*",
     "*PASSWD*",
+    "*PASSPHRASE*",
     "*KEY*",
     "*CREDENTIAL*",
     "*_PAT",
@@ -134,15 +147,31 @@ def without_url_passwords(value: str) -> str:
     return _URL_PASSWORD.sub(lambda m: m[0][: m.start(1) - m.start()] + REDACTED + "@", value)
 
 
+# A URL's path and what follows it (query, fragment), after its scheme and host.
+_URL_REST = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#]+(?P<rest>[/?#][^\s]*)")
+
+
+def url_paths(value: str) -> list[str]:
+    """The path of each URL in `value`, with and without its query: where a webhook's URL keeps
+    its secret, and what an HTTP client logs apart from the host (urllib3's
+    `https://host:443 "POST /services/... HTTP/1.1"`)."""
+    found = []
+    for match in _URL_REST.finditer(value):
+        rest = match["rest"]
+        found += [rest, re.split(r"[?#]", rest, maxsplit=1)[0]]
+    return found
+
+
 def secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """Values of every secret-named variable and passwords of URLs in any variable, long enough
-    to scrub safely, longest first."""
+    """Values of every secret-named variable and the paths of the URLs they hold, and passwords
+    of URLs in any variable, long enough to scrub safely, longest first."""
     patterns = secret_patterns(environ)
     values = {
         value
         for name, value in environ.items()
         if name != PATTERNS_ENV and is_secret_name(name, patterns)
     }
+    values.update(p for value in list(values) for p in url_paths(value))
     values.update(p for value in environ.values() for p in url_passwords(value))
     return tuple(
         sorted(
@@ -150,6 +179,10 @@ def secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
             key=lambda v: (-len(v), v),
         )
     )
+
+
+_GO_JSON = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+_TOJSON = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "'": "\\u0027"})
 
 
 def _escapes(text: str) -> set[str]:
@@ -162,6 +195,9 @@ def _escapes(text: str) -> set[str]:
         text.replace("\\", "\\\\").replace('"', '\\"'),
         json.dumps(text)[1:-1],
         json.dumps(text, ensure_ascii=False)[1:-1],
+        # HTML-safe JSON: Go's encoding/json, Jinja's `tojson` (the apostrophe too)
+        json.dumps(text, ensure_ascii=False)[1:-1].translate(_GO_JSON),
+        json.dumps(text)[1:-1].translate(_TOJSON),
         escape(text),
         quoteattr(text)[1:-1],
         escape(text, {'"': "&quot;", "'": "&apos;"}),
@@ -253,8 +289,24 @@ _ASSIGNED = re.compile(r"(?P<name>[A-Z](?<![A-Za-z0-9_][A-Z])[A-Z0-9_]*)" + _ASS
 _ASSIGNED_ANY_CASE = re.compile(
     r"(?<![A-Za-z0-9_])(?P<name>[A-Za-z_][A-Za-z0-9_]*)" + _ASSIGN + _VALUE
 )
-_CREDENTIAL_WORD = re.compile(r"pass(?:word|wd)?(?![a-z])|pwd|secret", re.IGNORECASE)
+# Where a printer cut a long text short: an ellipsis (pytest's and reprlib's `saferepr`, rich's
+# `…`), and the lines of a pytest diff that skipped its strings' identical leading or trailing
+# characters. What it left beside the cut may be a piece of a secret's form, no longer whole;
+# a piece of at least FRAGMENT_MIN characters is replaced (shorter ones reveal little and would
+# match ordinary words).
+FRAGMENT_MIN = 4
+_ELLIPSIS = re.compile(r"\.{3,}|\u2026")
+_DIFF_SKIP = re.compile(r"Skipping \d+ identical (?P<side>leading|trailing) characters in diff")
+# A line of a diff after such a note: `- text` or `+ text`, behind torchrun's `[default0]:`,
+# pytest's `E` and indentation; and a line that is empty behind them (where the diff ends).
+_DIFF_LINE_START = r"(?:\[[^\]\r\n]{0,40}\]:)?[ \t]*(?:E(?![^ \t\r\n]))?[ \t]*"
+_DIFF_LINE = re.compile(_DIFF_LINE_START + r"[-+] (?P<body>[^\r\n]*)")
+_EMPTY_LINE = re.compile(_DIFF_LINE_START + r"\r?")
+DIFF_LINES = 200  # lines looked at after a skip note: a diff of more is cut there
+_CREDENTIAL_WORD = re.compile(r"pass(?:word|wd|phrase)?(?![a-z])|pwd|secret", re.IGNORECASE)
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+# What a key of the bundle's own JSON is made of (`negative_control`, torchrun's `errorCode`).
+_STRUCTURE_WORD = re.compile(r"[A-Za-z_]+")
 
 
 def _placeholder(value: str) -> bool:
@@ -347,8 +399,10 @@ class Scrubber:
     byte_anchors: tuple[bytes, ...] = field(init=False, repr=False, compare=False)
     secret_names: re.Pattern[str] = field(init=False, repr=False, compare=False)
     seen_names: dict[str, bool] = field(init=False, repr=False, compare=False)
+    pieces: _Pieces = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "pieces", _Pieces.of(self.forms))
         anchors = _anchors(self.forms)
         object.__setattr__(self, "anchors", anchors)
         object.__setattr__(self, "byte_anchors", tuple(a.encode("utf-8") for a in anchors))
@@ -408,6 +462,8 @@ class Scrubber:
         if self.forms and "\n" in text and _WRAP_BREAK.search(text):
             for block in _WRAPPED.finditer(text):
                 spans += [(block.start() + a, block.start() + b) for a, b in self._cut(block[0])]
+        if self.forms and _may_be_cut(text):
+            spans += self.pieces.spans(text)
         if self.shapes:
             spans += self._shape_spans(text)
         return (_replaced(text, spans, fill), len(spans)) if spans else (text, 0)
@@ -415,14 +471,15 @@ class Scrubber:
     def _may_hold_more(self, text: str) -> bool:
         """False for a text `_beyond_forms` would leave as it is, after a few searches (most
         strings of a bundle: a test's id, a tag's text)."""
-        return (bool(self.forms) and "\n" in text) or (
+        return (bool(self.forms) and ("\n" in text or _may_be_cut(text))) or (
             self.shapes
             and ("=" in text or "://" in text or "':" in text or '":' in text or ": " in text)
         )
 
     def _beyond_forms_data(self, data: bytes, fill: Callable[[int], str]) -> tuple[bytes, int]:
         """`_beyond_forms` on bytes, decoded so that every byte comes back as it was."""
-        if not (self.shapes or (self.forms and b"\n" in data)):
+        may_be_cut = b"\n" in data or b"..." in data or b"\xe2\x80\xa6" in data
+        if not (self.shapes or (self.forms and may_be_cut)):
             return data, 0
         text, hits = self._beyond_forms(data.decode("utf-8", "surrogateescape"), fill)
         return (text.encode("utf-8", "surrogateescape"), hits) if hits else (data, 0)
@@ -480,8 +537,9 @@ class Scrubber:
 
     def value(self, value: Any) -> tuple[Any, int]:
         """A JSON value with its strings scrubbed. A key is scrubbed inside, but a key that is
-        exactly a secret form is a word of the structure and is left as it is. A string under a
-        secret-named key (`{"HF_TOKEN": ...}`) is replaced whole."""
+        exactly a secret form and a word (letters and underscores) is a word of the structure and
+        is left as it is. A string under a secret-named key (`{"HF_TOKEN": ...}`) is replaced
+        whole."""
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, list):
@@ -491,7 +549,8 @@ class Scrubber:
             out: dict[str, Any] = {}
             count = 0
             for key, item in value.items():
-                new_key, hits = (key, 0) if key in self.forms else self.text(key)
+                word = key in self.forms and _STRUCTURE_WORD.fullmatch(key)
+                new_key, hits = (key, 0) if word else self.text(key)
                 new_item, more = self.value(item)
                 if self._secret_key(key, new_item):
                     new_item, more = SCRUBBED, more + 1
@@ -572,6 +631,139 @@ class Scrubber:
         """A relative path with every secret form removed from its components."""
         parts = [self.text(part)[0] for part in relpath.split("/")]
         return "/".join(p if p not in ("", ".", "..") else SCRUBBED for p in parts)
+
+
+def _may_be_cut(text: str) -> bool:
+    """Whether `text` may show a cut (see `_ELLIPSIS`, `_DIFF_SKIP`), after a few searches."""
+    return "..." in text or "\u2026" in text or "identical" in text
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """The pieces of secret forms that a cut leaves: each form's prefixes (what is left before an
+    ellipsis) and suffixes (what is left after one), of FRAGMENT_MIN characters up to the whole
+    form; and at the edge of a pytest diff's line that skipped identical characters, any piece of
+    a form (`holding`: where the strings differ inside the secret, the piece is from its middle).
+
+    Each piece is filed under its last (a prefix) or first (a suffix) FRAGMENT_MIN characters
+    with its length, so a cut is checked only for the lengths a piece that ends (or starts)
+    there can have: a text's ordinary ellipses cost a lookup each."""
+
+    prefixes: frozenset[str]
+    suffixes: frozenset[str]
+    prefix_sizes: Mapping[str, tuple[int, ...]]
+    suffix_sizes: Mapping[str, tuple[int, ...]]
+    holding: Mapping[str, tuple[str, ...]]  # each FRAGMENT_MIN characters: the forms holding them
+
+    @classmethod
+    def of(cls, forms: Iterable[str]) -> _Pieces:
+        prefixes: set[str] = set()
+        suffixes: set[str] = set()
+        prefix_sizes: dict[str, set[int]] = {}
+        suffix_sizes: dict[str, set[int]] = {}
+        holding: dict[str, set[str]] = {}
+        for form in forms:
+            for at in range(len(form) - FRAGMENT_MIN + 1):
+                holding.setdefault(form[at : at + FRAGMENT_MIN], set()).add(form)
+            for size in range(FRAGMENT_MIN, len(form)):
+                head, tail = form[:size], form[-size:]
+                prefixes.add(head)
+                suffixes.add(tail)
+                prefix_sizes.setdefault(head[-FRAGMENT_MIN:], set()).add(size)
+                suffix_sizes.setdefault(tail[:FRAGMENT_MIN], set()).add(size)
+        return cls(
+            frozenset(prefixes),
+            frozenset(suffixes),
+            {gram: tuple(sorted(sizes)) for gram, sizes in prefix_sizes.items()},
+            {gram: tuple(sorted(sizes)) for gram, sizes in suffix_sizes.items()},
+            {gram: tuple(held) for gram, held in holding.items()},
+        )
+
+    def ending_at(self, text: str, end: int) -> tuple[int, int] | None:
+        """The longest prefix of a form that `text` holds just before `end`, as a span."""
+        sizes = self.prefix_sizes.get(text[max(0, end - FRAGMENT_MIN) : end], ())
+        for size in reversed(sizes):
+            if size <= end and text[end - size : end] in self.prefixes:
+                return (end - size, end)
+        return None
+
+    def starting_at(self, text: str, start: int) -> tuple[int, int] | None:
+        """The longest suffix of a form that `text` holds just from `start`, as a span."""
+        sizes = self.suffix_sizes.get(text[start : start + FRAGMENT_MIN], ())
+        for size in reversed(sizes):
+            if start + size <= len(text) and text[start : start + size] in self.suffixes:
+                return (start, start + size)
+        return None
+
+    def held_from(self, text: str, start: int, end: int) -> tuple[int, int] | None:
+        """The longest start of `text[start:end]` that some form holds anywhere, as a span: the
+        start of a diff line after skipped leading characters is a piece from inside the form
+        where the strings differ inside the secret (a truncated or altered copy of it)."""
+        forms = self.holding.get(text[start : start + FRAGMENT_MIN], ())
+        size = FRAGMENT_MIN if forms else 0
+        while start + size < end and any(text[start : start + size + 1] in f for f in forms):
+            size += 1  # a longer piece holds the shorter: the first miss ends the search
+        return (start, start + size) if size else None
+
+    def held_to(self, text: str, start: int, end: int) -> tuple[int, int] | None:
+        """The longest end of `text[start:end]` that some form holds anywhere, as a span."""
+        forms = self.holding.get(text[max(start, end - FRAGMENT_MIN) : end], ())
+        size = FRAGMENT_MIN if forms and end - start >= FRAGMENT_MIN else 0
+        while end - size > start and any(text[end - size - 1 : end] in f for f in forms):
+            size += 1
+        return (end - size, end) if size else None
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Spans of the pieces of forms that `text` shows beside a cut."""
+        if not self.prefixes:
+            return []
+        found: list[tuple[int, int] | None] = []
+        for m in _ELLIPSIS.finditer(text):
+            # `api....x`: the cut's three dots may follow a dot of the text, or precede one
+            found += [self.ending_at(text, m.start()), self.ending_at(text, m.end() - 3)]
+            found += [self.starting_at(text, m.end()), self.starting_at(text, m.start() + 3)]
+        for m in _DIFF_SKIP.finditer(text):
+            leading = m["side"] == "leading"
+            for line in _diff_lines(text, m.end()):
+                start, end = line.span("body")
+                found.append(
+                    self.held_from(text, start, end) if leading else self.held_to(text, start, end)
+                )
+        return sorted({span for span in found if span is not None})
+
+
+def diff_open(text: str) -> bool:
+    """Whether `text`, whose first line is a diff's skip note, may not hold the whole diff yet:
+    no empty line ends it and it has fewer than DIFF_LINES lines after the note."""
+    note = _DIFF_SKIP.match(text, text.find("Skipping") if "Skipping" in text else len(text))
+    if note is None:
+        return False
+    lines = text[note.end() :].split("\n")[1:]
+    if lines and lines[-1] == "":
+        lines.pop()  # the text ends with a line break: no line begun after it
+    return len(lines) < DIFF_LINES and not any(_EMPTY_LINE.fullmatch(line) for line in lines)
+
+
+# A line break, or one escaped in a JSON string or a `repr` a log line holds.
+_LINE_BREAK = re.compile(r"\r?\n|(?:\\r)?\\n")
+
+
+def _diff_lines(text: str, after: int) -> Iterator[re.Match[str]]:
+    """The `- `/`+ ` lines of the diff that follows a skip note ending at `after`: of the next
+    DIFF_LINES lines, those before the first empty one."""
+    breaks = _LINE_BREAK.finditer(text, after)
+    previous = next(breaks, None)
+    for _ in range(DIFF_LINES):
+        if previous is None:
+            return
+        following = next(breaks, None)
+        start, end = previous.end(), len(text) if following is None else following.start()
+        if _EMPTY_LINE.fullmatch(text, start, end):
+            return
+        match = _DIFF_LINE.match(text, start, end)
+        if match is not None:
+            yield match
+        previous = following
 
 
 GZIP_MAGIC = b"\x1f\x8b"

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gzip
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from harness.atomic import atomic_write_bytes
 from harness.core.livescrub import WRAPPED_LINE_END
-from harness.core.secrets import GZIP_MAGIC, SCRUBBED, Scrubber
+from harness.core.secrets import GZIP_LIMIT, GZIP_MAGIC, SCRUBBED, Scrubber
 from harness.evidence.files import open_folders, walk_folders
 
 
@@ -80,13 +83,18 @@ def _overwrite(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+def _named(relpath: str, scrubber: Scrubber) -> str:
+    """A path as a report names it: no form whole, within a name or across names."""
+    return scrubber.name(scrubber.text(relpath)[0])
+
+
 def _remove(
     path: Path, root: Path, scrubber: Scrubber, removed: list[str], left: list[str]
 ) -> None:
     """Remove a file (or a folder and what it holds) that cannot be scrubbed, naming each file;
     what cannot even be removed is left for `ScrubFailed`."""
     files = [path] if not path.is_dir() or path.is_symlink() else _regular_files(path) or [path]
-    names = [scrubber.name(f.relative_to(root).as_posix()) for f in files]
+    names = [_named(f.relative_to(root).as_posix(), scrubber) for f in files]
     try:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
@@ -127,7 +135,7 @@ def _remove_unlistable(
     if folder == root:
         left.append("./")
         return
-    name = scrubber.name(folder.relative_to(root).as_posix()) + "/"
+    name = _named(folder.relative_to(root).as_posix(), scrubber) + "/"
     try:
         os.rmdir(folder)
     except FileNotFoundError:
@@ -197,36 +205,42 @@ def _cut(buffer: bytes, longest: int, forms: tuple[bytes, ...] = ()) -> int:
     return cut  # 0: no safe cut yet, read more
 
 
-def scrub_stream(path: Path, scrubber: Scrubber, block: int | None = None) -> int:
-    """Scrub a large text file a block at a time into a new file beside it, then put it in
-    place; memory stays about two blocks whatever the file's size. Blocks are cut where no
-    form or shape can straddle the cut (`_cut`), and a form cut by a forced cut is found by
-    keeping the last `longest` bytes for the next block. Returns the replacements; OSError
-    (a full disk) is the caller's, which removes the file."""
-    block = STREAM_BLOCK if block is None else block
+def _scrub_blocks(
+    read: Callable[[int], bytes], write: Callable[[bytes], object], scrubber: Scrubber, block: int
+) -> int:
+    """Scrub what `read` gives, a block at a time, into `write`; the replacements. Blocks are cut
+    where no form or shape can straddle the cut (`_cut`), and a form cut by a forced cut is
+    found by keeping the last `longest` bytes for the next block."""
     forms = tuple(f.encode("utf-8") for f in scrubber.forms)
     longest = max((len(f) for f in forms), default=0) + 1
     hits = 0
+    carry = b""
+    while True:
+        chunk = read(block)
+        buffer = carry + chunk
+        if not chunk:
+            clean, more = scrubber.data(buffer)
+            write(clean)
+            return hits + more
+        at = _cut(buffer, longest, forms)
+        if at == 0:
+            carry = buffer
+            continue
+        clean, more = scrubber.data(buffer[:at])
+        write(clean)
+        hits += more
+        carry = buffer[at:]
+
+
+def scrub_stream(path: Path, scrubber: Scrubber, block: int | None = None) -> int:
+    """Scrub a large text file a block at a time into a new file beside it, then put it in
+    place; memory stays about two blocks whatever the file's size (`_scrub_blocks`). Returns
+    the replacements; OSError (a full disk) is the caller's, which removes the file."""
+    block = STREAM_BLOCK if block is None else block
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", dir=path.parent)
     try:
         with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
-            carry = b""
-            while True:
-                chunk = src.read(block)
-                buffer = carry + chunk
-                if not chunk:
-                    clean, more = scrubber.data(buffer)
-                    dst.write(clean)
-                    hits += more
-                    break
-                at = _cut(buffer, longest, forms)
-                if at == 0:
-                    carry = buffer
-                    continue
-                clean, more = scrubber.data(buffer[:at])
-                dst.write(clean)
-                hits += more
-                carry = buffer[at:]
+            hits = _scrub_blocks(src.read, dst.write, scrubber, block)
             dst.flush()
             os.fsync(dst.fileno())
         if hits:
@@ -237,13 +251,140 @@ def scrub_stream(path: Path, scrubber: Scrubber, block: int | None = None) -> in
     return hits
 
 
+class _Gunzip:
+    """What a gzip file holds (every member), read a block at a time: `read(n)` gives up to `n`
+    bytes, b"" at the end. Where the compressed bytes end early or go wrong (a test killed while
+    it wrote, bytes after the last member), it ends there and says so (`broken`)."""
+
+    def __init__(self, src: BinaryIO) -> None:
+        self.src = src
+        self.member = zlib.decompressobj(wbits=31)
+        self.pending = b""
+        self.done = False
+        self.broken = False
+        self.given = 0
+
+    def read(self, size: int) -> bytes:
+        out = bytearray()
+        while len(out) < size and not self.done:
+            if not self.pending:
+                self.pending = self.src.read(STREAM_BLOCK)
+                if not self.pending:  # the file ended inside a member
+                    self.broken = self.done = True
+                    break
+            try:
+                out += self.member.decompress(self.pending, size - len(out))
+            except zlib.error:
+                self.broken = self.done = True
+                break
+            self.pending = self.member.unconsumed_tail
+            if self.member.eof:
+                self.pending = self.member.unused_data + self.pending
+                self.member = zlib.decompressobj(wbits=31)
+                if not self.pending:
+                    self.pending = self.src.read(STREAM_BLOCK)
+                    if not self.pending:
+                        self.done = True
+        self.given += len(out)
+        return bytes(out)
+
+
+def scrub_gzip_stream(path: Path, scrubber: Scrubber, block: int | None = None) -> int | None:
+    """Scrub what a gzip file holds a block at a time (`_scrub_blocks`) and compress it again,
+    into a new file beside it, then put it in place: a gzip file too large to scrub in memory
+    (`GZIP_LIMIT` decompressed, `STREAM_BYTES` compressed). A gzip file that breaks off (a test
+    killed while it wrote, bytes after the last member) is scrubbed as far as it can be read;
+    where that holds a secret, what follows the break is dropped (no reader could decompress
+    it), else None: the file's bytes are the caller's to scrub, as those of a file that is no
+    gzip at all. OSError (a full disk) is the caller's, which removes the file."""
+    block = STREAM_BLOCK if block is None else block
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", dir=path.parent)
+    try:
+        with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
+            source = _Gunzip(src)
+            with gzip.GzipFile(fileobj=dst, mode="wb", mtime=0) as packed:
+                hits = _scrub_blocks(source.read, packed.write, scrubber, block)
+            dst.flush()
+            os.fsync(dst.fileno())
+        if source.broken and not hits:
+            return None  # what follows the break may be plain bytes: the caller's to scrub
+        if hits:
+            os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return hits
+
+
+def _gzip_too_large(path: Path) -> bool:
+    """A gzip file that `Scrubber.file_bytes` cannot scrub inside: too large to read whole, or
+    holding more than `GZIP_LIMIT` bytes."""
+    with open(path, "rb") as src:
+        if src.read(2) != GZIP_MAGIC:
+            return False
+    return path.stat().st_size > STREAM_BYTES or _inflates_past_limit(path)
+
+
+def _inflates_past_limit(path: Path) -> bool:
+    """Whether the gzip file holds more than GZIP_LIMIT bytes (read, never held, a block at a
+    time)."""
+    with open(path, "rb") as src:
+        source = _Gunzip(src)
+        held = 0
+        while chunk := source.read(STREAM_BLOCK):
+            held += len(chunk)
+            if held > GZIP_LIMIT:
+                return True
+        return source.broken
+
+
+def _across_names(relpaths: Iterable[str], scrubber: Scrubber) -> dict[str, list[tuple[int, int]]]:
+    """Where a secret's form spans several names of a path (a value with a '/' in it, an AWS
+    secret key or its base64, made a path: `cache/wJalr.../K7MDENG/bPxRfi....json`): for each
+    path that ends in such a name, the spans of its last name that the form covers. Each name
+    alone holds only a piece of the form, which the scrub of names one by one never finds."""
+    forms = [form for form in scrubber.forms if "/" in form.strip("/")]
+    covered: dict[str, list[tuple[int, int]]] = {}
+    for relpath in relpaths:
+        for form in forms:
+            start = relpath.find(form)
+            while start != -1:
+                end, at = start + len(form), 0
+                for name in relpath.split("/"):
+                    low, high = max(at, start), min(at + len(name), end)
+                    if low < high:
+                        key = relpath[: at + len(name)]
+                        covered.setdefault(key, []).append((low - at, high - at))
+                    at += len(name) + 1
+                start = relpath.find(form, start + 1)
+    return covered
+
+
+def _clean_name(name: str, spans: list[tuple[int, int]], scrubber: Scrubber) -> str:
+    """A name with the pieces of forms across names (`spans`) and every form in it replaced."""
+    for start, end in sorted(set(spans), reverse=True):
+        name = name[:start] + SCRUBBED + name[end:]
+    return scrubber.name(name)
+
+
+def _clean_path(relpath: str, across: dict[str, list[tuple[int, int]]], scrubber: Scrubber) -> str:
+    """A path as a report names it: each name cleaned as `_clean_name` (the folders above a
+    renamed one are renamed later, deepest first), so no piece of a form across names shows."""
+    parts = relpath.split("/")
+    return "/".join(
+        _clean_name(name, across.get("/".join(parts[: i + 1]), []), scrubber)
+        for i, name in enumerate(parts)
+    )
+
+
 def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
     """Scrub every name under `root`, then every regular file's contents, in place.
 
-    Contents are rewritten atomically; a name holding a secret is renamed (never onto an existing
-    name). Links and special files are not followed or read. A folder its owner cannot list or
-    enter (a rank may leave one at mode 000) is given back to the owner first, and one that
-    still cannot be listed is removed. A full disk leaves no secret: a file that cannot be
+    Contents are rewritten atomically; a name holding a secret, or a piece of one that spans
+    several names (`_across_names`), is renamed (never onto an existing name). Links and special
+    files are not followed or read. A folder its owner cannot list or enter (a rank may leave one
+    at mode 000) is given back to the owner first, and one that still cannot be listed is
+    removed. A full disk leaves no secret: a file that cannot be
     rewritten atomically is rewritten in place, and a file that cannot be read, renamed or
     rewritten at all is removed; the report names both. `ScrubFailed` where a file holding a
     secret, or a folder that cannot be listed, cannot even be removed.
@@ -263,8 +404,10 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
         (Path(d) / n for d, ds, fs in walk_folders(root, unlisted) for n in [*ds, *fs]),
         key=lambda p: (-len(p.parts), str(p)),
     )
+    across = _across_names((p.relative_to(root).as_posix() for p in entries), scrubber)
     for path in entries:
-        clean = scrubber.name(path.name)
+        spans = across.get(path.relative_to(root).as_posix(), [])
+        clean = _clean_name(path.name, spans, scrubber)
         if clean == path.name:
             continue
         target = path.with_name(clean)
@@ -277,14 +420,17 @@ def scrub_folder(root: Path, scrubber: Scrubber) -> ScrubReport:
             continue
         renamed.append(
             (
-                scrubber.name(path.relative_to(root).as_posix()),
-                scrubber.name(target.relative_to(root).as_posix()),
+                _clean_path(path.relative_to(root).as_posix(), across, scrubber),
+                _clean_path(target.relative_to(root).as_posix(), across, scrubber),
             )
         )
     for path in _regular_files(root, unlisted):
         relpath = path.relative_to(root).as_posix()
         try:
-            if _streamed(path):
+            streamed = scrub_gzip_stream(path, scrubber) if _gzip_too_large(path) else None
+            if streamed is not None:
+                hits = streamed
+            elif _streamed(path):
                 hits = scrub_stream(path, scrubber)
             else:
                 data = path.read_bytes()

@@ -31,6 +31,27 @@ def leaks(root: Path, *secrets: str) -> list[str]:
     return found
 
 
+def pieces_in(text: str, secret: str, size: int) -> list[str]:
+    """The pieces of `secret`, `size` characters long, that `text` holds: what a printer that
+    cut a long value short (an ellipsis, a diff's skipped characters) left of it."""
+    return sorted(_grams(secret, size) & _grams(text, size))
+
+
+def _grams(text: str, size: int) -> set[str]:
+    return {text[i : i + size] for i in range(len(text) - size + 1)}
+
+
+def pieces_left(root: Path, secret: str, size: int) -> list[str]:
+    """Files under `root` whose name or text holds a piece of `secret` `size` characters long."""
+    found = []
+    for entry in walk(root):
+        data = entry.path.read_bytes() if entry.kind == "file" else b""
+        text = entry.relpath + "\n" + data.decode("utf-8", "replace")
+        if pieces_in(text, secret, size):
+            found.append(f"{entry.relpath}: {pieces_in(text, secret, size)}")
+    return found
+
+
 def signal_when_running(
     out: Path, world: int, test: str, *sigs: signal.Signals
 ) -> threading.Thread:
