@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness.launch.plan import RunOptions, build_plan
-from harness.rank import zygote
+from harness.rank import preload
 from harness.rank.preload import PRELOAD, REAL_TREE_PRELOAD, preload_for
 
 
@@ -20,7 +20,7 @@ def vllm_found(monkeypatch: pytest.MonkeyPatch) -> None:
     def find(name: str, *args: object) -> object:
         return SimpleNamespace(name=name) if name == "vllm" else real(name, *args)
 
-    monkeypatch.setattr(zygote.importlib.util, "find_spec", find)
+    monkeypatch.setattr(preload.importlib.util, "find_spec", find)
 
 
 def test_vllm_is_preloaded_for_real_trees_only(vllm_found: None) -> None:
@@ -32,7 +32,7 @@ def test_vllm_is_preloaded_for_real_trees_only(vllm_found: None) -> None:
 def test_without_vllm_a_real_run_preloads_what_a_stand_in_run_does(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(zygote.importlib.util, "find_spec", lambda name, *a: None)
+    monkeypatch.setattr(preload.importlib.util, "find_spec", lambda name, *a: None)
     assert preload_for("real") == PRELOAD  # the real suites skip; the zygote must still start
 
 
