@@ -236,11 +236,23 @@ def scrub_stream(path: Path, scrubber: Scrubber, block: int | None = None) -> in
     """Scrub a large text file a block at a time into a new file beside it, then put it in
     place; memory stays about two blocks whatever the file's size (`_scrub_blocks`). Returns
     the replacements; OSError (a full disk) is the caller's, which removes the file."""
-    block = STREAM_BLOCK if block is None else block
+    size = STREAM_BLOCK if block is None else block
+
+    def fill(dst: BinaryIO) -> int:
+        with open(path, "rb") as src:
+            return _scrub_blocks(src.read, dst.write, scrubber, size)
+
+    return _write_beside(path, fill) or 0
+
+
+def _write_beside(path: Path, fill: Callable[[BinaryIO], int | None]) -> int | None:
+    """`fill` writes the file's scrubbed bytes into a new file beside it and returns the
+    replacements (None: the file is the caller's as it is); where there are any, the new file
+    takes the old one's place, synced first. Returns what `fill` did."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", dir=path.parent)
     try:
-        with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
-            hits = _scrub_blocks(src.read, dst.write, scrubber, block)
+        with os.fdopen(fd, "wb") as dst:
+            hits = fill(dst)
             dst.flush()
             os.fsync(dst.fileno())
         if hits:
@@ -297,23 +309,17 @@ def scrub_gzip_stream(path: Path, scrubber: Scrubber, block: int | None = None) 
     where that holds a secret, what follows the break is dropped (no reader could decompress
     it), else None: the file's bytes are the caller's to scrub, as those of a file that is no
     gzip at all. OSError (a full disk) is the caller's, which removes the file."""
-    block = STREAM_BLOCK if block is None else block
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", dir=path.parent)
-    try:
-        with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
+    size = STREAM_BLOCK if block is None else block
+
+    def fill(dst: BinaryIO) -> int | None:
+        with open(path, "rb") as src:
             source = _Gunzip(src)
             with gzip.GzipFile(fileobj=dst, mode="wb", mtime=0) as packed:
-                hits = _scrub_blocks(source.read, packed.write, scrubber, block)
-            dst.flush()
-            os.fsync(dst.fileno())
-        if source.broken and not hits:
-            return None  # what follows the break may be plain bytes: the caller's to scrub
-        if hits:
-            os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    return hits
+                hits = _scrub_blocks(source.read, packed.write, scrubber, size)
+        # A break with no secret before it: what follows may be plain bytes, the caller's.
+        return None if source.broken and not hits else hits
+
+    return _write_beside(path, fill)
 
 
 def _gzip_too_large(path: Path) -> bool:
