@@ -242,6 +242,28 @@ def test_a_forked_ranks_watchdog_waits_on_its_agent_not_on_its_stub_or_parent(
     assert "the torchrun agent that started this rank is gone" in (record(out).abort_reason or "")
 
 
+@pytest.mark.parametrize(
+    ("between", "gone"),
+    [
+        ({}, "the torchrun agent that started this rank"),
+        ({"stub": 2, "zygote": 3}, "the rank zygote that forked this rank"),
+        ({"forkserver": 3}, "the forkserver that forked this rank"),
+    ],
+    ids=["cold", "zygote", "forkserver"],
+)
+def test_an_orphaned_rank_names_the_parent_that_left(watchdog_world, monkeypatch, between, gone):
+    """Its parent gone while its agent lives: the parent the rank was started from is named."""
+    monkeypatch.setattr(parentage, "_forked", parentage.Parentage(agent=os.getppid(), **between))
+    dog, _ = make(watchdog_world, tick_s=30, heartbeat_s=30)
+    try:
+        assert dog._orphaned_by(agent_gone=False) == f"orphaned: {gone} is gone"
+        assert dog._orphaned_by(agent_gone=True) == (
+            "orphaned: the torchrun agent that started this rank is gone"
+        )
+    finally:
+        dog.stop()
+
+
 def test_stop_wakes_a_sleeping_watchdog_at_once(watchdog_world):
     dog, _ = make(watchdog_world, tick_s=30, heartbeat_s=30)
     time.sleep(0.1)
