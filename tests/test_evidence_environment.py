@@ -14,6 +14,7 @@ from harness.evidence.environment import (
     REDACTED,
     SCRUBBED,
     capture_environment,
+    cpu_features,
     filtered_env,
     scrub,
     secret_forms,
@@ -89,6 +90,29 @@ def test_capture_environment_on_this_machine(monkeypatch) -> None:
     assert env.hosts == ["node0", "node1"]
     if not torch.cuda.is_available():
         assert env.device_names == ["cpu"] and env.gpus == [] and env.nccl is None
+
+
+def test_the_cpus_amx_and_avx512_features_are_recorded(tmp_path: Path) -> None:
+    """What vLLM's CPU platform chooses by: a host without AMX gets other MLA kernels and another
+    token budget."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: AMD EPYC\n"
+        "flags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_tile amx_bf16 amx_int8 sha_ni\n"
+        "processor\t: 1\nflags\t\t: fpu\n"
+    )
+    assert cpu_features(cpuinfo) == [
+        "amx_bf16",
+        "amx_int8",
+        "amx_tile",
+        "avx512_bf16",
+        "avx512f",
+        "avx2",
+    ]
+    cpuinfo.write_text("flags\t\t: fpu sse avx2\n")
+    assert cpu_features(cpuinfo) == ["avx2"]
+    assert cpu_features(tmp_path / "missing") == []
+    assert capture_environment(environ={}).cpu_features == cpu_features()
 
 
 # The environment as a process that has not imported torch captures it, and whether it did.

@@ -177,6 +177,29 @@ def _cpu_build() -> _TorchBuild | None:
     return _TorchBuild(version, None, None, git if isinstance(git, str) else None)
 
 
+# The CPU features vLLM's CPU platform chooses by (`torch.cpu._is_amx_tile_supported`, its
+# AVX-512 kernels), as /proc/cpuinfo names them.
+CPU_FEATURES: tuple[str, ...] = (
+    "amx_bf16",
+    "amx_int8",
+    "amx_tile",
+    "avx512_bf16",
+    "avx512f",
+    "avx2",
+)
+
+
+def cpu_features(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """Which of CPU_FEATURES the first CPU of `cpuinfo` has; none where it cannot be read."""
+    try:
+        with cpuinfo.open(encoding="utf-8", errors="replace") as lines:
+            flags = next((line for line in lines if line.startswith("flags")), "")
+    except OSError:
+        return []
+    have = set(flags.partition(":")[2].split())
+    return [feature for feature in CPU_FEATURES if feature in have]
+
+
 def host_digest(name: str) -> str:
     """What a receipt says of a host: `host-` and the first 16 hex of the name's sha256. Two
     ranks on one host share it and verify can re-derive it from the rank records, but no file
@@ -222,6 +245,7 @@ def capture_environment(
         hosts=sorted({h for h in hosts if h}),
         platform=f"{platform.system()}-{platform.machine()}",
         cpu_count=os.cpu_count(),
+        cpu_features=cpu_features(),
         torch_git=build.git,
         cuda_available=cuda_available,
         driver=driver,

@@ -82,6 +82,9 @@ class Environment(Model):
     hosts: list[str] = Field(default_factory=list)  # the rank records' hosts, as `host` says them
     platform: str = ""
     cpu_count: NonNegativeInt | None = None
+    # The CPU's AMX and AVX-512 features (`/proc/cpuinfo`): vLLM's CPU platform picks its MLA
+    # kernels and the scheduler's token budget by them, so a CPU run's trees differ by host.
+    cpu_features: list[str] = Field(default_factory=list)
     torch_git: str | None = None
     cuda_available: bool = False
     driver: str | None = None
