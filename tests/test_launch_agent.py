@@ -30,6 +30,7 @@ pytestmark = pytest.mark.torchrun
 # makes for itself; written per rank, then the ranks may end as `sys.argv[1]` says.
 PROBE = """
 import json, multiprocessing, os, random, signal, sys, time
+from multiprocessing import forkserver, resource_tracker
 import torch, torch.distributed as dist
 import warnmod
 from harness.rank import parentage
@@ -46,6 +47,8 @@ facts = {
     "signals": [signal.getsignal(signal.SIGINT) is signal.default_int_handler,
                 signal.getsignal(signal.SIGTERM) == signal.SIG_DFL],
     "threads": torch.get_num_threads(),
+    "mp_helpers": [forkserver._forkserver._forkserver_alive_fd,
+                   resource_tracker._resource_tracker._fd],
     "agent": open(f"/proc/{parentage.agent_pid()}/cmdline").read().split(chr(0))[1:3],
     "hash": hash("dcpqual"),
     "drawn": [me.authkey.hex(), random.random(), torch.initial_seed()],
@@ -63,6 +66,19 @@ if sys.argv[1] == "helper-left":  # rank 0 sleeps; rank 1 fails once rank 0's he
     while not os.path.exists(helper_pid):
         time.sleep(0.05)
     os._exit(3)
+if sys.argv[1] == "daemon-left" and rank == 0:  # a daemon of its own session outlives the rank
+    daemon_pid = os.path.join(os.environ["PROBE_FACTS"], "daemon.pid")
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(daemon_pid + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(daemon_pid + ".tmp", daemon_pid)
+            time.sleep(600)
+        os._exit(0)
+    os.wait()
+    while not os.path.exists(daemon_pid):
+        time.sleep(0.05)
 dist.barrier()
 dist.destroy_process_group()
 if rank == 1 and sys.argv[1] == "exit-3":
@@ -85,17 +101,20 @@ SAME_IN_BOTH = (
     "session_leader",
     "signals",
     "threads",
+    "mp_helpers",
     "hash",
 )
 
 
-def _launch(tmp_path: Path, name: str, *, forkserver: bool, ending: str = "pass") -> Launch:
+def _launch(
+    tmp_path: Path, name: str, *, forkserver: bool, ending: str = "pass", timeout_s: float = 120
+) -> Launch:
     """Two ranks running the probe, cold under torchrun or through the agent."""
     for module, text in (("agentprobe", PROBE), ("warnmod", WARNMOD), ("brokenmod", BROKENMOD)):
         (tmp_path / f"{module}.py").write_text(text)
     facts = tmp_path / f"{name}-facts"
     facts.mkdir()
-    options = RunOptions(nproc_per_node=2, tp=2, dcp=2, timeout_s=120)
+    options = RunOptions(nproc_per_node=2, tp=2, dcp=2, timeout_s=timeout_s)
     out = tmp_path / name
     torchrun = torchrun_args(options, RunPlan(options, out, ()).log_dir)
     rank = ("-m", "agentprobe", ending)
@@ -205,6 +224,19 @@ def test_the_agent_ends_a_ranks_helpers_with_it_as_torchrun_does(tmp_path: Path)
     helper = int((tmp_path / "helper-facts" / "helper.pid").read_text())
     assert result.exit_code == 1 and result.leftovers == [], result
     assert not psutil.pid_exists(helper) or psutil.Process(helper).status() == "zombie"
+
+
+def test_a_daemon_a_rank_left_is_the_launchers_to_end_not_a_hang_of_the_agent(
+    tmp_path: Path,
+) -> None:
+    """A rank's daemon (its own session, so no signal to the rank reaches it) outlives the
+    ranks; the agent still ends, and the launcher finds the daemon, as it finds a cold rank's.
+    A daemon that held the agent's forkserver or resource tracker open would hang the agent,
+    which waits for both as it ends, until the launch's timeout."""
+    result = _launch(tmp_path, "daemon", forkserver=True, ending="daemon-left", timeout_s=40)
+    daemon = int((tmp_path / "daemon-facts" / "daemon.pid").read_text())
+    assert not result.timed_out and result.exit_code == 0, result
+    assert result.leftovers == [daemon]
 
 
 def test_a_forkserver_ranks_agent_is_not_its_parent(monkeypatch: pytest.MonkeyPatch) -> None:

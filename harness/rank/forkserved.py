@@ -19,11 +19,13 @@ interpreter.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import types
 from collections.abc import Sequence
+from typing import Any
 
 from harness.core import preloaded as handover
 from harness.rank import interpreter, parentage
@@ -62,6 +64,7 @@ def become_cold(argv: Sequence[str]) -> tuple[str, tuple[str, ...]]:
     fresh.__dict__["__builtins__"] = sys.modules["builtins"]
     sys.modules["__main__"] = fresh
     _own_multiprocessing_world()
+    _without_the_agents_helpers()
     interpreter.draw_own_seeds(os.environ)
     return module, args
 
@@ -77,6 +80,25 @@ def _own_multiprocessing_world() -> None:
     me._parent_pid = me._parent_name = None  # type: ignore[attr-defined]
     process._parent_process = None  # type: ignore[attr-defined]
     process._process_counter = itertools.count(1)  # type: ignore[attr-defined]
+
+
+def _without_the_agents_helpers() -> None:
+    """A cold interpreter has no forkserver or resource tracker yet; a forkserver child holds
+    its agent's (multiprocessing hands each child the server's liveness pipe and the tracker's
+    pipe). Kept, everything the rank starts would hold them too, and the agent, which waits for
+    both to end as it ends, would wait as long as a daemon or output relay of the rank lives.
+    Closed, the rank starts its own where it uses them, as a cold one does."""
+    from multiprocessing import forkserver, resource_tracker
+
+    # CPython's own singletons; their private fields are what `_stop` and `ensure_running` read.
+    server: Any = forkserver._forkserver
+    tracker: Any = resource_tracker._resource_tracker
+    for fd in (server._forkserver_alive_fd, tracker._fd):
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    server._forkserver_alive_fd = server._forkserver_address = server._forkserver_pid = None
+    tracker._fd = tracker._pid = None
 
 
 def run(agent: str, *argv: str) -> None:
