@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -80,3 +81,21 @@ def before_kimi_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = kimi_capture_run(out, "before-kimi")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     return out
+
+
+# vLLM's CPU worker replaces these of torch.cuda when it is imported (vllm/v1/worker/cpu/shm.py:
+# placeholders for a CPU build); a test that imports it in this process must not change the
+# torch every later test of the process sees.
+VLLM_REPLACES_IN_TORCH_CUDA = ("Stream", "current_stream", "stream")
+
+
+@pytest.fixture(autouse=True)
+def _torch_cuda_as_it_was() -> Iterator[None]:
+    torch = sys.modules.get("torch")  # never imported here for a test that does not
+    kept = (
+        None if torch is None else {n: getattr(torch.cuda, n) for n in VLLM_REPLACES_IN_TORCH_CUDA}
+    )
+    yield
+    if torch is not None and kept is not None:
+        for name, value in kept.items():
+            setattr(torch.cuda, name, value)
