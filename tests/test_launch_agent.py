@@ -15,9 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.bench.launching import agent_argv, dead_ranks
+from harness.bench.launching import dead_ranks
 from harness.errors import UsageError
-from harness.launch.agent import local_ranks, split_argv
+from harness.launch.agent import agent_argv, local_ranks, split_argv
 from harness.launch.launcher import launch
 from harness.launch.plan import REPO_ROOT, RunOptions, RunPlan, torchrun_args
 from harness.launch.ranklogs import torchrun_logs

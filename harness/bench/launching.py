@@ -28,7 +28,7 @@ from harness.bench.bare_real_rank import read_records
 from harness.bench.probe import ENV_DIR, ENV_PROFILE
 from harness.bench.report import ratio_of_medians, summarize
 from harness.errors import QualificationError
-from harness.launch.agent import AGENT_MODULE
+from harness.launch.agent import agent_argv
 from harness.launch.launcher import launch
 from harness.launch.plan import (
     REPO_ROOT,
@@ -140,16 +140,11 @@ def run_ranks(
 
 
 RankStart = Literal["cold", "zygote", "forkserver"]
-
-
-def agent_argv(
-    torchrun: Sequence[str], rank_argv: Sequence[str], preload: Sequence[str]
-) -> tuple[str, ...]:
-    """The command of torchelastic's agent (`harness.launch.agent`) in place of torchrun's: the
-    same flags after its own `--preload`, the same rank command."""
-    python, dash_m, module, *flags = torchrun
-    assert (dash_m, module) == ("-m", "torch.distributed.run"), torchrun
-    return (python, "-m", AGENT_MODULE, "--preload", ",".join(preload), "--", *flags, *rank_argv)
+# The starts that fork ranks from a preloaded process, as the bench's lines name them.
+PRELOADED_START: dict[RankStart, str] = {
+    "zygote": "the zygote",
+    "forkserver": "torchelastic's forkserver",
+}
 
 
 def read_probes(folder: Path) -> list[ProbeRecord]:
@@ -337,10 +332,12 @@ def measure_runs(
     real = models == "real"
     nproc, backend = options.real_nproc if real else options.nproc, options.backend
     bare_repeats, suite_repeats = (0, 1) if real else (options.bare_repeats, options.suite_repeats)
-    bare_rank = ("harness.bench.bare_rank", backend, f"{options.timeout_s:g}")
+    timeout = options.timeout_s
+    bare_rank = ("harness.bench.bare_rank", backend, f"{timeout:g}")
     bare: list[float] = []
-    forked_bare: list[float] = []  # the same bare launch, its ranks forked from the zygote
-    forkserved_bare: list[float] = []  # and started by torchelastic's agent, from a forkserver
+    # The same bare launch, its ranks forked from the zygote, and started by torchelastic's
+    # agent from a forkserver.
+    preloaded: dict[RankStart, list[float]] = {"zygote": [], "forkserver": []}
     bare_trees: list[RealTreeRecord] = []
     runs: list[FullRun] = []
     if real:
@@ -352,29 +349,20 @@ def measure_runs(
             seconds, forked_trees = bare_real_launch(
                 options, nproc, work / "bare-real-zygote", zygote=True
             )
-            forked_bare.append(seconds)
+            preloaded["zygote"].append(seconds)
             say(f"  bare real-tree launch through the zygote (vLLM preloaded): {seconds:.1f}s")
             same_trees(bare_trees, forked_trees, nproc)
     for i in range(max(bare_repeats, suite_repeats)):
         if i < bare_repeats:
-            bare.append(run_ranks(nproc, backend, work / f"bare-{i}", bare_rank, options.timeout_s))
+            bare.append(run_ranks(nproc, backend, work / f"bare-{i}", bare_rank, timeout))
             say(f"  bare launch {i + 1}/{bare_repeats}: {bare[-1]:.1f}s")
-            if nproc > 1:  # `dcpqual run` forks its ranks only where there is more than one
-                where = work / f"bare-zygote-{i}"
-                seconds = run_ranks(
-                    nproc, backend, where, bare_rank, options.timeout_s, start="zygote"
-                )
-                forked_bare.append(seconds)
-                say(f"  bare launch through the zygote {i + 1}/{bare_repeats}: {seconds:.1f}s")
-                where = work / f"bare-forkserver-{i}"
-                seconds = run_ranks(
-                    nproc, backend, where, bare_rank, options.timeout_s, start="forkserver"
-                )
-                forkserved_bare.append(seconds)
-                say(
-                    f"  bare launch through torchelastic's forkserver {i + 1}/{bare_repeats}: "
-                    f"{seconds:.1f}s"
-                )
+            # `dcpqual run` forks its ranks only where there is more than one
+            for start, times in preloaded.items() if nproc > 1 else ():
+                where = work / f"bare-{start}-{i}"
+                seconds = run_ranks(nproc, backend, where, bare_rank, timeout, start=start)
+                times.append(seconds)
+                through = PRELOADED_START[start]
+                say(f"  bare launch through {through} {i + 1}/{bare_repeats}: {seconds:.1f}s")
         if i < suite_repeats:
             runs.append(run := full_run(options, nproc, models, work / f"suite-{i}"))
             took = f"{run.seconds:.1f}s (exit {run.exit_code})"
@@ -392,7 +380,7 @@ def measure_runs(
         rss[p.rank] = max(p.ru_maxrss_kib * 1024 / MB, rss.get(p.rank, 0.0))
     peak, last = (max(rss.values()) if rss else None), runs[-1].probes
     bare_s, suite_s = (summarize(bare) if bare else None), summarize([run.seconds for run in runs])
-    zygote_s = summarize(forked_bare) if forked_bare else None
+    zygote_s = summarize(preloaded["zygote"]) if preloaded["zygote"] else None
     run_import, run_build = _split(run_trees)
     bare_import, bare_build = _split(bare_trees)
     return SuiteRuns(
@@ -404,7 +392,9 @@ def measure_runs(
         ratio=None if bare_s is None else ratio_of_medians(suite_s, bare_s),
         bare_zygote_launch_s=zygote_s,
         ratio_to_zygote_launch=None if zygote_s is None else ratio_of_medians(suite_s, zygote_s),
-        bare_forkserver_launch_s=summarize(forkserved_bare) if forkserved_bare else None,
+        bare_forkserver_launch_s=(
+            summarize(preloaded["forkserver"]) if preloaded["forkserver"] else None
+        ),
         suite_exit_codes=tuple(run.exit_code for run in runs),
         peak_rss_mb_per_rank={str(r): rss[r] for r in sorted(rss)},
         peak_rss_mb=peak,

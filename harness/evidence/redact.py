@@ -274,7 +274,6 @@ class _Gunzip:
         self.pending = b""
         self.done = False
         self.broken = False
-        self.given = 0
 
     def read(self, size: int) -> bytes:
         out = bytearray()
@@ -297,7 +296,6 @@ class _Gunzip:
                     self.pending = self.src.read(STREAM_BLOCK)
                     if not self.pending:
                         self.done = True
-        self.given += len(out)
         return bytes(out)
 
 

@@ -37,6 +37,16 @@ RANK_ENTRY_MODULE = "harness.rank.forkserved"
 _NPROC = re.compile(r"^--nproc[-_]per[-_]node(?:=(?P<value>.*))?$")
 
 
+def agent_argv(
+    torchrun: Sequence[str], rank_argv: Sequence[str], preload: Sequence[str]
+) -> tuple[str, ...]:
+    """The command of torchelastic's agent (`harness.launch.agent`) in place of torchrun's: the
+    same flags after its own `--preload`, the same rank command."""
+    python, dash_m, module, *flags = torchrun
+    assert (dash_m, module) == ("-m", "torch.distributed.run"), torchrun
+    return (python, "-m", AGENT_MODULE, "--preload", ",".join(preload), "--", *flags, *rank_argv)
+
+
 def split_argv(argv: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(modules to preload, torchrun's argv) from `--preload A,B -- TORCHRUN_ARGV`."""
     args = list(argv)

@@ -57,8 +57,7 @@ def become_cold(argv: Sequence[str]) -> tuple[str, tuple[str, ...]]:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
-    sys.orig_argv = [sys.executable, *argv]
-    sys.argv = [module, *args]  # runpy puts the module's file in argv[0]
+    sys.orig_argv = [sys.executable, *argv]  # sys.argv: `interpreter.run_module`'s, as `-m` sets it
     sys.path[0] = os.getcwd()  # `python -m` puts the working directory first
     fresh = types.ModuleType("__main__")  # the interpreter's own, not the forkserver's
     fresh.__dict__["__builtins__"] = sys.modules["builtins"]
