@@ -16,10 +16,11 @@ from pydantic import TypeAdapter
 from harness.bench import bare_rank, bare_real_rank, launching, probe, ranks
 from harness.bench.launching import dead_ranks, profile_of, read_probes, why_failed
 from harness.errors import QualificationError
+from harness.launch.agent import STARTED_COLD
 from harness.launch.plan import RunOptions, rank_plan
 from harness.models.real import RealSpec, planned_spec
+from harness.rank.forkserver_preload import READY
 from harness.rank.preload import PRELOAD, preload_for
-from harness.rank.zygotelog import Ready, format_event
 from harness.schema.bench import BenchOptions, ProbePhases, ProbeRecord
 from harness.schema.plan import RankPlan
 from harness.schema.rank_record import RankRecord, RealTreeRecord
@@ -265,17 +266,17 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
         preload: tuple[str, ...] = PRELOAD,
         extra_env: dict[str, str] | None = None,
     ) -> float:
-        zygote = start == "zygote"
+        forked = start == "forkserver"
         calls.append(("bare" if start == "cold" else f"bare-{start}", nproc, module[0]))
         if module[0] == "harness.bench.bare_real_rank":  # its ranks write their trees
             plans.append(RankPlan.from_environ(extra_env or {}))
-            preloads.append(preload if zygote else None)
+            preloads.append(preload if forked else None)
             for rank, tree in enumerate(bare_trees):
                 record = TypeAdapter(RealTreeRecord).validate_python(tree)
                 path = bare_real_rank.record_path(Path(module[3]), rank)
                 path.write_bytes(TypeAdapter(RealTreeRecord).dump_json(record))
-            return 12.0 if zygote else 25.0
-        return {"cold": 10.0, "zygote": 5.0, "forkserver": 4.0}[start]
+            return 12.0 if forked else 25.0
+        return {"cold": 10.0, "forkserver": 5.0}[start]
 
     def full(options: BenchOptions, nproc: int, models: str, work: Path) -> Any:
         calls.append(("full", nproc, models))
@@ -288,23 +289,21 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
     runs = launching.measure_runs(options, "stand-in", tmp_path, say=lambda line: None)
     bare_pair = [
         ("bare", 2, "harness.bench.bare_rank"),
-        ("bare-zygote", 2, "harness.bench.bare_rank"),
         ("bare-forkserver", 2, "harness.bench.bare_rank"),
     ]
     assert calls == [*bare_pair, ("full", 2, "stand-in")] * 2 + bare_pair
     assert runs.ratio is not None and runs.ratio.value == pytest.approx(3.0)  # the target's
-    # Beside it, the same bare launch with its ranks forked from the zygote, and full / that.
-    assert runs.bare_zygote_launch_s is not None and runs.bare_zygote_launch_s.median == 5.0
-    assert runs.ratio_to_zygote_launch is not None
-    assert runs.ratio_to_zygote_launch.value == pytest.approx(6.0)
-    # And the same again, started by torchelastic's agent from multiprocessing's forkserver.
+    # Beside it, the same bare launch with its ranks started as the run's are (torchelastic's
+    # agent, forked by multiprocessing's forkserver), and full / that.
     assert runs.bare_forkserver_launch_s is not None
-    assert runs.bare_forkserver_launch_s.median == 4.0
+    assert runs.bare_forkserver_launch_s.median == 5.0
+    assert runs.ratio_to_forkserver_launch is not None
+    assert runs.ratio_to_forkserver_launch.value == pytest.approx(6.0)
     # Each rank's peak over both runs, in MB of 1e6 bytes.
     assert runs.peak_rss_mb_per_rank == {"0": 350_000 * 1024 / 1e6, "1": 400_000 * 1024 / 1e6}
     assert runs.peak_rss_mb == pytest.approx(409.6)
     assert runs.real_import_s is None and runs.real_build_s is None  # stand-ins: no vLLM
-    assert runs.bare_real_import_s is None and runs.zygote_preload_s is None
+    assert runs.bare_real_import_s is None and runs.forkserver_preload_s is None
     calls.clear()
     rss = iter([1_000_000, 900_000])
     # What each rank's record says its vLLM import and build cost: the run's ranks found vLLM
@@ -313,36 +312,36 @@ def test_bare_launches_alternate_with_full_runs_and_the_real_trees_run_once(
     bare_trees[:] = [_tree(rank, 20.0 + rank, 1.0 + rank) for rank in range(4)]
     node = tmp_path / "suite-0" / "bundle" / "torchrun" / "node-00"
     node.mkdir(parents=True)
-    (node / "zygote.log").write_text(
-        "Triton is installed\ndcpqual zygote: ready pid 7, 26 modules preloaded in 15.7s: torch\n"
+    (node / "agent.log").write_text(
+        "Triton is installed\ndcpqual forkserver: 26 modules preloaded in 15.7s\n"
     )
     real = launching.measure_runs(options, "real", tmp_path, say=lambda line: None)
-    # One cold bare real-tree launch, the same through a zygote that preloaded vLLM as the
+    # One cold bare real-tree launch, the same through a forkserver that preloaded vLLM as the
     # run's does, then one run, all at --real-nproc-per-node.
     assert calls == [
         ("bare", 4, "harness.bench.bare_real_rank"),
-        ("bare-zygote", 4, "harness.bench.bare_real_rank"),
+        ("bare-forkserver", 4, "harness.bench.bare_real_rank"),
         ("full", 4, "real"),
     ]
     real_plan = RunOptions(nproc_per_node=4, models="real")
     assert plans == [
         rank_plan(real_plan, tmp_path / "bare-real"),
-        rank_plan(real_plan, tmp_path / "bare-real-zygote"),
+        rank_plan(real_plan, tmp_path / "bare-real-forkserver"),
     ]
     assert preloads == [None, preload_for("real")]
     assert real.models == "real" and real.bare_launch_s is not None
-    # The target stays against the cold launch; the zygote's is information beside it.
+    # The target stays against the cold launch; the forkserver's is information beside it.
     assert real.ratio is not None and real.ratio.value == pytest.approx(30.0 / 25.0)
-    assert real.bare_zygote_launch_s is not None and real.bare_zygote_launch_s.median == 12.0
-    assert real.ratio_to_zygote_launch is not None
-    assert real.ratio_to_zygote_launch.value == pytest.approx(30.0 / 12.0)
-    assert real.bare_forkserver_launch_s is None  # the real trees' launch has no such row
+    assert real.bare_forkserver_launch_s is not None
+    assert real.bare_forkserver_launch_s.median == 12.0
+    assert real.ratio_to_forkserver_launch is not None
+    assert real.ratio_to_forkserver_launch.value == pytest.approx(30.0 / 12.0)
     assert real.real_import_s is not None and real.real_build_s is not None
     assert (real.real_import_s.median, real.real_import_s.max) == (0.015, 0.03)
     assert (real.real_build_s.median, real.real_build_s.max) == (3.0, 6.0)
     assert real.bare_real_import_s is not None and real.bare_real_build_s is not None
     assert (real.bare_real_import_s.median, real.bare_real_build_s.max) == (21.5, 4.0)
-    assert real.zygote_preload_s == 15.7
+    assert real.forkserver_preload_s == 15.7
     assert real.real_trees == ("kimi-k3 tp=4 dcp=4 kv=auto ag_rs",)
 
 
@@ -371,16 +370,17 @@ def run_like(run: list[RealTreeRecord]) -> list[dict[str, Any]]:
     return [_tree(r, 30.0, 9.0) for r in range(len(run))]
 
 
-def test_the_zygotes_preload_seconds_come_from_its_ready_line(tmp_path: Path) -> None:
-    assert launching.zygote_preload_s(tmp_path) is None  # no zygote (one rank)
+def test_the_forkservers_preload_seconds_come_from_its_line_on_the_agents_log(
+    tmp_path: Path,
+) -> None:
+    assert launching.forkserver_preload_s(tmp_path) is None  # no agent log (one rank)
     node = tmp_path / "torchrun" / "node-00"
     node.mkdir(parents=True)
-    (node / "zygote.log").write_text("dcpqual zygote: not forking: 3 threads alive\n")
-    assert launching.zygote_preload_s(tmp_path) is None  # it refused: the ranks started cold
-    (node / "zygote.log").write_text(
-        "Triton is installed\n" + format_event(Ready(12, 41.25, ("torch", "vllm"))) + "\n"
-    )
-    assert launching.zygote_preload_s(tmp_path) == 41.2  # as the zygote prints it
+    said = READY.format(count=12, seconds=41.26)
+    (node / "agent.log").write_text(f"Triton is installed\n{said}\n")
+    assert launching.forkserver_preload_s(tmp_path) == 41.3  # as the forkserver prints it
+    (node / "agent.log").write_text(f"{said}\n{STARTED_COLD}3 threads alive\n")
+    assert launching.forkserver_preload_s(tmp_path) is None  # the ranks started cold
 
 
 def test_the_bare_real_rank_builds_the_runs_configuration_and_records_it(

@@ -184,9 +184,9 @@ def launch_result(
         "real_trees": ("kimi-k3 tp=2 dcp=2 kv=auto ag_rs",),
         "bare_real_import_s": summarize([14.0, 16.0]),
         "bare_real_build_s": summarize([2.0, 2.0]),
-        "zygote_preload_s": 17.5,
-        "bare_zygote_launch_s": summarize([12.0]),
-        "ratio_to_zygote_launch": ratio_of_medians(suite, summarize([12.0])),
+        "forkserver_preload_s": 17.5,
+        "bare_forkserver_launch_s": summarize([12.0]),
+        "ratio_to_forkserver_launch": ratio_of_medians(suite, summarize([12.0])),
     }
     return SuiteRuns(
         world_size=2,
@@ -266,19 +266,15 @@ def test_targets_one_per_issue_item_with_outcomes() -> None:
     assert "ag_rs B=8 1.33, a2a B=8 1.00" in targets["transport_overhead"].detail
     assert targets["suite_vs_bare_launch"].outcome == "miss"  # 30 / 11
     assert targets["suite_vs_bare_launch"].measured == pytest.approx(30 / 11)
-    # Beside it, the same bare launch through each way of starting ranks from a preload.
+    # Beside it, the same bare launch with its ranks started as the run starts them.
     started = launch_result({0: 1.0}).model_copy(
         update={
-            "bare_zygote_launch_s": summarize([3.0]),
-            "ratio_to_zygote_launch": ratio_of_medians(summarize([30.0]), summarize([3.0])),
-            "bare_forkserver_launch_s": summarize([3.5]),
+            "bare_forkserver_launch_s": summarize([3.0]),
+            "ratio_to_forkserver_launch": ratio_of_medians(summarize([30.0]), summarize([3.0])),
         }
     )
     launch = {t.key: t for t in full_report(launch=started).targets}["suite_vs_bare_launch"]
-    assert launch.detail.endswith(
-        "; bare through the zygote 3.0 [3.0-3.0] s (10.00x of it)"
-        "; bare through torchelastic's forkserver 3.5 [3.5-3.5] s"
-    )
+    assert launch.detail.endswith("; bare through the forkserver 3.0 [3.0-3.0] s (10.00x of it)")
     assert targets["discovery_us_per_module"].outcome == "pass"
     assert targets["capture_overhead_outside_window"].outcome == "miss"  # +5%
     mem = targets["peak_rss_per_rank"]
@@ -293,9 +289,9 @@ def test_targets_one_per_issue_item_with_outcomes() -> None:
     assert "kimi-k3 tp=2 dcp=2 kv=auto ag_rs" in bare_real.detail
     assert "import/build: bare 15.0/2.0 s, run 0.1/2.5 s" in bare_real.detail
     assert "preloaded vLLM for all ranks in 17.5 s" in bare_real.detail
-    # Beside the cold reference, the like-for-like one: the bare launch forked from a zygote.
+    # Beside the cold reference, the like-for-like one: the bare launch forked after a preload.
     assert "imports vLLM once per rank" in bare_real.detail
-    assert "bare through the zygote (vLLM preloaded) 12.0 [12.0-12.0] s (2.50x of it)" in (
+    assert "bare through the forkserver (vLLM preloaded) 12.0 [12.0-12.0] s (2.50x of it)" in (
         bare_real.detail
     )
     slow = launch_result({0: 1.0}, models="real").model_copy(

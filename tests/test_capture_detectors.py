@@ -286,7 +286,7 @@ def test_describe_compile_tells_first_compiles_from_recompiles() -> None:
     assert "compile (compile id ?" in describe_compile("?", "unknown")
 
 
-def test_dynamo_s_import_is_a_blind_spot_only_where_the_zygote_preloaded_it(
+def test_dynamo_s_import_is_a_blind_spot_only_where_the_forkserver_preloaded_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Imported early by the preload, dynamo's import in a window cannot be seen (its
@@ -306,7 +306,7 @@ def test_dynamo_s_import_is_a_blind_spot_only_where_the_zygote_preloaded_it(
             name="dynamo-import",
             active=False,
             reason=(
-                "torch._dynamo was imported by the rank zygote's preload before this window, "
+                "torch._dynamo was imported by the forkserver's preload before this window, "
                 "where a cold rank had not imported it: its lazy import in the window could not "
                 "be seen (its compiles were watched)"
             ),

@@ -126,23 +126,3 @@ def test_a_rank_the_tracker_has_not_seen_is_looked_for_as_soon_as_its_record_nam
         child.wait()
     assert watch.overdue(now=200.0) == []
     assert watch.overdue(now=200.0 + DEAD_RANK_GRACE_S) == [0]
-
-
-def test_a_forked_rank_gone_before_any_scan_saw_it_is_overdue_once_the_zygote_reaped_it(
-    tmp_path: Path,
-) -> None:
-    """Forked, a rank can start, write its record and exit between two scans: the zygote's
-    word that it reaped that rank's pid is what says it is gone. Without that word (the
-    control) an unseen pid is never judged, and its peers would wait out the test timeout."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()  # gone before the tracker's first scan
-    tracker = Tracker(os.getpid())
-    record = RankRecord(rank=0, world_size=1, pid=child.pid, current_test="t.py::test_x")
-    record.write(rank_record_path(tmp_path, 0))
-    blind = watch_over(tmp_path, tracker)
-    assert blind.overdue(now=100.0) == [] and blind.overdue(now=200.0) == []
-    told = DeadRankWatch(RecordReader(tmp_path, world_size=1), tracker, lambda: {(0, child.pid)})
-    assert told.overdue(now=100.0) == []
-    assert told.overdue(now=100.0 + DEAD_RANK_GRACE_S) == [0]
-    other = DeadRankWatch(RecordReader(tmp_path, world_size=1), tracker, lambda: {(1, child.pid)})
-    assert other.overdue(now=100.0) == [] and other.overdue(now=200.0) == []  # another rank's

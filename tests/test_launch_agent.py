@@ -17,7 +17,7 @@ import pytest
 
 from harness.bench.launching import dead_ranks
 from harness.errors import UsageError
-from harness.launch.agent import agent_argv, local_ranks, split_argv
+from harness.launch.agent import STARTED_COLD, agent_argv, local_ranks, split_argv
 from harness.launch.launcher import launch
 from harness.launch.plan import REPO_ROOT, RunOptions, RunPlan, torchrun_args
 from harness.launch.ranklogs import torchrun_logs
@@ -91,6 +91,10 @@ if rank == 1 and sys.argv[1] == "interrupt":
 WARNMOD = 'import warnings\nwarnings.warn("warnmod was imported", UserWarning)\n'
 BROKENMOD = 'raise ImportError("brokenmod was built against another torch")\n'
 PRELOAD = ("torch", "torch.distributed", "warnmod", "brokenmod")
+# A preload that leaves a thread running in the forkserver: it may fork no rank.
+THREADMOD = (
+    "import threading\nthreading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+)
 SAME_IN_BOTH = (
     "argv",
     "argv0",
@@ -107,10 +111,17 @@ SAME_IN_BOTH = (
 
 
 def _launch(
-    tmp_path: Path, name: str, *, forkserver: bool, ending: str = "pass", timeout_s: float = 120
+    tmp_path: Path,
+    name: str,
+    *,
+    forkserver: bool,
+    ending: str = "pass",
+    timeout_s: float = 120,
+    preload: tuple[str, ...] = PRELOAD,
 ) -> Launch:
     """Two ranks running the probe, cold under torchrun or through the agent."""
-    for module, text in (("agentprobe", PROBE), ("warnmod", WARNMOD), ("brokenmod", BROKENMOD)):
+    modules = {"agentprobe": PROBE, "warnmod": WARNMOD, "brokenmod": BROKENMOD}
+    for module, text in {**modules, "threadmod": THREADMOD}.items():
         (tmp_path / f"{module}.py").write_text(text)
     facts = tmp_path / f"{name}-facts"
     facts.mkdir()
@@ -118,7 +129,7 @@ def _launch(
     out = tmp_path / name
     torchrun = torchrun_args(options, RunPlan(options, out, ()).log_dir)
     rank = ("-m", "agentprobe", ending)
-    argv = agent_argv(torchrun, rank, PRELOAD) if forkserver else ()
+    argv = agent_argv(torchrun, rank, preload) if forkserver else ()
     path = f"{tmp_path}:{REPO_ROOT}"
     env = {"PYTHONPATH": path, "PYTHONHASHSEED": "7", "PYTHONUNBUFFERED": "1"}
     env["PROBE_FACTS"] = str(facts)
@@ -137,6 +148,8 @@ def both_starts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, forkserver in (("cold", False), ("forkserver", True)):
         result = _launch(folder, name, forkserver=forkserver)
         assert result.exit_code == 0 and not result.leftovers, result
+    result = _launch(folder, "refused", forkserver=True, preload=(*PRELOAD, "threadmod"))
+    assert result.exit_code == 0 and not result.leftovers, result
     return folder
 
 
@@ -150,6 +163,20 @@ def test_a_forkserver_rank_looks_to_a_suite_as_a_cold_rank_does(both_starts: Pat
     assert [r["agent"] for r in cold] == [["-m", "torch.distributed.run"]] * 2
     assert [r["agent"] for r in forked] == [["-m", "harness.launch.agent"]] * 2
     assert cold[0]["main"] == ["__main__", True] and cold[0]["session_leader"] is True
+
+
+def test_a_forkserver_that_may_not_fork_leaves_the_ranks_to_torchrun_cold(
+    both_starts: Path,
+) -> None:
+    """A thread the preload left alive in the server: the agent says why on its log and
+    becomes torchrun with the same flags, whose ranks are cold ones in every respect."""
+    cold, refused = _facts(both_starts, "cold"), _facts(both_starts, "refused")
+    for rank in (0, 1):
+        for key in (*SAME_IN_BOTH, "agent"):
+            assert refused[rank][key] == cold[rank][key], (rank, key)
+    log = RunPlan(RunOptions(nproc_per_node=2, tp=2, dcp=2), both_starts / "refused", ())
+    said = [line for line in log.agent_log.read_text().splitlines() if STARTED_COLD in line]
+    assert said and "2 threads alive in the forkserver" in said[0], said
 
 
 def test_what_the_preload_warned_is_on_each_ranks_stderr_as_on_a_cold_ones(
@@ -241,10 +268,12 @@ def test_a_daemon_a_rank_left_is_the_launchers_to_end_not_a_hang_of_the_agent(
 
 def test_a_forkserver_ranks_agent_is_not_its_parent(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the rank's watchdog and world-break watch read: the agent, and the forkserver
-    between it and the rank; such a rank is no zygote's (the evidence counts those)."""
+    between it and the rank; such a rank was forked (it shares the server's string-hash seed,
+    which the evidence states)."""
     monkeypatch.setattr(parentage, "_forked", None)
+    assert not parentage.parentage().forked and parentage.parentage().between() == {}
     parentage.set_forked(parentage.Parentage(agent=33, forkserver=44))
-    assert parentage.agent_pid() == 33 and not parentage.parentage().forked
+    assert parentage.agent_pid() == 33 and parentage.parentage().forked
     assert parentage.parentage().between() == {44: "the forkserver that forked it (its agent's)"}
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from harness.errors import GeometryError, UsageError
 from harness.launch.plan import REPO_ROOT, RunOptions, build_plan
-from harness.rank.forkwire import SOCKET_ENV
+from harness.rank.preload import PRELOAD, preload_for
 from harness.schema.plan import PLAN_ENV, RankPlan
 
 OUT = Path("/tmp/dcpqual-out")
@@ -23,15 +23,14 @@ def flag(argv: tuple[str, ...], name: str) -> str:
 def test_single_node_plan_runs_pytest_with_the_rank_plugin_once():
     plan = build_plan(RunOptions(nproc_per_node=16), OUT)
     argv = plan.argv
-    assert argv[:3] == (sys.executable, "-m", "torch.distributed.run")
+    assert argv[:3] == (sys.executable, "-m", "harness.launch.agent"), "torchelastic's agent"
+    assert argv[3:6] == ("--preload", ",".join(PRELOAD), "--")
     assert "--standalone" in argv and not any(a.startswith("--rdzv") for a in argv)
     assert flag(argv, "--nproc-per-node") == "16"
     assert flag(argv, "--max-restarts") == "0"
     assert flag(argv, "--log-dir") == str(OUT / "torchrun" / "node-00")
     assert flag(argv, "--redirects") == "3"
-    stub = argv[argv.index("-m", 3) :]
-    assert stub[:3] == ("-m", "harness.rank.forkstub", "--"), "ranks are forked by the zygote"
-    tail = stub[3:]
+    tail = argv[argv.index("-m", 3) :]
     plugins = (
         "-p",
         "harness.rank.outrelay",
@@ -44,46 +43,28 @@ def test_single_node_plan_runs_pytest_with_the_rank_plugin_once():
     assert not any(a.startswith("--dcpqual") for a in tail), "settings travel in the plan"
     assert tail[-1] == str(REPO_ROOT / "suites")
     assert plan.targets == (str(REPO_ROOT / "suites"),)
-    assert plan.zygote is not None
-    assert plan.zygote.argv == (
-        sys.executable,
-        "-u",
-        "-m",
-        "harness.rank.zygote",
-        str(plan.zygote.socket),
-    )
-    assert plan.zygote.socket == OUT / "torchrun" / "node-00" / "zygote.sock"
-    assert plan.env[SOCKET_ENV] == str(plan.zygote.socket)
 
 
-def test_the_zygote_imports_torch_with_the_thread_count_torchrun_gives_the_ranks(monkeypatch):
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    zygote = build_plan(RunOptions(nproc_per_node=4), OUT).zygote
-    assert zygote is not None and zygote.env["OMP_NUM_THREADS"] == "1"
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # torchrun keeps a user's own value
-    zygote = build_plan(RunOptions(nproc_per_node=4), OUT).zygote
-    assert zygote is not None and "OMP_NUM_THREADS" not in zygote.env
+def test_a_run_on_real_trees_preloads_vllm_in_the_forkserver():
+    argv = build_plan(RunOptions(nproc_per_node=4, models="real"), OUT).argv
+    assert argv[3:5] == ("--preload", ",".join(preload_for("real")))
+    assert set(PRELOAD) < set(preload_for("real"))
 
 
-def test_one_rank_is_execd_by_torchrun_without_a_zygote():
+def test_forkserver_ranks_return_to_the_agent_and_a_lone_cold_rank_exits_fast():
+    """A rank that leaves by `os._exit` never hands torchelastic its return value, and the
+    agent would wait for it; a cold rank's exit status is all torchrun reads."""
+    many = RankPlan.from_environ(build_plan(RunOptions(nproc_per_node=4), OUT).env)
+    one = RankPlan.from_environ(build_plan(RunOptions(nproc_per_node=1, tp=1), OUT).env)
+    assert many is not None and not many.fast_exit
+    assert one is not None and one.fast_exit
+
+
+def test_one_rank_is_execd_by_torchrun_without_a_forkserver():
     plan = build_plan(RunOptions(nproc_per_node=1, tp=1), OUT)
-    assert plan.zygote is None and SOCKET_ENV not in plan.env
-    assert "harness.rank.forkstub" not in plan.argv
+    assert plan.argv[:3] == (sys.executable, "-m", "torch.distributed.run")
+    assert "harness.launch.agent" not in plan.argv
     assert plan.argv[plan.argv.index("-m", 3) :][:2] == ("-m", "pytest")
-
-
-def test_an_out_folder_too_long_for_a_unix_socket_puts_the_socket_in_a_private_tmp_folder():
-    """Under a name nobody can derive from the out folder (another user could bind that first);
-    the plan only names the folder, the launcher makes it."""
-    deep = Path("/" + "d" * 120)
-    zygote = build_plan(RunOptions(nproc_per_node=2), deep).zygote
-    again = build_plan(RunOptions(nproc_per_node=2), deep).zygote
-    assert zygote is not None and again is not None
-    assert zygote.private_dir is not None and zygote.socket.parent == zygote.private_dir
-    assert zygote.private_dir.parent == Path("/tmp") and not zygote.private_dir.exists()
-    assert again.private_dir != zygote.private_dir
-    assert len(str(zygote.socket)) < 100
-    assert build_plan(RunOptions(nproc_per_node=2), OUT).zygote.private_dir is None  # type: ignore[union-attr]
 
 
 def test_plan_environment_reaches_the_ranks_and_suites():
@@ -93,8 +74,8 @@ def test_plan_environment_reaches_the_ranks_and_suites():
     assert plan is not None and plan.out_dir == str(OUT) and plan.node_index == 0
     assert plan.warm_impl == "before-kimi"
     assert (plan.tp, plan.dcp) == (16, 4)
-    assert plan.backend == "gloo" and plan.fast_exit
-    assert not [k for k in env if k.startswith("DCPQUAL_") and k not in (PLAN_ENV, SOCKET_ENV)]
+    assert plan.backend == "gloo"
+    assert not [k for k in env if k.startswith("DCPQUAL_") and k != PLAN_ENV]
     assert env["TORCHELASTIC_ERROR_FILE"].startswith(str(OUT / "torchrun" / "node-00"))
     assert env["PATH"] == "/bin"
     assert env["PYTHONPATH"].split(":")[0] == str(REPO_ROOT)

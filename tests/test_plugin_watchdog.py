@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch.distributed as dist
@@ -17,7 +18,7 @@ from _support.watchdog import NODEID, CountingStore, make, open_world, record
 
 from harness.rank import parentage
 from harness.rank.agreement import LocalResult
-from harness.rank.watchdog import EXIT_FAILED, EXIT_TERMINATED
+from harness.rank.watchdog import EXIT_FAILED, EXIT_TERMINATED, in_collective
 
 
 def test_a_test_past_its_timeout_is_failed_with_stacks_and_the_rank_exits(watchdog_world):
@@ -213,13 +214,11 @@ def test_the_agents_exit_wakes_the_watchdog_at_once(watchdog_world):
     assert "orphaned" in (record(out).abort_reason or "")
 
 
-def test_a_forked_ranks_watchdog_waits_on_its_agent_not_on_its_stub_or_parent(
-    watchdog_world, monkeypatch
-):
-    """Forked from the zygote, the rank's parent is the zygote and its stub stands between it
-    and torchrun: the agent's exit must still wake it, while the stub lives on."""
+def test_a_forked_ranks_watchdog_waits_on_its_agent_not_on_its_parent(watchdog_world, monkeypatch):
+    """Forked by the agent's forkserver, the rank's parent is the server: the agent's exit must
+    still wake it, while the server lives on."""
     out, _, _ = watchdog_world
-    agent, stub = (
+    agent, server = (
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in "as"
     )
     try:
@@ -227,7 +226,7 @@ def test_a_forked_ranks_watchdog_waits_on_its_agent_not_on_its_stub_or_parent(
             os.close(os.pidfd_open(agent.pid))
         except OSError:
             pytest.skip("this kernel gives no pidfd")
-        forked = parentage.Parentage(agent=agent.pid, stub=stub.pid, zygote=os.getppid())
+        forked = parentage.Parentage(agent=agent.pid, forkserver=server.pid)
         monkeypatch.setattr(parentage, "_forked", forked)
         _, exits = make(watchdog_world, tick_s=30, heartbeat_s=30)
         time.sleep(0.2)
@@ -235,7 +234,7 @@ def test_a_forked_ranks_watchdog_waits_on_its_agent_not_on_its_stub_or_parent(
         agent.kill()
         assert exits.done.wait(5), "the agent's exit was not noticed"
     finally:
-        for proc in (agent, stub):
+        for proc in (agent, server):
             proc.kill()
             proc.wait()
     assert exits.codes == [EXIT_TERMINATED]
@@ -246,10 +245,9 @@ def test_a_forked_ranks_watchdog_waits_on_its_agent_not_on_its_stub_or_parent(
     ("between", "gone"),
     [
         ({}, "the torchrun agent that started this rank"),
-        ({"stub": 2, "zygote": 3}, "the rank zygote that forked this rank"),
         ({"forkserver": 3}, "the forkserver that forked this rank"),
     ],
-    ids=["cold", "zygote", "forkserver"],
+    ids=["cold", "forkserver"],
 )
 def test_an_orphaned_rank_names_the_parent_that_left(watchdog_world, monkeypatch, between, gone):
     """Its parent gone while its agent lives: the parent the rank was started from is named."""
@@ -270,3 +268,37 @@ def test_stop_wakes_a_sleeping_watchdog_at_once(watchdog_world):
     started = time.monotonic()
     dog.stop()
     assert time.monotonic() - started < 1 and not dog.is_alive()
+
+
+def _stack(*files: str) -> SimpleNamespace | None:
+    """A frame chain, outermost file first, as `sys._current_frames` gives its innermost."""
+    frame = None
+    for name in files:
+        frame = SimpleNamespace(f_code=SimpleNamespace(co_filename=name), f_back=frame)
+    return frame
+
+
+ELASTIC = "/site-packages/torch/distributed/elastic/multiprocessing/api.py"
+RUNPY = "<frozen runpy>"
+C10D = "/site-packages/torch/distributed/distributed_c10d.py"
+TEST = "/suites/test_x.py"
+
+
+@pytest.mark.parametrize(
+    ("files", "inside"),
+    [
+        ((RUNPY, RUNPY, TEST), False),  # a cold rank in plain Python
+        ((RUNPY, RUNPY, TEST, C10D), True),  # a cold rank in a collective
+        ((ELASTIC, "/harness/rank/forkserved.py", RUNPY, TEST), False),  # the agent's rank
+        ((ELASTIC, "/harness/rank/forkserved.py", RUNPY, TEST, C10D), True),
+    ],
+    ids=["cold", "cold-collective", "forkserver", "forkserver-collective"],
+)
+def test_only_frames_above_the_ranks_module_entry_say_it_is_in_a_collective(
+    files: tuple[str, ...], inside: bool
+) -> None:
+    """torchelastic's own wrapper lies below a forkserver rank's `-m` entry: it is no call the
+    rank is blocked in (the control: without the entry, it would be taken for one)."""
+    assert in_collective(_stack(*files)) is inside
+    assert in_collective(_stack(ELASTIC, TEST)) is True
+    assert in_collective(None) is False

@@ -79,7 +79,7 @@ def test_a_signal_to_the_agents_process_group_is_recorded(
 
 
 def _leader() -> subprocess.Popen[bytes]:
-    """A sleeping process leading its own session, as a stub or the zygote does."""
+    """A sleeping process leading its own session."""
     return subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
     )
@@ -87,23 +87,24 @@ def _leader() -> subprocess.Popen[bytes]:
 
 @pytest.fixture
 def between() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
-    procs = {"stub": _leader(), "zygote": _leader(), "bystander": _leader()}
+    procs = {"server": _leader(), "helper": _leader(), "bystander": _leader()}
     yield procs
     for proc in procs.values():
         proc.kill()
         proc.wait()
 
 
-def test_a_signal_to_the_group_of_a_stub_or_the_zygote_counts_as_one_to_the_agent(
+def test_a_signal_to_the_group_of_a_process_between_counts_as_one_to_the_agent(
     agent: subprocess.Popen[bytes], between: dict[str, subprocess.Popen[bytes]]
 ) -> None:
-    """A forked rank's `os.killpg(os.getpgid(os.getppid()))` signals the zygote's group (it
-    leads its own session), as the same call signals the agent's group in a cold rank."""
-    stub, zygote = between["stub"].pid, between["zygote"].pid
+    """Where a process between a forked rank and its agent leads its own group, the rank's
+    `os.killpg(os.getpgid(os.getppid()))` signals that group, as the same call signals the
+    agent's group in a cold rank."""
+    server, helper = between["server"].pid, between["helper"].pid
     seen: list[WorldBreak] = []
-    names = {stub: "its fork stub", zygote: "the rank zygote that forked it"}
+    names = {server: "the forkserver that forked it", helper: "a helper between"}
     guard = AgentWatch(3, agent.pid, lambda: T, seen.append, between=names)
-    for pid in (stub, zygote):
+    for pid in (server, helper):
         assert guard.aims_at_agent("os.kill", pid)
         assert guard.aims_at_agent("os.killpg", os.getpgid(pid))
         assert guard.aims_at_agent("os.kill", -os.getpgid(pid))
@@ -113,18 +114,18 @@ def test_a_signal_to_the_group_of_a_stub_or_the_zygote_counts_as_one_to_the_agen
         assert not guard.aims_at_agent(event, target), (event, target)
     # Without the processes between, their groups are nobody's.
     bare = AgentWatch(3, agent.pid, lambda: T, seen.append)
-    assert not bare.aims_at_agent("os.killpg", zygote)
-    assert not bare.aims_at_agent("os.kill", -stub)
+    assert not bare.aims_at_agent("os.killpg", server)
+    assert not bare.aims_at_agent("os.kill", -helper)
 
     guard.install()
     try:
-        os.killpg(os.getpgid(zygote), signal.SIGTERM)
+        os.killpg(os.getpgid(server), signal.SIGTERM)
     finally:
         guard.close()
-    assert between["zygote"].wait(10) == -signal.SIGTERM
+    assert between["server"].wait(10) == -signal.SIGTERM
     [broke] = seen
-    assert (broke.signal, broke.target) == ("SIGTERM", -zygote)
-    assert "the process group of the rank zygote that forked it" in broke.message, broke.message
+    assert (broke.signal, broke.target) == ("SIGTERM", -server)
+    assert "the process group of the forkserver that forked it" in broke.message, broke.message
     assert f"torchrun agent pid {agent.pid}" in broke.message
 
 

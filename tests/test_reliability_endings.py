@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from _support.leaks import leaks, main_thread_only, signal_when_running
-from _support.runs import SUITES, processes_of_run, receipt, run
+from _support.runs import SUITES, processes_of_run, receipt, records, run
 
 from harness.cli import main
 from harness.evidence import writer
@@ -202,15 +202,15 @@ def test_a_logs_link_a_rank_left_takes_no_log_out_of_the_bundle(
 def test_files_a_test_left_open_keep_their_buffered_bytes_as_a_cold_exit_keeps_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Forked ranks that end with `os._exit` still write what a cold interpreter's exit
-    writes: the buffers of files the tests left open (tests/test_zygote.py shows the loss)."""
+    """Forked ranks, which multiprocessing ends with `os._exit`, still write what a cold
+    interpreter's exit writes: the buffers of files the tests left open."""
     left = tmp_path / "left-open"
     left.mkdir()
     monkeypatch.setenv("DCPQUAL_LEFT_OPEN_DIR", str(left))
     out = tmp_path / "bundle"
     code, _ = run(out, 2, "rank_left_open.py")
     assert code == 0, receipt(out)["failures"]
-    assert receipt(out)["run"]["extra"]["launch"]["zygote"]["forked"] == 2
+    assert all(r.start is not None and r.start.forked for r in records(out).values())
     for rank in (0, 1):
         assert (left / f"collected-{rank}").read_text() == f"rank {rank}, opened at collection"
         assert (left / f"in-test-{rank}").read_text() == f"rank {rank}, opened in the test"

@@ -3,8 +3,8 @@
 Real `dcpqual run` launches at world 2, the fault on rank 1 (the suites' default): a rank that
 destroys its default process group mid-test (its peer's collective then fails, often first), and
 a rank that SIGKILLs its torchrun agent (every rank is then an orphan its watchdog ends), and,
-the ranks being forked from the zygote, a rank that SIGKILLs the zygote or its own stub, or
-either's process group. Each is held to: exit 1, the faulty rank and test as the root cause
+the ranks being forked by the agent's forkserver, a rank that SIGKILLs the forkserver or its
+process group. Each is held to: exit 1, the faulty rank and test as the root cause
 with the structured `broke_world` in its record, a bundle `dcpqual verify` accepts, and no
 process of the run left. A receipt forged to blame the victim instead (every hash regenerated)
 is refused: `verify` re-derives the root cause's rank, test and kind from the records.
@@ -82,19 +82,19 @@ def test_a_rank_killing_its_torchrun_agent_is_the_root_cause(
     assert any("root_cause" in p for p in result.problems), result.problems
 
 
-@pytest.mark.parametrize("how", ["pid", "group"])
 @pytest.mark.parametrize(
-    ("whom", "named"),
-    [("zygote", "the rank zygote that forked it"), ("stub", "its fork stub")],
+    ("how", "named"),
+    [
+        ("pid", "the forkserver that forked it"),
+        ("group", "its torchrun agent's process group"),
+    ],
 )
-def test_a_forked_rank_killing_the_zygote_or_its_stub_is_the_root_cause(
-    whom: str, named: str, how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_forked_rank_killing_the_forkserver_or_its_group_is_the_root_cause(
+    how: str, named: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Between a forked rank and its agent stand its stub and the zygote (its parent): killing
-    either, or its process group (each leads its own: a forked rank's
-    `os.killpg(os.getpgid(os.getppid()))` is the zygote's), ends the job as killing the agent
-    does, and is blamed the same way."""
-    monkeypatch.setenv("DCPQUAL_KILL", whom)
+    """Between a forked rank and its agent stands the agent's forkserver (its parent): killing
+    it, or its group (the agent's: a forked rank's `os.killpg(os.getpgid(os.getppid()))`),
+    ends the job as killing the agent does, and is blamed the same way."""
     monkeypatch.setenv("DCPQUAL_KILL_HOW", how)
     found = blamed_run(tmp_path, monkeypatch, "rank_kill_between.py")
     broke = found["broke"]

@@ -23,6 +23,7 @@ from _support.runs import (
 )
 
 from harness.cli import main
+from harness.launch.agent import STARTED_COLD
 
 pytestmark = [pytest.mark.torchrun]
 
@@ -43,8 +44,8 @@ def test_all_ranks_pass_and_the_bundle_verifies(tmp_path):
     ]
     assert main(["verify", str(out)]) == 0
     assert processes_of_run(out) == []
-    zygote = data["run"]["extra"]["launch"]["zygote"]  # the ranks were forked, and it says so
-    assert (zygote["used"], zygote["forked"], zygote["not_used"]) == (True, 4, None), zygote
+    assert data["run"]["extra"]["launch"]["zygote"] is None
+    assert all(r.start is not None and r.start.forked for r in recs.values())  # by the agent
     (seeds,) = data["hash_seeds"]  # one seed for the node's ranks, which they record
     assert (seeds["node"], seeds["ranks"]) == (0, [0, 1, 2, 3]), seeds
     drawn = any(line.startswith("hash-seed: ") for line in data["limitations"])
@@ -52,16 +53,16 @@ def test_all_ranks_pass_and_the_bundle_verifies(tmp_path):
 
 
 def test_a_users_omp_num_threads_above_1_starts_the_ranks_cold_and_says_why(tmp_path, monkeypatch):
-    """torch's import then starts a thread pool in the zygote, which must not fork: no
-    failure, the stubs start their ranks as torchrun would have, and the receipt says so."""
+    """torch's import then starts a thread pool in the agent's forkserver, which must not fork:
+    no failure, torchrun starts the ranks cold, the agent's log says why and the records how."""
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     out = tmp_path / "cold"
     code, _ = run(out, 2, "rank_pass.py")
     assert code == 0
     data = receipt(out)
-    zygote = data["run"]["extra"]["launch"]["zygote"]
-    assert (zygote["used"], zygote["forked"], zygote["error"]) == (False, 0, None), zygote
-    assert "threads alive" in zygote["not_used"], zygote
+    assert all(r.start is not None and not r.start.forked for r in records(out).values())
+    agent_log = (out / "torchrun" / "node-00" / "agent.log").read_text()
+    assert STARTED_COLD in agent_log and "threads alive" in agent_log, agent_log[-2000:]
     assert [s["ranks"] for s in data["hash_seeds"]] == [[0, 1]]  # cold, with the same seed
     assert main(["verify", str(out)]) == 0
     assert processes_of_run(out) == []

@@ -28,20 +28,12 @@ from harness.bench.bare_real_rank import read_records
 from harness.bench.probe import ENV_DIR, ENV_PROFILE
 from harness.bench.report import ratio_of_medians, summarize
 from harness.errors import QualificationError
-from harness.launch.agent import agent_argv
+from harness.launch.agent import STARTED_COLD, agent_argv
 from harness.launch.launcher import launch
-from harness.launch.plan import (
-    REPO_ROOT,
-    RunOptions,
-    RunPlan,
-    forked,
-    rank_plan,
-    torchrun_args,
-    zygote_plan,
-)
+from harness.launch.plan import REPO_ROOT, RunOptions, RunPlan, rank_plan, torchrun_args
 from harness.launch.ranklogs import torchrun_logs
+from harness.rank.forkserver_preload import preload_seconds
 from harness.rank.preload import PRELOAD, preload_for
-from harness.rank.zygotelog import Ready, read_events
 from harness.schema.bench import (
     BenchOptions,
     EngineRun,
@@ -109,9 +101,9 @@ def run_ranks(
     extra_env: Mapping[str, str] | None = None,
 ) -> float:
     """Launch `python -m MODULE ARGS` once with `dcpqual run`'s own torchrun flags and
-    environment, its ranks started by `start` (cold by torchrun; forked from `dcpqual run`'s
-    zygote, or by torchelastic's agent from multiprocessing's forkserver, either with
-    `preload`); `extra_env` for the ranks besides. Seconds it took; a failed launch raises with
+    environment, its ranks started by `start` (cold by torchrun, or as `dcpqual run` starts
+    them: by torchelastic's agent from multiprocessing's forkserver, with `preload`);
+    `extra_env` for the ranks besides. Seconds it took; a failed launch raises with
     the dead rank named."""
     options = RunOptions(
         nproc_per_node=nproc, backend=backend, tp=nproc, dcp=nproc, timeout_s=timeout_s
@@ -123,28 +115,17 @@ def run_ranks(
     torchrun = torchrun_args(options, log_dir)
     if start == "cold":
         plan = RunPlan(options, out_dir, (*torchrun, *rank_argv), env=env)
-    elif start == "zygote":
-        argv = (*torchrun, *forked(rank_argv))
-        zygote_run = zygote_plan(log_dir, env, preload)
-        plan = RunPlan(options, out_dir, argv, env=env, zygote=zygote_run)
     else:
         plan = RunPlan(options, out_dir, agent_argv(torchrun, rank_argv, preload), env=env)
     result = launch(plan)
     if result.timed_out:
         raise QualificationError(f"{module_args[0]} ranks ran past {timeout_s:g}s; see {out_dir}")
-    if result.zygote is not None and result.zygote.error is not None:
-        raise QualificationError(f"bare launch through the zygote: {result.zygote.error}")
     if result.exit_code != 0:
         raise QualificationError(why_failed(out_dir, result.exit_code, nproc))
     return result.elapsed_s
 
 
-RankStart = Literal["cold", "zygote", "forkserver"]
-# The starts that fork ranks from a preloaded process, as the bench's lines name them.
-PRELOADED_START: dict[RankStart, str] = {
-    "zygote": "the zygote",
-    "forkserver": "torchelastic's forkserver",
-}
+RankStart = Literal["cold", "forkserver"]
 
 
 def read_probes(folder: Path) -> list[ProbeRecord]:
@@ -276,12 +257,12 @@ def same_trees(run: Sequence[RealTreeRecord], bare: Sequence[RealTreeRecord], wo
         )
 
 
-def zygote_preload_s(bundle: Path) -> float | None:
-    """Seconds the run's zygote took to preload (vLLM's import, where a run on real trees has
-    it preloaded); None where no zygote said it was ready (one rank, cold ranks)."""
-    log = bundle / TORCHRUN_DIR / node_dir_name(0) / "zygote.log"
-    events = read_events(log.read_bytes()) if log.is_file() else []
-    return next((e.seconds for e in events if isinstance(e, Ready)), None)
+def forkserver_preload_s(bundle: Path) -> float | None:
+    """Seconds the run's forkserver took to preload (vLLM's import, where a run on real trees
+    has it preloaded); None where none said it was done (one rank) or its ranks started cold."""
+    log = bundle / TORCHRUN_DIR / node_dir_name(0) / "agent.log"
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    return None if STARTED_COLD in text else preload_seconds(text)
 
 
 def _split(trees: Sequence[RealTreeRecord]) -> tuple[Summary | None, Summary | None]:
@@ -300,11 +281,11 @@ def _say_split(say: Callable[[str], None], who: str, trees: Sequence[RealTreeRec
 
 
 def bare_real_launch(
-    options: BenchOptions, nproc: int, work: Path, *, zygote: bool = False
+    options: BenchOptions, nproc: int, work: Path, *, start: RankStart = "cold"
 ) -> tuple[float, list[RealTreeRecord]]:
-    """The bare real-tree launch at `nproc` ranks, cold (each rank imports vLLM itself) or,
-    with `zygote`, forked from a zygote that preloaded vLLM as the real run's does, with the
-    rank plan `dcpqual run --models real` gives its ranks; its seconds and trees."""
+    """The bare real-tree launch at `nproc` ranks, cold (each rank imports vLLM itself) or
+    forked from a forkserver that preloaded vLLM as the real run's does, with the rank plan
+    `dcpqual run --models real` gives its ranks; its seconds and trees."""
     run = RunOptions(nproc_per_node=nproc, backend=options.backend, models="real")
     trees = work / "trees"
     trees.mkdir(parents=True, exist_ok=True)
@@ -316,7 +297,7 @@ def bare_real_launch(
         work,
         module,
         options.timeout_s,
-        start="zygote" if zygote else "cold",
+        start=start,
         preload=preload_for("real"),
         extra_env=plan,
     )
@@ -335,9 +316,8 @@ def measure_runs(
     timeout = options.timeout_s
     bare_rank = ("harness.bench.bare_rank", backend, f"{timeout:g}")
     bare: list[float] = []
-    # The same bare launch, its ranks forked from the zygote, and started by torchelastic's
-    # agent from a forkserver.
-    preloaded: dict[RankStart, list[float]] = {"zygote": [], "forkserver": []}
+    # The same bare launch with its ranks started as `dcpqual run` starts them.
+    preloaded: list[float] = []
     bare_trees: list[RealTreeRecord] = []
     runs: list[FullRun] = []
     if real:
@@ -347,40 +327,41 @@ def measure_runs(
         _say_split(say, "bare launch", bare_trees)
         if nproc > 1:  # the like-for-like side, as the run's ranks are: vLLM imported once
             seconds, forked_trees = bare_real_launch(
-                options, nproc, work / "bare-real-zygote", zygote=True
+                options, nproc, work / "bare-real-forkserver", start="forkserver"
             )
-            preloaded["zygote"].append(seconds)
-            say(f"  bare real-tree launch through the zygote (vLLM preloaded): {seconds:.1f}s")
+            preloaded.append(seconds)
+            say(f"  bare real-tree launch through the forkserver (vLLM preloaded): {seconds:.1f}s")
             same_trees(bare_trees, forked_trees, nproc)
     for i in range(max(bare_repeats, suite_repeats)):
         if i < bare_repeats:
             bare.append(run_ranks(nproc, backend, work / f"bare-{i}", bare_rank, timeout))
             say(f"  bare launch {i + 1}/{bare_repeats}: {bare[-1]:.1f}s")
             # `dcpqual run` forks its ranks only where there is more than one
-            for start, times in preloaded.items() if nproc > 1 else ():
-                where = work / f"bare-{start}-{i}"
-                seconds = run_ranks(nproc, backend, where, bare_rank, timeout, start=start)
-                times.append(seconds)
-                through = PRELOADED_START[start]
-                say(f"  bare launch through {through} {i + 1}/{bare_repeats}: {seconds:.1f}s")
+            if nproc > 1:
+                where = work / f"bare-forkserver-{i}"
+                preloaded.append(
+                    run_ranks(nproc, backend, where, bare_rank, timeout, start="forkserver")
+                )
+                through = f"{preloaded[-1]:.1f}s"
+                say(f"  bare launch through the forkserver {i + 1}/{bare_repeats}: {through}")
         if i < suite_repeats:
             runs.append(run := full_run(options, nproc, models, work / f"suite-{i}"))
             took = f"{run.seconds:.1f}s (exit {run.exit_code})"
             say(f"  full run ({models}) {i + 1}/{suite_repeats}: {took}")
     bundle = work / "suite-0" / "bundle"
     run_trees = real_trees(bundle) if real else []
-    preload_s = zygote_preload_s(bundle) if real else None
+    preload_s = forkserver_preload_s(bundle) if real else None
     if real:
         _say_split(say, "full run", run_trees)
         if preload_s is not None:
-            say(f"  full run's zygote preload (vLLM included): {preload_s:.1f}s")
+            say(f"  full run's forkserver preload (vLLM included): {preload_s:.1f}s")
         same_trees(run_trees, bare_trees, nproc)
     rss: dict[int, float] = {}
     for p in (p for run in runs for p in run.probes):
         rss[p.rank] = max(p.ru_maxrss_kib * 1024 / MB, rss.get(p.rank, 0.0))
     peak, last = (max(rss.values()) if rss else None), runs[-1].probes
     bare_s, suite_s = (summarize(bare) if bare else None), summarize([run.seconds for run in runs])
-    zygote_s = summarize(preloaded["zygote"]) if preloaded["zygote"] else None
+    forkserver_s = summarize(preloaded) if preloaded else None
     run_import, run_build = _split(run_trees)
     bare_import, bare_build = _split(bare_trees)
     return SuiteRuns(
@@ -390,10 +371,9 @@ def measure_runs(
         bare_launch_s=bare_s,
         full_suite_s=suite_s,
         ratio=None if bare_s is None else ratio_of_medians(suite_s, bare_s),
-        bare_zygote_launch_s=zygote_s,
-        ratio_to_zygote_launch=None if zygote_s is None else ratio_of_medians(suite_s, zygote_s),
-        bare_forkserver_launch_s=(
-            summarize(preloaded["forkserver"]) if preloaded["forkserver"] else None
+        bare_forkserver_launch_s=forkserver_s,
+        ratio_to_forkserver_launch=(
+            None if forkserver_s is None else ratio_of_medians(suite_s, forkserver_s)
         ),
         suite_exit_codes=tuple(run.exit_code for run in runs),
         peak_rss_mb_per_rank={str(r): rss[r] for r in sorted(rss)},
@@ -406,5 +386,5 @@ def measure_runs(
         real_trees=tuple(sorted(set(map(configuration, run_trees)))),
         bare_real_import_s=bare_import,
         bare_real_build_s=bare_build,
-        zygote_preload_s=preload_s,
+        forkserver_preload_s=preload_s,
     )

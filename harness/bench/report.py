@@ -180,13 +180,15 @@ def _real_launch(run: SuiteRuns | None) -> Reading:
         f"{_seconds(run.bare_real_import_s)}/{_seconds(run.bare_real_build_s)} s, run "
         f"{_seconds(run.real_import_s)}/{_seconds(run.real_build_s)} s"
     )
-    if run.zygote_preload_s is not None:
-        detail += f" (its zygote preloaded vLLM for all ranks in {run.zygote_preload_s:.1f} s)"
-    if run.bare_zygote_launch_s is not None and run.ratio_to_zygote_launch is not None:
-        forked = _spread(run.bare_zygote_launch_s, ".1f")
+    if run.forkserver_preload_s is not None:
+        preload_s = run.forkserver_preload_s
+        detail += f" (its forkserver preloaded vLLM for all ranks in {preload_s:.1f} s)"
+    if run.bare_forkserver_launch_s is not None and run.ratio_to_forkserver_launch is not None:
+        forked = _spread(run.bare_forkserver_launch_s, ".1f")
+        ratio = run.ratio_to_forkserver_launch.value
         detail += (
-            f"; the cold bare launch imports vLLM once per rank, the run once: bare through the "
-            f"zygote (vLLM preloaded) {forked} s ({run.ratio_to_zygote_launch.value:.2f}x of it)"
+            "; the cold bare launch imports vLLM once per rank, the run once: bare through the "
+            f"forkserver (vLLM preloaded) {forked} s ({ratio:.2f}x of it)"
         )
     return run.ratio.value, detail
 
@@ -229,15 +231,12 @@ def readings(r: Results) -> dict[Target, tuple[str, Reading]]:
         full, bare = _spread(run.full_suite_s, ".1f"), _spread(run.bare_launch_s, ".1f")
         codes = ",".join(map(str, run.suite_exit_codes))
         detail = f"full {full} s vs bare {bare} s, {run.world_size} ranks, exit {codes}"
-        if run.bare_zygote_launch_s is not None and run.ratio_to_zygote_launch is not None:
-            forked = _spread(run.bare_zygote_launch_s, ".1f")
+        if run.bare_forkserver_launch_s is not None and run.ratio_to_forkserver_launch is not None:
+            forked = _spread(run.bare_forkserver_launch_s, ".1f")
             detail += (
-                f"; bare through the zygote {forked} s"
-                f" ({run.ratio_to_zygote_launch.value:.2f}x of it)"
+                f"; bare through the forkserver {forked} s"
+                f" ({run.ratio_to_forkserver_launch.value:.2f}x of it)"
             )
-        if run.bare_forkserver_launch_s is not None:
-            served = _spread(run.bare_forkserver_launch_s, ".1f")
-            detail += f"; bare through torchelastic's forkserver {served} s"
         launch = run.ratio.value, detail
     if d is not None:
         detail = f"{_spread(d.us_per_module, '.2f')} us, {d.modules} modules ({d.layers} layers)"

@@ -324,8 +324,8 @@ class DynamoDetector(Detector):
         return None if found is not None else "torch._dynamo is not part of this torch build"
 
     def blind_spots(self) -> tuple[DetectorStatus, ...]:
-        """Dynamo's import cannot be seen where the rank zygote imported it before this rank
-        would have (vLLM's import, preloaded for a run that also builds real trees, before the
+        """Dynamo's import cannot be seen where the forkserver's preload imported it before this
+        rank would have (vLLM's import, preloaded for a run that also builds real trees, before the
         stand-in windows); its compiles still are."""
         if DYNAMO in sys.modules and preloaded.early(DYNAMO):
             return (
@@ -333,7 +333,7 @@ class DynamoDetector(Detector):
                     name=IMPORT_BLIND,
                     active=False,
                     reason=(
-                        "torch._dynamo was imported by the rank zygote's preload before this "
+                        "torch._dynamo was imported by the forkserver's preload before this "
                         "window, where a cold rank had not imported it: its lazy import in the "
                         "window could not be seen (its compiles were watched)"
                     ),

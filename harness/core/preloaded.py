@@ -1,10 +1,10 @@
-"""What the rank zygote's preload did that a cold rank does itself later, handed to each forked
+"""What the forkserver's preload did that a cold rank does itself later, handed to each forked
 rank: the warnings its imports raised, re-issued where a cold rank's import would have raised
 them, and the modules it imported before the rank would have.
 
 Warnings: a cold rank imports torch, pytest and the harness while pytest loads its `-p` plugins,
-under the ini filters, and vLLM inside the real-tree build, under the test's; the zygote imported
-them once under the interpreter's defaults. So the preload records every warning
+under the ini filters, and vLLM inside the real-tree build, under the test's; the forkserver
+imported them once under the interpreter's defaults. So the preload records every warning
 (`simplefilter("always")`, as WarningMessages), under the group where a cold rank imports its
 module, and the rank re-issues a group with `warnings.warn_explicit` (the warning's own module
 and registry) where it gets there: the heap plugin's import (`STARTUP`, the first `-p` plugin)
@@ -12,11 +12,12 @@ and the real-tree build's `import vllm` (`REAL_TREES`); the rank's filters then 
 (`filterwarnings = error` fails it as it fails a cold rank). A forked rank that loads no heap
 plugin (not a pytest rank) has its startup group re-issued before its module runs.
 
-Modules: until the rank reaches a group, that group's modules are loaded only because the zygote
-imported them (`early`): a detector that watches for a module's first import cannot see it there
-(torch._dynamo, which vLLM imports, in the stand-in windows of a run that also builds real trees).
+Modules: until the rank reaches a group, that group's modules are loaded only because the
+forkserver imported them (`early`): a detector that watches for a module's first import cannot
+see it there (torch._dynamo, which vLLM imports, in the stand-in windows of a run that also
+builds real trees).
 
-Standard library only: the zygote imports it before torch, every rank with its heap plugin.
+Standard library only: the forkserver imports it before torch, every rank with its heap plugin.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ _early: dict[str, frozenset[str]] = {}
 @contextlib.contextmanager
 def recording() -> Iterator[list[warnings.WarningMessage]]:
     """Every warning raised inside, of any category, recorded and not shown; the filters are
-    restored after (what an import changes of them is the zygote's, a rank sets its own)."""
+    restored after (what an import changes of them is the forkserver's, a rank sets its own)."""
     with warnings.catch_warnings(record=True) as log:
         warnings.simplefilter("always")
         yield log
@@ -57,7 +58,7 @@ def hand_over(
 
 
 def early(module: str) -> bool:
-    """Whether `module` is loaded here only because the zygote preloaded it: this rank has not
+    """Whether `module` is loaded here only because the forkserver preloaded it: this rank has not
     yet reached the point where a cold rank imports it (always False in a cold rank)."""
     return any(module in names for names in _early.values())
 

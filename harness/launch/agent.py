@@ -15,6 +15,11 @@ The forkserver is started before this process imports torch, so its imports and 
 process's overlap, as torchrun's and a preloading server's would. Its server and
 multiprocessing's resource tracker are this process's children; they are stopped before it
 exits, whatever the ending, so nothing it started outlives the launch.
+
+Before the first rank, a child of the server says whether the server may fork ranks at all
+(`harness.rank.forksafety`: one thread, CUDA never started). Where it may not, this process
+says why on its log and becomes torchrun itself (the same flags and rank command), whose ranks
+start cold: slower, never wrong.
 """
 
 from __future__ import annotations
@@ -30,10 +35,13 @@ from collections.abc import Sequence
 from multiprocessing import forkserver, resource_tracker, util
 
 from harness.errors import UsageError
+from harness.rank import forksafety
 from harness.rank.preload import FORKSERVER_PRELOAD_MODULE, PRELOAD_LIST_ENV
 
 AGENT_MODULE = "harness.launch.agent"
 RANK_ENTRY_MODULE = "harness.rank.forkserved"
+# How the agent's log says its ranks start cold (the reason follows).
+STARTED_COLD = "dcpqual agent: ranks start cold, not forked: "
 _NPROC = re.compile(r"^--nproc[-_]per[-_]node(?:=(?P<value>.*))?$")
 
 
@@ -74,12 +82,14 @@ def local_ranks(torchrun_argv: Sequence[str]) -> int | None:
     return None
 
 
-def start_forkserver(preload: Sequence[str], torchrun_argv: Sequence[str]) -> None:
+def start_forkserver(preload: Sequence[str], torchrun_argv: Sequence[str]) -> bool:
     """Start the forkserver with the preload list, in the environment the ranks will see as far
     as their imports can read it: torchrun sets OMP_NUM_THREADS=1 for more than one local rank,
-    and torch reads it when the server imports it."""
+    and torch reads it when the server imports it. Returns whether OMP_NUM_THREADS was set here
+    (for torchrun to set it itself where the ranks start cold)."""
     ranks = local_ranks(torchrun_argv)
-    if "OMP_NUM_THREADS" not in os.environ and (ranks is None or ranks > 1):
+    threads_set = "OMP_NUM_THREADS" not in os.environ and (ranks is None or ranks > 1)
+    if threads_set:
         os.environ["OMP_NUM_THREADS"] = "1"
     os.environ[PRELOAD_LIST_ENV] = ",".join(preload)
     try:
@@ -87,6 +97,36 @@ def start_forkserver(preload: Sequence[str], torchrun_argv: Sequence[str]) -> No
         forkserver.ensure_running()
     finally:
         del os.environ[PRELOAD_LIST_ENV]
+    return threads_set
+
+
+def forkserver_refusal() -> str | None:
+    """Why the forkserver may not fork ranks (None: it may), as a child it forks finds it; the
+    wait for the answer is the wait for the server's preload."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    answer, send = context.Pipe(duplex=False)
+    probe = context.Process(target=forksafety.answer_refusal, args=(send,), name="fork-probe")
+    probe.start()
+    send.close()
+    try:
+        reason: str | None = answer.recv()
+    except EOFError:
+        reason = f"the forkserver's probe child ended without an answer (exit {probe.exitcode})"
+    finally:
+        answer.close()
+        probe.join()
+    return reason
+
+
+def become_torchrun(torchrun_argv: Sequence[str], reason: str, threads_set: bool) -> None:
+    """Stop the forkserver and exec torchrun with the same flags: its ranks start cold."""
+    print(f"{STARTED_COLD}{reason}", file=sys.stderr, flush=True)
+    stop_helpers()
+    if threads_set:
+        del os.environ["OMP_NUM_THREADS"]  # torchrun sets it, and says so, as it does cold
+    os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *torchrun_argv])
 
 
 def stop_helpers() -> None:
@@ -147,13 +187,17 @@ def signal_rank_sessions() -> None:
     elastic_mp.MultiprocessContext = RankSessions  # type: ignore[misc]  # start_processes builds it
 
 
-def launch_ranks(torchrun_argv: Sequence[str]) -> None:
-    """torchrun's launch of `torchrun_argv`, each rank `forkserved.run` in a forkserver child."""
+def launch_ranks(torchrun_argv: Sequence[str], threads_set: bool = False) -> None:
+    """torchrun's launch of `torchrun_argv`, each rank `forkserved.run` in a forkserver child;
+    torchrun's own where the forkserver may not fork them."""
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
     from harness.rank import forkserved
 
+    reason = forkserver_refusal()
+    if reason is not None:
+        become_torchrun(torchrun_argv, reason, threads_set)
     args = parse_args(list(torchrun_argv))  # type: ignore[no-untyped-call]
     if args.standalone:  # as torchrun's own `run` resolves it
         args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
@@ -166,11 +210,11 @@ def launch_ranks(torchrun_argv: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     preload, torchrun_argv = split_argv(sys.argv[1:] if argv is None else argv)
-    start_forkserver(preload, torchrun_argv)
+    threads_set = start_forkserver(preload, torchrun_argv)
     try:
         from torch.distributed.elastic.multiprocessing.errors import record
 
-        record(launch_ranks)(torchrun_argv)  # the agent's error file, as torchrun's `main`
+        record(launch_ranks)(torchrun_argv, threads_set)  # its error file, as torchrun's `main`
     finally:
         stop_helpers()
     return 0

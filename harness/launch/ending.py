@@ -430,18 +430,9 @@ class DeadRankWatch:
     makes it walk the tree at once, so a rank is known from its first record on, whatever the
     launcher's scan cadence."""
 
-    def __init__(
-        self,
-        reader: RecordReader,
-        tracker: Tracker,
-        exited: Callable[[], set[tuple[int, int]]] | None = None,
-    ) -> None:
-        """`exited`: (rank, pid) of this node's ranks known to have exited (the zygote's
-        reaped children): a forked rank can start, write its record and exit between two
-        scans, so the tracker may never have seen it."""
+    def __init__(self, reader: RecordReader, tracker: Tracker) -> None:
         self.reader = reader
         self.tracker = tracker
-        self.exited = exited
         self.first_seen: dict[int, float] = {}
         self._looked_for: set[int] = set()
 
@@ -463,7 +454,7 @@ class DeadRankWatch:
         known = [p for p in self.tracker.seen if p.pid == record.pid]
         if any(alive(p) for p in known):
             return False
-        if not known and (self.exited is None or (rank, record.pid) not in self.exited()):
+        if not known:
             return False
         # The rank may have written its final record and exited after it was read: only a
         # record read from the file after the process was seen gone says how it left.

@@ -41,7 +41,6 @@ from harness.launch.proctree import ExitWait, Tracker, end_launch_root, identify
 from harness.launch.progress import Progress, Snapshot, make_progress, poller, snapshot
 from harness.launch.ranklogs import collect_rank_logs
 from harness.launch.rankview import RecordReader
-from harness.launch.zygote import ZygoteRun
 from harness.rank.outrelay import OUTPUT_SECRETS_ENV
 from harness.schema.launch import Interruption, Launch, NodeState
 from harness.schema.layout import MERGED_JUNIT, RECEIPT_NAME, RECORDS_DIR, SUMMARY_NAME
@@ -169,21 +168,8 @@ def launch(
             cgroup.join()
 
     proc: subprocess.Popen[bytes] | None = None
-    zygote: ZygoteRun | None = None
     try:
         env = {**plan.child_env(), OUTPUT_SECRETS_ENV: json.dumps(typed_secrets())}
-        if plan.zygote is not None:
-            zygote = ZygoteRun.start(
-                plan.zygote,
-                plan.zygote_log,
-                plan.child_env({**os.environ, **plan.zygote.env}),
-                in_child if linux else None,
-            )
-            if zygote.error is not None:
-                if hold is not None:
-                    hold.start()  # torchrun never ran: the bundle is what is left to do
-                return _not_launched(started_at, t0, zygote)
-            env.update(zygote.stub_env())
         with plan.agent_log.open("wb") as log:
             proc = start_launch_root(
                 lambda: subprocess.Popen(
@@ -205,25 +191,18 @@ def launch(
                 daemon=True,
             )
             relay.start()
-        tracker = Tracker(
-            proc.pid,
-            adopter=os.getpid() if adopting else None,
-            forker=None if zygote is None else zygote.pid,
-        )
+        tracker = Tracker(proc.pid, adopter=os.getpid() if adopting else None)
         exited = None if hold is None else hold.start
         hurry = None if raising is None else raising.hurry
         lost = None if raising is None else raising.lost
         outcome = _supervise(
-            proc, tracker, reader, t0, timeout_s, tick, tick_s, zygote, exited, hurry, lost
+            proc, tracker, reader, t0, timeout_s, tick, tick_s, exited, hurry, lost
         )
         if relay is not None:
             relay.join(timeout=5.0)
             if not relay.is_alive() and proc.stdout is not None:
                 proc.stdout.close()  # the relay read torchrun's output to its end
         tracker.scan()  # orphans that re-parented to us after the last tick
-        if zygote is not None:  # its ranks are gone (or tracked as leftovers): it goes now
-            zygote.died()  # an exit before this is the launch's failure
-            zygote.stop()
         if cgroup is not None:  # and whatever is still in the run's cgroup, wherever it went
             tracker.seen |= {p for pid in cgroup.pids() if (p := identify(pid)) is not None}
         marked = _plan_entry(plan)
@@ -245,8 +224,6 @@ def launch(
         leftovers = sorted({*leftovers, *swept}, key=lambda p: p.pid)
         ending.reap(p for p in tracker.seen if p.pid != proc.pid)
     finally:
-        if zygote is not None:
-            zygote.stop()
         if proc is not None:
             end_launch_root(proc.pid)
         if cgroup is not None:
@@ -264,18 +241,6 @@ def launch(
         leftovers=[p.pid for p in leftovers],
         interrupted=outcome.interrupted,
         ended_for_ranks_gone_mid_suite=list(outcome.dead_ranks),
-        zygote=None if zygote is None else zygote.state(),
-    )
-
-
-def _not_launched(started_at: str, t0: float, zygote: ZygoteRun) -> Launch:
-    """The zygote could not start: torchrun never ran."""
-    return Launch(
-        exit_code=1,
-        started_at=started_at,
-        finished_at=_now(),
-        elapsed_s=round(time.monotonic() - t0, 3),
-        zygote=zygote.state(),
     )
 
 
@@ -284,7 +249,6 @@ class _Outcome:
     timed_out: bool = False
     interrupted: Interruption | None = None
     dead_ranks: tuple[int, ...] = ()
-    zygote_died: bool = False
 
 
 def _supervise(
@@ -295,21 +259,20 @@ def _supervise(
     timeout_s: float,
     tick: Callable[[float], None] | None,
     tick_s: float,
-    zygote: ZygoteRun | None = None,
     exited: Callable[[], None] | None = None,
     hurry: threading.Event | None = None,
     lost: Callable[[], KeyboardInterrupt | None] | None = None,
 ) -> _Outcome:
-    """Wait for torchrun; end the tree on a timeout, a rank gone mid-suite, the zygote's death,
-    ^C or SIGTERM. `exited` is called as soon as torchrun is known to have exited, on every
-    path: a signal before it is this launch's interruption, one after it is the caller's to
-    hold. `hurry`: set by a signal the hold took after the one it raised (the ending then ends
-    the tree at once).
+    """Wait for torchrun; end the tree on a timeout, a rank gone mid-suite, ^C or SIGTERM.
+    `exited` is called as soon as torchrun is known to have exited, on every path: a signal
+    before it is this launch's interruption, one after it is the caller's to hold. `hurry`:
+    set by a signal the hold took after the one it raised (the ending then ends the tree at
+    once).
     `lost`: a signal's exception that its handler raised where Python drops it (a gc callback,
     a `__del__`): raised again here, so the signal still ends the run."""
     exited = (lambda: None) if exited is None else exited
     lost = (lambda: None) if lost is None else lost
-    watch = ending.DeadRankWatch(reader, tracker, None if zygote is None else zygote.reaped)
+    watch = ending.DeadRankWatch(reader, tracker)
     exit_wait = ExitWait(proc)
     next_scan = 0.0
     try:
@@ -330,11 +293,6 @@ def _supervise(
                 proc.wait()
                 exited()
                 return _Outcome(timed_out=True)
-            if zygote is not None and zygote.died() is not None:
-                tracker.end_all(grace_s=SHUTDOWN_TIMEOUT_S + 5)
-                proc.wait()
-                exited()
-                return _Outcome(zygote_died=True)
             dead = watch.overdue()
             if dead:
                 tracker.end_all(grace_s=SHUTDOWN_TIMEOUT_S + 5)
@@ -606,17 +564,6 @@ def _finish(
             else ""
         ),
     )
-    zygote_error = result.zygote.error if result.zygote is not None else None
-    if zygote_error is not None:
-        _say(sys.stderr, f"dcpqual run: error: {zygote_error}")
-    elif result.zygote is not None and result.zygote.not_used is not None:
-        _say(stream, f"dcpqual run: ranks started cold, not forked: {result.zygote.not_used}")
-    elif result.zygote is not None and result.zygote.sent_cold:
-        _say(
-            stream,
-            f"dcpqual run: {result.zygote.sent_cold} rank(s) started cold, not forked: "
-            f"{result.zygote.sent_cold_why}",
-        )
     gone = None
     markers: dict[int, NodeState | None] | None = None
     if options.node_rank != 0:
@@ -625,7 +572,7 @@ def _finish(
             # A node after node 1 waits out node 1's wait too: node 1 may write the bundle.
             waits = 1 if options.node_rank == 1 else 2
             code = _follow_node0(stream, out_dir, result, wait_s * waits)
-            return code or (1 if zygote_error else 0)
+            return code
         gone = NodeZeroGone(waited_s=wait_s, by_node=options.node_rank)
         markers = nodes.wait_for_nodes(out_dir, options.nnodes, 0.0)  # as they are now
     elif options.multi_node:
@@ -650,7 +597,6 @@ def _write_bundle(
     """Node 0's ending (or node 1's, in place of a node 0 that is gone): set strays aside,
     gather the rank logs, write the bundle and verify it, and tell the verdict."""
     out_dir = plan.out_dir
-    zygote_error = result.zygote.error if result.zygote is not None else None
     scrub = Scrub(
         changed=list(scrubbed.changed),
         renamed=list(scrubbed.renamed),
@@ -681,7 +627,7 @@ def _write_bundle(
     if result.interrupted is not None:
         return result.interrupted.exit_code
     passed = receipt.verdict == "pass"
-    clean = ctx.exit_code == 0 and not ctx.timed_out and zygote_error is None
+    clean = ctx.exit_code == 0 and not ctx.timed_out
     return 0 if passed and not problems and clean else 1
 
 

@@ -18,9 +18,9 @@ from typing import get_args
 
 from harness.core.signature import COMM_BACKENDS  # vLLM's --dcp-comm-backend values
 from harness.errors import UsageError
+from harness.launch.agent import agent_argv
 from harness.launch.options import HASH_SEED_MAX, RunOptionFields
-from harness.rank.forkwire import SOCKET_ENV
-from harness.rank.preload import PRELOAD, preload_for
+from harness.rank.preload import preload_for
 from harness.schema.layout import TORCHRUN_DIR, node_dir_name
 from harness.schema.plan import (
     TEST_TIMEOUT_S,
@@ -188,29 +188,6 @@ class RunOptions(RunOptionFields):
         return self.nnodes > 1
 
 
-# Ranks start forked from the node's zygote (`harness.rank.zygote`), which imported torch,
-# pytest and the harness once; torchrun starts a standard-library stub per rank that stands for
-# its forked rank (`harness.rank.forkstub`).
-ZYGOTE_MODULE = "harness.rank.zygote"
-FORKSTUB_MODULE = "harness.rank.forkstub"
-# Unix socket paths are limited to 107 bytes; a longer out folder puts the socket in a private
-# folder of /tmp.
-_SOCKET_PATH_MAX = 100
-
-
-@dataclass(frozen=True)
-class ZygotePlan:
-    """The node's zygote: its command, its environment (the ranks' as far as torch's import can
-    see it) and the socket its stubs reach it on."""
-
-    argv: tuple[str, ...]
-    socket: Path
-    env: Mapping[str, str] = field(default_factory=dict)
-    # The folder the launcher makes for the socket (mode 0700, failing if it exists) and
-    # removes after the run, where the log folder's path is too long for one; None: none.
-    private_dir: Path | None = None
-
-
 @dataclass(frozen=True)
 class RunPlan:
     """Everything `launch` needs: argv, the environment it adds, and where files go."""
@@ -220,7 +197,6 @@ class RunPlan:
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     targets: tuple[str, ...] = ()
-    zygote: ZygotePlan | None = None  # None: torchrun execs each rank's interpreter itself
 
     @property
     def log_dir(self) -> Path:
@@ -234,10 +210,6 @@ class RunPlan:
     @property
     def agent_error_file(self) -> Path:
         return self.log_dir / "agent-error.json"
-
-    @property
-    def zygote_log(self) -> Path:
-        return self.log_dir / "zygote.log"
 
     def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
@@ -322,7 +294,9 @@ def rank_plan(options: RunOptions, out_dir: Path) -> RankPlan:
             "out_dir": str(out_dir),
             "node_index": options.node_rank,  # which torchrun/node-KK holds its logs
             "collect_timeout_s": options.resolved_test_timeout,  # collection is a test too
-            "fast_exit": True,  # records and junit are final: skip 16 interpreter teardowns
+            # Records and junit are final: a cold rank skips its interpreter's teardown. A
+            # forkserver's rank returns to torchelastic, which reads its return as success.
+            "fast_exit": options.nproc_per_node == 1,
         }
     )
 
@@ -360,7 +334,7 @@ def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
         raise ValueError(f"out_dir must be absolute, got {out_dir}")
     targets = run_targets(options)
     probe = RunPlan(options=options, out_dir=out_dir, argv=())
-    argv = (*torchrun_args(options, probe.log_dir), *forked(pytest_args(targets)))
+    argv = launch_argv(options, probe.log_dir, pytest_args(targets))
     pythonpath = os.environ.get("PYTHONPATH", "")
     env = {
         **rank_plan(options, out_dir).to_environ(),  # also: the root conftest collects suites/
@@ -370,94 +344,24 @@ def build_plan(options: RunOptions, out_dir: Path) -> RunPlan:
         "PYTHONUNBUFFERED": "1",
         **RANK_PYTEST_ENV,
     }
-    if options.nproc_per_node == 1:  # one rank: nothing to share, torchrun execs it
-        argv = (*torchrun_args(options, probe.log_dir), *pytest_args(targets))
-        return RunPlan(options=options, out_dir=out_dir, argv=argv, env=env, targets=targets)
-    zygote = zygote_plan(probe.log_dir, env, preload_for(options.models))
-    return RunPlan(
-        options=options, out_dir=out_dir, argv=argv, env=env, targets=targets, zygote=zygote
-    )
+    return RunPlan(options=options, out_dir=out_dir, argv=argv, env=env, targets=targets)
+
+
+def launch_argv(options: RunOptions, log_dir: Path, rank_argv: Sequence[str]) -> tuple[str, ...]:
+    """torchrun for one local rank (nothing to share: it execs the rank's interpreter); for
+    more, torchelastic's own agent with torchrun's flags, its ranks forked from a forkserver
+    that imported what the run's models need once (`harness.launch.agent`)."""
+    torchrun = torchrun_args(options, log_dir)
+    if options.nproc_per_node == 1:
+        return (*torchrun, *rank_argv)
+    return agent_argv(torchrun, rank_argv, preload_for(options.models))
 
 
 def resolved_hash_seed(options: RunOptions) -> int:
     """The string-hash seed every rank of this node starts with: the one asked for, else one
-    drawn here. Ranks forked from the zygote can only share its seed, so a cold rank gets the
-    same one, and the evidence states it (a rerun with it reproduces what hashing did)."""
+    drawn here. Ranks forked from the agent's forkserver can only share its seed, so a cold
+    rank gets the same one, and the evidence states it (a rerun with it reproduces what hashing
+    did)."""
     if options.hash_seed is not None:
         return options.hash_seed
     return secrets.randbelow(HASH_SEED_MAX) + 1  # 0 would turn randomization off
-
-
-def forked(rank_argv: Sequence[str]) -> tuple[str, ...]:
-    """torchrun's worker command for a rank forked from the zygote: the stub, then what the
-    rank's interpreter would have been given."""
-    return ("-m", FORKSTUB_MODULE, "--", *rank_argv)
-
-
-def zygote_plan(
-    log_dir: Path, env: dict[str, str], preload: tuple[str, ...] = PRELOAD
-) -> ZygotePlan:
-    """The node's zygote for ranks started with `env`, to which it adds the zygote's socket;
-    it imports `preload` (the zygote's default list unless a run needs more)."""
-    socket, private_dir = zygote_socket(log_dir)
-    env[SOCKET_ENV] = str(socket)
-    zygote_env = dict(env)
-    if "OMP_NUM_THREADS" not in os.environ:
-        zygote_env["OMP_NUM_THREADS"] = "1"  # what torchrun sets for more than one rank
-    modules = () if preload == PRELOAD else (",".join(preload),)
-    return ZygotePlan(
-        argv=(sys.executable, "-u", "-m", ZYGOTE_MODULE, str(socket), *modules),
-        socket=socket,
-        env=zygote_env,
-        private_dir=private_dir,
-    )
-
-
-def zygote_socket(log_dir: Path) -> tuple[Path, Path | None]:
-    """The zygote's socket in this node's log folder, or, where that path is too long for a Unix
-    socket, in a folder of /tmp with a random name that the launcher makes for this run alone
-    (second: that folder). A name anyone can derive could be bound first by another user, who
-    would then be handed every rank's environment and descriptors."""
-    path = log_dir / "zygote.sock"
-    if len(os.fsencode(path)) <= _SOCKET_PATH_MAX:
-        return path, None
-    import secrets
-
-    # The launcher's pid in the name: a later launch removes what a killed one left.
-    private = Path("/tmp") / f"{PRIVATE_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
-    return private / "zygote.sock", private
-
-
-PRIVATE_PREFIX = "dcpqual-zygote-"
-
-
-def remove_stale_private_dirs(root: Path = Path("/tmp")) -> list[Path]:
-    """The zygote socket folders of launchers that are gone (killed before they could remove
-    their own), this user's only: removed with the socket they hold, nothing else. Returns the
-    folders removed."""
-    removed = []
-    for folder in root.glob(f"{PRIVATE_PREFIX}*-*"):
-        pid = folder.name[len(PRIVATE_PREFIX) :].split("-", 1)[0]
-        try:
-            if not pid.isdigit() or _pid_alive(int(pid)) or folder.lstat().st_uid != os.getuid():
-                continue
-            for entry in folder.iterdir():
-                if entry.name != "zygote.sock":
-                    break
-                entry.unlink()
-            else:
-                folder.rmdir()
-                removed.append(folder)
-        except OSError:
-            continue
-    return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -150,19 +150,16 @@ class ExitWait:
 
 
 class Tracker:
-    """Remembers every process ever seen under one root (the torchrun agent) and, with a
-    `forker`, under it too.
+    """Remembers every process ever seen under one root (the torchrun agent, whose forkserver
+    and its ranks are its descendants).
 
     With `adopter` (the launcher, a child subreaper), processes that re-parented to it and were
     not its children when tracking began are orphans of the run, and are tracked with their
     descendants too."""
 
-    def __init__(self, root: int, adopter: int | None = None, forker: int | None = None) -> None:
-        """`forker`: a process whose children are the launch's ranks too (the zygote): its
-        descendants are tracked, itself is not (it is ended after the ranks, by its owner)."""
+    def __init__(self, root: int, adopter: int | None = None) -> None:
         self.root = root
         self.adopter = adopter
-        self.forker = forker
         self.seen: set[Proc] = set()
         self._before = set() if adopter is None else children_of(adopter)
         me = identify(root)
@@ -172,14 +169,12 @@ class Tracker:
 
     def scan(self) -> None:
         self.seen |= descendants(self.root)
-        if self.forker is not None:
-            self.seen |= descendants(self.forker)
         if self.adopter is not None:
             with _LAUNCH_ROOTS_LOCK:
-                others = _LAUNCH_ROOTS - {self.root, self.forker}
+                others = _LAUNCH_ROOTS - {self.root}
                 for orphan in children_of(self.adopter) - self._before:
-                    if orphan.pid in (self.root, self.forker):
-                        continue  # the root itself (or the forker), whose tree was just read
+                    if orphan.pid == self.root:
+                        continue  # the root itself, whose tree was just read
                     if orphan.pid in others:
                         continue  # another launch's torchrun, not an orphan of this run
                     self.seen.add(orphan)

@@ -10,7 +10,7 @@ of the collector's reach; what the tests create is still collected, and a finali
 still reported. The little garbage start-up makes is frozen with the rest (Python's documented
 pattern for long-lived heaps: disable early, freeze, enable).
 
-Its import is also where a forked rank re-issues what the zygote's preload warned
+Its import is also where a forked rank re-issues what the forkserver's preload warned
 (`harness.core.preloaded`): pytest imports it under the same filters a cold rank's imports of
 torch and the harness meet here.
 

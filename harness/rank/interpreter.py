@@ -1,7 +1,7 @@
-"""What a rank started from a preloaded process (forked by the zygote or by multiprocessing's
-forkserver) does where a cold interpreter would: run `-m MODULE` as `__main__`, draw its own
-generators, and end as the interpreter ends (threads joined, atexit run, files flushed, the exit
-code or death by SIGINT)."""
+"""What a rank started from a preloaded process (forked by multiprocessing's forkserver) does
+where a cold interpreter would: run `-m MODULE` as `__main__`, draw its own generators, and end
+as the interpreter ends (threads joined, atexit run, files flushed, the exit code or death by
+SIGINT)."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ writers are flushed: for them flushing is the part of closing that writes data, 
 Python-level io class's flush may write what its close would not (gzip's sync marker).
 Errors are ignored, as the interpreter's exit ignores them.
 
-The heap the zygote and each rank freeze (`gc.freeze`) is out of `gc.get_objects`' reach, and
+The heap the forkserver and each rank freeze (`gc.freeze`) is out of `gc.get_objects`' reach, and
 walking it would cost more than the scan: listing an object touches it, and a forked rank's
-touch copies the zygote's page (16 ranks copying the preloaded heap). So the heap is frozen
+touch copies the forkserver's page (16 ranks copying the preloaded heap). So the heap is frozen
 here (`freeze`), which remembers the writers in it (weakly: a file dropped still closes when
 it goes), and the exit scan walks only what is not frozen, plus those. Measured in a rank forked
 from a preload of torch and the harness: 0.1 ms, where thawing and walking the heap took 0.08 s

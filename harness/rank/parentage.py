@@ -1,14 +1,12 @@
-"""The processes above this rank, under any launch: its torchrun agent and, where the rank was
-forked from the zygote (`harness.rank.zygote`), the fork stub torchrun started for it and the
-zygote itself, or, where torchelastic's agent started it as a function
-(`harness.launch.agent`), the forkserver that forked it.
+"""The processes above this rank, under either launch: its torchrun agent and, where the agent
+started it as a function (`harness.launch.agent`), the forkserver that forked it.
 
 Whatever on the rank side means "my torchrun agent" asks `agent_pid()`: `os.getppid()` is the
 agent only where torchrun started the rank's interpreter itself; a forked rank's parent is the
-zygote or the forkserver. Whoever forked the rank sets its `Parentage` in the child, as a value
-in this process, not in the environment its own subprocesses inherit.
+forkserver. Whoever forked the rank sets its `Parentage` in the child, as a value in this
+process, not in the environment its own subprocesses inherit.
 
-Standard library only: the zygote imports it before torch.
+Standard library only: the forkserver imports it before its ranks exist.
 """
 
 from __future__ import annotations
@@ -19,39 +17,31 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Parentage:
-    """`agent`: the torchrun agent that started this rank. `stub` and `zygote`: where the rank
-    was forked from the zygote, the stub that stands for it towards torchrun and the zygote
-    (its parent). `forkserver`: where the agent started it as a function, the forkserver that
-    forked it (its parent). None where torchrun started the rank's interpreter itself."""
+    """`agent`: the torchrun agent that started this rank. `forkserver`: where the agent started
+    it as a function, the forkserver that forked it (its parent); None where torchrun started
+    the rank's interpreter itself."""
 
     agent: int
-    stub: int | None = None
-    zygote: int | None = None
     forkserver: int | None = None
 
     @property
     def forked(self) -> bool:
-        """Forked from the zygote (what the evidence counts as a zygote's rank)."""
-        return self.zygote is not None
+        """Forked from a preloaded interpreter (whose string-hash seed it shares)."""
+        return self.forkserver is not None
 
     def between(self) -> dict[int, str]:
         """{pid: what it is} for the launch's processes between this rank and its agent: a
         signal to one of them ends the job as one to the agent would."""
-        named: dict[int, str] = {}
-        if self.stub is not None:
-            named[self.stub] = "its fork stub (the process torchrun started for it)"
-        if self.zygote is not None:
-            named[self.zygote] = "the rank zygote that forked it"
-        if self.forkserver is not None:
-            named[self.forkserver] = "the forkserver that forked it (its agent's)"
-        return named
+        if self.forkserver is None:
+            return {}
+        return {self.forkserver: "the forkserver that forked it (its agent's)"}
 
 
 _forked: Parentage | None = None
 
 
 def set_forked(parentage: Parentage) -> None:
-    """In a rank the zygote or a forkserver just forked: who its agent is, and what is between."""
+    """In a rank a forkserver just forked: who its agent is, and what is between."""
     global _forked
     _forked = parentage
 

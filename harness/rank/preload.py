@@ -1,5 +1,5 @@
-"""What a process that starts ranks preloads for them (the zygote, or the forkserver of
-torchelastic's agent), one list per kind of run, and the preload itself: what it imported, what
+"""What the forkserver of torchelastic's agent preloads for the ranks it forks
+(`harness.launch.agent`), one list per kind of run, and the preload itself: what it imported, what
 failed, warned, and wrote into the environment, handed to each rank it starts.
 
 A rank started from the preloaded process finds these modules in sys.modules instead of
@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import sys
 import warnings
-from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 from harness.core import preloaded as handover
@@ -103,48 +101,20 @@ class Failed:
 @dataclass
 class Preloaded:
     """What the preload did: the modules it imported, those whose import raised, what it warned
-    (by where a cold rank imports the module, see `harness.core.preloaded`) and what it
-    wrote into os.environ."""
+    (by where a cold rank imports the module, see `harness.core.preloaded`). What it wrote
+    into os.environ a forked rank's environment holds as a cold rank's own import would
+    have written it: torchelastic sets the rank's variables over the server's."""
 
     loaded: list[str] = field(default_factory=list)
     failed: list[Failed] = field(default_factory=list)
     warned: dict[str, list[warnings.WarningMessage]] = field(default_factory=dict)
     modules: dict[str, frozenset[str]] = field(default_factory=dict)  # what each group loaded
-    env: PreloadEnv = field(default_factory=lambda: PreloadEnv({}, (), frozenset()))
-
-
-@dataclass(frozen=True)
-class PreloadEnv:
-    """The preload's writes to os.environ (vLLM's import sets variables it relies on), which a
-    cold rank's own import would have made in its environment: `set` (added or changed),
-    `removed`, and `before` (the keys the preloading process had before the preload)."""
-
-    set: dict[str, str]
-    removed: tuple[str, ...]
-    before: frozenset[str]
-
-    @classmethod
-    def between(cls, before: dict[str, str], after: dict[str, str]) -> PreloadEnv:
-        changed = {k: v for k, v in after.items() if before.get(k) != v}
-        return cls(changed, tuple(k for k in before if k not in after), frozenset(before))
-
-    def apply(self, env: MutableMapping[str, str], rank_env: Mapping[str, str]) -> None:
-        """Make the preload's writes in a rank's `env`; a key the rank has that the zygote lacked
-        before the preload keeps the rank's value (the rank set it, an import's setdefault would
-        have kept it)."""
-        for key, value in self.set.items():
-            if key in rank_env and key not in self.before:
-                continue
-            env[key] = value
-        for key in self.removed:
-            env.pop(key, None)
 
 
 def preload(modules: tuple[str, ...] = PRELOAD) -> Preloaded:
     """Import `modules`, each on its own: one whose import raises is logged and left for each
     rank to import (and fail) itself, as a cold rank would."""
     done = Preloaded()
-    before = dict(os.environ)
     for name in modules:
         group = handover.REAL_TREES if name in REAL_TREE_PRELOAD else handover.STARTUP
         known = set(sys.modules)
@@ -158,9 +128,8 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> Preloaded:
         done.warned.setdefault(group, []).extend(log)
         new = frozenset(sys.modules.keys() - known)
         done.modules[group] = done.modules.get(group, frozenset()) | new
-    done.env = PreloadEnv.between(before, dict(os.environ))
-    # What the preload left in a file's buffer is the zygote's to write, once: each rank's copy
-    # of that buffer would reach the file again as the rank ends.
+    # What the preload left in a file's buffer is the forkserver's to write, once: each rank's
+    # copy of that buffer would reach the file again as the rank ends.
     openfiles.flush_open_files()
     openfiles.freeze()  # the preloaded heap: shared copy-on-write, never walked by a child's gc
     return done

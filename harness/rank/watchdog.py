@@ -8,9 +8,9 @@ others and never leaves an unexplained gap.
 SIGTERM (torchrun stopping the job) reaches the watchdog through `signal.set_wakeup_fd`: the
 interpreter's C-level handler writes the signal number to a pipe the watchdog selects on, even
 while the main thread is stuck in C++. The agent's exit reaches it the same way, through a pidfd
-of the agent (`harness.rank.parentage`: the parent, or for a rank forked from the zygote the
-stub's parent); the parent pid is also compared at every wake-up (a forked rank's parent is the
-zygote, whose death orphans it too).
+of the agent (`harness.rank.parentage`: the parent, or for a rank the agent's forkserver forked,
+the forkserver's parent); the parent pid is also compared at every wake-up (a forked rank's
+parent is the forkserver, whose death orphans it too).
 
 It sleeps until the next thing that can be due: the heartbeat, the running test's timeout, the
 next look at its peers (every `tick_s` while a test runs, one store read of the alarm counter
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import runpy
 import select
 import signal
 import sys
@@ -33,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Literal
 
 from harness.pidfd import pidfd_open
@@ -47,6 +49,7 @@ Phase = Literal["idle", "body", "agree", "finishing", "claimed"]
 EXIT_FAILED = 1
 EXIT_TERMINATED = 128 + signal.SIGTERM
 _DIST_DIR = f"{os.sep}torch{os.sep}distributed{os.sep}"
+_RUNPY = runpy._run_code.__code__.co_filename  # type: ignore[attr-defined]  # "<frozen runpy>"
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,16 @@ class WatchConfig:
 
 def main_thread_in_collective() -> bool:
     """Is the main thread inside a torch.distributed call right now (waiting for peers)?"""
-    frame = sys._current_frames().get(threading.main_thread().ident or -1)
-    while frame is not None:
+    return in_collective(sys._current_frames().get(threading.main_thread().ident or -1))
+
+
+def in_collective(frame: FrameType | None) -> bool:
+    """Is a torch.distributed frame on the stack ending in `frame`, above the rank's `-m` entry?
+
+    Below that entry is what started the interpreter's module: nothing for a cold rank, and
+    torchelastic's own worker wrapper (`torch/distributed/elastic/...`) for one its agent started
+    as a function, which is no call the rank is blocked in."""
+    while frame is not None and frame.f_code.co_filename != _RUNPY:
         if _DIST_DIR in frame.f_code.co_filename:
             return True
         frame = frame.f_back
@@ -110,9 +121,8 @@ class Watchdog:
         self._peer_left = False  # a peer left the job (the abort key is set; it stays set)
         self._stopping = threading.Event()
         self._finished = threading.Event()
-        self._ppid = os.getppid()  # the agent, or the zygote or forkserver that forked this rank
+        self._ppid = os.getppid()  # the agent, or the forkserver that forked this rank
         self._forked = parentage().forked
-        self._forkserved = parentage().forkserver is not None
         self._parent_fd = pidfd_open(parentage().agent if agent_pid is None else agent_pid)
         self._kick_r, self._kick_w = os.pipe()  # `stop` wakes the thread at once
         os.set_blocking(self._kick_r, False)
@@ -239,8 +249,6 @@ class Watchdog:
 
     def _orphaned_by(self, agent_gone: bool) -> str:
         if self._forked and not agent_gone:
-            return "orphaned: the rank zygote that forked this rank is gone"
-        if self._forkserved and not agent_gone:
             return "orphaned: the forkserver that forked this rank is gone"
         return "orphaned: the torchrun agent that started this rank is gone"
 

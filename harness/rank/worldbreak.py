@@ -5,9 +5,9 @@ Two actions are seen:
   checked after each test, before the ranks agree on it, so the test fails on that rank and the
   agreement makes it primary even when a peer's collective failed first;
 - the rank sent a signal to its torchrun agent (`harness.rank.parentage`: its parent at
-  start-up, unless it was forked from the zygote) or the agent's process group, or, where it
-  was forked, to its fork stub or the zygote or their process groups (each leads its own),
-  which end the job as surely: a `sys.addaudithook` hook sees `os.kill`/`os.killpg` before the
+  start-up, unless the agent's forkserver forked it) or the agent's process group, or, where it
+  was forked, to the forkserver or, where it leads one, its process group, which end the job as
+  surely: a `sys.addaudithook` hook sees `os.kill`/`os.killpg` before the
   signal is sent, so the record says so even when the signal kills the agent and every rank is
   then an orphan.
 
@@ -74,7 +74,7 @@ class AgentWatch:
         between: Mapping[int, str] | None = None,
     ) -> None:
         """`between`: {pid: what it is} for the processes between this rank and its agent (its
-        fork stub, the zygote), a signal to which counts as one to the agent."""
+        forkserver), a signal to which counts as one to the agent."""
         self.rank = rank
         self.agent_pid = agent_pid
         self.between = dict(between or {})
@@ -82,9 +82,9 @@ class AgentWatch:
             self.agent_pgid: int | None = os.getpgid(agent_pid)
         except OSError:
             self.agent_pgid = None
-        # {pgid: what leads it} for the groups of the processes between: the stub and the
-        # zygote lead their own sessions, so `os.killpg(os.getpgid(os.getppid()))` in a forked
-        # rank signals the zygote, as it signals the agent's group in a cold one.
+        # {pgid: what leads it} for the groups of the processes between: where one leads its
+        # own, `os.killpg(os.getpgid(os.getppid()))` in a forked rank signals it, as it
+        # signals the agent's group in a cold one.
         self.between_groups: dict[int, str] = {}
         for pid, what in self.between.items():
             with contextlib.suppress(OSError):

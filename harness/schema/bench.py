@@ -203,14 +203,11 @@ class SuiteRuns(Model):
     # full / bare, medians (the target: bare is torchrun's own cold start; for the real trees,
     # cold ranks that import vLLM and build the same trees)
     ratio: Ratio | None
-    # The same bare launch with its ranks forked from `dcpqual run`'s zygote, as the full run's
-    # are, and full / that: what the suites and the harness add beyond the launch itself.
-    bare_zygote_launch_s: Summary | None = None
-    ratio_to_zygote_launch: Ratio | None = None
-    # The same bare launch started by torchelastic's own agent, its ranks forked by
-    # multiprocessing's forkserver with the zygote's preload (`harness.launch.agent`): the
-    # other way to start ranks from a preloaded process, measured beside the zygote.
+    # The same bare launch started as `dcpqual run` starts its ranks (torchelastic's own agent,
+    # the ranks forked by multiprocessing's forkserver after its preload, `harness.launch.agent`),
+    # and full / that: what the suites and the harness add beyond the launch itself.
     bare_forkserver_launch_s: Summary | None = None
+    ratio_to_forkserver_launch: Ratio | None = None
     suite_exit_codes: tuple[int, ...]
     peak_rss_mb_per_rank: dict[str, float]  # rank -> max over the runs, MB (1e6 bytes)
     peak_rss_mb: float | None
@@ -218,7 +215,7 @@ class SuiteRuns(Model):
     cpu_s_per_rank: dict[str, float]  # rank -> CPU seconds of its last run
     profile: Profile | None
     # The real run's vLLM cost over its ranks (each rank's records): importing what its rank
-    # had not imported of vLLM (about nothing where the zygote preloaded it), building the
+    # had not imported of vLLM (about nothing where the forkserver preloaded it), building the
     # trees; None for the stand-ins.
     real_import_s: Summary | None = None
     real_build_s: Summary | None = None
@@ -226,8 +223,8 @@ class SuiteRuns(Model):
     # The same split over the bare real-tree launch's ranks, which import vLLM cold.
     bare_real_import_s: Summary | None = None
     bare_real_build_s: Summary | None = None
-    # Seconds the real run's zygote spent preloading (vLLM's import, once for every rank).
-    zygote_preload_s: float | None = None
+    # Seconds the real run's forkserver spent preloading (vLLM's import, once for every rank).
+    forkserver_preload_s: float | None = None
 
 
 class EngineRun(Model):

@@ -1,7 +1,7 @@
 """One rank SIGKILLs its torchrun agent mid-test; every rank, itself included, is then an orphan
 that its watchdog ends, so the one that did it must be told apart by what it did. The agent is
-the harness's answer (`agent_pid`): the rank's parent where torchrun started it, the stub's
-parent where it was forked from the zygote."""
+the harness's answer (`agent_pid`): the rank's parent where torchrun started it, the
+forkserver's parent where the agent's forkserver forked it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""One forked rank SIGKILLs a process between it and its torchrun agent mid-test:
-`DCPQUAL_KILL=zygote` its parent (the zygote that forked every rank), `DCPQUAL_KILL=stub` the
-fork stub torchrun started for it; `DCPQUAL_KILL_HOW=group` signals that process's group instead
-(each leads its own), the zygote's the natural way: `os.killpg(os.getpgid(os.getppid()))`.
-Either ends the job; the one that did it is the root cause."""
+"""One forked rank SIGKILLs the process between it and its torchrun agent mid-test: its parent,
+the agent's forkserver that forked every rank; `DCPQUAL_KILL_HOW=group` signals its parent's
+group instead, the natural way: `os.killpg(os.getpgid(os.getppid()))` (the agent's group, which
+the forkserver shares). Either ends the job; the one that did it is the root cause."""
 
 from __future__ import annotations
 
@@ -16,22 +15,18 @@ from harness.rank.parentage import parentage
 
 
 def test_before():
-    assert parentage().forked, "this suite needs ranks forked from the zygote"
+    assert parentage().forked, "this suite needs ranks forked by the agent's forkserver"
     assert all_reduce_sum(1.0) == dist.get_world_size()
 
 
 def test_fault():
     if rank() == fault_rank():
         above = parentage()
-        assert above.zygote == os.getppid(), above
-        target = above.zygote if os.environ["DCPQUAL_KILL"] == "zygote" else above.stub
-        assert target is not None, above
+        assert above.forkserver == os.getppid(), above
         if os.environ.get("DCPQUAL_KILL_HOW") != "group":
-            os.kill(target, signal.SIGKILL)
-        elif target == os.getppid():
-            os.killpg(os.getpgid(os.getppid()), signal.SIGKILL)
+            os.kill(above.forkserver, signal.SIGKILL)
         else:
-            os.kill(-os.getpgid(target), signal.SIGKILL)
+            os.killpg(os.getpgid(os.getppid()), signal.SIGKILL)
     all_reduce_sum(1.0)
 
 

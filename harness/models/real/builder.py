@@ -103,7 +103,7 @@ class RealTree:
     shims: tuple[Shim, ...]
     build_s: float  # construction only (config, parallel state, both trees)
     # Importing what this process had not imported of vLLM (`import vllm` included): the
-    # larger share of a cold first build, about nothing where the zygote preloaded vLLM.
+    # larger share of a cold first build, about nothing where the forkserver preloaded vLLM.
     import_s: float = 0.0
     draft_layers: tuple[str, ...] = field(default=())
 
