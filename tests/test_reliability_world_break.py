@@ -99,5 +99,5 @@ def test_a_forked_rank_killing_the_forkserver_or_its_group_is_the_root_cause(
     found = blamed_run(tmp_path, monkeypatch, "rank_kill_between.py")
     broke = found["broke"]
     assert (broke.action, broke.signal) == ("signalled-agent", "SIGKILL"), broke
-    assert named in broke.message and "torchrun agent pid" in broke.message, broke.message
+    assert named in broke.message and "agent pid" in broke.message, broke.message
     assert named in found["cause"]["message"], found["cause"]

@@ -15,6 +15,7 @@ from _support.runs import (
     FAST_S,
     Launched,
     assert_fault,
+    forkserver_left_threaded,
     processes_of_run,
     receipt,
     records,
@@ -52,10 +53,10 @@ def test_all_ranks_pass_and_the_bundle_verifies(tmp_path):
     assert drawn == seeds["drawn"] == ("PYTHONHASHSEED" not in os.environ), data["limitations"]
 
 
-def test_a_users_omp_num_threads_above_1_starts_the_ranks_cold_and_says_why(tmp_path, monkeypatch):
-    """torch's import then starts a thread pool in the agent's forkserver, which must not fork:
-    no failure, torchrun starts the ranks cold, the agent's log says why and the records how."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+def test_a_forkserver_with_a_thread_alive_leaves_the_ranks_cold_and_says_why(tmp_path, monkeypatch):
+    """A thread left running in the agent's forkserver, which must not fork then: no failure,
+    torchrun starts the ranks cold, the agent's log says why and the records how."""
+    forkserver_left_threaded(monkeypatch)
     out = tmp_path / "cold"
     code, _ = run(out, 2, "rank_pass.py")
     assert code == 0

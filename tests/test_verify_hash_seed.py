@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from _support import forge as forger
-from _support.runs import receipt, records, run
+from _support.runs import forkserver_left_threaded, receipt, records, run
 
 from harness.evidence.files import sha256_file
 from harness.evidence.hashprobe import probe_hash
@@ -103,9 +103,9 @@ def test_every_rank_starts_with_the_launchers_seed_and_the_receipt_states_it(
 def test_a_cold_start_shares_the_seed_a_forked_one_would_have(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """OMP_NUM_THREADS=2 makes the zygote refuse: torchrun's ranks start cold, with the
-    launcher's seed, and the bundle says so as it does for forked ranks."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    """A thread alive in the agent's forkserver makes it refuse: torchrun's ranks start cold,
+    with the launcher's seed, and the bundle says so as it does for forked ranks."""
+    forkserver_left_threaded(monkeypatch)
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     out = tmp_path / "cold"
     code, _ = run(out, 2, "rank_pass.py")
@@ -295,8 +295,9 @@ def legacy(bundle: Path) -> None:
 
     def edit(data: dict[str, Any]) -> None:
         data.pop("hash_seeds")
-        zygote = data["run"]["extra"]["launch"]["zygote"]
-        zygote["hash_seed"] = "shared-random"
+        # The launcher's earlier fork server, which forked both ranks, as it said so.
+        zygote = ZygoteState(pid=1, ready=True, used=True, forked=2).model_dump(mode="json")
+        data["run"]["extra"]["launch"]["zygote"] = zygote
         text = hash_seed_limitation(ZygoteState.model_validate(zygote))["hash-seed"]
         lines = [x for x in data["limitations"] if not x.startswith("hash-seed: ")]
         data["limitations"] = [f"hash-seed: {text}", *lines]

@@ -16,8 +16,9 @@ from harness.schema.base import Model
 NodeStateName = Literal["started", "finished"]
 
 
-# The ranks' string-hash seeds (PYTHONHASHSEED): "shared-random", forked ranks share the one
-# random seed the zygote drew, where ranks torchrun starts itself would each draw their own;
+# The ranks' string-hash seeds (PYTHONHASHSEED), as bundles written by the launcher's earlier
+# fork server (its "zygote") state them: "shared-random", forked ranks share the one random seed
+# the zygote drew, where ranks torchrun starts itself would each draw their own;
 # "per-rank-random", each rank drew its own (it was not forked); "fixed", PYTHONHASHSEED set, the
 # same in every rank under either launch. The launcher now fixes one for every rank of its node
 # (the ranks record it, the receipt's `hash_seeds` states it): the other two modes are in bundles
@@ -26,9 +27,11 @@ HashSeedMode = Literal["shared-random", "per-rank-random", "fixed"]
 
 
 class ZygoteState(Model):
-    """How this node's ranks started: forked from one zygote that had imported torch, pytest and
-    the harness (`harness.rank.zygote`), each behind a fork stub torchrun started, or, where the
-    zygote refused to fork, started cold by their stubs as torchrun would have."""
+    """How this node's ranks started, in bundles written by the launcher's earlier fork server:
+    forked from one zygote that had imported torch, pytest and the harness, each behind a fork
+    stub torchrun started, or, where the zygote refused to fork, started cold by their stubs as
+    torchrun would have. The launcher now starts ranks through torchelastic's agent and writes
+    none (each rank's record says how it started)."""
 
     pid: NonNegativeInt = 0
     ready: bool = False  # it said it was ready (its preload done) in its log
@@ -61,8 +64,8 @@ class NodeState(Model):
     timed_out: bool = False
     started_at: str = ""
     finished_at: str = ""
-    # How this node's ranks started (its launch's zygote; None: torchrun started each, or a
-    # marker written before markers said): a receipt speaks for other nodes' zygotes only so.
+    # How this node's ranks started, in bundles of the earlier fork server (its launch's zygote;
+    # None otherwise): a receipt speaks for other nodes' zygotes only so.
     zygote: ZygoteState | None = None
     # Pids its launcher ended after its torchrun exited (`Launch.leftovers`): a receipt knows
     # another node's leftovers only so.
@@ -101,5 +104,6 @@ class Launch(Model):
     interrupted: Interruption | None = None
     # Ranks whose process left mid-suite, for which the launcher ended the tree.
     ended_for_ranks_gone_mid_suite: list[NonNegativeInt] = Field(default_factory=list)
-    # None: torchrun started each rank's own interpreter.
+    # The earlier fork server's state, in bundles it wrote; None now (the ranks' records say
+    # how each started).
     zygote: ZygoteState | None = None

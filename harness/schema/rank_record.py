@@ -401,8 +401,9 @@ HASH_PROBE: Final = "dcpqual-hash-seed-probe"
 
 @dataclass(frozen=True, config=STRICT)
 class RankStart:
-    """How this rank's interpreter began, as the rank itself can tell: `forked` from the rank
-    zygote (`harness.rank.parentage`) or started by torchrun; `hash_probe`, its `hash()` of
+    """How this rank's interpreter began, as the rank itself can tell: `forked` from a preloaded
+    interpreter (`harness.rank.parentage`: the agent's forkserver; in bundles written before it,
+    the launcher's own rank zygote) or started cold by torchrun; `hash_probe`, its `hash()` of
     `HASH_PROBE`, equal in ranks that share one string-hash seed; `hash_seed_fixed`,
     PYTHONHASHSEED set to a number (every rank has that seed under either launch); `hash_seed`,
     that number, and `hash_seed_drawn`, whether the launcher drew it (it gives every rank of a

@@ -40,6 +40,16 @@ class Launched:
     printed: str = ""
 
 
+THREADED_FORKSERVER = Path(__file__).parent / "threaded_forkserver"
+
+
+def forkserver_left_threaded(env: Any) -> None:
+    """`env` (a MonkeyPatch) puts a `sitecustomize` on PYTHONPATH that leaves a thread running
+    in the agent's forkserver: the agent then starts the ranks cold."""
+    path = os.pathsep.join(p for p in (str(THREADED_FORKSERVER), os.environ.get("PYTHONPATH")) if p)
+    env.setenv("PYTHONPATH", path)
+
+
 def launch_printing(out: Path, argv: list[str]) -> Launched:
     """`dcpqual run` in-process, as `main(argv)`, keeping what it prints on stdout (where a
     test's own `capsys` cannot reach: a fixture that outlives the test)."""
