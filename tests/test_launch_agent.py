@@ -85,6 +85,8 @@ if rank == 1 and sys.argv[1] == "exit-3":
     sys.exit(3)
 if rank == 1 and sys.argv[1] == "interrupt":
     raise KeyboardInterrupt
+if rank == 1 and sys.argv[1] == "os-exit-0":  # skips the interpreter's teardown, as some do
+    os._exit(0)
 """
 # Preloaded with torch by the agent's forkserver: one that warns as it is imported, one whose
 # import fails (a module built against another torch).
@@ -242,6 +244,14 @@ def test_a_failing_rank_fails_the_agent_as_it_fails_torchrun(
     assert result.exit_code == 1 and not result.leftovers, result
     agent_log = RunPlan(RunOptions(nproc_per_node=2, tp=2, dcp=2), tmp_path / "fail", ()).agent_log
     assert dead_ranks(agent_log.read_text()) == [(1, 1, code)]
+
+
+def test_a_rank_that_ends_by_os_exit_0_succeeds_as_under_torchrun(tmp_path: Path) -> None:
+    """It hands torchelastic no return value: the agent reads its exit 0 as torchrun would,
+    instead of waiting for a value (and its peers for the agent) until the launch's timeout."""
+    result = _launch(tmp_path, "os-exit", forkserver=True, ending="os-exit-0", timeout_s=60)
+    assert (result.exit_code, result.timed_out, result.leftovers) == (0, False, []), result
+    assert result.elapsed_s < 45, result
 
 
 def test_the_agent_ends_a_ranks_helpers_with_it_as_torchrun_does(tmp_path: Path) -> None:

@@ -155,7 +155,8 @@ def signal_rank_sessions() -> None:
     torch's process context terminates the survivors of a failed rank
     (`Process.terminate`, through the forkserver's `Popen`), and torchelastic's worker context
     closes the rest (on a signal to the agent, at the end of the launch). Their logic stays
-    torch's own; each `os.kill` of a rank becomes a `signal_session`."""
+    torch's own; each `os.kill` of a rank becomes a `signal_session`. And a rank that exits 0
+    without returning is a success, as torchrun reads a cold rank's exit 0."""
     from multiprocessing import popen_forkserver
 
     from torch.distributed.elastic import multiprocessing as elastic_mp
@@ -169,6 +170,16 @@ def signal_rank_sessions() -> None:
     popen_forkserver.Popen = SessionPopen  # type: ignore[misc]  # what forkserver starts make
 
     class RankSessions(api.MultiprocessContext):
+        def _poll(self) -> api.RunProcsResult | None:
+            """A rank that ended by `os._exit(0)` (a cold rank's success to torchrun) handed
+            back no return value, so torchelastic would wait for one forever, and the ranks
+            that did return would wait for it: its value is None."""
+            for local_rank, proc in enumerate(self._pc.processes if self._pc else ()):
+                handed = local_rank in self._return_values or not self._ret_vals[local_rank].empty()
+                if not handed and proc.exitcode == 0:  # alive until their values are read
+                    self._return_values[local_rank] = None
+            return super()._poll()
+
         def _close(self, death_sig: signal.Signals, timeout: int = 30) -> None:
             if self._pc is None:
                 return
