@@ -9,7 +9,8 @@ import pytest
 
 from harness.errors import GeometryError, UsageError
 from harness.launch.plan import REPO_ROOT, RunOptions, build_plan
-from harness.rank.preload import PRELOAD, preload_for
+from harness.rank import preload
+from harness.rank.preload import PRELOAD
 from harness.schema.plan import PLAN_ENV, RankPlan
 
 OUT = Path("/tmp/dcpqual-out")
@@ -45,10 +46,16 @@ def test_single_node_plan_runs_pytest_with_the_rank_plugin_once():
     assert plan.targets == (str(REPO_ROOT / "suites"),)
 
 
-def test_a_run_on_real_trees_preloads_vllm_in_the_forkserver():
+@pytest.mark.parametrize("installed", [True, False], ids=["vllm", "no-vllm"])
+def test_a_run_on_real_trees_preloads_vllm_in_the_forkserver_where_it_is_installed(
+    monkeypatch: pytest.MonkeyPatch, installed: bool
+) -> None:
+    found = object() if installed else None
+    monkeypatch.setattr(preload.importlib.util, "find_spec", lambda name: found)
     argv = build_plan(RunOptions(nproc_per_node=4, models="real"), OUT).argv
-    assert argv[3:5] == ("--preload", ",".join(preload_for("real")))
-    assert set(PRELOAD) < set(preload_for("real"))
+    listed = tuple(argv[4].split(","))
+    assert argv[3] == "--preload" and listed[: len(PRELOAD)] == PRELOAD
+    assert listed[len(PRELOAD) :] == (preload.REAL_TREE_PRELOAD if installed else ())
 
 
 def test_forkserver_ranks_return_to_the_agent_and_a_lone_cold_rank_exits_fast():

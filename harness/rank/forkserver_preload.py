@@ -1,8 +1,8 @@
 """The forkserver's preload (`harness.launch.agent` names this module its only one): imported by
 multiprocessing's forkserver before it forks any rank, it runs `harness.rank.preload.preload` on
 the list the agent put in its environment, keeps what that did for each rank it forks
-(`harness.rank.forkserved` hands the warnings over), and tells what
-failed to import and how long it took on the agent's log, where the forkserver's stderr goes.
+(`harness.rank.forkserved` hands the warnings over), and tells what failed to import and how
+long it took on the agent's log, where the forkserver's stderr goes.
 
 Imported anywhere else (no list in the environment) it preloads nothing.
 """
