@@ -17,7 +17,13 @@ import pytest
 
 from harness.bench.launching import dead_ranks
 from harness.errors import UsageError
-from harness.launch.agent import STARTED_COLD, agent_argv, local_ranks, split_argv
+from harness.launch.agent import (
+    STARTED_COLD,
+    agent_argv,
+    local_ranks,
+    signals_to_handle,
+    split_argv,
+)
 from harness.launch.launcher import launch
 from harness.launch.plan import REPO_ROOT, RunOptions, RunPlan, torchrun_args
 from harness.launch.ranklogs import torchrun_logs
@@ -51,6 +57,11 @@ facts = {
                    resource_tracker._resource_tracker._fd],
     "agent": open(f"/proc/{parentage.agent_pid()}/cmdline").read().split(chr(0))[1:3],
     "hash": hash("dcpqual"),
+    "start_method": multiprocessing.get_start_method(allow_none=True),
+    "mp_tempdir": me._config.get("tempdir"),
+    "stdin": [sys.stdin is sys.__stdin__, sys.stdin.closed, sys.stdin.fileno(), repr(sys.stdin),
+              sys.stdin.newlines, repr(sys.stdin.buffer.raw)],
+    "elastic_env": os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE"),
     "drawn": [me.authkey.hex(), random.random(), torch.initial_seed()],
 }
 with open(os.path.join(os.environ["PROBE_FACTS"], f"rank-{rank}.json"), "w") as f:
@@ -109,6 +120,10 @@ SAME_IN_BOTH = (
     "threads",
     "mp_helpers",
     "hash",
+    "start_method",
+    "mp_tempdir",
+    "stdin",
+    "elastic_env",
 )
 
 
@@ -298,6 +313,19 @@ def test_the_agents_own_arguments_are_read_before_torchruns() -> None:
             split_argv(bad)
     assert local_ranks(["--nproc-per-node=16"]) == local_ranks(["--nproc_per_node", "16"]) == 16
     assert local_ranks(["--nproc-per-node", "gpu"]) is None and local_ranks(["-m", "x"]) is None
+
+
+def test_the_signals_torchelastic_puts_in_a_ranks_environment_are_torchruns() -> None:
+    """The agent puts them in its environment as it launches, after the forkserver started:
+    the server has them from its start, as a cold rank inherits them."""
+    from torch.distributed.launcher.api import LaunchConfig
+    from torch.distributed.run import parse_args
+
+    default = parse_args(["-m", "x"]).signals_to_handle  # type: ignore[no-untyped-call]
+    assert signals_to_handle(["--standalone", "-m", "x"]) == default
+    assert default == LaunchConfig(1, 1, 1).signals_to_handle
+    assert signals_to_handle(["--signals-to-handle=SIGTERM"]) == "SIGTERM"
+    assert signals_to_handle(["--signals_to_handle", "SIGINT", "-m", "x"]) == "SIGINT"
 
 
 def test_a_bad_agent_command_is_one_line_and_exit_2() -> None:

@@ -43,6 +43,11 @@ RANK_ENTRY_MODULE = "harness.rank.forkserved"
 # How the agent's log says its ranks start cold (the reason follows).
 STARTED_COLD = "dcpqual agent: ranks start cold, not forked: "
 _NPROC = re.compile(r"^--nproc[-_]per[-_]node(?:=(?P<value>.*))?$")
+_SIGNALS = re.compile(r"^--signals[-_]to[-_]handle(?:=(?P<value>.*))?$")
+# What torchelastic's agent puts in its environment as it launches (`launch_agent`), for the
+# ranks to inherit: `--signals-to-handle`, torchrun's default where not given.
+SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+DEFAULT_SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
 
 def agent_argv(
@@ -69,28 +74,43 @@ def split_argv(argv: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return preload, tuple(args[1:])
 
 
-def local_ranks(torchrun_argv: Sequence[str]) -> int | None:
-    """`--nproc-per-node` as a number where it is given as one (torchrun also takes words)."""
+def _flag(torchrun_argv: Sequence[str], flag: re.Pattern[str]) -> str | None:
+    """The value of torchrun's `flag` (`--flag=V` or `--flag V`), None where not given."""
     for i, arg in enumerate(torchrun_argv):
-        match = _NPROC.match(arg)
+        match = flag.match(arg)
         if match is None:
             continue
         value = match["value"]
         if value is None and i + 1 < len(torchrun_argv):
             value = torchrun_argv[i + 1]
-        return int(value) if value is not None and value.isdigit() else None
+        return value
     return None
+
+
+def local_ranks(torchrun_argv: Sequence[str]) -> int | None:
+    """`--nproc-per-node` as a number where it is given as one (torchrun also takes words)."""
+    value = _flag(torchrun_argv, _NPROC)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def signals_to_handle(torchrun_argv: Sequence[str]) -> str:
+    """`--signals-to-handle` as torchrun reads it, its default where not given."""
+    value = _flag(torchrun_argv, _SIGNALS)
+    return DEFAULT_SIGNALS_TO_HANDLE if value is None else value
 
 
 def start_forkserver(preload: Sequence[str], torchrun_argv: Sequence[str]) -> bool:
     """Start the forkserver with the preload list, in the environment the ranks will see as far
     as their imports can read it: torchrun sets OMP_NUM_THREADS=1 for more than one local rank,
     and torch reads it when the server imports it. Returns whether OMP_NUM_THREADS was set here
-    (for torchrun to set it itself where the ranks start cold)."""
+    (for torchrun to set it itself where the ranks start cold). torchelastic's agent also puts
+    the signals it handles in the environment as it launches, after the server started: a
+    cold rank inherits that, so the server's environment has it from the start."""
     ranks = local_ranks(torchrun_argv)
     threads_set = "OMP_NUM_THREADS" not in os.environ and (ranks is None or ranks > 1)
     if threads_set:
         os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ[SIGNALS_ENV] = signals_to_handle(torchrun_argv)
     os.environ[PRELOAD_LIST_ENV] = ",".join(preload)
     try:
         forkserver.set_forkserver_preload([FORKSERVER_PRELOAD_MODULE, RANK_ENTRY_MODULE])

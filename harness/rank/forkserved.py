@@ -20,6 +20,7 @@ interpreter.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import sys
@@ -63,6 +64,7 @@ def become_cold(argv: Sequence[str]) -> tuple[str, tuple[str, ...]]:
     fresh.__dict__["__builtins__"] = sys.modules["builtins"]
     sys.modules["__main__"] = fresh
     _own_multiprocessing_world()
+    _own_stdin()
     _without_the_agents_helpers()
     interpreter.draw_own_seeds(os.environ)
     return module, args
@@ -72,13 +74,46 @@ def _own_multiprocessing_world() -> None:
     """A cold interpreter is multiprocessing's main process: named so, no identity, no parent
     (its authkey is drawn with the other seeds). The forkserver made this one its child."""
     import itertools
-    from multiprocessing import process
+    from multiprocessing import context, process
 
     me = process.current_process()
     me._name, me._identity = "MainProcess", ()  # type: ignore[attr-defined]
     me._parent_pid = me._parent_name = None  # type: ignore[attr-defined]
     process._parent_process = None  # type: ignore[attr-defined]
     process._process_counter = itertools.count(1)  # type: ignore[attr-defined]
+    # No start method chosen yet (a child's bootstrap forces its own, "forkserver", which would
+    # be the rank's default and refuse its `set_start_method`), and no temporary folder (the
+    # agent's, which it removes as it ends).
+    context._default_context._actual_context = None  # type: ignore[attr-defined]
+    me._config.pop("tempdir", None)  # type: ignore[attr-defined]
+
+
+def _own_stdin() -> None:
+    """A cold interpreter's stdin is fd 0, which the agent handed down (torchrun's ranks inherit
+    it), opened as the interpreter opens it. multiprocessing closed `sys.stdin` in the
+    forkserver and again in this child, leaving `sys.__stdin__` closed and a wrapper of its own
+    over a /dev/null it opened in its place (closed here)."""
+    replaced = sys.stdin
+    stream: io.TextIOWrapper | None = None  # fd 0 closed: None, as the interpreter has it
+    with contextlib.suppress(OSError):
+        os.fstat(0)
+        like = sys.__stdout__
+        buffered = open(0, "rb", closefd=False)  # noqa: SIM115  # the interpreter's, kept open
+        buffered.raw.name = "<stdin>"  # type: ignore[attr-defined]
+        stream = io.TextIOWrapper(
+            buffered,
+            encoding=None if like is None else like.encoding,
+            errors=None if like is None else like.errors,
+            newline="\n",  # the interpreter's, on POSIX: no translation
+            line_buffering=buffered.isatty(),
+        )
+        stream.mode = "r"  # type: ignore[misc]
+    for name in ("stdin", "__stdin__"):  # `__stdin__` is final to type checkers, not to Python
+        setattr(sys, name, stream)
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        fd = replaced.fileno()
+        if fd > 2 and os.readlink(f"/proc/self/fd/{fd}") == os.devnull:
+            os.close(fd)
 
 
 def _without_the_agents_helpers() -> None:
