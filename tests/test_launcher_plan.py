@@ -58,12 +58,12 @@ def test_a_run_on_real_trees_preloads_vllm_in_the_forkserver_where_it_is_install
     assert listed[len(PRELOAD) :] == (preload.REAL_TREE_PRELOAD if installed else ())
 
 
-def test_forkserver_ranks_return_to_the_agent_and_a_lone_cold_rank_exits_fast():
-    """A rank that leaves by `os._exit` never hands torchelastic its return value, and the
-    agent would wait for it; a cold rank's exit status is all torchrun reads."""
+def test_every_rank_exits_fast_forkserver_or_cold():
+    """Records and junit are final once pytest is done: the agent reads a forkserver rank's
+    exit 0 (no return value handed back) as success, as torchrun reads a cold rank's."""
     many = RankPlan.from_environ(build_plan(RunOptions(nproc_per_node=4), OUT).env)
     one = RankPlan.from_environ(build_plan(RunOptions(nproc_per_node=1, tp=1), OUT).env)
-    assert many is not None and not many.fast_exit
+    assert many is not None and many.fast_exit
     assert one is not None and one.fast_exit
 
 

@@ -1,8 +1,8 @@
 """Every ending of a real `dcpqual run` leaves a scrubbed bundle `dcpqual verify` accepts, or one
 clear line: ^C, SIGTERM, odd files a test left in the out folder (a `logs` link to a folder
 outside among them), a full disk, an unusable `--out`, an absurd world size, a rank that left
-mid-suite with exit code 0, a daemon a rank double-forked (which fails the run), and secrets
-printed the ways tools print them.
+mid-suite with exit code 0, a daemon a rank double-forked (which fails the run), a thread a
+test left running (which does not hold the run), and secrets printed the ways tools print them.
 
 World 2, but a rank gone mid-suite and ^C at 16 ranks (slow): the root cause at a rank above
 9, and the ending of a 16-rank tree (each shows all that the same fault at 2 ranks would). Each
@@ -379,6 +379,19 @@ def test_a_rank_exiting_0_mid_suite_is_noticed_within_seconds_and_blamed(
     # Ended by the dead-rank watch (ended_for above), not by the 300 s per-test timeout its
     # peers would otherwise wait out: well under half of it, however loaded the machine is.
     assert elapsed < 150, f"noticed after {elapsed:.0f}s"
+
+
+def test_a_thread_a_test_left_running_does_not_hold_a_passing_run_to_its_timeout(
+    tmp_path: Path,
+) -> None:
+    """Its records are final once pytest is done: a forkserver rank ends then, as the rank of a
+    lone cold one does, instead of joining the thread before it returns to the agent."""
+    out = tmp_path / "bundle"
+    code, elapsed = run(out, 2, "rank_thread_left.py", "--timeout", "120")
+    assert code == 0, receipt(out)["failures"]
+    assert not receipt(out)["run"]["extra"]["launch"]["timed_out"]
+    assert elapsed < 90, f"ended after {elapsed:.0f}s"
+    assert processes_of_run(out) == []
 
 
 def test_a_child_that_ends_while_the_output_relays_finish_is_still_a_leftover(

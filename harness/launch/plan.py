@@ -294,9 +294,10 @@ def rank_plan(options: RunOptions, out_dir: Path) -> RankPlan:
             "out_dir": str(out_dir),
             "node_index": options.node_rank,  # which torchrun/node-KK holds its logs
             "collect_timeout_s": options.resolved_test_timeout,  # collection is a test too
-            # Records and junit are final: a cold rank skips its interpreter's teardown. A
-            # forkserver's rank returns to torchelastic, which reads its return as success.
-            "fast_exit": options.nproc_per_node == 1,
+            # Records and junit are final: every rank skips its interpreter's teardown (16 of
+            # them, and a thread a test left running would hold the rank). The agent reads a
+            # forkserver rank's exit 0 without a return value as success, as torchrun does.
+            "fast_exit": True,
         }
     )
 
