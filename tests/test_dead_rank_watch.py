@@ -126,3 +126,22 @@ def test_a_rank_the_tracker_has_not_seen_is_looked_for_as_soon_as_its_record_nam
         child.wait()
     assert watch.overdue(now=200.0) == []
     assert watch.overdue(now=200.0 + DEAD_RANK_GRACE_S) == [0]
+
+
+def test_a_forked_rank_gone_before_any_scan_saw_it_is_overdue_where_it_is_this_nodes(
+    tmp_path: Path,
+) -> None:
+    """Forked, a rank can start, write its record and exit between two scans (its forkserver
+    reaps it, not the launcher): a record of this node naming a pid no process has is gone.
+    One of another node (another host's pid) is never judged, nor any where the node is not
+    known, and its peers would wait out the test timeout."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # gone before the tracker's first scan
+    tracker = Tracker(os.getpid())
+    record = RankRecord(rank=0, world_size=1, pid=child.pid, current_test="t.py::test_x")
+    record.write(rank_record_path(tmp_path, 0))
+    reader = RecordReader(tmp_path, world_size=1)
+    for node, judged in ((None, []), (1, []), (0, [0])):
+        watch = DeadRankWatch(reader, tracker, node)
+        assert watch.overdue(now=100.0) == []
+        assert watch.overdue(now=100.0 + DEAD_RANK_GRACE_S) == judged, node

@@ -430,9 +430,14 @@ class DeadRankWatch:
     makes it walk the tree at once, so a rank is known from its first record on, whatever the
     launcher's scan cadence."""
 
-    def __init__(self, reader: RecordReader, tracker: Tracker) -> None:
+    def __init__(self, reader: RecordReader, tracker: Tracker, node: int | None = None) -> None:
+        """`node`: this launcher's node, whose ranks' pids are this host's: a forked rank can
+        start, write its record and exit between two scans (its forkserver reaps it, not the
+        launcher), so one of this node's records whose pid the tracker never saw and no process
+        has now is gone too. None: every unseen pid is left unjudged."""
         self.reader = reader
         self.tracker = tracker
+        self.node = node
         self.first_seen: dict[int, float] = {}
         self._looked_for: set[int] = set()
 
@@ -454,12 +459,18 @@ class DeadRankWatch:
         known = [p for p in self.tracker.seen if p.pid == record.pid]
         if any(alive(p) for p in known):
             return False
-        if not known:
+        if not known and not self._gone_unseen(record):
             return False
         # The rank may have written its final record and exited after it was read: only a
         # record read from the file after the process was seen gone says how it left.
         final = self.reader.status(rank, fresh=True)
         return final is not None and not final.finished
+
+    def _gone_unseen(self, record: RankStatus) -> bool:
+        """One of this node's ranks that no scan saw, whose pid no process has now."""
+        return (
+            self.node is not None and record.node_rank == self.node and identify(record.pid) is None
+        )
 
     def overdue(self, now: float | None = None) -> list[int]:
         """Ranks gone mid-suite for longer than DEAD_RANK_GRACE_S while their peers still wait.

@@ -196,7 +196,17 @@ def launch(
         hurry = None if raising is None else raising.hurry
         lost = None if raising is None else raising.lost
         outcome = _supervise(
-            proc, tracker, reader, t0, timeout_s, tick, tick_s, exited, hurry, lost
+            proc,
+            tracker,
+            reader,
+            t0,
+            timeout_s,
+            tick,
+            tick_s,
+            exited,
+            hurry,
+            lost,
+            plan.options.node_rank,
         )
         if relay is not None:
             relay.join(timeout=5.0)
@@ -262,6 +272,7 @@ def _supervise(
     exited: Callable[[], None] | None = None,
     hurry: threading.Event | None = None,
     lost: Callable[[], KeyboardInterrupt | None] | None = None,
+    node: int | None = None,
 ) -> _Outcome:
     """Wait for torchrun; end the tree on a timeout, a rank gone mid-suite, ^C or SIGTERM.
     `exited` is called as soon as torchrun is known to have exited, on every path: a signal
@@ -272,7 +283,7 @@ def _supervise(
     a `__del__`): raised again here, so the signal still ends the run."""
     exited = (lambda: None) if exited is None else exited
     lost = (lambda: None) if lost is None else lost
-    watch = ending.DeadRankWatch(reader, tracker)
+    watch = ending.DeadRankWatch(reader, tracker, node)
     exit_wait = ExitWait(proc)
     next_scan = 0.0
     try:

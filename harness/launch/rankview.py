@@ -62,6 +62,7 @@ class RankStatus:
     rank: NonNegativeInt
     schema: Literal["dcpqual-rank-record/v1"]
     pid: NonNegativeInt = 0
+    node_rank: NonNegativeInt = 0
     complete: bool = False
     abort_reason: str | None = None
     current_test: str | None = None
