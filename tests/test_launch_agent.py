@@ -40,6 +40,11 @@ from multiprocessing import forkserver, resource_tracker
 import torch, torch.distributed as dist
 import warnmod
 from harness.rank import parentage
+def _parent_death_signal():
+    import ctypes
+    sig = ctypes.c_int()
+    ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
+    return sig.value
 dist.init_process_group("gloo")
 rank, me = dist.get_rank(), multiprocessing.current_process()
 facts = {
@@ -62,6 +67,7 @@ facts = {
     "stdin": [sys.stdin is sys.__stdin__, sys.stdin.closed, sys.stdin.fileno(), repr(sys.stdin),
               sys.stdin.newlines, repr(sys.stdin.buffer.raw)],
     "elastic_env": os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE"),
+    "parent_death_signal": _parent_death_signal(),
     "drawn": [me.authkey.hex(), random.random(), torch.initial_seed()],
 }
 with open(os.path.join(os.environ["PROBE_FACTS"], f"rank-{rank}.json"), "w") as f:
@@ -124,6 +130,7 @@ SAME_IN_BOTH = (
     "mp_tempdir",
     "stdin",
     "elastic_env",
+    "parent_death_signal",
 )
 
 

@@ -55,6 +55,7 @@ def become_cold(argv: Sequence[str]) -> tuple[str, tuple[str, ...]]:
     module to run and its arguments."""
     module, args = module_command(argv)
     os.setsid()  # as torchrun starts each rank: its own session
+    _no_parent_death_signal()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
@@ -68,6 +69,16 @@ def become_cold(argv: Sequence[str]) -> tuple[str, tuple[str, ...]]:
     _without_the_agents_helpers()
     interpreter.draw_own_seeds(os.environ)
     return module, args
+
+
+def _no_parent_death_signal() -> None:
+    """torch's process start asks the kernel for SIGINT when the forkserver dies
+    (`PR_SET_PDEATHSIG`); a cold rank has no such signal, and learns its agent is gone from its
+    watchdog, as this one does (`harness.rank.watchdog`)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, 0)  # PR_SET_PDEATHSIG, none
 
 
 def _own_multiprocessing_world() -> None:
