@@ -6,6 +6,7 @@ SIGINT)."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import sys
@@ -20,12 +21,18 @@ from harness.rank import openfiles
 INTERRUPTED = -signal.SIGINT
 
 
+# The exit codes a C long holds: the interpreter exits -1 (255) for an int beyond them.
+_LONG_BITS = 8 * ctypes.sizeof(ctypes.c_long)
+
+
 def exit_code(exc: SystemExit) -> int:
     """What the interpreter exits with for this SystemExit (printing a non-int code)."""
     code = exc.code
     if code is None:
         return 0
     if isinstance(code, int):
+        if not -(1 << (_LONG_BITS - 1)) <= code < 1 << (_LONG_BITS - 1):
+            return 0xFF
         return code & 0xFF
     with contextlib.suppress(Exception):
         print(code, file=sys.stderr)
