@@ -15,7 +15,7 @@ from harness.launch import rankview
 from harness.launch.ending import DEAD_RANK_GRACE_S, DeadRankWatch
 from harness.launch.proctree import Tracker
 from harness.launch.rankview import RecordReader
-from harness.schema.rank_record import RankRecord, rank_record_path
+from harness.schema.rank_record import RankFacts, RankRecord, rank_record_path
 
 
 @pytest.fixture
@@ -138,7 +138,11 @@ def test_a_forked_rank_gone_before_any_scan_saw_it_is_overdue_where_it_is_this_n
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()  # gone before the tracker's first scan
     tracker = Tracker(os.getpid())
-    record = RankRecord(rank=0, world_size=1, pid=child.pid, current_test="t.py::test_x")
+    # Its launcher's node 0, whatever group rank the rendezvous gave its node (here 1).
+    facts = RankFacts(node_index=0)
+    record = RankRecord(
+        rank=0, world_size=1, pid=child.pid, node_rank=1, current_test="t.py::test_x", extra=facts
+    )
     record.write(rank_record_path(tmp_path, 0))
     reader = RecordReader(tmp_path, world_size=1)
     for node, judged in ((None, []), (1, []), (0, [0])):

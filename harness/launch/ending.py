@@ -469,7 +469,9 @@ class DeadRankWatch:
     def _gone_unseen(self, record: RankStatus) -> bool:
         """One of this node's ranks that no scan saw, whose pid no process has now."""
         return (
-            self.node is not None and record.node_rank == self.node and identify(record.pid) is None
+            self.node is not None
+            and record.extra.node_index == self.node
+            and identify(record.pid) is None
         )
 
     def overdue(self, now: float | None = None) -> list[int]:

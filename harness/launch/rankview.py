@@ -55,6 +55,14 @@ class StartStatus:
 
 
 @dataclass(frozen=True, config=_VIEW)
+class FactsStatus:
+    """Of a rank's facts, what the launcher acts on: the launcher's node whose torchrun folder
+    holds its logs (its --node-rank, which a c10d rendezvous's group rank need not be)."""
+
+    node_index: NonNegativeInt | None = None
+
+
+@dataclass(frozen=True, config=_VIEW)
 class RankStatus:
     """The fields of a `RankRecord` that the launcher acts on while the run lasts (same names
     and types as there)."""
@@ -62,7 +70,6 @@ class RankStatus:
     rank: NonNegativeInt
     schema: Literal["dcpqual-rank-record/v1"]
     pid: NonNegativeInt = 0
-    node_rank: NonNegativeInt = 0
     complete: bool = False
     abort_reason: str | None = None
     current_test: str | None = None
@@ -70,6 +77,7 @@ class RankStatus:
     collected: tuple[str, ...] = ()
     tests: tuple[TestStatus, ...] = ()
     start: StartStatus | None = None
+    extra: FactsStatus = FactsStatus()
 
     @property
     def finished(self) -> bool:
