@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.launch.rankview import (
+    FactsStatus,
     RankStatus,
     RecordReader,
     StartStatus,
@@ -20,7 +21,13 @@ from harness.launch.rankview import (
     read_status,
 )
 from harness.rank.rankfiles import RecordKeeper
-from harness.schema.rank_record import RankRecord, RankStart, TestOutcome, rank_record_path
+from harness.schema.rank_record import (
+    RankFacts,
+    RankRecord,
+    RankStart,
+    TestOutcome,
+    rank_record_path,
+)
 
 IDS = tuple(f"suites/x/test_y.py::test_{i}" for i in range(3))
 
@@ -44,6 +51,7 @@ def as_full_record_says(path: Path) -> dict[str, object]:
     fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(RankStatus)}
     fields["tests"] = tuple((t.nodeid, t.outcome) for t in record.tests)
     fields["start"] = None if record.start is None else record.start.output_relay
+    fields["extra"] = record.extra.node_index
     return fields
 
 
@@ -51,13 +59,14 @@ def as_viewed(status: RankStatus) -> dict[str, object]:
     fields = {f.name: getattr(status, f.name) for f in dataclasses.fields(RankStatus)}
     fields["tests"] = tuple((t.nodeid, t.outcome) for t in status.tests)
     fields["start"] = None if status.start is None else status.start.output_relay
+    fields["extra"] = status.extra.node_index
     return fields
 
 
 def test_the_view_has_the_records_own_field_names_and_types() -> None:
     record = typing.get_type_hints(RankRecord)
     view = typing.get_type_hints(RankStatus)
-    nested = ("tests", "start")
+    nested = ("tests", "start", "extra")
     assert {k: v for k, v in view.items() if k not in nested} == {
         k: record[k] for k in view if k not in nested
     }
@@ -65,6 +74,8 @@ def test_the_view_has_the_records_own_field_names_and_types() -> None:
     assert typing.get_type_hints(TestStatus) == {k: outcome[k] for k in ("nodeid", "outcome")}
     start = typing.get_type_hints(RankStart)
     assert typing.get_type_hints(StartStatus) == {"output_relay": start["output_relay"]}
+    facts = typing.get_type_hints(RankFacts)
+    assert typing.get_type_hints(FactsStatus) == {"node_index": facts["node_index"]}
 
 
 def test_every_write_of_a_rank_reads_as_the_full_record_says(tmp_path: Path) -> None:
