@@ -215,7 +215,7 @@ def selection_of(ranks: RankFiles) -> Selection | None:
 
 
 def hash_seed_of(records: Mapping[int, RankRecord]) -> HashSeedMode | None:
-    """The string-hash seeds of the ranks of `records` (one zygote's: one node's) as the records
+    """The string-hash seeds of the ranks of `records` (one node's) as the records
     show them (None: no record says): fixed where PYTHONHASHSEED was; one shared random seed
     where a rank was forked or two ranks hashed the probe alike (ranks that drew their own seeds
     do not); else each rank's own."""

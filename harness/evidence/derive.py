@@ -21,7 +21,8 @@ The geometry, warm code and image are carried through unchanged, not taken from 
 the records cannot say how many ranks left none, nor which image a killed rank was in. The
 records that exist corroborate them instead, and the root cause's rank, test and kind where
 they name a cause (`Derived.corroborations`). Verify reports each fact they contradict
-(harness.evidence.rederive); each node's zygote is held to its ranks there too.
+(harness.evidence.rederive); in bundles of the earlier fork server, each node's zygote is held
+to its ranks there too.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ to, computed as CPython 3.11+ does on a 64-bit little-endian machine: SipHash-1-
 string's bytes, keyed by the bytes CPython's bootstrap derives from the seed (0: all zero).
 
 Verify holds each seed the records state to the probe its ranks hashed: ranks that all started
-from one interpreter with another seed than their environment says (a zygote started without
-it) hash the probe alike, but not as their stated seed does.
+from one interpreter with another seed than their environment says (a forkserver started
+without it) hash the probe alike, but not as their stated seed does.
 """
 
 from __future__ import annotations

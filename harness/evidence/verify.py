@@ -37,7 +37,8 @@ Four layers, each problem one line that starts with the file it is about:
    trees, hosts, harness checkout, failed tests, rootdir and root cause equal what the writer's
    own derivation (harness.evidence.derive) gives from the hash-covered rank records and JUnit
    reports, its geometry, warm code and image digest agree with those records by that
-   derivation's own check, and its zygotes agree with them too (harness.evidence.rederive),
+   derivation's own check, and (bundles of the earlier fork server) its zygotes agree with them
+   too (harness.evidence.rederive),
    naming the first field that differs; and summary.md is exactly what the receipt renders
    (harness.evidence.summary).
 

@@ -454,8 +454,9 @@ class Models(Model):
 
     real: list[str] = Field(default_factory=list)
     trees: list[RealTree] = Field(default_factory=list)  # one per distinct configuration
-    # Per rank: the build plus what it imported of vLLM itself. A rank forked from a zygote that
-    # preloaded vLLM paid no import here: the node's zygote paid it once (its log's ready line).
+    # Per rank: the build plus what it imported of vLLM itself. A rank forked from a forkserver
+    # that preloaded vLLM paid no import here: the server paid it once (its line on the agent's
+    # log).
     build_s_max: NonNegativeFloat = 0.0
     peak_rss_mib_max: NonNegativeFloat = 0.0
     ranks_with_real_trees: list[NonNegativeInt] = Field(default_factory=list)
