@@ -24,14 +24,15 @@ from _support.runs import (
 )
 
 from harness.cli import main
-from harness.launch.agent import STARTED_COLD
+from harness.launch.agent import cold_reason
 
 pytestmark = [pytest.mark.torchrun]
 
 
-def test_all_ranks_pass_and_the_bundle_verifies(tmp_path):
+def test_all_ranks_pass_and_the_bundle_verifies(tmp_path, capsys):
     out = tmp_path / "pass"
     code, _ = run(out, 4, "rank_pass.py")
+    assert "started cold" not in capsys.readouterr().out  # forked: nothing to explain
     assert code == 0, (out / "summary.md").read_text() if (out / "summary.md").exists() else ""
     data = receipt(out)
     assert data["verdict"] == "pass" and data["root_cause"] is None
@@ -53,17 +54,20 @@ def test_all_ranks_pass_and_the_bundle_verifies(tmp_path):
     assert drawn == seeds["drawn"] == ("PYTHONHASHSEED" not in os.environ), data["limitations"]
 
 
-def test_a_forkserver_with_a_thread_alive_leaves_the_ranks_cold_and_says_why(tmp_path, monkeypatch):
+def test_a_forkserver_with_a_thread_alive_leaves_the_ranks_cold_and_says_why(
+    tmp_path, monkeypatch, capsys
+):
     """A thread left running in the agent's forkserver, which must not fork then: no failure,
-    torchrun starts the ranks cold, the agent's log says why and the records how."""
+    torchrun starts the ranks cold, the console and the agent's log say why, the records how."""
     forkserver_left_threaded(monkeypatch)
     out = tmp_path / "cold"
     code, _ = run(out, 2, "rank_pass.py")
     assert code == 0
     data = receipt(out)
     assert all(r.start is not None and not r.start.forked for r in records(out).values())
-    agent_log = (out / "torchrun" / "node-00" / "agent.log").read_text()
-    assert STARTED_COLD in agent_log and "threads alive" in agent_log, agent_log[-2000:]
+    why = cold_reason(out / "torchrun" / "node-00" / "agent.log")
+    assert why is not None and why.startswith("2 threads alive in the forkserver"), why
+    assert f"dcpqual run: ranks started cold, not forked: {why}\n" in capsys.readouterr().out
     assert [s["ranks"] for s in data["hash_seeds"]] == [[0, 1]]  # cold, with the same seed
     assert main(["verify", str(out)]) == 0
     assert processes_of_run(out) == []

@@ -28,7 +28,7 @@ from harness.bench.bare_real_rank import read_records
 from harness.bench.probe import ENV_DIR, ENV_PROFILE
 from harness.bench.report import ratio_of_medians, summarize
 from harness.errors import QualificationError
-from harness.launch.agent import STARTED_COLD, agent_argv
+from harness.launch.agent import agent_argv, cold_reason
 from harness.launch.launcher import launch
 from harness.launch.plan import REPO_ROOT, RunOptions, RunPlan, rank_plan, torchrun_args
 from harness.launch.ranklogs import torchrun_logs
@@ -261,8 +261,9 @@ def forkserver_preload_s(bundle: Path) -> float | None:
     """Seconds the run's forkserver took to preload (vLLM's import, where a run on real trees
     has it preloaded); None where none said it was done (one rank) or its ranks started cold."""
     log = bundle / TORCHRUN_DIR / node_dir_name(0) / "agent.log"
-    text = log.read_text(errors="replace") if log.is_file() else ""
-    return None if STARTED_COLD in text else preload_seconds(text)
+    if not log.is_file() or cold_reason(log) is not None:
+        return None
+    return preload_seconds(log.read_text(errors="replace"))
 
 
 def _split(trees: Sequence[RealTreeRecord]) -> tuple[Summary | None, Summary | None]:

@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from multiprocessing import forkserver, resource_tracker, util
+from pathlib import Path
 
 from harness.errors import UsageError
 from harness.rank import forksafety
@@ -48,6 +49,20 @@ _SIGNALS = re.compile(r"^--signals[-_]to[-_]handle(?:=(?P<value>.*))?$")
 # ranks to inherit: `--signals-to-handle`, torchrun's default where not given.
 SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 DEFAULT_SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+
+def cold_reason(agent_log: Path) -> str | None:
+    """Why the agent of `agent_log` started its ranks cold (None: it said nothing of it, or the
+    log cannot be read): the reason on its line, which comes before any rank's output."""
+    try:
+        with agent_log.open("rb") as log:
+            for raw in log:
+                line = raw.decode(errors="replace").rstrip("\n")
+                if line.startswith(STARTED_COLD):
+                    return line[len(STARTED_COLD) :]
+    except OSError:
+        return None
+    return None
 
 
 def agent_argv(

@@ -33,6 +33,7 @@ from harness.evidence import rules
 from harness.evidence.redact import ScrubFailed
 from harness.evidence.run_context import RunContext
 from harness.launch import ending, nodes
+from harness.launch.agent import cold_reason
 from harness.launch.context import run_context
 from harness.launch.ending import Terminated
 from harness.launch.guardian import Guardian
@@ -575,6 +576,9 @@ def _finish(
             else ""
         ),
     )
+    cold = cold_reason(plan.agent_log)
+    if cold is not None:  # slower, not wrong: the person waiting should know why
+        _say(stream, f"dcpqual run: ranks started cold, not forked: {cold}")
     gone = None
     markers: dict[int, NodeState | None] | None = None
     if options.node_rank != 0:
