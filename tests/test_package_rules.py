@@ -96,3 +96,48 @@ def test_the_rule_sees_lazy_imports_and_fires_on_a_forbidden_one(tmp_path: Path)
     found = {m for m in imports_of(module) if m.startswith("harness.")}
     assert {"harness.transport.registry", "harness.launch.plan"} <= found
     assert not all(within(m, ("harness.rank", "harness.schema")) for m in found)
+
+
+def package_graph() -> dict[str, set[str]]:
+    """{harness package or top-level module: the other ones it imports}, lazy imports too."""
+    graph: dict[str, set[str]] = {}
+    for path in HARNESS.rglob("*.py"):
+        parts = path.relative_to(HARNESS).parts
+        source = parts[0] if len(parts) > 1 else path.stem
+        targets = {m.split(".")[1] for m in imports_of(path) if m.startswith("harness.")}
+        graph.setdefault(source, set()).update(targets - {source})
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle of `graph` once, as the path that closes it (depth-first)."""
+    found: list[list[str]] = []
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> None:
+        if node in path:
+            circle = path[path.index(node) :]
+            if sorted(circle) not in [sorted(c) for c in found]:
+                found.append([*circle, node])
+            return
+        if node in done:
+            return
+        for target in sorted(graph.get(node, ())):
+            visit(target, [*path, node])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [])
+    return found
+
+
+def test_no_harness_package_imports_one_that_imports_it_back() -> None:
+    """The launcher may use the models and the engine lane, not the other way round: a circle
+    makes every package in it a dependency of each other one."""
+    assert circles(package_graph()) == []
+
+
+def test_the_circle_rule_fires_on_a_circle_through_a_third_package() -> None:
+    graph = {"launch": {"models"}, "models": {"engine"}, "engine": {"launch"}, "core": set()}
+    assert circles(graph) == [["engine", "launch", "models", "engine"]]
+    assert circles({"launch": {"models"}, "models": {"core"}}) == []

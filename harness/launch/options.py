@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.flags import SingleValue
 from harness.schema.plan import (
     ABORT_GRACE_S,
     PLAN_DEFAULTS,
@@ -362,39 +363,6 @@ RUN_OPTIONS: tuple[Option, ...] = tuple(
     for f in fields(RunOptionFields)
     if FLAG_KEY in f.metadata
 )
-
-
-class SingleValue(argparse.Action):
-    """Store an option's text, refusing a second, different value under any of its spellings.
-
-    argparse keeps the last of `--tp 2 --tensor-parallel-size 4` silently; a run must not
-    qualify a geometry the user contradicted. The same value given twice is accepted. Values
-    are compared as the option parses them (`--tp 4 --tp 04` agree) when `same` is given.
-    """
-
-    def __init__(
-        self, *args: Any, same: Callable[[str, str], bool] | None = None, **kwargs: Any
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self._same = same or (lambda a, b: a == b)
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        given: dict[str, tuple[str, str]] = namespace.__dict__.setdefault("_given_as", {})
-        earlier = given.get(self.dest)
-        if earlier is not None and not self._same(earlier[1], values):
-            raise argparse.ArgumentError(
-                self,
-                f"given twice with different values: {earlier[0]} {earlier[1]} and "
-                f"{option_string} {values}; give it once",
-            )
-        given[self.dest] = (option_string or self.dest, values)
-        setattr(namespace, self.dest, values)
 
 
 def _same_value(opt: Option) -> Callable[[str, str], bool]:

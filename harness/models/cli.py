@@ -23,7 +23,7 @@ from harness.core.signature import (
     TransportSignature,
 )
 from harness.errors import UsageError
-from harness.launch.options import SingleValue
+from harness.flags import SingleValue
 from harness.schema.signature import RowSource, SignatureList, SignatureListRow
 
 if TYPE_CHECKING:
