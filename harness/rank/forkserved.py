@@ -158,7 +158,7 @@ def run(agent: str, *argv: str) -> None:
         handover.hand_over(preloaded.warned, preloaded.modules)
     if HEAP_PLUGIN not in argv:  # nothing else re-issues them: before the module runs
         handover.reissue(handover.STARTUP)
-    code = interpreter.run_module(("-m", module, *args), "dcpqual forkserver rank")
+    code = interpreter.run_module(module, args)
     interpreter.wind_down()
     if code != 0:
         interpreter.leave(code)

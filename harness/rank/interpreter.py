@@ -39,18 +39,15 @@ def exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def run_module(argv: Sequence[str], who: str) -> int:
+def run_module(module: str, args: Sequence[str]) -> int:
     """`python -m MODULE ARGS` in this process; returns the exit code the interpreter would
-    (INTERRUPTED: it would die of SIGINT). `who` names the caller in the one error it prints."""
+    (INTERRUPTED: it would die of SIGINT)."""
     import runpy
 
-    if len(argv) < 2 or argv[0] != "-m":
-        print(f"{who}: can only run `-m MODULE ...`, got {list(argv)!r}", file=sys.stderr)
-        return 2
-    sys.argv = [argv[1], *argv[2:]]  # runpy sets argv[0] to the module's file
+    sys.argv = [module, *args]  # runpy sets argv[0] to the module's file
     try:
         # What `-m` runs: the module in the __main__ namespace, argv[0] its file.
-        runpy._run_module_as_main(argv[1], alter_argv=True)  # type: ignore[attr-defined]
+        runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
     except SystemExit as exc:
         return exit_code(exc)
     except BaseException as exc:
