@@ -60,6 +60,7 @@ facts = {
     "threads": torch.get_num_threads(),
     "mp_helpers": [forkserver._forkserver._forkserver_alive_fd,
                    resource_tracker._resource_tracker._fd],
+    "mp_start_lock_free": forkserver._forkserver._lock.acquire(timeout=2),
     "agent": open(f"/proc/{parentage.agent_pid()}/cmdline").read().split(chr(0))[1:3],
     "hash": hash("dcpqual"),
     "start_method": multiprocessing.get_start_method(allow_none=True),
@@ -125,6 +126,7 @@ SAME_IN_BOTH = (
     "signals",
     "threads",
     "mp_helpers",
+    "mp_start_lock_free",  # a rank may start a forkserver of its own
     "hash",
     "start_method",
     "mp_tempdir",

@@ -11,11 +11,12 @@ import json
 import os
 
 import pytest
+from _support.hash_probe import probe_under
 from _support.runs import (
     FAST_S,
     Launched,
     assert_fault,
-    forkserver_left_threaded,
+    preload_left_a_thread,
     processes_of_run,
     receipt,
     records,
@@ -24,7 +25,8 @@ from _support.runs import (
 )
 
 from harness.cli import main
-from harness.launch.agent import cold_reason
+from harness.launch.agent import STARTED_FRESH, cold_reason
+from harness.rank.forkserver_preload import READY_LINE
 
 pytestmark = [pytest.mark.torchrun]
 
@@ -54,23 +56,48 @@ def test_all_ranks_pass_and_the_bundle_verifies(tmp_path, capsys):
     assert drawn == seeds["drawn"] == ("PYTHONHASHSEED" not in os.environ), data["limitations"]
 
 
-def test_a_forkserver_with_a_thread_alive_leaves_the_ranks_cold_and_says_why(
+def test_a_preload_that_left_a_thread_leaves_the_ranks_cold_says_why_and_shares_their_seed(
     tmp_path, monkeypatch, capsys
 ):
-    """A thread left running in the agent's forkserver, which must not fork then: no failure,
-    torchrun starts the ranks cold, the console and the agent's log say why, the records how."""
-    forkserver_left_threaded(monkeypatch)
+    """A thread alive after the preload, in the agent and then in the fresh forkserver it
+    starts, which must not fork either: no failure, torchrun starts the ranks cold, the console
+    and the agent's log say why, the records how, and the cold ranks share the launcher's
+    drawn seed as forked ones would."""
+    preload_left_a_thread(monkeypatch)
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     out = tmp_path / "cold"
     code, _ = run(out, 2, "rank_pass.py")
     assert code == 0
     data = receipt(out)
-    assert all(r.start is not None and not r.start.forked for r in records(out).values())
-    why = cold_reason(out / "torchrun" / "node-00" / "agent.log")
+    starts = [r.start for r in records(out).values() if r.start is not None]
+    assert len(starts) == 2 and not any(s.forked for s in starts), starts
+    log = out / "torchrun" / "node-00" / "agent.log"
+    assert f"{STARTED_FRESH}2 threads alive in the agent after its preload" in log.read_text()
+    why = cold_reason(log)
     assert why is not None and why.startswith("2 threads alive in the forkserver"), why
     assert f"dcpqual run: ranks started cold, not forked: {why}\n" in capsys.readouterr().out
-    assert [s["ranks"] for s in data["hash_seeds"]] == [[0, 1]]  # cold, with the same seed
+    (seed,) = {s.hash_seed for s in starts}  # cold, with the one seed of the node
+    assert seed is not None and {s.hash_probe for s in starts} == {probe_under(seed)}
+    assert [s["ranks"] for s in data["hash_seeds"]] == [[0, 1]]
+    assert any(line.startswith("hash-seed: ") for line in data["limitations"])
     assert main(["verify", str(out)]) == 0
     assert processes_of_run(out) == []
+
+
+def test_a_thread_alive_in_the_agent_alone_gives_a_fresh_forkserver_that_forks_the_ranks(
+    tmp_path, monkeypatch, capsys
+):
+    """The agent forks its forkserver only with one thread alive; with more, the server is a
+    fresh interpreter that preloads for itself and, single-threaded, forks the ranks."""
+    preload_left_a_thread(monkeypatch, where="agent")
+    out = tmp_path / "fresh"
+    code, _ = run(out, 2, "rank_pass.py")
+    assert code == 0
+    assert all(r.start is not None and r.start.forked for r in records(out).values())
+    log = (out / "torchrun" / "node-00" / "agent.log").read_text()
+    assert f"{STARTED_FRESH}2 threads alive in the agent after its preload" in log
+    assert len(READY_LINE.findall(log)) == 2, log  # the agent's preload, then the server's own
+    assert "started cold" not in capsys.readouterr().out
 
 
 def test_a_hang_is_ended_by_the_per_test_timeout_with_stack_dumps(tmp_path):

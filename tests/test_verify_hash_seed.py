@@ -1,6 +1,7 @@
 """One string-hash seed per node, fixed by the launcher, stated by the receipt and held to the
-records. Ranks forked from the zygote can only share its seed, so the launcher gives every rank
-of its node one (cold ones too: a forked and a cold rank hash alike), each rank records the seed
+records. Ranks forked from one forkserver can only share its seed, so the launcher gives every
+rank of its node one (cold ones too, tests/test_run_torchrun.py: a forked and a cold rank hash
+alike), each rank records the seed
 it started with and its hash of a fixed probe string, and the receipt states the seeds
 (`hash_seeds`) with the `hash-seed` limitation where the launcher drew the seed. A forger who
 drops or changes the seeds, calls a drawn seed given, or drops the limitation is caught, and
@@ -14,22 +15,20 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _support import forge as forger
-from _support.runs import forkserver_left_threaded, receipt, records, run
+from _support.hash_probe import probe_under
+from _support.runs import receipt, records, run
 
 from harness.evidence.files import sha256_file
 from harness.evidence.hashprobe import probe_hash
 from harness.evidence.rules import hash_seed_limitation
 from harness.evidence.verify import verify_bundle
 from harness.schema.launch import NodeState, ZygoteState
-from harness.schema.rank_record import HASH_PROBE
 
 pytestmark = [pytest.mark.torchrun]
 
@@ -40,20 +39,6 @@ def forge(bundle: Path, edit: Edit) -> None:
     """These forgers write the launch record again with the receipt (`_support.forge`), so only
     the seed and zygote checks can tell."""
     forger.forge(bundle, edit, launch_record=True)
-
-
-def probe_under(seed: int) -> int:
-    """What an interpreter started with PYTHONHASHSEED=`seed` hashes the probe to (the oracle:
-    a fresh interpreter, not the harness)."""
-    code = "import sys; print(hash(sys.argv[1]))"
-    done = subprocess.run(
-        [sys.executable, "-S", "-c", code, HASH_PROBE],
-        env={"PYTHONHASHSEED": str(seed)},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return int(done.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -97,24 +82,6 @@ def test_every_rank_starts_with_the_launchers_seed_and_the_receipt_states_it(
     (line,) = [x for x in r["limitations"] if x.startswith("hash-seed: ")]
     assert f"one string-hash seed ({seed}), drawn by the launcher" in line
     result = verify_bundle(forked_bundle)
-    assert result.ok, result.problems
-
-
-def test_a_cold_start_shares_the_seed_a_forked_one_would_have(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A thread alive in the agent's forkserver makes it refuse: torchrun's ranks start cold,
-    with the launcher's seed, and the bundle says so as it does for forked ranks."""
-    forkserver_left_threaded(monkeypatch)
-    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    out = tmp_path / "cold"
-    code, _ = run(out, 2, "rank_pass.py")
-    assert code == 0
-    starts = [r.start for r in records(out).values() if r.start is not None]
-    assert len(starts) == 2 and not any(s.forked for s in starts), starts
-    assert {s.hash_probe for s in starts} == {probe_under(_only_seed(out))}
-    assert any(line.startswith("hash-seed: ") for line in receipt(out)["limitations"])
-    result = verify_bundle(out)
     assert result.ok, result.problems
 
 

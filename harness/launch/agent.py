@@ -11,10 +11,13 @@ agent's own failure report are torchelastic's. Only the start differs: `start_me
 and each rank is `harness.rank.forkserved.run`, which makes the forked child the interpreter
 `python -u -m MODULE ARGS` would have been.
 
-The forkserver is started before this process imports torch, so its imports and this
-process's overlap, as torchrun's and a preloading server's would. Its server and
-multiprocessing's resource tracker are this process's children; they are stopped before it
-exits, whatever the ending, so nothing it started outlives the launch.
+This process imports the preload list itself (torchelastic needs torch here anyway) and starts
+the forkserver as a fork of itself (`harness.launch.forkserver_start`), so the node imports
+torch, pytest and the harness once, not once here and again in a fresh server; where a thread is
+alive after its preload (a fork would copy none of it), the server is a fresh interpreter that
+imports the list itself, as multiprocessing starts it. The server and multiprocessing's resource
+tracker are this process's children; they are stopped before it exits, whatever the ending, so
+nothing it started outlives the launch.
 
 Before the first rank, a child of the server says whether the server may fork ranks at all
 (`harness.rank.forksafety`: one thread, CUDA never started). Where it may not, this process
@@ -25,6 +28,7 @@ start cold: slower, never wrong.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import re
 import signal
@@ -36,6 +40,7 @@ from multiprocessing import forkserver, resource_tracker, util
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.launch import forkserver_start
 from harness.rank import forksafety
 from harness.rank.preload import FORKSERVER_PRELOAD_MODULE, PRELOAD_LIST_ENV
 
@@ -43,6 +48,8 @@ AGENT_MODULE = "harness.launch.agent"
 RANK_ENTRY_MODULE = "harness.rank.forkserved"
 # How the agent's log says its ranks start cold (the reason follows).
 STARTED_COLD = "dcpqual agent: ranks start cold, not forked: "
+# How the agent's log says its forkserver is a fresh interpreter, not its own fork (why follows).
+STARTED_FRESH = "dcpqual agent: forkserver started fresh, not forked from the agent: "
 _NPROC = re.compile(r"^--nproc[-_]per[-_]node(?:=(?P<value>.*))?$")
 _SIGNALS = re.compile(r"^--signals[-_]to[-_]handle(?:=(?P<value>.*))?$")
 # What torchelastic's agent puts in its environment as it launches (`launch_agent`), for the
@@ -115,23 +122,35 @@ def signals_to_handle(torchrun_argv: Sequence[str]) -> str:
 
 
 def start_forkserver(preload: Sequence[str], torchrun_argv: Sequence[str]) -> bool:
-    """Start the forkserver with the preload list, in the environment the ranks will see as far
-    as their imports can read it: torchrun sets OMP_NUM_THREADS=1 for more than one local rank,
-    and torch reads it when the server imports it. Returns whether OMP_NUM_THREADS was set here
-    (for torchrun to set it itself where the ranks start cold). torchelastic's agent also puts
-    the signals it handles in the environment as it launches, after the server started: a
-    cold rank inherits that, so the server's environment has it from the start."""
+    """Preload, then start the forkserver, in the environment the ranks will see as far as
+    their imports can read it: torchrun sets OMP_NUM_THREADS=1 for more than one local rank,
+    and torch reads it as it is imported. Returns whether OMP_NUM_THREADS was set here (for
+    torchrun to set it itself where the ranks start cold). torchelastic's agent also puts the
+    signals it handles in the environment as it launches, later: a cold rank inherits that, so
+    the preload's environment has it from the start."""
     ranks = local_ranks(torchrun_argv)
     threads_set = "OMP_NUM_THREADS" not in os.environ and (ranks is None or ranks > 1)
     if threads_set:
         os.environ["OMP_NUM_THREADS"] = "1"
     os.environ[SIGNALS_ENV] = signals_to_handle(torchrun_argv)
-    os.environ[PRELOAD_LIST_ENV] = ",".join(preload)
+    listed = ",".join(preload)
+    os.environ[PRELOAD_LIST_ENV] = listed
     try:
+        importlib.import_module(FORKSERVER_PRELOAD_MODULE)  # the preload, here (reads the list)
+        importlib.import_module(RANK_ENTRY_MODULE)
         forkserver.set_forkserver_preload([FORKSERVER_PRELOAD_MODULE, RANK_ENTRY_MODULE])
-        forkserver.ensure_running()
+        threads = forksafety.native_threads()
+        if threads == 1:
+            with forkserver_start.forked_from_here():
+                forkserver.ensure_running()
+        else:  # a fork would hold those threads' locks and none of the threads
+            alive = "an unknown number of" if threads is None else str(threads)
+            why = f"{alive} threads alive in the agent after its preload"
+            print(f"{STARTED_FRESH}{why}", file=sys.stderr, flush=True)
+            os.environ[PRELOAD_LIST_ENV] = listed  # for the fresh server's own preload
+            forkserver.ensure_running()
     finally:
-        del os.environ[PRELOAD_LIST_ENV]
+        os.environ.pop(PRELOAD_LIST_ENV, None)
     return threads_set
 
 

@@ -1,8 +1,9 @@
 """The forkserver's preload (`harness.launch.agent` names this module its only one): imported by
-multiprocessing's forkserver before it forks any rank, it runs `harness.rank.preload.preload` on
-the list the agent put in its environment, keeps what that did for each rank it forks
+the agent before it forks multiprocessing's forkserver from itself (or, where it may not fork,
+by the fresh forkserver it starts instead), it runs `harness.rank.preload.preload` on the list
+the agent put in its environment, keeps what that did for each rank the server forks
 (`harness.rank.forkserved` hands the warnings over), and tells what failed to import and how
-long it took on the agent's log, where the forkserver's stderr goes.
+long it took on the agent's log, where the agent's and the forkserver's stderr go.
 
 Imported anywhere else (no list in the environment) it preloads nothing.
 """

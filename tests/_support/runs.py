@@ -40,14 +40,17 @@ class Launched:
     printed: str = ""
 
 
-THREADED_FORKSERVER = Path(__file__).parent / "threaded_forkserver"
+THREADED_PRELOAD = Path(__file__).parent / "threaded_preload"
 
 
-def forkserver_left_threaded(env: Any) -> None:
+def preload_left_a_thread(env: Any, where: str = "agent,forkserver") -> None:
     """`env` (a MonkeyPatch) puts a `sitecustomize` on PYTHONPATH that leaves a thread running
-    in the agent's forkserver: the agent then starts the ranks cold."""
-    path = os.pathsep.join(p for p in (str(THREADED_FORKSERVER), os.environ.get("PYTHONPATH")) if p)
+    where the ranks' preload is done, as a preload that starts a thread pool would: in the
+    agent (which then starts a fresh forkserver instead of forking itself) and, unless `where`
+    is "agent", in that fresh forkserver (which may then fork no rank: the ranks start cold)."""
+    path = os.pathsep.join(p for p in (str(THREADED_PRELOAD), os.environ.get("PYTHONPATH")) if p)
     env.setenv("PYTHONPATH", path)
+    env.setenv("DCPQUAL_TEST_THREAD_IN", where)
 
 
 def launch_printing(out: Path, argv: list[str]) -> Launched:
