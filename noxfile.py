@@ -32,7 +32,8 @@ def install_harness(session: nox.Session, *extras: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the harness's own tests (pytest-xdist; each test file on one worker, so a module's
-    shared launch runs once)."""
+    shared launch runs once; files handed out in the order tests/conftest.py puts them, the
+    ones that launch most first)."""
     install_harness(session, "dev")
     session.run(
         "pytest",
@@ -40,6 +41,7 @@ def tests(session: nox.Session) -> None:
         "auto",
         "--dist",
         "loadfile",
+        "--no-loadscope-reorder",
         "-p",
         "no:cacheprovider",
         *session.posargs,
