@@ -4,8 +4,9 @@ outside among them), a full disk, an unusable `--out`, an absurd world size, a r
 mid-suite with exit code 0, a daemon a rank double-forked (which fails the run), a thread a
 test left running (which does not hold the run), and secrets printed the ways tools print them.
 
-World 2, but a rank gone mid-suite and ^C at 16 ranks (slow): the root cause at a rank above
-9, and the ending of a 16-rank tree (each shows all that the same fault at 2 ranks would). Each
+World 2, but a rank gone mid-suite and ^C at 16 ranks (`sixteen_ranks`: `nox -s cpu16` runs
+them): the root cause at a rank above 9, and the ending of a 16-rank tree (each shows all that
+the same fault at 2 ranks would). Each
 protection is shown to fail when removed in tests/test_launcher_endings.py (subreaper, the
 hold's hurry, dead-rank watch) and tests/test_evidence_redact.py (print forms).
 """
@@ -57,7 +58,7 @@ def assert_interrupted_bundle(out: Path, code: int, sig: signal.Signals, token: 
 @pytest.mark.parametrize(
     ("sig", "nranks"),
     [
-        pytest.param(signal.SIGINT, 16, marks=pytest.mark.slow, id="ctrl-c-16-ranks"),
+        pytest.param(signal.SIGINT, 16, marks=pytest.mark.sixteen_ranks, id="ctrl-c-16-ranks"),
         pytest.param(signal.SIGTERM, 2, id="sigterm-2-ranks"),
     ],
 )
@@ -358,7 +359,7 @@ def test_an_absurd_world_size_is_one_line_and_exit_2(
     assert time.monotonic() - started < 10 and not out.exists()
 
 
-@pytest.mark.slow
+@pytest.mark.sixteen_ranks
 def test_a_rank_exiting_0_mid_suite_is_noticed_within_seconds_and_blamed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

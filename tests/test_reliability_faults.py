@@ -1,6 +1,6 @@
 """Faults injected into real `dcpqual run` launches: contained, attributed, verifiable.
 
-One launch per fault, world 4 (the SIGKILL case also at 16, marked slow), with a misbehaving
+One launch per fault, world 4 (the SIGKILL case also at 16, `sixteen_ranks`), with a misbehaving
 rank other than the suites' default (`DCPQUAL_FAULT_RANK`), so attributing it is never luck. Every
 fault is held to `assert_contained`: exit 1, over well before gloo's 30-minute default (a hang:
 by the per-test timeout, not the whole-run one), a `fail` receipt whose root cause names the
@@ -114,7 +114,7 @@ def test_a_rank_calling_os_exit_is_recorded_killed_and_the_root_cause(
 
 @pytest.mark.parametrize(
     ("nranks", "fault_rank"),
-    [(4, 0), pytest.param(16, 13, marks=pytest.mark.slow, id="16-13")],
+    [(4, 0), pytest.param(16, 13, marks=pytest.mark.sixteen_ranks, id="16-13")],
     ids=["4-0", "16-13"],
 )
 @pytest.mark.torchrun

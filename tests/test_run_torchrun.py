@@ -141,7 +141,7 @@ def test_two_agents_form_one_job_and_node0_writes_one_bundle(two_node_run: Launc
     assert processes_of_run(out) == []
 
 
-@pytest.mark.slow
+@pytest.mark.sixteen_ranks
 def test_two_agents_of_eight_ranks_form_a_16_rank_job(tmp_path):
     out = tmp_path / "2x8"
     assert two_nodes(out, 8, "rank_pass.py") == (0, 0)
