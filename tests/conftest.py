@@ -68,19 +68,6 @@ def rank_assert_run(tmp_path_factory: pytest.TempPathFactory) -> Launched:
 
 
 @pytest.fixture(scope="session")
-def two_node_run(tmp_path_factory: pytest.TempPathFactory) -> Launched:
-    """Two `dcpqual run` agents of 2 ranks each, as on two hosts (one rendezvous, one `--out`),
-    running rank_pass.py (collectives across both nodes) and, uncaptured, rank_whoami.py (each
-    rank prints its global and local rank). Read by tests/test_run_torchrun.py (one job, one
-    bundle) and tests/test_run_ux.py (its logs, read by global rank)."""
-    from _support.runs import Launched, two_nodes
-
-    out = tmp_path_factory.mktemp("two-nodes") / "2x2"
-    codes = two_nodes(out, 2, "rank_pass.py", "rank_whoami.py", uncaptured=True)
-    return Launched(codes, out)
-
-
-@pytest.fixture(scope="session")
 def before_kimi_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The seed change's "before": one real run of the Kimi-K3 capture check with the warm code
     that does not know Kimi-K3 (it fails, the signature created lazily in capture). Shared by

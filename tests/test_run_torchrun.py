@@ -126,6 +126,16 @@ def test_ranks_that_collect_different_tests_all_abort_with_a_diff(tmp_path):
     assert "+tests/rank_suites/rank_collect.py::test_only_on_the_fault_rank" in log
 
 
+@pytest.fixture(scope="module")
+def two_node_run(tmp_path_factory: pytest.TempPathFactory) -> Launched:
+    """Two `dcpqual run` agents of 2 ranks each, as on two hosts (one rendezvous, one `--out`),
+    running rank_pass.py (collectives across both nodes) and, uncaptured, rank_whoami.py (each
+    rank prints its global and local rank): one job, one bundle, its logs read by global rank."""
+    out = tmp_path_factory.mktemp("two-nodes") / "2x2"
+    codes = two_nodes(out, 2, "rank_pass.py", "rank_whoami.py", uncaptured=True)
+    return Launched(codes, out)
+
+
 def test_two_agents_form_one_job_and_node0_writes_one_bundle(two_node_run: Launched):
     out = two_node_run.out
     assert two_node_run.codes == (0, 0)
@@ -139,6 +149,22 @@ def test_two_agents_form_one_job_and_node0_writes_one_bundle(two_node_run: Launc
     kept = {k: json.loads((out / "nodes" / f"node-0{k}.json").read_text()) for k in (0, 1)}
     assert data["run"]["extra"]["nodes"] == {str(k): m for k, m in kept.items()}
     assert processes_of_run(out) == []
+
+
+def test_logs_of_a_two_node_job_are_read_by_global_rank(two_node_run: Launched, capsys):
+    out = two_node_run.out
+    assert two_node_run.codes == (0, 0)
+    assert sorted(p.name for p in (out / "logs").iterdir()) == [
+        f"rank-{r:02d}.{s}" for r in range(4) for s in ("stderr", "stdout")
+    ]
+    capsys.readouterr()
+    for rank in range(4):
+        assert main(["logs", str(out), "--rank", str(rank), "--grep", "whoami:"]) == 0
+        [line] = capsys.readouterr().out.splitlines()
+        assert line.endswith(f"whoami: global rank {rank} local rank {rank % 2}"), line
+        assert main(["logs", str(out), "--rank", str(rank), "--stderr", "--grep", "whoami"]) == 0
+        assert capsys.readouterr().out.rstrip().endswith(f"whoami-err: global rank {rank}")
+    assert main(["verify", str(out)]) == 0
 
 
 @pytest.mark.sixteen_ranks

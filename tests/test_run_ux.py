@@ -1,6 +1,6 @@
 """`dcpqual run` as a pytest user meets it, through the real CLI on 2-rank torchrun jobs: the
-ending and its rerun command, --maxfail in lockstep, --tee, and rank logs by global rank from a
-2 nodes x 2 ranks job."""
+ending and its rerun command, --maxfail in lockstep, --tee (rank logs by global rank from a
+2 nodes x 2 ranks job: tests/test_run_torchrun.py, beside the other readers of that job)."""
 
 from __future__ import annotations
 
@@ -131,19 +131,3 @@ def test_progress_names_the_rank_the_others_wait_for_and_an_eta(tmp_path: Path, 
     assert any("on rank(s) 1" in ln and "rank_slow.py::test_slow" in ln for ln in progress)
     assert not any("on rank(s) 0" in ln for ln in progress)
     assert any(re.search(r"tests 1/3 .*ETA \d+s", ln) for ln in progress)
-
-
-def test_logs_of_a_two_node_job_are_read_by_global_rank(two_node_run: Launched, capsys):
-    out = two_node_run.out
-    assert two_node_run.codes == (0, 0)
-    assert sorted(p.name for p in (out / "logs").iterdir()) == [
-        f"rank-{r:02d}.{s}" for r in range(4) for s in ("stderr", "stdout")
-    ]
-    capsys.readouterr()
-    for rank in range(4):
-        assert main(["logs", str(out), "--rank", str(rank), "--grep", "whoami:"]) == 0
-        [line] = capsys.readouterr().out.splitlines()
-        assert line.endswith(f"whoami: global rank {rank} local rank {rank % 2}"), line
-        assert main(["logs", str(out), "--rank", str(rank), "--stderr", "--grep", "whoami"]) == 0
-        assert capsys.readouterr().out.rstrip().endswith(f"whoami-err: global rank {rank}")
-    assert main(["verify", str(out)]) == 0
