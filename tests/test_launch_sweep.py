@@ -131,3 +131,34 @@ def test_a_kill_of_the_found_pid_alone_would_leave_the_unseen_child(
     monkeypatch.setattr(ending.os, "killpg", lambda group, sig: None)
     ending.sweep(FixedTracker(parent), None, quiet_s=0.1)  # type: ignore[arg-type]
     assert not wait_until(lambda: not alive(child), 1)
+
+
+class GoneBeforeItsKillTracker(LateTracker):
+    """A tracker whose every look sees the helper, which has always exited again by the time
+    the sweep asks what is still alive: a re-forking helper's incarnations on a loaded
+    machine, each leaving its child in its process group."""
+
+    def __init__(self, helper: Proc) -> None:
+        super().__init__(helper, shows_at=1)
+
+    def survivors(self) -> list[Proc]:
+        return []
+
+
+def test_the_group_of_a_process_a_look_saw_is_ended_though_it_was_gone_before_its_kill(
+    parent_and_child,
+) -> None:
+    parent, child = parent_and_child
+    ending.sweep(GoneBeforeItsKillTracker(parent), None, quiet_s=0.1)  # type: ignore[arg-type]
+    assert wait_until(lambda: not alive(child), 5), "the unseen child outlived the sweep"
+
+
+def test_without_the_groups_read_at_each_look_the_child_lives_on(
+    parent_and_child, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The negative control: with the group not read as the look returns, the sweep finds
+    nothing alive to kill, and the child lives on."""
+    parent, child = parent_and_child
+    monkeypatch.setattr(ending, "process_group", lambda pid: None)
+    ending.sweep(GoneBeforeItsKillTracker(parent), None, quiet_s=0.1)  # type: ignore[arg-type]
+    assert not wait_until(lambda: not alive(child), 1)

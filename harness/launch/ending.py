@@ -216,18 +216,24 @@ def let_relays_finish(relays: Iterable[Proc], timeout_s: float = RELAY_FINISH_S)
         relays = [p for p in relays if alive(p)]
 
 
+def process_group(pid: int) -> int | None:
+    """The process group of `pid` (None: gone, unreadable, or no group of its own to end)."""
+    try:
+        group = os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+    return group if group > 1 else None
+
+
 def kill_with_group(pid: int, spare: set[int] | frozenset[int] = frozenset()) -> None:
     """SIGKILL `pid` and every member of its process group (unless the group is in `spare`):
     the kernel signals a group's members at once and restarts a fork that races the signal, so
     a helper that re-forks between a look and its kill leaves no child behind in its group,
     where a kill of one pid loses that race."""
-    try:
-        group = os.getpgid(pid)
-    except (ProcessLookupError, PermissionError):
-        group = None
+    group = process_group(pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)
-    if group is not None and group > 1 and group not in spare:
+    if group is not None and group not in spare:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signal.SIGKILL)
 
@@ -249,30 +255,41 @@ def sweep(
     snapshot after the incarnation in it exited, where dozens of looks over half a second
     rarely all do.
     What is found is killed with its process group (`kill_with_group`), so the incarnation a
-    look missed dies with the one it found. The launcher stays the subreaper its orphans
-    re-parent to. The cgroup is killed at the end whatever was seen. Returns what it ended (pids
-    in `keep`, and their groups and the launcher's own, are never signalled)."""
+    look missed dies with the one it found; and the group of every process a look saw is read
+    as the look returns and ended at each kill, since on a loaded machine the incarnation a
+    look saw has often exited (with its child alive in its group) before it could be killed,
+    and a look that saw a new process is never a quiet one. The launcher stays the subreaper
+    its orphans re-parent to. The cgroup is killed at the end whatever was seen. Returns what it
+    ended (pids in `keep`, and their groups and the launcher's own, are never signalled)."""
     ended: set[Proc] = set()
+    groups: set[int] = set()  # of every process a look saw, read as soon as it was seen
+    spare = {os.getpgrp(), *keep}
     quiet = 0
     deadline = time.monotonic() + limit_s
     last_found = time.monotonic()
     while (
         quiet < quiet_scans or time.monotonic() - last_found < quiet_s
     ) and time.monotonic() < deadline:
+        before = set(tracker.seen)
         tracker.scan()
         if cgroup is not None:
             tracker.seen |= {p for pid in cgroup.pids() if (p := identify(pid)) is not None}
         if witness is not None:
             tracker.seen |= witness.find()
+        new = {p for p in tracker.seen - before if p.pid not in keep}
+        groups |= {g for p in new if (g := process_group(p.pid)) is not None} - spare
         live = [p for p in tracker.survivors() if p.pid not in keep]
-        if not live:
+        if not live and not new:
             quiet += 1
             time.sleep(0.01)
             continue
         quiet = 0
         last_found = time.monotonic()
         for found in live:
-            kill_with_group(found.pid, spare={os.getpgrp(), *keep})
+            kill_with_group(found.pid, spare=spare)
+        for group in groups:  # an incarnation a look saw may be gone, its group not
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
         ended.update(live)
         reap(live)
     if cgroup is not None:
