@@ -160,14 +160,32 @@ def test_a_signal_after_the_verdict_was_decided_leaves_the_bundle_as_written_and
     assert "interrupted by SIGINT after the verdict was decided" in said, said
 
 
-def test_odd_files_a_test_leaves_are_set_aside_named_and_the_run_fails(tmp_path: Path) -> None:
-    out = tmp_path / "bundle"
-    code, _ = run(out, 2, "rank_strays.py")
+@pytest.fixture(scope="module")
+def strays_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, Path]:
+    """One run of two suites whose tests pass but leave what is not evidence in the out folder:
+    odd files (rank_strays.py) and a `logs` link to a folder outside (rank_link_logs.py).
+    (exit code, out folder, the folder outside)."""
+    base = tmp_path_factory.mktemp("strays")
+    outside = base / "outside"
+    outside.mkdir()
+    out = base / "bundle"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DCPQUAL_OUTSIDE_DIR", str(outside))
+        argv = ["run", "--nproc-per-node", "2", "--tp", "2", "--out", str(out), "--"]
+        code = main([*argv, *(str(SUITES / s) for s in ("rank_strays.py", "rank_link_logs.py"))])
+    return code, out, outside
+
+
+def test_odd_files_a_test_leaves_are_set_aside_named_and_the_run_fails(
+    strays_run: tuple[int, Path, Path],
+) -> None:
+    code, out, _ = strays_run
     assert code == 1
     data = receipt(out)
     assert data["verdict"] == "fail"
     strays = {s["path"]: s for s in data["run"]["extra"]["strays"]}
-    assert set(strays) == {"link-to-hostname", "a-fifo", "receipt.json", "SHA256SUMS"}
+    odd = {"link-to-hostname", "a-fifo", "receipt.json", "SHA256SUMS"}
+    assert set(strays) == {*odd, "logs"}  # and the `logs` link, below
     assert strays["link-to-hostname"]["kind"] == "symlink"
     assert strays["a-fifo"]["kind"] == "fifo"
     assert strays["receipt.json"]["action"] == "moved to strays/receipt.json"
@@ -179,37 +197,46 @@ def test_odd_files_a_test_leaves_are_set_aside_named_and_the_run_fails(tmp_path:
 
 
 def test_a_logs_link_a_rank_left_takes_no_log_out_of_the_bundle(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    strays_run: tuple[int, Path, Path],
 ) -> None:
     """The ranks' logs are copied into the bundle's `logs/` after the ranks ran; a rank that
     made `logs` a link to a folder outside gets nothing written there, and the link is set
     aside as a stray."""
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    monkeypatch.setenv("DCPQUAL_OUTSIDE_DIR", str(outside))
-    out = tmp_path / "bundle"
-    code, _ = run(out, 2, "rank_link_logs.py")
+    code, out, outside = strays_run
     assert code == 1
     assert list(outside.iterdir()) == []
     data = receipt(out)
-    assert data["run"]["extra"]["strays"] == [
-        {"path": "logs", "kind": "symlink", "action": "removed"}
-    ]
+    logs = [s for s in data["run"]["extra"]["strays"] if s["path"] == "logs"]
+    assert logs == [{"path": "logs", "kind": "symlink", "action": "removed"}]
     assert data["suites"] and sum(t["failed"] for t in data["suites"].values()) == 0
     assert {"logs/rank-00.stdout", "logs/rank-01.stdout"} <= set(data["files"])
     assert main(["verify", str(out)]) == 0
 
 
+@pytest.fixture(scope="module")
+def left_behind_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, float, Path, Path]:
+    """One run of two suites whose passing tests leave what must neither change nor hold the
+    run: files left open with bytes in their buffers (rank_left_open.py) and a thread left
+    running (rank_thread_left.py). (exit code, seconds, out folder, the files' folder)."""
+    base = tmp_path_factory.mktemp("left-behind")
+    left = base / "left-open"
+    left.mkdir()
+    out = base / "bundle"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DCPQUAL_LEFT_OPEN_DIR", str(left))
+        argv = ["run", "--nproc-per-node", "2", "--tp", "2", "--timeout", "120", "--out", str(out)]
+        suites = (str(SUITES / s) for s in ("rank_left_open.py", "rank_thread_left.py"))
+        started = time.monotonic()
+        code = main([*argv, "--", *suites])
+    return code, time.monotonic() - started, out, left
+
+
 def test_files_a_test_left_open_keep_their_buffered_bytes_as_a_cold_exit_keeps_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    left_behind_run: tuple[int, float, Path, Path],
 ) -> None:
     """Forked ranks, which multiprocessing ends with `os._exit`, still write what a cold
     interpreter's exit writes: the buffers of files the tests left open."""
-    left = tmp_path / "left-open"
-    left.mkdir()
-    monkeypatch.setenv("DCPQUAL_LEFT_OPEN_DIR", str(left))
-    out = tmp_path / "bundle"
-    code, _ = run(out, 2, "rank_left_open.py")
+    code, _, out, left = left_behind_run
     assert code == 0, receipt(out)["failures"]
     assert all(r.start is not None and r.start.forked for r in records(out).values())
     for rank in (0, 1):
@@ -383,12 +410,11 @@ def test_a_rank_exiting_0_mid_suite_is_noticed_within_seconds_and_blamed(
 
 
 def test_a_thread_a_test_left_running_does_not_hold_a_passing_run_to_its_timeout(
-    tmp_path: Path,
+    left_behind_run: tuple[int, float, Path, Path],
 ) -> None:
     """Its records are final once pytest is done: a forkserver rank ends then, as the rank of a
     lone cold one does, instead of joining the thread before it returns to the agent."""
-    out = tmp_path / "bundle"
-    code, elapsed = run(out, 2, "rank_thread_left.py", "--timeout", "120")
+    code, elapsed, out, _ = left_behind_run
     assert code == 0, receipt(out)["failures"]
     assert not receipt(out)["run"]["extra"]["launch"]["timed_out"]
     assert elapsed < 90, f"ended after {elapsed:.0f}s"

@@ -1,9 +1,11 @@
-"""The forkserver of a run on real trees: importing vLLM there leaves it fit to fork ranks.
+"""The preload of a run on real trees: importing vLLM leaves the process fit to fork.
 
-A thread alive after the preload, or CUDA started, would make the agent start every rank cold
-(correct, but minutes slower at 16 ranks); this preloads what such a run's forkserver does, in a
-fresh interpreter with the environment the agent gives it, and asks a child of it the agent's
-own question (`harness.rank.forksafety`).
+The agent preloads, then forks its forkserver from itself where one thread is alive, and the
+server forks the ranks where a child of it finds one thread and CUDA never started. A thread
+alive after the preload, or CUDA started, would make the agent start a fresh server and then
+every rank cold (correct, but minutes slower at 16 ranks); this preloads what such a run's agent
+does, in a fresh interpreter with the environment the agent gives its preload, and asks a child
+of it the agent's own question (`harness.rank.forksafety`).
 """
 
 from __future__ import annotations
