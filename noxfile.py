@@ -33,7 +33,7 @@ def install_harness(session: nox.Session, *extras: str) -> None:
 SIXTEEN_RANKS = "sixteen_ranks"
 
 
-def test_workers() -> str:
+def xdist_workers() -> str:
     """pytest-xdist workers for the unit suite: one more than the cores. Its real launches wait
     (on timeouts, rendezvous, a rank's exit) about a tenth of their time; measured on 2 cores, 3
     workers kept them 91 % busy against 77 % for 2, and the suite took 5:07 against 5:35."""
@@ -49,7 +49,7 @@ def tests(session: nox.Session) -> None:
     session.run(
         "pytest",
         "-n",
-        test_workers(),
+        xdist_workers(),
         "--dist",
         "loadfile",
         "--no-loadscope-reorder",
