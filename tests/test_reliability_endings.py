@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from _support.leaks import leaks, main_thread_only, signal_when_running
-from _support.runs import SUITES, processes_of_run, receipt, records, run
+from _support.runs import SUITES, processes_of_run, receipt, records, run, run_with_folder
 
 from harness.cli import main
 from harness.evidence import writer
@@ -166,13 +166,8 @@ def strays_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, Pat
     odd files (rank_strays.py) and a `logs` link to a folder outside (rank_link_logs.py).
     (exit code, out folder, the folder outside)."""
     base = tmp_path_factory.mktemp("strays")
-    outside = base / "outside"
-    outside.mkdir()
-    out = base / "bundle"
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("DCPQUAL_OUTSIDE_DIR", str(outside))
-        argv = ["run", "--nproc-per-node", "2", "--tp", "2", "--out", str(out), "--"]
-        code = main([*argv, *(str(SUITES / s) for s in ("rank_strays.py", "rank_link_logs.py"))])
+    suites = ("rank_strays.py", "rank_link_logs.py")
+    code, _, out, outside = run_with_folder(base, "DCPQUAL_OUTSIDE_DIR", suites)
     return code, out, outside
 
 
@@ -219,16 +214,8 @@ def left_behind_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, floa
     run: files left open with bytes in their buffers (rank_left_open.py) and a thread left
     running (rank_thread_left.py). (exit code, seconds, out folder, the files' folder)."""
     base = tmp_path_factory.mktemp("left-behind")
-    left = base / "left-open"
-    left.mkdir()
-    out = base / "bundle"
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("DCPQUAL_LEFT_OPEN_DIR", str(left))
-        argv = ["run", "--nproc-per-node", "2", "--tp", "2", "--timeout", "120", "--out", str(out)]
-        suites = (str(SUITES / s) for s in ("rank_left_open.py", "rank_thread_left.py"))
-        started = time.monotonic()
-        code = main([*argv, "--", *suites])
-    return code, time.monotonic() - started, out, left
+    suites = ("rank_left_open.py", "rank_thread_left.py")
+    return run_with_folder(base, "DCPQUAL_LEFT_OPEN_DIR", suites, "--timeout", "120")
 
 
 def test_files_a_test_left_open_keep_their_buffered_bytes_as_a_cold_exit_keeps_them(

@@ -23,11 +23,38 @@ SUITES = Path(__file__).resolve().parent.parent / "rank_suites"
 
 
 def run(out: Path, world: int, suite: str, *extra: str, nnodes: int = 1) -> tuple[int, float]:
+    return run_together(out, world, (suite,), *extra, nnodes=nnodes)
+
+
+def run_together(
+    out: Path, world: int, suites: tuple[str, ...], *extra: str, nnodes: int = 1
+) -> tuple[int, float]:
+    """`dcpqual run` of several rank suites in one launch: (exit code, seconds)."""
     argv = ["run", "--nproc-per-node", str(world), "--tp", str(world * nnodes), "--out", str(out)]
-    argv += [*extra, "--", str(SUITES / suite)]
+    argv += [*extra, "--", *(str(SUITES / suite) for suite in suites)]
     started = time.monotonic()
     code = main(argv)
     return code, time.monotonic() - started
+
+
+def run_with_folder(
+    base: Path, variable: str, suites: tuple[str, ...], *extra: str
+) -> tuple[int, float, Path, Path]:
+    """A 2-rank `dcpqual run` of `suites` into `base/bundle`, with `$variable` naming a fresh
+    folder beside it for the suites' tests: (exit code, seconds, out folder, that folder)."""
+    folder = base / variable.lower()
+    folder.mkdir()
+    out = base / "bundle"
+    previous = os.environ.get(variable)
+    os.environ[variable] = str(folder)
+    try:
+        code, elapsed = run_together(out, 2, suites, *extra)
+    finally:
+        if previous is None:
+            del os.environ[variable]
+        else:
+            os.environ[variable] = previous
+    return code, elapsed, out, folder
 
 
 @dataclass(frozen=True)
