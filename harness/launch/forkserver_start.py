@@ -76,10 +76,7 @@ def is_forkserver_start(args: Sequence[Any]) -> bool:
 def fork_running(command: str, passfds: Sequence[int]) -> int:
     """Fork a child that runs `command` as `python -c COMMAND` would, with only `passfds` (and
     fds 0-2) open; returns its pid. The child exits with the command's exit code."""
-    for stream in (sys.stdout, sys.stderr):  # what they buffer is this process's to write
-        with contextlib.suppress(Exception):
-            if stream is not None:
-                stream.flush()
+    _flush_std_streams()  # what they buffer is this process's to write, not the child's too
     pid = os.fork()
     if pid:
         return pid
@@ -112,11 +109,15 @@ def _run_as_dash_c(command: str, passfds: Sequence[int]) -> int:
         traceback.print_exc()
         code = 1
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                if stream is not None:
-                    stream.flush()
+        _flush_std_streams()
     return code
+
+
+def _flush_std_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            if stream is not None:
+                stream.flush()
 
 
 def close_fds_except(keep: set[int]) -> None:

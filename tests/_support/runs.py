@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from harness.cli import main
 from harness.schema.rank_record import RankRecord
 
@@ -45,15 +47,9 @@ def run_with_folder(
     folder = base / variable.lower()
     folder.mkdir()
     out = base / "bundle"
-    previous = os.environ.get(variable)
-    os.environ[variable] = str(folder)
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(variable, str(folder))
         code, elapsed = run_together(out, 2, suites, *extra)
-    finally:
-        if previous is None:
-            del os.environ[variable]
-        else:
-            os.environ[variable] = previous
     return code, elapsed, out, folder
 
 
