@@ -1,8 +1,10 @@
 """Bad input through the real CLI: one line naming the problem, the right exit, nothing written.
 
 One table (the bad-input matrix). Each `Case` builds its inputs under a fresh folder, runs
-`python -m harness ...` in a subprocess whose working directory is an empty folder beside them
-(so a default `evidence/<stamp>/` would show up), and is held to the same rules by
+`python -m harness ...` as its own process (forked from a preloaded interpreter,
+`_support.forked_cli`; a few cases also from a cold one, which must answer the same) whose
+working directory is an empty folder beside them (so a default `evidence/<stamp>/` would show
+up), and is held to the same rules by
 `assert_refused`: the exit code (2 for unusable input; 1 for a bundle `dcpqual verify` finds
 invalid), exactly one line on stderr, the named problem in the output, no traceback, and every
 file and folder under the test's folder exactly as before (content hashes and mtimes).
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _support import forked_cli
 from _support.evidence_factory import passing_run
 from _support.locks import DELETE, pinned_lock_data, set_at, write_lock
 
@@ -337,16 +340,35 @@ def test_bad_input_is_refused_with_one_line_and_nothing_written(
 ) -> None:
     args, cwd = prepared(case, tmp_path, pristine)
     before = snapshot(tmp_path)
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness", *args],
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert_refused(case, Result(proc.returncode, proc.stdout, proc.stderr), before, tmp_path)
+    done = forked_cli.run(args, cwd=cwd)
+    assert_refused(case, Result(done.returncode, done.stdout, done.stderr), before, tmp_path)
+
+
+# One case of each command, from a cold interpreter as a user starts it: the forked command line
+# above must answer exactly as it does.
+COLD = ["lock-not-json", "sig-heads-not-divisible", "run-out-not-empty", "verify-tampered-record"]
+
+
+@pytest.mark.parametrize("case_id", COLD)
+def test_a_cold_interpreter_refuses_as_the_forked_one_does(
+    case_id: str, tmp_path: Path, pristine: Path
+) -> None:
+    answers = []
+    for start in ("cold", "forked"):
+        folder = tmp_path / start
+        folder.mkdir()
+        args, cwd = prepared(BY_ID[case_id], folder, pristine)
+        if start == "cold":
+            env = {**os.environ, "PYTHONPATH": str(REPO)}
+            argv = [sys.executable, "-m", "harness", *args]
+            done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+        else:
+            done = forked_cli.run(args, cwd=cwd)
+        text = (done.stdout + done.stderr).replace(str(folder), "FOLDER")
+        answers.append((done.returncode, text))
+    cold, forked = answers
+    assert cold == forked
+    assert cold[0] in (1, 2)
 
 
 # -- each check, removed, lets its bad input through -------------------------------------------

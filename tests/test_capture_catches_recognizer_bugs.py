@@ -4,11 +4,10 @@ layers' own forward hands over."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _support import forked_cli
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.slow]
 
@@ -23,12 +22,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
     ],
 )
 def test_capture_suite_catches_a_wrong_kimi_signature(mutant: str, lazy: str, tmp_path) -> None:
-    argv = [sys.executable, "-m", "harness", "run", "--nproc-per-node", "2", "--timeout", "300"]
+    argv = ["run", "--nproc-per-node", "2", "--timeout", "300"]
     argv += ["--warm-impl", f"tests._support.mutant_warm:{mutant}", "--out", str(tmp_path / "o")]
     argv += ["--", "suites/capture/test_capture.py", "-k", "kimi"]
-    done = subprocess.run(
-        argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=400, check=False
-    )
+    done = forked_cli.run(argv, cwd=REPO_ROOT, timeout=400)
     output = done.stdout + done.stderr
     assert done.returncode == 1, output[-3000:]
     # The layers asked for the true Kimi-K3 transport (12 heads at TP16/DCP2), never warmed.

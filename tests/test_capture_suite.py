@@ -6,11 +6,10 @@ capture check fails, naming its signature, and the runner stops there."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _support import forked_cli
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.slow]
 
@@ -24,12 +23,9 @@ Run = tuple[int, dict[str, str], str, list[str]]
 
 def run_suite(out: Path, warm_impl: str) -> Run:
     """(exit code, {nodeid: outcome} agreed by the ranks, output tail, receipt limitations)."""
-    argv = [sys.executable, "-m", "harness", "run", "--nproc-per-node", str(WORLD)]
-    argv += ["--warm-impl", warm_impl, "--out", str(out), "--timeout", "400"]
-    argv += ["--", "suites/capture"]
-    done = subprocess.run(
-        argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=500, check=False
-    )
+    argv = ["run", "--nproc-per-node", str(WORLD), "--warm-impl", warm_impl]
+    argv += ["--out", str(out), "--timeout", "400", "--", "suites/capture"]
+    done = forked_cli.run(argv, cwd=REPO_ROOT, timeout=500)
     outcomes: dict[str, str] = {}
     messages: list[str] = []
     for rank in range(WORLD):

@@ -2,21 +2,21 @@
 a traceback or memory eaten, and nothing written.
 
 `compare` uses exit 1 for "HEAD regresses", so a bad file there must be 2, not 1. Every case
-runs `python -m harness` in a child with a time and memory limit, so a reader that hangs on a
-FIFO or reads /dev/zero to the end fails the test instead of the machine.
+runs `python -m harness` as its own process (forked from a preloaded interpreter,
+`_support.forked_cli`) with a time and memory limit, so a reader that hangs on a FIFO or reads
+/dev/zero to the end fails the test instead of the machine.
 """
 
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _support import forked_cli
 from _support.evidence_factory import passing_run
 
 from harness.evidence.writer import finalize_bundle
@@ -26,20 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 MEMORY_LIMIT = 2 << 30
 
 
-def _limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-
-
 def dcpqual(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *argv],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        preexec_fn=_limit_memory,
-        check=False,
-    )
+    return forked_cli.run(argv, cwd=REPO, timeout=timeout, memory_limit=MEMORY_LIMIT)
 
 
 def assert_one_line_exit_2(done: subprocess.CompletedProcess[str], command: str) -> str:

@@ -25,12 +25,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _support import forked_cli
 from _support.forge import forge, reseal, restate_limitations
 
 from harness.cli import main
@@ -50,15 +50,8 @@ RUNS: dict[str, tuple[list[str], int]] = {
 
 
 def dcpqual(*argv: str, timeout: float = 420) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *argv],
-        cwd=REPO,
-        env={**os.environ, "DCPQUAL_FAULT_RANK": "1"},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    env = {**os.environ, "DCPQUAL_FAULT_RANK": "1"}
+    return forked_cli.run(argv, cwd=REPO, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

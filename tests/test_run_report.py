@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _support import forked_cli
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.slow]
 
@@ -39,9 +38,9 @@ class Run:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     out = tmp_path_factory.mktemp("report") / "bundle"
-    argv = [sys.executable, "-m", "harness", "run", "--nproc-per-node", "2", "--tp", "2"]
+    argv = ["run", "--nproc-per-node", "2", "--tp", "2"]
     argv += ["--out", str(out), "--timeout", "300", "--", SUITE]
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=420, check=False)
+    done = forked_cli.run(argv, cwd=REPO, timeout=420)
     return Run(out, done.returncode, done.stdout, done.stderr)
 
 
@@ -72,10 +71,7 @@ def test_the_first_screen_says_what_was_qualified(run: Run) -> None:
 
 def test_skip_reasons_are_in_the_receipt_and_verified(run: Run) -> None:
     assert run.receipt["skip_reasons"] == {"needs 16 ranks": 3, "needs a CUDA GPU": 1}
-    done = subprocess.run(
-        [sys.executable, "-m", "harness", "verify", str(run.out)],
-        cwd=REPO, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    done = forked_cli.run(["verify", str(run.out)], cwd=REPO)
     assert done.returncode == 0, done.stdout
 
 
@@ -106,12 +102,10 @@ def in_actions(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path]:
     root = tmp_path_factory.mktemp("actions")
     out, step = root / "bundle", root / "step-summary.md"
     step.write_text("earlier step\n")
-    argv = [sys.executable, "-m", "harness", "run", "--nproc-per-node", "2", "--tp", "2"]
+    argv = ["run", "--nproc-per-node", "2", "--tp", "2"]
     argv += ["--out", str(out), "--timeout", "300", "--", SUITE]
     env = {**os.environ, "GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(step)}
-    done = subprocess.run(
-        argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=420, check=False
-    )
+    done = forked_cli.run(argv, cwd=REPO, env=env, timeout=420)
     return Run(out, done.returncode, done.stdout, done.stderr), step
 
 

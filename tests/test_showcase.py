@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _support import forked_cli
 from _support.recording_warm import MARKS_ENV
 from _support.runs import KIMI_WORLD as WORLD
 from _support.runs import kimi_capture_run
@@ -31,8 +31,7 @@ DOTTED = "_support.recording_warm:recording_warm"
 
 
 def dcpqual_compare(base: Path, head: Path, *form: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "harness", "compare", str(base), str(head), *form]
-    return subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    return forked_cli.run(["compare", str(base), str(head), *form], cwd=REPO_ROOT)
 
 
 def receipt(bundle: Path) -> dict[str, Any]:

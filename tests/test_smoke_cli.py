@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _support import forked_cli
 from _support.smoke import FAULTS, passing_result
 
 from harness.cli import main
@@ -24,15 +24,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`python -m harness gpu-smoke ARGS` (forked: torch is imported, CUDA never initialized)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "harness", "gpu-smoke", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return forked_cli.run(["gpu-smoke", *args], cwd=cwd, env=env)
 
 
 def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path: Path) -> None:

@@ -6,13 +6,11 @@ link, image or raw HTML may appear, and a test id is one inline code span holdin
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _support import forked_cli
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
@@ -89,11 +87,9 @@ def test_a_table_cell_stays_one_cell(value: str) -> None:
 @pytest.mark.slow
 def test_a_hostile_test_id_cannot_break_out_of_summary_md(tmp_path: Path) -> None:
     out = tmp_path / "bundle"
-    argv = [sys.executable, "-m", "harness", "run", "--nproc-per-node", "2", "--out", str(out)]
+    argv = ["run", "--nproc-per-node", "2", "--out", str(out)]
     argv += ["--timeout", "300", "--", "tests/rank_suites/rank_markdown.py"]
-    done = subprocess.run(
-        argv, cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=420
-    )
+    done = forked_cli.run(argv, cwd=REPO, timeout=420)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     summary = (out / "summary.md").read_text()
     found = tokens(summary)

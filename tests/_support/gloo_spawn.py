@@ -2,14 +2,13 @@
 holds one): `spawn(fn)` runs `fn(rank, world, store)` on every rank, and `gloo_group` joins and
 leaves the group around a rank's body.
 
-The ranks are children of multiprocessing's forkserver, which imports torch once per pytest
-worker: a spawned child would import torch itself, about 1.5 CPU-seconds a rank on two cores.
+The ranks are children of the pytest worker's forkserver (`_support.forkserver`), which imports
+torch once: a spawned child would import torch itself, about 1.5 CPU-seconds a rank on two cores.
 Each child still imports the test module `fn` lives in, as a spawned one does."""
 
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -19,12 +18,11 @@ from datetime import timedelta
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-# What the forkserver imports before it forks any rank (the pytest worker is threaded: no fork).
-PRELOAD = ["torch", "torch.distributed"]
+from _support import forkserver
 
 
 def spawn(fn: Callable[[int, int, str], None], world: int = 2) -> None:
-    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)  # before it starts
+    forkserver.context()  # its preload list, before the server starts
     with tempfile.TemporaryDirectory() as tmp:
         args = (world, os.path.join(tmp, "store"))
         mp.start_processes(fn, args=args, nprocs=world, join=True, start_method="forkserver")

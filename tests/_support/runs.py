@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from filelock import FileLock
 
+from _support import forked_cli
 from harness.cli import main
 from harness.schema.rank_record import RankRecord
 
-SUITES = Path(__file__).resolve().parent.parent / "rank_suites"
+REPO = Path(__file__).resolve().parents[2]
+SUITES = REPO / "tests" / "rank_suites"
 
 
 def run(out: Path, world: int, suite: str, *extra: str, nnodes: int = 1) -> tuple[int, float]:
@@ -85,6 +89,29 @@ def launch_printing(out: Path, argv: list[str]) -> Launched:
     return Launched((code,), out, printed.getvalue())
 
 
+def launched_once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, launch: Callable[[Path], Launched]
+) -> Launched:
+    """`launch(folder)` once for the whole pytest session, not once per xdist worker whose
+    tests read it: the first worker to ask launches, under a lock beside the workers' temporary
+    folders, and writes what it launched; the others wait for that and read it (the recipe of
+    pytest-xdist's documentation). The readers must not change the run's files."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: its own folder
+        return launch(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent / name  # the session's, all workers'
+    answer = shared / "launched.json"
+    with FileLock(f"{shared}.lock"):
+        if answer.is_file():
+            data = json.loads(answer.read_text())
+            return Launched(tuple(data["codes"]), Path(data["out"]), data["printed"])
+        shutil.rmtree(shared, ignore_errors=True)  # what a launch that raised left
+        shared.mkdir()
+        launched = launch(shared)
+        data = {"codes": launched.codes, "out": str(launched.out), "printed": launched.printed}
+        answer.write_text(json.dumps(data))
+        return launched
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -117,7 +144,7 @@ def two_nodes(out: Path, nproc: int, *suites: str, uncaptured: bool = False) -> 
                 [sys.executable, "-m", "harness", *argv, "--", *pytest_args],
                 stdout=console,
                 stderr=subprocess.STDOUT,
-                cwd=Path(__file__).resolve().parents[2],
+                cwd=REPO,
             )
     deadline = time.monotonic() + TWO_NODES_S
     stopped_at: float | None = None
@@ -217,15 +244,7 @@ def kimi_capture_run(
     out: Path, warm_impl: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """`dcpqual run --warm-impl WARM_IMPL` of the Kimi-K3 capture check, as a user types it."""
-    argv = [sys.executable, "-m", "harness", "run", "--nproc-per-node", str(KIMI_WORLD)]
-    argv += ["--tp", str(KIMI_WORLD), "--dcp", str(KIMI_WORLD), "--warm-impl", warm_impl]
+    argv = ["run", "--nproc-per-node", str(KIMI_WORLD), "--tp", str(KIMI_WORLD)]
+    argv += ["--dcp", str(KIMI_WORLD), "--warm-impl", warm_impl]
     argv += ["--out", str(out), "--timeout", "300", "--", *KIMI_CAPTURE]
-    return subprocess.run(
-        argv,
-        cwd=Path(__file__).resolve().parents[2],
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=420,
-        check=False,
-    )
+    return forked_cli.run(argv, cwd=REPO, env={**os.environ, **(env or {})}, timeout=420)
