@@ -50,8 +50,8 @@ def sigterm_pipe() -> Iterator[SigtermPipe]:
 
 
 # -- real `dcpqual run` launches that several test modules read ------------------------------
-# Each is launched once per session, for the tests that read different facts of the same run:
-# once per xdist worker that runs one of its readers (`--dist loadfile` keeps a file's on one).
+# Each is launched once per session, for the tests that read different facts of the same run,
+# however many xdist workers run its readers (`_support.runs.launched_once`).
 
 
 @pytest.fixture(scope="session")
@@ -60,11 +60,14 @@ def rank_assert_run(tmp_path_factory: pytest.TempPathFactory) -> Launched:
     them (`--nproc_per_node`, `--tensor-parallel-size`): rank 1 fails `test_fault`, after
     `test_before` passed. Read by tests/test_run_ux.py (the ending it prints, and its rerun)
     and tests/test_reliability_bodies.py (a failing run whose test bodies ran)."""
-    from _support.runs import SUITES, launch_printing
+    from _support.runs import SUITES, launch_printing, launched_once
 
-    out = tmp_path_factory.mktemp("rank-assert") / "first"
-    argv = ["run", "--nproc_per_node", "2", "--tensor-parallel-size", "2", "--out", str(out)]
-    return launch_printing(out, [*argv, "--", str(SUITES / "rank_assert.py")])
+    def launch(folder: Path) -> Launched:
+        out = folder / "first"
+        argv = ["run", "--nproc_per_node", "2", "--tensor-parallel-size", "2", "--out", str(out)]
+        return launch_printing(out, [*argv, "--", str(SUITES / "rank_assert.py")])
+
+    return launched_once(tmp_path_factory, "rank-assert", launch)
 
 
 @pytest.fixture(scope="session")
@@ -72,12 +75,15 @@ def before_kimi_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The seed change's "before": one real run of the Kimi-K3 capture check with the warm code
     that does not know Kimi-K3 (it fails, the signature created lazily in capture). Shared by
     every test that reads it; a test that edits a bundle edits its own copy."""
-    from _support.runs import kimi_capture_run
+    from _support.runs import Launched, kimi_capture_run, launched_once
 
-    out = tmp_path_factory.mktemp("before-kimi") / "bundle"
-    done = kimi_capture_run(out, "before-kimi")
-    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
-    return out
+    def launch(folder: Path) -> Launched:
+        done = kimi_capture_run(folder / "bundle", "before-kimi")
+        return Launched((done.returncode,), folder / "bundle", done.stdout + done.stderr)
+
+    launched = launched_once(tmp_path_factory, "before-kimi", launch)
+    assert launched.codes == (1,), launched.printed[-6000:]
+    return launched.out
 
 
 # vLLM's CPU worker replaces these of torch.cuda when it is imported (vllm/v1/worker/cpu/shm.py:
