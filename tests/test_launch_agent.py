@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _support import forkserver
 
 from harness.bench.launching import dead_ranks
 from harness.errors import UsageError
@@ -168,14 +169,33 @@ def _facts(tmp_path: Path, name: str) -> list[dict[str, object]]:
     return [json.loads((folder / f"rank-{r}.json").read_text()) for r in (0, 1)]
 
 
+# The probe's three launches that should pass: cold, through the agent, and through an agent
+# whose preload left a thread alive. Rank 1 ends each by `os._exit(0)`, as some ranks do.
+STARTS = {
+    "cold": (False, PRELOAD),
+    "forkserver": (True, PRELOAD),
+    "refused": (True, (*PRELOAD, "threadmod")),
+}
+
+
 @pytest.fixture(scope="module")
-def both_starts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def launches(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Launch]]:
     folder = tmp_path_factory.mktemp("starts")
-    for name, forkserver in (("cold", False), ("forkserver", True)):
-        result = _launch(folder, name, forkserver=forkserver)
+    results = {
+        name: _launch(
+            folder, name, forkserver=forked, ending="os-exit-0", preload=preload, timeout_s=60
+        )
+        for name, (forked, preload) in STARTS.items()
+    }
+    return folder, results
+
+
+@pytest.fixture(scope="module")
+def both_starts(launches: tuple[Path, dict[str, Launch]]) -> Path:
+    """The folder of `launches`, each of which passed and left nothing running."""
+    folder, results = launches
+    for result in results.values():
         assert result.exit_code == 0 and not result.leftovers, result
-    result = _launch(folder, "refused", forkserver=True, preload=(*PRELOAD, "threadmod"))
-    assert result.exit_code == 0 and not result.leftovers, result
     return folder
 
 
@@ -248,8 +268,7 @@ def test_the_agent_leaves_its_logs_where_torchrun_does(both_starts: Path) -> Non
 
 def test_a_forkserver_child_left_as_it_is_is_no_cold_interpreter() -> None:
     """The control: what the parity test would see without the rank becoming cold."""
-    context = multiprocessing.get_context("forkserver")
-    with context.Pool(1) as pool:
+    with forkserver.context().Pool(1) as pool:
         name = pool.apply(_process_name)
     assert name != "MainProcess"
 
@@ -270,11 +289,15 @@ def test_a_failing_rank_fails_the_agent_as_it_fails_torchrun(
     assert dead_ranks(agent_log.read_text()) == [(1, 1, code)]
 
 
-def test_a_rank_that_ends_by_os_exit_0_succeeds_as_under_torchrun(tmp_path: Path) -> None:
-    """It hands torchelastic no return value: the agent reads its exit 0 as torchrun would,
-    instead of waiting for a value (and its peers for the agent) until the launch's timeout."""
-    result = _launch(tmp_path, "os-exit", forkserver=True, ending="os-exit-0", timeout_s=60)
-    assert (result.exit_code, result.timed_out, result.leftovers) == (0, False, []), result
+def test_a_rank_that_ends_by_os_exit_0_succeeds_as_under_torchrun(
+    launches: tuple[Path, dict[str, Launch]],
+) -> None:
+    """Rank 1 of each of `launches` hands torchelastic no return value: the agent reads its
+    exit 0 as torchrun would, instead of waiting for a value (and its peers for the agent)
+    until the launch's timeout."""
+    _, results = launches
+    ended = {name: (r.exit_code, r.timed_out, r.leftovers) for name, r in results.items()}
+    assert ended == dict.fromkeys(STARTS, (0, False, [])), results
 
 
 def test_the_agent_ends_a_ranks_helpers_with_it_as_torchrun_does(tmp_path: Path) -> None:
