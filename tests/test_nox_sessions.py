@@ -90,3 +90,25 @@ def test_cpu16_and_gpu16_hand_their_posargs_to_the_dcpqual_command_alike(noxfile
         ran[name] = next(c for c in session.calls if c[:1] == ("dcpqual",))
     assert ran["cpu16"][-3:] == ("--", "-k", "warmup")
     assert ran["gpu16_host"] == ("dcpqual", "gpu16", "--no-image", "--", "-k", "warmup")
+
+
+def test_the_unit_suite_keeps_a_bytecode_cache_of_its_own_in_its_virtualenv(
+    noxfile: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written also where the environment says PYTHONDONTWRITEBYTECODE, never into the checkout."""
+    from nox.virtualenv import VirtualEnv
+
+    envs: dict[tuple[str, ...], dict[str, str] | None] = {}
+    monkeypatch.setattr(
+        RecordingSession, "run", lambda self, *a, env=None, **k: envs.update({a: env})
+    )
+    session = RecordingSession([])
+    session.virtualenv = VirtualEnv(str(tmp_path / "venv"))  # type: ignore[attr-defined]
+    noxfile.tests(session)
+    [(command, env)] = envs.items()
+    assert command[0] == "pytest"
+    cache = str(tmp_path / "venv" / "pycache")
+    assert env == {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": cache}
+    session.virtualenv = object()  # no virtualenv of its own (--no-venv): the environment as is
+    noxfile.tests(session)
+    assert envs[command] == {}
