@@ -423,42 +423,41 @@ def test_a_child_that_ends_while_the_output_relays_finish_is_still_a_leftover(
     assert main(["verify", str(out)]) == 0
 
 
-@pytest.mark.parametrize("name", [None, RELAY_NAME], ids=["daemon", "daemon-posing-as-a-relay"])
-def test_a_double_forked_daemon_is_ended_and_fails_a_run_whose_tests_all_passed(
-    name: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_double_forked_daemons_are_ended_and_fail_a_run_whose_tests_all_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What the daemon did after its test passed, no test checked: the run fails naming it
-    (and it alone: the rank's output relay it held open is no leftover of its own). A daemon
-    that takes the relay's name gets no relay's treatment: no rank's record names it.
+    """What the daemons did after their test passed, no test checked: the run fails naming them
+    (and them alone: the ranks' output relays they held open are no leftovers of their own).
+    Rank 1's daemon takes the relay's name and gets no relay's treatment: no rank's record
+    names it, and it is a leftover like rank 0's.
 
-    Not at 16 ranks: the daemon is found by the process tree, not by its rank, and no
+    Not at 16 ranks: a daemon is found by the process tree, not by its rank, and no
     assertion here names a rank (the 16-rank faults whose root cause is a rank above 9 are
     `test_a_rank_exiting_0_mid_suite...` here and the SIGKILL in
     tests/test_reliability_faults.py)."""
-    pidfile = tmp_path / "daemon.pid"
-    if name is not None:
-        monkeypatch.setenv("DCPQUAL_DAEMON_NAME", name)
-    monkeypatch.setenv("DCPQUAL_FAULT_RANK", "1")
-    monkeypatch.setenv("DCPQUAL_DAEMON_PIDFILE", str(pidfile))
+    pids = tmp_path / "daemons"
+    pids.mkdir()
+    monkeypatch.setenv("DCPQUAL_DAEMON_NAME", RELAY_NAME)
+    monkeypatch.setenv("DCPQUAL_DAEMON_PIDS", str(pids))
     out = tmp_path / "bundle"
     code, _ = run(out, 2, "rank_daemon.py")
-    daemon = int(pidfile.read_text())
+    daemons = [int((pids / f"rank-{rank}").read_text()) for rank in (0, 1)]
     try:
         data = receipt(out)
-        assert identify(daemon) is None, "the daemon outlived the run"
-        assert daemon in data["run"]["extra"]["launch"]["leftovers"]
+        assert [identify(daemon) for daemon in daemons] == [None, None], "a daemon outlived it"
+        assert sorted(data["run"]["extra"]["launch"]["leftovers"]) == sorted(daemons)
         assert processes_of_run(out) == []
         assert data["run"]["exit_code"] == 0
         assert sum(t["failed"] + t["errors"] for t in data["suites"].values()) == 0
         assert (code, data["verdict"]) == (1, "fail"), data["failures"]
         [reason] = data["failures"]
-        assert f"1 process was still running after torchrun exited (pids {daemon})" in reason, (
-            reason
-        )
+        assert "2 processes were still running after torchrun exited (pids " in reason, reason
+        assert all(str(daemon) in reason for daemon in daemons), reason
         assert main(["verify", str(out)]) == 0
     finally:
-        if identify(daemon) is not None:
-            os.kill(daemon, signal.SIGKILL)
+        for daemon in daemons:
+            if identify(daemon) is not None:
+                os.kill(daemon, signal.SIGKILL)
 
 
 def test_secrets_in_tool_print_forms_and_file_names_never_reach_the_bundle(
