@@ -1,8 +1,8 @@
 """`python -m harness ARGS` as its own process, forked from the pytest worker's forkserver
 (`_support.forkserver`) instead of started cold: the same boundary a user's command has (its exit
 code, its own stdout and stderr, working directory and environment, atexit run and streams
-flushed at its end), without an interpreter
-start and the command line's imports per call (about 0.25 CPU-seconds each on two cores).
+flushed at its end), without an interpreter start and the command line's imports per call
+(about 0.25 CPU-seconds each on two cores).
 
 What differs from a cold `python -m harness`: torch is already imported (tests/test_torch_free.py
 holds the cold command line torch-free, with real interpreters); the string-hash seed and what

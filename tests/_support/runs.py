@@ -95,10 +95,12 @@ def launched_once(
     """`launch(folder)` once for the whole pytest session, not once per xdist worker whose
     tests read it: the first worker to ask launches, under a lock beside the workers' temporary
     folders, and writes what it launched; the others wait for that and read it (the recipe of
-    pytest-xdist's documentation). The readers must not change the run's files."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: its own folder
+    pytest-xdist's documentation, keyed by the session's run id: a --basetemp folder outlives
+    its session). The readers must not change the run's files."""
+    session = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if session is None:  # one process: its own folder
         return launch(tmp_path_factory.mktemp(name))
-    shared = tmp_path_factory.getbasetemp().parent / name  # the session's, all workers'
+    shared = tmp_path_factory.getbasetemp().parent / f"{name}-{session}"  # all workers'
     answer = shared / "launched.json"
     with FileLock(f"{shared}.lock"):
         if answer.is_file():
