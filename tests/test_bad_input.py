@@ -361,7 +361,9 @@ def test_a_cold_interpreter_refuses_as_the_forked_one_does(
         if start == "cold":
             env = {**os.environ, "PYTHONPATH": str(REPO)}
             argv = [sys.executable, "-m", "harness", *args]
-            done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+            done = subprocess.run(
+                argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+            )
         else:
             done = forked_cli.run(args, cwd=cwd)
         text = (done.stdout + done.stderr).replace(str(folder), "FOLDER")

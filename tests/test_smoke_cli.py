@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """`python -m harness gpu-smoke ARGS` (forked: torch is imported, CUDA never initialized)."""
+    """`python -m harness gpu-smoke ARGS`, forked from a server that imported torch and never
+    asked it for a device, so the variable still hides every GPU from the command."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
     return forked_cli.run(["gpu-smoke", *args], cwd=cwd, env=env)
 
