@@ -67,8 +67,8 @@ def bytecode_cache(session: nox.Session) -> dict[str, str]:
     """A bytecode cache of the session's own, in its virtualenv (PYTHONPYCACHEPREFIX), also
     where the environment says PYTHONDONTWRITEBYTECODE: without one, each of the suite's 200-odd
     rank starts compiles its pytest plugins, conftests and suite again (pytest rewrites their
-    asserts first), and each agent and command the harness modules. Measured on 2 cores, fresh
-    cache: 410 against 381 CPU-seconds for the whole suite."""
+    asserts first), and each agent and command the harness modules. Measured on 2 cores, the
+    whole suite: 410 CPU-seconds without it, 381 with it starting empty."""
     location = session.virtualenv.location if isinstance(session.virtualenv, VirtualEnv) else ""
     if not location:
         return {}
