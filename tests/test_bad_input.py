@@ -24,8 +24,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
-import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -358,14 +356,8 @@ def test_a_cold_interpreter_refuses_as_the_forked_one_does(
         folder = tmp_path / start
         folder.mkdir()
         args, cwd = prepared(BY_ID[case_id], folder, pristine)
-        if start == "cold":
-            env = {**os.environ, "PYTHONPATH": str(REPO)}
-            argv = [sys.executable, "-m", "harness", *args]
-            done = subprocess.run(
-                argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120
-            )
-        else:
-            done = forked_cli.run(args, cwd=cwd)
+        command = forked_cli.cold if start == "cold" else forked_cli.run
+        done = command(args, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)})
         text = (done.stdout + done.stderr).replace(str(folder), "FOLDER")
         answers.append((done.returncode, text))
     cold, forked = answers

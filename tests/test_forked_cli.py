@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,16 +18,10 @@ PROBE = "_support.forked_cli_probe"
 
 def both(what: str, cwd: Path, timeout: float = 60) -> dict[str, subprocess.CompletedProcess[str]]:
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
-    cold = subprocess.run(
-        [sys.executable, "-m", PROBE, what],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    forked = forked_cli.run([what], cwd=cwd, env=env, module=PROBE, timeout=timeout)
-    return {"cold": cold, "forked": forked}
+    return {
+        start: command([what], cwd=cwd, env=env, module=PROBE, timeout=timeout)
+        for start, command in (("cold", forked_cli.cold), ("forked", forked_cli.run))
+    }
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ The child becomes the process `python -m harness ARGS` would be as a forked rank
 (`harness.rank.forkserved.become_cold`: multiprocessing's main process, a fresh `__main__`, its
 own seeds, none of the worker's multiprocessing helpers), with its own exit code, stdout and
 stderr, working directory and environment, and the interpreter's ending (threads joined, atexit
-run, streams flushed). As with `subprocess.run(capture_output=True)`, the run is over only when
-no process holds its stdout or stderr any more: one the command leaked them to keeps the caller
-waiting, to the timeout.
+run, open files and streams flushed). As with `subprocess.run(capture_output=True)`, the run is
+over only when no process holds its stdout or stderr any more: one the command leaked them to
+keeps the caller waiting, to the timeout.
 
 What differs from a cold `python -m harness`: torch is already imported (tests/test_torch_free.py
 holds the cold command line torch-free, with real interpreters); the string-hash seed and what
@@ -18,14 +18,12 @@ PYTHONPATH; the child leads a session of its own."""
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -73,6 +71,21 @@ def run(
         return subprocess.CompletedProcess(argv, child.exitcode, out.read_text(), err.read_text())
 
 
+def cold(
+    args: Sequence[str],
+    *,
+    cwd: Path | str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120,
+    module: str = "harness",
+) -> subprocess.CompletedProcess[str]:
+    """The same command from a real interpreter, as a user starts it: what `run` is held to."""
+    argv = [sys.executable, "-m", module, *args]
+    return subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 def _held(paths: set[str]) -> bool:
     """Whether any process has one of `paths` open."""
     for process in psutil.process_iter():
@@ -91,9 +104,9 @@ def _command(
     err: str,
     memory_limit: int | None,
 ) -> None:
-    """The child: its streams to the two files, then `-m module` as the interpreter runs it,
-    and the interpreter's ending (threads joined, atexit run, streams flushed), never
-    multiprocessing's."""
+    """The child: its streams to the two files, then `-m module` as the interpreter runs it and
+    ends it, as a forked rank does (`harness.rank.forkserved.run`), never as multiprocessing
+    ends its children."""
     for fd, path in ((1, out), (2, err)):
         opened = os.open(path, os.O_WRONLY)
         os.dup2(opened, fd)
@@ -108,10 +121,5 @@ def _command(
         held = int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         resource.setrlimit(resource.RLIMIT_AS, (held + memory_limit, held + memory_limit))
     code = interpreter.run_module(module, module_args)
-    with contextlib.suppress(BaseException):
-        threading._shutdown()  # type: ignore[attr-defined]
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            stream.flush()
+    interpreter.wind_down()
     interpreter.leave(code)
